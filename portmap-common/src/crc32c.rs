@@ -1,0 +1,169 @@
+//! Incremental update of the SCTP checksum (CRC32c) after a port rewrite.
+//!
+//! SCTP's checksum covers the whole packet, so rewriting a port would mean
+//! reading every byte again. CRC is linear over GF(2) instead: for two equal
+//! length messages that differ by `D`, `crc(M') = crc(M) ^ raw(D)`, where
+//! `raw` is the CRC with zero initial value and no final XOR. Our `D` is
+//! non-zero only in the four port bytes, so `raw(D)` is the raw CRC of those
+//! four bytes followed by `len - 4` zero bytes, and appending `n` zero bytes
+//! is a multiplication by `x^(8n)` modulo the polynomial: about 32 carry-less
+//! multiplications whatever the packet size.
+//!
+//! Polynomials are in the reflected form CRC32c uses: bit 31 is `x^0`.
+
+/// CRC32c (Castagnoli) polynomial, reflected.
+const POLY: u32 = 0x82F6_3B78;
+/// `x^0` in the reflected representation.
+const ONE: u32 = 1 << 31;
+/// `x^8`: appending one zero byte multiplies by this.
+const X8: u32 = 1 << 23;
+
+/// `a * b mod POLY`. Branch-free, so the eBPF verifier walks one path
+/// through it instead of one per bit pattern.
+#[inline(always)]
+pub const fn mul(a: u32, mut b: u32) -> u32 {
+    let mut product = 0;
+    let mut bit = 0;
+    while bit < 32 {
+        // All ones when bit `bit` (x^bit) of `a` is set.
+        let take = 0u32.wrapping_sub((a >> (31 - bit)) & 1);
+        product ^= b & take;
+        // b *= x, reducing x^32 back into the low terms.
+        b = (b >> 1) ^ (POLY & 0u32.wrapping_sub(b & 1));
+        bit += 1;
+    }
+    product
+}
+
+/// `x^(8 * 2^k) mod POLY` for k in 0..16: appending 2^k zero bytes.
+const ZERO_BYTES_POW2: [u32; 16] = {
+    let mut table = [0u32; 16];
+    let mut operator = X8;
+    let mut k = 0;
+    while k < 16 {
+        table[k] = operator;
+        operator = mul(operator, operator);
+        k += 1;
+    }
+    table
+};
+
+/// `x^(8 * bytes) mod POLY`: the effect of appending `bytes` zero bytes.
+#[inline(always)]
+pub fn zero_bytes_operator(bytes: u16) -> u32 {
+    let mut result = ONE;
+    let mut k = 0;
+    while k < 16 {
+        let multiplied = mul(result, ZERO_BYTES_POW2[k]);
+        let take = 0u32.wrapping_sub(((bytes >> k) & 1) as u32);
+        result = (multiplied & take) | (result & !take);
+        k += 1;
+    }
+    result
+}
+
+/// Raw CRC (zero initial value, no final XOR) of `bytes`, continuing from `crc`.
+#[inline(always)]
+pub fn raw_update(mut crc: u32, bytes: &[u8; 4]) -> u32 {
+    let mut i = 0;
+    while i < 4 {
+        crc ^= bytes[i] as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ POLY
+            } else {
+                crc >> 1
+            };
+            bit += 1;
+        }
+        i += 1;
+    }
+    crc
+}
+
+/// New SCTP checksum field (as the little-endian value read from the packet)
+/// after the four bytes at the start of the SCTP header (source and
+/// destination port, as on the wire) changed from `old_ports` to `new_ports`.
+/// `sctp_len` is the length of the SCTP packet: common header plus chunks.
+#[inline(always)]
+pub fn sctp_adjust(checksum_le: u32, old_ports: [u8; 4], new_ports: [u8; 4], sctp_len: u16) -> u32 {
+    let delta = [
+        old_ports[0] ^ new_ports[0],
+        old_ports[1] ^ new_ports[1],
+        old_ports[2] ^ new_ports[2],
+        old_ports[3] ^ new_ports[3],
+    ];
+    let head = raw_update(0, &delta);
+    let tail = sctp_len.saturating_sub(4);
+    checksum_le ^ mul(head, zero_bytes_operator(tail))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain bitwise CRC32c, the reference the fast path must match.
+    fn crc32c(data: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &byte in data {
+            crc ^= byte as u32;
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ POLY
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    #[test]
+    fn reference_matches_the_standard_check_value() {
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+    }
+
+    #[test]
+    fn zero_bytes_operator_matches_appending_zeros() {
+        for n in [0u16, 1, 2, 3, 7, 8, 100, 1000, 1499, 9000, 65535] {
+            let mut reference = 0x1234_5678u32;
+            for _ in 0..n {
+                for _ in 0..8 {
+                    reference = if reference & 1 != 0 {
+                        (reference >> 1) ^ POLY
+                    } else {
+                        reference >> 1
+                    };
+                }
+            }
+            assert_eq!(
+                mul(0x1234_5678, zero_bytes_operator(n)),
+                reference,
+                "appending {n} zero bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn adjusted_checksum_equals_recomputed_checksum() {
+        for len in [12usize, 16, 17, 28, 60, 333, 1480] {
+            let mut packet = [0u8; 1480];
+            for (i, byte) in packet.iter_mut().enumerate().take(len) {
+                *byte = (i as u8).wrapping_mul(31).wrapping_add(7);
+            }
+            let packet = &mut packet[..len];
+            packet[8..12].fill(0);
+            let before = crc32c(packet);
+            let old_ports = [packet[0], packet[1], packet[2], packet[3]];
+            let new_ports = [0x1f, 0x90, 0x00, 0x50];
+            packet[..4].copy_from_slice(&new_ports);
+            let after = crc32c(packet);
+            assert_eq!(
+                sctp_adjust(before, old_ports, new_ports, len as u16),
+                after,
+                "SCTP packet of {len} bytes"
+            );
+        }
+    }
+}

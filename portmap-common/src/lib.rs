@@ -1,0 +1,228 @@
+//! The map schema shared by the eBPF programs and userspace.
+//!
+//! Every struct that crosses the kernel boundary is defined here exactly once:
+//! `#[repr(C)]`, explicit padding, and a compile-time size check, so the two
+//! sides can never disagree on a layout. Network-order fields end in `_be`.
+//! Addresses are always four `u32` words in network order; an IPv4 address
+//! uses the first word and leaves the rest zero.
+#![no_std]
+
+pub mod crc32c;
+
+/// Version of the pinned layout. A change to any struct or map below bumps it,
+/// so a new build never reads maps written with an old layout (they live under
+/// a different `v{N}` directory).
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Names of the maps; also their ELF symbols and pin file names.
+pub mod map_names {
+    pub const MAPPINGS: &str = "mappings";
+    pub const OWNERS: &str = "owners";
+    pub const OWNER_SLOTS: &str = "owner_slots";
+    pub const CONNTRACK: &str = "conntrack";
+    pub const STATS: &str = "stats";
+    pub const ALL: [&str; 5] = [MAPPINGS, OWNERS, OWNER_SLOTS, CONNTRACK, STATS];
+}
+
+/// Names of the programs in the object.
+pub mod program_names {
+    pub const TC_INGRESS: &str = "portmap_ingress";
+    pub const TC_EGRESS: &str = "portmap_egress";
+}
+
+/// Default capacities; userspace may override them at load time.
+pub mod capacity {
+    /// Port mappings (one per host address/port/protocol/family).
+    pub const MAPPINGS: u32 = 65536;
+    /// Distinct owners (network, container ID, ifname).
+    pub const OWNERS: u32 = 16384;
+    /// Index slots that point from an owner to its mappings.
+    pub const OWNER_SLOTS: u32 = 131072;
+    /// Conntrack entries (two per translated flow).
+    pub const CONNTRACK: u32 = 262144;
+}
+
+pub const FAMILY_V4: u8 = 4;
+pub const FAMILY_V6: u8 = 6;
+
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_SCTP: u8 = 132;
+
+/// Key of a port mapping: which traffic arriving at the node it captures.
+/// `host_addr_be` all zero is the wildcard of `family` (every local address).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MappingKey {
+    pub host_addr_be: [u32; 4],
+    pub host_port_be: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+/// Where a mapping sends traffic, and who owns it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingValue {
+    pub container_addr_be: [u32; 4],
+    pub container_port_be: u16,
+    pub _pad0: u16,
+    pub _pad1: u32,
+    /// Hash of the owner identity; the full identity is in `owners`.
+    pub owner_id: u64,
+}
+
+/// Longest network name and container ID kept verbatim in an owner record;
+/// longer ones are stored truncated (the owner ID hashes the full strings).
+pub const OWNER_NAME_LEN: usize = 128;
+pub const OWNER_IFNAME_LEN: usize = 16;
+
+/// The identity behind an `owner_id`, for collision checks, GC and display.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnerRecord {
+    pub network: [u8; OWNER_NAME_LEN],
+    pub container_id: [u8; OWNER_NAME_LEN],
+    pub ifname: [u8; OWNER_IFNAME_LEN],
+    pub network_len: u16,
+    pub container_id_len: u16,
+    pub ifname_len: u16,
+    pub _pad0: u16,
+    /// Wall-clock seconds since the Unix epoch of the first ADD.
+    pub created_unix: u64,
+}
+
+impl Default for OwnerRecord {
+    fn default() -> Self {
+        Self {
+            network: [0; OWNER_NAME_LEN],
+            container_id: [0; OWNER_NAME_LEN],
+            ifname: [0; OWNER_IFNAME_LEN],
+            network_len: 0,
+            container_id_len: 0,
+            ifname_len: 0,
+            _pad0: 0,
+            created_unix: 0,
+        }
+    }
+}
+
+/// Index entry: slot `slot` of owner `owner_id` names one mapping the owner
+/// claimed. Slots are written before the mapping they name, contiguously from
+/// 0, so a crash never leaves a mapping that its owner cannot find again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OwnerSlotKey {
+    pub owner_id: u64,
+    pub slot: u32,
+    pub _pad0: u32,
+}
+
+/// Most index slots one owner may use (two families per requested mapping,
+/// plus room for re-ADDs that change the set).
+pub const MAX_SLOTS_PER_OWNER: u32 = 4096;
+
+/// Conntrack key: the tuple of a packet as it is seen on the wire at the hook.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub src_addr_be: [u32; 4],
+    pub dst_addr_be: [u32; 4],
+    pub src_port_be: u16,
+    pub dst_port_be: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad0: u16,
+}
+
+/// What a conntrack entry does to the packets that match its key.
+pub mod ct_kind {
+    /// Inbound packet of a translated flow: destination becomes `nat_addr:nat_port`.
+    pub const DNAT: u8 = 1;
+    /// Reply of a translated flow: source becomes `nat_addr:nat_port` again.
+    pub const REPLY: u8 = 2;
+    /// Reply of a flow the node or a container opened from a mapped port:
+    /// never translate it.
+    pub const PASS: u8 = 3;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtEntry {
+    pub nat_addr_be: [u32; 4],
+    pub nat_port_be: u16,
+    pub kind: u8,
+    pub _pad0: u8,
+    pub _pad1: u32,
+    /// The mapping this flow was translated by, re-checked on every packet so
+    /// a deleted or re-pointed mapping never forwards stale traffic.
+    pub mapping: MappingKey,
+    pub _pad2: u32,
+    /// `bpf_ktime_get_ns` of the last packet (refreshed at most once a second).
+    pub last_seen_ns: u64,
+}
+
+/// Idle timeouts of conntrack entries, in nanoseconds.
+pub mod ct_timeout {
+    const SEC: u64 = 1_000_000_000;
+    pub const TCP: u64 = 6 * 3600 * SEC;
+    pub const SCTP: u64 = 6 * 3600 * SEC;
+    pub const UDP: u64 = 120 * SEC;
+    /// How stale `last_seen_ns` may get before a packet refreshes it.
+    pub const REFRESH: u64 = SEC;
+}
+
+/// Per-CPU counters, indexed by reason. Every translation and every skip is
+/// counted, so `status` can say why traffic was (not) translated.
+pub mod stat {
+    pub const DNAT_NEW: u32 = 0;
+    pub const DNAT: u32 = 1;
+    pub const REPLY: u32 = 2;
+    pub const SKIP_NOT_LOCAL: u32 = 3;
+    pub const SKIP_NOT_SYN: u32 = 4;
+    pub const SKIP_FRAGMENT: u32 = 5;
+    pub const SKIP_LOCAL_ORIGIN: u32 = 6;
+    pub const STALE_FLOW: u32 = 7;
+    pub const PASS_RECORDED: u32 = 8;
+    pub const REWRITE_FAILED: u32 = 9;
+    pub const CT_INSERT_FAILED: u32 = 10;
+    pub const FWD_DISABLED: u32 = 11;
+    pub const COUNT: u32 = 12;
+
+    pub const NAMES: [&str; COUNT as usize] = [
+        "dnat_new",
+        "dnat",
+        "reply",
+        "skip_not_local",
+        "skip_not_syn",
+        "skip_fragment",
+        "skip_local_origin",
+        "stale_flow",
+        "pass_recorded",
+        "rewrite_failed",
+        "ct_insert_failed",
+        "fwd_disabled",
+    ];
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<MappingKey>() == 20);
+    assert!(core::mem::size_of::<MappingValue>() == 32);
+    assert!(core::mem::size_of::<OwnerRecord>() == 2 * OWNER_NAME_LEN + OWNER_IFNAME_LEN + 16);
+    assert!(core::mem::size_of::<OwnerSlotKey>() == 16);
+    assert!(core::mem::size_of::<CtKey>() == 40);
+    assert!(core::mem::size_of::<CtEntry>() == 56);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all of these are repr(C), made of integers and integer arrays,
+    // with every padding byte an explicit field.
+    unsafe impl aya::Pod for MappingKey {}
+    unsafe impl aya::Pod for MappingValue {}
+    unsafe impl aya::Pod for OwnerRecord {}
+    unsafe impl aya::Pod for OwnerSlotKey {}
+    unsafe impl aya::Pod for CtKey {}
+    unsafe impl aya::Pod for CtEntry {}
+}

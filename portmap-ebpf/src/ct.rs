@@ -1,0 +1,80 @@
+//! Tuples, timeouts and the checks that decide whether a conntrack entry
+//! still holds.
+
+use aya_ebpf::helpers::bpf_ktime_get_ns;
+use portmap_common::{CtEntry, CtKey, MappingKey, PROTO_UDP, ct_timeout};
+
+use crate::{maps, parse::Packet};
+
+#[inline(always)]
+pub fn now() -> u64 {
+    // SAFETY: no arguments, always safe to call.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// The packet's tuple as seen on the wire.
+#[inline(always)]
+pub fn key_of(packet: &Packet) -> CtKey {
+    CtKey {
+        src_addr_be: packet.src_be,
+        dst_addr_be: packet.dst_be,
+        src_port_be: packet.sport_be,
+        dst_port_be: packet.dport_be,
+        proto: packet.proto,
+        family: packet.family,
+        _pad0: 0,
+    }
+}
+
+/// The tuple of the answer to a packet with `key` (ends swapped).
+#[inline(always)]
+pub fn reversed(key: &CtKey) -> CtKey {
+    CtKey {
+        src_addr_be: key.dst_addr_be,
+        dst_addr_be: key.src_addr_be,
+        src_port_be: key.dst_port_be,
+        dst_port_be: key.src_port_be,
+        proto: key.proto,
+        family: key.family,
+        _pad0: 0,
+    }
+}
+
+#[inline(always)]
+fn timeout(proto: u8) -> u64 {
+    match proto {
+        PROTO_UDP => ct_timeout::UDP,
+        portmap_common::PROTO_SCTP => ct_timeout::SCTP,
+        _ => ct_timeout::TCP,
+    }
+}
+
+/// A live entry for `key`, copied out, and refreshed if it is due.
+#[inline(always)]
+pub fn lookup(key: &CtKey, now: u64) -> Option<CtEntry> {
+    let entry = maps::ct_get(key)?;
+    // SAFETY: pointer from a successful lookup; the LRU may recycle it at
+    // any time, so it is read once and written with a single store.
+    let copy = unsafe { *entry };
+    let age = now.saturating_sub(copy.last_seen_ns);
+    if age > timeout(key.proto) {
+        return None;
+    }
+    if age > ct_timeout::REFRESH {
+        unsafe { (*entry).last_seen_ns = now };
+    }
+    Some(copy)
+}
+
+/// Whether the mapping a flow was translated by still sends it to the same
+/// container address and port: a deleted or re-pointed mapping must never
+/// keep forwarding, e.g. to an address later given to another container.
+#[inline(always)]
+pub fn still_mapped(mapping: &MappingKey, container_be: &[u32; 4], container_port_be: u16) -> bool {
+    match maps::mapping(mapping) {
+        Some(value) => {
+            value.container_addr_be == *container_be && value.container_port_be == container_port_be
+        }
+        None => false,
+    }
+}

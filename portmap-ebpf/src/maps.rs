@@ -1,0 +1,92 @@
+//! Every map of the dataplane, declared once, and the small accessors the
+//! programs use. Userspace pins all of them under `{pinRoot}/v1/maps/`.
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    macros::btf_map,
+};
+use portmap_common::{
+    CtEntry, CtKey, MappingKey, MappingValue, OwnerRecord, OwnerSlotKey, capacity, stat,
+};
+
+const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
+
+/// Port mappings, written only by userspace.
+#[btf_map(name = "mappings")]
+static MAPPINGS: HashMap<MappingKey, MappingValue, { capacity::MAPPINGS as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+/// Owner identities (userspace only; declared here so the pinned map has BTF).
+#[btf_map(name = "owners")]
+pub static OWNERS: HashMap<u64, OwnerRecord, { capacity::OWNERS as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+/// Owner -> mapping index (userspace only; declared here for BTF).
+#[btf_map(name = "owner_slots")]
+pub static OWNER_SLOTS: HashMap<
+    OwnerSlotKey,
+    MappingKey,
+    { capacity::OWNER_SLOTS as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+/// Our own connection tracking: two entries per translated flow, plus pass
+/// entries for flows opened from a mapped port by the node or a container.
+#[btf_map(name = "conntrack")]
+static CONNTRACK: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> = LruHashMap::new();
+
+/// Counters by reason, see `portmap_common::stat`.
+#[btf_map(name = "stats")]
+static STATS: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
+
+/// Room for what one new flow writes to conntrack (see `new_flow`).
+#[repr(C)]
+pub struct Scratch {
+    pub forward_key: CtKey,
+    pub reply_key: CtKey,
+    pub forward: CtEntry,
+    pub reply: CtEntry,
+    pub fib: aya_ebpf::bindings::bpf_fib_lookup,
+}
+
+#[btf_map(name = "scratch")]
+static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+#[inline(always)]
+pub fn scratch() -> Option<*mut Scratch> {
+    SCRATCH.get_ptr_mut(0)
+}
+
+#[inline(always)]
+pub fn mapping(key: &MappingKey) -> Option<MappingValue> {
+    // SAFETY: the value is copied out at once; userspace may replace it
+    // concurrently, and a copy is all we need.
+    unsafe { MAPPINGS.get(key).copied() }
+}
+
+#[inline(always)]
+pub fn ct_get(key: &CtKey) -> Option<*mut CtEntry> {
+    CONNTRACK.get_ptr_mut(key)
+}
+
+#[inline(always)]
+pub fn ct_put(key: &CtKey, entry: &CtEntry) -> bool {
+    CONNTRACK.insert(key, entry, 0).is_ok()
+}
+
+#[inline(always)]
+pub fn count(reason: u32) {
+    if let Some(counter) = STATS.get_ptr_mut(reason) {
+        // SAFETY: per-CPU slot, no other writer while this program runs.
+        unsafe { *counter += 1 };
+    }
+}
+
+/// Keeps the userspace-only maps in the object so they are created, pinned
+/// and described by BTF together with the others.
+#[inline(always)]
+pub fn keep_userspace_maps() {
+    let _ = core::hint::black_box(&OWNERS);
+    let _ = core::hint::black_box(&OWNER_SLOTS);
+}

@@ -1,0 +1,519 @@
+//! Loading, pinning and attaching the eBPF programs.
+//!
+//! The first ADD on a node loads the object, pins maps and programs and
+//! attaches the tc programs; later ADDs find everything in place with a few
+//! read-only syscalls and never take the lock. Loads and attachments are
+//! serialised by an `flock` per pin root (released by the kernel if the
+//! holder dies), so any number of concurrent first ADDs end with exactly one
+//! set of programs. A newer build of the plugin replaces the programs inside
+//! the existing tcx links (`BPF_LINK_UPDATE`), atomically: traffic and the
+//! pinned maps (conntrack included) carry on untouched.
+
+use std::{
+    collections::BTreeSet,
+    fs, io,
+    os::{fd::AsRawFd, unix::fs::DirBuilderExt},
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
+
+use aya::{
+    Ebpf, EbpfError, EbpfLoader,
+    programs::{
+        LinkOrder, ProgramError, SchedClassifier, TcAttachType,
+        links::{FdLink, PinnedLink},
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
+    },
+};
+use portmap_common::{map_names, program_names};
+
+use crate::{
+    hash::fnv1a64,
+    netlink,
+    pin::{Direction, PinLayout},
+};
+
+/// The eBPF object, built by build.rs and embedded so that installing the
+/// plugin is copying one file.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/portmap"));
+
+/// Identifies this build's programs; part of their pin names.
+pub fn build_id() -> u64 {
+    static ID: OnceLock<u64> = OnceLock::new();
+    *ID.get_or_init(|| fnv1a64(OBJECT))
+}
+
+/// Priority and handle of our filters when attached through clsact
+/// (kernels without tcx): fixed, so a new build replaces them in place.
+const CLSACT_PRIORITY: u16 = 0xc0de;
+const CLSACT_HANDLE: TcHandle = TcHandle::new(0, 0xbeef);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachMode {
+    Tcx,
+    Clsact,
+}
+
+impl AttachMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachMode::Tcx => "tcx",
+            AttachMode::Clsact => "clsact",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("cannot create {path}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot lock {path}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot load the eBPF object")]
+    Load(#[source] Box<EbpfError>),
+    #[error("cannot load program {program}")]
+    Program {
+        program: &'static str,
+        #[source]
+        source: Box<ProgramError>,
+    },
+    #[error("cannot attach {program} to interface {interface} ({direction})")]
+    Attach {
+        program: &'static str,
+        interface: String,
+        direction: &'static str,
+        #[source]
+        source: Box<ProgramError>,
+    },
+    #[error("cannot pin {path}")]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("interface index {index} does not exist")]
+    NoInterface { index: u32 },
+    #[error("bpffs is not mounted at {path}; mount it with `mount -t bpf bpf /sys/fs/bpf`")]
+    NoBpffs { path: PathBuf },
+}
+
+fn program_name(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Ingress => program_names::TC_INGRESS,
+        Direction::Egress => program_names::TC_EGRESS,
+    }
+}
+
+fn attach_type(direction: Direction) -> TcAttachType {
+    match direction {
+        Direction::Ingress => TcAttachType::Ingress,
+        Direction::Egress => TcAttachType::Egress,
+    }
+}
+
+fn create_private_dir(path: &Path) -> Result<(), AttachError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|source| AttachError::CreateDir {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// Whether `path` is on a bpffs (or below a directory that will be on one).
+fn check_bpffs(root: &Path) -> Result<(), AttachError> {
+    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+    let mut probe = root.to_path_buf();
+    while !probe.exists() {
+        if !probe.pop() {
+            break;
+        }
+    }
+    let c_path = std::ffi::CString::new(probe.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    // SAFETY: statfs with a valid path and an out struct.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } == 0;
+    if ok && stat.f_type as i64 == BPF_FS_MAGIC {
+        Ok(())
+    } else {
+        Err(AttachError::NoBpffs { path: probe })
+    }
+}
+
+/// A node without bpffs at /sys/fs/bpf gets it mounted, as the kernel docs
+/// and every eBPF dataplane expect; other roots must be on a bpffs already.
+fn mount_bpffs_if_missing(root: &Path) -> Result<(), AttachError> {
+    const DEFAULT_MOUNT: &str = "/sys/fs/bpf";
+    if check_bpffs(root).is_ok() || !root.starts_with(DEFAULT_MOUNT) {
+        return check_bpffs(root);
+    }
+    let target = std::ffi::CString::new(DEFAULT_MOUNT).unwrap_or_default();
+    let fstype = std::ffi::CString::new("bpf").unwrap_or_default();
+    // SAFETY: valid NUL-terminated strings, no data argument.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        log::warn!(
+            "mounting bpffs at {DEFAULT_MOUNT}: {}",
+            io::Error::last_os_error()
+        );
+    }
+    check_bpffs(root)
+}
+
+/// The program pinned for this build, if it is.
+fn pinned_program(layout: &PinLayout, direction: Direction) -> Option<SchedClassifier> {
+    SchedClassifier::from_pin(layout.program(build_id(), program_name(direction))).ok()
+}
+
+fn program_id(program: &SchedClassifier) -> Option<u32> {
+    program.info().ok().map(|info| info.id())
+}
+
+/// Whether the current build's program is attached to `ifindex` in `direction`.
+fn attached(layout: &PinLayout, ifindex: u32, direction: Direction, want: u32) -> bool {
+    if let Ok(link) = PinnedLink::from_pin(layout.tcx_link(ifindex, direction)) {
+        let link = FdLink::from(link);
+        if let Ok(info) = link.info()
+            && info.program_id() == want
+            && let Some(name) = netlink::interface_name(ifindex)
+            && let Ok((_, programs)) = SchedClassifier::query_tcx(&name, attach_type(direction))
+        {
+            return programs.iter().any(|p| p.id() == want);
+        }
+        return false;
+    }
+    // clsact: the marker is the program we attached; it must be this build's.
+    SchedClassifier::from_pin(layout.clsact_marker(ifindex, direction))
+        .ok()
+        .and_then(|marker| program_id(&marker))
+        == Some(want)
+        && netlink::interface_name(ifindex).is_some()
+}
+
+/// Makes sure this build's programs are loaded and attached to every
+/// interface in `interfaces`, both directions. Cheap when they already are.
+pub fn ensure(
+    layout: &PinLayout,
+    interfaces: &BTreeSet<u32>,
+    conntrack_size: Option<u32>,
+) -> Result<(), AttachError> {
+    if is_ready(layout, interfaces) {
+        return Ok(());
+    }
+    mount_bpffs_if_missing(layout.root())?;
+    let lock_path = layout.lock_file();
+    if let Some(dir) = lock_path.parent() {
+        create_private_dir(dir)?;
+    }
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| AttachError::Lock {
+            path: lock_path.clone(),
+            source,
+        })?;
+    // SAFETY: flock on an fd we own; released when `lock` is closed.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(AttachError::Lock {
+            path: lock_path,
+            source: io::Error::last_os_error(),
+        });
+    }
+    // Someone may have finished the job while we waited.
+    if is_ready(layout, interfaces) {
+        return Ok(());
+    }
+    for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
+        create_private_dir(&dir)?;
+    }
+    load_and_pin(layout, conntrack_size)?;
+    for &ifindex in interfaces {
+        for direction in Direction::BOTH {
+            attach_one(layout, ifindex, direction)?;
+        }
+    }
+    remove_other_builds(layout);
+    drop(lock);
+    Ok(())
+}
+
+fn is_ready(layout: &PinLayout, interfaces: &BTreeSet<u32>) -> bool {
+    Direction::BOTH.iter().all(|&direction| {
+        let Some(program) = pinned_program(layout, direction) else {
+            return false;
+        };
+        let Some(id) = program_id(&program) else {
+            return false;
+        };
+        interfaces
+            .iter()
+            .all(|&ifindex| attached(layout, ifindex, direction, id))
+    })
+}
+
+/// Loads the object (reusing pinned maps) and pins this build's programs,
+/// unless they are pinned already.
+fn load_and_pin(layout: &PinLayout, conntrack_size: Option<u32>) -> Result<(), AttachError> {
+    if Direction::BOTH
+        .iter()
+        .all(|&d| pinned_program(layout, d).is_some())
+    {
+        return Ok(());
+    }
+    let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
+        .iter()
+        .map(|&name| (name, layout.map(name)))
+        .collect();
+    let mut loader = EbpfLoader::new();
+    for (name, path) in &map_paths {
+        loader.map_pin_path(name, path.as_path());
+    }
+    if let Some(size) = conntrack_size {
+        loader.map_max_entries(map_names::CONNTRACK, size);
+    }
+    let mut ebpf: Ebpf = loader
+        .load(OBJECT)
+        .map_err(|e| AttachError::Load(Box::new(e)))?;
+    for direction in Direction::BOTH {
+        let name = program_name(direction);
+        let program: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(AttachError::Program {
+                program: name,
+                source: Box::new(ProgramError::NotLoaded),
+            })?
+            .try_into()
+            .map_err(|source| AttachError::Program {
+                program: name,
+                source: Box::new(source),
+            })?;
+        program.load().map_err(|source| AttachError::Program {
+            program: name,
+            source: Box::new(source),
+        })?;
+        let path = layout.program(build_id(), name);
+        program.pin(&path).map_err(|e| AttachError::Pin {
+            path: path.clone(),
+            source: io::Error::other(e.to_string()),
+        })?;
+    }
+    Ok(())
+}
+
+fn attach_one(layout: &PinLayout, ifindex: u32, direction: Direction) -> Result<(), AttachError> {
+    let name = program_name(direction);
+    let mut program = pinned_program(layout, direction).ok_or(AttachError::Program {
+        program: name,
+        source: Box::new(ProgramError::NotLoaded),
+    })?;
+    let Some(id) = program_id(&program) else {
+        return Err(AttachError::Program {
+            program: name,
+            source: Box::new(ProgramError::NotLoaded),
+        });
+    };
+    if attached(layout, ifindex, direction, id) {
+        return Ok(());
+    }
+    let interface =
+        netlink::interface_name(ifindex).ok_or(AttachError::NoInterface { index: ifindex })?;
+    let attach_error = |source| AttachError::Attach {
+        program: name,
+        interface: interface.clone(),
+        direction: direction.as_str(),
+        source: Box::new(source),
+    };
+    let link_path = layout.tcx_link(ifindex, direction);
+
+    // An existing link of ours that still sits on this interface: swap the
+    // program inside it, atomically.
+    if let Ok(pinned) = PinnedLink::from_pin(&link_path) {
+        let link = FdLink::from(pinned);
+        let alive = link.info().is_ok_and(|info| {
+            SchedClassifier::query_tcx(&interface, attach_type(direction))
+                .is_ok_and(|(_, programs)| programs.iter().any(|p| p.id() == info.program_id()))
+        });
+        if alive {
+            let link = SchedClassifierLink::try_from(link).map_err(|e| {
+                attach_error(ProgramError::IOError(io::Error::other(e.to_string())))
+            })?;
+            let link_id = program.attach_to_link(link).map_err(attach_error)?;
+            // The pin keeps the link; dropping our handle only closes an fd.
+            let _ = program.take_link(link_id).map_err(attach_error)?;
+            return Ok(());
+        }
+        // A link left from an interface that is gone (its index reused).
+        let _ = fs::remove_file(&link_path);
+    }
+
+    match program.attach_with_options(
+        &interface,
+        attach_type(direction),
+        TcAttachOptions::TcxOrder(LinkOrder::default()),
+    ) {
+        Ok(link_id) => {
+            let link = program.take_link(link_id).map_err(attach_error)?;
+            let link = FdLink::try_from(link).map_err(|e| AttachError::Pin {
+                path: link_path.clone(),
+                source: io::Error::other(e.to_string()),
+            })?;
+            link.pin(&link_path).map_err(|e| AttachError::Pin {
+                path: link_path.clone(),
+                source: io::Error::other(e.to_string()),
+            })?;
+            Ok(())
+        }
+        Err(error) if tcx_unsupported(&error) => {
+            attach_clsact(layout, &mut program, ifindex, &interface, direction)
+                .map_err(attach_error)
+        }
+        Err(error) => Err(attach_error(error)),
+    }
+}
+
+/// Kernels before 6.6 have no tcx: link creation fails with EINVAL.
+fn tcx_unsupported(error: &ProgramError) -> bool {
+    matches!(error, ProgramError::SyscallError(e)
+        if matches!(e.io_error.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP | 524)))
+}
+
+fn attach_clsact(
+    layout: &PinLayout,
+    program: &mut SchedClassifier,
+    ifindex: u32,
+    interface: &str,
+    direction: Direction,
+) -> Result<(), ProgramError> {
+    // EEXIST: the qdisc is there already.
+    if let Err(error) = tc::qdisc_add_clsact(interface) {
+        log::debug!("clsact qdisc on {interface}: {error}");
+    }
+    let options = NlOptions {
+        priority: CLSACT_PRIORITY,
+        handle: CLSACT_HANDLE,
+        classid: None,
+    };
+    let link_id = match SchedClassifierLink::attached(
+        interface,
+        attach_type(direction),
+        CLSACT_PRIORITY,
+        CLSACT_HANDLE,
+        None,
+    ) {
+        // Replace our filter if it is there, else create it.
+        Ok(existing) => program.attach_to_link(existing).or_else(|_| {
+            program.attach_with_options(
+                interface,
+                attach_type(direction),
+                TcAttachOptions::Netlink(options),
+            )
+        })?,
+        Err(_) => program.attach_with_options(
+            interface,
+            attach_type(direction),
+            TcAttachOptions::Netlink(options),
+        )?,
+    };
+    // The filter holds the program; our handle must not detach it on drop.
+    let link = program.take_link(link_id)?;
+    std::mem::forget(link);
+    let marker = layout.clsact_marker(ifindex, direction);
+    let _ = fs::remove_file(&marker);
+    program
+        .pin(&marker)
+        .map_err(|e| ProgramError::IOError(io::Error::other(e.to_string())))?;
+    Ok(())
+}
+
+/// Unpins programs of older builds; attachments hold them while in use.
+fn remove_other_builds(layout: &PinLayout) {
+    let current = format!("{:016x}_", build_id());
+    if let Ok(entries) = fs::read_dir(layout.progs_dir()) {
+        for entry in entries.flatten() {
+            if !entry.file_name().to_string_lossy().starts_with(&current) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+/// Whether this build's programs are attached to `ifindex`, both directions.
+pub fn is_attached(layout: &PinLayout, ifindex: u32) -> bool {
+    Direction::BOTH.iter().all(|&direction| {
+        pinned_program(layout, direction)
+            .and_then(|program| program_id(&program))
+            .is_some_and(|id| attached(layout, ifindex, direction, id))
+    })
+}
+
+/// STATUS: can this node serve ADD? bpffs must be mounted, and the programs
+/// must be loaded already or load now (verified, then dropped).
+pub fn probe(layout: &PinLayout) -> Result<(), AttachError> {
+    check_bpffs(layout.root())?;
+    if Direction::BOTH
+        .iter()
+        .all(|&d| pinned_program(layout, d).is_some())
+    {
+        return Ok(());
+    }
+    let mut ebpf = EbpfLoader::new()
+        .load(OBJECT)
+        .map_err(|e| AttachError::Load(Box::new(e)))?;
+    for direction in Direction::BOTH {
+        let name = program_name(direction);
+        let program: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(AttachError::Program {
+                program: name,
+                source: Box::new(ProgramError::NotLoaded),
+            })?
+            .try_into()
+            .map_err(|source| AttachError::Program {
+                program: name,
+                source: Box::new(source),
+            })?;
+        program.load().map_err(|source| AttachError::Program {
+            program: name,
+            source: Box::new(source),
+        })?;
+    }
+    Ok(())
+}
+
+/// Which mode the attachments of `layout` use, if any exist.
+pub fn attach_mode(layout: &PinLayout) -> Option<AttachMode> {
+    let entries = fs::read_dir(layout.links_dir()).ok()?;
+    let mut mode = None;
+    for entry in entries.flatten() {
+        if let Some((_, _, clsact)) =
+            crate::pin::parse_link_name(&entry.file_name().to_string_lossy())
+        {
+            mode = Some(if clsact {
+                AttachMode::Clsact
+            } else {
+                AttachMode::Tcx
+            });
+        }
+    }
+    mode
+}

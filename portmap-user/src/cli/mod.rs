@@ -1,0 +1,3 @@
+//! Operator verbs, one module each.
+
+pub mod list;

@@ -1,0 +1,2186 @@
+//! Network configuration: turns the JSON the runtime hands us on stdin into
+//! validated, typed values (`NetConf`, `PortMapping`, `Attachment`) and reads the
+//! container's addresses out of `prevResult`.
+//!
+//! Everything here is pure (no syscalls) so each rule is unit-tested without a
+//! kernel. The JSON is walked by hand rather than through `#[derive(Deserialize)]`
+//! so that every error can name the exact key and list index the user must fix.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{AddrParseError, IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::cni::code;
+
+/// CNI spec versions this plugin speaks. 0.1.0/0.2.0 are left out: their results
+/// have no `interfaces` list, so the sandbox interface cannot be identified.
+pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// Where maps and links are pinned when the config has no `pinRoot`.
+pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/ebpf-portmap";
+
+/// Most `portMappings` entries accepted in one request. Podman expands a port
+/// range into one entry per port, so this has to be generous; it exists so a
+/// runaway caller cannot make us build an unbounded plan.
+pub const MAX_MAPPINGS_PER_REQUEST: usize = 1024;
+
+/// Smallest accepted `conntrackSize` (entries in the conntrack map).
+pub const CONNTRACK_SIZE_MIN: u32 = 1024;
+/// Largest accepted `conntrackSize`; beyond this the map's memory cost is
+/// almost certainly a typo.
+pub const CONNTRACK_SIZE_MAX: u32 = 16 * 1024 * 1024;
+
+/// Longest interface name the kernel accepts: `IFNAMSIZ` (16) minus the NUL.
+pub const MAX_IFNAME_LEN: usize = 15;
+
+/// Key under which the runtime passes the GC keep-list (CNI 1.1).
+pub const VALID_ATTACHMENTS_KEY: &str = "cni.dev/valid-attachments";
+/// Name used by an early draft of the 1.1 spec; libcni sends both keys with the
+/// same value (containernetworking/cni#1101), so we read it when the proper key
+/// is absent.
+pub const LEGACY_ATTACHMENTS_KEY: &str = "cni.dev/attachments";
+
+const MAPPINGS_KEY: &str = "runtimeConfig.portMappings";
+
+/// Transport protocol of a port mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// IANA protocol number, as found in the IP header (`IPPROTO_*`).
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
+    /// Lower-case name, as written in CNI `portMappings`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+
+    /// Parses a protocol name case-insensitively (runtimes send "tcp" as well
+    /// as Kubernetes' "TCP").
+    pub fn from_name(name: &str) -> Option<Protocol> {
+        [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+            .into_iter()
+            .find(|protocol| protocol.as_str().eq_ignore_ascii_case(name))
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// hostIP as the user gave it. Absent = every local address of both families;
+/// 0.0.0.0 = every local IPv4 address only; :: = every local IPv6 address only
+/// (upstream portmap semantics); anything else = exactly that address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HostIp {
+    Any,
+    AnyV4,
+    AnyV6,
+    Addr(IpAddr),
+}
+
+impl HostIp {
+    /// Whether traffic to an IPv4 host address can match this mapping.
+    pub fn allows_v4(&self) -> bool {
+        matches!(
+            self,
+            HostIp::Any | HostIp::AnyV4 | HostIp::Addr(IpAddr::V4(_))
+        )
+    }
+
+    /// Whether traffic to an IPv6 host address can match this mapping.
+    pub fn allows_v6(&self) -> bool {
+        matches!(
+            self,
+            HostIp::Any | HostIp::AnyV6 | HostIp::Addr(IpAddr::V6(_))
+        )
+    }
+
+    /// The one address this mapping is limited to, if it is not a wildcard.
+    pub fn specific(&self) -> Option<IpAddr> {
+        match self {
+            HostIp::Addr(addr) => Some(*addr),
+            HostIp::Any | HostIp::AnyV4 | HostIp::AnyV6 => None,
+        }
+    }
+
+    /// The (family wildcard or exact address) slots this hostIP occupies; two
+    /// mappings with the same port and protocol collide when they share one.
+    fn claims(&self) -> [Option<HostClaim>; 2] {
+        match self {
+            HostIp::Any => [Some(HostClaim::EveryV4), Some(HostClaim::EveryV6)],
+            HostIp::AnyV4 => [Some(HostClaim::EveryV4), None],
+            HostIp::AnyV6 => [Some(HostClaim::EveryV6), None],
+            HostIp::Addr(addr) => [Some(HostClaim::Exact(*addr)), None],
+        }
+    }
+}
+
+impl fmt::Display for HostIp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostIp::Any => f.write_str("every local address"),
+            HostIp::AnyV4 => f.write_str("0.0.0.0"),
+            HostIp::AnyV6 => f.write_str("::"),
+            HostIp::Addr(addr) => write!(f, "{addr}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum HostClaim {
+    EveryV4,
+    EveryV6,
+    Exact(IpAddr),
+}
+
+impl fmt::Display for HostClaim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostClaim::EveryV4 => f.write_str("every local IPv4 address"),
+            HostClaim::EveryV6 => f.write_str("every local IPv6 address"),
+            HostClaim::Exact(addr) => write!(f, "{addr}"),
+        }
+    }
+}
+
+/// One validated `runtimeConfig.portMappings` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortMapping {
+    pub host_ip: HostIp,
+    pub host_port: u16,
+    pub container_port: u16,
+    pub protocol: Protocol,
+}
+
+/// The container's addresses on the attached interface, from `prevResult`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerAddrs {
+    pub v4: Option<Ipv4Addr>,
+    pub v6: Option<Ipv6Addr>,
+}
+
+/// Identity that owns map entries. All three parts are needed: "ADD A, ADD B,
+/// DEL A" must never remove B's entries.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Owner {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// One entry of the GC keep-list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// The validated network configuration handed to this plugin.
+#[derive(Debug, Clone)]
+pub struct NetConf {
+    pub cni_version: String,
+    /// Network name (`name`).
+    pub name: String,
+    /// `type`.
+    pub plugin_type: String,
+    /// `pinRoot`: absolute path, default [`DEFAULT_PIN_ROOT`].
+    pub pin_root: PathBuf,
+    /// `interfaces`: explicit list of node interfaces to attach ingress programs to.
+    pub interfaces: Option<Vec<String>>,
+    /// `conntrackSize`: entries in the conntrack map.
+    pub conntrack_size: Option<u32>,
+    /// `runtimeConfig.portMappings`, validated (empty if absent).
+    pub port_mappings: Vec<PortMapping>,
+    /// Raw `prevResult` (always a JSON object when present), echoed by ADD.
+    pub prev_result: Option<Value>,
+    /// GC only: `cni.dev/valid-attachments`.
+    pub valid_attachments: Option<Vec<Attachment>>,
+}
+
+/// Why a name (network name, container ID) breaks the CNI spec's
+/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$` rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentifierError {
+    #[error("it is empty")]
+    Empty,
+    #[error("it starts with {ch:?}; the first character must be an ASCII letter or digit")]
+    BadFirstChar { ch: char },
+    #[error(
+        "it contains {ch:?} at byte {position}; only ASCII letters, digits, '_', '.' and '-' are allowed"
+    )]
+    BadChar { ch: char, position: usize },
+}
+
+/// Checks the CNI spec's identifier rule, shared by network names and container IDs.
+pub fn validate_identifier(value: &str) -> Result<(), IdentifierError> {
+    let mut chars = value.char_indices();
+    match chars.next() {
+        None => return Err(IdentifierError::Empty),
+        Some((_, ch)) if !ch.is_ascii_alphanumeric() => {
+            return Err(IdentifierError::BadFirstChar { ch });
+        }
+        Some(_) => {}
+    }
+    match chars.find(|(_, ch)| !(ch.is_ascii_alphanumeric() || matches!(ch, '_' | '.' | '-'))) {
+        Some((position, ch)) => Err(IdentifierError::BadChar { ch, position }),
+        None => Ok(()),
+    }
+}
+
+/// Why the kernel would refuse an interface name (mirrors `dev_valid_name()`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IfnameError {
+    #[error("it is empty")]
+    Empty,
+    #[error("it is {len} bytes long; the kernel allows at most {MAX_IFNAME_LEN}")]
+    TooLong { len: usize },
+    #[error("\".\" and \"..\" are reserved and cannot name an interface")]
+    Reserved,
+    #[error("it contains {ch:?}, which the kernel does not allow in interface names")]
+    ForbiddenChar { ch: char },
+}
+
+/// Checks a name the way the kernel's `dev_valid_name()` does, so a bad name is
+/// reported here with its source rather than as an opaque netlink EINVAL later.
+pub fn validate_ifname(name: &str) -> Result<(), IfnameError> {
+    if name.is_empty() {
+        return Err(IfnameError::Empty);
+    }
+    if name.len() > MAX_IFNAME_LEN {
+        return Err(IfnameError::TooLong { len: name.len() });
+    }
+    if name == "." || name == ".." {
+        return Err(IfnameError::Reserved);
+    }
+    // Checked byte-wise like the kernel: its isspace() also matches 0xa0, which
+    // can appear inside a UTF-8 sequence; NUL would silently truncate the name.
+    let forbidden = |byte: u8| {
+        matches!(byte, b'/' | b':' | b'\0' | 0xa0) || byte.is_ascii_whitespace() || byte == 0x0b
+    };
+    match name.bytes().find(|byte| forbidden(*byte)) {
+        Some(byte) => Err(IfnameError::ForbiddenChar {
+            ch: char::from(byte),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Everything that can be wrong with the configuration on stdin.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("the network configuration on stdin is not valid JSON")]
+    InvalidJson {
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the network configuration on stdin must be a JSON object, found {found}")]
+    NotAnObject { found: &'static str },
+    #[error("cniVersion is missing; set it to one of {}", SUPPORTED_VERSIONS.join(", "))]
+    MissingVersion,
+    #[error(
+        "cniVersion {version} is not supported; use one of {}",
+        SUPPORTED_VERSIONS.join(", ")
+    )]
+    UnsupportedVersion {
+        /// The value as JSON text, so a non-string shows as what it is.
+        version: String,
+    },
+    #[error("{field} is missing")]
+    MissingField { field: String },
+    #[error("{key} must not be empty")]
+    EmptyField { key: String },
+    #[error("{key}: expected {expected}, found {found}")]
+    WrongType {
+        key: String,
+        expected: &'static str,
+        found: &'static str,
+    },
+    #[error("{key}: {value} is not an integer")]
+    NotAnInteger { key: String, value: String },
+    #[error("name: {value:?} is not a valid network name: {reason}")]
+    InvalidNetworkName {
+        value: String,
+        reason: IdentifierError,
+    },
+    #[error(
+        "pinRoot: {value:?} {reason}; use an absolute path on a bpffs mount such as {DEFAULT_PIN_ROOT}"
+    )]
+    InvalidPinRoot { value: String, reason: &'static str },
+    #[error("{key}: {value:?} is not a valid interface name: {reason}")]
+    InvalidInterfaceName {
+        key: String,
+        value: String,
+        reason: IfnameError,
+    },
+    #[error("interfaces must list at least one interface; remove the key to use the default")]
+    EmptyInterfaceList,
+    #[error(
+        "interfaces[{second}] repeats {name:?} from interfaces[{first}]; list each interface once"
+    )]
+    DuplicateInterface {
+        first: usize,
+        second: usize,
+        name: String,
+    },
+    #[error("conntrackSize: {value} is out of range {CONNTRACK_SIZE_MIN}-{CONNTRACK_SIZE_MAX}")]
+    ConntrackSizeOutOfRange { value: String },
+    #[error(
+        "{MAPPINGS_KEY} has {count} entries, more than the {max} this plugin accepts in one request"
+    )]
+    TooManyMappings { count: usize, max: usize },
+    #[error("{MAPPINGS_KEY}[{index}].{field}: {value} is out of range 1-65535")]
+    PortOutOfRange {
+        field: &'static str,
+        index: usize,
+        value: String,
+    },
+    #[error(
+        "{MAPPINGS_KEY}[{index}].protocol: {protocol:?} is not supported; use tcp, udp or sctp"
+    )]
+    UnknownProtocol { index: usize, protocol: String },
+    #[error(
+        "{MAPPINGS_KEY}[{index}].hostIP: {value:?} is not an IP address; give an IPv4 or IPv6 address, \"0.0.0.0\", \"::\", or leave it empty for every local address"
+    )]
+    InvalidHostIp {
+        index: usize,
+        value: String,
+        #[source]
+        source: AddrParseError,
+    },
+    #[error("{MAPPINGS_KEY}[{index}].hostIP: {address} {reason}")]
+    UnusableHostIp {
+        index: usize,
+        address: IpAddr,
+        reason: &'static str,
+    },
+    #[error(
+        "{MAPPINGS_KEY}[{second}] duplicates {MAPPINGS_KEY}[{first}]: both claim {protocol} port {host_port} on {claim}; remove one or give them different hostIP values"
+    )]
+    DuplicateMapping {
+        first: usize,
+        second: usize,
+        protocol: Protocol,
+        host_port: u16,
+        /// Human description of the shared address slot, e.g. "every local IPv4 address".
+        claim: String,
+    },
+    #[error("{key}: {value:?} is not an address in CIDR form such as \"10.0.0.2/24\"")]
+    InvalidCidr { key: String, value: String },
+    #[error(
+        "prevResult has no IPv4 or IPv6 address for sandbox interface {ifname:?}, so there is nothing to forward ports to; chain ebpf-portmap after a plugin that assigns the container an address"
+    )]
+    NoContainerAddress { ifname: String },
+    #[error(
+        "{MAPPINGS_KEY}[{index}].hostIP: {host_ip} is {family} but interface {ifname:?} has no {family} address in prevResult; use a hostIP of the container's family or leave hostIP empty"
+    )]
+    ContainerLacksFamily {
+        index: usize,
+        host_ip: HostIp,
+        family: &'static str,
+        ifname: String,
+    },
+}
+
+impl ConfigError {
+    /// The CNI spec error code for this error.
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            ConfigError::InvalidJson { .. } | ConfigError::NotAnObject { .. } => {
+                code::DECODING_FAILURE
+            }
+            ConfigError::MissingVersion | ConfigError::UnsupportedVersion { .. } => {
+                code::INCOMPATIBLE_VERSION
+            }
+            ConfigError::MissingField { .. }
+            | ConfigError::EmptyField { .. }
+            | ConfigError::WrongType { .. }
+            | ConfigError::NotAnInteger { .. }
+            | ConfigError::InvalidNetworkName { .. }
+            | ConfigError::InvalidPinRoot { .. }
+            | ConfigError::InvalidInterfaceName { .. }
+            | ConfigError::EmptyInterfaceList
+            | ConfigError::DuplicateInterface { .. }
+            | ConfigError::ConntrackSizeOutOfRange { .. }
+            | ConfigError::TooManyMappings { .. }
+            | ConfigError::PortOutOfRange { .. }
+            | ConfigError::UnknownProtocol { .. }
+            | ConfigError::InvalidHostIp { .. }
+            | ConfigError::UnusableHostIp { .. }
+            | ConfigError::DuplicateMapping { .. }
+            | ConfigError::InvalidCidr { .. }
+            | ConfigError::NoContainerAddress { .. }
+            | ConfigError::ContainerLacksFamily { .. } => code::INVALID_NETWORK_CONFIG,
+        }
+    }
+}
+
+/// Parses and validates the configuration for ADD, CHECK and STATUS: any error
+/// anywhere fails the request.
+pub fn parse_netconf(stdin: &[u8]) -> Result<NetConf, ConfigError> {
+    let (conf, dropped) = parse(stdin, Strictness::Strict)?;
+    debug_assert!(dropped.is_empty(), "strict parsing never drops errors");
+    Ok(conf)
+}
+
+/// Parses the configuration for DEL and GC. Teardown must not get stuck on data
+/// it does not need: entries are removed by owner, not by mapping, so an invalid
+/// `runtimeConfig` or `prevResult` (which would already have failed the ADD) is
+/// dropped and returned as the second value for the caller to log. Everything
+/// teardown does need (version, name, pinRoot, ...) is still validated.
+pub fn parse_netconf_for_teardown(
+    stdin: &[u8],
+) -> Result<(NetConf, Vec<ConfigError>), ConfigError> {
+    parse(stdin, Strictness::TolerateRequestData)
+}
+
+/// Numeric form of a supported version string, for "at least" comparisons.
+pub fn version_tuple(version: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = version.split('.').map(|part| part.parse::<u32>().ok());
+    let tuple = (parts.next()??, parts.next()??, parts.next()??);
+    parts.next().is_none().then_some(tuple)
+}
+
+/// Whether `version` is the same as or newer than `minimum`. Unparseable
+/// versions are never "at least" anything.
+pub fn version_at_least(version: &str, minimum: &str) -> bool {
+    match (version_tuple(version), version_tuple(minimum)) {
+        (Some(version), Some(minimum)) => version >= minimum,
+        _ => false,
+    }
+}
+
+/// From prevResult: the first IPv4 and first IPv6 address of the sandbox
+/// interface named `ifname`. An ip entry counts when it has no "interface"
+/// index, or when the index points at an interface whose name == ifname and
+/// whose "sandbox" is non-empty (upstream portmap's rule). Addresses are CIDR
+/// strings ("10.0.0.2/24").
+///
+/// An index that points past the `interfaces` list, or is negative, does not
+/// point at our interface and so does not count.
+pub fn container_addrs(prev_result: &Value, ifname: &str) -> Result<ContainerAddrs, ConfigError> {
+    let prev = expect_object("prevResult", prev_result)?;
+    let interfaces = optional_array(prev, "prevResult", "interfaces")?;
+    let ips = optional_array(prev, "prevResult", "ips")?;
+
+    let mut addrs = ContainerAddrs::default();
+    for (index, ip) in ips.iter().enumerate() {
+        let key = format!("prevResult.ips[{index}]");
+        let ip = expect_object(&key, ip)?;
+        if !ip_is_on_sandbox_interface(ip, &key, interfaces, ifname)? {
+            continue;
+        }
+        let address_key = format!("{key}.address");
+        let address = required_str(ip, &address_key, "address")?;
+        // 0.3.x entries also carry "version"; the address itself is authoritative.
+        match parse_cidr_address(address).ok_or_else(|| ConfigError::InvalidCidr {
+            key: address_key,
+            value: address.to_owned(),
+        })? {
+            IpAddr::V4(v4) => {
+                addrs.v4.get_or_insert(v4);
+            }
+            IpAddr::V6(v6) => {
+                addrs.v6.get_or_insert(v6);
+            }
+        }
+    }
+    Ok(addrs)
+}
+
+/// Checks that every mapping can reach the container: if there are mappings the
+/// container needs an address, and a mapping pinned to one family (an explicit
+/// address, "0.0.0.0" or "::") needs a container address of that family.
+/// Upstream portmap silently skipped such mappings; a port that never opens is
+/// worse than an error.
+pub fn check_mappings_reachable(
+    mappings: &[PortMapping],
+    container: &ContainerAddrs,
+    ifname: &str,
+) -> Result<(), ConfigError> {
+    if mappings.is_empty() {
+        return Ok(());
+    }
+    if container.v4.is_none() && container.v6.is_none() {
+        return Err(ConfigError::NoContainerAddress {
+            ifname: ifname.to_owned(),
+        });
+    }
+    for (index, mapping) in mappings.iter().enumerate() {
+        let missing_family = match mapping.host_ip {
+            HostIp::Any => None,
+            HostIp::AnyV4 | HostIp::Addr(IpAddr::V4(_)) => container.v4.is_none().then_some("IPv4"),
+            HostIp::AnyV6 | HostIp::Addr(IpAddr::V6(_)) => container.v6.is_none().then_some("IPv6"),
+        };
+        if let Some(family) = missing_family {
+            return Err(ConfigError::ContainerLacksFamily {
+                index,
+                host_ip: mapping.host_ip,
+                family,
+                ifname: ifname.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strictness {
+    Strict,
+    TolerateRequestData,
+}
+
+fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigError>), ConfigError> {
+    let mut root = match serde_json::from_slice::<Value>(stdin) {
+        Ok(Value::Object(root)) => root,
+        Ok(other) => {
+            return Err(ConfigError::NotAnObject {
+                found: json_kind(&other),
+            });
+        }
+        Err(source) => return Err(ConfigError::InvalidJson { source }),
+    };
+
+    let cni_version = parse_version(&root)?;
+    let name = required_str(&root, "name", "name")?.to_owned();
+    validate_identifier(&name).map_err(|reason| ConfigError::InvalidNetworkName {
+        value: name.clone(),
+        reason,
+    })?;
+    let plugin_type = required_str(&root, "type", "type")?.to_owned();
+    if plugin_type.is_empty() {
+        return Err(ConfigError::EmptyField { key: "type".into() });
+    }
+    let pin_root = parse_pin_root(present(&root, "pinRoot"))?;
+    let interfaces = parse_interfaces(present(&root, "interfaces"))?;
+    let conntrack_size = parse_conntrack_size(present(&root, "conntrackSize"))?;
+    let valid_attachments = parse_valid_attachments(&root)?;
+
+    let mut dropped = Vec::new();
+    let port_mappings = tolerate(
+        parse_port_mappings(present(&root, "runtimeConfig")),
+        Vec::new(),
+        strictness,
+        &mut dropped,
+    )?;
+    let prev_result = tolerate(
+        parse_prev_result(root.remove("prevResult")),
+        None,
+        strictness,
+        &mut dropped,
+    )?;
+
+    Ok((
+        NetConf {
+            cni_version,
+            name,
+            plugin_type,
+            pin_root,
+            interfaces,
+            conntrack_size,
+            port_mappings,
+            prev_result,
+            valid_attachments,
+        },
+        dropped,
+    ))
+}
+
+/// Strict parsing fails on `result`'s error; tolerant parsing keeps the error
+/// in `dropped` and goes on with `fallback`.
+fn tolerate<T>(
+    result: Result<T, ConfigError>,
+    fallback: T,
+    strictness: Strictness,
+    dropped: &mut Vec<ConfigError>,
+) -> Result<T, ConfigError> {
+    match (result, strictness) {
+        (Ok(value), _) => Ok(value),
+        (Err(error), Strictness::TolerateRequestData) => {
+            dropped.push(error);
+            Ok(fallback)
+        }
+        (Err(error), Strictness::Strict) => Err(error),
+    }
+}
+
+fn parse_version(root: &Map<String, Value>) -> Result<String, ConfigError> {
+    match present(root, "cniVersion") {
+        None => Err(ConfigError::MissingVersion),
+        Some(Value::String(version)) if SUPPORTED_VERSIONS.contains(&version.as_str()) => {
+            Ok(version.clone())
+        }
+        Some(other) => Err(ConfigError::UnsupportedVersion {
+            version: other.to_string(),
+        }),
+    }
+}
+
+fn parse_pin_root(value: Option<&Value>) -> Result<PathBuf, ConfigError> {
+    let Some(value) = value else {
+        return Ok(PathBuf::from(DEFAULT_PIN_ROOT));
+    };
+    let raw = value
+        .as_str()
+        .ok_or_else(|| wrong_type("pinRoot", "a string", value))?;
+    let invalid = |reason| ConfigError::InvalidPinRoot {
+        value: raw.to_owned(),
+        reason,
+    };
+    if raw.contains('\0') {
+        return Err(invalid("contains a NUL byte"));
+    }
+    let path = Path::new(raw);
+    if !path.is_absolute() {
+        return Err(invalid("is not an absolute path"));
+    }
+    // Path::components() drops "." silently, so look at the raw segments: a
+    // pin root that means something else after normalisation is a trap.
+    if raw
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
+    {
+        return Err(invalid("contains a \".\" or \"..\" component"));
+    }
+    Ok(path.to_path_buf())
+}
+
+fn parse_interfaces(value: Option<&Value>) -> Result<Option<Vec<String>>, ConfigError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let list = value
+        .as_array()
+        .ok_or_else(|| wrong_type("interfaces", "an array of interface names", value))?;
+    if list.is_empty() {
+        return Err(ConfigError::EmptyInterfaceList);
+    }
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(list.len());
+    let mut names = Vec::with_capacity(list.len());
+    for (index, entry) in list.iter().enumerate() {
+        let key = format!("interfaces[{index}]");
+        let name = entry
+            .as_str()
+            .ok_or_else(|| wrong_type(&key, "a string", entry))?;
+        validate_ifname(name).map_err(|reason| ConfigError::InvalidInterfaceName {
+            key,
+            value: name.to_owned(),
+            reason,
+        })?;
+        if let Some(first) = seen.insert(name, index) {
+            return Err(ConfigError::DuplicateInterface {
+                first,
+                second: index,
+                name: name.to_owned(),
+            });
+        }
+        names.push(name.to_owned());
+    }
+    Ok(Some(names))
+}
+
+fn parse_conntrack_size(value: Option<&Value>) -> Result<Option<u32>, ConfigError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let out_of_range = || ConfigError::ConntrackSizeOutOfRange {
+        value: value.to_string(),
+    };
+    match integer("conntrackSize", value)? {
+        Integer::Unsigned(size) => u32::try_from(size)
+            .ok()
+            .filter(|size| (CONNTRACK_SIZE_MIN..=CONNTRACK_SIZE_MAX).contains(size))
+            .map(Some)
+            .ok_or_else(out_of_range),
+        Integer::Negative => Err(out_of_range()),
+    }
+}
+
+fn parse_valid_attachments(
+    root: &Map<String, Value>,
+) -> Result<Option<Vec<Attachment>>, ConfigError> {
+    let (key, value) = match present(root, VALID_ATTACHMENTS_KEY) {
+        Some(value) => (VALID_ATTACHMENTS_KEY, value),
+        None => match present(root, LEGACY_ATTACHMENTS_KEY) {
+            Some(value) => (LEGACY_ATTACHMENTS_KEY, value),
+            None => return Ok(None),
+        },
+    };
+    let list = value.as_array().ok_or_else(|| {
+        wrong_type(
+            key,
+            "an array of {\"containerID\", \"ifname\"} objects",
+            value,
+        )
+    })?;
+    list.iter()
+        .enumerate()
+        .map(|(index, entry)| {
+            let entry_key = format!("{key}[{index}]");
+            let entry = expect_object(&entry_key, entry)?;
+            Ok(Attachment {
+                container_id: required_str(
+                    entry,
+                    &format!("{entry_key}.containerID"),
+                    "containerID",
+                )?
+                .to_owned(),
+                ifname: required_str(entry, &format!("{entry_key}.ifname"), "ifname")?.to_owned(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+fn parse_prev_result(value: Option<Value>) -> Result<Option<Value>, ConfigError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(prev @ Value::Object(_)) => Ok(Some(prev)),
+        Some(other) => Err(wrong_type("prevResult", "an object", &other)),
+    }
+}
+
+fn parse_port_mappings(runtime_config: Option<&Value>) -> Result<Vec<PortMapping>, ConfigError> {
+    let Some(runtime_config) = runtime_config else {
+        return Ok(Vec::new());
+    };
+    let runtime_config = expect_object("runtimeConfig", runtime_config)?;
+    let Some(list) = present(runtime_config, "portMappings") else {
+        return Ok(Vec::new());
+    };
+    let list = list
+        .as_array()
+        .ok_or_else(|| wrong_type(MAPPINGS_KEY, "an array", list))?;
+    // Checked before parsing so an oversized list costs nothing.
+    if list.len() > MAX_MAPPINGS_PER_REQUEST {
+        return Err(ConfigError::TooManyMappings {
+            count: list.len(),
+            max: MAX_MAPPINGS_PER_REQUEST,
+        });
+    }
+    let mappings = list
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| parse_port_mapping(index, entry))
+        .collect::<Result<Vec<_>, _>>()?;
+    reject_duplicates(&mappings)?;
+    Ok(mappings)
+}
+
+fn parse_port_mapping(index: usize, entry: &Value) -> Result<PortMapping, ConfigError> {
+    let key = format!("{MAPPINGS_KEY}[{index}]");
+    let entry = expect_object(&key, entry)?;
+    // Unknown keys are ignored: runtimes add their own (podman's "range").
+    Ok(PortMapping {
+        host_port: parse_port(entry, index, "hostPort")?,
+        container_port: parse_port(entry, index, "containerPort")?,
+        protocol: parse_protocol(entry, index)?,
+        host_ip: parse_host_ip(entry, index)?,
+    })
+}
+
+fn parse_port(
+    entry: &Map<String, Value>,
+    index: usize,
+    field: &'static str,
+) -> Result<u16, ConfigError> {
+    let key = format!("{MAPPINGS_KEY}[{index}].{field}");
+    let Some(value) = present(entry, field) else {
+        return Err(ConfigError::MissingField { field: key });
+    };
+    let out_of_range = || ConfigError::PortOutOfRange {
+        field,
+        index,
+        value: value.to_string(),
+    };
+    match integer(&key, value)? {
+        Integer::Unsigned(port) => u16::try_from(port)
+            .ok()
+            .filter(|port| *port != 0)
+            .ok_or_else(out_of_range),
+        Integer::Negative => Err(out_of_range()),
+    }
+}
+
+fn parse_protocol(entry: &Map<String, Value>, index: usize) -> Result<Protocol, ConfigError> {
+    let Some(value) = present(entry, "protocol") else {
+        return Ok(Protocol::Tcp);
+    };
+    let name = value.as_str().ok_or_else(|| {
+        wrong_type(
+            &format!("{MAPPINGS_KEY}[{index}].protocol"),
+            "a string",
+            value,
+        )
+    })?;
+    // libcni's PortMapping has no omitempty on "protocol", so Go runtimes that
+    // leave it unset send "": that means the default, like an absent key.
+    if name.is_empty() {
+        return Ok(Protocol::Tcp);
+    }
+    Protocol::from_name(name).ok_or_else(|| ConfigError::UnknownProtocol {
+        index,
+        protocol: name.to_owned(),
+    })
+}
+
+fn parse_host_ip(entry: &Map<String, Value>, index: usize) -> Result<HostIp, ConfigError> {
+    let Some(value) = present(entry, "hostIP") else {
+        return Ok(HostIp::Any);
+    };
+    let raw = value.as_str().ok_or_else(|| {
+        wrong_type(
+            &format!("{MAPPINGS_KEY}[{index}].hostIP"),
+            "a string",
+            value,
+        )
+    })?;
+    if raw.is_empty() {
+        return Ok(HostIp::Any);
+    }
+    let address = raw
+        .parse::<IpAddr>()
+        .map_err(|source| ConfigError::InvalidHostIp {
+            index,
+            value: raw.to_owned(),
+            source,
+        })?
+        // ::ffff:a.b.c.d is how some callers spell an IPv4 address; the packets
+        // we match are plain IPv4.
+        .to_canonical();
+    let unusable = |reason| ConfigError::UnusableHostIp {
+        index,
+        address,
+        reason,
+    };
+    match address {
+        IpAddr::V4(v4) if v4.is_unspecified() => Ok(HostIp::AnyV4),
+        IpAddr::V6(v6) if v6.is_unspecified() => Ok(HostIp::AnyV6),
+        IpAddr::V4(v4) if v4.is_broadcast() => Err(unusable(
+            "is the broadcast address, which is never a connection's destination",
+        )),
+        addr if addr.is_multicast() => Err(unusable(
+            "is a multicast address, which is never a connection's destination",
+        )),
+        addr => Ok(HostIp::Addr(addr)),
+    }
+}
+
+/// Two entries collide when, for the same protocol and host port, they claim
+/// the same family wildcard or the same exact address. A wildcard and an exact
+/// address of the same family may coexist: the exact one is more specific.
+fn reject_duplicates(mappings: &[PortMapping]) -> Result<(), ConfigError> {
+    let mut claimed: HashMap<(HostClaim, u16, Protocol), usize> =
+        HashMap::with_capacity(mappings.len() * 2);
+    for (index, mapping) in mappings.iter().enumerate() {
+        for claim in mapping.host_ip.claims().into_iter().flatten() {
+            if let Some(first) = claimed.insert((claim, mapping.host_port, mapping.protocol), index)
+            {
+                return Err(ConfigError::DuplicateMapping {
+                    first,
+                    second: index,
+                    protocol: mapping.protocol,
+                    host_port: mapping.host_port,
+                    claim: claim.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn ip_is_on_sandbox_interface(
+    ip: &Map<String, Value>,
+    key: &str,
+    interfaces: &[Value],
+    ifname: &str,
+) -> Result<bool, ConfigError> {
+    let Some(index) = present(ip, "interface") else {
+        return Ok(true);
+    };
+    let index_key = format!("{key}.interface");
+    let index = match integer(&index_key, index)? {
+        Integer::Unsigned(index) => index,
+        Integer::Negative => return Ok(false),
+    };
+    let Some(interface) = usize::try_from(index)
+        .ok()
+        .and_then(|index| interfaces.get(index))
+    else {
+        return Ok(false);
+    };
+    let interface_key = format!("prevResult.interfaces[{index}]");
+    let interface = expect_object(&interface_key, interface)?;
+    let name = required_str(interface, &format!("{interface_key}.name"), "name")?;
+    let sandbox = match present(interface, "sandbox") {
+        None => "",
+        Some(sandbox) => sandbox
+            .as_str()
+            .ok_or_else(|| wrong_type(&format!("{interface_key}.sandbox"), "a string", sandbox))?,
+    };
+    // An empty sandbox marks a host-side interface (bridge, host veth end).
+    Ok(name == ifname && !sandbox.is_empty())
+}
+
+/// The address part of "10.0.0.2/24"; the prefix must be valid for the family.
+fn parse_cidr_address(cidr: &str) -> Option<IpAddr> {
+    let (address, prefix) = cidr.split_once('/')?;
+    let address = address.parse::<IpAddr>().ok()?.to_canonical();
+    let prefix = prefix.parse::<u8>().ok()?;
+    let max_prefix = if address.is_ipv4() { 32 } else { 128 };
+    (prefix <= max_prefix).then_some(address)
+}
+
+enum Integer {
+    Unsigned(u64),
+    /// Any negative integer: every caller rejects them, only the message differs.
+    Negative,
+}
+
+/// A JSON integer. Floats (even 80.0) are refused: the CNI types are integers
+/// and a fraction is a sign the value was computed wrongly.
+fn integer(key: &str, value: &Value) -> Result<Integer, ConfigError> {
+    let Value::Number(number) = value else {
+        return Err(wrong_type(key, "an integer", value));
+    };
+    if let Some(unsigned) = number.as_u64() {
+        Ok(Integer::Unsigned(unsigned))
+    } else if number.is_i64() {
+        Ok(Integer::Negative)
+    } else {
+        Err(ConfigError::NotAnInteger {
+            key: key.to_owned(),
+            value: number.to_string(),
+        })
+    }
+}
+
+/// A key's value, treating JSON null like an absent key (what Go's
+/// encoding/json does for pointer and omitempty fields).
+fn present<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    object.get(key).filter(|value| !value.is_null())
+}
+
+fn required_str<'a>(
+    object: &'a Map<String, Value>,
+    key_path: &str,
+    key: &str,
+) -> Result<&'a str, ConfigError> {
+    let value = present(object, key).ok_or_else(|| ConfigError::MissingField {
+        field: key_path.to_owned(),
+    })?;
+    value
+        .as_str()
+        .ok_or_else(|| wrong_type(key_path, "a string", value))
+}
+
+fn optional_array<'a>(
+    object: &'a Map<String, Value>,
+    parent: &str,
+    key: &str,
+) -> Result<&'a [Value], ConfigError> {
+    match present(object, key) {
+        None => Ok(&[]),
+        Some(Value::Array(list)) => Ok(list),
+        Some(other) => Err(wrong_type(&format!("{parent}.{key}"), "an array", other)),
+    }
+}
+
+fn expect_object<'a>(key: &str, value: &'a Value) -> Result<&'a Map<String, Value>, ConfigError> {
+    value
+        .as_object()
+        .ok_or_else(|| wrong_type(key, "an object", value))
+}
+
+fn wrong_type(key: &str, expected: &'static str, found: &Value) -> ConfigError {
+    ConfigError::WrongType {
+        key: key.to_owned(),
+        expected,
+        found: json_kind(found),
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config with the required keys plus `extra` (which starts with a comma).
+    fn with(extra: &str) -> String {
+        format!(r#"{{"cniVersion":"1.0.0","name":"podman","type":"ebpf-portmap"{extra}}}"#)
+    }
+
+    /// A config whose runtimeConfig.portMappings holds `entries`.
+    fn mappings(entries: &str) -> String {
+        with(&format!(
+            r#","runtimeConfig":{{"portMappings":[{entries}]}}"#
+        ))
+    }
+
+    fn many_mappings(count: usize) -> String {
+        let entries: Vec<String> = (0..count)
+            .map(|i| format!(r#"{{"hostPort":{},"containerPort":80}}"#, 10000 + i))
+            .collect();
+        mappings(&entries.join(","))
+    }
+
+    enum Expect {
+        /// Parses; the function checks the result.
+        Valid(fn(&NetConf)),
+        /// Fails with this CNI code and a message containing every needle.
+        Invalid(u32, &'static [&'static str]),
+    }
+    use Expect::{Invalid, Valid};
+
+    fn mapping_count(expected: usize) -> impl Fn(&NetConf) {
+        move |conf| {
+            assert_eq!(
+                conf.port_mappings.len(),
+                expected,
+                "mapping count of {conf:?}"
+            )
+        }
+    }
+
+    #[test]
+    fn parse_netconf_table() {
+        let v = code::INCOMPATIBLE_VERSION;
+        let d = code::DECODING_FAILURE;
+        let c = code::INVALID_NETWORK_CONFIG;
+        let rows: Vec<(&str, String, Expect)> = vec![
+            // --- valid ---
+            (
+                "minimal config, no runtimeConfig",
+                with(""),
+                Valid(|conf| {
+                    assert!(conf.port_mappings.is_empty(), "no mappings expected");
+                    assert_eq!(
+                        conf.pin_root,
+                        PathBuf::from(DEFAULT_PIN_ROOT),
+                        "default pin root"
+                    );
+                    assert_eq!(
+                        (conf.name.as_str(), conf.plugin_type.as_str()),
+                        ("podman", "ebpf-portmap"),
+                        "name and type are carried over"
+                    );
+                    assert!(
+                        conf.prev_result.is_none()
+                            && conf.interfaces.is_none()
+                            && conf.conntrack_size.is_none(),
+                        "optional keys stay None when absent"
+                    );
+                }),
+            ),
+            (
+                "one full mapping",
+                mappings(
+                    r#"{"hostPort":8080,"containerPort":80,"protocol":"udp","hostIP":"192.0.2.1"}"#,
+                ),
+                Valid(|conf| {
+                    assert_eq!(
+                        conf.port_mappings,
+                        vec![PortMapping {
+                            host_ip: HostIp::Addr("192.0.2.1".parse().unwrap()),
+                            host_port: 8080,
+                            container_port: 80,
+                            protocol: Protocol::Udp,
+                        }],
+                        "the entry must be carried over field by field"
+                    );
+                }),
+            ),
+            (
+                "protocol is case-insensitive",
+                mappings(r#"{"hostPort":1,"containerPort":65535,"protocol":"SCTP"}"#),
+                Valid(|conf| {
+                    assert_eq!(
+                        conf.port_mappings[0].protocol,
+                        Protocol::Sctp,
+                        "SCTP must parse as sctp"
+                    );
+                }),
+            ),
+            (
+                "absent protocol and hostIP default to tcp on every address",
+                mappings(r#"{"hostPort":80,"containerPort":80}"#),
+                Valid(|conf| {
+                    assert_eq!(
+                        (
+                            conf.port_mappings[0].protocol,
+                            conf.port_mappings[0].host_ip
+                        ),
+                        (Protocol::Tcp, HostIp::Any),
+                        "absent protocol/hostIP must mean tcp on every address"
+                    );
+                }),
+            ),
+            (
+                "empty protocol and hostIP (Go zero values) mean the defaults",
+                mappings(r#"{"hostPort":80,"containerPort":80,"protocol":"","hostIP":""}"#),
+                Valid(|conf| {
+                    assert_eq!(
+                        (
+                            conf.port_mappings[0].protocol,
+                            conf.port_mappings[0].host_ip
+                        ),
+                        (Protocol::Tcp, HostIp::Any),
+                        "empty protocol/hostIP must mean tcp on every address"
+                    );
+                }),
+            ),
+            (
+                "null hostIP is absent",
+                mappings(r#"{"hostPort":80,"containerPort":80,"hostIP":null}"#),
+                Valid(|conf| {
+                    assert_eq!(
+                        conf.port_mappings[0].host_ip,
+                        HostIp::Any,
+                        "null must mean every address"
+                    );
+                }),
+            ),
+            (
+                "0.0.0.0 and :: are family wildcards",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":80,"hostIP":"0.0.0.0"},{"hostPort":80,"containerPort":80,"hostIP":"::"}"#,
+                ),
+                Valid(|conf| {
+                    assert_eq!(
+                        conf.port_mappings[0].host_ip,
+                        HostIp::AnyV4,
+                        "0.0.0.0 is every IPv4 address"
+                    );
+                    assert_eq!(
+                        conf.port_mappings[1].host_ip,
+                        HostIp::AnyV6,
+                        ":: is every IPv6 address"
+                    );
+                }),
+            ),
+            (
+                "IPv4-mapped IPv6 hostIP becomes IPv4",
+                mappings(r#"{"hostPort":80,"containerPort":80,"hostIP":"::ffff:198.51.100.7"}"#),
+                Valid(|conf| {
+                    assert_eq!(
+                        conf.port_mappings[0].host_ip,
+                        HostIp::Addr("198.51.100.7".parse().unwrap()),
+                        "::ffff:a.b.c.d must be normalised"
+                    );
+                }),
+            ),
+            (
+                "same hostPort, different protocols",
+                mappings(
+                    r#"{"hostPort":53,"containerPort":53,"protocol":"tcp"},{"hostPort":53,"containerPort":53,"protocol":"udp"}"#,
+                ),
+                Valid(|conf| mapping_count(2)(conf)),
+            ),
+            (
+                "same hostPort, different explicit hostIPs",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":80,"hostIP":"192.0.2.1"},{"hostPort":80,"containerPort":81,"hostIP":"192.0.2.2"}"#,
+                ),
+                Valid(|conf| mapping_count(2)(conf)),
+            ),
+            (
+                "IPv4 wildcard next to a specific IPv4 address",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":80,"hostIP":"0.0.0.0"},{"hostPort":80,"containerPort":81,"hostIP":"192.0.2.2"}"#,
+                ),
+                Valid(|conf| mapping_count(2)(conf)),
+            ),
+            (
+                "IPv4 wildcard next to IPv6 wildcard",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":80,"hostIP":"0.0.0.0"},{"hostPort":80,"containerPort":81,"hostIP":"::"}"#,
+                ),
+                Valid(|conf| mapping_count(2)(conf)),
+            ),
+            (
+                "unknown keys everywhere are ignored",
+                with(
+                    r#","capabilities":{"portMappings":true},"args":{"x":1},"runtimeConfig":{"bandwidth":{},"portMappings":[{"hostPort":80,"containerPort":80,"range":1,"podman":"x"}]}"#,
+                ),
+                Valid(|conf| mapping_count(1)(conf)),
+            ),
+            (
+                "runtimeConfig without portMappings",
+                with(r#","runtimeConfig":{}"#),
+                Valid(|conf| mapping_count(0)(conf)),
+            ),
+            (
+                "empty portMappings",
+                mappings(""),
+                Valid(|conf| mapping_count(0)(conf)),
+            ),
+            (
+                "exactly the mapping limit",
+                many_mappings(MAX_MAPPINGS_PER_REQUEST),
+                Valid(|conf| mapping_count(MAX_MAPPINGS_PER_REQUEST)(conf)),
+            ),
+            (
+                "our own keys, valid",
+                with(
+                    r#","pinRoot":"/run/bpf/pm","interfaces":["eth0","bond0.100"],"conntrackSize":65536"#,
+                ),
+                Valid(|conf| {
+                    assert_eq!(conf.pin_root, PathBuf::from("/run/bpf/pm"), "pinRoot");
+                    assert_eq!(
+                        conf.interfaces.as_deref(),
+                        Some(&["eth0".to_string(), "bond0.100".to_string()][..]),
+                        "interfaces"
+                    );
+                    assert_eq!(conf.conntrack_size, Some(65536), "conntrackSize");
+                }),
+            ),
+            (
+                "every supported version",
+                with("").replace("1.0.0", "0.3.0"),
+                Valid(|conf| assert_eq!(conf.cni_version, "0.3.0", "0.3.0 is supported")),
+            ),
+            (
+                "prevResult kept raw",
+                with(r#","prevResult":{"cniVersion":"1.0.0","ips":[]}"#),
+                Valid(|conf| {
+                    assert_eq!(
+                        conf.prev_result,
+                        Some(serde_json::json!({"cniVersion":"1.0.0","ips":[]})),
+                        "prevResult must be kept as given"
+                    );
+                }),
+            ),
+            (
+                "GC keep-list",
+                with(r#","cni.dev/valid-attachments":[{"containerID":"abc","ifname":"eth0"}]"#),
+                Valid(|conf| {
+                    assert_eq!(
+                        conf.valid_attachments,
+                        Some(vec![Attachment {
+                            container_id: "abc".into(),
+                            ifname: "eth0".into()
+                        }]),
+                        "keep-list entries are carried over"
+                    );
+                }),
+            ),
+            (
+                "GC keep-list under the legacy key",
+                with(r#","cni.dev/attachments":[{"containerID":"abc","ifname":"eth0"}]"#),
+                Valid(|conf| {
+                    assert_eq!(
+                        conf.valid_attachments.as_ref().map(Vec::len),
+                        Some(1),
+                        "legacy key must be read"
+                    );
+                }),
+            ),
+            // --- invalid: decoding and version ---
+            (
+                "truncated JSON",
+                r#"{"cniVersion":"1.0.0","name":"#.to_string(),
+                Invalid(d, &["not valid JSON"]),
+            ),
+            (
+                "empty stdin",
+                String::new(),
+                Invalid(d, &["not valid JSON"]),
+            ),
+            (
+                "top level is an array",
+                "[]".to_string(),
+                Invalid(d, &["JSON object", "an array"]),
+            ),
+            (
+                "cniVersion missing",
+                r#"{"name":"n","type":"t"}"#.to_string(),
+                Invalid(v, &["cniVersion is missing"]),
+            ),
+            (
+                "cniVersion unsupported",
+                with("").replace("1.0.0", "0.2.0"),
+                Invalid(v, &["cniVersion \"0.2.0\"", "1.1.0"]),
+            ),
+            (
+                "cniVersion not a string",
+                r#"{"cniVersion":1,"name":"n","type":"t"}"#.to_string(),
+                Invalid(v, &["cniVersion 1 "]),
+            ),
+            // --- invalid: required keys ---
+            (
+                "name missing",
+                r#"{"cniVersion":"1.0.0","type":"t"}"#.to_string(),
+                Invalid(c, &["name is missing"]),
+            ),
+            (
+                "name not a string",
+                r#"{"cniVersion":"1.0.0","name":7,"type":"t"}"#.to_string(),
+                Invalid(c, &["name: expected a string, found a number"]),
+            ),
+            (
+                "name breaks the spec's rule",
+                r#"{"cniVersion":"1.0.0","name":"-net","type":"t"}"#.to_string(),
+                Invalid(c, &["name: \"-net\"", "first character"]),
+            ),
+            (
+                "type missing",
+                r#"{"cniVersion":"1.0.0","name":"n"}"#.to_string(),
+                Invalid(c, &["type is missing"]),
+            ),
+            (
+                "type empty",
+                r#"{"cniVersion":"1.0.0","name":"n","type":""}"#.to_string(),
+                Invalid(c, &["type must not be empty"]),
+            ),
+            // --- invalid: runtimeConfig shape ---
+            (
+                "runtimeConfig not an object",
+                with(r#","runtimeConfig":[]"#),
+                Invalid(c, &["runtimeConfig: expected an object, found an array"]),
+            ),
+            (
+                "portMappings not an array",
+                with(r#","runtimeConfig":{"portMappings":{"hostPort":80}}"#),
+                Invalid(c, &["runtimeConfig.portMappings: expected an array"]),
+            ),
+            (
+                "entry not an object",
+                mappings(r#"{"hostPort":80,"containerPort":80},"80:80""#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[1]: expected an object, found a string"],
+                ),
+            ),
+            (
+                "one over the mapping limit",
+                many_mappings(MAX_MAPPINGS_PER_REQUEST + 1),
+                Invalid(c, &["runtimeConfig.portMappings has 1025 entries", "1024"]),
+            ),
+            // --- invalid: ports ---
+            (
+                "hostPort missing",
+                mappings(r#"{"containerPort":80}"#),
+                Invalid(c, &["runtimeConfig.portMappings[0].hostPort is missing"]),
+            ),
+            (
+                "hostPort zero",
+                mappings(r#"{"hostPort":0,"containerPort":80}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].hostPort: 0 is out of range 1-65535"],
+                ),
+            ),
+            (
+                "hostPort too large, third entry",
+                mappings(
+                    r#"{"hostPort":1,"containerPort":1},{"hostPort":2,"containerPort":2},{"hostPort":70000,"containerPort":80}"#,
+                ),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[2].hostPort: 70000 is out of range 1-65535"],
+                ),
+            ),
+            (
+                "hostPort negative",
+                mappings(r#"{"hostPort":-80,"containerPort":80}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].hostPort: -80 is out of range"],
+                ),
+            ),
+            (
+                "hostPort float",
+                mappings(r#"{"hostPort":80.5,"containerPort":80}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].hostPort: 80.5 is not an integer"],
+                ),
+            ),
+            (
+                "hostPort float with zero fraction",
+                mappings(r#"{"hostPort":80.0,"containerPort":80}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].hostPort: 80.0 is not an integer"],
+                ),
+            ),
+            (
+                "hostPort string",
+                mappings(r#"{"hostPort":"80","containerPort":80}"#),
+                Invalid(
+                    c,
+                    &[
+                        "runtimeConfig.portMappings[0].hostPort: expected an integer, found a string",
+                    ],
+                ),
+            ),
+            (
+                "containerPort too large",
+                mappings(r#"{"hostPort":80,"containerPort":65536}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].containerPort: 65536 is out of range"],
+                ),
+            ),
+            (
+                "containerPort missing",
+                mappings(r#"{"hostPort":80}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].containerPort is missing"],
+                ),
+            ),
+            (
+                "huge integer port",
+                mappings(r#"{"hostPort":18446744073709551615,"containerPort":80}"#),
+                Invalid(c, &["[0].hostPort: 18446744073709551615 is out of range"]),
+            ),
+            // --- invalid: protocol ---
+            (
+                "unknown protocol",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":80},{"hostPort":81,"containerPort":80,"protocol":"icmp"}"#,
+                ),
+                Invalid(
+                    c,
+                    &[
+                        "runtimeConfig.portMappings[1].protocol: \"icmp\"",
+                        "tcp, udp or sctp",
+                    ],
+                ),
+            ),
+            (
+                "protocol with whitespace",
+                mappings(r#"{"hostPort":80,"containerPort":80,"protocol":" tcp"}"#),
+                Invalid(c, &["[0].protocol: \" tcp\""]),
+            ),
+            (
+                "protocol as a number",
+                mappings(r#"{"hostPort":80,"containerPort":80,"protocol":6}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].protocol: expected a string, found a number"],
+                ),
+            ),
+            (
+                "combined protocol list",
+                mappings(r#"{"hostPort":80,"containerPort":80,"protocol":"tcp,udp"}"#),
+                Invalid(c, &["[0].protocol: \"tcp,udp\""]),
+            ),
+            // --- invalid: hostIP ---
+            (
+                "hostIP not an address",
+                mappings(r#"{"hostPort":80,"containerPort":80,"hostIP":"1.2.3"}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].hostIP: \"1.2.3\" is not an IP address"],
+                ),
+            ),
+            (
+                "hostIP with zone",
+                mappings(r#"{"hostPort":80,"containerPort":80,"hostIP":"fe80::1%eth0"}"#),
+                Invalid(c, &["[0].hostIP: \"fe80::1%eth0\""]),
+            ),
+            (
+                "hostIP as a number",
+                mappings(r#"{"hostPort":80,"containerPort":80,"hostIP":16909060}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].hostIP: expected a string"],
+                ),
+            ),
+            (
+                "hostIP multicast",
+                mappings(r#"{"hostPort":80,"containerPort":80,"hostIP":"ff02::1"}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].hostIP: ff02::1 is a multicast address"],
+                ),
+            ),
+            (
+                "hostIP broadcast",
+                mappings(r#"{"hostPort":80,"containerPort":80,"hostIP":"255.255.255.255"}"#),
+                Invalid(c, &["[0].hostIP: 255.255.255.255 is the broadcast address"]),
+            ),
+            // --- invalid: duplicates ---
+            (
+                "same port twice on every address",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":80},{"hostPort":80,"containerPort":81}"#,
+                ),
+                Invalid(
+                    c,
+                    &[
+                        "runtimeConfig.portMappings[1] duplicates runtimeConfig.portMappings[0]",
+                        "tcp port 80",
+                    ],
+                ),
+            ),
+            (
+                "every address overlaps 0.0.0.0",
+                mappings(
+                    r#"{"hostPort":8,"containerPort":8},{"hostPort":80,"containerPort":80},{"hostPort":80,"containerPort":81,"hostIP":"0.0.0.0"}"#,
+                ),
+                Invalid(
+                    c,
+                    &[
+                        "portMappings[2] duplicates runtimeConfig.portMappings[1]",
+                        "every local IPv4 address",
+                    ],
+                ),
+            ),
+            (
+                "every address overlaps ::",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":81,"hostIP":"::","protocol":"udp"},{"hostPort":80,"containerPort":80,"protocol":"UDP"}"#,
+                ),
+                Invalid(
+                    c,
+                    &[
+                        "portMappings[1] duplicates runtimeConfig.portMappings[0]",
+                        "udp port 80 on every local IPv6 address",
+                    ],
+                ),
+            ),
+            (
+                "same address spelled two ways",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":80,"hostIP":"192.0.2.1"},{"hostPort":80,"containerPort":81,"hostIP":"::ffff:192.0.2.1"}"#,
+                ),
+                Invalid(
+                    c,
+                    &[
+                        "portMappings[1] duplicates runtimeConfig.portMappings[0]",
+                        "on 192.0.2.1",
+                    ],
+                ),
+            ),
+            (
+                "default protocol equals explicit tcp",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":80},{"hostPort":80,"containerPort":80,"protocol":"TCP"}"#,
+                ),
+                Invalid(
+                    c,
+                    &["portMappings[1] duplicates runtimeConfig.portMappings[0]"],
+                ),
+            ),
+            // --- invalid: our own keys ---
+            (
+                "pinRoot relative",
+                with(r#","pinRoot":"bpf/pm""#),
+                Invalid(c, &["pinRoot: \"bpf/pm\" is not an absolute path"]),
+            ),
+            (
+                "pinRoot with ..",
+                with(r#","pinRoot":"/sys/fs/bpf/../pm""#),
+                Invalid(c, &["pinRoot: \"/sys/fs/bpf/../pm\"", "\"..\""]),
+            ),
+            (
+                "pinRoot with .",
+                with(r#","pinRoot":"/sys/fs/bpf/./pm""#),
+                Invalid(c, &["pinRoot:", "component"]),
+            ),
+            (
+                "pinRoot not a string",
+                with(r#","pinRoot":true"#),
+                Invalid(c, &["pinRoot: expected a string, found a boolean"]),
+            ),
+            (
+                "interfaces not an array",
+                with(r#","interfaces":"eth0""#),
+                Invalid(c, &["interfaces: expected an array"]),
+            ),
+            (
+                "interfaces empty",
+                with(r#","interfaces":[]"#),
+                Invalid(c, &["interfaces must list at least one"]),
+            ),
+            (
+                "interface name with slash",
+                with(r#","interfaces":["eth0","a/b"]"#),
+                Invalid(c, &["interfaces[1]: \"a/b\"", "'/'"]),
+            ),
+            (
+                "interface name too long",
+                with(r#","interfaces":["abcdefghijklmnop"]"#),
+                Invalid(c, &["interfaces[0]", "16 bytes"]),
+            ),
+            (
+                "interface name not a string",
+                with(r#","interfaces":["eth0",1]"#),
+                Invalid(c, &["interfaces[1]: expected a string, found a number"]),
+            ),
+            (
+                "interface listed twice",
+                with(r#","interfaces":["eth0","eth1","eth0"]"#),
+                Invalid(c, &["interfaces[2] repeats \"eth0\" from interfaces[0]"]),
+            ),
+            (
+                "conntrackSize too small",
+                with(r#","conntrackSize":10"#),
+                Invalid(c, &["conntrackSize: 10 is out of range 1024-16777216"]),
+            ),
+            (
+                "conntrackSize too large",
+                with(r#","conntrackSize":16777217"#),
+                Invalid(c, &["conntrackSize: 16777217 is out of range"]),
+            ),
+            (
+                "conntrackSize negative",
+                with(r#","conntrackSize":-1"#),
+                Invalid(c, &["conntrackSize: -1 is out of range"]),
+            ),
+            (
+                "conntrackSize float",
+                with(r#","conntrackSize":2048.5"#),
+                Invalid(c, &["conntrackSize: 2048.5 is not an integer"]),
+            ),
+            (
+                "conntrackSize string",
+                with(r#","conntrackSize":"64k""#),
+                Invalid(c, &["conntrackSize: expected an integer, found a string"]),
+            ),
+            // --- invalid: prevResult and GC keep-list ---
+            (
+                "prevResult not an object",
+                with(r#","prevResult":"10.0.0.2""#),
+                Invalid(c, &["prevResult: expected an object, found a string"]),
+            ),
+            (
+                "keep-list not an array",
+                with(r#","cni.dev/valid-attachments":{}"#),
+                Invalid(c, &["cni.dev/valid-attachments: expected an array"]),
+            ),
+            (
+                "keep-list entry without ifname",
+                with(r#","cni.dev/valid-attachments":[{"containerID":"a"}]"#),
+                Invalid(c, &["cni.dev/valid-attachments[0].ifname is missing"]),
+            ),
+            (
+                "keep-list containerID not a string",
+                with(
+                    r#","cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"},{"containerID":1,"ifname":"eth0"}]"#,
+                ),
+                Invalid(
+                    c,
+                    &["cni.dev/valid-attachments[1].containerID: expected a string"],
+                ),
+            ),
+            (
+                "keep-list entry not an object",
+                with(r#","cni.dev/valid-attachments":["a"]"#),
+                Invalid(c, &["cni.dev/valid-attachments[0]: expected an object"]),
+            ),
+        ];
+        assert!(rows.len() >= 30, "the table must keep at least 30 rows");
+
+        for (label, input, expect) in rows {
+            let result = parse_netconf(input.as_bytes());
+            match (expect, result) {
+                (Valid(check), Ok(conf)) => check(&conf),
+                (Valid(_), Err(error)) => {
+                    panic!("{label}: expected a valid config, got error: {error}")
+                }
+                (Invalid(code, _), Ok(conf)) => {
+                    panic!("{label}: expected error code {code}, but it parsed: {conf:?}")
+                }
+                (Invalid(code, needles), Err(error)) => {
+                    assert_eq!(
+                        error.cni_code(),
+                        code,
+                        "{label}: wrong CNI code for error: {error}"
+                    );
+                    let message = error.to_string();
+                    for needle in needles {
+                        assert!(
+                            message.contains(needle),
+                            "{label}: message {message:?} should mention {needle:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn invalid_json_keeps_the_parser_error_as_source() {
+        let error = parse_netconf(b"{\"cniVersion\":").expect_err("truncated JSON must fail");
+        let source = std::error::Error::source(&error).expect("the serde error must be the source");
+        assert!(
+            !error.to_string().contains(&source.to_string()),
+            "Display must not repeat the source: {error}"
+        );
+    }
+
+    #[test]
+    fn teardown_parse_drops_bad_request_data_but_not_identity() {
+        let input = with(r#","runtimeConfig":{"portMappings":[{"hostPort":0}]},"prevResult":[1]"#);
+        assert!(
+            parse_netconf(input.as_bytes()).is_err(),
+            "strict parsing must reject it"
+        );
+        let (conf, dropped) = parse_netconf_for_teardown(input.as_bytes())
+            .expect("teardown parsing must tolerate it");
+        assert!(
+            conf.port_mappings.is_empty(),
+            "bad mappings are dropped, not half-kept"
+        );
+        assert!(conf.prev_result.is_none(), "bad prevResult is dropped");
+        assert_eq!(
+            dropped.len(),
+            2,
+            "both problems are reported for logging: {dropped:?}"
+        );
+
+        let bad_name = r#"{"cniVersion":"1.0.0","type":"t"}"#;
+        let error =
+            parse_netconf_for_teardown(bad_name.as_bytes()).expect_err("name is still needed");
+        assert_eq!(error.cni_code(), code::INVALID_NETWORK_CONFIG, "{error}");
+    }
+
+    #[test]
+    fn protocol_numbers_and_names() {
+        for (protocol, number, name) in [
+            (Protocol::Tcp, 6, "tcp"),
+            (Protocol::Udp, 17, "udp"),
+            (Protocol::Sctp, 132, "sctp"),
+        ] {
+            assert_eq!(protocol.number(), number, "IPPROTO number of {name}");
+            assert_eq!(protocol.as_str(), name, "name of {protocol:?}");
+            assert_eq!(
+                Protocol::from_name(&name.to_uppercase()),
+                Some(protocol),
+                "upper-case {name}"
+            );
+        }
+        assert_eq!(
+            Protocol::from_name("icmp"),
+            None,
+            "icmp is not a port protocol"
+        );
+    }
+
+    #[test]
+    fn host_ip_families() {
+        let v4 = HostIp::Addr("192.0.2.1".parse().unwrap());
+        let v6 = HostIp::Addr("2001:db8::1".parse().unwrap());
+        let cases = [
+            (HostIp::Any, true, true, None),
+            (HostIp::AnyV4, true, false, None),
+            (HostIp::AnyV6, false, true, None),
+            (v4, true, false, v4.specific()),
+            (v6, false, true, v6.specific()),
+        ];
+        for (host_ip, allows_v4, allows_v6, specific) in cases {
+            assert_eq!(host_ip.allows_v4(), allows_v4, "{host_ip:?}.allows_v4()");
+            assert_eq!(host_ip.allows_v6(), allows_v6, "{host_ip:?}.allows_v6()");
+            assert_eq!(host_ip.specific(), specific, "{host_ip:?}.specific()");
+        }
+        assert_eq!(
+            v4.specific(),
+            Some("192.0.2.1".parse().unwrap()),
+            "explicit address is specific"
+        );
+    }
+
+    #[test]
+    fn versions_compare_numerically() {
+        assert_eq!(
+            version_tuple("1.1.0"),
+            Some((1, 1, 0)),
+            "three-part version parses"
+        );
+        assert_eq!(version_tuple("1.1"), None, "two parts is not a version");
+        assert_eq!(
+            version_tuple("1.1.0.0"),
+            None,
+            "four parts is not a version"
+        );
+        assert!(
+            version_at_least("0.4.0", "0.4.0"),
+            "equal counts as at least"
+        );
+        assert!(
+            version_at_least("1.0.0", "0.4.0"),
+            "1.0.0 is newer than 0.4.0"
+        );
+        assert!(
+            !version_at_least("0.3.1", "0.4.0"),
+            "0.3.1 is older than 0.4.0"
+        );
+        assert!(
+            !version_at_least("0.10.0", "1.0.0"),
+            "minor 10 is still major 0"
+        );
+        assert!(
+            version_at_least("0.10.0", "0.4.0"),
+            "compare numbers, not strings"
+        );
+        assert!(
+            !version_at_least("garbage", "0.0.0"),
+            "unparseable is never at least"
+        );
+    }
+
+    #[test]
+    fn identifiers_follow_the_spec_rule() {
+        for good in [
+            "a",
+            "0",
+            "abc-DEF_1.2",
+            "3f6940ab5ab43bc522569d15b23f8c1bbde1d7678b080398506924fc01d72755",
+        ] {
+            assert_eq!(
+                validate_identifier(good),
+                Ok(()),
+                "{good:?} must be accepted"
+            );
+        }
+        assert_eq!(
+            validate_identifier(""),
+            Err(IdentifierError::Empty),
+            "empty identifier"
+        );
+        assert_eq!(
+            validate_identifier("_a"),
+            Err(IdentifierError::BadFirstChar { ch: '_' }),
+            "identifier starting with underscore"
+        );
+        assert_eq!(
+            validate_identifier("a b"),
+            Err(IdentifierError::BadChar {
+                ch: ' ',
+                position: 1
+            }),
+            "identifier with a space"
+        );
+        assert_eq!(
+            validate_identifier("a/b"),
+            Err(IdentifierError::BadChar {
+                ch: '/',
+                position: 1
+            }),
+            "identifier with a slash"
+        );
+        assert!(
+            validate_identifier("é").is_err(),
+            "non-ASCII letters are not allowed"
+        );
+    }
+
+    #[test]
+    fn ifnames_follow_the_kernel_rule() {
+        for good in ["eth0", "a", "abcdefghijklmno", "bond0.100", "net-1_x", "é"] {
+            assert_eq!(validate_ifname(good), Ok(()), "{good:?} must be accepted");
+        }
+        assert_eq!(validate_ifname(""), Err(IfnameError::Empty), "empty ifname");
+        assert_eq!(
+            validate_ifname("abcdefghijklmnop"),
+            Err(IfnameError::TooLong { len: 16 }),
+            "16-byte ifname exceeds IFNAMSIZ - 1"
+        );
+        assert_eq!(
+            validate_ifname("."),
+            Err(IfnameError::Reserved),
+            "\".\" is reserved"
+        );
+        assert_eq!(
+            validate_ifname(".."),
+            Err(IfnameError::Reserved),
+            "\"..\" is reserved"
+        );
+        for (bad, ch) in [
+            ("a/b", '/'),
+            ("a:b", ':'),
+            ("a b", ' '),
+            ("a\tb", '\t'),
+            ("a\u{b}b", '\u{b}'),
+            ("a\0b", '\0'),
+        ] {
+            assert_eq!(
+                validate_ifname(bad),
+                Err(IfnameError::ForbiddenChar { ch }),
+                "{bad:?}"
+            );
+        }
+        // U+00E0 is C3 A0 in UTF-8; the kernel's isspace() matches the 0xa0 byte.
+        assert_eq!(
+            validate_ifname("à"),
+            Err(IfnameError::ForbiddenChar { ch: '\u{a0}' }),
+            "0xa0 byte inside UTF-8"
+        );
+    }
+
+    fn addrs(prev: serde_json::Value, ifname: &str) -> ContainerAddrs {
+        container_addrs(&prev, ifname)
+            .unwrap_or_else(|error| panic!("prevResult {prev} must parse: {error}"))
+    }
+
+    #[test]
+    fn prev_result_0_3_1_style_with_version() {
+        let prev = serde_json::json!({
+            "cniVersion": "0.3.1",
+            "interfaces": [
+                {"name": "cni0", "mac": "aa:bb:cc:dd:ee:ff"},
+                {"name": "veth1234", "mac": "aa:bb:cc:dd:ee:00"},
+                {"name": "eth0", "mac": "aa:bb:cc:dd:ee:01", "sandbox": "/var/run/netns/c1"}
+            ],
+            "ips": [
+                {"version": "4", "interface": 2, "address": "10.88.0.5/16", "gateway": "10.88.0.1"},
+                {"version": "6", "interface": 2, "address": "fd00::5/64", "gateway": "fd00::1"}
+            ]
+        });
+        assert_eq!(
+            addrs(prev, "eth0"),
+            ContainerAddrs {
+                v4: Some("10.88.0.5".parse().unwrap()),
+                v6: Some("fd00::5".parse().unwrap())
+            },
+            "both families of the sandbox interface must be found"
+        );
+    }
+
+    #[test]
+    fn prev_result_1_0_0_style() {
+        let prev = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "sandbox": "/proc/42/ns/net"}],
+            "ips": [{"interface": 0, "address": "10.1.2.3/24"}],
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dns": {}
+        });
+        assert_eq!(
+            addrs(prev, "eth0"),
+            ContainerAddrs {
+                v4: Some("10.1.2.3".parse().unwrap()),
+                v6: None
+            },
+            "1.0.0 result: IPv4 of the sandbox interface"
+        );
+    }
+
+    #[test]
+    fn prev_result_ips_without_interface_count() {
+        let prev = serde_json::json!({"ips": [{"address": "2001:db8::7/64"}]});
+        assert_eq!(
+            addrs(prev, "eth0"),
+            ContainerAddrs {
+                v4: None,
+                v6: Some("2001:db8::7".parse().unwrap())
+            },
+            "an ip without interface index counts"
+        );
+    }
+
+    #[test]
+    fn prev_result_host_side_interfaces_are_skipped() {
+        let prev = serde_json::json!({
+            "interfaces": [
+                {"name": "eth0"},
+                {"name": "eth0", "sandbox": ""},
+                {"name": "eth0", "sandbox": "/var/run/netns/c1"}
+            ],
+            "ips": [
+                {"interface": 0, "address": "192.0.2.1/24"},
+                {"interface": 1, "address": "192.0.2.2/24"},
+                {"interface": 2, "address": "192.0.2.3/24"}
+            ]
+        });
+        assert_eq!(
+            addrs(prev, "eth0").v4,
+            Some("192.0.2.3".parse().unwrap()),
+            "interfaces without a sandbox are host side, even with the same name"
+        );
+    }
+
+    #[test]
+    fn prev_result_first_address_of_each_family_wins() {
+        let prev = serde_json::json!({
+            "interfaces": [{"name": "eth0", "sandbox": "/x"}],
+            "ips": [
+                {"interface": 0, "address": "fd00::1/64"},
+                {"interface": 0, "address": "10.0.0.1/24"},
+                {"interface": 0, "address": "10.0.0.2/24"},
+                {"interface": 0, "address": "fd00::2/64"}
+            ]
+        });
+        assert_eq!(
+            addrs(prev, "eth0"),
+            ContainerAddrs {
+                v4: Some("10.0.0.1".parse().unwrap()),
+                v6: Some("fd00::1".parse().unwrap())
+            },
+            "the first address of each family must win"
+        );
+    }
+
+    #[test]
+    fn prev_result_no_matching_interface() {
+        let prev = serde_json::json!({
+            "interfaces": [{"name": "eth0", "sandbox": "/x"}, {"name": "net1", "sandbox": "/x"}],
+            "ips": [
+                {"interface": 0, "address": "10.0.0.1/24"},
+                {"interface": 7, "address": "10.0.0.7/24"},
+                {"interface": -1, "address": "10.0.0.8/24"}
+            ]
+        });
+        assert_eq!(
+            addrs(prev.clone(), "net1"),
+            ContainerAddrs::default(),
+            "net1 has no addresses"
+        );
+        assert_eq!(
+            addrs(prev, "eth9"),
+            ContainerAddrs::default(),
+            "out-of-range and negative indexes do not point at our interface"
+        );
+        assert_eq!(
+            addrs(serde_json::json!({}), "eth0"),
+            ContainerAddrs::default(),
+            "no ips at all"
+        );
+    }
+
+    #[test]
+    fn prev_result_malformed_entries_name_the_key() {
+        let cases = [
+            (serde_json::json!([]), "prevResult: expected an object"),
+            (
+                serde_json::json!({"ips": {}}),
+                "prevResult.ips: expected an array",
+            ),
+            (
+                serde_json::json!({"interfaces": 3}),
+                "prevResult.interfaces: expected an array",
+            ),
+            (
+                serde_json::json!({"ips": [{"address": "10.0.0.1"}]}),
+                "prevResult.ips[0].address: \"10.0.0.1\" is not an address in CIDR form",
+            ),
+            (
+                serde_json::json!({"ips": [{"address": "10.0.0.1/33"}]}),
+                "prevResult.ips[0].address",
+            ),
+            (
+                serde_json::json!({"ips": [{}]}),
+                "prevResult.ips[0].address is missing",
+            ),
+            (
+                serde_json::json!({"ips": [{"interface": "0", "address": "10.0.0.1/8"}]}),
+                "prevResult.ips[0].interface: expected an integer",
+            ),
+            (
+                serde_json::json!({"ips": [{"interface": 0.5, "address": "10.0.0.1/8"}]}),
+                "prevResult.ips[0].interface: 0.5 is not an integer",
+            ),
+            (
+                serde_json::json!({"interfaces": [{"sandbox": "/x"}], "ips": [{"interface": 0, "address": "10.0.0.1/8"}]}),
+                "prevResult.interfaces[0].name is missing",
+            ),
+        ];
+        for (prev, needle) in cases {
+            let error =
+                container_addrs(&prev, "eth0").expect_err(&format!("{prev} must be rejected"));
+            assert_eq!(error.cni_code(), code::INVALID_NETWORK_CONFIG, "{error}");
+            assert!(
+                error.to_string().contains(needle),
+                "{error} should mention {needle:?}"
+            );
+        }
+    }
+
+    fn mapping(host_ip: HostIp) -> PortMapping {
+        PortMapping {
+            host_ip,
+            host_port: 8080,
+            container_port: 80,
+            protocol: Protocol::Tcp,
+        }
+    }
+
+    #[test]
+    fn mappings_need_a_container_address_of_their_family() {
+        let v4_only = ContainerAddrs {
+            v4: Some("10.0.0.2".parse().unwrap()),
+            v6: None,
+        };
+        let v6_only = ContainerAddrs {
+            v4: None,
+            v6: Some("fd00::2".parse().unwrap()),
+        };
+        let none = ContainerAddrs::default();
+
+        assert!(
+            check_mappings_reachable(&[], &none, "eth0").is_ok(),
+            "no mappings need no address"
+        );
+        let error = check_mappings_reachable(&[mapping(HostIp::Any)], &none, "eth0")
+            .expect_err("no address");
+        assert!(
+            matches!(error, ConfigError::NoContainerAddress { .. }),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("\"eth0\""),
+            "{error} should name the interface"
+        );
+
+        assert!(
+            check_mappings_reachable(&[mapping(HostIp::Any)], &v6_only, "eth0").is_ok(),
+            "Any works with one family"
+        );
+        assert!(
+            check_mappings_reachable(&[mapping(HostIp::AnyV6)], &v6_only, "eth0").is_ok(),
+            ":: works with an IPv6 container"
+        );
+
+        let explicit_v4 = mapping(HostIp::Addr("1.2.3.4".parse().unwrap()));
+        let error =
+            check_mappings_reachable(&[mapping(HostIp::Any), explicit_v4], &v6_only, "eth0")
+                .expect_err("IPv4 hostIP with an IPv6-only container");
+        assert_eq!(
+            error.cni_code(),
+            code::INVALID_NETWORK_CONFIG,
+            "family mismatch is an invalid config"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("runtimeConfig.portMappings[1].hostIP: 1.2.3.4 is IPv4")
+                && message.contains("no IPv4 address"),
+            "message must name the entry and the missing family: {message}"
+        );
+        let error = check_mappings_reachable(&[mapping(HostIp::AnyV6)], &v4_only, "eth0")
+            .expect_err(":: needs IPv6");
+        assert!(error.to_string().contains("IPv6"), "{error}");
+    }
+}

@@ -1,0 +1,159 @@
+//! Where things live on bpffs. Pure functions, so the layout is testable and
+//! written down in one place:
+//!
+//! ```text
+//! {root}/v{LAYOUT_VERSION}/maps/{map name}              pinned maps
+//! {root}/v{LAYOUT_VERSION}/progs/{build}_{program}      programs of one build
+//! {root}/v{LAYOUT_VERSION}/links/if{ifindex}_{ingress|egress}   tcx links
+//! {root}/v{LAYOUT_VERSION}/links/if{ifindex}_{...}_clsact       program attached by clsact
+//! ```
+//! bpffs names may not contain dots, so builds are hex and interfaces go by index.
+
+use std::path::{Path, PathBuf};
+
+use portmap_common::LAYOUT_VERSION;
+
+/// Direction of a tc attachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+impl Direction {
+    pub const BOTH: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinLayout {
+    root: PathBuf,
+}
+
+impl PinLayout {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// The configured root (`pinRoot`), shared by every layout version.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Everything of this layout version.
+    pub fn versioned(&self) -> PathBuf {
+        self.root.join(format!("v{LAYOUT_VERSION}"))
+    }
+
+    pub fn maps_dir(&self) -> PathBuf {
+        self.versioned().join("maps")
+    }
+
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.maps_dir().join(name)
+    }
+
+    pub fn progs_dir(&self) -> PathBuf {
+        self.versioned().join("progs")
+    }
+
+    pub fn program(&self, build: u64, program: &str) -> PathBuf {
+        self.progs_dir().join(format!("{build:016x}_{program}"))
+    }
+
+    pub fn links_dir(&self) -> PathBuf {
+        self.versioned().join("links")
+    }
+
+    pub fn tcx_link(&self, ifindex: u32, direction: Direction) -> PathBuf {
+        self.links_dir()
+            .join(format!("if{ifindex}_{}", direction.as_str()))
+    }
+
+    pub fn clsact_marker(&self, ifindex: u32, direction: Direction) -> PathBuf {
+        self.links_dir()
+            .join(format!("if{ifindex}_{}_clsact", direction.as_str()))
+    }
+
+    /// Lock serialising program loads and attachments for this root (map
+    /// updates never take it). Lives outside bpffs, which holds no files.
+    pub fn lock_file(&self) -> PathBuf {
+        let id = crate::hash::fnv1a64(self.root.as_os_str().as_encoded_bytes());
+        PathBuf::from(format!("/run/ebpf-portmap/{id:016x}.lock"))
+    }
+}
+
+/// Parses a link pin file name back into (ifindex, direction, clsact).
+pub fn parse_link_name(name: &str) -> Option<(u32, Direction, bool)> {
+    let rest = name.strip_prefix("if")?;
+    let (index, rest) = rest.split_once('_')?;
+    let (direction, clsact) = match rest {
+        "ingress" => (Direction::Ingress, false),
+        "egress" => (Direction::Egress, false),
+        "ingress_clsact" => (Direction::Ingress, true),
+        "egress_clsact" => (Direction::Egress, true),
+        _ => return None,
+    };
+    Some((index.parse().ok()?, direction, clsact))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_versioned_and_dot_free() {
+        let layout = PinLayout::new("/sys/fs/bpf/ebpf-portmap");
+        assert_eq!(
+            layout.map("mappings"),
+            PathBuf::from("/sys/fs/bpf/ebpf-portmap/v1/maps/mappings")
+        );
+        assert_eq!(
+            layout.tcx_link(7, Direction::Egress),
+            PathBuf::from("/sys/fs/bpf/ebpf-portmap/v1/links/if7_egress")
+        );
+        let program = layout.program(0xabc, "portmap_ingress");
+        assert_eq!(
+            program,
+            PathBuf::from("/sys/fs/bpf/ebpf-portmap/v1/progs/0000000000000abc_portmap_ingress")
+        );
+        for path in [program, layout.clsact_marker(3, Direction::Ingress)] {
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert!(!name.contains('.'), "bpffs rejects dots: {name}");
+        }
+    }
+
+    #[test]
+    fn link_names_round_trip() {
+        let layout = PinLayout::new("/x");
+        for direction in Direction::BOTH {
+            let tcx = layout.tcx_link(42, direction);
+            let clsact = layout.clsact_marker(42, direction);
+            assert_eq!(
+                parse_link_name(tcx.file_name().unwrap().to_str().unwrap()),
+                Some((42, direction, false))
+            );
+            assert_eq!(
+                parse_link_name(clsact.file_name().unwrap().to_str().unwrap()),
+                Some((42, direction, true))
+            );
+        }
+        assert_eq!(parse_link_name("if_x_ingress"), None);
+        assert_eq!(parse_link_name("ifx_ingress"), None);
+        assert_eq!(parse_link_name("if1_sideways"), None);
+    }
+
+    #[test]
+    fn lock_files_differ_per_root() {
+        assert_ne!(
+            PinLayout::new("/sys/fs/bpf/a").lock_file(),
+            PinLayout::new("/sys/fs/bpf/b").lock_file()
+        );
+    }
+}

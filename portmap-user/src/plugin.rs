@@ -1,0 +1,201 @@
+//! The CNI verbs on the real dataplane: what `cni::run` calls.
+
+use std::collections::BTreeSet;
+
+use crate::{
+    attach::{self, AttachError},
+    cni::{CniError, GcRequest, Plugin, Request},
+    config::{HostIp, NetConf},
+    maps::{Maps, MapsError},
+    netlink::{self, NetlinkError},
+    pin::PinLayout,
+    store::{self, StoreError},
+};
+
+/// Plugin-specific CNI error codes (the spec leaves 100 and up to plugins).
+pub mod code {
+    /// I/O failure (spec code).
+    pub const IO: u32 = 5;
+    /// Invalid network configuration (spec code).
+    pub const INVALID_CONFIG: u32 = 7;
+    /// The plugin cannot serve ADD requests (spec code, STATUS).
+    pub const NOT_AVAILABLE: u32 = 50;
+    /// Another owner holds the requested host port.
+    pub const PORT_CONFLICT: u32 = 100;
+    /// A map is full.
+    pub const CAPACITY: u32 = 101;
+    /// The eBPF programs could not be loaded or attached.
+    pub const DATAPLANE: u32 = 102;
+    /// CHECK found an entry missing or different.
+    pub const CHECK_FAILED: u32 = 103;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+    #[error(transparent)]
+    Maps(#[from] MapsError),
+    #[error("cannot read the node's interfaces and routes")]
+    Netlink(#[from] NetlinkError),
+    #[error("interface {name} listed in `interfaces` does not exist on the node")]
+    UnknownInterface { name: String },
+    #[error(
+        "no interface to attach to: the node has no default route and no mapping names a local hostIP; list them in `interfaces`"
+    )]
+    NoInterfaces,
+    #[error("the eBPF programs are not attached to interface index {index}")]
+    NotAttached { index: u32 },
+}
+
+impl PluginError {
+    fn code(&self) -> u32 {
+        match self {
+            PluginError::Store(StoreError::Conflict { .. }) => code::PORT_CONFLICT,
+            PluginError::Store(StoreError::Capacity { .. } | StoreError::TooManySlots { .. }) => {
+                code::CAPACITY
+            }
+            PluginError::Store(StoreError::Missing { .. }) | PluginError::NotAttached { .. } => {
+                code::CHECK_FAILED
+            }
+            PluginError::Store(_) | PluginError::Maps(_) | PluginError::Netlink(_) => code::IO,
+            PluginError::Attach(_) => code::DATAPLANE,
+            PluginError::UnknownInterface { .. } | PluginError::NoInterfaces => {
+                code::INVALID_CONFIG
+            }
+        }
+    }
+}
+
+impl From<PluginError> for CniError {
+    fn from(error: PluginError) -> Self {
+        CniError::from_error(error.code(), &error)
+    }
+}
+
+/// The interfaces whose traffic is translated: the configured list, or by
+/// default those carrying the node's default routes plus any holding a
+/// hostIP that a mapping names.
+pub fn target_interfaces(conf: &NetConf) -> Result<BTreeSet<u32>, PluginError> {
+    if let Some(names) = &conf.interfaces {
+        return names
+            .iter()
+            .map(|name| {
+                netlink::interface_index(name)
+                    .ok_or_else(|| PluginError::UnknownInterface { name: name.clone() })
+            })
+            .collect();
+    }
+    let mut interfaces = netlink::default_route_interfaces()?;
+    for mapping in &conf.port_mappings {
+        if let HostIp::Addr(addr) = mapping.host_ip {
+            match netlink::interface_with_address(addr)? {
+                Some(index) => {
+                    interfaces.insert(index);
+                }
+                None => log::warn!(
+                    "hostIP {addr} of host port {} is not an address of this node; the mapping will see no traffic until it is",
+                    mapping.host_port
+                ),
+            }
+        }
+    }
+    if interfaces.is_empty() {
+        return Err(PluginError::NoInterfaces);
+    }
+    Ok(interfaces)
+}
+
+/// The plugin as the binary runs it.
+#[derive(Debug, Default)]
+pub struct Dataplane;
+
+impl Dataplane {
+    fn add(&self, req: &Request) -> Result<(), PluginError> {
+        let translations = store::plan(&req.conf.port_mappings, &req.container);
+        if translations.is_empty() {
+            log::info!("ADD {}: no port mappings", req.owner.container_id);
+            return Ok(());
+        }
+        let layout = PinLayout::new(&req.conf.pin_root);
+        let interfaces = target_interfaces(&req.conf)?;
+        attach::ensure(&layout, &interfaces, req.conf.conntrack_size)?;
+        let mut maps = Maps::open(&layout)?;
+        maps.claim(&req.owner, &translations)?;
+        log::info!(
+            "ADD {}: {} mapping(s) claimed",
+            req.owner.container_id,
+            translations.len()
+        );
+        Ok(())
+    }
+
+    fn del(&self, req: &Request) -> Result<(), PluginError> {
+        let layout = PinLayout::new(&req.conf.pin_root);
+        if !layout.map(portmap_common::map_names::OWNERS).exists() {
+            // Nothing was ever added under this root: nothing to delete.
+            return Ok(());
+        }
+        let mut maps = Maps::open(&layout)?;
+        let removed = maps.release(&req.owner)?;
+        log::info!(
+            "DEL {}: {removed} mapping(s) removed",
+            req.owner.container_id
+        );
+        Ok(())
+    }
+
+    fn check(&self, req: &Request) -> Result<(), PluginError> {
+        let translations = store::plan(&req.conf.port_mappings, &req.container);
+        if translations.is_empty() {
+            return Ok(());
+        }
+        let layout = PinLayout::new(&req.conf.pin_root);
+        let interfaces = target_interfaces(&req.conf)?;
+        if let Some(&index) = interfaces
+            .iter()
+            .find(|&&index| !attach::is_attached(&layout, index))
+        {
+            return Err(PluginError::NotAttached { index });
+        }
+        let maps = Maps::open(&layout)?;
+        maps.verify(&req.owner, &translations)?;
+        Ok(())
+    }
+
+    fn gc(&self, req: &GcRequest) -> Result<(), PluginError> {
+        let layout = PinLayout::new(&req.conf.pin_root);
+        if !layout.map(portmap_common::map_names::OWNERS).exists() {
+            return Ok(());
+        }
+        let mut maps = Maps::open(&layout)?;
+        let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
+        log::info!("GC {}: removed {removed:?}", req.conf.name);
+        Ok(())
+    }
+}
+
+impl Plugin for Dataplane {
+    fn add(&mut self, req: &Request) -> Result<(), CniError> {
+        Dataplane::add(self, req).map_err(CniError::from)
+    }
+
+    fn del(&mut self, req: &Request) -> Result<(), CniError> {
+        Dataplane::del(self, req).map_err(CniError::from)
+    }
+
+    fn check(&mut self, req: &Request) -> Result<(), CniError> {
+        Dataplane::check(self, req).map_err(CniError::from)
+    }
+
+    fn gc(&mut self, req: &GcRequest) -> Result<(), CniError> {
+        Dataplane::gc(self, req).map_err(CniError::from)
+    }
+
+    fn status(&mut self, conf: &NetConf) -> Result<(), CniError> {
+        let layout = PinLayout::new(&conf.pin_root);
+        attach::probe(&layout).map_err(|error| CniError::from_error(code::NOT_AVAILABLE, &error))
+    }
+}
