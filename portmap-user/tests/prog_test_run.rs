@@ -1,0 +1,700 @@
+//! Packet-level tests of the tc programs through `BPF_PROG_TEST_RUN`: build
+//! a packet, run the program, assert every rewritten field and checksum.
+//!
+//! Each test runs on a thread of its own inside a fresh network namespace
+//! (`unshare(CLONE_NEWNET)`), where a veth holds the "node"
+//! addresses; the FIB lookup that decides "is this for the node?" sees only
+//! that namespace. Needs root.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    process::Command,
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray},
+    programs::{SchedClassifier, TestRun, TestRunOptions},
+};
+use portmap_common::{MappingKey, MappingValue, crc32c, map_names, program_names, stat};
+use portmap_user::{attach::OBJECT, store::words_from_addr};
+
+const NODE_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+const NODE_V6: Ipv6Addr = Ipv6Addr::new(0xfd18, 0, 0, 0, 0, 0, 0, 1);
+const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd18, 0, 0, 0, 0, 0, 0, 2);
+const CONTAINER_V4: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 2);
+const CONTAINER_V6: Ipv6Addr = Ipv6Addr::new(0xfd44, 0, 0, 0, 0, 0, 0, 2);
+/// Reachable through the node but not its own: transit traffic.
+const FAR_V4: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 2);
+
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+const SCTP: u8 = 132;
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+
+/// Runs `test` on a new thread in a new network namespace with a "node"
+/// interface; the namespace disappears with the thread.
+fn in_node_namespace<T: Send + 'static>(test: impl FnOnce(u32) -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: affects only this thread.
+        assert_eq!(
+            unsafe { libc::unshare(libc::CLONE_NEWNET) },
+            0,
+            "unshare(CLONE_NEWNET) needs root: {}",
+            std::io::Error::last_os_error()
+        );
+        for (path, value) in [
+            ("/proc/sys/net/ipv4/ip_forward", "1"),
+            ("/proc/sys/net/ipv6/conf/all/forwarding", "1"),
+            ("/proc/sys/net/ipv6/conf/default/forwarding", "1"),
+        ] {
+            std::fs::write(path, value).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+        }
+        for args in [
+            "link set lo up",
+            "link add node0 type veth peer name peer0",
+            "link set peer0 up",
+            "addr add 198.18.0.1/24 dev node0",
+            "addr add fd18::1/64 dev node0 nodad",
+            "link set node0 up",
+            "route add 198.19.0.0/24 via 198.18.0.2 dev node0",
+        ] {
+            let out = Command::new("ip")
+                .args(args.split(' '))
+                .output()
+                .expect("run ip");
+            assert!(
+                out.status.success(),
+                "ip {args}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let ifindex = portmap_user::netlink::interface_index("node0").expect("node0 exists");
+        test(ifindex)
+    })
+    .join()
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+struct Dataplane {
+    ebpf: Ebpf,
+    ifindex: u32,
+}
+
+impl Dataplane {
+    fn load(ifindex: u32) -> Self {
+        // Fresh, unpinned maps: nothing leaks out of the test.
+        let mut ebpf = EbpfLoader::new()
+            .load(OBJECT)
+            .expect("load the eBPF object");
+        for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
+            let program: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .expect("program in object")
+                .try_into()
+                .expect("a tc program");
+            program
+                .load()
+                .unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
+        }
+        Self { ebpf, ifindex }
+    }
+
+    fn map(
+        &mut self,
+        host: Option<IpAddr>,
+        family_v6: bool,
+        host_port: u16,
+        proto: u8,
+        container: IpAddr,
+        container_port: u16,
+    ) {
+        let mut mappings: HashMap<&mut MapData, MappingKey, MappingValue> = HashMap::try_from(
+            self.ebpf
+                .map_mut(map_names::MAPPINGS)
+                .expect("mappings map"),
+        )
+        .expect("typed mappings map");
+        let key = MappingKey {
+            host_addr_be: host.map_or([0; 4], words_from_addr),
+            host_port_be: host_port.to_be(),
+            proto,
+            family: if family_v6 { 6 } else { 4 },
+        };
+        let value = MappingValue {
+            container_addr_be: words_from_addr(container),
+            container_port_be: container_port.to_be(),
+            owner_id: 42,
+            ..MappingValue::default()
+        };
+        mappings.insert(key, value, 0).expect("insert mapping");
+    }
+
+    fn unmap_all(&mut self) {
+        let mut mappings: HashMap<&mut MapData, MappingKey, MappingValue> = HashMap::try_from(
+            self.ebpf
+                .map_mut(map_names::MAPPINGS)
+                .expect("mappings map"),
+        )
+        .expect("typed mappings map");
+        let keys: Vec<_> = mappings.keys().map(|k| k.expect("key")).collect();
+        for key in keys {
+            mappings.remove(&key).expect("remove mapping");
+        }
+    }
+
+    fn stat(&self, reason: u32) -> u64 {
+        let stats: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.ebpf.map(map_names::STATS).expect("stats map"))
+                .expect("typed stats");
+        stats.get(&reason, 0).expect("stat").iter().sum()
+    }
+
+    /// Runs `program` on `packet`; returns the packet as the program left it.
+    fn run(&self, program: &str, packet: &[u8]) -> Vec<u8> {
+        let program: &SchedClassifier = self
+            .ebpf
+            .program(program)
+            .expect("program")
+            .try_into()
+            .expect("tc program");
+        // __sk_buff up to `ifindex`: ingress_ifindex at 36, ifindex at 40.
+        let mut ctx = [0u8; 44];
+        ctx[36..40].copy_from_slice(&self.ifindex.to_ne_bytes());
+        ctx[40..44].copy_from_slice(&self.ifindex.to_ne_bytes());
+        let mut out = vec![0u8; packet.len() + 256];
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(packet);
+        opts.data_out = Some(&mut out);
+        opts.ctx_in = Some(&ctx);
+        let result = program.test_run(opts).expect("BPF_PROG_TEST_RUN");
+        assert_eq!(
+            result.return_value, 0,
+            "the program must always return TC_ACT_OK"
+        );
+        out.truncate(result.data_size_out as usize);
+        out
+    }
+
+    fn ingress(&self, packet: &[u8]) -> Vec<u8> {
+        self.run(program_names::TC_INGRESS, packet)
+    }
+
+    fn egress(&self, packet: &[u8]) -> Vec<u8> {
+        self.run(program_names::TC_EGRESS, packet)
+    }
+}
+
+// ---- packet building and checking -------------------------------------------------
+
+#[derive(Clone, Copy)]
+struct Flow {
+    src: IpAddr,
+    dst: IpAddr,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+    /// TCP flags, or the SCTP chunk type.
+    flags: u8,
+}
+
+fn fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+fn sum16(data: &[u8]) -> u32 {
+    data.chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum()
+}
+
+fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, len: usize) -> Vec<u8> {
+    let mut p = Vec::new();
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            p.extend_from_slice(&s.octets());
+            p.extend_from_slice(&d.octets());
+            p.extend_from_slice(&[0, proto]);
+            p.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            p.extend_from_slice(&s.octets());
+            p.extend_from_slice(&d.octets());
+            p.extend_from_slice(&(len as u32).to_be_bytes());
+            p.extend_from_slice(&[0, 0, 0, proto]);
+        }
+        _ => unreachable!("mixed families"),
+    }
+    p
+}
+
+fn crc32c_full(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in data {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+fn l4_segment(flow: &Flow, payload: &[u8], zero_udp_csum: bool) -> Vec<u8> {
+    let mut l4 = Vec::new();
+    l4.extend_from_slice(&flow.sport.to_be_bytes());
+    l4.extend_from_slice(&flow.dport.to_be_bytes());
+    match flow.proto {
+        TCP => {
+            l4.extend_from_slice(&1000u32.to_be_bytes());
+            l4.extend_from_slice(&0u32.to_be_bytes());
+            l4.extend_from_slice(&[0x50, flow.flags, 0xff, 0xff, 0, 0, 0, 0]);
+        }
+        UDP => {
+            l4.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+            l4.extend_from_slice(&[0, 0]);
+        }
+        SCTP => {
+            l4.extend_from_slice(&0x1234_5678u32.to_be_bytes()); // verification tag
+            l4.extend_from_slice(&[0, 0, 0, 0]); // checksum
+            let chunk_len = 4 + payload.len();
+            l4.extend_from_slice(&[flow.flags, 0]);
+            l4.extend_from_slice(&(chunk_len as u16).to_be_bytes());
+        }
+        _ => unreachable!(),
+    }
+    l4.extend_from_slice(payload);
+    match flow.proto {
+        TCP | UDP => {
+            let off = if flow.proto == TCP { 16 } else { 6 };
+            if !(flow.proto == UDP && zero_udp_csum) {
+                let mut sum = sum16(&pseudo_header(flow.src, flow.dst, flow.proto, l4.len()));
+                sum += sum16(&l4);
+                let csum = !fold(sum);
+                let csum = if csum == 0 && flow.proto == UDP {
+                    0xffff
+                } else {
+                    csum
+                };
+                l4[off..off + 2].copy_from_slice(&csum.to_be_bytes());
+            }
+        }
+        SCTP => {
+            let crc = crc32c_full(&l4);
+            l4[8..12].copy_from_slice(&crc.to_le_bytes());
+        }
+        _ => {}
+    }
+    l4
+}
+
+fn packet(flow: &Flow, payload: &[u8]) -> Vec<u8> {
+    build(flow, payload, false)
+}
+
+fn build(flow: &Flow, payload: &[u8], zero_udp_csum: bool) -> Vec<u8> {
+    let l4 = l4_segment(flow, payload, zero_udp_csum);
+    let mut p = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    match (flow.src, flow.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            p.extend_from_slice(&[0x08, 0x00]);
+            let mut ip = vec![0x45, 0];
+            ip.extend_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
+            ip.extend_from_slice(&[0, 1, 0x40, 0, 64, flow.proto, 0, 0]);
+            ip.extend_from_slice(&s.octets());
+            ip.extend_from_slice(&d.octets());
+            let csum = !fold(sum16(&ip));
+            ip[10..12].copy_from_slice(&csum.to_be_bytes());
+            p.extend_from_slice(&ip);
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            p.extend_from_slice(&[0x86, 0xdd]);
+            p.extend_from_slice(&[0x60, 0, 0, 0]);
+            p.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+            p.extend_from_slice(&[flow.proto, 64]);
+            p.extend_from_slice(&s.octets());
+            p.extend_from_slice(&d.octets());
+        }
+        _ => unreachable!(),
+    }
+    p.extend_from_slice(&l4);
+    p
+}
+
+/// What a packet says about itself, with every checksum verified.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    src: IpAddr,
+    dst: IpAddr,
+    sport: u16,
+    dport: u16,
+}
+
+fn inspect(p: &[u8]) -> Seen {
+    let ethertype = u16::from_be_bytes([p[12], p[13]]);
+    let (src, dst, proto, l4) = if ethertype == 0x0800 {
+        let ip = &p[14..34];
+        assert_eq!(
+            fold(sum16(ip)),
+            0xffff,
+            "IPv4 header checksum is wrong: {ip:02x?}"
+        );
+        let src = IpAddr::V4(Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]));
+        let dst = IpAddr::V4(Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]));
+        (src, dst, ip[9], &p[34..])
+    } else {
+        let ip = &p[14..54];
+        let src = IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).unwrap()));
+        let dst = IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).unwrap()));
+        (src, dst, ip[6], &p[54..])
+    };
+    match proto {
+        TCP | UDP => {
+            let csum_off = if proto == TCP { 16 } else { 6 };
+            let stored = u16::from_be_bytes([l4[csum_off], l4[csum_off + 1]]);
+            if !(proto == UDP && stored == 0) {
+                let sum = sum16(&pseudo_header(src, dst, proto, l4.len())) + sum16(l4);
+                assert_eq!(fold(sum), 0xffff, "L4 checksum of {proto} packet is wrong");
+            }
+        }
+        SCTP => {
+            let stored = u32::from_le_bytes([l4[8], l4[9], l4[10], l4[11]]);
+            let mut zeroed = l4.to_vec();
+            zeroed[8..12].fill(0);
+            assert_eq!(stored, crc32c_full(&zeroed), "SCTP CRC32c is wrong");
+        }
+        _ => panic!("unexpected protocol {proto}"),
+    }
+    Seen {
+        src,
+        dst,
+        sport: u16::from_be_bytes([l4[0], l4[1]]),
+        dport: u16::from_be_bytes([l4[2], l4[3]]),
+    }
+}
+
+fn seen(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> Seen {
+    Seen {
+        src,
+        dst,
+        sport,
+        dport,
+    }
+}
+
+/// A full exchange: the client's packet is translated to the container on
+/// ingress and the container's answer back to the node address on egress.
+fn round_trip(proto: u8, node: IpAddr, client: IpAddr, container: IpAddr) {
+    in_node_namespace(move |ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, node.is_ipv6(), 8080, proto, container, 80);
+        let opening = if proto == TCP {
+            SYN
+        } else if proto == SCTP {
+            1
+        } else {
+            0
+        };
+        let request = Flow {
+            src: client,
+            dst: node,
+            sport: 40000,
+            dport: 8080,
+            proto,
+            flags: opening,
+        };
+        let translated = dp.ingress(&packet(&request, b"hello"));
+        assert_eq!(
+            inspect(&translated),
+            seen(client, 40000, container, 80),
+            "request must be sent to the container"
+        );
+        assert_eq!(dp.stat(stat::DNAT_NEW), 1, "one new flow counted");
+
+        let answer = Flow {
+            src: container,
+            dst: client,
+            sport: 80,
+            dport: 40000,
+            proto,
+            flags: if proto == TCP {
+                SYN | ACK
+            } else if proto == SCTP {
+                2
+            } else {
+                0
+            },
+        };
+        let restored = dp.egress(&packet(&answer, b"world!"));
+        assert_eq!(
+            inspect(&restored),
+            seen(node, 8080, client, 40000),
+            "answer must come from the address and port the client dialled"
+        );
+        assert_eq!(dp.stat(stat::REPLY), 1);
+
+        // The rest of the flow follows conntrack.
+        let next = Flow {
+            flags: if proto == TCP { ACK } else { 0 },
+            ..request
+        };
+        let translated = dp.ingress(&packet(&next, b"more data"));
+        assert_eq!(inspect(&translated), seen(client, 40000, container, 80));
+    });
+}
+
+#[test]
+fn tcp_ipv4_round_trip() {
+    round_trip(TCP, NODE_V4.into(), CLIENT_V4.into(), CONTAINER_V4.into());
+}
+
+#[test]
+fn tcp_ipv6_round_trip() {
+    round_trip(TCP, NODE_V6.into(), CLIENT_V6.into(), CONTAINER_V6.into());
+}
+
+#[test]
+fn udp_ipv4_round_trip() {
+    round_trip(UDP, NODE_V4.into(), CLIENT_V4.into(), CONTAINER_V4.into());
+}
+
+#[test]
+fn udp_ipv6_round_trip() {
+    round_trip(UDP, NODE_V6.into(), CLIENT_V6.into(), CONTAINER_V6.into());
+}
+
+#[test]
+fn sctp_ipv4_round_trip_keeps_crc32c_valid() {
+    round_trip(SCTP, NODE_V4.into(), CLIENT_V4.into(), CONTAINER_V4.into());
+}
+
+#[test]
+fn sctp_ipv6_round_trip_keeps_crc32c_valid() {
+    round_trip(SCTP, NODE_V6.into(), CLIENT_V6.into(), CONTAINER_V6.into());
+}
+
+#[test]
+fn udp_without_checksum_keeps_it_zero() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 5353, UDP, CONTAINER_V4.into(), 53);
+        let flow = Flow {
+            src: CLIENT_V4.into(),
+            dst: NODE_V4.into(),
+            sport: 1111,
+            dport: 5353,
+            proto: UDP,
+            flags: 0,
+        };
+        let out = dp.ingress(&build(&flow, b"q", true));
+        assert_eq!(
+            inspect(&out),
+            seen(CLIENT_V4.into(), 1111, CONTAINER_V4.into(), 53)
+        );
+        assert_eq!(
+            &out[34 + 6..34 + 8],
+            &[0, 0],
+            "a zero UDP checksum means none and must stay zero"
+        );
+    });
+}
+
+#[test]
+fn transit_traffic_is_never_translated() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        let flow = Flow {
+            src: CLIENT_V4.into(),
+            dst: FAR_V4.into(),
+            sport: 40000,
+            dport: 8080,
+            proto: TCP,
+            flags: SYN,
+        };
+        let input = packet(&flow, b"");
+        assert_eq!(
+            dp.ingress(&input),
+            input,
+            "a packet routed through the node must pass untouched"
+        );
+        assert_eq!(dp.stat(stat::SKIP_NOT_LOCAL), 1, "counted as not local");
+        assert_eq!(dp.stat(stat::DNAT_NEW), 0);
+    });
+}
+
+#[test]
+fn host_ip_mapping_only_matches_its_address() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        let other: IpAddr = "198.18.0.11".parse().unwrap();
+        Command::new("ip")
+            .args(["addr", "add", "198.18.0.11/24", "dev", "node0"])
+            .status()
+            .expect("ip");
+        dp.map(
+            Some(NODE_V4.into()),
+            false,
+            8080,
+            TCP,
+            CONTAINER_V4.into(),
+            80,
+        );
+        let to_other = Flow {
+            src: CLIENT_V4.into(),
+            dst: other,
+            sport: 40000,
+            dport: 8080,
+            proto: TCP,
+            flags: SYN,
+        };
+        let input = packet(&to_other, b"");
+        assert_eq!(
+            dp.ingress(&input),
+            input,
+            "another node address is not mapped"
+        );
+        let to_mapped = Flow {
+            dst: NODE_V4.into(),
+            ..to_other
+        };
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&to_mapped, b""))),
+            seen(CLIENT_V4.into(), 40000, CONTAINER_V4.into(), 80)
+        );
+    });
+}
+
+#[test]
+fn replies_to_flows_the_node_opened_are_not_hijacked() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, UDP, CONTAINER_V4.into(), 80);
+        // The node itself sends from port 8080 to a remote DNS server...
+        let outbound = Flow {
+            src: NODE_V4.into(),
+            dst: CLIENT_V4.into(),
+            sport: 8080,
+            dport: 53,
+            proto: UDP,
+            flags: 0,
+        };
+        let input = packet(&outbound, b"query");
+        assert_eq!(
+            dp.egress(&input),
+            input,
+            "the node's own traffic leaves untouched"
+        );
+        assert_eq!(dp.stat(stat::PASS_RECORDED), 1);
+        // ...and its answer must reach the node, not the container.
+        let answer = Flow {
+            src: CLIENT_V4.into(),
+            dst: NODE_V4.into(),
+            sport: 53,
+            dport: 8080,
+            proto: UDP,
+            flags: 0,
+        };
+        let input = packet(&answer, b"response");
+        assert_eq!(
+            dp.ingress(&input),
+            input,
+            "the answer is the node's, not the container's"
+        );
+        assert_eq!(dp.stat(stat::SKIP_LOCAL_ORIGIN), 1);
+
+        // TCP: only a SYN opens a translated flow; a stray ACK to a mapped port passes.
+        dp.map(None, false, 9090, TCP, CONTAINER_V4.into(), 90);
+        let stray = Flow {
+            src: CLIENT_V4.into(),
+            dst: NODE_V4.into(),
+            sport: 443,
+            dport: 9090,
+            proto: TCP,
+            flags: SYN | ACK,
+        };
+        let input = packet(&stray, b"");
+        assert_eq!(
+            dp.ingress(&input),
+            input,
+            "a SYN-ACK answers a connection the node opened"
+        );
+        assert_eq!(dp.stat(stat::SKIP_NOT_SYN), 1);
+    });
+}
+
+#[test]
+fn deleted_mapping_stops_forwarding_established_udp_flows() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 5000, UDP, CONTAINER_V4.into(), 50);
+        let flow = Flow {
+            src: CLIENT_V4.into(),
+            dst: NODE_V4.into(),
+            sport: 7000,
+            dport: 5000,
+            proto: UDP,
+            flags: 0,
+        };
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&flow, b"1"))).dst,
+            IpAddr::from(CONTAINER_V4)
+        );
+        // The container goes away; its address is given to another container
+        // that now owns the mapping with a different port.
+        dp.unmap_all();
+        let input = packet(&flow, b"2");
+        assert_eq!(
+            dp.ingress(&input),
+            input,
+            "no mapping, no translation, even for a known flow"
+        );
+        let replacement: IpAddr = "10.244.0.9".parse().unwrap();
+        dp.map(None, false, 5000, UDP, replacement, 51);
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&flow, b"3"))),
+            seen(CLIENT_V4.into(), 7000, replacement, 51),
+            "the next datagram goes to the mapping's new owner"
+        );
+    });
+}
+
+#[test]
+fn fragments_and_other_protocols_pass_untouched() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        let flow = Flow {
+            src: CLIENT_V4.into(),
+            dst: NODE_V4.into(),
+            sport: 40000,
+            dport: 8080,
+            proto: TCP,
+            flags: SYN,
+        };
+        let mut fragment = packet(&flow, b"abc");
+        fragment[14 + 6] = 0x20; // more fragments
+        let ip = &mut fragment[14..34];
+        ip[10..12].fill(0);
+        let csum = !fold(sum16(ip));
+        ip[10..12].copy_from_slice(&csum.to_be_bytes());
+        assert_eq!(
+            dp.ingress(&fragment),
+            fragment,
+            "fragments carry no reliable ports"
+        );
+        assert_eq!(dp.stat(stat::SKIP_FRAGMENT), 1);
+        let mut arp = vec![0xff; 12];
+        arp.extend_from_slice(&[0x08, 0x06]);
+        arp.extend_from_slice(&[0; 28]);
+        assert_eq!(dp.ingress(&arp), arp, "ARP passes");
+    });
+}

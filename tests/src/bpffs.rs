@@ -1,0 +1,156 @@
+//! Per-test pin roots on bpffs.
+//!
+//! A [`PinRoot`] is a fresh directory `/sys/fs/bpf/<prefix>-test-<pid>-<n>` to
+//! pass as the plugin's `pinRoot`; it and every pin below it are removed on
+//! drop. bpffs is mounted at `/sys/fs/bpf` first if nothing is mounted there.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Where bpffs is expected.
+pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
+
+/// `statfs.f_type` of bpffs (`BPF_FS_MAGIC` in linux/magic.h).
+const BPF_FS_MAGIC: u32 = 0xcafe_4a11;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpffsError {
+    #[error("mounting bpffs at {path}")]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is still not bpffs after mounting it")]
+    NotBpffs { path: PathBuf },
+}
+
+/// Whether `path` is on a bpffs mount.
+pub fn is_bpffs(path: &Path) -> bool {
+    let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: an all-zero statfs is a valid value; statfs writes it.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c_path is NUL-terminated and stat is a valid out pointer.
+    let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
+    rc == 0 && stat.f_type as u32 == BPF_FS_MAGIC
+}
+
+/// Mounts bpffs at [`BPFFS_MOUNT`] unless it is already there.
+pub fn ensure_bpffs() -> Result<(), BpffsError> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let path = Path::new(BPFFS_MOUNT);
+    if is_bpffs(path) {
+        return Ok(());
+    }
+    let mount_error = |source| BpffsError::Mount {
+        path: path.to_path_buf(),
+        source,
+    };
+    let target = CString::new(BPFFS_MOUNT).expect("no NUL in a constant");
+    // SAFETY: all pointers are NUL-terminated strings or null for `data`.
+    let rc = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            target.as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(mount_error(io::Error::last_os_error()));
+    }
+    if is_bpffs(path) {
+        Ok(())
+    } else {
+        Err(BpffsError::NotBpffs {
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+/// Removes `path` and everything below it, children before parents (bpffs
+/// has no recursive removal: pins are unlinked, directories rmdir'ed).
+pub fn remove_tree(path: &Path) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(path)?;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            remove_tree(&entry?.path())?;
+        }
+        std::fs::remove_dir(path)
+    } else {
+        std::fs::remove_file(path)
+    }
+}
+
+/// A private directory on bpffs, removed with all its pins on drop.
+#[derive(Debug)]
+pub struct PinRoot {
+    path: PathBuf,
+}
+
+impl PinRoot {
+    /// Creates `/sys/fs/bpf/<prefix>-test-<pid>-<n>`, mounting bpffs if needed.
+    ///
+    /// # Panics
+    /// If bpffs cannot be mounted or the directory cannot be created.
+    pub fn new() -> PinRoot {
+        crate::naming::reap_stale();
+        ensure_bpffs().unwrap_or_else(|e| panic!("{e}: {:?}", std::error::Error::source(&e)));
+        let path = Path::new(BPFFS_MOUNT).join(crate::naming::unique_name("test"));
+        std::fs::create_dir(&path)
+            .unwrap_or_else(|e| panic!("creating pin root {}: {e}", path.display()));
+        PinRoot { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every file (pin) below the root, relative to it, sorted: for asserting
+    /// what a plugin pinned or left behind.
+    pub fn pins(&self) -> Vec<PathBuf> {
+        fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(root, &path, out);
+                } else if let Ok(relative) = path.strip_prefix(root) {
+                    out.push(relative.to_path_buf());
+                }
+            }
+        }
+        let mut pins = Vec::new();
+        walk(&self.path, &self.path, &mut pins);
+        pins.sort();
+        pins
+    }
+}
+
+impl Default for PinRoot {
+    fn default() -> Self {
+        PinRoot::new()
+    }
+}
+
+impl Drop for PinRoot {
+    fn drop(&mut self) {
+        if let Err(e) = remove_tree(&self.path)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            eprintln!(
+                "harness: could not remove pin root {}: {e}",
+                self.path.display()
+            );
+        }
+    }
+}
