@@ -16,7 +16,7 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray},
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
-use portmap_common::{MappingKey, MappingValue, crc32c, map_names, program_names, stat};
+use portmap_common::{MappingKey, MappingValue, map_names, program_names, stat};
 use portmap_user::{attach::OBJECT, store::words_from_addr};
 
 const NODE_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
