@@ -99,6 +99,16 @@ pub enum AttachError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "pinned map {path} has key size {key_size} and value size {value_size}, this build expects {expected_key} and {expected_value}: it was made by an incompatible build; remove it with `ebpf-portmap uninstall` or use another pinRoot"
+    )]
+    IncompatibleMap {
+        path: PathBuf,
+        key_size: u32,
+        value_size: u32,
+        expected_key: u32,
+        expected_value: u32,
+    },
     #[error("interface index {index} does not exist")]
     NoInterface { index: u32 },
     #[error("bpffs is not mounted at {path}; mount it with `mount -t bpf bpf /sys/fs/bpf`")]
@@ -280,6 +290,7 @@ fn load_and_pin(layout: &PinLayout, conntrack_size: Option<u32>) -> Result<(), A
     {
         return Ok(());
     }
+    check_pinned_layouts(layout)?;
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
         .iter()
         .map(|&name| (name, layout.map(name)))
@@ -312,10 +323,57 @@ fn load_and_pin(layout: &PinLayout, conntrack_size: Option<u32>) -> Result<(), A
             source: Box::new(source),
         })?;
         let path = layout.program(build_id(), name);
+        if path.exists() {
+            // Pinned by an earlier run that died before pinning the other one.
+            continue;
+        }
         program.pin(&path).map_err(|e| AttachError::Pin {
             path: path.clone(),
             source: io::Error::other(e.to_string()),
         })?;
+    }
+    Ok(())
+}
+
+/// Key and value sizes this build's maps have, by name.
+fn expected_layout(name: &str) -> Option<(u32, u32)> {
+    use portmap_common::{CtEntry, CtKey, MappingKey, MappingValue, OwnerRecord, OwnerSlotKey};
+    let size = |n: usize| n as u32;
+    Some(match name {
+        map_names::MAPPINGS => (
+            size(size_of::<MappingKey>()),
+            size(size_of::<MappingValue>()),
+        ),
+        map_names::OWNERS => (8, size(size_of::<OwnerRecord>())),
+        map_names::OWNER_SLOTS => (
+            size(size_of::<OwnerSlotKey>()),
+            size(size_of::<MappingKey>()),
+        ),
+        map_names::CONNTRACK => (size(size_of::<CtKey>()), size(size_of::<CtEntry>())),
+        map_names::STATS => (4, 8),
+        _ => return None,
+    })
+}
+
+/// A pinned map is reused as it is (aya does no layout check), so one left
+/// by a build with another layout must be refused, never misread.
+fn check_pinned_layouts(layout: &PinLayout) -> Result<(), AttachError> {
+    for name in map_names::ALL {
+        let path = layout.map(name);
+        let Ok(info) = aya::maps::MapInfo::from_pin(&path) else {
+            continue;
+        };
+        if let Some((expected_key, expected_value)) = expected_layout(name)
+            && (info.key_size() != expected_key || info.value_size() != expected_value)
+        {
+            return Err(AttachError::IncompatibleMap {
+                path,
+                key_size: info.key_size(),
+                value_size: info.value_size(),
+                expected_key,
+                expected_value,
+            });
+        }
     }
     Ok(())
 }
@@ -470,6 +528,7 @@ pub fn is_attached(layout: &PinLayout, ifindex: u32) -> bool {
 /// must be loaded already or load now (verified, then dropped).
 pub fn probe(layout: &PinLayout) -> Result<(), AttachError> {
     check_bpffs(layout.root())?;
+    check_pinned_layouts(layout)?;
     if Direction::BOTH
         .iter()
         .all(|&d| pinned_program(layout, d).is_some())

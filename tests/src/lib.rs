@@ -27,6 +27,7 @@ pub mod plugins;
 pub mod tmp;
 pub mod topology;
 pub mod traffic;
+pub mod world;
 
 pub use bpffs::PinRoot;
 pub use cni::{

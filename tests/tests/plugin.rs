@@ -5,152 +5,17 @@
 //! Every test has its own node, client and container namespaces and its own
 //! bpffs pin root, so the tests run in parallel and clean up on drop.
 
-use std::net::{IpAddr, SocketAddr};
-use std::process::Command;
-use std::time::Duration;
+use std::net::IpAddr;
 
-use portmap_tests::cni::{CniCommand, plugin_config};
+use portmap_tests::cni::CniCommand;
 use portmap_tests::topology::{
     EXT_IP4, FAR_IP4, NODE_IP4, NODE_IP4_SECONDARY, NODE_IP6, NODE_IP6_SECONDARY,
 };
 use portmap_tests::traffic::{
     echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
 };
-use portmap_tests::{
-    CniRunner, Conflist, Container, Node, PinRoot, PluginDirs, PortMapping, bridge_conflist,
-    plugin_bin, ptp_conflist,
-};
-use serde_json::Value;
-
-const PROBE: Duration = Duration::from_secs(5);
-/// How long to wait for an answer that must not come.
-const GONE: Duration = Duration::from_millis(700);
-
-fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
-    SocketAddr::new(ip.into(), port)
-}
-
-/// A node with ebpf-portmap in its conflist.
-struct World {
-    node: Node,
-    pins: PinRoot,
-    _plugins: PluginDirs,
-    runner: CniRunner,
-    list: Conflist,
-}
-
-impl World {
-    fn bridge() -> World {
-        World::with(|name, pins, data| bridge_conflist(name, "ebpf-portmap", Some(pins), data))
-    }
-
-    fn ptp() -> World {
-        World::with(|name, pins, data| ptp_conflist(name, "ebpf-portmap", Some(pins), data))
-    }
-
-    fn with(list: impl FnOnce(&str, &std::path::Path, &std::path::Path) -> Conflist) -> World {
-        let node = Node::new();
-        let pins = PinRoot::new();
-        let plugins = PluginDirs::new();
-        let runner = CniRunner::new(plugins.paths(), &node.ns);
-        let list = list("epm-test", pins.path(), node.data_dir());
-        World {
-            node,
-            pins,
-            _plugins: plugins,
-            runner,
-            list,
-        }
-    }
-
-    fn add(&self, container: &Container, mappings: &[PortMapping]) -> Value {
-        self.runner
-            .add(&self.list, &container.with_port_mappings(mappings))
-            .unwrap_or_else(|e| panic!("ADD of {} failed: {e}\n{}", container.id, self.dump()))
-    }
-
-    fn del(&self, container: &Container, mappings: &[PortMapping]) {
-        self.runner
-            .del(&self.list, &container.with_port_mappings(mappings))
-            .unwrap_or_else(|e| panic!("DEL of {} failed: {e}\n{}", container.id, self.dump()));
-    }
-
-    /// The ownership maps as bpftool shows them (named fields, from BTF).
-    fn maps(&self) -> Vec<(String, Value)> {
-        ["mappings", "owners", "owner_slots"]
-            .iter()
-            .map(|name| {
-                let path = self.pins.path().join("v1/maps").join(name);
-                let out = Command::new("bpftool")
-                    .args(["--json", "map", "dump", "pinned"])
-                    .arg(&path)
-                    .output()
-                    .expect("run bpftool");
-                assert!(
-                    out.status.success(),
-                    "bpftool map dump {}: {}",
-                    path.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let mut entries: Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
-                if let Value::Array(list) = &mut entries {
-                    list.sort_by_key(|entry| entry.to_string());
-                }
-                (name.to_string(), entries)
-            })
-            .collect()
-    }
-
-    fn mapping_count(&self) -> usize {
-        self.maps()[0].1.as_array().map_or(0, Vec::len)
-    }
-
-    /// `ebpf-portmap list --json` as run by an operator on the node.
-    fn list(&self) -> Value {
-        let out = self
-            .node
-            .ns
-            .command(plugin_bin())
-            .args(["list", "--json", "--pin-root"])
-            .arg(self.pins.path())
-            .output()
-            .expect("run ebpf-portmap list");
-        assert!(
-            out.status.success(),
-            "list: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("list JSON")
-    }
-
-    fn dump(&self) -> String {
-        let maps = if self.pins.path().join("v1/maps/mappings").exists() {
-            format!("{:#?}", self.maps())
-        } else {
-            "(no maps pinned)".to_owned()
-        };
-        format!("maps: {maps}\n{}", self.node.diagnostics())
-    }
-
-    fn expect_answer(
-        &self,
-        what: &str,
-        answer: Result<String, impl std::fmt::Display>,
-        expected: &str,
-    ) {
-        match answer {
-            Ok(got) => assert_eq!(got, expected, "{what}: answered by the wrong server"),
-            Err(e) => panic!("{what}: {e}\n{}", self.dump()),
-        }
-    }
-}
-
-fn expect_unreachable(what: &str, answer: Result<String, portmap_tests::traffic::ProbeError>) {
-    match answer {
-        Err(e) if e.is_unreachable() => {}
-        other => panic!("{what} must not answer, got {other:?}"),
-    }
-}
+use portmap_tests::world::{GONE, PROBE, World, expect_unreachable, sock};
+use portmap_tests::{Container, Node, PortMapping};
 
 fn reachable_over_both_families(world: World) {
     let web = world.node.add_container("web");
@@ -376,11 +241,8 @@ fn del_restores_the_maps_exactly_and_is_idempotent() {
     // Re-ADD by the same owner is idempotent (run our plugin alone: the
     // bridge plugin refuses a second ADD of the same interface).
     let rt = web.with_port_mappings(&mappings);
-    let ours = &world.list.plugins()[1];
-    let config = plugin_config(&world.list, ours, &rt.capability_args, Some(&result));
     world
-        .runner
-        .exec_plugin("ebpf-portmap", CniCommand::Add, Some(&rt), &config)
+        .exec_ours(CniCommand::Add, &rt, Some(&result))
         .unwrap_or_else(|e| panic!("re-ADD by the same owner failed: {e}"));
     assert_eq!(world.maps(), after_add, "re-ADD changes nothing");
 
@@ -425,13 +287,7 @@ fn add_del_add_cycles_of_100_containers_leave_nothing_behind() {
         for (i, container) in containers.iter().enumerate() {
             world.del(container, &mappings(i));
         }
-        for (name, entries) in world.maps() {
-            assert_eq!(
-                entries.as_array().map(Vec::len),
-                Some(0),
-                "round {round}: {name} not empty after DEL of all"
-            );
-        }
+        world.assert_clean(&format!("round {round}, after DEL of all"));
     }
     // The last container's port still works after all that churn.
     let last = &containers[99];

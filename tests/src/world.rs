@@ -1,0 +1,238 @@
+//! A node with ebpf-portmap in its conflist, and the checks most tests of
+//! the plugin need: map dumps through bpftool (named fields, from BTF), the
+//! operator's `list`, probes that dump the node's state when they fail, and
+//! direct invocations of our plugin alone (the way a runtime re-runs one
+//! plugin of a chain).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::cni::{CniCommand, CniFailure, PluginOutput, plugin_config};
+use crate::traffic::ProbeError;
+use crate::{
+    CniRunner, Conflist, Container, Node, PinRoot, PluginDirs, PortMapping, RuntimeAttachment,
+    bridge_conflist, plugin_bin, ptp_conflist,
+};
+
+/// Long enough for a working path, short enough to fail fast.
+pub const PROBE: Duration = Duration::from_secs(5);
+/// How long to wait for an answer that must not come.
+pub const GONE: Duration = Duration::from_millis(700);
+
+/// The maps that hold ownership state, in dump order.
+pub const STATE_MAPS: [&str; 3] = ["mappings", "owners", "owner_slots"];
+
+pub fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+pub struct World {
+    pub node: Node,
+    pub pins: PinRoot,
+    pub plugins: PluginDirs,
+    pub runner: CniRunner,
+    pub list: Conflist,
+}
+
+impl World {
+    /// bridge + host-local + ebpf-portmap.
+    pub fn bridge() -> World {
+        World::with(|name, pins, data| bridge_conflist(name, "ebpf-portmap", Some(pins), data))
+    }
+
+    /// ptp + host-local + ebpf-portmap.
+    pub fn ptp() -> World {
+        World::with(|name, pins, data| ptp_conflist(name, "ebpf-portmap", Some(pins), data))
+    }
+
+    /// Only ebpf-portmap, at CNI 1.1.0 (GC, STATUS), for requests with a
+    /// hand-made prevResult.
+    pub fn plugin_only() -> World {
+        World::with(|name, pins, _| {
+            Conflist::from_json(json!({
+                "cniVersion": "1.1.0",
+                "name": name,
+                "plugins": [{
+                    "type": "ebpf-portmap",
+                    "capabilities": {"portMappings": true},
+                    "pinRoot": pins,
+                }]
+            }))
+            .expect("a well-formed conflist")
+        })
+    }
+
+    pub fn with(list: impl FnOnce(&str, &Path, &Path) -> Conflist) -> World {
+        let node = Node::new();
+        let pins = PinRoot::new();
+        let plugins = PluginDirs::new();
+        let runner = CniRunner::new(plugins.paths(), &node.ns);
+        let list = list("epm-test", pins.path(), node.data_dir());
+        World {
+            node,
+            pins,
+            plugins,
+            runner,
+            list,
+        }
+    }
+
+    pub fn add(&self, container: &Container, mappings: &[PortMapping]) -> Value {
+        self.runner
+            .add(&self.list, &container.with_port_mappings(mappings))
+            .unwrap_or_else(|e| panic!("ADD of {} failed: {e}\n{}", container.id, self.dump()))
+    }
+
+    pub fn del(&self, container: &Container, mappings: &[PortMapping]) {
+        self.runner
+            .del(&self.list, &container.with_port_mappings(mappings))
+            .unwrap_or_else(|e| panic!("DEL of {} failed: {e}\n{}", container.id, self.dump()));
+    }
+
+    /// Our plugin's entry in the conflist.
+    pub fn our_plugin(&self) -> &Value {
+        self.list
+            .plugins()
+            .iter()
+            .find(|p| p["type"] == "ebpf-portmap")
+            .expect("ebpf-portmap in the conflist")
+    }
+
+    /// The stdin config of our plugin for `rt`, with `prev` as prevResult.
+    pub fn our_config(&self, rt: &RuntimeAttachment, prev: Option<&Value>) -> Value {
+        plugin_config(&self.list, self.our_plugin(), &rt.capability_args, prev)
+    }
+
+    /// Runs our plugin alone.
+    pub fn exec_ours(
+        &self,
+        command: CniCommand,
+        rt: &RuntimeAttachment,
+        prev: Option<&Value>,
+    ) -> Result<PluginOutput, CniFailure> {
+        let config = self.our_config(rt, prev);
+        self.runner
+            .exec_plugin("ebpf-portmap", command, Some(rt), &config)
+    }
+
+    /// The ownership maps as bpftool shows them, entries sorted.
+    pub fn maps(&self) -> Vec<(String, Value)> {
+        STATE_MAPS
+            .iter()
+            .map(|name| (name.to_string(), self.dump_map(name)))
+            .collect()
+    }
+
+    pub fn dump_map(&self, name: &str) -> Value {
+        let path = self.pins.path().join("v1/maps").join(name);
+        let out = Command::new("bpftool")
+            .args(["--json", "map", "dump", "pinned"])
+            .arg(&path)
+            .output()
+            .expect("run bpftool");
+        assert!(
+            out.status.success(),
+            "bpftool map dump {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut entries: Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
+        if let Value::Array(list) = &mut entries {
+            list.sort_by_key(|entry| entry.to_string());
+        }
+        entries
+    }
+
+    pub fn mapping_count(&self) -> usize {
+        self.dump_map("mappings").as_array().map_or(0, Vec::len)
+    }
+
+    /// Asserts that no ownership state is left at all.
+    pub fn assert_clean(&self, when: &str) {
+        for (name, entries) in self.maps() {
+            assert_eq!(
+                entries.as_array().map(Vec::len),
+                Some(0),
+                "{when}: {name} is not empty: {entries:#}"
+            );
+        }
+    }
+
+    /// `ebpf-portmap list --json` as an operator runs it on the node.
+    pub fn list(&self) -> Value {
+        let out = self
+            .node
+            .ns
+            .command(plugin_bin())
+            .args(["list", "--json", "--pin-root"])
+            .arg(self.pins.path())
+            .output()
+            .expect("run ebpf-portmap list");
+        assert!(
+            out.status.success(),
+            "list: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("list JSON")
+    }
+
+    /// Maps, links and the node's network state, for failure messages.
+    pub fn dump(&self) -> String {
+        let maps = if self.pins.path().join("v1/maps/mappings").exists() {
+            format!("{:#?}", self.maps())
+        } else {
+            "(no maps pinned)".to_owned()
+        };
+        let links = Command::new("bpftool")
+            .args(["link", "show"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        format!("maps: {maps}\nlinks:\n{links}\n{}", self.node.diagnostics())
+    }
+
+    pub fn expect_answer(
+        &self,
+        what: &str,
+        answer: Result<String, impl std::fmt::Display>,
+        expected: &str,
+    ) {
+        match answer {
+            Ok(got) => assert_eq!(got, expected, "{what}: answered by the wrong server"),
+            Err(e) => panic!("{what}: {e}\n{}", self.dump()),
+        }
+    }
+}
+
+pub fn expect_unreachable(what: &str, answer: Result<String, ProbeError>) {
+    match answer {
+        Err(e) if e.is_unreachable() => {}
+        other => panic!("{what} must not answer, got {other:?}"),
+    }
+}
+
+/// A prevResult as an interface plugin would return it, for requests that
+/// do not need a real interface (our plugin only reads the addresses).
+pub fn fake_prev_result(
+    netns: &Path,
+    ifname: &str,
+    ip4: Option<IpAddr>,
+    ip6: Option<IpAddr>,
+) -> Value {
+    let mut ips = Vec::new();
+    if let Some(ip) = ip4 {
+        ips.push(json!({"interface": 0, "address": format!("{ip}/24")}));
+    }
+    if let Some(ip) = ip6 {
+        ips.push(json!({"interface": 0, "address": format!("{ip}/64")}));
+    }
+    json!({
+        "cniVersion": "1.1.0",
+        "interfaces": [{"name": ifname, "sandbox": netns.display().to_string()}],
+        "ips": ips,
+    })
+}
