@@ -4,6 +4,11 @@
 //! direct invocations of our plugin alone (the way a runtime re-runs one
 //! plugin of a chain).
 
+#![allow(
+    clippy::result_large_err,
+    reason = "CniFailure carries the whole plugin exchange on purpose (see cni.rs)"
+)]
+
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::process::Command;
