@@ -218,12 +218,19 @@ fn attached(layout: &PinLayout, ifindex: u32, direction: Direction, want: u32) -
         && netlink::interface_name(ifindex).is_some()
 }
 
+/// Map sizes chosen by configuration; they apply when the maps are created.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Capacities {
+    pub mappings: Option<u32>,
+    pub conntrack: Option<u32>,
+}
+
 /// Makes sure this build's programs are loaded and attached to every
 /// interface in `interfaces`, both directions. Cheap when they already are.
 pub fn ensure(
     layout: &PinLayout,
     interfaces: &BTreeSet<u32>,
-    conntrack_size: Option<u32>,
+    capacities: Capacities,
 ) -> Result<(), AttachError> {
     if is_ready(layout, interfaces) {
         return Ok(());
@@ -256,7 +263,7 @@ pub fn ensure(
     for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
         create_private_dir(&dir)?;
     }
-    load_and_pin(layout, conntrack_size)?;
+    load_and_pin(layout, capacities)?;
     for &ifindex in interfaces {
         for direction in Direction::BOTH {
             attach_one(layout, ifindex, direction)?;
@@ -283,7 +290,7 @@ fn is_ready(layout: &PinLayout, interfaces: &BTreeSet<u32>) -> bool {
 
 /// Loads the object (reusing pinned maps) and pins this build's programs,
 /// unless they are pinned already.
-fn load_and_pin(layout: &PinLayout, conntrack_size: Option<u32>) -> Result<(), AttachError> {
+fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), AttachError> {
     if Direction::BOTH
         .iter()
         .all(|&d| pinned_program(layout, d).is_some())
@@ -299,8 +306,16 @@ fn load_and_pin(layout: &PinLayout, conntrack_size: Option<u32>) -> Result<(), A
     for (name, path) in &map_paths {
         loader.map_pin_path(name, path.as_path());
     }
-    if let Some(size) = conntrack_size {
+    if let Some(size) = capacities.conntrack {
         loader.map_max_entries(map_names::CONNTRACK, size);
+    }
+    if let Some(size) = capacities.mappings {
+        loader.map_max_entries(map_names::MAPPINGS, size);
+        // Two index slots per mapping leaves room for re-ADDs.
+        let slots = size
+            .saturating_mul(2)
+            .max(portmap_common::capacity::OWNER_SLOTS);
+        loader.map_max_entries(map_names::OWNER_SLOTS, slots);
     }
     let mut ebpf: Ebpf = loader
         .load(OBJECT)

@@ -27,6 +27,23 @@ pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/ebpf-portmap";
 /// runaway caller cannot make us build an unbounded plan.
 pub const MAX_MAPPINGS_PER_REQUEST: usize = 1024;
 
+/// Accepted range of `maxMappings` (capacity of the mappings map).
+pub const MAX_MAPPINGS_MIN: u32 = 16;
+pub const MAX_MAPPINGS_MAX: u32 = 1 << 20;
+
+/// What ADD does when a node process already listens on a requested host
+/// port (`hostPortListeners`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ListenerPolicy {
+    /// Refuse the mapping: it would silently take the port from the node's
+    /// own service. Sockets held by a runtime's port reservation (podman's
+    /// conmon, docker-proxy, ...) do not count.
+    #[default]
+    Refuse,
+    /// Map anyway and log a warning (what iptables portmap does silently).
+    Allow,
+}
+
 /// Smallest accepted `conntrackSize` (entries in the conntrack map).
 pub const CONNTRACK_SIZE_MIN: u32 = 1024;
 /// Largest accepted `conntrackSize`; beyond this the map's memory cost is
@@ -209,6 +226,11 @@ pub struct NetConf {
     pub interfaces: Option<Vec<String>>,
     /// `conntrackSize`: entries in the conntrack map.
     pub conntrack_size: Option<u32>,
+    /// `maxMappings`: entries in the mappings map (set when the maps are
+    /// first created).
+    pub max_mappings: Option<u32>,
+    /// `hostPortListeners`: "refuse" (default) or "allow".
+    pub listener_policy: ListenerPolicy,
     /// `runtimeConfig.portMappings`, validated (empty if absent).
     pub port_mappings: Vec<PortMapping>,
     /// Raw `prevResult` (always a JSON object when present), echoed by ADD.
@@ -344,6 +366,10 @@ pub enum ConfigError {
     },
     #[error("conntrackSize: {value} is out of range {CONNTRACK_SIZE_MIN}-{CONNTRACK_SIZE_MAX}")]
     ConntrackSizeOutOfRange { value: String },
+    #[error("maxMappings: {value} is out of range {MAX_MAPPINGS_MIN}-{MAX_MAPPINGS_MAX}")]
+    MaxMappingsOutOfRange { value: String },
+    #[error("hostPortListeners: {value} is not one of \"refuse\" or \"allow\"")]
+    InvalidListenerPolicy { value: String },
     #[error(
         "{MAPPINGS_KEY} has {count} entries, more than the {max} this plugin accepts in one request"
     )]
@@ -421,6 +447,8 @@ impl ConfigError {
             | ConfigError::EmptyInterfaceList
             | ConfigError::DuplicateInterface { .. }
             | ConfigError::ConntrackSizeOutOfRange { .. }
+            | ConfigError::MaxMappingsOutOfRange { .. }
+            | ConfigError::InvalidListenerPolicy { .. }
             | ConfigError::TooManyMappings { .. }
             | ConfigError::PortOutOfRange { .. }
             | ConfigError::UnknownProtocol { .. }
@@ -573,6 +601,8 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
     let pin_root = parse_pin_root(present(&root, "pinRoot"))?;
     let interfaces = parse_interfaces(present(&root, "interfaces"))?;
     let conntrack_size = parse_conntrack_size(present(&root, "conntrackSize"))?;
+    let max_mappings = parse_max_mappings(present(&root, "maxMappings"))?;
+    let listener_policy = parse_listener_policy(present(&root, "hostPortListeners"))?;
     let valid_attachments = parse_valid_attachments(&root)?;
 
     let mut dropped = Vec::new();
@@ -597,6 +627,8 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
             pin_root,
             interfaces,
             conntrack_size,
+            max_mappings,
+            listener_policy,
             port_mappings,
             prev_result,
             valid_attachments,
@@ -712,6 +744,34 @@ fn parse_conntrack_size(value: Option<&Value>) -> Result<Option<u32>, ConfigErro
             .map(Some)
             .ok_or_else(out_of_range),
         Integer::Negative => Err(out_of_range()),
+    }
+}
+
+fn parse_max_mappings(value: Option<&Value>) -> Result<Option<u32>, ConfigError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let out_of_range = || ConfigError::MaxMappingsOutOfRange {
+        value: value.to_string(),
+    };
+    match integer("maxMappings", value)? {
+        Integer::Unsigned(size) => u32::try_from(size)
+            .ok()
+            .filter(|size| (MAX_MAPPINGS_MIN..=MAX_MAPPINGS_MAX).contains(size))
+            .map(Some)
+            .ok_or_else(out_of_range),
+        Integer::Negative => Err(out_of_range()),
+    }
+}
+
+fn parse_listener_policy(value: Option<&Value>) -> Result<ListenerPolicy, ConfigError> {
+    match value {
+        None => Ok(ListenerPolicy::default()),
+        Some(Value::String(s)) if s == "refuse" => Ok(ListenerPolicy::Refuse),
+        Some(Value::String(s)) if s == "allow" => Ok(ListenerPolicy::Allow),
+        Some(other) => Err(ConfigError::InvalidListenerPolicy {
+            value: other.to_string(),
+        }),
     }
 }
 
@@ -1654,6 +1714,26 @@ mod tests {
                 "conntrackSize too large",
                 with(r#","conntrackSize":16777217"#),
                 Invalid(c, &["conntrackSize: 16777217 is out of range"]),
+            ),
+            (
+                "maxMappings too small",
+                with(r#","maxMappings":8"#),
+                Invalid(c, &["maxMappings: 8 is out of range 16-1048576"]),
+            ),
+            (
+                "maxMappings not an integer",
+                with(r#","maxMappings":"many""#),
+                Invalid(c, &["maxMappings"]),
+            ),
+            (
+                "hostPortListeners unknown",
+                with(r#","hostPortListeners":"sometimes""#),
+                Invalid(c, &["hostPortListeners", "refuse", "allow"]),
+            ),
+            (
+                "hostPortListeners wrong type",
+                with(r#","hostPortListeners":true"#),
+                Invalid(c, &["hostPortListeners"]),
             ),
             (
                 "conntrackSize negative",

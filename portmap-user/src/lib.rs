@@ -8,5 +8,7 @@ pub mod hash;
 pub mod maps;
 pub mod netlink;
 pub mod pin;
+pub mod listeners;
 pub mod plugin;
+pub mod privilege;
 pub mod store;

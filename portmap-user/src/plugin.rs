@@ -3,13 +3,15 @@
 use std::collections::BTreeSet;
 
 use crate::{
-    attach::{self, AttachError},
+    attach::{self, AttachError, Capacities},
     cni::{CniError, GcRequest, Plugin, Request},
-    config::{HostIp, NetConf},
+    config::{HostIp, ListenerPolicy, NetConf, Owner},
+    listeners,
     maps::{Maps, MapsError},
     netlink::{self, NetlinkError},
     pin::PinLayout,
-    store::{self, StoreError},
+    privilege,
+    store::{self, StoreError, Translation},
 };
 
 /// Plugin-specific CNI error codes (the spec leaves 100 and up to plugins).
@@ -28,6 +30,10 @@ pub mod code {
     pub const DATAPLANE: u32 = 102;
     /// CHECK found an entry missing or different.
     pub const CHECK_FAILED: u32 = 103;
+    /// The plugin lacks the capabilities it needs.
+    pub const PRIVILEGE: u32 = 104;
+    /// A node process already listens on the requested host port.
+    pub const HOST_PORT_IN_USE: u32 = 105;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +54,19 @@ pub enum PluginError {
     NoInterfaces,
     #[error("the eBPF programs are not attached to interface index {index}")]
     NotAttached { index: u32 },
+    #[error("ebpf-portmap needs {} to load and attach its programs; run it as root", missing.join(" and "))]
+    Privilege { missing: Vec<&'static str> },
+    #[error(
+        "host port {port}/{protocol} is in use on the node by {holders} (socket bound to {addr}); mapping it would take the port from that service. Free the port, pick another hostPort, or set \"hostPortListeners\": \"allow\""
+    )]
+    HostPortInUse {
+        port: u16,
+        protocol: &'static str,
+        addr: std::net::IpAddr,
+        holders: String,
+    },
+    #[error("cannot read the node's sockets")]
+    Sockets(#[source] std::io::Error),
 }
 
 impl PluginError {
@@ -65,6 +84,9 @@ impl PluginError {
             PluginError::UnknownInterface { .. } | PluginError::NoInterfaces => {
                 code::INVALID_CONFIG
             }
+            PluginError::Privilege { .. } => code::PRIVILEGE,
+            PluginError::HostPortInUse { .. } => code::HOST_PORT_IN_USE,
+            PluginError::Sockets(_) => code::IO,
         }
     }
 }
@@ -108,6 +130,75 @@ pub fn target_interfaces(conf: &NetConf) -> Result<BTreeSet<u32>, PluginError> {
     Ok(interfaces)
 }
 
+fn require_privilege() -> Result<(), PluginError> {
+    let missing = privilege::missing();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(PluginError::Privilege { missing })
+    }
+}
+
+/// Refuses (or, by policy, warns about) host ports that a node process
+/// already listens on. Ports the owner holds already are its own business.
+fn check_node_listeners(
+    maps: &Maps,
+    owner: &Owner,
+    translations: &[Translation],
+    policy: ListenerPolicy,
+) -> Result<(), PluginError> {
+    let own = store::owner_id(owner);
+    let mut seen = BTreeSet::new();
+    // Each socket table is read once per ADD, whatever the number of mappings.
+    let mut tables: std::collections::BTreeMap<u8, Vec<listeners::Listener>> = Default::default();
+    for translation in translations {
+        let key = translation.key;
+        if maps.mappings.get(&key, 0).is_ok_and(|v| v.owner_id == own) {
+            continue;
+        }
+        let port = u16::from_be(key.host_port_be);
+        if !seen.insert((key.proto, port, key.family, key.host_addr_be)) {
+            continue;
+        }
+        let host = (key.host_addr_be != [0; 4])
+            .then(|| store::addr_from_words(key.family, &key.host_addr_be));
+        let v6 = key.family == portmap_common::FAMILY_V6;
+        if !tables.contains_key(&key.proto) {
+            let all = listeners::all(key.proto).map_err(PluginError::Sockets)?;
+            tables.insert(key.proto, all);
+        }
+        for listener in &tables[&key.proto] {
+            if listener.port != port || !listeners::overlaps(&listener.addr, host, v6) {
+                continue;
+            }
+            let holders = listeners::socket_holders(listener.inode);
+            if !holders.is_empty()
+                && holders
+                    .iter()
+                    .all(|h| listeners::RESERVATION_HOLDERS.contains(&h.as_str()))
+            {
+                continue;
+            }
+            let holders = if holders.is_empty() {
+                "a socket of no visible process".to_owned()
+            } else {
+                holders.join(", ")
+            };
+            let error = PluginError::HostPortInUse {
+                port,
+                protocol: store::protocol_name(key.proto),
+                addr: listener.addr,
+                holders,
+            };
+            match policy {
+                ListenerPolicy::Refuse => return Err(error),
+                ListenerPolicy::Allow => log::warn!("{error}"),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The plugin as the binary runs it.
 #[derive(Debug, Default)]
 pub struct Dataplane;
@@ -119,10 +210,16 @@ impl Dataplane {
             log::info!("ADD {}: no port mappings", req.owner.container_id);
             return Ok(());
         }
+        require_privilege()?;
         let layout = PinLayout::new(&req.conf.pin_root);
         let interfaces = target_interfaces(&req.conf)?;
-        attach::ensure(&layout, &interfaces, req.conf.conntrack_size)?;
+        let capacities = Capacities {
+            mappings: req.conf.max_mappings,
+            conntrack: req.conf.conntrack_size,
+        };
+        attach::ensure(&layout, &interfaces, capacities)?;
         let mut maps = Maps::open(&layout)?;
+        check_node_listeners(&maps, &req.owner, &translations, req.conf.listener_policy)?;
         maps.claim(&req.owner, &translations)?;
         log::info!(
             "ADD {}: {} mapping(s) claimed",
@@ -133,6 +230,7 @@ impl Dataplane {
     }
 
     fn del(&self, req: &Request) -> Result<(), PluginError> {
+        require_privilege()?;
         let layout = PinLayout::new(&req.conf.pin_root);
         if !layout.map(portmap_common::map_names::OWNERS).exists() {
             // Nothing was ever added under this root: nothing to delete.
@@ -166,6 +264,7 @@ impl Dataplane {
     }
 
     fn gc(&self, req: &GcRequest) -> Result<(), PluginError> {
+        require_privilege()?;
         let layout = PinLayout::new(&req.conf.pin_root);
         if !layout.map(portmap_common::map_names::OWNERS).exists() {
             return Ok(());

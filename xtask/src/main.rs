@@ -31,6 +31,10 @@ const APT_PACKAGES: &[&str] = &[
     "iptables",
     "conntrack",
     "bpftool",
+    // The security tests stand in for a runtime's port holder with socat and
+    // drop capabilities with setpriv (util-linux).
+    "socat",
+    "util-linux",
 ];
 
 /// bpf-linker must match rustc's LLVM major (22). Pinned: 0.13 is the
