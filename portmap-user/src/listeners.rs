@@ -132,9 +132,9 @@ pub fn socket_holders(inode: u64) -> Vec<String> {
         let Ok(fds) = fs::read_dir(process.path().join("fd")) else {
             continue;
         };
-        let holds = fds
-            .flatten()
-            .any(|fd| fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == target.as_str()));
+        let holds = fds.flatten().any(|fd| {
+            fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == target.as_str())
+        });
         if holds && let Ok(comm) = fs::read_to_string(process.path().join("comm")) {
             holders.push(comm.trim().to_owned());
         }
@@ -175,8 +175,18 @@ mod tests {
         assert_eq!(
             listeners,
             vec![
-                Listener { proto: PROTO_TCP, addr: "0.0.0.0".parse().unwrap(), port: 8080, inode: 12345 },
-                Listener { proto: PROTO_TCP, addr: "127.0.0.1".parse().unwrap(), port: 22, inode: 222 },
+                Listener {
+                    proto: PROTO_TCP,
+                    addr: "0.0.0.0".parse().unwrap(),
+                    port: 8080,
+                    inode: 12345
+                },
+                Listener {
+                    proto: PROTO_TCP,
+                    addr: "127.0.0.1".parse().unwrap(),
+                    port: 22,
+                    inode: 222
+                },
             ],
             "established connections are not listeners"
         );
@@ -208,12 +218,27 @@ mod tests {
         let any6: IpAddr = "::".parse().unwrap();
         let node: IpAddr = "198.18.0.1".parse().unwrap();
         let other: IpAddr = "198.18.0.11".parse().unwrap();
-        assert!(overlaps(&any4, None, false), "0.0.0.0 listener vs IPv4 wildcard mapping");
-        assert!(!overlaps(&any4, None, true), "0.0.0.0 listener vs IPv6 wildcard mapping");
-        assert!(overlaps(&any6, None, false), "a dual-stack :: listener takes IPv4 too");
+        assert!(
+            overlaps(&any4, None, false),
+            "0.0.0.0 listener vs IPv4 wildcard mapping"
+        );
+        assert!(
+            !overlaps(&any4, None, true),
+            "0.0.0.0 listener vs IPv6 wildcard mapping"
+        );
+        assert!(
+            overlaps(&any6, None, false),
+            "a dual-stack :: listener takes IPv4 too"
+        );
         assert!(overlaps(&node, Some(node), false));
-        assert!(!overlaps(&other, Some(node), false), "another address is another socket");
+        assert!(
+            !overlaps(&other, Some(node), false),
+            "another address is another socket"
+        );
         assert!(overlaps(&any4, Some(node), false));
-        assert!(overlaps(&node, None, false), "a wildcard mapping covers every address");
+        assert!(
+            overlaps(&node, None, false),
+            "a wildcard mapping covers every address"
+        );
     }
 }

@@ -163,11 +163,13 @@ fn check_node_listeners(
         let host = (key.host_addr_be != [0; 4])
             .then(|| store::addr_from_words(key.family, &key.host_addr_be));
         let v6 = key.family == portmap_common::FAMILY_V6;
-        if !tables.contains_key(&key.proto) {
-            let all = listeners::all(key.proto).map_err(PluginError::Sockets)?;
-            tables.insert(key.proto, all);
-        }
-        for listener in &tables[&key.proto] {
+        let table = match tables.entry(key.proto) {
+            std::collections::btree_map::Entry::Occupied(table) => table.into_mut(),
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(listeners::all(key.proto).map_err(PluginError::Sockets)?)
+            }
+        };
+        for listener in table.iter() {
             if listener.port != port || !listeners::overlaps(&listener.addr, host, v6) {
                 continue;
             }

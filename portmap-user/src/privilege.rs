@@ -40,9 +40,18 @@ mod tests {
     #[test]
     fn needs_bpf_or_sys_admin_and_net_admin() {
         assert_eq!(missing_from(u64::MAX), Vec::<&str>::new());
-        assert_eq!(missing_from((1 << CAP_BPF) | (1 << CAP_NET_ADMIN)), Vec::<&str>::new());
-        assert_eq!(missing_from((1 << CAP_SYS_ADMIN) | (1 << CAP_NET_ADMIN)), Vec::<&str>::new());
-        assert_eq!(missing_from(1 << CAP_NET_ADMIN), vec!["CAP_BPF (or CAP_SYS_ADMIN)"]);
+        assert_eq!(
+            missing_from((1 << CAP_BPF) | (1 << CAP_NET_ADMIN)),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            missing_from((1 << CAP_SYS_ADMIN) | (1 << CAP_NET_ADMIN)),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            missing_from(1 << CAP_NET_ADMIN),
+            vec!["CAP_BPF (or CAP_SYS_ADMIN)"]
+        );
         assert_eq!(missing_from(0).len(), 2);
     }
 }
