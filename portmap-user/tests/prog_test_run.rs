@@ -85,10 +85,16 @@ struct Dataplane {
 
 impl Dataplane {
     fn load(ifindex: u32) -> Self {
+        Self::load_with(ifindex, None)
+    }
+
+    fn load_with(ifindex: u32, conntrack_size: Option<u32>) -> Self {
         // Fresh, unpinned maps: nothing leaks out of the test.
-        let mut ebpf = EbpfLoader::new()
-            .load(OBJECT)
-            .expect("load the eBPF object");
+        let mut loader = EbpfLoader::new();
+        if let Some(size) = conntrack_size {
+            loader.map_max_entries(map_names::CONNTRACK, size);
+        }
+        let mut ebpf = loader.load(OBJECT).expect("load the eBPF object");
         for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
             let program: &mut SchedClassifier = ebpf
                 .program_mut(name)
@@ -696,5 +702,50 @@ fn fragments_and_other_protocols_pass_untouched() {
         arp.extend_from_slice(&[0x08, 0x06]);
         arp.extend_from_slice(&[0; 28]);
         assert_eq!(dp.ingress(&arp), arp, "ARP passes");
+    });
+}
+
+#[test]
+fn a_full_conntrack_table_evicts_old_flows_and_keeps_translating_new_ones() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load_with(ifindex, Some(1024));
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        let flows = 5000u16;
+        for n in 0..flows {
+            let syn = Flow {
+                src: CLIENT_V4.into(),
+                dst: NODE_V4.into(),
+                sport: 10000 + n,
+                dport: 8080,
+                proto: TCP,
+                flags: SYN,
+            };
+            assert_eq!(
+                inspect(&dp.ingress(&packet(&syn, b""))),
+                seen(CLIENT_V4.into(), 10000 + n, CONTAINER_V4.into(), 80),
+                "new flow {n} of {flows} must be translated with a full table"
+            );
+        }
+        assert_eq!(
+            dp.stat(stat::CT_INSERT_FAILED),
+            0,
+            "the LRU makes room instead of failing"
+        );
+        // The newest flows are still tracked: their next packets follow them.
+        for n in flows - 20..flows {
+            let ack = Flow {
+                src: CLIENT_V4.into(),
+                dst: NODE_V4.into(),
+                sport: 10000 + n,
+                dport: 8080,
+                proto: TCP,
+                flags: ACK,
+            };
+            assert_eq!(
+                inspect(&dp.ingress(&packet(&ack, b"data"))),
+                seen(CLIENT_V4.into(), 10000 + n, CONTAINER_V4.into(), 80),
+                "recent flow {n} lost its translation"
+            );
+        }
     });
 }
