@@ -1,0 +1,943 @@
+//! Renders a run: the JSON with every repetition, the Markdown summary with
+//! the PASS/MISS table, and the SVG plots it links.
+
+use std::fmt::Write;
+
+use serde_json::{Value, json};
+
+use super::load::Test;
+use super::memory::{self, MapInfo};
+use super::results::{
+    Results, Scope, Status, TargetRow, Verb, cpu_per_rep, failures, ops_per_s_per_rep, pct_per_rep,
+    size_label,
+};
+use super::stats::{MinMedian, Pct};
+use super::svg::BarChart;
+use super::world::Flavor;
+
+/// The plugins compared, in table order.
+const PLUGINS: [Flavor; 2] = [Flavor::Ours, Flavor::Upstream];
+
+/// A plot file and how the Markdown introduces it.
+pub struct Plot {
+    pub file_name: String,
+    pub title: String,
+    pub svg: String,
+}
+
+fn mm_json(values: &[f64]) -> Value {
+    match MinMedian::of(values) {
+        Some(s) => json!({ "min": s.min, "median": s.median, "max": s.max, "n": s.n }),
+        None => Value::Null,
+    }
+}
+
+fn flavor_key(flavor: Flavor) -> &'static str {
+    match flavor {
+        Flavor::Ours => "ebpf-portmap",
+        Flavor::Upstream => "portmap",
+        Flavor::Plain => "direct",
+    }
+}
+
+/// The complete machine-readable record of the run.
+pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value {
+    let control: Vec<Value> = results
+        .control
+        .iter()
+        .map(|c| {
+            json!({
+                "scope": c.scope.key(),
+                "plugin": flavor_key(c.flavor),
+                "verb": c.verb.name(),
+                "callers": c.callers,
+                "summary": {
+                    "p50_ms": mm_json(&pct_per_rep(&c.reps, Pct::P50)),
+                    "p90_ms": mm_json(&pct_per_rep(&c.reps, Pct::P90)),
+                    "p99_ms": mm_json(&pct_per_rep(&c.reps, Pct::P99)),
+                    "ops_per_s": mm_json(&ops_per_s_per_rep(&c.reps)),
+                    "cpu_p50_ms": mm_json(&cpu_per_rep(&c.reps)),
+                    "failures": failures(&c.reps),
+                },
+                "reps": c.reps.iter().map(|b| b.to_json()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let scale: Vec<Value> = results
+        .scale
+        .iter()
+        .map(|c| {
+            json!({
+                "plugin": flavor_key(c.flavor),
+                "existing_mappings": c.size,
+                "verb": c.verb.name(),
+                "skipped": c.skipped,
+                "summary": {
+                    "p50_ms": mm_json(&pct_per_rep(&c.reps, Pct::P50)),
+                    "p99_ms": mm_json(&pct_per_rep(&c.reps, Pct::P99)),
+                    "empty_node_p50_ms": mm_json(&pct_per_rep(&c.empty_reps, Pct::P50)),
+                    "p50_ratio_to_empty_node": mm_json(&c.ratio_to_empty(Pct::P50)),
+                    "p99_ratio_to_empty_node": mm_json(&c.ratio_to_empty(Pct::P99)),
+                    "failures": failures(&c.reps),
+                },
+                "reps": c.reps.iter().map(|b| b.to_json()).collect::<Vec<_>>(),
+                "empty_node_reps": c.empty_reps.iter().map(|b| b.to_json()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let data: Vec<Value> = results
+        .data
+        .iter()
+        .map(|c| {
+            json!({
+                "existing_mappings": c.size,
+                "test": c.test.key(),
+                "unit": c.test.unit(),
+                "path": flavor_key(c.path),
+                "skipped": c.skipped,
+                "summary": mm_json(&c.rates()),
+                "errors": c.errors(),
+                "reps": c.reps.iter().map(|r| json!({"rate": r.rate, "errors": r.errors, "seconds": r.seconds})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let mut ratios = Vec::new();
+    for &size in &results.sizes {
+        for test in Test::ALL {
+            for (numerator, denominator) in [
+                (Flavor::Ours, Flavor::Plain),
+                (Flavor::Upstream, Flavor::Plain),
+                (Flavor::Ours, Flavor::Upstream),
+            ] {
+                ratios.push(json!({
+                    "existing_mappings": size,
+                    "test": test.key(),
+                    "ratio": format!("{}/{}", flavor_key(numerator), flavor_key(denominator)),
+                    "per_rep": results.data_ratio(size, test, numerator, denominator),
+                    "summary": mm_json(&results.data_ratio(size, test, numerator, denominator)),
+                }));
+            }
+        }
+    }
+    json!({
+        "meta": meta,
+        "targets": targets.iter().map(|t| json!({
+            "id": t.id,
+            "target": t.text,
+            "compare": t.compare.symbol(),
+            "threshold": t.threshold,
+            "unit": t.unit,
+            "values_per_rep": t.values,
+            "summary": mm_json(&t.values),
+            "status": t.status.name(),
+            "stretch": t.stretch,
+            "detail": t.detail,
+        })).collect::<Vec<_>>(),
+        "control_plane": control,
+        "scale": scale,
+        "prefill": results.prefill.iter().map(|p| json!({
+            "plugin": flavor_key(p.flavor),
+            "mappings": p.size,
+            "method": p.method,
+            "seconds": p.seconds,
+            "nat_rules": p.nat_rules,
+            "skipped": p.skipped,
+        })).collect::<Vec<_>>(),
+        "dataplane": data,
+        "dataplane_ratios": ratios,
+        "memory": results.memory.iter().map(|m| json!({
+            "state": m.state,
+            "requested_mappings": m.requested_mappings,
+            "total_bytes_memlock": memory::total_memlock(&m.maps),
+            "maps": memory::to_json(&m.maps),
+        })).collect::<Vec<_>>(),
+        "skipped": results.skipped,
+    })
+}
+
+/// `median (min)` of per-repetition values with `digits` decimals.
+fn cell(values: &[f64], digits: usize) -> String {
+    match MinMedian::of(values) {
+        Some(s) => format!("{:.digits$} ({:.digits$})", s.median, s.min),
+        None => "n/a".to_owned(),
+    }
+}
+
+/// A latency cell: median over repetitions, worst repetition in brackets.
+fn latency_cell(values: &[f64]) -> String {
+    match MinMedian::of(values) {
+        Some(s) => format!("{} ({})", fmt_ms(s.median), fmt_ms(s.max)),
+        None => "n/a".to_owned(),
+    }
+}
+
+fn fmt_ms(value: f64) -> String {
+    if value >= 100.0 {
+        format!("{value:.0}")
+    } else if value >= 10.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
+fn fmt_rate(test: Test, value: f64) -> String {
+    match test {
+        Test::TcpStream => format!("{value:.2}"),
+        _ => format!("{value:.0}"),
+    }
+}
+
+fn target_measured(row: &TargetRow) -> String {
+    match row.summary() {
+        None => "not measured".to_owned(),
+        Some(s) if row.unit == "x" => format!("{:.2}x (min {:.2}x)", s.median, s.min),
+        Some(s) => format!("{} {}", s.median, row.unit),
+    }
+}
+
+fn target_threshold(row: &TargetRow) -> String {
+    if row.unit == "x" {
+        format!("{} {}x", row.compare.symbol(), row.threshold)
+    } else {
+        format!("{} {} {}", row.compare.symbol(), row.threshold, row.unit)
+    }
+}
+
+fn status_cell(row: &TargetRow) -> String {
+    match (row.status, row.stretch) {
+        (Status::Pass, false) => "**PASS**".into(),
+        (Status::Miss, false) => "**MISS**".into(),
+        (Status::Skip, _) => "SKIP".into(),
+        (status, true) => format!("{} (stretch)", status.name()),
+    }
+}
+
+/// The plain-text PASS/MISS table printed at the end of a run.
+pub fn targets_text(targets: &[TargetRow]) -> String {
+    let mut out = String::new();
+    for row in targets {
+        let status = if row.stretch {
+            format!("{} (stretch)", row.status.name())
+        } else {
+            row.status.name().to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "{status:<15} {:<95} {} (target {})",
+            row.text,
+            target_measured(row),
+            target_threshold(row)
+        );
+    }
+    out
+}
+
+fn total_entries(maps: &std::collections::BTreeMap<String, MapInfo>, name: &str) -> String {
+    maps.get(name)
+        .and_then(|m| m.entries)
+        .map_or("n/a".into(), |e| e.to_string())
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The Markdown summary. `plots` are linked by file name (same directory).
+pub fn markdown(
+    results: &Results,
+    targets: &[TargetRow],
+    meta: &Value,
+    plots: &[Plot],
+    notes: &[String],
+) -> String {
+    let mut md = String::new();
+    let date = meta["date"].as_str().unwrap_or("?");
+    let _ = writeln!(md, "# ebpf-portmap benchmark, {date}\n");
+    let _ = writeln!(
+        md,
+        "Generated by `cargo xtask bench`; every number below was measured in this one run on this machine. \
+         The full record, every repetition included, is `{date}.json`.\n"
+    );
+    let _ = writeln!(md, "| | |\n| --- | --- |");
+    for (key, label) in [
+        ("kernel", "kernel"),
+        ("cpus", "CPUs"),
+        ("reference_plugin", "reference plugin"),
+        ("iptables", "iptables"),
+        ("ebpf_portmap_bin", "ebpf-portmap binary"),
+        ("source", "ebpf-portmap built from"),
+        ("method", "method"),
+        ("total_seconds", "total bench time (s)"),
+        ("loadavg_before", "load average before (1/5/15 min)"),
+        ("loadavg_after", "load average after"),
+    ] {
+        if let Some(value) = meta.get(key) {
+            let text = match value {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.as_f64().map_or(n.to_string(), |f| format!("{f:.0}")),
+                other => other.to_string(),
+            };
+            let _ = writeln!(md, "| {label} | {text} |");
+        }
+    }
+
+    let _ = writeln!(md, "\n## Targets\n");
+    let _ = writeln!(
+        md,
+        "Each verdict is taken on the median over the repetitions of a ratio whose two sides were \
+         measured in the same repetition; the minimum is shown next to it.\n"
+    );
+    let _ = writeln!(md, "| result | target | measured: median (min) | needed |");
+    let _ = writeln!(md, "| --- | --- | --- | --- |");
+    for row in targets {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            status_cell(row),
+            row.text,
+            target_measured(row),
+            target_threshold(row)
+        );
+    }
+    let misses: Vec<&TargetRow> = targets
+        .iter()
+        .filter(|t| t.status == Status::Miss && !t.stretch)
+        .collect();
+    if !misses.is_empty() {
+        let _ = writeln!(md, "\n**{} target(s) missed:**\n", misses.len());
+        for row in misses {
+            let by = row.summary().map_or(String::new(), |s| {
+                if row.unit == "x" && row.threshold > 0.0 {
+                    format!(
+                        ": median {:.3}x against {} {}x, off by {:.1}%",
+                        s.median,
+                        row.compare.symbol(),
+                        row.threshold,
+                        (s.median / row.threshold - 1.0).abs() * 100.0
+                    )
+                } else {
+                    format!(": {} {}", s.median, row.unit)
+                }
+            });
+            let _ = writeln!(md, "- {}{by} ({})", row.text, row.detail);
+        }
+    }
+
+    let _ = writeln!(md, "\n## Control plane\n");
+    let _ = writeln!(
+        md,
+        "Latency in ms per operation: median over the repetitions of each repetition's percentile, \
+         the worst repetition in brackets. ops/s = operations / wall time of the batch (median, min in brackets). \
+         CPU ms/op: median user+system CPU time of the plugin process and the processes it waited for \
+         (upstream runs `iptables`), i.e. its cost without the time spent queueing for a CPU. \
+         With N callers, N threads run their share of the batch at the same time.\n"
+    );
+    for scope in [Scope::Alone, Scope::Chain] {
+        let _ = writeln!(md, "### {}\n", scope.title());
+        let _ = writeln!(
+            md,
+            "| plugin | verb | callers | ops/rep | p50 | p90 | p99 | CPU ms/op | ops/s | failures |"
+        );
+        let _ = writeln!(
+            md,
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        );
+        for verb in Verb::BOTH {
+            for callers in [1, 16, 32] {
+                for flavor in PLUGINS {
+                    let Some(c) = results.control_cell(scope, flavor, verb, callers) else {
+                        continue;
+                    };
+                    let ops = c.reps.first().map_or(0, |b| b.ops());
+                    let _ = writeln!(
+                        md,
+                        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                        flavor.label(),
+                        verb.name(),
+                        callers,
+                        ops,
+                        latency_cell(&pct_per_rep(&c.reps, Pct::P50)),
+                        latency_cell(&pct_per_rep(&c.reps, Pct::P90)),
+                        latency_cell(&pct_per_rep(&c.reps, Pct::P99)),
+                        latency_cell(&cpu_per_rep(&c.reps)),
+                        cell(&ops_per_s_per_rep(&c.reps), 0),
+                        failures(&c.reps)
+                    );
+                }
+            }
+        }
+        let samples: Vec<String> = results
+            .control
+            .iter()
+            .filter(|c| c.scope == scope)
+            .flat_map(|c| {
+                c.reps.iter().flat_map(move |b| {
+                    b.failure_samples
+                        .iter()
+                        .map(move |s| format!("{} x{}: {s}", c.flavor.label(), c.callers))
+                })
+            })
+            .take(6)
+            .collect();
+        if !samples.is_empty() {
+            let _ = writeln!(md, "\nFailure samples:\n");
+            for sample in samples {
+                let _ = writeln!(md, "- `{}`", sample.replace('`', "'"));
+            }
+        }
+        let _ = writeln!(md);
+    }
+
+    let _ = writeln!(md, "## Scale\n");
+    let _ = writeln!(
+        md,
+        "ADD and DEL of the plugin alone for one more container (one TCP mapping) on a node that \
+         already holds N port mappings (10 per prefilled container). \"vs empty\" divides by the \
+         same operation measured on an empty node in the same repetition.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| plugin | existing mappings | ops/rep | ADD p50 | ADD p99 | ADD p50 vs empty | DEL p50 | DEL p99 | DEL p50 vs empty | how the node was filled |"
+    );
+    let _ = writeln!(
+        md,
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for flavor in PLUGINS {
+        for &size in &results.sizes {
+            let add = results.scale_cell(flavor, size, Verb::Add);
+            let del = results.scale_cell(flavor, size, Verb::Del);
+            let prefill = results
+                .prefill
+                .iter()
+                .find(|p| p.flavor == flavor && p.size == size);
+            let how = prefill.map_or(String::new(), |p| {
+                let rules = p
+                    .nat_rules
+                    .map_or(String::new(), |r| format!(", {r} nat rules"));
+                match &p.skipped {
+                    Some(reason) => format!("skipped: {reason}"),
+                    None => format!("{} ({:.1} s{rules})", p.method, p.seconds),
+                }
+            });
+            if let Some(reason) = add.and_then(|c| c.skipped.clone()) {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | | skipped: {reason} | | | | | | {how} |",
+                    flavor.label(),
+                    size_label(size)
+                );
+                continue;
+            }
+            let col = |c: Option<&super::results::ScaleCell>, which: Pct| {
+                c.map_or("n/a".into(), |c| latency_cell(&pct_per_rep(&c.reps, which)))
+            };
+            let ratio = |c: Option<&super::results::ScaleCell>| {
+                c.map_or("n/a".into(), |c| cell(&c.ratio_to_empty(Pct::P50), 2))
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {how} |",
+                flavor.label(),
+                size_label(size),
+                add.and_then(|c| c.reps.first()).map_or(0, |b| b.ops()),
+                col(add, Pct::P50),
+                col(add, Pct::P99),
+                ratio(add),
+                col(del, Pct::P50),
+                col(del, Pct::P99),
+                ratio(del),
+            );
+        }
+    }
+
+    let _ = writeln!(md, "\n## Dataplane\n");
+    let _ = writeln!(
+        md,
+        "Client namespace -> node IP:hostPort -> container, for ebpf-portmap and iptables portmap; \
+         client -> container IP (routed by the node, no translation, no port-mapping plugin) for direct. \
+         Each cell: median rate over the repetitions (min in brackets). Ratios are paired by repetition.\n"
+    );
+    for &size in &results.sizes {
+        let _ = writeln!(md, "### {} existing mappings\n", size_label(size));
+        let _ = writeln!(
+            md,
+            "| test | unit | ebpf-portmap | iptables portmap | direct | ebpf/direct | iptables/direct | ebpf/iptables |"
+        );
+        let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- | --- |");
+        for test in Test::ALL {
+            let rate = |path: Flavor| match results.data_cell(size, test, path) {
+                Some(c) => match MinMedian::of(&c.rates()) {
+                    Some(s) => {
+                        let errors = if c.errors() > 0 {
+                            format!(", {} errors", c.errors())
+                        } else {
+                            String::new()
+                        };
+                        format!(
+                            "{} ({}{errors})",
+                            fmt_rate(test, s.median),
+                            fmt_rate(test, s.min)
+                        )
+                    }
+                    None => "n/a".into(),
+                },
+                None => results
+                    .data
+                    .iter()
+                    .find(|c| c.size == size && c.test == test && c.path == path)
+                    .and_then(|c| c.skipped.clone())
+                    .map_or("n/a".into(), |r| format!("skipped: {r}")),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                test.title(),
+                test.unit(),
+                rate(Flavor::Ours),
+                rate(Flavor::Upstream),
+                rate(Flavor::Plain),
+                cell(
+                    &results.data_ratio(size, test, Flavor::Ours, Flavor::Plain),
+                    3
+                ),
+                cell(
+                    &results.data_ratio(size, test, Flavor::Upstream, Flavor::Plain),
+                    3
+                ),
+                cell(
+                    &results.data_ratio(size, test, Flavor::Ours, Flavor::Upstream),
+                    3
+                ),
+            );
+        }
+        let _ = writeln!(md);
+    }
+
+    let _ = writeln!(md, "## Memory\n");
+    let _ = writeln!(
+        md,
+        "Kernel-charged memory (`bytes_memlock`) of ebpf-portmap's pinned maps, and their entry counts. \
+         Mappings are stored once per address family (the container is dual-stack), so N requested \
+         mappings are 2N `mappings` entries.\n"
+    );
+    let names: Vec<String> = results
+        .memory
+        .iter()
+        .flat_map(|m| m.maps.keys().cloned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let _ = write!(
+        md,
+        "| state | requested mappings | mappings entries | conntrack entries |"
+    );
+    for name in &names {
+        let _ = write!(md, " {name} |");
+    }
+    let _ = writeln!(md, " total |");
+    let _ = write!(md, "| --- | --- | --- | --- |");
+    for _ in &names {
+        let _ = write!(md, " --- |");
+    }
+    let _ = writeln!(md, " --- |");
+    for row in &results.memory {
+        let _ = write!(
+            md,
+            "| {} | {} | {} | {} |",
+            row.state,
+            row.requested_mappings,
+            total_entries(&row.maps, "mappings"),
+            total_entries(&row.maps, "conntrack")
+        );
+        for name in &names {
+            let _ = write!(
+                md,
+                " {} |",
+                row.maps
+                    .get(name)
+                    .map_or("n/a".into(), |m| mib(m.bytes_memlock))
+            );
+        }
+        let _ = writeln!(md, " {} |", mib(memory::total_memlock(&row.maps)));
+    }
+
+    let _ = writeln!(md, "\n## Plots\n");
+    for plot in plots {
+        let _ = writeln!(md, "![{}]({})\n", plot.title, plot.file_name);
+    }
+    let _ = writeln!(md, "## Method and notes\n");
+    for note in notes {
+        let _ = writeln!(md, "- {note}");
+    }
+    if !results.skipped.is_empty() {
+        let _ = writeln!(md, "\nSkipped steps:\n");
+        for skipped in &results.skipped {
+            let _ = writeln!(md, "- {skipped}");
+        }
+    }
+    md
+}
+
+fn median_of(values: &[f64]) -> Option<f64> {
+    MinMedian::of(values).map(|s| s.median)
+}
+
+/// The SVG plots of a run, named `<stem>-<what>.svg`.
+pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
+    let mut plots = Vec::new();
+
+    // Sequential control-plane latency, log scale.
+    let mut groups = Vec::new();
+    for scope in [Scope::Alone, Scope::Chain] {
+        for verb in Verb::BOTH {
+            let mut values = Vec::new();
+            for flavor in PLUGINS {
+                for which in [Pct::P50, Pct::P99] {
+                    values.push(
+                        results
+                            .control_cell(scope, flavor, verb, 1)
+                            .and_then(|c| median_of(&pct_per_rep(&c.reps, which))),
+                    );
+                }
+            }
+            let label = match scope {
+                Scope::Alone => format!("{} plugin alone", verb.name()),
+                Scope::Chain => format!("{} whole chain", verb.name()),
+            };
+            groups.push((label, values));
+        }
+    }
+    plots.push(Plot {
+        file_name: format!("{stem}-control-latency.svg"),
+        title: "Control-plane latency, sequential".into(),
+        svg: BarChart {
+            title: "ADD/DEL latency, sequential (ms, log scale; lower is better)".into(),
+            y_label: "ms".into(),
+            series: vec![
+                "ebpf-portmap p50".into(),
+                "ebpf-portmap p99".into(),
+                "iptables portmap p50".into(),
+                "iptables portmap p99".into(),
+            ],
+            groups,
+            log: true,
+            reference_lines: Vec::new(),
+        }
+        .render(),
+    });
+
+    // Throughput under parallel callers.
+    let mut groups = Vec::new();
+    for scope in [Scope::Alone, Scope::Chain] {
+        for verb in Verb::BOTH {
+            for callers in [1, 16, 32] {
+                let values = PLUGINS
+                    .iter()
+                    .map(|&flavor| {
+                        results
+                            .control_cell(scope, flavor, verb, callers)
+                            .and_then(|c| median_of(&ops_per_s_per_rep(&c.reps)))
+                    })
+                    .collect();
+                let what = if scope == Scope::Alone {
+                    "alone"
+                } else {
+                    "chain"
+                };
+                groups.push((format!("{} {what}\nx{callers}", verb.name()), values));
+            }
+        }
+    }
+    plots.push(Plot {
+        file_name: format!("{stem}-control-parallel.svg"),
+        title: "Control-plane operations per second by number of parallel callers".into(),
+        svg: BarChart {
+            title:
+                "ADD/DEL operations per second with 1, 16, 32 callers (log scale; higher is better)"
+                    .into(),
+            y_label: "ops/s".into(),
+            series: vec!["ebpf-portmap".into(), "iptables portmap".into()],
+            groups,
+            log: true,
+            reference_lines: Vec::new(),
+        }
+        .render(),
+    });
+
+    // Scale.
+    let mut groups = Vec::new();
+    for verb in Verb::BOTH {
+        for &size in &results.sizes {
+            let values = PLUGINS
+                .iter()
+                .map(|&flavor| {
+                    results
+                        .scale_cell(flavor, size, verb)
+                        .and_then(|c| median_of(&pct_per_rep(&c.reps, Pct::P50)))
+                })
+                .collect();
+            groups.push((
+                format!("{} at\n{} mappings", verb.name(), size_label(size)),
+                values,
+            ));
+        }
+    }
+    plots.push(Plot {
+        file_name: format!("{stem}-scale.svg"),
+        title: "ADD/DEL p50 latency by number of existing mappings".into(),
+        svg: BarChart {
+            title: "ADD/DEL of one more container, p50 by existing mappings (ms, log scale)".into(),
+            y_label: "ms".into(),
+            series: vec!["ebpf-portmap".into(), "iptables portmap".into()],
+            groups,
+            log: true,
+            reference_lines: Vec::new(),
+        }
+        .render(),
+    });
+
+    // Dataplane ratios to the direct path.
+    let mut groups = Vec::new();
+    for test in Test::ALL {
+        for &size in &results.sizes {
+            let values = [Flavor::Ours, Flavor::Upstream]
+                .iter()
+                .map(|&path| median_of(&results.data_ratio(size, test, path, Flavor::Plain)))
+                .collect();
+            let short_name = match test {
+                Test::TcpRr => "TCP RR",
+                Test::TcpCrr => "TCP CRR",
+                Test::TcpStream => "stream",
+                Test::UdpRr => "UDP RR",
+            };
+            groups.push((format!("{short_name}\n{}", size_label(size)), values));
+        }
+    }
+    plots.push(Plot {
+        file_name: format!("{stem}-dataplane.svg"),
+        title: "Dataplane rate through hostPort relative to the direct path".into(),
+        svg: BarChart {
+            title: "Rate through hostPort / direct path, by test and existing mappings (higher is better)"
+                .into(),
+            y_label: "ratio to direct".into(),
+            series: vec!["ebpf-portmap".into(), "iptables portmap".into()],
+            groups,
+            log: false,
+            reference_lines: vec![
+                (1.0, "direct = 1".into()),
+                (0.95, "0.95".into()),
+                (0.9, "0.9 (targets)".into()),
+            ],
+        }
+        .render(),
+    });
+
+    // Memory.
+    let groups = results
+        .memory
+        .iter()
+        .map(|row| {
+            let total = memory::total_memlock(&row.maps) as f64 / (1024.0 * 1024.0);
+            let conntrack = row
+                .maps
+                .get("conntrack")
+                .map(|m| m.bytes_memlock as f64 / (1024.0 * 1024.0));
+            let rest = conntrack.map(|c| total - c);
+            (
+                row.state.replace(", ", "\n"),
+                vec![Some(total), conntrack, rest],
+            )
+        })
+        .collect();
+    plots.push(Plot {
+        file_name: format!("{stem}-memory.svg"),
+        title: "BPF map memory".into(),
+        svg: BarChart {
+            title: "BPF map memory of ebpf-portmap (MiB)".into(),
+            y_label: "MiB".into(),
+            series: vec![
+                "all maps".into(),
+                "conntrack (preallocated LRU)".into(),
+                "mappings + owners + other".into(),
+            ],
+            groups,
+            log: false,
+            reference_lines: Vec::new(),
+        }
+        .render(),
+    });
+    plots
+}
+
+/// `YYYY-MM-DD` of a Unix time (UTC), by Howard Hinnant's civil-from-days.
+pub fn date_of(unix_secs: u64) -> String {
+    let days = (unix_secs / 86_400) as i64;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(date_of(0), "1970-01-01");
+        assert_eq!(date_of(951_782_400), "2000-02-29");
+        assert_eq!(date_of(1_700_000_000), "2023-11-14");
+        assert_eq!(date_of(4_102_444_800), "2100-01-01");
+    }
+
+    #[test]
+    fn cells() {
+        assert_eq!(cell(&[1.0, 3.0, 2.0], 1), "2.0 (1.0)");
+        assert_eq!(cell(&[], 1), "n/a");
+        assert_eq!(latency_cell(&[2.0, 2.5, 150.0]), "2.50 (150)");
+    }
+
+    /// Every row of every Markdown table has as many cells as its header.
+    fn assert_tables_are_rectangular(md: &str) {
+        let mut columns: Option<usize> = None;
+        for line in md.lines() {
+            if line.starts_with('|') {
+                let cells = line.matches('|').count();
+                match columns {
+                    None => columns = Some(cells),
+                    Some(expected) => assert_eq!(cells, expected, "row {line:?}"),
+                }
+            } else {
+                columns = None;
+            }
+        }
+    }
+
+    #[test]
+    fn filled_results_render_rectangular_tables() {
+        use std::collections::BTreeMap;
+        use std::time::Duration;
+
+        use super::super::control::Batch;
+        use super::super::load::RunResult;
+        use super::super::memory::MapInfo;
+        use super::super::results::{ControlCell, DataCell, MemoryRow, Prefill, ScaleCell};
+
+        let batch = Batch {
+            callers: 1,
+            latencies_ms: vec![1.0, 2.0],
+            cpu_ms: vec![0.5, 0.5],
+            wall: Duration::from_millis(3),
+            ..Batch::default()
+        };
+        let mut results = Results {
+            sizes: vec![0, 1000],
+            ..Results::default()
+        };
+        for flavor in PLUGINS {
+            for scope in [Scope::Alone, Scope::Chain] {
+                for verb in Verb::BOTH {
+                    results.control.push(ControlCell {
+                        scope,
+                        flavor,
+                        verb,
+                        callers: 1,
+                        reps: vec![batch.clone(); 3],
+                    });
+                }
+            }
+            for size in [0, 1000] {
+                for verb in Verb::BOTH {
+                    results.scale.push(ScaleCell {
+                        flavor,
+                        size,
+                        verb,
+                        reps: vec![batch.clone(); 3],
+                        empty_reps: vec![batch.clone(); 3],
+                        skipped: (size == 1000 && flavor == Flavor::Upstream)
+                            .then(|| "too slow".to_owned()),
+                    });
+                }
+                results.prefill.push(Prefill {
+                    flavor,
+                    size,
+                    method: "real ADDs".into(),
+                    seconds: 1.0,
+                    nat_rules: Some(3),
+                    skipped: None,
+                });
+            }
+        }
+        for path in [Flavor::Ours, Flavor::Upstream, Flavor::Plain] {
+            for test in Test::ALL {
+                results.data.push(DataCell {
+                    size: 0,
+                    test,
+                    path,
+                    reps: vec![
+                        RunResult {
+                            rate: 10.0,
+                            errors: 0,
+                            amount: 10.0,
+                            seconds: 1.0,
+                        };
+                        3
+                    ],
+                    skipped: None,
+                });
+            }
+        }
+        let map = |name: &str| MapInfo {
+            name: name.into(),
+            kind: "hash".into(),
+            max_entries: 10,
+            bytes_memlock: 1 << 20,
+            entries: Some(1),
+        };
+        results.memory.push(MemoryRow {
+            state: "0 mappings".into(),
+            requested_mappings: 0,
+            maps: BTreeMap::from([
+                ("mappings".to_owned(), map("mappings")),
+                ("conntrack".to_owned(), map("conntrack")),
+            ]),
+        });
+        let targets = super::super::results::judge(&results);
+        let meta = json!({ "date": "2026-01-02", "total_seconds": 12.5 });
+        let md = markdown(&results, &targets, &meta, &plots(&results, "x"), &[]);
+        assert_tables_are_rectangular(&md);
+        assert!(md.contains("skipped: too slow"), "{md}");
+        assert!(
+            md.contains("| total bench time (s) | 12 |")
+                || md.contains("| total bench time (s) | 13 |")
+        );
+    }
+
+    #[test]
+    fn empty_results_render() {
+        let results = Results {
+            sizes: vec![0],
+            ..Results::default()
+        };
+        let targets = super::super::results::judge(&results);
+        let meta = json!({ "date": "2026-01-02" });
+        let plots = plots(&results, "2026-01-02");
+        let md = markdown(&results, &targets, &meta, &plots, &["a note".into()]);
+        assert_tables_are_rectangular(&md);
+        assert!(md.starts_with("# ebpf-portmap benchmark, 2026-01-02"));
+        assert!(md.contains("| SKIP |"));
+        assert!(md.contains("![BPF map memory](2026-01-02-memory.svg)"));
+        let json = to_json(&results, &targets, &meta);
+        assert_eq!(json["meta"]["date"], "2026-01-02");
+        assert!(json["targets"].as_array().is_some_and(|t| !t.is_empty()));
+    }
+}

@@ -1,0 +1,618 @@
+//! Everything one bench run measured, and the targets judged from it.
+//! Pure data and pure functions: the orchestration fills it, the report
+//! renders it.
+
+use std::collections::BTreeMap;
+
+use super::control::Batch;
+use super::load::{RunResult, Test};
+use super::memory::MapInfo;
+use super::stats::{MinMedian, Pct, paired_ratios};
+use super::world::Flavor;
+
+/// Port-mapping plugin alone, or the whole bridge + host-local + plugin chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Alone,
+    Chain,
+}
+
+impl Scope {
+    pub fn key(self) -> &'static str {
+        match self {
+            Scope::Alone => "plugin_alone",
+            Scope::Chain => "chain",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Scope::Alone => "port-mapping plugin alone",
+            Scope::Chain => "bridge + host-local + port-mapping plugin",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Add,
+    Del,
+}
+
+impl Verb {
+    pub const BOTH: [Verb; 2] = [Verb::Add, Verb::Del];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::Add => "ADD",
+            Verb::Del => "DEL",
+        }
+    }
+}
+
+/// Repetitions of one control-plane batch shape.
+#[derive(Debug, Clone)]
+pub struct ControlCell {
+    pub scope: Scope,
+    pub flavor: Flavor,
+    pub verb: Verb,
+    pub callers: usize,
+    pub reps: Vec<Batch>,
+}
+
+/// Per-repetition values of a percentile.
+pub fn pct_per_rep(reps: &[Batch], which: Pct) -> Vec<f64> {
+    reps.iter()
+        .filter_map(|b| b.percentiles().map(|p| p.get(which)))
+        .collect()
+}
+
+/// Per-repetition median CPU time per operation.
+pub fn cpu_per_rep(reps: &[Batch]) -> Vec<f64> {
+    reps.iter().filter_map(Batch::cpu_p50).collect()
+}
+
+pub fn ops_per_s_per_rep(reps: &[Batch]) -> Vec<f64> {
+    reps.iter().map(Batch::ops_per_s).collect()
+}
+
+pub fn failures(reps: &[Batch]) -> usize {
+    reps.iter().map(|b| b.failures).sum()
+}
+
+/// ADD or DEL of one more container on a node holding `size` prefilled
+/// mappings, with the same measured on an empty node in the same
+/// repetition (`empty_reps`), for a paired ratio.
+#[derive(Debug, Clone)]
+pub struct ScaleCell {
+    pub flavor: Flavor,
+    pub size: usize,
+    pub verb: Verb,
+    pub reps: Vec<Batch>,
+    pub empty_reps: Vec<Batch>,
+    pub skipped: Option<String>,
+}
+
+impl ScaleCell {
+    /// Per repetition: p50 here / p50 on the empty node.
+    pub fn ratio_to_empty(&self, which: Pct) -> Vec<f64> {
+        paired_ratios(
+            &pct_per_rep(&self.reps, which),
+            &pct_per_rep(&self.empty_reps, which),
+        )
+    }
+}
+
+/// Repetitions of one dataplane test over one path at one size.
+#[derive(Debug, Clone)]
+pub struct DataCell {
+    pub size: usize,
+    pub test: Test,
+    pub path: Flavor,
+    pub reps: Vec<RunResult>,
+    pub skipped: Option<String>,
+}
+
+impl DataCell {
+    pub fn rates(&self) -> Vec<f64> {
+        self.reps.iter().map(|r| r.rate).collect()
+    }
+
+    pub fn errors(&self) -> u64 {
+        self.reps.iter().map(|r| r.errors).sum()
+    }
+}
+
+/// How a size was reached.
+#[derive(Debug, Clone)]
+pub struct Prefill {
+    pub flavor: Flavor,
+    pub size: usize,
+    pub method: String,
+    pub seconds: f64,
+    /// Rules in both nat tables (upstream) after the prefill.
+    pub nat_rules: Option<usize>,
+    pub skipped: Option<String>,
+}
+
+/// Our maps in one state of the node.
+#[derive(Debug, Clone)]
+pub struct MemoryRow {
+    pub state: String,
+    pub requested_mappings: usize,
+    pub maps: BTreeMap<String, MapInfo>,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Results {
+    pub control: Vec<ControlCell>,
+    pub scale: Vec<ScaleCell>,
+    pub data: Vec<DataCell>,
+    pub prefill: Vec<Prefill>,
+    pub memory: Vec<MemoryRow>,
+    pub sizes: Vec<usize>,
+    /// Steps skipped for lack of time or a failure, with the reason.
+    pub skipped: Vec<String>,
+}
+
+impl Results {
+    pub fn control_cell(
+        &self,
+        scope: Scope,
+        flavor: Flavor,
+        verb: Verb,
+        callers: usize,
+    ) -> Option<&ControlCell> {
+        self.control.iter().find(|c| {
+            c.scope == scope && c.flavor == flavor && c.verb == verb && c.callers == callers
+        })
+    }
+
+    pub fn scale_cell(&self, flavor: Flavor, size: usize, verb: Verb) -> Option<&ScaleCell> {
+        self.scale
+            .iter()
+            .find(|c| c.flavor == flavor && c.size == size && c.verb == verb)
+    }
+
+    pub fn data_cell(&self, size: usize, test: Test, path: Flavor) -> Option<&DataCell> {
+        self.data
+            .iter()
+            .find(|c| c.size == size && c.test == test && c.path == path && c.skipped.is_none())
+    }
+
+    /// Per repetition: rate over `numerator` / rate over `denominator`.
+    pub fn data_ratio(
+        &self,
+        size: usize,
+        test: Test,
+        numerator: Flavor,
+        denominator: Flavor,
+    ) -> Vec<f64> {
+        match (
+            self.data_cell(size, test, numerator),
+            self.data_cell(size, test, denominator),
+        ) {
+            (Some(n), Some(d)) => paired_ratios(&n.rates(), &d.rates()),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Per repetition: upstream / ours for a sequential plugin-alone percentile.
+    pub fn speedup(&self, verb: Verb, which: Pct) -> Vec<f64> {
+        match (
+            self.control_cell(Scope::Alone, Flavor::Upstream, verb, 1),
+            self.control_cell(Scope::Alone, Flavor::Ours, verb, 1),
+        ) {
+            (Some(up), Some(ours)) => paired_ratios(
+                &pct_per_rep(&up.reps, which),
+                &pct_per_rep(&ours.reps, which),
+            ),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// How a measured value is compared with its threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compare {
+    AtLeast,
+    AtMost,
+    Above,
+}
+
+impl Compare {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Compare::AtLeast => ">=",
+            Compare::AtMost => "<=",
+            Compare::Above => ">",
+        }
+    }
+
+    fn holds(self, value: f64, threshold: f64) -> bool {
+        match self {
+            Compare::AtLeast => value >= threshold,
+            Compare::AtMost => value <= threshold,
+            Compare::Above => value > threshold,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Pass,
+    Miss,
+    Skip,
+}
+
+impl Status {
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Pass => "PASS",
+            Status::Miss => "MISS",
+            Status::Skip => "SKIP",
+        }
+    }
+}
+
+/// One target, judged.
+#[derive(Debug, Clone)]
+pub struct TargetRow {
+    pub id: String,
+    pub text: String,
+    pub compare: Compare,
+    pub threshold: f64,
+    /// The per-repetition values the verdict is taken from (their median).
+    pub values: Vec<f64>,
+    pub unit: &'static str,
+    pub status: Status,
+    pub stretch: bool,
+    pub detail: String,
+}
+
+impl TargetRow {
+    pub fn summary(&self) -> Option<MinMedian> {
+        MinMedian::of(&self.values)
+    }
+}
+
+fn ratio_target(
+    id: &str,
+    text: String,
+    values: Vec<f64>,
+    compare: Compare,
+    threshold: f64,
+    stretch: bool,
+    detail: String,
+) -> TargetRow {
+    let status = match MinMedian::of(&values) {
+        None => Status::Skip,
+        Some(s) if compare.holds(s.median, threshold) => Status::Pass,
+        Some(_) => Status::Miss,
+    };
+    TargetRow {
+        id: id.to_owned(),
+        text,
+        compare,
+        threshold,
+        values,
+        unit: "x",
+        status,
+        stretch,
+        detail,
+    }
+}
+
+/// A label for a prefilled size.
+pub fn size_label(size: usize) -> String {
+    match size {
+        0 => "0".to_owned(),
+        n if n % 1000 == 0 => format!("{} 000", n / 1000),
+        n => n.to_string(),
+    }
+}
+
+/// Judges every target of issue 8 against `results`. Each verdict is taken
+/// on the median of the per-repetition values (the minimum is reported next
+/// to it); a target with nothing measured is SKIP with the reason.
+pub fn judge(results: &Results) -> Vec<TargetRow> {
+    let mut rows = Vec::new();
+    for verb in Verb::BOTH {
+        for which in [Pct::P50, Pct::P99] {
+            rows.push(ratio_target(
+                &format!("cp-{}-{}", verb.name().to_lowercase(), which.name()),
+                format!(
+                    "{} of the plugin alone >= 20x faster than iptables portmap at {}",
+                    verb.name(),
+                    which.name()
+                ),
+                results.speedup(verb, which),
+                Compare::AtLeast,
+                20.0,
+                false,
+                "iptables portmap latency / ebpf-portmap latency, sequential, paired by repetition"
+                    .into(),
+            ));
+        }
+    }
+    let largest = results.sizes.iter().copied().max().unwrap_or(0);
+    let scale_values = results
+        .scale_cell(Flavor::Ours, largest, Verb::Add)
+        .map(|c| c.ratio_to_empty(Pct::P50))
+        .unwrap_or_default();
+    rows.push(ratio_target(
+        "scale-add",
+        format!(
+            "ADD p50 with {} existing mappings within 1.2x of an empty node",
+            size_label(largest)
+        ),
+        scale_values,
+        Compare::AtMost,
+        1.2,
+        false,
+        "ebpf-portmap ADD p50 on the full node / on an empty node, paired by repetition".into(),
+    ));
+
+    // Zero failures at 32-way parallelism: every failure of our plugin,
+    // alone or in the chain. Failures of other plugins in the chain are
+    // listed in the detail but are not ours.
+    let mut ours_failures = 0usize;
+    let mut other_failures = 0usize;
+    let mut measured = false;
+    for scope in [Scope::Alone, Scope::Chain] {
+        for verb in Verb::BOTH {
+            if let Some(cell) = results.control_cell(scope, Flavor::Ours, verb, 32) {
+                measured = true;
+                for batch in &cell.reps {
+                    let ours = batch
+                        .failures_by_plugin
+                        .get("ebpf-portmap")
+                        .copied()
+                        .unwrap_or(0);
+                    ours_failures += ours;
+                    other_failures += batch.failures - ours;
+                }
+            }
+        }
+    }
+    rows.push(TargetRow {
+        id: "parallel-32".into(),
+        text: "Zero failures at 32-way parallelism (plugin alone and chain, ADD and DEL)".into(),
+        compare: Compare::AtMost,
+        threshold: 0.0,
+        values: if measured {
+            vec![ours_failures as f64]
+        } else {
+            Vec::new()
+        },
+        unit: "failures",
+        status: if !measured {
+            Status::Skip
+        } else if ours_failures == 0 {
+            Status::Pass
+        } else {
+            Status::Miss
+        },
+        stretch: false,
+        detail: format!(
+            "failures of ebpf-portmap over all repetitions; failures of other plugins in the chain: {other_failures}"
+        ),
+    });
+
+    for &size in &results.sizes {
+        let at = format!("at {} mappings", size_label(size));
+        rows.push(ratio_target(
+            &format!("crr-vs-iptables-{size}"),
+            format!("connect+request+close rate through hostPort >= iptables DNAT, {at}"),
+            results.data_ratio(size, Test::TcpCrr, Flavor::Ours, Flavor::Upstream),
+            Compare::AtLeast,
+            1.0,
+            false,
+            "ebpf-portmap rate / iptables portmap rate".into(),
+        ));
+        rows.push(ratio_target(
+            &format!("crr-vs-direct-{size}"),
+            format!("connect+request+close rate through hostPort >= 0.9x direct, {at}"),
+            results.data_ratio(size, Test::TcpCrr, Flavor::Ours, Flavor::Plain),
+            Compare::AtLeast,
+            0.9,
+            false,
+            "ebpf-portmap rate / direct path rate".into(),
+        ));
+        for test in [Test::TcpRr, Test::UdpRr, Test::TcpStream] {
+            rows.push(ratio_target(
+                &format!("{}-vs-direct-{size}", test.key()),
+                format!("{} through hostPort >= 0.95x direct, {at}", test.title()),
+                results.data_ratio(size, test, Flavor::Ours, Flavor::Plain),
+                Compare::AtLeast,
+                0.95,
+                false,
+                "ebpf-portmap rate / direct path rate".into(),
+            ));
+        }
+    }
+    let smallest = results.sizes.iter().copied().min().unwrap_or(0);
+    for test in Test::ALL {
+        rows.push(ratio_target(
+            &format!("stretch-{}", test.key()),
+            format!(
+                "stretch: {} through hostPort faster than the direct path ({} mappings)",
+                test.title(),
+                size_label(smallest)
+            ),
+            results.data_ratio(smallest, test, Flavor::Ours, Flavor::Plain),
+            Compare::Above,
+            1.0,
+            true,
+            "ebpf-portmap rate / direct path rate; needs bpf_redirect_peer/neigh, not implemented"
+                .into(),
+        ));
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn batch(latencies: &[f64], failures: usize, samples: &[&str]) -> Batch {
+        let mut by_plugin = BTreeMap::new();
+        for sample in samples {
+            let plugin = sample.split_whitespace().next().unwrap().to_owned();
+            *by_plugin.entry(plugin).or_default() += 1;
+        }
+        Batch {
+            callers: 1,
+            latencies_ms: latencies.to_vec(),
+            failures,
+            failures_by_plugin: by_plugin,
+            cpu_ms: latencies.to_vec(),
+            failure_samples: samples.iter().map(|s| s.to_string()).collect(),
+            wall: Duration::from_secs(1),
+        }
+    }
+
+    fn cell(
+        scope: Scope,
+        flavor: Flavor,
+        verb: Verb,
+        callers: usize,
+        reps: Vec<Batch>,
+    ) -> ControlCell {
+        ControlCell {
+            scope,
+            flavor,
+            verb,
+            callers,
+            reps,
+        }
+    }
+
+    fn find<'a>(rows: &'a [TargetRow], id: &str) -> &'a TargetRow {
+        rows.iter()
+            .find(|r| r.id == id)
+            .unwrap_or_else(|| panic!("no row {id}"))
+    }
+
+    #[test]
+    fn speedup_is_paired_and_judged_on_the_median() {
+        let mut results = Results {
+            sizes: vec![0],
+            ..Results::default()
+        };
+        results.control.push(cell(
+            Scope::Alone,
+            Flavor::Upstream,
+            Verb::Add,
+            1,
+            vec![
+                batch(&[50.0], 0, &[]),
+                batch(&[60.0], 0, &[]),
+                batch(&[30.0], 0, &[]),
+            ],
+        ));
+        results.control.push(cell(
+            Scope::Alone,
+            Flavor::Ours,
+            Verb::Add,
+            1,
+            vec![
+                batch(&[2.0], 0, &[]),
+                batch(&[2.0], 0, &[]),
+                batch(&[2.0], 0, &[]),
+            ],
+        ));
+        assert_eq!(results.speedup(Verb::Add, Pct::P50), [25.0, 30.0, 15.0]);
+        let rows = judge(&results);
+        let add = find(&rows, "cp-add-p50");
+        assert_eq!(
+            add.status,
+            Status::Pass,
+            "median 25 >= 20 although the minimum is 15"
+        );
+        assert_eq!(add.summary().unwrap().min, 15.0);
+        assert_eq!(find(&rows, "cp-del-p50").status, Status::Skip);
+    }
+
+    #[test]
+    fn parallel_failures_count_only_ours() {
+        let mut results = Results::default();
+        results.control.push(cell(
+            Scope::Chain,
+            Flavor::Ours,
+            Verb::Add,
+            32,
+            vec![batch(
+                &[1.0, 1.0],
+                2,
+                &["bridge ADD failed", "ebpf-portmap ADD failed"],
+            )],
+        ));
+        let rows = judge(&results);
+        let row = find(&rows, "parallel-32");
+        assert_eq!(row.values, [1.0]);
+        assert_eq!(row.status, Status::Miss);
+        assert!(
+            row.detail.ends_with("other plugins in the chain: 1"),
+            "{}",
+            row.detail
+        );
+
+        let mut clean = Results::default();
+        clean.control.push(cell(
+            Scope::Alone,
+            Flavor::Ours,
+            Verb::Add,
+            32,
+            vec![batch(&[1.0], 0, &[])],
+        ));
+        assert_eq!(find(&judge(&clean), "parallel-32").status, Status::Pass);
+    }
+
+    #[test]
+    fn dataplane_ratios_pair_repetitions() {
+        let mut results = Results {
+            sizes: vec![0],
+            ..Results::default()
+        };
+        let rr = |rates: &[f64]| {
+            rates
+                .iter()
+                .map(|&rate| RunResult {
+                    rate,
+                    errors: 0,
+                    amount: rate,
+                    seconds: 1.0,
+                })
+                .collect()
+        };
+        for (path, rates) in [
+            (Flavor::Ours, [90.0, 96.0, 99.0]),
+            (Flavor::Plain, [100.0; 3]),
+        ] {
+            results.data.push(DataCell {
+                size: 0,
+                test: Test::TcpRr,
+                path,
+                reps: rr(&rates),
+                skipped: None,
+            });
+        }
+        let rows = judge(&results);
+        let row = find(&rows, "tcp_rr-vs-direct-0");
+        assert_eq!(row.values, [0.9, 0.96, 0.99]);
+        assert_eq!(row.status, Status::Pass);
+        assert_eq!(find(&rows, "stretch-tcp_rr").status, Status::Miss);
+        assert!(find(&rows, "stretch-tcp_rr").stretch);
+    }
+
+    #[test]
+    fn size_labels() {
+        assert_eq!(size_label(0), "0");
+        assert_eq!(size_label(10_000), "10 000");
+        assert_eq!(size_label(1_500), "1500");
+    }
+}

@@ -1,0 +1,218 @@
+//! The worlds the bench measures in: one standard [`Node`] per flavour, each
+//! with one real container attached through the real bridge + host-local
+//! chain, running the bench servers.
+//!
+//! - `Ours`: bridge + host-local + `ebpf-portmap` (own pin root);
+//! - `Upstream`: bridge + host-local + Debian's iptables `portmap`;
+//! - `Plain`: bridge + host-local only: the physical baseline, reached at the
+//!   container IP (no translation, no port-mapping plugin at all).
+//!
+//! The external client `ext` already routes everything through the node
+//! (default via 198.18.0.1), so the direct path to 10.244.0.0/24 needs no
+//! extra route. The client namespace keeps no TIME_WAIT sockets and has a
+//! wide local port range, so connection-rate loops neither run out of ports
+//! nor leave sockets behind; nothing outside the world's namespaces is
+//! changed.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use portmap_tests::cni::{CniCommand, result_addresses};
+use portmap_tests::topology::{NODE_IP4, PortMapping, port_mappings_args};
+use portmap_tests::{Conflist, Container, Node, PinRoot, PluginDirs, bridge_conflist};
+use serde_json::{Value, json};
+
+use super::invoke::{Invoker, Timed};
+use super::load::{SERVICE_RR_PORT, SERVICE_STREAM_PORT, SERVICE_UDP_PORT, Servers};
+
+/// Which port-mapping plugin a world runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    Ours,
+    Upstream,
+    Plain,
+}
+
+impl Flavor {
+    pub fn plugin_type(self) -> Option<&'static str> {
+        match self {
+            Flavor::Ours => Some("ebpf-portmap"),
+            Flavor::Upstream => Some("portmap"),
+            Flavor::Plain => None,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Flavor::Ours => "ebpf-portmap",
+            Flavor::Upstream => "iptables portmap",
+            Flavor::Plain => "direct (no translation)",
+        }
+    }
+}
+
+/// Host ports of the probe mappings (the last-added ones at every size).
+pub const PROBE_RR_HOST_PORT: u16 = 7001;
+pub const PROBE_STREAM_HOST_PORT: u16 = 7002;
+pub const PROBE_UDP_HOST_PORT: u16 = 7003;
+/// A UDP mapping to a container port nobody listens on: flows to it only
+/// fill conntrack.
+pub const PROBE_FILL_HOST_PORT: u16 = 7009;
+pub const FILL_CONTAINER_PORT: u16 = 9;
+/// Host ports handed to single-mapping containers of the control-plane runs
+/// start here (one distinct port per container).
+pub const OP_PORT_BASE: u16 = 20000;
+/// Host ports of prefilled mappings start here.
+pub const PREFILL_PORT_BASE: u16 = 30000;
+
+/// One flavour's world: node, servers, conflist, invoker.
+pub struct BenchWorld {
+    pub flavor: Flavor,
+    pub node: Node,
+    pub list: Conflist,
+    pub invoker: Invoker,
+    /// The real container with the servers.
+    pub container: Container,
+    pub container_ip: Ipv4Addr,
+    /// The chain's result for the real container: the fixed `prevResult` of
+    /// every port-plugin-alone call (same netns, IPs and interfaces).
+    pub prev_result: Value,
+    pub pins: Option<PinRoot>,
+    _plugins: PluginDirs,
+    _servers: Servers,
+}
+
+impl BenchWorld {
+    /// Builds the world and attaches its container (bridge + host-local
+    /// [+ port plugin], no port mappings yet).
+    ///
+    /// # Panics
+    /// If any step fails (the guards remove what was created).
+    pub fn new(flavor: Flavor, name: &str, cpu: Option<usize>) -> BenchWorld {
+        let node = Node::new();
+        // Connection-rate loops open ~25 000 connections a second. The
+        // client keeps no TIME_WAIT sockets: they would pile up by the
+        // hundred thousand in the kernel's machine-wide TCP hash, which
+        // anything walking /proc/net/tcp (the plugin's listener check, in
+        // any namespace) then pays for in later measurements.
+        for (key, value) in [
+            ("net.ipv4.tcp_max_tw_buckets", "0"),
+            ("net.ipv4.tcp_tw_reuse", "1"),
+            ("net.ipv4.ip_local_port_range", "1024 65535"),
+        ] {
+            node.ext.sysctl(key, value);
+        }
+        let pins = (flavor == Flavor::Ours).then(PinRoot::new);
+        let plugins = PluginDirs::new();
+        let invoker = Invoker::new(plugins.path().to_path_buf(), node.ns.handle());
+        let full = bridge_conflist(
+            name,
+            flavor.plugin_type().unwrap_or("portmap"),
+            pins.as_ref().map(PinRoot::path),
+            node.data_dir(),
+        );
+        let list = match flavor {
+            Flavor::Plain => {
+                let mut json = full.json().clone();
+                json["plugins"]
+                    .as_array_mut()
+                    .expect("plugins array")
+                    .truncate(1);
+                Conflist::from_json(json).expect("a valid conflist")
+            }
+            _ => full,
+        };
+        let container = node.add_container("srv");
+        let servers = Servers::start(&container.ns, cpu);
+        let rt = container.with_port_mappings(&[]);
+        let added = invoker.chain_add(&list, &rt);
+        let prev_result = added
+            .result
+            .unwrap_or_else(|e| panic!("{name}: ADD of the server container failed: {e}"));
+        let container_ip = result_addresses(&prev_result)
+            .into_iter()
+            .find_map(|ip| match ip {
+                IpAddr::V4(v4) => Some(v4),
+                IpAddr::V6(_) => None,
+            })
+            .unwrap_or_else(|| panic!("{name}: no IPv4 address in {prev_result}"));
+        BenchWorld {
+            flavor,
+            node,
+            list,
+            invoker,
+            container,
+            container_ip,
+            prev_result,
+            pins,
+            _plugins: plugins,
+            _servers: servers,
+        }
+    }
+
+    /// A fake container of the port-plugin-alone runs: its own ID, the real
+    /// container's netns and interface.
+    pub fn fake(&self, id: &str, mappings: &[PortMapping]) -> portmap_tests::RuntimeAttachment {
+        let mut rt = self.container.attachment(port_mappings_args(mappings));
+        rt.container_id = id.to_owned();
+        rt
+    }
+
+    /// ADD of the port-mapping plugin alone for `id`.
+    pub fn port_add(&self, id: &str, mappings: &[PortMapping]) -> Timed {
+        let rt = self.fake(id, mappings);
+        self.invoker
+            .port_plugin(&self.list, CniCommand::Add, &rt, &self.prev_result)
+    }
+
+    /// DEL of the port-mapping plugin alone for `id` (with the same
+    /// `runtimeConfig` and `prevResult` a runtime would send).
+    pub fn port_del(&self, id: &str, mappings: &[PortMapping]) -> Timed {
+        let rt = self.fake(id, mappings);
+        self.invoker
+            .port_plugin(&self.list, CniCommand::Del, &rt, &self.prev_result)
+    }
+
+    /// The probe mappings: RR/CRR, stream and UDP services, plus the UDP
+    /// conntrack-fill port.
+    pub fn probe_mappings() -> [PortMapping; 4] {
+        [
+            PortMapping::tcp(PROBE_RR_HOST_PORT, SERVICE_RR_PORT),
+            PortMapping::tcp(PROBE_STREAM_HOST_PORT, SERVICE_STREAM_PORT),
+            PortMapping::udp(PROBE_UDP_HOST_PORT, SERVICE_UDP_PORT),
+            PortMapping::udp(PROBE_FILL_HOST_PORT, FILL_CONTAINER_PORT),
+        ]
+    }
+
+    /// Where the client reaches each service in this world: the node's
+    /// hostPorts, or the container IP directly for `Plain`.
+    pub fn targets(&self) -> Targets {
+        match self.flavor {
+            Flavor::Plain => Targets::at(IpAddr::V4(self.container_ip), false),
+            _ => Targets::at(IpAddr::V4(NODE_IP4), true),
+        }
+    }
+
+    /// The plugin's config for notes in the report.
+    pub fn port_plugin_config(&self) -> Value {
+        self.list.plugins().last().cloned().unwrap_or(json!(null))
+    }
+}
+
+/// Client-side addresses of the four services.
+#[derive(Debug, Clone, Copy)]
+pub struct Targets {
+    pub rr: SocketAddr,
+    pub stream: SocketAddr,
+    pub udp: SocketAddr,
+}
+
+impl Targets {
+    fn at(ip: IpAddr, host_ports: bool) -> Targets {
+        let port = |host: u16, container: u16| if host_ports { host } else { container };
+        Targets {
+            rr: SocketAddr::new(ip, port(PROBE_RR_HOST_PORT, SERVICE_RR_PORT)),
+            stream: SocketAddr::new(ip, port(PROBE_STREAM_HOST_PORT, SERVICE_STREAM_PORT)),
+            udp: SocketAddr::new(ip, port(PROBE_UDP_HOST_PORT, SERVICE_UDP_PORT)),
+        }
+    }
+}

@@ -1,0 +1,1280 @@
+//! `cargo xtask bench`: ebpf-portmap against Debian's iptables `portmap`
+//! and the untranslated direct path, side by side, in one run on one machine.
+//!
+//! Measures the control plane (ADD/DEL of the plugin alone and of the whole
+//! bridge + host-local + plugin chain, sequential and with 16/32 parallel
+//! callers), scale (one more ADD/DEL and the dataplane with 0, 1 000 and
+//! 10 000 mappings already installed), the dataplane (TCP request/response,
+//! connect+request+close, throughput, UDP request/response through hostPort
+//! and direct) and BPF map memory; judges the targets of issue 8; writes
+//! `bench/results/<date>.json`, `<date>.md` and `<date>-*.svg`.
+//!
+//! Every figure that a target judges is a ratio of two sides measured in
+//! the same repetition, repeated (3 times by default); the verdict uses the
+//! median and the minimum is reported. Every world is a set of harness
+//! namespaces, removed on exit, also on failure or Ctrl-C. Needs root.
+
+#[path = "../bench/mod.rs"]
+mod bench;
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use bench::control::{Batch, deal, run_batch, run_interleaved};
+use bench::invoke::Timed;
+use bench::load::{self, Test};
+use bench::memory;
+use bench::report;
+use bench::results::{
+    ControlCell, DataCell, MemoryRow, Prefill, Results, ScaleCell, Scope, Status, Verb, judge,
+    size_label,
+};
+use bench::world::{
+    BenchWorld, FILL_CONTAINER_PORT, Flavor, OP_PORT_BASE, PREFILL_PORT_BASE, PROBE_FILL_HOST_PORT,
+};
+use clap::Parser;
+use portmap_tests::plugins::workspace_root;
+use portmap_tests::topology::{EXT_IP4, NODE_IP4};
+use portmap_tests::{Container, PortMapping, plugin_bin};
+use serde_json::{Value, json};
+
+/// Mappings per prefilled container (a pod publishing 10 ports).
+const MAPPINGS_PER_PREFILL: usize = 10;
+
+#[derive(Debug, Parser)]
+#[command(about = "Benchmark ebpf-portmap against iptables portmap and the direct path")]
+struct Args {
+    /// Repetitions of every measurement (at least 3 for the report).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Duration of one dataplane run, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    duration_ms: u64,
+    /// CPU that load generators and servers are pinned to, or `none`.
+    #[arg(long, default_value = "1")]
+    cpu: String,
+    /// Prefilled mapping counts of the scale measurements.
+    #[arg(long, value_delimiter = ',', default_value = "0,1000,10000")]
+    sizes: Vec<usize>,
+    /// Largest size that upstream portmap is prefilled to by real ADDs;
+    /// larger sizes copy its rules with iptables-restore.
+    #[arg(long, default_value_t = 1000)]
+    upstream_real_prefill: usize,
+    /// Total time budget in seconds; steps that would exceed it are skipped
+    /// with the reason in the report.
+    #[arg(long, default_value_t = 720)]
+    budget_secs: u64,
+    /// Fewer operations per batch and shorter runs, for trying the bench out
+    /// (the results are still written).
+    #[arg(long)]
+    quick: bool,
+    /// Where the results go (default: <workspace>/bench/results).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// Exit 1 when a (non-stretch) target is missed.
+    #[arg(long)]
+    fail_on_miss: bool,
+    /// Where the ebpf-portmap binary was built from, for the report
+    /// (default: this checkout's commit and whether it has changes).
+    #[arg(long)]
+    plugin_source: Option<String>,
+}
+
+/// Operation counts and durations of one run.
+#[derive(Debug, Clone)]
+struct Plan {
+    reps: usize,
+    duration: Duration,
+    warmup: Duration,
+    /// Slices each dataplane run is cut into, interleaved across the paths.
+    slices: u32,
+    cpu: Option<usize>,
+    sizes: Vec<usize>,
+    upstream_real_prefill: usize,
+    budget: Duration,
+    /// Plugin-alone sequential operations per repetition: (ours, upstream).
+    alone_sequential: (usize, usize),
+    /// Plugin-alone operations per parallel batch.
+    alone_parallel: usize,
+    /// Chain operations per repetition, sequential and parallel.
+    chain_sequential: usize,
+    chain_parallel: usize,
+    /// One-more-container operations per repetition at each size: (ours, upstream).
+    scale_ops: (usize, usize),
+    /// Most time the upstream scale operations may take at one size.
+    upstream_scale_allowance: Duration,
+    /// Most time upstream's real prefill may take.
+    upstream_prefill_allowance: Duration,
+}
+
+impl Plan {
+    fn new(args: &Args) -> anyhow::Result<Plan> {
+        let cpu = match args.cpu.as_str() {
+            "none" => None,
+            n => Some(n.parse().context("--cpu takes a CPU number or `none`")?),
+        };
+        if let Some(cpu) = cpu {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if cpu >= cpus {
+                bail!("--cpu {cpu}: this machine has {cpus} CPUs");
+            }
+        }
+        if args.sizes.is_empty() {
+            bail!("--sizes needs at least one size");
+        }
+        let mut sizes = args.sizes.clone();
+        sizes.sort_unstable();
+        sizes.dedup();
+        if sizes.iter().any(|s| s % MAPPINGS_PER_PREFILL != 0) {
+            bail!("--sizes must be multiples of {MAPPINGS_PER_PREFILL}");
+        }
+        let quick = args.quick;
+        Ok(Plan {
+            reps: args.reps.max(1),
+            duration: Duration::from_millis(if quick {
+                args.duration_ms.min(300)
+            } else {
+                args.duration_ms
+            }),
+            warmup: Duration::from_millis(200),
+            slices: 5,
+            cpu,
+            sizes,
+            upstream_real_prefill: args.upstream_real_prefill,
+            budget: Duration::from_secs(args.budget_secs),
+            alone_sequential: if quick { (30, 8) } else { (100, 30) },
+            alone_parallel: if quick { 32 } else { 64 },
+            chain_sequential: if quick { 4 } else { 10 },
+            chain_parallel: 32,
+            scale_ops: if quick { (10, 3) } else { (30, 10) },
+            upstream_scale_allowance: Duration::from_secs(if quick { 20 } else { 60 }),
+            upstream_prefill_allowance: Duration::from_secs(if quick { 60 } else { 150 }),
+        })
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "reps": self.reps,
+            "dataplane_run_s": self.duration.as_secs_f64(),
+            "dataplane_warmup_s": self.warmup.as_secs_f64(),
+            "dataplane_slices": self.slices,
+            "load_cpu": self.cpu,
+            "sizes": self.sizes,
+            "upstream_real_prefill_max": self.upstream_real_prefill,
+            "budget_s": self.budget.as_secs(),
+            "alone_sequential_ops": { "ebpf-portmap": self.alone_sequential.0, "portmap": self.alone_sequential.1 },
+            "alone_parallel_ops": self.alone_parallel,
+            "chain_sequential_ops": self.chain_sequential,
+            "chain_parallel_ops": self.chain_parallel,
+            "scale_ops": { "ebpf-portmap": self.scale_ops.0, "portmap": self.scale_ops.1 },
+            "mappings_per_prefilled_container": MAPPINGS_PER_PREFILL,
+        })
+    }
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Ctrl-C / SIGTERM only set a flag: the bench stops at the next step and
+/// the guards remove every namespace, pin root and temp dir.
+fn install_signal_handlers() {
+    let handler: extern "C" fn(libc::c_int) = on_signal;
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(signal, handler as libc::sighandler_t) };
+    }
+}
+
+/// Progress lines with the time used against the budget.
+struct Progress {
+    started: Instant,
+    budget: Duration,
+}
+
+impl Progress {
+    fn say(&self, text: &str) {
+        let used = self.started.elapsed().as_secs();
+        println!(
+            "[{:02}:{:02} / {:02}:{:02}] {text}",
+            used / 60,
+            used % 60,
+            self.budget.as_secs() / 60,
+            self.budget.as_secs() % 60
+        );
+        let _ = std::io::stdout().flush();
+    }
+
+    /// Errors out if the user interrupted the run.
+    fn check(&self) -> anyhow::Result<()> {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            bail!("interrupted");
+        }
+        Ok(())
+    }
+
+    fn left(&self) -> Duration {
+        self.budget.saturating_sub(self.started.elapsed())
+    }
+}
+
+fn main() -> ExitCode {
+    install_signal_handlers();
+    let args = Args::parse();
+    let plan = match Plan::new(&args) {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("bench: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let progress = Progress {
+        started: Instant::now(),
+        budget: plan.budget,
+    };
+    let out_dir = args
+        .out_dir
+        .clone()
+        .unwrap_or_else(|| workspace_root().join("bench/results"));
+    println!(
+        "bench: ebpf-portmap ({}) vs iptables portmap (/usr/lib/cni/portmap) vs direct path",
+        plugin_bin().display()
+    );
+    println!(
+        "bench: time budget {} s (typically 6-9 min on 2 cores); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
+        plan.budget.as_secs(),
+        plan.reps,
+        plan.duration.as_millis(),
+        plan.cpu.map_or("(none)".into(), |c| c.to_string())
+    );
+    if let Err(e) = preflight() {
+        eprintln!("bench: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let source = args.plugin_source.clone().unwrap_or_else(source_tree);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run(&plan, &progress, &out_dir, &source)
+    }));
+    match outcome {
+        Ok(Ok(missed)) => {
+            println!(
+                "bench: done in {:.0} s; namespaces, pins and temp dirs removed",
+                progress.started.elapsed().as_secs_f64()
+            );
+            if missed > 0 && args.fail_on_miss {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Ok(Err(e)) => {
+            eprintln!("bench: stopped: {e:#}");
+            ExitCode::FAILURE
+        }
+        Err(_) => {
+            eprintln!("bench: stopped: a step panicked (message above)");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn preflight() -> anyhow::Result<()> {
+    let bin = plugin_bin();
+    if !bin.is_file() {
+        bail!(
+            "{} does not exist: build it (`cargo build --release -p portmap-user`) or run `cargo xtask bench`",
+            bin.display()
+        );
+    }
+    for tool in ["/usr/lib/cni/portmap", "/usr/lib/cni/bridge"] {
+        if !std::path::Path::new(tool).is_file() {
+            bail!("{tool} is missing: run `cargo xtask setup`");
+        }
+    }
+    for tool in ["bpftool", "iptables-restore", "ip6tables-restore"] {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .with_context(|| format!("{tool} is missing: run `cargo xtask setup`"))?;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the bench creates network namespaces and loads eBPF: run it as root");
+    }
+    Ok(())
+}
+
+/// The four worlds the bench measures in.
+struct Worlds {
+    /// Filled up to each size; carries the dataplane probe mappings.
+    ours: BenchWorld,
+    upstream: BenchWorld,
+    /// Kept empty: the control-plane runs and the "empty node" side of the
+    /// scale ratios.
+    ours_empty: BenchWorld,
+    upstream_empty: BenchWorld,
+    plain: BenchWorld,
+}
+
+/// Runs everything and writes the results; returns the number of missed
+/// (non-stretch) targets.
+fn run(
+    plan: &Plan,
+    progress: &Progress,
+    out_dir: &std::path::Path,
+    source: &str,
+) -> anyhow::Result<usize> {
+    let started_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut results = Results {
+        sizes: plan.sizes.clone(),
+        ..Results::default()
+    };
+    progress.say("building 5 worlds (namespaces only; the root namespace is not touched)");
+    let worlds = Worlds {
+        ours: BenchWorld::new(Flavor::Ours, "bench-ebpf", plan.cpu),
+        upstream: BenchWorld::new(Flavor::Upstream, "bench-iptables", plan.cpu),
+        ours_empty: BenchWorld::new(Flavor::Ours, "bench-ebpf-empty", plan.cpu),
+        upstream_empty: BenchWorld::new(Flavor::Upstream, "bench-iptables-empty", plan.cpu),
+        plain: BenchWorld::new(Flavor::Plain, "bench-direct", plan.cpu),
+    };
+    progress.check()?;
+    control_plane(plan, progress, &worlds, &mut results)?;
+    scale_and_dataplane(plan, progress, &worlds, &mut results)?;
+    conntrack_fill(progress, &worlds, &mut results)?;
+
+    let targets = judge(&results);
+    let date = report::date_of(started_unix);
+    let meta = json!({
+        "date": date,
+        "started_unix": started_unix,
+        "total_seconds": progress.started.elapsed().as_secs_f64(),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "loadavg_before": load_before.trim(),
+        "loadavg_after": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+        "reference_plugin": package_version("containernetworking-plugins")
+            .map(|v| format!("Debian containernetworking-plugins {v}, /usr/lib/cni/portmap"))
+            .unwrap_or_else(|| "/usr/lib/cni/portmap".into()),
+        "iptables": first_line("iptables", &["--version"]),
+        "ebpf_portmap_bin": plugin_bin().display().to_string(),
+        "source": source,
+        "method": format!(
+            "{} repetitions, interleaved; dataplane runs of {} ms pinned to CPU {}",
+            plan.reps,
+            plan.duration.as_millis(),
+            plan.cpu.map_or("(none)".into(), |c| c.to_string())
+        ),
+        "plan": plan.to_json(),
+        "port_plugin_configs": {
+            "ebpf-portmap": worlds.ours.port_plugin_config(),
+            "portmap": worlds.upstream.port_plugin_config(),
+        },
+    });
+    drop(worlds);
+
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let plots = report::plots(&results, &date);
+    let md = report::markdown(&results, &targets, &meta, &plots, &notes(plan));
+    let json = report::to_json(&results, &targets, &meta);
+    let mut written = Vec::new();
+    for plot in &plots {
+        let path = out_dir.join(&plot.file_name);
+        std::fs::write(&path, &plot.svg).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    let md_path = out_dir.join(format!("{date}.md"));
+    std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
+    let json_path = out_dir.join(format!("{date}.json"));
+    std::fs::write(
+        &json_path,
+        serde_json::to_string_pretty(&json).expect("a Value serialises"),
+    )
+    .with_context(|| format!("writing {}", json_path.display()))?;
+    written.push(md_path);
+    written.push(json_path);
+
+    println!("\nbench: targets (median over repetitions, min in brackets):");
+    print!("{}", report::targets_text(&targets));
+    let count = |stretch: bool, status: Status| {
+        targets
+            .iter()
+            .filter(|t| t.stretch == stretch && t.status == status)
+            .count()
+    };
+    let missed = count(false, Status::Miss);
+    println!(
+        "bench: targets: {} passed, {missed} missed, {} skipped; stretch targets: {} passed, {} missed",
+        count(false, Status::Pass),
+        count(false, Status::Skip),
+        count(true, Status::Pass),
+        count(true, Status::Miss),
+    );
+    for path in written {
+        println!("bench: wrote {}", path.display());
+    }
+    Ok(missed)
+}
+
+fn package_version(package: &str) -> Option<String> {
+    let out = Command::new("dpkg-query")
+        .args(["-W", "-f=${Version}", package])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The commit the bench was built from, and whether the tree had changes.
+fn source_tree() -> String {
+    let root = workspace_root();
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(&root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(commit) => {
+            let changed = git(&["status", "--porcelain", "--untracked-files=no"])
+                .map_or(0, |s| s.lines().count());
+            if changed == 0 {
+                format!("commit {commit}")
+            } else {
+                format!("commit {commit} with {changed} uncommitted changed file(s)")
+            }
+        }
+        None => "unknown (not a git checkout)".into(),
+    }
+}
+
+fn first_line(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
+
+fn notes(plan: &Plan) -> Vec<String> {
+    vec![
+        format!(
+            "Repetitions: {}. In each repetition both sides of every ratio are measured interleaved \
+             (sequential control-plane operations alternate between the two plugins, or between the full \
+             and the empty node; dataplane runs alternate between the paths in slices), so slow phases of \
+             this shared machine hit both sides alike.",
+            plan.reps
+        ),
+        "Control-plane latency is the time from spawning the plugin process to reaping it, taken with a \
+         blocking wait (the harness's CniRunner polls with up to 20 ms sleeps, too coarse for 2 ms runs). \
+         Configs are built with the harness's libcni-faithful `plugin_config`."
+            .into(),
+        format!(
+            "Plugin alone: the port-mapping plugin binary run by itself with the real prevResult of one real \
+             container (bridge + host-local result), one TCP mapping per operation, a new container ID and \
+             host port each time; a batch runs all ADDs, then all DELs. Sequential batches: {} ADDs for \
+             ebpf-portmap, {} for iptables portmap; parallel batches: {} operations over 16 or 32 callers.",
+            plan.alone_sequential.0, plan.alone_sequential.1, plan.alone_parallel
+        ),
+        format!(
+            "Whole chain: bridge + host-local + the plugin, run the way libcni runs a conflist, each operation \
+             on a fresh container namespace ({} per sequential batch, {} per parallel batch).",
+            plan.chain_sequential, plan.chain_parallel
+        ),
+        format!(
+            "Scale: nodes are prefilled with containers of {MAPPINGS_PER_PREFILL} TCP mappings each. ebpf-portmap \
+             is prefilled by real ADDs; iptables portmap by real ADDs up to {} mappings, beyond that by copying \
+             the rules its own ADD wrote for a 10-mapping container (new chain name, container ID and ports) \
+             with one iptables-restore per family, because ~1 000 real ADDs would not fit the time budget. \
+             The ADDs and DELs measured on top are real plugin runs. The dataplane probe container (TCP RR, TCP \
+             stream, UDP and a conntrack-fill mapping) is added after the prefill, so it is the last-added one.",
+            plan.upstream_real_prefill
+        ),
+        format!(
+            "Dataplane: client in the `ext` namespace, servers in a real container attached by the real bridge \
+             plugin. TCP RR: 64-byte request/response on one connection; TCP CRR: connect, one 64-byte \
+             request/response, client closes; TCP stream: 128 KiB writes from client to server, counted until \
+             the server has read everything; UDP RR: 64-byte ping-pong, a reply missing after 200 ms counts as \
+             an error. The client keeps no TIME_WAIT sockets (tcp_max_tw_buckets=0 in its namespace), so \
+             the connection loops leave nothing behind in the kernel's machine-wide TCP hash. Each run lasts {} ms, cut into {} slices that alternate between the three paths \
+             (ebpf-portmap, iptables portmap, direct, ebpf-portmap, ...), after a {} ms warm-up per path and \
+             size. Client, servers and hence the veth softirq work are pinned to one CPU ({}), so a rate is the \
+             CPU cost of the path and not cross-CPU wake-up latency (unpinned, the same run varies by 5x on \
+             this 2-core VM).",
+            plan.duration.as_millis(),
+            plan.slices,
+            plan.warmup.as_millis(),
+            plan.cpu.map_or("none".into(), |c| c.to_string())
+        ),
+        "Direct path: the same client reaches the container IP, routed by a node whose chain has no \
+         port-mapping plugin at all (no eBPF programs, no nat rules, no conntrack hooks): the physical baseline."
+            .into(),
+        "Memory: `bytes_memlock` of every pinned map as `bpftool --json map show` reports it (the kernel's own \
+         accounting), entries counted with BPF_MAP_GET_NEXT_KEY. The conntrack map is a preallocated LRU: its \
+         memory is fixed from the first ADD on. \"full conntrack\" is after sending one UDP datagram from each of \
+         enough distinct source address:port pairs to a UDP hostPort to open conntrack-size/2 flows."
+            .into(),
+        "This machine is shared: other test runs may use the CPUs at the same time (see loadavg in the JSON). \
+         Ratios are paired per repetition for that reason; absolute numbers are only indicative."
+            .into(),
+    ]
+}
+
+// ---- control plane ---------------------------------------------------------
+
+fn push_control(
+    results: &mut Results,
+    scope: Scope,
+    flavor: Flavor,
+    verb: Verb,
+    callers: usize,
+    batch: Batch,
+) {
+    if let Some(cell) = results
+        .control
+        .iter_mut()
+        .find(|c| c.scope == scope && c.flavor == flavor && c.verb == verb && c.callers == callers)
+    {
+        cell.reps.push(batch);
+    } else {
+        results.control.push(ControlCell {
+            scope,
+            flavor,
+            verb,
+            callers,
+            reps: vec![batch],
+        });
+    }
+}
+
+/// `(container ID, its one mapping)` for `count` fake containers.
+fn alone_items(prefix: &str, count: usize) -> Vec<(String, PortMapping)> {
+    (0..count)
+        .map(|i| {
+            let port = OP_PORT_BASE + (i % 10_000) as u16;
+            (format!("{prefix}-{i}"), PortMapping::tcp(port, 80))
+        })
+        .collect()
+}
+
+/// ADD batch then DEL batch of the plugin alone; DELs that failed are
+/// retried once, untimed, so the next batch starts from the same state.
+fn alone_add_del(
+    world: &BenchWorld,
+    items: &[(String, PortMapping)],
+    callers: usize,
+) -> (Batch, Batch) {
+    let work = deal(items, callers);
+    let add = run_batch(&work, |(id, mapping)| {
+        world.port_add(id, std::slice::from_ref(mapping))
+    });
+    let failed_dels: Mutex<Vec<(String, PortMapping)>> = Mutex::new(Vec::new());
+    let del = run_batch(&work, |(id, mapping)| {
+        let timed = world.port_del(id, std::slice::from_ref(mapping));
+        if !timed.ok() {
+            failed_dels
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((id.clone(), mapping.clone()));
+        }
+        timed
+    });
+    for (id, mapping) in failed_dels.into_inner().unwrap_or_default() {
+        let _ = world.port_del(&id, std::slice::from_ref(&mapping));
+    }
+    (add, del)
+}
+
+/// Sequential ADD batches of several worlds interleaved operation by
+/// operation, then their DEL batches likewise (see `run_interleaved`).
+/// Returns `(add, del)` per world; failed DELs are retried once, untimed.
+fn alone_add_del_interleaved(
+    sides: &[(&BenchWorld, &[(String, PortMapping)])],
+) -> Vec<(Batch, Batch)> {
+    let items: Vec<&[(String, PortMapping)]> = sides.iter().map(|(_, items)| *items).collect();
+    let adds = run_interleaved(&items, |side, (id, mapping)| {
+        sides[side].0.port_add(id, std::slice::from_ref(mapping))
+    });
+    let failed_dels: Mutex<Vec<(usize, String, PortMapping)>> = Mutex::new(Vec::new());
+    let dels = run_interleaved(&items, |side, (id, mapping)| {
+        let timed = sides[side].0.port_del(id, std::slice::from_ref(mapping));
+        if !timed.ok() {
+            failed_dels.lock().unwrap_or_else(|p| p.into_inner()).push((
+                side,
+                id.clone(),
+                mapping.clone(),
+            ));
+        }
+        timed
+    });
+    for (side, id, mapping) in failed_dels.into_inner().unwrap_or_default() {
+        let _ = sides[side].0.port_del(&id, std::slice::from_ref(&mapping));
+    }
+    adds.into_iter().zip(dels).collect()
+}
+
+/// ADD batch then DEL batch of the whole chain, one fresh container
+/// namespace per operation (created before, removed after, untimed).
+fn chain_add_del(world: &BenchWorld, prefix: &str, count: usize, callers: usize) -> (Batch, Batch) {
+    let containers: Vec<Container> = (0..count)
+        .map(|i| world.node.add_container(&format!("{prefix}-{i}")))
+        .collect();
+    let items: Vec<(usize, portmap_tests::RuntimeAttachment)> = containers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let port = OP_PORT_BASE + (i % 10_000) as u16;
+            (i, c.with_port_mappings(&[PortMapping::tcp(port, 80)]))
+        })
+        .collect();
+    let work = deal(&items, callers);
+    let cached: Mutex<HashMap<usize, Value>> = Mutex::new(HashMap::new());
+    let add = run_batch(&work, |(i, rt)| {
+        let timed = world.invoker.chain_add(&world.list, rt);
+        if let Ok(result) = &timed.result {
+            cached
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(*i, result.clone());
+        }
+        timed
+    });
+    let cached = cached.into_inner().unwrap_or_default();
+    let failed: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    let del = run_batch(&work, |(i, rt)| {
+        let timed = world.invoker.chain_del(&world.list, rt, cached.get(i));
+        if !timed.ok() {
+            failed.lock().unwrap_or_else(|p| p.into_inner()).push(*i);
+        }
+        timed
+    });
+    for i in failed.into_inner().unwrap_or_default() {
+        let _ = world
+            .invoker
+            .chain_del(&world.list, &items[i].1, cached.get(&i));
+    }
+    drop(containers);
+    (add, del)
+}
+
+fn batch_line(flavor: Flavor, add: &Batch, del: &Batch) -> String {
+    let p50 = |b: &Batch| b.percentiles().map_or(f64::NAN, |p| p.p50);
+    let fails = add.failures + del.failures;
+    format!(
+        "{}: ADD p50 {:.1} ms, DEL p50 {:.1} ms, {:.0}/{:.0} ops/s{}",
+        flavor.label(),
+        p50(add),
+        p50(del),
+        add.ops_per_s(),
+        del.ops_per_s(),
+        if fails > 0 {
+            format!(", {fails} FAILURES")
+        } else {
+            String::new()
+        }
+    )
+}
+
+fn control_plane(
+    plan: &Plan,
+    progress: &Progress,
+    worlds: &Worlds,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let pair = [
+        (&worlds.ours_empty, plan.alone_sequential.0),
+        (&worlds.upstream_empty, plan.alone_sequential.1),
+    ];
+    for rep in 0..plan.reps {
+        progress.check()?;
+        let items: Vec<Vec<(String, PortMapping)>> = pair
+            .iter()
+            .map(|(_, ops)| alone_items(&format!("seq{rep}"), *ops))
+            .collect();
+        let sides: Vec<(&BenchWorld, &[(String, PortMapping)])> = pair
+            .iter()
+            .zip(&items)
+            .map(|((world, _), items)| (*world, items.as_slice()))
+            .collect();
+        for ((world, _), (add, del)) in pair.iter().zip(alone_add_del_interleaved(&sides)) {
+            progress.say(&format!(
+                "control plane, plugin alone, sequential, rep {}/{}: {}",
+                rep + 1,
+                plan.reps,
+                batch_line(world.flavor, &add, &del)
+            ));
+            push_control(results, Scope::Alone, world.flavor, Verb::Add, 1, add);
+            push_control(results, Scope::Alone, world.flavor, Verb::Del, 1, del);
+        }
+    }
+    for callers in [16, 32] {
+        for rep in 0..plan.reps {
+            progress.check()?;
+            for (world, _) in pair {
+                let items = alone_items(&format!("par{callers}r{rep}"), plan.alone_parallel);
+                let (add, del) = alone_add_del(world, &items, callers);
+                progress.say(&format!(
+                    "control plane, plugin alone, {callers} callers, rep {}/{}: {}",
+                    rep + 1,
+                    plan.reps,
+                    batch_line(world.flavor, &add, &del)
+                ));
+                push_control(results, Scope::Alone, world.flavor, Verb::Add, callers, add);
+                push_control(results, Scope::Alone, world.flavor, Verb::Del, callers, del);
+            }
+        }
+    }
+    for (callers, ops) in [
+        (1, plan.chain_sequential),
+        (16, plan.chain_parallel),
+        (32, plan.chain_parallel),
+    ] {
+        for rep in 0..plan.reps {
+            progress.check()?;
+            for (world, _) in pair {
+                let (add, del) = chain_add_del(world, &format!("ch{callers}r{rep}"), ops, callers);
+                progress.say(&format!(
+                    "control plane, whole chain, {callers} caller(s), rep {}/{}: {}",
+                    rep + 1,
+                    plan.reps,
+                    batch_line(world.flavor, &add, &del)
+                ));
+                push_control(results, Scope::Chain, world.flavor, Verb::Add, callers, add);
+                push_control(results, Scope::Chain, world.flavor, Verb::Del, callers, del);
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---- scale and dataplane ---------------------------------------------------
+
+/// The 10 mappings of prefilled container `index`.
+fn prefill_mappings(index: usize) -> Vec<PortMapping> {
+    (0..MAPPINGS_PER_PREFILL)
+        .map(|i| {
+            let port = PREFILL_PORT_BASE as usize + index * MAPPINGS_PER_PREFILL + i;
+            PortMapping::tcp(
+                u16::try_from(port).expect("prefill ports stay below 65536"),
+                load::SERVICE_RR_PORT,
+            )
+        })
+        .collect()
+}
+
+fn prefill_id(index: usize) -> String {
+    format!("pf-{index}")
+}
+
+/// How far a world has been filled.
+#[derive(Debug, Default)]
+struct Fill {
+    containers: usize,
+    /// Set once a size could not be reached; later sizes are skipped.
+    failed: Option<String>,
+}
+
+/// Real ADDs of prefill containers until `world` holds `size` mappings.
+fn prefill_real(
+    world: &BenchWorld,
+    fill: &mut Fill,
+    size: usize,
+    allowance: Duration,
+) -> Result<(), String> {
+    let started = Instant::now();
+    let target = size / MAPPINGS_PER_PREFILL;
+    while fill.containers < target {
+        if started.elapsed() > allowance {
+            return Err(format!(
+                "real ADDs reached only {} of {size} mappings within {} s",
+                fill.containers * MAPPINGS_PER_PREFILL,
+                allowance.as_secs()
+            ));
+        }
+        let index = fill.containers;
+        let timed = world.port_add(&prefill_id(index), &prefill_mappings(index));
+        if let Err(e) = timed.result {
+            return Err(format!("prefill ADD {index} failed: {e}"));
+        }
+        fill.containers += 1;
+    }
+    Ok(())
+}
+
+/// Copies the last real prefill container's iptables rules until the
+/// upstream world holds `size` mappings.
+fn prefill_synthetic(world: &BenchWorld, fill: &mut Fill, size: usize) -> Result<(), String> {
+    let target = size / MAPPINGS_PER_PREFILL;
+    if fill.containers == 0 {
+        return Err("no real prefill container to copy".into());
+    }
+    let template = fill.containers - 1;
+    let first = fill.containers;
+    let count = target.saturating_sub(first);
+    let template_base = PREFILL_PORT_BASE as usize + template * MAPPINGS_PER_PREFILL;
+    let port = move |k: usize, p: u16| -> u16 {
+        let offset = (p as usize).wrapping_sub(template_base);
+        let new = PREFILL_PORT_BASE as usize + (first + k) * MAPPINGS_PER_PREFILL + offset;
+        u16::try_from(new).unwrap_or(p)
+    };
+    bench::iptables::synthesize(
+        &world.node.ns,
+        &prefill_id(template),
+        &format!("pf-copy{first}-"),
+        count,
+        port,
+    )?;
+    fill.containers = target;
+    Ok(())
+}
+
+/// One more container's ADD and DEL on the filled world and on its empty
+/// twin, interleaved operation by operation, `ops` of each per repetition.
+fn scale_reps(
+    plan: &Plan,
+    filled: &BenchWorld,
+    empty: &BenchWorld,
+    size: usize,
+    ops: usize,
+) -> [(Verb, Vec<Batch>, Vec<Batch>); 2] {
+    let mut add = (Vec::new(), Vec::new());
+    let mut del = (Vec::new(), Vec::new());
+    for rep in 0..plan.reps {
+        let items = alone_items(&format!("s{size}r{rep}"), ops);
+        let mut batches =
+            alone_add_del_interleaved(&[(filled, items.as_slice()), (empty, items.as_slice())])
+                .into_iter();
+        let (filled_add, filled_del) = batches.next().expect("two sides");
+        let (empty_add, empty_del) = batches.next().expect("two sides");
+        add.0.push(filled_add);
+        del.0.push(filled_del);
+        add.1.push(empty_add);
+        del.1.push(empty_del);
+    }
+    [(Verb::Add, add.0, add.1), (Verb::Del, del.0, del.1)]
+}
+
+fn probe_add(world: &BenchWorld, size: usize) -> anyhow::Result<()> {
+    let timed = world.port_add(&format!("probe-{size}"), &BenchWorld::probe_mappings());
+    timed
+        .result
+        .map(|_| ())
+        .map_err(|e| anyhow::anyhow!("probe ADD in {}: {e}", world.flavor.label()))
+}
+
+fn probe_del(world: &BenchWorld, size: usize) {
+    let _ = world.port_del(&format!("probe-{size}"), &BenchWorld::probe_mappings());
+}
+
+fn maps_dir(world: &BenchWorld) -> Option<PathBuf> {
+    // The plugin's pin layout: {pinRoot}/v1/maps/{name} (portmap-user/src/pin.rs).
+    world.pins.as_ref().map(|p| p.path().join("v1/maps"))
+}
+
+fn scale_and_dataplane(
+    plan: &Plan,
+    progress: &Progress,
+    worlds: &Worlds,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let mut ours_fill = Fill::default();
+    let mut upstream_fill = Fill::default();
+    for &size in &plan.sizes {
+        progress.check()?;
+        let label = size_label(size);
+
+        // Prefill.
+        let started = Instant::now();
+        if let Err(e) = prefill_real(&worlds.ours, &mut ours_fill, size, plan.budget) {
+            bail!("ebpf-portmap prefill to {label}: {e}");
+        }
+        results.prefill.push(Prefill {
+            flavor: Flavor::Ours,
+            size,
+            method: "real ADDs".into(),
+            seconds: started.elapsed().as_secs_f64(),
+            nat_rules: None,
+            skipped: None,
+        });
+        let started = Instant::now();
+        let method;
+        let upstream_ok = if let Some(reason) = &upstream_fill.failed {
+            method = String::new();
+            Err(reason.clone())
+        } else if size <= plan.upstream_real_prefill {
+            method = "real ADDs".to_owned();
+            prefill_real(
+                &worlds.upstream,
+                &mut upstream_fill,
+                size,
+                plan.upstream_prefill_allowance,
+            )
+        } else {
+            method = format!(
+                "real ADDs to {}, then copies of the plugin's rules (iptables-restore)",
+                size_label(plan.upstream_real_prefill)
+            );
+            prefill_real(
+                &worlds.upstream,
+                &mut upstream_fill,
+                plan.upstream_real_prefill.min(size),
+                plan.upstream_prefill_allowance,
+            )
+            .and_then(|()| prefill_synthetic(&worlds.upstream, &mut upstream_fill, size))
+        };
+        if let Err(reason) = &upstream_ok {
+            upstream_fill.failed.get_or_insert(reason.clone());
+        }
+        results.prefill.push(Prefill {
+            flavor: Flavor::Upstream,
+            size,
+            method,
+            seconds: started.elapsed().as_secs_f64(),
+            nat_rules: Some(bench::iptables::nat_rule_count(&worlds.upstream.node.ns)),
+            skipped: upstream_ok.as_ref().err().cloned(),
+        });
+        progress.say(&format!(
+            "scale {label}: prefilled (ebpf-portmap {} mappings; iptables portmap {})",
+            ours_fill.containers * MAPPINGS_PER_PREFILL,
+            match &upstream_ok {
+                Ok(()) => format!(
+                    "{} mappings, {} nat rules",
+                    upstream_fill.containers * MAPPINGS_PER_PREFILL,
+                    results
+                        .prefill
+                        .last()
+                        .and_then(|p| p.nat_rules)
+                        .unwrap_or(0)
+                ),
+                Err(e) => format!("skipped: {e}"),
+            }
+        ));
+        let upstream_here = upstream_ok.is_ok();
+
+        // One more container.
+        progress.check()?;
+        let ours_scale = scale_reps(
+            plan,
+            &worlds.ours,
+            &worlds.ours_empty,
+            size,
+            plan.scale_ops.0,
+        );
+        for (verb, reps, empty_reps) in ours_scale {
+            results.scale.push(ScaleCell {
+                flavor: Flavor::Ours,
+                size,
+                verb,
+                reps,
+                empty_reps,
+                skipped: None,
+            });
+        }
+        let upstream_ops = if upstream_here {
+            // Size the upstream batches from one untimed ADD+DEL, so slow
+            // large tables stay inside the allowance.
+            let warm = [PortMapping::tcp(OP_PORT_BASE, 80)];
+            let add = worlds.upstream.port_add("warm", &warm);
+            let del = worlds.upstream.port_del("warm", &warm);
+            let pair = (add.elapsed + del.elapsed).as_secs_f64() * 2.0; // filled + empty
+            let fit = (plan
+                .upstream_scale_allowance
+                .min(progress.left() / 4)
+                .as_secs_f64()
+                / (pair * plan.reps as f64)) as usize;
+            Some(fit.clamp(1, plan.scale_ops.1))
+        } else {
+            None
+        };
+        match upstream_ops {
+            Some(ops) => {
+                for (verb, reps, empty_reps) in
+                    scale_reps(plan, &worlds.upstream, &worlds.upstream_empty, size, ops)
+                {
+                    results.scale.push(ScaleCell {
+                        flavor: Flavor::Upstream,
+                        size,
+                        verb,
+                        reps,
+                        empty_reps,
+                        skipped: None,
+                    });
+                }
+            }
+            None => {
+                for verb in Verb::BOTH {
+                    results.scale.push(ScaleCell {
+                        flavor: Flavor::Upstream,
+                        size,
+                        verb,
+                        reps: Vec::new(),
+                        empty_reps: Vec::new(),
+                        skipped: upstream_fill.failed.clone(),
+                    });
+                }
+            }
+        }
+        progress.say(&format!(
+            "scale {label}: one more ADD p50: ebpf-portmap {} ms ({}x empty node), iptables portmap {}",
+            scale_p50(results, Flavor::Ours, size),
+            scale_ratio(results, Flavor::Ours, size),
+            if upstream_here {
+                format!(
+                    "{} ms ({}x empty node, {} ops/rep)",
+                    scale_p50(results, Flavor::Upstream, size),
+                    scale_ratio(results, Flavor::Upstream, size),
+                    upstream_ops.unwrap_or(0)
+                )
+            } else {
+                "skipped".into()
+            }
+        ));
+
+        // Dataplane through the last-added mappings.
+        progress.check()?;
+        probe_add(&worlds.ours, size)?;
+        let mut paths: Vec<&BenchWorld> = vec![&worlds.ours];
+        if upstream_here {
+            probe_add(&worlds.upstream, size)?;
+            paths.push(&worlds.upstream);
+        }
+        paths.push(&worlds.plain);
+        dataplane(plan, progress, &paths, size, upstream_here, results)?;
+        probe_del(&worlds.ours, size);
+        if upstream_here {
+            probe_del(&worlds.upstream, size);
+        }
+
+        if let Some(dir) = maps_dir(&worlds.ours) {
+            results.memory.push(MemoryRow {
+                state: format!("{label} mappings"),
+                requested_mappings: size,
+                maps: memory::maps_in(&dir),
+            });
+        }
+        if progress.left().is_zero() {
+            results
+                .skipped
+                .push(format!("sizes after {label}: time budget used up"));
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn scale_p50(results: &Results, flavor: Flavor, size: usize) -> String {
+    results
+        .scale_cell(flavor, size, Verb::Add)
+        .and_then(|c| {
+            bench::stats::median(&bench::results::pct_per_rep(
+                &c.reps,
+                bench::stats::Pct::P50,
+            ))
+        })
+        .map_or("n/a".into(), |v| format!("{v:.2}"))
+}
+
+fn scale_ratio(results: &Results, flavor: Flavor, size: usize) -> String {
+    results
+        .scale_cell(flavor, size, Verb::Add)
+        .and_then(|c| bench::stats::median(&c.ratio_to_empty(bench::stats::Pct::P50)))
+        .map_or("n/a".into(), |v| format!("{v:.2}"))
+}
+
+fn target_of(world: &BenchWorld, test: Test) -> SocketAddr {
+    let targets = world.targets();
+    match test {
+        Test::TcpRr | Test::TcpCrr => targets.rr,
+        Test::TcpStream => targets.stream,
+        Test::UdpRr => targets.udp,
+    }
+}
+
+fn dataplane(
+    plan: &Plan,
+    progress: &Progress,
+    paths: &[&BenchWorld],
+    size: usize,
+    upstream_here: bool,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    // Warm-up: neighbours resolved, first flows through every path.
+    for world in paths {
+        for test in Test::ALL {
+            let warm = load::run(
+                &world.node.ext.handle(),
+                test,
+                target_of(world, test),
+                plan.warmup,
+                plan.cpu,
+            );
+            if warm.rate == 0.0 {
+                bail!(
+                    "{} at {} mappings: {} through {} gets no answer ({} errors)\n{}",
+                    world.flavor.label(),
+                    size_label(size),
+                    test.title(),
+                    target_of(world, test),
+                    warm.errors,
+                    world.node.diagnostics()
+                );
+            }
+        }
+    }
+    let mut cells: Vec<DataCell> = Vec::new();
+    let clients: Vec<_> = paths.iter().map(|w| w.node.ext.handle()).collect();
+    for rep in 0..plan.reps {
+        progress.check()?;
+        for test in Test::ALL {
+            let targets: Vec<_> = paths
+                .iter()
+                .zip(&clients)
+                .map(|(world, client)| (client.clone(), target_of(world, test)))
+                .collect();
+            let rates = load::run_interleaved(&targets, test, plan.duration, plan.slices, plan.cpu);
+            for (world, result) in paths.iter().zip(rates) {
+                match cells
+                    .iter_mut()
+                    .find(|c| c.test == test && c.path == world.flavor)
+                {
+                    Some(cell) => cell.reps.push(result),
+                    None => cells.push(DataCell {
+                        size,
+                        test,
+                        path: world.flavor,
+                        reps: vec![result],
+                        skipped: None,
+                    }),
+                }
+            }
+        }
+        let line: Vec<String> = Test::ALL
+            .iter()
+            .map(|&test| {
+                let rate = |flavor| {
+                    cells
+                        .iter()
+                        .find(|c| c.test == test && c.path == flavor)
+                        .and_then(|c| c.reps.last())
+                        .map_or("-".into(), |r| bench::svg::short(r.rate))
+                };
+                format!(
+                    "{} {}/{}/{}",
+                    test.key(),
+                    rate(Flavor::Ours),
+                    rate(Flavor::Upstream),
+                    rate(Flavor::Plain)
+                )
+            })
+            .collect();
+        progress.say(&format!(
+            "dataplane {} mappings, rep {}/{} (ebpf/iptables/direct): {}",
+            size_label(size),
+            rep + 1,
+            plan.reps,
+            line.join(", ")
+        ));
+    }
+    if !upstream_here {
+        for test in Test::ALL {
+            cells.push(DataCell {
+                size,
+                test,
+                path: Flavor::Upstream,
+                reps: Vec::new(),
+                skipped: Some("iptables portmap could not be prefilled to this size".into()),
+            });
+        }
+    }
+    results.data.extend(cells);
+    Ok(())
+}
+
+// ---- conntrack -------------------------------------------------------------
+
+/// Extra client addresses for the conntrack fill: 64 511 source ports each.
+const FILL_SOURCES: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(198, 18, 0, 21),
+    Ipv4Addr::new(198, 18, 0, 22),
+    Ipv4Addr::new(198, 18, 0, 23),
+];
+
+fn conntrack_fill(
+    progress: &Progress,
+    worlds: &Worlds,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    progress.check()?;
+    let world = &worlds.ours;
+    let Some(dir) = maps_dir(world) else {
+        return Ok(());
+    };
+    let Some(capacity) = memory::maps_in(&dir)
+        .get("conntrack")
+        .map(|m| m.max_entries)
+    else {
+        results
+            .skipped
+            .push("conntrack fill: no conntrack map pinned".into());
+        return Ok(());
+    };
+    let fill_mapping = [PortMapping::udp(PROBE_FILL_HOST_PORT, FILL_CONTAINER_PORT)];
+    let timed: Timed = world.port_add("ct-fill", &fill_mapping);
+    if let Err(e) = timed.result {
+        bail!("conntrack fill ADD: {e}");
+    }
+    let mut sources = vec![EXT_IP4];
+    for source in FILL_SOURCES {
+        world
+            .node
+            .ext
+            .ip(&["addr", "add", &format!("{source}/24"), "dev", "eth0"]);
+        sources.push(source);
+    }
+    // Each new flow takes two entries; 10% more flows than fit make it full.
+    let flows = capacity as usize / 2 * 11 / 10;
+    let per_source = u16::try_from(flows.div_ceil(sources.len()).min(64_000)).unwrap_or(64_000);
+    let started = Instant::now();
+    let sent = load::udp_flows(
+        &world.node.ext.handle(),
+        &sources,
+        per_source,
+        SocketAddr::new(NODE_IP4.into(), PROBE_FILL_HOST_PORT),
+    );
+    let maps = memory::maps_in(&dir);
+    let entries = maps.get("conntrack").and_then(|m| m.entries).unwrap_or(0);
+    progress.say(&format!(
+        "memory: sent {sent} new UDP flows in {:.1} s; conntrack holds {entries} of {capacity} entries",
+        started.elapsed().as_secs_f64()
+    ));
+    let largest = results.sizes.iter().copied().max().unwrap_or(0);
+    results.memory.push(MemoryRow {
+        state: format!("{} mappings, full conntrack", size_label(largest)),
+        requested_mappings: largest,
+        maps,
+    });
+    let _ = world.port_del("ct-fill", &fill_mapping);
+    Ok(())
+}
