@@ -8,6 +8,7 @@
 #![no_std]
 
 pub mod crc32c;
+pub mod local;
 
 /// Version of the pinned layout. A change to any struct or map below bumps it,
 /// so a new build never reads maps written with an old layout (they live under
@@ -21,7 +22,22 @@ pub mod map_names {
     pub const OWNER_SLOTS: &str = "owner_slots";
     pub const CONNTRACK: &str = "conntrack";
     pub const STATS: &str = "stats";
-    pub const ALL: [&str; 5] = [MAPPINGS, OWNERS, OWNER_SLOTS, CONNTRACK, STATS];
+    pub const COUNTERS: &str = "counters";
+    pub const TRACE_FILTER: &str = "trace_filter";
+    /// The trace ring buffer. Not pinned (so not in [`ALL`]): it is a stream,
+    /// not a table (`bpftool map dump` cannot show it), and `trace` finds it
+    /// through the map IDs of the pinned programs.
+    pub const TRACE_EVENTS: &str = "trace_events";
+    /// Every pinned map.
+    pub const ALL: [&str; 7] = [
+        MAPPINGS,
+        OWNERS,
+        OWNER_SLOTS,
+        CONNTRACK,
+        STATS,
+        COUNTERS,
+        TRACE_FILTER,
+    ];
 }
 
 /// Names of the programs in the object.
@@ -40,6 +56,12 @@ pub mod capacity {
     pub const OWNER_SLOTS: u32 = 131072;
     /// Conntrack entries (two per translated flow).
     pub const CONNTRACK: u32 = 262144;
+    /// Per-mapping traffic counters: one per (mapping, owner), so as many as
+    /// there are mappings. Allocated on first use, not up front.
+    pub const COUNTERS: u32 = MAPPINGS;
+    /// Bytes of the trace ring buffer (a power of two, a multiple of the page
+    /// size): about 2700 events between two reads of the tracer.
+    pub const TRACE_EVENTS_BYTES: u32 = 256 * 1024;
 }
 
 pub const FAMILY_V4: u8 = 4;
@@ -144,6 +166,12 @@ pub mod ct_kind {
     /// Reply of a flow the node or a container opened from a mapped port:
     /// never translate it.
     pub const PASS: u8 = 3;
+    /// Masqueraded flow towards the container: source becomes
+    /// `nat_addr:nat_port` (the node's address on that network).
+    pub const SNAT: u8 = 4;
+    /// Answer to a masqueraded flow: destination becomes the client's
+    /// `nat_addr:nat_port` again.
+    pub const UNMASQ: u8 = 5;
 }
 
 #[repr(C)]
@@ -187,7 +215,24 @@ pub mod stat {
     pub const REWRITE_FAILED: u32 = 9;
     pub const CT_INSERT_FAILED: u32 = 10;
     pub const FWD_DISABLED: u32 = 11;
-    pub const COUNT: u32 = 12;
+    /// A socket hook pointed connect()/sendmsg() at a container.
+    pub const SOCK_TRANSLATED: u32 = 12;
+    /// A loopback destination from a socket of another network namespace
+    /// (a container's own 127.0.0.1): left alone.
+    pub const SOCK_OTHER_NETNS: u32 = 13;
+    /// A wildcard mapping's port on an address that is not the node's.
+    pub const SOCK_NOT_LOCAL: u32 = 14;
+    /// No socket storage for the translation: left alone.
+    pub const SOCK_NO_STORAGE: u32 = 15;
+    /// A new flow was masqueraded (hairpin, masqAll).
+    pub const MASQ: u32 = 16;
+    /// No free masquerade source port: translated without masquerade.
+    pub const MASQ_NO_PORT: u32 = 17;
+    /// The interface towards the container has no address to masquerade to.
+    pub const MASQ_NO_ADDR: u32 = 18;
+    /// Answer of a masqueraded flow sent back to its client.
+    pub const UNMASQ: u32 = 19;
+    pub const COUNT: u32 = 20;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "dnat_new",
@@ -202,7 +247,96 @@ pub mod stat {
         "rewrite_failed",
         "ct_insert_failed",
         "fwd_disabled",
+        "sock_translated",
+        "sock_other_netns",
+        "sock_not_local",
+        "sock_no_storage",
+        "masq",
+        "masq_no_port",
+        "masq_no_addr",
+        "unmasq",
     ];
+}
+
+/// Key of the per-mapping traffic counters. The owner is part of the key so
+/// a host port handed to another container starts from zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CounterKey {
+    pub mapping: MappingKey,
+    pub _pad0: u32,
+    pub owner_id: u64,
+}
+
+/// Traffic a mapping translated, per CPU (the programs add to their CPU's
+/// copy without atomics; readers sum them). Bytes are skb lengths as seen at
+/// the tc hook (L2 frame, headers included).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingCounters {
+    /// Packets translated towards the container (DNAT, new and existing flows).
+    pub packets_in: u64,
+    pub bytes_in: u64,
+    /// Replies translated back to the host address and port.
+    pub packets_out: u64,
+    pub bytes_out: u64,
+}
+
+/// What `ebpf-portmap trace` wants to see; entry 0 of the `trace_filter`
+/// array. All zero (the initial state) means nobody traces and the programs
+/// do nothing but read `enabled`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceFilter {
+    /// Non-zero while a tracer runs.
+    pub enabled: u32,
+    /// Process ID of the tracer, so a new one can tell a stale filter (its
+    /// tracer was killed) from a live one.
+    pub tracer_pid: u32,
+    /// Only packets with this port (either end, before or after translation);
+    /// 0 for any.
+    pub port_be: u16,
+    /// Only this IP protocol; 0 for any.
+    pub proto: u8,
+    pub _pad0: u8,
+    pub _pad1: u32,
+}
+
+/// Where a traced packet was seen.
+pub mod trace_direction {
+    pub const INGRESS: u8 = 0;
+    pub const EGRESS: u8 = 1;
+}
+
+/// One traced packet: the packet as it arrived, as it left, and what the
+/// dataplane decided (the `stat` reasons it counted).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
+    pub ts_ns: u64,
+    pub src_addr_be: [u32; 4],
+    pub dst_addr_be: [u32; 4],
+    /// The addresses after the program ran (equal to the above when it did
+    /// not rewrite the packet).
+    pub new_src_addr_be: [u32; 4],
+    pub new_dst_addr_be: [u32; 4],
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub new_sport_be: u16,
+    pub new_dport_be: u16,
+    /// Bit `1 << reason` for every `stat` reason counted for this packet;
+    /// 0 when nothing was (an ingress packet for a port with no mapping).
+    pub decisions: u32,
+    pub ifindex: u32,
+    /// skb length at the hook.
+    pub len: u32,
+    /// `trace_direction`.
+    pub direction: u8,
+    pub family: u8,
+    pub proto: u8,
+    /// TCP flags (SCTP: first chunk type; UDP: 0).
+    pub flags: u8,
 }
 
 const _: () = {
@@ -212,6 +346,12 @@ const _: () = {
     assert!(core::mem::size_of::<OwnerSlotKey>() == 16);
     assert!(core::mem::size_of::<CtKey>() == 40);
     assert!(core::mem::size_of::<CtEntry>() == 56);
+    assert!(core::mem::size_of::<CounterKey>() == 32);
+    assert!(core::mem::size_of::<MappingCounters>() == 32);
+    assert!(core::mem::size_of::<TraceFilter>() == 16);
+    assert!(core::mem::size_of::<TraceEvent>() == 96);
+    // Every reason must have a bit in `TraceEvent::decisions`.
+    assert!(stat::COUNT <= 32);
 };
 
 #[cfg(feature = "user")]
@@ -225,4 +365,8 @@ mod pod {
     unsafe impl aya::Pod for OwnerSlotKey {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtEntry {}
+    unsafe impl aya::Pod for CounterKey {}
+    unsafe impl aya::Pod for MappingCounters {}
+    unsafe impl aya::Pod for TraceFilter {}
+    unsafe impl aya::Pod for TraceEvent {}
 }

@@ -66,15 +66,23 @@ pub fn lookup(key: &CtKey, now: u64) -> Option<CtEntry> {
     Some(copy)
 }
 
-/// Whether the mapping a flow was translated by still sends it to the same
-/// container address and port: a deleted or re-pointed mapping must never
-/// keep forwarding, e.g. to an address later given to another container.
+/// The owner of the mapping a flow was translated by, if that mapping still
+/// sends it to the same container address and port: a deleted or re-pointed
+/// mapping must never keep forwarding, e.g. to an address later given to
+/// another container. (The owner is what the traffic counters are kept by.)
 #[inline(always)]
-pub fn still_mapped(mapping: &MappingKey, container_be: &[u32; 4], container_port_be: u16) -> bool {
+pub fn still_mapped(
+    mapping: &MappingKey,
+    container_be: &[u32; 4],
+    container_port_be: u16,
+) -> Option<u64> {
     match maps::mapping(mapping) {
-        Some(value) => {
-            value.container_addr_be == *container_be && value.container_port_be == container_port_be
+        Some(value)
+            if value.container_addr_be == *container_be
+                && value.container_port_be == container_port_be =>
+        {
+            Some(value.owner_id)
         }
-        None => false,
+        _ => None,
     }
 }

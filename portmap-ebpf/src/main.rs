@@ -3,22 +3,30 @@
 #![no_std]
 #![no_main]
 
+mod counters;
 mod ct;
 mod maps;
 mod nat;
 mod parse;
+mod sock;
+mod trace;
 
 use aya_ebpf::{
     bindings::{
-        BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NOT_FWDED, TC_ACT_OK, bpf_fib_lookup,
+        BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_NOT_FWDED,
+        TC_ACT_OK, bpf_fib_lookup,
     },
-    helpers::bpf_fib_lookup as fib_lookup,
+    helpers::{bpf_fib_lookup as fib_lookup, bpf_get_prandom_u32},
     macros::classifier,
     programs::TcContext,
 };
-use portmap_common::{CtEntry, CtKey, FAMILY_V4, MappingKey, MappingValue, ct_kind, stat};
+use portmap_common::{
+    CtEntry, CtKey, FAMILY_V4, MappingKey, MappingValue, ct_kind,
+    local::{MASQ_PORT_COUNT, MASQ_PORT_MIN, MASQ_PORT_TRIES, iface_flags, node_flags},
+    stat, trace_direction,
+};
 
-use crate::{nat::Side, parse::Packet};
+use crate::{counters::Way, nat::Side, parse::Packet};
 
 /// Translates traffic that arrives at a node interface for a mapped
 /// (hostIP, hostPort, protocol) to the owning container.
@@ -26,7 +34,12 @@ use crate::{nat::Side, parse::Packet};
 pub fn portmap_ingress(mut ctx: TcContext) -> i32 {
     maps::keep_userspace_maps();
     if let Some(packet) = parse::parse(&ctx) {
+        // The tracing state is read again after the packet is handled, not
+        // carried across it: the verifier then walks `ingress` once, not once
+        // per tracing state.
+        trace::begin(&packet);
         ingress(&mut ctx, &packet);
+        trace::end_if_tracing(&ctx, trace_direction::INGRESS);
     }
     TC_ACT_OK as i32
 }
@@ -36,7 +49,14 @@ pub fn portmap_ingress(mut ctx: TcContext) -> i32 {
 #[classifier]
 pub fn portmap_egress(mut ctx: TcContext) -> i32 {
     if let Some(packet) = parse::parse(&ctx) {
-        egress(&mut ctx, &packet);
+        // The tracing state is read again after the packet is handled, not
+        // carried across it: the verifier then walks `egress` once, not once
+        // per tracing state.
+        trace::begin(&packet);
+        if egress(&mut ctx, &packet) {
+            count_reply(&ctx);
+        }
+        trace::end_if_tracing(&ctx, trace_direction::EGRESS);
     }
     TC_ACT_OK as i32
 }
@@ -54,7 +74,16 @@ fn ingress(ctx: &mut TcContext, packet: &Packet) {
     if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet, now) {
         return;
     }
-    new_flow(ctx, packet, opens, now);
+    // Masquerading is decided after new_flow returns, not inside it: its
+    // frame would not fit on BPF's stack below new_flow's.
+    // What follows a new flow reads its state from scratch, after
+    // new_flow's frame is gone: stacked, the frames do not fit in 512 bytes.
+    if new_flow(ctx, packet, opens, now) {
+        count_new_flow(ctx);
+        if wants_masquerade(ctx) {
+            masquerade(ctx);
+        }
+    }
 }
 
 /// Translates a packet of a known flow. Returns whether the packet is dealt
@@ -67,65 +96,76 @@ fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
     let Some(entry) = ct::lookup(&key, now) else {
         return false;
     };
-    match entry.kind {
-        ct_kind::DNAT => {
-            if ct::still_mapped(&entry.mapping, &entry.nat_addr_be, entry.nat_port_be) {
-                if nat::rewrite(
-                    ctx,
-                    packet,
-                    Side::Destination,
-                    &entry.nat_addr_be,
-                    entry.nat_port_be,
-                ) {
-                    maps::count(stat::DNAT);
-                } else {
-                    maps::count(stat::REWRITE_FAILED);
-                }
-                return true;
-            }
-            maps::count(stat::STALE_FLOW);
-            // A UDP datagram is translated anew by the mapping as it is now;
-            // the rest of a stale TCP/SCTP flow passes untouched.
-            !packet.opens_flow()
-        }
+    // The container end of the flow, to check its mapping still holds: the
+    // new destination of a translated packet, the source of an answer to a
+    // masqueraded one.
+    let (container_be, container_port_be, done) = match entry.kind {
+        ct_kind::DNAT => (entry.nat_addr_be, entry.nat_port_be, stat::DNAT),
+        ct_kind::UNMASQ => (packet.src_be, packet.sport_be, stat::UNMASQ),
         ct_kind::PASS => {
             maps::count(stat::SKIP_LOCAL_ORIGIN);
-            true
+            return true;
         }
-        _ => true,
+        _ => return true,
+    };
+    let Some(owner_id) = ct::still_mapped(&entry.mapping, &container_be, container_port_be) else {
+        maps::count(stat::STALE_FLOW);
+        // A UDP datagram is translated anew by the mapping as it is now;
+        // the rest of a stale TCP/SCTP flow passes untouched.
+        return entry.kind != ct_kind::DNAT || !packet.opens_flow();
+    };
+    // One rewrite call site for both kinds: each inlined copy costs the
+    // verifier a full walk of the checksum code.
+    if nat::rewrite(
+        ctx,
+        packet,
+        Side::Destination,
+        &entry.nat_addr_be,
+        entry.nat_port_be,
+    ) {
+        maps::count(done);
+        if entry.kind == ct_kind::DNAT {
+            counters::record(ctx, &entry.mapping, owner_id, Way::In);
+        }
+    } else {
+        maps::count(stat::REWRITE_FAILED);
     }
+    true
 }
 
 /// A packet that may open a translated flow: find its mapping, check it is
 /// for the node, record both directions and translate. Not inlined: it has
 /// its own stack frame, so its buffers do not add to the hot path's.
+///
+/// Returns whether it translated a new flow (its entries are left in
+/// `scratch` for the counters and `masquerade`).
 #[inline(never)]
-fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) {
+fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> bool {
     let key = ct::key_of(packet);
     let Some((mapping_key, mapping)) =
         find_mapping(packet.family, packet.proto, &packet.dst_be, packet.dport_be)
     else {
-        return;
+        return false;
     };
     if !opens {
         maps::count(stat::SKIP_NOT_SYN);
-        return;
+        return false;
     }
     match local_destination(ctx, packet) {
         Locality::Local => {}
         Locality::NotLocal => {
             maps::count(stat::SKIP_NOT_LOCAL);
-            return;
+            return false;
         }
         Locality::ForwardingDisabled => {
             maps::count(stat::FWD_DISABLED);
-            return;
+            return false;
         }
     }
     // Both directions are built in per-CPU scratch space: on the stack
     // they would not fit BPF's 512 bytes together with the caller's frame.
     let Some(scratch) = maps::scratch() else {
-        return;
+        return false;
     };
     // SAFETY: per-CPU scratch, no other user while this program runs.
     let scratch = unsafe { &mut *scratch };
@@ -162,8 +202,9 @@ fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) {
         || !maps::ct_put(&scratch.forward_key, &scratch.forward)
     {
         maps::count(stat::CT_INSERT_FAILED);
-        return;
+        return false;
     }
+    scratch.owner_id = mapping.owner_id;
     if nat::rewrite(
         ctx,
         packet,
@@ -172,37 +213,60 @@ fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) {
         mapping.container_port_be,
     ) {
         maps::count(stat::DNAT_NEW);
+        true
     } else {
         maps::count(stat::REWRITE_FAILED);
+        false
     }
 }
 
-#[inline(always)]
-fn egress(ctx: &mut TcContext, packet: &Packet) {
+/// Not inlined: with its frame inside the entry point's, the trace call
+/// after it does not fit BPF's stack (and bpf-linker crashes on it).
+#[inline(never)]
+fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     if packet.fragment {
-        return;
+        return false;
     }
     let now = ct::now();
     let key = ct::key_of(packet);
     if let Some(entry) = ct::lookup(&key, now) {
-        if entry.kind == ct_kind::REPLY {
-            if ct::still_mapped(&entry.mapping, &packet.src_be, packet.sport_be) {
-                if nat::rewrite(
-                    ctx,
-                    packet,
-                    Side::Source,
-                    &entry.nat_addr_be,
-                    entry.nat_port_be,
-                ) {
-                    maps::count(stat::REPLY);
-                } else {
-                    maps::count(stat::REWRITE_FAILED);
+        // The container end of the flow: the destination of a masqueraded
+        // flow on its way to the container, the source of an answer.
+        let (container_be, container_port_be) = match entry.kind {
+            ct_kind::SNAT => (packet.dst_be, packet.dport_be),
+            ct_kind::REPLY => (packet.src_be, packet.sport_be),
+            _ => return false,
+        };
+        let Some(owner_id) = ct::still_mapped(&entry.mapping, &container_be, container_port_be)
+        else {
+            maps::count(stat::STALE_FLOW);
+            return false;
+        };
+        // One rewrite call site for both kinds (see existing_flow).
+        if nat::rewrite(
+            ctx,
+            packet,
+            Side::Source,
+            &entry.nat_addr_be,
+            entry.nat_port_be,
+        ) {
+            if entry.kind == ct_kind::REPLY {
+                maps::count(stat::REPLY);
+                // Counted by the caller from scratch, after this frame is
+                // gone: stacked, the frames exceed 512 bytes on 6.1.
+                if let Some(scratch) = maps::scratch() {
+                    // SAFETY: per-CPU scratch, no other user meanwhile.
+                    unsafe {
+                        (*scratch).forward.mapping = entry.mapping;
+                        (*scratch).owner_id = owner_id;
+                    }
+                    return true;
                 }
-            } else {
-                maps::count(stat::STALE_FLOW);
             }
+        } else {
+            maps::count(stat::REWRITE_FAILED);
         }
-        return;
+        return false;
     }
     // A flow leaving from a mapped host port that we did not translate: the
     // node (or a masqueraded container) opened it. Remember it so its
@@ -213,11 +277,163 @@ fn egress(ctx: &mut TcContext, packet: &Packet) {
             last_seen_ns: now,
             ..CtEntry::default()
         };
-        if maps::ct_put(&ct::reversed(&key), &pass) {
+        // Never over a translation: on a bridge the reply of a translated
+        // flow crosses a second egress hook (the bridge port) after the
+        // first rewrote it to the host port, and must stay translated.
+        if maps::ct_put_new(&ct::reversed(&key), &pass) {
             maps::count(stat::PASS_RECORDED);
-        } else {
-            maps::count(stat::CT_INSERT_FAILED);
         }
+    }
+    false
+}
+
+/// Counts the first packet of a new flow on its mapping.
+#[inline(always)]
+fn count_new_flow(ctx: &TcContext) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    // SAFETY: per-CPU scratch, filled by new_flow for this packet.
+    let (mapping, owner_id) = unsafe { ((*scratch).forward.mapping, (*scratch).owner_id) };
+    counters::record(ctx, &mapping, owner_id, Way::In);
+}
+
+/// Counts a translated answer on its mapping (egress left it in scratch).
+#[inline(always)]
+fn count_reply(ctx: &TcContext) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    // SAFETY: per-CPU scratch, filled by egress for this packet.
+    let (mapping, owner_id) = unsafe { ((*scratch).forward.mapping, (*scratch).owner_id) };
+    counters::record(ctx, &mapping, owner_id, Way::Out);
+}
+
+/// Whether a new flow arriving on this interface is masqueraded: every flow
+/// with `masqAll`; with `snat`, flows from containers (hairpin), whose
+/// answer would otherwise go straight back to the client, bypassing the
+/// node and its translation.
+#[inline(always)]
+fn wants_masquerade(ctx: &TcContext) -> bool {
+    let Some(node) = maps::node_config() else {
+        return false;
+    };
+    if node.flags & node_flags::MASQ_ALL != 0 {
+        return true;
+    }
+    // SAFETY: reading a field of the context the program was handed.
+    let ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    node.flags & node_flags::SNAT != 0
+        && maps::iface(ifindex).is_some_and(|i| i.flags & iface_flags::CONTAINER_SIDE != 0)
+}
+
+/// Records the two extra directions of a masqueraded flow (the forward
+/// entries are in `scratch` already): towards the container the source
+/// becomes the node's address on the container's network and a free port;
+/// the container's answer to that port goes back to the client. Only the
+/// destination is rewritten on ingress and only the source on egress, so the
+/// kernel never sees one of its own addresses arrive from outside.
+#[inline(never)]
+fn masquerade(ctx: &TcContext) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    // SAFETY: per-CPU scratch, no other user while this program runs.
+    let scratch = unsafe { &mut *scratch };
+    // Everything comes from the entries new_flow left in scratch, nothing
+    // from the caller's stack: the verifier then walks this function once,
+    // not once per path through new_flow.
+    let client = scratch.forward_key;
+    let now = scratch.forward.last_seen_ns;
+    let container_be = scratch.forward.nat_addr_be;
+    let container_port_be = scratch.forward.nat_port_be;
+    let mapping = scratch.forward.mapping;
+    let Some(node_addr) = masquerade_source(ctx, client.family, &container_be) else {
+        maps::count(stat::MASQ_NO_ADDR);
+        return;
+    };
+    // Towards the container: after DNAT the packet is client -> container.
+    scratch.forward_key.dst_addr_be = container_be;
+    scratch.forward_key.dst_port_be = container_port_be;
+    scratch.reply_key = CtKey {
+        src_addr_be: container_be,
+        dst_addr_be: node_addr,
+        src_port_be: container_port_be,
+        dst_port_be: 0,
+        proto: client.proto,
+        family: client.family,
+        _pad0: 0,
+    };
+    scratch.reply = CtEntry {
+        nat_addr_be: client.src_addr_be,
+        nat_port_be: client.src_port_be,
+        kind: ct_kind::UNMASQ,
+        mapping,
+        last_seen_ns: now,
+        ..CtEntry::default()
+    };
+    let mut tries = 0;
+    while tries < MASQ_PORT_TRIES {
+        // SAFETY: no arguments.
+        let random = unsafe { bpf_get_prandom_u32() };
+        let port = MASQ_PORT_MIN + (random % MASQ_PORT_COUNT as u32) as u16;
+        scratch.reply_key.dst_port_be = port.to_be();
+        // NOEXIST: a port in use by another masqueraded flow to the same
+        // container port is not taken over.
+        if maps::ct_put_new(&scratch.reply_key, &scratch.reply) {
+            scratch.forward = CtEntry {
+                nat_addr_be: node_addr,
+                nat_port_be: port.to_be(),
+                kind: ct_kind::SNAT,
+                mapping,
+                last_seen_ns: now,
+                ..CtEntry::default()
+            };
+            if maps::ct_put(&scratch.forward_key, &scratch.forward) {
+                maps::count(stat::MASQ);
+            } else {
+                maps::count(stat::CT_INSERT_FAILED);
+            }
+            return;
+        }
+        tries += 1;
+    }
+    maps::count(stat::MASQ_NO_PORT);
+}
+
+/// The node's address on the interface the kernel will send `container_be`
+/// out of: where the container's answer must come back to.
+#[inline(always)]
+fn masquerade_source(ctx: &TcContext, family: u8, container_be: &[u32; 4]) -> Option<[u32; 4]> {
+    let scratch = maps::scratch()?;
+    // SAFETY: per-CPU scratch, no other user while this program runs.
+    let params = unsafe { &mut (*scratch).fib };
+    zero_fib_params(params);
+    params.family = if family == FAMILY_V4 { 2 } else { 10 };
+    // SAFETY: reading a field of the context the program was handed.
+    params.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    if family == FAMILY_V4 {
+        params.__bindgen_anon_4.ipv4_dst = container_be[0];
+    } else {
+        params.__bindgen_anon_4.ipv6_dst = *container_be;
+    }
+    // SAFETY: params is a valid, fully initialised struct of the size passed.
+    let ret = unsafe {
+        fib_lookup(
+            ctx.skb.skb as *mut _,
+            params,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if ret != 0 && ret as u32 != BPF_FIB_LKUP_RET_NO_NEIGH {
+        return None;
+    }
+    let iface = maps::iface(params.ifindex)?;
+    if family == FAMILY_V4 {
+        (iface.addr4_be != 0).then_some([iface.addr4_be, 0, 0, 0])
+    } else {
+        (iface.addr6_be != [0; 4]).then_some(iface.addr6_be)
     }
 }
 
@@ -260,8 +476,7 @@ fn local_destination(ctx: &TcContext, packet: &Packet) -> Locality {
     };
     // SAFETY: per-CPU scratch, no other user while this program runs.
     let params = unsafe { &mut (*scratch).fib };
-    // SAFETY: zeroed plain-old-data struct.
-    *params = unsafe { core::mem::zeroed() };
+    zero_fib_params(params);
     params.family = if packet.family == FAMILY_V4 { 2 } else { 10 };
     params.l4_protocol = packet.proto;
     params.sport = packet.sport_be;
@@ -288,6 +503,20 @@ fn local_destination(ctx: &TcContext, packet: &Packet) -> Locality {
         BPF_FIB_LKUP_RET_NOT_FWDED => Locality::Local,
         BPF_FIB_LKUP_RET_FWD_DISABLED => Locality::ForwardingDisabled,
         _ => Locality::NotLocal,
+    }
+}
+
+/// Zeroes FIB lookup parameters word by word: `mem::zeroed()` becomes a
+/// call to memset, one more frame on the deepest call chain (over 512 bytes
+/// on 6.1).
+#[inline(always)]
+fn zero_fib_params(params: &mut bpf_fib_lookup) {
+    let words = params as *mut bpf_fib_lookup as *mut u64;
+    let mut i = 0;
+    while i < core::mem::size_of::<bpf_fib_lookup>() / 8 {
+        // SAFETY: within the 64-byte struct, which is 8-byte aligned.
+        unsafe { core::ptr::write_volatile(words.add(i), 0) };
+        i += 1;
     }
 }
 

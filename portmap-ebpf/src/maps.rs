@@ -48,6 +48,8 @@ pub struct Scratch {
     pub forward: CtEntry,
     pub reply: CtEntry,
     pub fib: aya_ebpf::bindings::bpf_fib_lookup,
+    /// Owner of the mapping a new flow was translated by.
+    pub owner_id: u64,
 }
 
 #[btf_map(name = "scratch")]
@@ -75,6 +77,14 @@ pub fn ct_put(key: &CtKey, entry: &CtEntry) -> bool {
     CONNTRACK.insert(key, entry, 0).is_ok()
 }
 
+/// Inserts only if `key` is free (BPF_NOEXIST).
+#[inline(always)]
+pub fn ct_put_new(key: &CtKey, entry: &CtEntry) -> bool {
+    CONNTRACK
+        .insert(key, entry, aya_ebpf::bindings::BPF_NOEXIST as u64)
+        .is_ok()
+}
+
 #[inline(always)]
 pub fn count(reason: u32) {
     if let Some(counter) = STATS.get_ptr_mut(reason) {
@@ -83,10 +93,82 @@ pub fn count(reason: u32) {
     }
 }
 
+/// This CPU's value of the counter for `reason`.
+#[inline(always)]
+pub fn stat(reason: u32) -> u64 {
+    STATS.get(reason).copied().unwrap_or(0)
+}
+
 /// Keeps the userspace-only maps in the object so they are created, pinned
 /// and described by BTF together with the others.
 #[inline(always)]
 pub fn keep_userspace_maps() {
     let _ = core::hint::black_box(&OWNERS);
     let _ = core::hint::black_box(&OWNER_SLOTS);
+}
+
+// ---- node-local traffic: socket hooks and hairpin (portmap_common::local) ----
+
+use aya_ebpf::{
+    btf_maps::{Array, SkStorage},
+    programs::SockAddrContext,
+};
+use portmap_common::local::{IfaceConfig, LocalAddrKey, NodeConfig, SockOrigin};
+
+#[btf_map(name = "node")]
+static NODE: Array<NodeConfig, 1> = Array::new();
+
+#[btf_map(name = "local_addrs")]
+static LOCAL_ADDRS: HashMap<LocalAddrKey, u8, 4096, NO_PREALLOC> = HashMap::new();
+
+#[btf_map(name = "ifaces")]
+static IFACES: HashMap<u32, IfaceConfig, 4096, NO_PREALLOC> = HashMap::new();
+
+#[btf_map(name = "sock_origin")]
+static SOCK_ORIGIN: SkStorage<SockOrigin> = SkStorage::new();
+
+#[inline(always)]
+pub fn node_config() -> Option<NodeConfig> {
+    NODE.get(0).copied()
+}
+
+#[inline(always)]
+pub fn is_local_addr(family: u8, addr_be: &[u32; 4]) -> bool {
+    let key = LocalAddrKey {
+        addr_be: *addr_be,
+        family,
+        _pad0: [0; 3],
+    };
+    LOCAL_ADDRS.get_ptr(&key).is_some()
+}
+
+#[inline(always)]
+pub fn iface(ifindex: u32) -> Option<IfaceConfig> {
+    // SAFETY: copied out at once.
+    unsafe { IFACES.get(ifindex).copied() }
+}
+
+/// Stores what the socket hook translated for this socket.
+#[inline(always)]
+pub fn remember_origin(ctx: &SockAddrContext, origin: &SockOrigin) -> bool {
+    // SAFETY: the context's socket is valid for the hook's duration.
+    let slot = unsafe { SOCK_ORIGIN.get_or_insert_ptr_mut(ctx, None) };
+    if slot.is_null() {
+        return false;
+    }
+    // SAFETY: non-null storage of this socket.
+    unsafe { *slot = *origin };
+    true
+}
+
+#[inline(always)]
+pub fn origin(ctx: &SockAddrContext) -> Option<SockOrigin> {
+    // SAFETY: as above; no creation.
+    let slot = unsafe { SOCK_ORIGIN.get_ptr_mut(ctx) };
+    if slot.is_null() {
+        None
+    } else {
+        // SAFETY: non-null storage of this socket.
+        Some(unsafe { *slot })
+    }
 }

@@ -25,9 +25,10 @@ use aya::{
         tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
     },
 };
-use portmap_common::{map_names, program_names};
+use portmap_common::{local, map_names, program_names};
 
 use crate::{
+    cgroup, features,
     hash::fnv1a64,
     netlink,
     pin::{Direction, PinLayout},
@@ -65,6 +66,10 @@ impl AttachMode {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
+    #[error(transparent)]
+    Feature(#[from] crate::features::FeatureError),
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
     #[error("cannot create {path}")]
     CreateDir {
         path: PathBuf,
@@ -230,9 +235,10 @@ pub struct Capacities {
 pub fn ensure(
     layout: &PinLayout,
     interfaces: &BTreeSet<u32>,
+    cgroup: &Path,
     capacities: Capacities,
 ) -> Result<(), AttachError> {
-    if is_ready(layout, interfaces) {
+    if is_ready(layout, interfaces, cgroup) {
         return Ok(());
     }
     mount_bpffs_if_missing(layout.root())?;
@@ -257,16 +263,44 @@ pub fn ensure(
         });
     }
     // Someone may have finished the job while we waited.
-    if is_ready(layout, interfaces) {
+    if is_ready(layout, interfaces, cgroup) {
         return Ok(());
     }
     for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
         create_private_dir(&dir)?;
     }
-    load_and_pin(layout, capacities)?;
+    load_and_pin(layout, capacities).map_err(features::explain_load_failure)?;
+    // Probed once per pin root (then read from the record): tcx or clsact.
+    let mode = match pinned_program(layout, Direction::Ingress) {
+        Some(program) => features::attach_mode(layout, &program)?,
+        None => {
+            return Err(AttachError::Program {
+                program: program_names::TC_INGRESS,
+                source: Box::new(ProgramError::NotLoaded),
+            });
+        }
+    };
     for &ifindex in interfaces {
         for direction in Direction::BOTH {
-            attach_one(layout, ifindex, direction)?;
+            attach_one(layout, ifindex, direction, mode)?;
+        }
+    }
+    // Interfaces attached by earlier ADDs (other containers' veths, after
+    // an upgrade): this build's programs go there too, or the old ones keep
+    // running. An interface that is gone takes its pin with it.
+    forget_gone_interfaces(layout);
+    for (ifindex, direction) in recorded_attachments(layout) {
+        if interfaces.contains(&ifindex) {
+            continue;
+        }
+        if let Err(error) = attach_one(layout, ifindex, direction, mode) {
+            log::warn!("updating the programs on interface {ifindex}: {error}");
+        }
+    }
+    for program in local::program_names::ALL {
+        let pin = layout.program(build_id(), program);
+        if !pinned_id(&pin).is_some_and(|id| cgroup::attached(layout, cgroup, program, id)) {
+            cgroup::attach(layout, cgroup, program, &pin)?;
         }
     }
     remove_other_builds(layout);
@@ -274,32 +308,45 @@ pub fn ensure(
     Ok(())
 }
 
-fn is_ready(layout: &PinLayout, interfaces: &BTreeSet<u32>) -> bool {
-    Direction::BOTH.iter().all(|&direction| {
-        let Some(program) = pinned_program(layout, direction) else {
-            return false;
-        };
-        let Some(id) = program_id(&program) else {
-            return false;
-        };
-        interfaces
-            .iter()
-            .all(|&ifindex| attached(layout, ifindex, direction, id))
-    })
+fn is_ready(layout: &PinLayout, interfaces: &BTreeSet<u32>, cgroup: &Path) -> bool {
+    let hooks_ready = local::program_names::ALL.iter().all(|&program| {
+        pinned_id(&layout.program(build_id(), program))
+            .is_some_and(|id| cgroup::attached(layout, cgroup, program, id))
+    });
+    hooks_ready
+        && Direction::BOTH.iter().all(|&direction| {
+            let Some(program) = pinned_program(layout, direction) else {
+                return false;
+            };
+            let Some(id) = program_id(&program) else {
+                return false;
+            };
+            interfaces
+                .iter()
+                .all(|&ifindex| attached(layout, ifindex, direction, id))
+        })
+}
+
+/// ID of the program pinned at `path`, whatever its type.
+fn pinned_id(path: &Path) -> Option<u32> {
+    aya::programs::ProgramInfo::from_pin(path)
+        .ok()
+        .map(|info| info.id())
 }
 
 /// Loads the object (reusing pinned maps) and pins this build's programs,
 /// unless they are pinned already.
 fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), AttachError> {
-    if Direction::BOTH
+    if all_programs()
         .iter()
-        .all(|&d| pinned_program(layout, d).is_some())
+        .all(|name| layout.program(build_id(), name).exists())
     {
         return Ok(());
     }
     check_pinned_layouts(layout)?;
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
         .iter()
+        .chain(local::map_names::ALL.iter())
         .map(|&name| (name, layout.map(name)))
         .collect();
     let mut loader = EbpfLoader::new();
@@ -316,30 +363,28 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
             .saturating_mul(2)
             .max(portmap_common::capacity::OWNER_SLOTS);
         loader.map_max_entries(map_names::OWNER_SLOTS, slots);
+        // At most one counter entry per mapping is live.
+        loader.map_max_entries(map_names::COUNTERS, size);
     }
     let mut ebpf: Ebpf = loader
         .load(OBJECT)
         .map_err(|e| AttachError::Load(Box::new(e)))?;
-    for direction in Direction::BOTH {
-        let name = program_name(direction);
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or(AttachError::Program {
-                program: name,
-                source: Box::new(ProgramError::NotLoaded),
-            })?
-            .try_into()
-            .map_err(|source| AttachError::Program {
-                program: name,
-                source: Box::new(source),
-            })?;
-        program.load().map_err(|source| AttachError::Program {
+    for name in all_programs() {
+        let fail = |source: ProgramError| AttachError::Program {
             program: name,
             source: Box::new(source),
-        })?;
+        };
+        let program = ebpf
+            .program_mut(name)
+            .ok_or_else(|| fail(ProgramError::NotLoaded))?;
+        match program {
+            aya::programs::Program::SchedClassifier(p) => p.load().map_err(fail)?,
+            aya::programs::Program::CgroupSockAddr(p) => p.load().map_err(fail)?,
+            _ => return Err(fail(ProgramError::NotLoaded)),
+        }
         let path = layout.program(build_id(), name);
         if path.exists() {
-            // Pinned by an earlier run that died before pinning the other one.
+            // Pinned by an earlier run that died before pinning the rest.
             continue;
         }
         program.pin(&path).map_err(|e| AttachError::Pin {
@@ -348,6 +393,37 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
         })?;
     }
     Ok(())
+}
+
+/// Unpins the attachments of interfaces that no longer exist (the host end
+/// of a removed container's veth): their links are defunct, and the index
+/// may be given to a new interface.
+pub fn forget_gone_interfaces(layout: &PinLayout) {
+    for (ifindex, direction) in recorded_attachments(layout) {
+        if netlink::interface_name(ifindex).is_none() {
+            let _ = fs::remove_file(layout.tcx_link(ifindex, direction));
+            let _ = fs::remove_file(layout.clsact_marker(ifindex, direction));
+        }
+    }
+}
+
+/// (ifindex, direction) of every tc attachment recorded under links/.
+fn recorded_attachments(layout: &PinLayout) -> Vec<(u32, Direction)> {
+    let Ok(entries) = fs::read_dir(layout.links_dir()) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| crate::pin::parse_link_name(&e.file_name().to_string_lossy()))
+        .map(|(ifindex, direction, _)| (ifindex, direction))
+        .collect()
+}
+
+/// Every program of the object: the tc pair and the socket hooks.
+fn all_programs() -> Vec<&'static str> {
+    let mut names = vec![program_names::TC_INGRESS, program_names::TC_EGRESS];
+    names.extend(local::program_names::ALL);
+    names
 }
 
 /// Key and value sizes this build's maps have, by name.
@@ -366,6 +442,15 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
         ),
         map_names::CONNTRACK => (size(size_of::<CtKey>()), size(size_of::<CtEntry>())),
         map_names::STATS => (4, 8),
+        local::map_names::NODE => (4, size(size_of::<local::NodeConfig>())),
+        local::map_names::LOCAL_ADDRS => (size(size_of::<local::LocalAddrKey>()), 1),
+        local::map_names::IFACES => (4, size(size_of::<local::IfaceConfig>())),
+        local::map_names::SOCK_ORIGIN => (4, size(size_of::<local::SockOrigin>())),
+        map_names::COUNTERS => (
+            size(size_of::<portmap_common::CounterKey>()),
+            size(size_of::<portmap_common::MappingCounters>()),
+        ),
+        map_names::TRACE_FILTER => (4, size(size_of::<portmap_common::TraceFilter>())),
         _ => return None,
     })
 }
@@ -373,7 +458,7 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
 /// A pinned map is reused as it is (aya does no layout check), so one left
 /// by a build with another layout must be refused, never misread.
 fn check_pinned_layouts(layout: &PinLayout) -> Result<(), AttachError> {
-    for name in map_names::ALL {
+    for name in map_names::ALL.into_iter().chain(local::map_names::ALL) {
         let path = layout.map(name);
         let Ok(info) = aya::maps::MapInfo::from_pin(&path) else {
             continue;
@@ -393,7 +478,12 @@ fn check_pinned_layouts(layout: &PinLayout) -> Result<(), AttachError> {
     Ok(())
 }
 
-fn attach_one(layout: &PinLayout, ifindex: u32, direction: Direction) -> Result<(), AttachError> {
+fn attach_one(
+    layout: &PinLayout,
+    ifindex: u32,
+    direction: Direction,
+    mode: AttachMode,
+) -> Result<(), AttachError> {
     let name = program_name(direction);
     let mut program = pinned_program(layout, direction).ok_or(AttachError::Program {
         program: name,
@@ -416,6 +506,11 @@ fn attach_one(layout: &PinLayout, ifindex: u32, direction: Direction) -> Result<
         direction: direction.as_str(),
         source: Box::new(source),
     };
+    if mode == AttachMode::Clsact {
+        features::ensure_clsact(&interface)?;
+        return attach_clsact(layout, &mut program, ifindex, &interface, direction)
+            .map_err(attach_error);
+    }
     let link_path = layout.tcx_link(ifindex, direction);
 
     // An existing link of ours that still sits on this interface: swap the
@@ -456,18 +551,8 @@ fn attach_one(layout: &PinLayout, ifindex: u32, direction: Direction) -> Result<
             })?;
             Ok(())
         }
-        Err(error) if tcx_unsupported(&error) => {
-            attach_clsact(layout, &mut program, ifindex, &interface, direction)
-                .map_err(attach_error)
-        }
         Err(error) => Err(attach_error(error)),
     }
-}
-
-/// Kernels before 6.6 have no tcx: link creation fails with EINVAL.
-fn tcx_unsupported(error: &ProgramError) -> bool {
-    matches!(error, ProgramError::SyscallError(e)
-        if matches!(e.io_error.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP | 524)))
 }
 
 fn attach_clsact(
@@ -542,6 +627,10 @@ pub fn is_attached(layout: &PinLayout, ifindex: u32) -> bool {
 /// STATUS: can this node serve ADD? bpffs must be mounted, and the programs
 /// must be loaded already or load now (verified, then dropped).
 pub fn probe(layout: &PinLayout) -> Result<(), AttachError> {
+    probe_load(layout).map_err(features::explain_load_failure)
+}
+
+fn probe_load(layout: &PinLayout) -> Result<(), AttachError> {
     check_bpffs(layout.root())?;
     check_pinned_layouts(layout)?;
     if Direction::BOTH
@@ -576,6 +665,9 @@ pub fn probe(layout: &PinLayout) -> Result<(), AttachError> {
 
 /// Which mode the attachments of `layout` use, if any exist.
 pub fn attach_mode(layout: &PinLayout) -> Option<AttachMode> {
+    if let Some(mode) = features::recorded_attach_mode(layout) {
+        return Some(mode);
+    }
     let entries = fs::read_dir(layout.links_dir()).ok()?;
     let mut mode = None;
     for entry in entries.flatten() {
@@ -590,4 +682,19 @@ pub fn attach_mode(layout: &PinLayout) -> Option<AttachMode> {
         }
     }
     mode
+}
+
+/// Removes our clsact filter from `interface` (`uninstall`); the clsact
+/// qdisc stays, other filters may use it.
+pub fn detach_clsact(interface: &str, direction: Direction) -> Result<(), ProgramError> {
+    use aya::programs::links::Link as _;
+    let link = SchedClassifierLink::attached(
+        interface,
+        attach_type(direction),
+        CLSACT_PRIORITY,
+        CLSACT_HANDLE,
+        None,
+    )
+    .map_err(ProgramError::IOError)?;
+    link.detach()
 }

@@ -22,6 +22,9 @@ pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1
 /// Where maps and links are pinned when the config has no `pinRoot`.
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/ebpf-portmap";
 
+/// Default of `logFile`: where the plugin logs its decisions.
+pub const DEFAULT_LOG_FILE: &str = "/var/log/ebpf-portmap.log";
+
 /// Most `portMappings` entries accepted in one request. Podman expands a port
 /// range into one entry per port, so this has to be generous; it exists so a
 /// runaway caller cannot make us build an unbounded plan.
@@ -226,11 +229,21 @@ pub struct NetConf {
     pub interfaces: Option<Vec<String>>,
     /// `conntrackSize`: entries in the conntrack map.
     pub conntrack_size: Option<u32>,
+    /// `logFile`: absolute path, default [`DEFAULT_LOG_FILE`].
+    pub log_file: PathBuf,
     /// `maxMappings`: entries in the mappings map (set when the maps are
     /// first created).
     pub max_mappings: Option<u32>,
     /// `hostPortListeners`: "refuse" (default) or "allow".
     pub listener_policy: ListenerPolicy,
+    /// `snat` (default true): masquerade hairpin flows so their answers
+    /// come back through the node.
+    pub snat: bool,
+    /// `masqAll` (default false): masquerade every translated flow.
+    pub masq_all: bool,
+    /// `cgroupPath`: cgroup v2 directory the socket hooks attach to; default
+    /// the root of the node's cgroup2 hierarchy.
+    pub cgroup_path: Option<PathBuf>,
     /// `runtimeConfig.portMappings`, validated (empty if absent).
     pub port_mappings: Vec<PortMapping>,
     /// Raw `prevResult` (always a JSON object when present), echoed by ADD.
@@ -366,6 +379,12 @@ pub enum ConfigError {
     },
     #[error("conntrackSize: {value} is out of range {CONNTRACK_SIZE_MIN}-{CONNTRACK_SIZE_MAX}")]
     ConntrackSizeOutOfRange { value: String },
+    #[error("logFile: {value:?} {reason}; use an absolute file path such as {DEFAULT_LOG_FILE}")]
+    InvalidLogFile { value: String, reason: &'static str },
+    #[error("{key}: {value} is not true or false")]
+    NotABool { key: &'static str, value: String },
+    #[error("cgroupPath: {value:?} must be an absolute path to a cgroup v2 directory")]
+    InvalidCgroupPath { value: String },
     #[error("maxMappings: {value} is out of range {MAX_MAPPINGS_MIN}-{MAX_MAPPINGS_MAX}")]
     MaxMappingsOutOfRange { value: String },
     #[error("hostPortListeners: {value} is not one of \"refuse\" or \"allow\"")]
@@ -447,7 +466,10 @@ impl ConfigError {
             | ConfigError::EmptyInterfaceList
             | ConfigError::DuplicateInterface { .. }
             | ConfigError::ConntrackSizeOutOfRange { .. }
+            | ConfigError::InvalidLogFile { .. }
             | ConfigError::MaxMappingsOutOfRange { .. }
+            | ConfigError::NotABool { .. }
+            | ConfigError::InvalidCgroupPath { .. }
             | ConfigError::InvalidListenerPolicy { .. }
             | ConfigError::TooManyMappings { .. }
             | ConfigError::PortOutOfRange { .. }
@@ -601,8 +623,12 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
     let pin_root = parse_pin_root(present(&root, "pinRoot"))?;
     let interfaces = parse_interfaces(present(&root, "interfaces"))?;
     let conntrack_size = parse_conntrack_size(present(&root, "conntrackSize"))?;
+    let log_file = parse_log_file(present(&root, "logFile"))?;
     let max_mappings = parse_max_mappings(present(&root, "maxMappings"))?;
     let listener_policy = parse_listener_policy(present(&root, "hostPortListeners"))?;
+    let snat = parse_bool("snat", present(&root, "snat"), true)?;
+    let masq_all = parse_bool("masqAll", present(&root, "masqAll"), false)?;
+    let cgroup_path = parse_cgroup_path(present(&root, "cgroupPath"))?;
     let valid_attachments = parse_valid_attachments(&root)?;
 
     let mut dropped = Vec::new();
@@ -627,8 +653,12 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
             pin_root,
             interfaces,
             conntrack_size,
+            log_file,
             max_mappings,
             listener_policy,
+            snat,
+            masq_all,
+            cgroup_path,
             port_mappings,
             prev_result,
             valid_attachments,
@@ -764,6 +794,41 @@ fn parse_max_mappings(value: Option<&Value>) -> Result<Option<u32>, ConfigError>
     }
 }
 
+fn parse_bool(
+    key: &'static str,
+    value: Option<&Value>,
+    default: bool,
+) -> Result<bool, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ConfigError::NotABool {
+            key,
+            value: other.to_string(),
+        }),
+    }
+}
+
+fn parse_cgroup_path(value: Option<&Value>) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let invalid = || ConfigError::InvalidCgroupPath {
+        value: value.to_string(),
+    };
+    let raw = value.as_str().ok_or_else(invalid)?;
+    let path = Path::new(raw);
+    if !path.is_absolute()
+        || raw.contains('\0')
+        || raw
+            .split('/')
+            .any(|segment| segment == "." || segment == "..")
+    {
+        return Err(invalid());
+    }
+    Ok(Some(path.to_path_buf()))
+}
+
 fn parse_listener_policy(value: Option<&Value>) -> Result<ListenerPolicy, ConfigError> {
     match value {
         None => Ok(ListenerPolicy::default()),
@@ -773,6 +838,46 @@ fn parse_listener_policy(value: Option<&Value>) -> Result<ListenerPolicy, Config
             value: other.to_string(),
         }),
     }
+}
+
+fn parse_log_file(value: Option<&Value>) -> Result<PathBuf, ConfigError> {
+    let Some(value) = value else {
+        return Ok(PathBuf::from(DEFAULT_LOG_FILE));
+    };
+    let raw = value
+        .as_str()
+        .ok_or_else(|| wrong_type("logFile", "a string", value))?;
+    let invalid = |reason| ConfigError::InvalidLogFile {
+        value: raw.to_owned(),
+        reason,
+    };
+    if raw.contains('\0') {
+        return Err(invalid("contains a NUL byte"));
+    }
+    if !Path::new(raw).is_absolute() {
+        return Err(invalid("is not an absolute path"));
+    }
+    if raw.ends_with('/')
+        || raw
+            .rsplit('/')
+            .next()
+            .is_some_and(|name| name == "." || name == "..")
+    {
+        return Err(invalid("names a directory, not a file"));
+    }
+    Ok(PathBuf::from(raw))
+}
+
+/// `logFile` of a configuration, read leniently before the request is
+/// parsed (so that even a broken request is logged): the default when stdin
+/// is not a configuration or the key is invalid (parsing reports that).
+pub fn log_file_of(stdin: &[u8]) -> PathBuf {
+    serde_json::from_slice::<Value>(stdin)
+        .ok()
+        .as_ref()
+        .and_then(Value::as_object)
+        .and_then(|root| parse_log_file(present(root, "logFile")).ok())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_LOG_FILE))
 }
 
 fn parse_valid_attachments(
@@ -1324,6 +1429,57 @@ mod tests {
                 }),
             ),
             (
+                "logFile default",
+                with(""),
+                Valid(|conf| {
+                    assert_eq!(
+                        conf.log_file,
+                        PathBuf::from(DEFAULT_LOG_FILE),
+                        "default logFile"
+                    )
+                }),
+            ),
+            (
+                "logFile set",
+                with(r#","logFile":"/var/log/cni/portmap.log""#),
+                Valid(|conf| {
+                    assert_eq!(
+                        conf.log_file,
+                        PathBuf::from("/var/log/cni/portmap.log"),
+                        "logFile"
+                    )
+                }),
+            ),
+            (
+                "logFile relative",
+                with(r#","logFile":"portmap.log""#),
+                Invalid(
+                    code::INVALID_NETWORK_CONFIG,
+                    &["logFile: \"portmap.log\" is not an absolute path"],
+                ),
+            ),
+            (
+                "logFile a directory",
+                with(r#","logFile":"/var/log/""#),
+                Invalid(
+                    code::INVALID_NETWORK_CONFIG,
+                    &["logFile: \"/var/log/\" names a directory"],
+                ),
+            ),
+            (
+                "logFile dot-dot",
+                with(r#","logFile":"/var/log/..""#),
+                Invalid(code::INVALID_NETWORK_CONFIG, &["names a directory"]),
+            ),
+            (
+                "logFile not a string",
+                with(r#","logFile":42"#),
+                Invalid(
+                    code::INVALID_NETWORK_CONFIG,
+                    &["logFile: expected a string, found a number"],
+                ),
+            ),
+            (
                 "every supported version",
                 with("").replace("1.0.0", "0.3.0"),
                 Valid(|conf| assert_eq!(conf.cni_version, "0.3.0", "0.3.0 is supported")),
@@ -1726,6 +1882,21 @@ mod tests {
                 Invalid(c, &["maxMappings"]),
             ),
             (
+                "snat not a bool",
+                with(r#","snat":"yes""#),
+                Invalid(c, &["snat", "true or false"]),
+            ),
+            (
+                "masqAll not a bool",
+                with(r#","masqAll":1"#),
+                Invalid(c, &["masqAll"]),
+            ),
+            (
+                "cgroupPath relative",
+                with(r#","cgroupPath":"sys/fs/cgroup""#),
+                Invalid(c, &["cgroupPath", "absolute"]),
+            ),
+            (
                 "hostPortListeners unknown",
                 with(r#","hostPortListeners":"sometimes""#),
                 Invalid(c, &["hostPortListeners", "refuse", "allow"]),
@@ -1809,6 +1980,28 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn log_file_is_found_before_parsing_and_never_fails() {
+        assert_eq!(
+            log_file_of(br#"{"logFile":"/tmp/x.log","cniVersion":"9.9.9"}"#),
+            PathBuf::from("/tmp/x.log"),
+            "read even from a config that will be refused"
+        );
+        for stdin in [
+            &b"not json"[..],
+            b"[]",
+            br#"{"logFile":"relative"}"#,
+            br#"{"logFile":7}"#,
+        ] {
+            assert_eq!(
+                log_file_of(stdin),
+                PathBuf::from(DEFAULT_LOG_FILE),
+                "{}",
+                String::from_utf8_lossy(stdin)
+            );
         }
     }
 

@@ -2,13 +2,21 @@
 //! loads, attaches and updates the eBPF dataplane.
 
 pub mod attach;
+pub mod cgroup;
 pub mod cni;
 pub mod config;
+pub mod counters;
+pub mod features;
 pub mod hash;
+pub mod inspect;
 pub mod listeners;
+pub mod local;
+pub mod logging;
 pub mod maps;
 pub mod netlink;
 pub mod pin;
 pub mod plugin;
 pub mod privilege;
 pub mod store;
+pub mod trace;
+pub mod uninstall;

@@ -97,8 +97,100 @@ pub fn parse_proc_net(text: &str, proto: u8) -> Vec<Listener> {
     listeners
 }
 
-/// Every listener for `proto` in the caller's network namespace.
+/// Every listener for `proto` in the caller's network namespace, asked of
+/// the kernel through sock_diag with a state filter: for TCP it walks only
+/// the listening sockets, so the cost does not grow with the node's
+/// connections (reading /proc/net/tcp walks them all). Falls back to the
+/// /proc tables where sock_diag is not available.
 pub fn all(proto: u8) -> io::Result<Vec<Listener>> {
+    match sock_diag(proto) {
+        Ok(found) => Ok(found),
+        Err(error) => {
+            log::debug!("sock_diag: {error}; reading /proc/net instead");
+            from_proc(proto)
+        }
+    }
+}
+
+fn sock_diag(proto: u8) -> io::Result<Vec<Listener>> {
+    use netlink_packet_core::{
+        NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    };
+    use netlink_packet_sock_diag::{
+        SockDiagMessage,
+        constants::{AF_INET, AF_INET6},
+        inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
+    };
+    use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
+
+    let states = match proto {
+        PROTO_TCP => StateFlags::LISTEN,
+        PROTO_UDP => StateFlags::CLOSE,
+        _ => return Ok(Vec::new()),
+    };
+    let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let mut found = Vec::new();
+    for (family, socket_id) in [
+        (AF_INET, SocketId::new_v4()),
+        (AF_INET6, SocketId::new_v6()),
+    ] {
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let mut request = NetlinkMessage::new(
+            header,
+            SockDiagMessage::InetRequest(InetRequest {
+                family,
+                protocol: proto,
+                extensions: ExtensionFlags::empty(),
+                states: states.clone(),
+                socket_id,
+            })
+            .into(),
+        );
+        request.finalize();
+        let mut buffer = vec![0; request.buffer_len()];
+        request.serialize(&mut buffer);
+        socket.send(&buffer, 0)?;
+        'dump: loop {
+            let (data, _) = socket.recv_from_full()?;
+            let mut offset = 0;
+            while offset < data.len() {
+                let message = NetlinkMessage::<SockDiagMessage>::deserialize(&data[offset..])
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                let length = message.header.length as usize;
+                match message.payload {
+                    NetlinkPayload::Done(_) => break 'dump,
+                    NetlinkPayload::Error(error) => {
+                        return Err(io::Error::other(format!("sock_diag error {error:?}")));
+                    }
+                    NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(response)) => {
+                        let id = &response.header.socket_id;
+                        // A connected UDP socket is in CLOSE too; it takes
+                        // nothing new.
+                        if proto == PROTO_TCP || id.destination_port == 0 {
+                            found.push(Listener {
+                                proto,
+                                addr: id.source_address,
+                                port: id.source_port,
+                                inode: u64::from(response.header.inode),
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+                if length == 0 {
+                    break;
+                }
+                offset += length;
+            }
+        }
+    }
+    Ok(found)
+}
+
+fn from_proc(proto: u8) -> io::Result<Vec<Listener>> {
     let tables: &[&str] = match proto {
         PROTO_TCP => &["/proc/net/tcp", "/proc/net/tcp6"],
         PROTO_UDP => &["/proc/net/udp", "/proc/net/udp6"],
@@ -210,6 +302,30 @@ mod tests {
         let listeners = parse_proc_net(text, PROTO_UDP);
         assert_eq!(listeners.len(), 1);
         assert_eq!(listeners[0].port, 5353);
+    }
+
+    #[test]
+    fn sock_diag_sees_a_listener_and_not_a_connection() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let found = sock_diag(PROTO_TCP).expect("sock_diag answers");
+        let on_port: Vec<_> = found.iter().filter(|l| l.port == port).collect();
+        assert_eq!(
+            on_port.len(),
+            1,
+            "one listener, no connections: {on_port:?}"
+        );
+        assert_eq!(on_port[0].addr, "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert_ne!(on_port[0].inode, 0);
+
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let udp_port = udp.local_addr().unwrap().port();
+        let found = sock_diag(PROTO_UDP).expect("sock_diag answers");
+        assert!(
+            found.iter().any(|l| l.port == udp_port),
+            "an unconnected UDP socket listens"
+        );
     }
 
     #[test]

@@ -1,10 +1,17 @@
 //! `ebpf-portmap`: a CNI plugin when `CNI_COMMAND` is set, the operator CLI
 //! otherwise.
 
-use std::process::ExitCode;
+use std::{
+    io::{Cursor, Read},
+    process::ExitCode,
+};
 
 use clap::{Parser, Subcommand};
-use portmap_user::{cni, plugin::Dataplane};
+use portmap_user::{
+    cni, config,
+    logging::{self, Logged},
+    plugin::Dataplane,
+};
 
 mod cli;
 
@@ -12,38 +19,69 @@ mod cli;
 #[command(
     name = "ebpf-portmap",
     version,
-    about = "eBPF hostPort mapping for CNI"
+    about = "eBPF hostPort mapping for CNI",
+    long_about = "eBPF hostPort mapping for CNI.\n\nRun by a container runtime (CNI_COMMAND set), this is the CNI plugin; \
+run by a person, these commands show and manage the dataplane on this node. \
+Every command takes --pin-root, the plugin's `pinRoot` (default /sys/fs/bpf/ebpf-portmap).",
+    after_help = "Examples:
+  ebpf-portmap list                    every published port, its container and traffic
+  ebpf-portmap status                  is the dataplane healthy? (exit 1 if not)
+  ebpf-portmap trace --port 8080       watch what happens to traffic for port 8080
+  ebpf-portmap help <command>          more about one command"
 )]
 struct Args {
+    /// Also log what the command does (to stderr).
+    #[arg(long, short, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Verb,
 }
 
 #[derive(Subcommand)]
 enum Verb {
-    /// List every port mapping on the node.
-    ///
-    /// Example: ebpf-portmap list --json
     List(cli::list::ListArgs),
+    Status(cli::status::StatusArgs),
+    Trace(cli::trace::TraceArgs),
+    Gc(cli::gc::GcArgs),
+    Uninstall(cli::uninstall::UninstallArgs),
+}
+
+/// The CNI plugin. Stdin is read before anything else: the log file is part
+/// of the configuration, and even a request that fails to parse is logged.
+fn run_plugin() -> ExitCode {
+    let mut stdin = std::io::stdin().lock();
+    let mut head = Vec::new();
+    // A read error is met again, and reported, by `cni::run` reading the rest.
+    let _ = (&mut stdin)
+        .take(cni::MAX_STDIN_BYTES as u64 + 1)
+        .read_to_end(&mut head);
+    logging::init_plugin(&config::log_file_of(&head));
+    let mut input = Cursor::new(head).chain(stdin);
+    let env = |name: &str| std::env::var(name).ok();
+    let code = cni::run(
+        &env,
+        &mut input,
+        &mut std::io::stdout().lock(),
+        &mut Logged(Dataplane),
+    );
+    ExitCode::from(code as u8)
 }
 
 fn main() -> ExitCode {
     if std::env::var_os("CNI_COMMAND").is_some() {
-        let env = |name: &str| std::env::var(name).ok();
-        let code = cni::run(
-            &env,
-            &mut std::io::stdin().lock(),
-            &mut std::io::stdout().lock(),
-            &mut Dataplane,
-        );
-        return ExitCode::from(code as u8);
+        return run_plugin();
     }
     let args = Args::parse();
-    let result = match args.command {
-        Verb::List(list) => cli::list::run(&list),
+    logging::init_cli(args.verbose);
+    let result = match &args.command {
+        Verb::List(list) => cli::list::run(list),
+        Verb::Status(status) => cli::status::run(status),
+        Verb::Trace(trace) => cli::trace::run(trace),
+        Verb::Gc(gc) => cli::gc::run(gc),
+        Verb::Uninstall(uninstall) => cli::uninstall::run(uninstall),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("ebpf-portmap: {error:#}");
             ExitCode::FAILURE

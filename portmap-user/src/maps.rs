@@ -4,9 +4,10 @@
 
 use std::path::PathBuf;
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap};
 use portmap_common::{
-    CtEntry, CtKey, MappingKey, MappingValue, OwnerRecord, OwnerSlotKey, map_names,
+    CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OwnerRecord,
+    OwnerSlotKey, TraceFilter, map_names,
 };
 
 use crate::pin::PinLayout;
@@ -28,7 +29,7 @@ pub struct Maps {
     pub owner_slots: HashMap<MapData, OwnerSlotKey, MappingKey>,
 }
 
-fn open<T>(layout: &PinLayout, name: &str) -> Result<T, MapsError>
+pub fn open<T>(layout: &PinLayout, name: &str) -> Result<T, MapsError>
 where
     T: TryFrom<Map, Error = MapError>,
 {
@@ -43,6 +44,24 @@ where
 }
 
 impl Maps {
+    /// The maps, or `None` while any of them is not pinned yet: no ADD has
+    /// finished on this root, so there is nothing to delete or collect. (A
+    /// first ADD pins the maps one by one; a DEL running meanwhile must not
+    /// fail on the ones still missing.)
+    pub fn open_existing(layout: &PinLayout) -> Result<Option<Self>, MapsError> {
+        let all_pinned = [
+            map_names::MAPPINGS,
+            map_names::OWNERS,
+            map_names::OWNER_SLOTS,
+        ]
+        .iter()
+        .all(|name| layout.map(name).exists());
+        if !all_pinned {
+            return Ok(None);
+        }
+        Self::open(layout).map(Some)
+    }
+
     pub fn open(layout: &PinLayout) -> Result<Self, MapsError> {
         Ok(Self {
             mappings: open(layout, map_names::MAPPINGS)?,
@@ -60,6 +79,18 @@ pub fn conntrack(layout: &PinLayout) -> Result<HashMap<MapData, CtKey, CtEntry>,
 /// Per-CPU counters by reason.
 pub fn stats(layout: &PinLayout) -> Result<PerCpuArray<MapData, u64>, MapsError> {
     open(layout, map_names::STATS)
+}
+
+/// Per-mapping traffic counters, see [`crate::counters`].
+pub fn counters(
+    layout: &PinLayout,
+) -> Result<PerCpuHashMap<MapData, CounterKey, MappingCounters>, MapsError> {
+    open(layout, map_names::COUNTERS)
+}
+
+/// What `ebpf-portmap trace` asks the programs for, see [`crate::trace`].
+pub fn trace_filter(layout: &PinLayout) -> Result<Array<MapData, TraceFilter>, MapsError> {
+    open(layout, map_names::TRACE_FILTER)
 }
 
 /// Whether the error of a map call is the kernel's errno `code`.

@@ -123,6 +123,36 @@ pub fn interface_with_address(address: IpAddr) -> Result<Option<u32>, NetlinkErr
     Ok(None)
 }
 
+/// Every address of the node with the index of the interface holding it.
+pub fn addresses() -> Result<Vec<(u32, IpAddr)>, NetlinkError> {
+    let mut found = Vec::new();
+    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut request = AddressMessage::default();
+        request.header.family = family;
+        for answer in dump(RouteNetlinkMessage::GetAddress(request))? {
+            let RouteNetlinkMessage::NewAddress(message) = answer else {
+                continue;
+            };
+            // IPv4 reports the local address as Local (Address is the peer
+            // on point-to-point links); IPv6 only has Address.
+            let local = message.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Local(ip) => Some(*ip),
+                _ => None,
+            });
+            let address = local.or_else(|| {
+                message.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Address(ip) => Some(*ip),
+                    _ => None,
+                })
+            });
+            if let Some(address) = address {
+                found.push((message.header.index, address));
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// Name of interface `index`, if it exists.
 pub fn interface_name(index: u32) -> Option<String> {
     let mut buffer = [0u8; libc::IF_NAMESIZE];

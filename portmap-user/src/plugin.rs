@@ -4,9 +4,10 @@ use std::collections::BTreeSet;
 
 use crate::{
     attach::{self, AttachError, Capacities},
+    cgroup,
     cni::{CniError, GcRequest, Plugin, Request},
     config::{HostIp, ListenerPolicy, NetConf, Owner},
-    listeners,
+    counters, listeners, local,
     maps::{Maps, MapsError},
     netlink::{self, NetlinkError},
     pin::PinLayout,
@@ -67,6 +68,8 @@ pub enum PluginError {
     },
     #[error("cannot read the node's sockets")]
     Sockets(#[source] std::io::Error),
+    #[error(transparent)]
+    Local(#[from] local::LocalError),
 }
 
 impl PluginError {
@@ -86,7 +89,7 @@ impl PluginError {
             }
             PluginError::Privilege { .. } => code::PRIVILEGE,
             PluginError::HostPortInUse { .. } => code::HOST_PORT_IN_USE,
-            PluginError::Sockets(_) => code::IO,
+            PluginError::Sockets(_) | PluginError::Local(_) => code::IO,
         }
     }
 }
@@ -201,6 +204,30 @@ fn check_node_listeners(
     Ok(())
 }
 
+/// The node-side interfaces of the container's network, as the interface
+/// plugin reported them in prevResult (entries without a sandbox: the
+/// bridge and the host end of the veth): the hairpin path starts there.
+pub fn container_side_interfaces(conf: &NetConf) -> BTreeSet<u32> {
+    let Some(interfaces) = conf
+        .prev_result
+        .as_ref()
+        .and_then(|prev| prev.get("interfaces"))
+        .and_then(serde_json::Value::as_array)
+    else {
+        return BTreeSet::new();
+    };
+    interfaces
+        .iter()
+        .filter(|i| {
+            i.get("sandbox")
+                .and_then(serde_json::Value::as_str)
+                .is_none_or(str::is_empty)
+        })
+        .filter_map(|i| i.get("name").and_then(serde_json::Value::as_str))
+        .filter_map(netlink::interface_index)
+        .collect()
+}
+
 /// The plugin as the binary runs it.
 #[derive(Debug, Default)]
 pub struct Dataplane;
@@ -208,19 +235,37 @@ pub struct Dataplane;
 impl Dataplane {
     fn add(&self, req: &Request) -> Result<(), PluginError> {
         let translations = store::plan(&req.conf.port_mappings, &req.container);
-        if translations.is_empty() {
+        let layout = PinLayout::new(&req.conf.pin_root);
+        // A container without mappings still needs the programs on its
+        // host-side interface once the node has a dataplane: that is where
+        // its hairpin connections to other containers' host ports start.
+        if translations.is_empty() && !layout.map(portmap_common::map_names::OWNERS).exists() {
             log::info!("ADD {}: no port mappings", req.owner.container_id);
             return Ok(());
         }
         require_privilege()?;
-        let layout = PinLayout::new(&req.conf.pin_root);
-        let interfaces = target_interfaces(&req.conf)?;
+        let container_side = container_side_interfaces(&req.conf);
+        let mut interfaces = target_interfaces(&req.conf)?;
+        interfaces.extend(&container_side);
         let capacities = Capacities {
             mappings: req.conf.max_mappings,
             conntrack: req.conf.conntrack_size,
         };
-        attach::ensure(&layout, &interfaces, capacities)?;
+        let cgroup = cgroup::target(req.conf.cgroup_path.as_deref()).map_err(AttachError::from)?;
+        attach::ensure(&layout, &interfaces, &cgroup, capacities)?;
+        local::sync(
+            &layout,
+            &local::NodeState {
+                snat: req.conf.snat,
+                masq_all: req.conf.masq_all,
+                container_side,
+                attached: interfaces,
+            },
+        )?;
         let mut maps = Maps::open(&layout)?;
+        if translations.is_empty() {
+            return Ok(());
+        }
         check_node_listeners(&maps, &req.owner, &translations, req.conf.listener_policy)?;
         maps.claim(&req.owner, &translations)?;
         log::info!(
@@ -234,16 +279,21 @@ impl Dataplane {
     fn del(&self, req: &Request) -> Result<(), PluginError> {
         require_privilege()?;
         let layout = PinLayout::new(&req.conf.pin_root);
-        if !layout.map(portmap_common::map_names::OWNERS).exists() {
+        let Some(mut maps) = Maps::open_existing(&layout)? else {
             // Nothing was ever added under this root: nothing to delete.
             return Ok(());
-        }
-        let mut maps = Maps::open(&layout)?;
+        };
+        // Read before release empties the index: the counters to drop.
+        let owned = maps.owned_keys(&req.owner).unwrap_or_default();
         let removed = maps.release(&req.owner)?;
         log::info!(
             "DEL {}: {removed} mapping(s) removed",
             req.owner.container_id
         );
+        forget_counters(&layout, store::owner_id(&req.owner), &owned);
+        // Earlier containers' veths are gone by now (this one's goes after
+        // us, in the interface plugin's DEL): drop their dead link pins.
+        attach::forget_gone_interfaces(&layout);
         Ok(())
     }
 
@@ -253,7 +303,8 @@ impl Dataplane {
             return Ok(());
         }
         let layout = PinLayout::new(&req.conf.pin_root);
-        let interfaces = target_interfaces(&req.conf)?;
+        let mut interfaces = target_interfaces(&req.conf)?;
+        interfaces.extend(container_side_interfaces(&req.conf));
         if let Some(&index) = interfaces
             .iter()
             .find(|&&index| !attach::is_attached(&layout, index))
@@ -268,13 +319,39 @@ impl Dataplane {
     fn gc(&self, req: &GcRequest) -> Result<(), PluginError> {
         require_privilege()?;
         let layout = PinLayout::new(&req.conf.pin_root);
-        if !layout.map(portmap_common::map_names::OWNERS).exists() {
+        let Some(mut maps) = Maps::open_existing(&layout)? else {
             return Ok(());
-        }
-        let mut maps = Maps::open(&layout)?;
+        };
         let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
         log::info!("GC {}: removed {removed:?}", req.conf.name);
+        prune_counters(&layout, &maps);
         Ok(())
+    }
+}
+
+/// Drops the traffic counters of a deleted owner. Best effort: a leftover
+/// entry costs memory only (a new owner counts under another key), and GC
+/// prunes it later.
+fn forget_counters(layout: &PinLayout, owner_id: u64, keys: &[portmap_common::MappingKey]) {
+    let result = crate::maps::counters(layout)
+        .map_err(|e| e.to_string())
+        .and_then(|mut map| counters::forget(&mut map, owner_id, keys).map_err(|e| e.to_string()));
+    if let Err(error) = result {
+        log::warn!("traffic counters of owner {owner_id:016x} not removed: {error}");
+    }
+}
+
+/// Drops the traffic counters of mappings that no longer exist (best effort).
+fn prune_counters(layout: &PinLayout, maps: &Maps) {
+    let result = crate::maps::counters(layout)
+        .map_err(|e| e.to_string())
+        .and_then(|mut map| counters::prune(&mut map, &maps.mappings).map_err(|e| e.to_string()));
+    match result {
+        Ok(pruned) if !pruned.is_empty() => {
+            log::info!("GC: {} stale counter entr(y/ies) removed", pruned.len())
+        }
+        Ok(_) => {}
+        Err(error) => log::warn!("stale traffic counters not pruned: {error}"),
     }
 }
 

@@ -503,6 +503,30 @@ impl Maps {
             .map_err(map_error("owners", "iterate"))
     }
 
+    /// The mapping keys `owner` has claimed (from its index; some may since
+    /// have been released). Read-only.
+    pub fn owned_keys(&self, owner: &Owner) -> Result<Vec<MappingKey>, StoreError> {
+        self.slots(owner_id(owner))
+    }
+
+    /// Owner IDs that hold at least one mapping. Read-only; one walk of the
+    /// mappings map.
+    pub fn owners_with_mappings(&self) -> Result<std::collections::HashSet<u64>, StoreError> {
+        let mut held = std::collections::HashSet::new();
+        for entry in self.mappings.iter() {
+            let (_, value) = entry.map_err(map_error("mappings", "iterate"))?;
+            held.insert(value.owner_id);
+        }
+        Ok(held)
+    }
+
+    /// Removes everything owner `id` holds, like DEL of that owner (for the
+    /// operator's `gc`, which knows owners by ID). Returns how many mappings
+    /// it removed.
+    pub fn remove_owner(&mut self, id: u64) -> Result<usize, StoreError> {
+        self.release_id(id)
+    }
+
     /// GC (CNI 1.1): removes every owner of `network` that is not in `valid`.
     /// Returns the container IDs it removed.
     pub fn collect_garbage(

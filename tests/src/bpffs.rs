@@ -90,9 +90,12 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
 }
 
 /// A private directory on bpffs, removed with all its pins on drop.
+/// Also owns the test's child cgroup for the socket hooks (see
+/// [`crate::cgroup`]); both go away on drop.
 #[derive(Debug)]
 pub struct PinRoot {
     path: PathBuf,
+    cgroup: Option<crate::cgroup::TestCgroup>,
 }
 
 impl PinRoot {
@@ -106,11 +109,22 @@ impl PinRoot {
         let path = Path::new(BPFFS_MOUNT).join(crate::naming::unique_name("test"));
         std::fs::create_dir(&path)
             .unwrap_or_else(|e| panic!("creating pin root {}: {e}", path.display()));
-        PinRoot { path }
+        let cgroup = crate::cgroup::TestCgroup::create(crate::cgroup::cgroup_for_pin_root(&path));
+        PinRoot {
+            path,
+            cgroup: Some(cgroup),
+        }
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The child cgroup the plugin's socket hooks attach to in this test.
+    pub fn cgroup(&self) -> &crate::cgroup::TestCgroup {
+        self.cgroup
+            .as_ref()
+            .expect("the cgroup lives as long as the pin root")
     }
 
     /// Every file (pin) below the root, relative to it, sorted: for asserting
@@ -144,6 +158,8 @@ impl Default for PinRoot {
 
 impl Drop for PinRoot {
     fn drop(&mut self) {
+        // Unpinning the links detaches the hooks; then the cgroup can go.
+        let cgroup = self.cgroup.take();
         if let Err(e) = remove_tree(&self.path)
             && e.kind() != io::ErrorKind::NotFound
         {
@@ -152,5 +168,6 @@ impl Drop for PinRoot {
                 self.path.display()
             );
         }
+        drop(cgroup);
     }
 }

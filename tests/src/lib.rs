@@ -20,6 +20,7 @@
 //! All of it needs root.
 
 pub mod bpffs;
+pub mod cgroup;
 pub mod cni;
 pub mod naming;
 pub mod netns;

@@ -324,6 +324,22 @@ fn port_plugin(port_plugin_type: &str, pin_root: Option<&Path>) -> Value {
         && port_plugin_type != "portmap"
     {
         plugin["pinRoot"] = Value::from(pin_root.to_string_lossy().into_owned());
+        // The socket hooks go to the test's own child cgroup, never the
+        // root of the hierarchy (which would see every process).
+        let cgroup = crate::cgroup::cgroup_for_pin_root(pin_root);
+        plugin["cgroupPath"] = Value::from(cgroup.to_string_lossy().into_owned());
+    }
+    plugin
+}
+
+/// File name of ebpf-portmap's log (`logFile`) in a world's data directory:
+/// tests never write to the default `/var/log/ebpf-portmap.log`.
+pub const PLUGIN_LOG: &str = "ebpf-portmap.log";
+
+/// Our plugin logs into `data_dir` (the upstream plugin has no such key).
+fn log_in(mut plugin: Value, data_dir: &Path) -> Value {
+    if plugin["type"] != "portmap" {
+        plugin["logFile"] = Value::from(data_dir.join(PLUGIN_LOG).to_string_lossy().into_owned());
     }
     plugin
 }
@@ -350,7 +366,7 @@ pub fn bridge_conflist(
                 "hairpinMode": true,
                 "ipam": host_local_ipam(data_dir),
             },
-            port_plugin(port_plugin_type, pin_root),
+            log_in(port_plugin(port_plugin_type, pin_root), data_dir),
         ]
     }))
     .expect("a well-formed conflist")
@@ -369,7 +385,7 @@ pub fn ptp_conflist(
         "name": name,
         "plugins": [
             { "type": "ptp", "ipMasq": false, "ipam": host_local_ipam(data_dir) },
-            port_plugin(port_plugin_type, pin_root),
+            log_in(port_plugin(port_plugin_type, pin_root), data_dir),
         ]
     }))
     .expect("a well-formed conflist")
@@ -411,6 +427,7 @@ mod tests {
         let port = &list.plugins()[1];
         assert_eq!(port["capabilities"]["portMappings"], true);
         assert_eq!(port["pinRoot"], "/sys/fs/bpf/x");
+        assert_eq!(port["logFile"], "/tmp/d/ebpf-portmap.log");
     }
 
     #[test]

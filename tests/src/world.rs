@@ -57,7 +57,7 @@ impl World {
     /// Only ebpf-portmap, at CNI 1.1.0 (GC, STATUS), for requests with a
     /// hand-made prevResult.
     pub fn plugin_only() -> World {
-        World::with(|name, pins, _| {
+        World::with(|name, pins, data| {
             Conflist::from_json(json!({
                 "cniVersion": "1.1.0",
                 "name": name,
@@ -65,6 +65,8 @@ impl World {
                     "type": "ebpf-portmap",
                     "capabilities": {"portMappings": true},
                     "pinRoot": pins,
+                    "logFile": data.join(crate::topology::PLUGIN_LOG),
+                    "cgroupPath": crate::cgroup::cgroup_for_pin_root(pins),
                 }]
             }))
             .expect("a well-formed conflist")
@@ -188,7 +190,27 @@ impl World {
     /// Maps, links and the node's network state, for failure messages.
     pub fn dump(&self) -> String {
         let maps = if self.pins.path().join("v1/maps/mappings").exists() {
-            format!("{:#?}", self.maps())
+            let stats: Vec<String> = self
+                .dump_map("stats")
+                .as_array()
+                .map(|entries| {
+                    entries
+                        .iter()
+                        .map(|e| {
+                            let total: u64 = e["values"]
+                                .as_array()
+                                .map(|v| v.iter().map(|c| number(&c["value"])).sum())
+                                .unwrap_or_default();
+                            format!("{}={total}", number(&e["key"]))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            format!(
+                "stats (by reason index): {}\n{:#?}",
+                stats.join(" "),
+                self.maps()
+            )
         } else {
             "(no maps pinned)".to_owned()
         };
@@ -211,6 +233,22 @@ impl World {
             Err(e) => panic!("{what}: {e}\n{}", self.dump()),
         }
     }
+}
+
+/// A number as bpftool prints it: plain with BTF, else little-endian hex bytes.
+fn number(value: &Value) -> u64 {
+    if let Some(n) = value.as_u64() {
+        return n;
+    }
+    value.as_array().map_or(0, |bytes| {
+        bytes.iter().rev().fold(0, |acc, b| {
+            let byte = b
+                .as_str()
+                .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+                .unwrap_or(0);
+            (acc << 8) | byte
+        })
+    })
 }
 
 pub fn expect_unreachable(what: &str, answer: Result<String, ProbeError>) {

@@ -22,11 +22,13 @@ fn snapshot(world: &World) -> Vec<Value> {
 
 /// A world whose only plugin is ours, with `extra` keys in its config.
 fn world_with(extra: Value) -> World {
-    World::with(|name, pins, _| {
+    World::with(|name, pins, data| {
         let mut plugin = json!({
             "type": "ebpf-portmap",
             "capabilities": {"portMappings": true},
             "pinRoot": pins,
+            "cgroupPath": portmap_tests::cgroup::cgroup_for_pin_root(pins),
+            "logFile": data.join(portmap_tests::topology::PLUGIN_LOG),
         });
         if let (Some(plugin), Some(extra)) = (plugin.as_object_mut(), extra.as_object()) {
             plugin.extend(extra.clone());
@@ -465,7 +467,9 @@ fn a_runtimes_own_port_reservation_is_not_a_conflict() {
     // with a listener whose process is called conmon.
     let dir = portmap_tests::tmp::TempDir::new("conmon");
     let conmon = dir.path().join("conmon");
-    std::fs::copy("/usr/bin/socat", &conmon).expect("copy socat");
+    // A symlink, not a copy: the process name comes from the path executed,
+    // and a freshly written copy can be ETXTBSY while parallel tests fork.
+    std::os::unix::fs::symlink("/usr/bin/socat", &conmon).expect("link socat");
     let mut reservation = world
         .node
         .ns

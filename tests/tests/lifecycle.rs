@@ -18,6 +18,9 @@ use portmap_tests::world::{GONE, PROBE, World, expect_unreachable, fake_prev_res
 use portmap_tests::{Container, PortMapping, RuntimeAttachment, plugin_bin};
 use serde_json::{Value, json};
 
+/// Programs one build pins: tc ingress and egress, eight socket hooks.
+const PROGRAMS_PER_BUILD: usize = 10;
+
 /// A small deterministic PRNG (xorshift64*), seeded per test and printed,
 /// so a failing interleaving can be replayed.
 struct Rng(u64);
@@ -248,7 +251,10 @@ fn parallel_adds_on_a_fresh_node_all_succeed() {
     let programs = std::fs::read_dir(world.pins.path().join("v1/progs"))
         .expect("progs dir")
         .count();
-    assert_eq!(programs, 2, "exactly one set of programs was loaded");
+    assert_eq!(
+        programs, PROGRAMS_PER_BUILD,
+        "exactly one set of programs was loaded"
+    );
     for (i, c) in containers.iter().enumerate() {
         world.del(c, &[PortMapping::tcp(9000 + i as u16, 80)]);
     }
@@ -486,11 +492,15 @@ fn status_reports_whether_the_dataplane_can_serve() {
 
     let not_bpffs = std::env::temp_dir().join(format!("epm-not-bpffs-{}", std::process::id()));
     std::fs::create_dir_all(&not_bpffs).expect("temp dir");
-    let broken = World::with(|name, _, _| {
+    let broken = World::with(|name, _, data| {
         portmap_tests::Conflist::from_json(json!({
             "cniVersion": "1.1.0",
             "name": name,
-            "plugins": [{"type": "ebpf-portmap", "pinRoot": not_bpffs}]
+            "plugins": [{
+                "type": "ebpf-portmap",
+                "pinRoot": not_bpffs,
+                "logFile": data.join(portmap_tests::topology::PLUGIN_LOG),
+            }]
         }))
         .expect("conflist")
     });
@@ -690,7 +700,10 @@ fn a_bootstrap_killed_midway_is_finished_by_the_next_add() {
     let programs = std::fs::read_dir(world.pins.path().join("v1/progs"))
         .expect("progs")
         .count();
-    assert_eq!(programs, 2, "one set of programs, whatever the kills left");
+    assert_eq!(
+        programs, PROGRAMS_PER_BUILD,
+        "one set of programs, whatever the kills left"
+    );
     container.del(&world).expect("DEL");
     world.assert_clean("after recovery and DEL");
 }

@@ -1,4 +1,4 @@
-//! Build, test and demo driver: `cargo xtask <setup|test|demo>`.
+//! Build, test, demo and bench driver: `cargo xtask <setup|test|demo|bench>`.
 //!
 //! Depends on std, anyhow and clap only, so it builds on a fresh machine
 //! before LLVM and bpf-linker are installed (`setup` installs them).
@@ -6,6 +6,8 @@
 //! - `setup`: idempotently installs the Debian packages, the nightly toolchain
 //!   with rust-src, bpf-linker, and mounts bpffs; one line per step.
 //! - `test [-- <cargo test args>]`: setup, build `ebpf-portmap`, run the tests.
+//! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` and the bench in
+//!   release, run the benchmark against iptables portmap and the direct path.
 //! - `demo [-- <demo args>]`: setup, build `ebpf-portmap`, run the demo
 //!   (`cargo xtask demo -- --plugin portmap` runs it against upstream portmap).
 
@@ -16,6 +18,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+
+mod vm;
 
 /// Debian packages the build and the tests need: LLVM 22 for bpf-linker
 /// (and the libraries it links), the reference CNI plugins, and the tools the
@@ -64,15 +68,31 @@ enum Verb {
     Setup,
     /// Setup, build ebpf-portmap, then `cargo test` with EBPF_PORTMAP_BIN set.
     /// Arguments after `--` go to `cargo test` (e.g. `-- -p portmap-tests -- --nocapture`).
+    /// Then the VM tests on Debian 6.1 and 6.12 kernels (`vm-test`) unless
+    /// `--skip-vm` or EPM_SKIP_VM=1.
     Test {
+        /// Skip the VM tests on older kernels (also: EPM_SKIP_VM=1).
+        #[arg(long)]
+        skip_vm: bool,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_test_args: Vec<String>,
     },
+    /// Boot Debian kernels in QEMU (TCG) and run the integration tests inside:
+    /// `cargo xtask vm-test [--kernel 6.1] [--kernel 6.12]`.
+    VmTest(vm::VmTestArgs),
     /// Setup, build ebpf-portmap, then run the demo. Arguments after `--` go to
     /// the demo (e.g. `-- --plugin portmap` for the upstream plugin).
     Demo {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         demo_args: Vec<String>,
+    },
+    /// Setup, build ebpf-portmap and the bench in release, then benchmark it
+    /// against iptables portmap and the direct path (6-9 minutes; writes
+    /// bench/results/<date>.{json,md,*.svg}). Arguments after `--` go to the
+    /// bench (e.g. `-- --quick`, `-- --help`).
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        bench_args: Vec<String>,
     },
 }
 
@@ -96,8 +116,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match &cli.command {
         Verb::Setup => setup(),
-        Verb::Test { cargo_test_args } => run_steps("test", test_steps(cargo_test_args)),
+        Verb::Test {
+            skip_vm,
+            cargo_test_args,
+        } => run_steps("test", test_steps(cargo_test_args, *skip_vm)),
+        Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),
         Verb::Demo { demo_args } => run_steps("demo", demo_steps(demo_args)),
+        Verb::Bench { bench_args } => run_steps("bench", bench_steps(bench_args)),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -159,7 +184,7 @@ fn build_plugin_step() -> Step<'static> {
     )
 }
 
-fn test_steps(cargo_test_args: &[String]) -> Vec<Step<'_>> {
+fn test_steps(cargo_test_args: &[String], skip_vm: bool) -> Vec<Step<'_>> {
     vec![
         setup_step(),
         build_plugin_step(),
@@ -174,7 +199,36 @@ fn test_steps(cargo_test_args: &[String]) -> Vec<Step<'_>> {
         }),
         // Add further steps here, for example:
         // Step::new("clippy for the eBPF crate (nightly, bpfel-unknown-none)", ...),
-        // Step::new("VM tests on Debian 6.1 / 6.12 kernels", ...),
+        vm_step(skip_vm),
+    ]
+}
+
+/// The VM tests as a step of `test`, or a step saying why they are skipped.
+fn vm_step(skip_vm: bool) -> Step<'static> {
+    let name = format!(
+        "VM tests on Debian {} kernels (cargo xtask vm-test)",
+        vm::DEFAULT_KERNELS.join(" / ")
+    );
+    let reason = if skip_vm {
+        Some("--skip-vm")
+    } else if vm::skip_requested_by_env() {
+        Some("EPM_SKIP_VM is set")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Step::new(name, move || {
+            println!("xtask test: VM tests skipped ({reason})");
+            Ok(())
+        }),
+        None => Step::new(name, || vm::vm_test(&vm::VmTestArgs::default())),
+    }
+}
+
+fn vm_test_steps(args: &vm::VmTestArgs) -> Vec<Step<'_>> {
+    vec![
+        setup_step(),
+        Step::new("VM tests", move || vm::vm_test(args)),
     ]
 }
 
@@ -196,6 +250,37 @@ fn demo_steps(demo_args: &[String]) -> Vec<Step<'_>> {
                 .args(demo_args)
                 .env(PLUGIN_BIN_ENV, plugin_bin()))
         }),
+    ]
+}
+
+/// Everything is built in release: the plugin as it ships, and the load
+/// generators at full speed.
+fn bench_steps(bench_args: &[String]) -> Vec<Step<'_>> {
+    vec![
+        setup_step(),
+        Step::new(
+            format!("cargo build --release -p {PLUGIN_PACKAGE} (the plugin as it ships)"),
+            || run(cargo().args(["build", "--release", "-p", PLUGIN_PACKAGE])),
+        ),
+        Step::new("cargo build --release -p portmap-tests --bin bench", || {
+            run(cargo().args([
+                "build",
+                "--release",
+                "-p",
+                "portmap-tests",
+                "--bin",
+                "bench",
+            ]))
+        }),
+        Step::new(
+            "bench: ebpf-portmap vs iptables portmap vs the direct path",
+            move || {
+                run(Command::new(target_dir().join("release/bench"))
+                    .current_dir(workspace_root())
+                    .args(bench_args)
+                    .env(PLUGIN_BIN_ENV, release_plugin_bin()))
+            },
+        ),
     ]
 }
 
@@ -338,6 +423,11 @@ fn plugin_bin() -> PathBuf {
     target_dir().join("debug").join(PLUGIN_BIN)
 }
 
+/// The binary `cargo build --release -p portmap-user` produces.
+fn release_plugin_bin() -> PathBuf {
+    target_dir().join("release").join(PLUGIN_BIN)
+}
+
 fn cargo_home() -> PathBuf {
     match std::env::var_os("CARGO_HOME") {
         Some(home) if !home.is_empty() => PathBuf::from(home),
@@ -413,8 +503,10 @@ mod tests {
     #[test]
     fn arguments_after_the_separator_reach_cargo_test() {
         // `cargo xtask test -- -p portmap-tests -- --nocapture` arrives as:
-        let Verb::Test { cargo_test_args } =
-            parse(&["test", "--", "-p", "portmap-tests", "--", "--nocapture"])
+        let Verb::Test {
+            cargo_test_args,
+            skip_vm: false,
+        } = parse(&["test", "--", "-p", "portmap-tests", "--", "--nocapture"])
         else {
             panic!("not the test verb")
         };
@@ -422,10 +514,61 @@ mod tests {
             cargo_test_args,
             ["-p", "portmap-tests", "--", "--nocapture"]
         );
-        let Verb::Test { cargo_test_args } = parse(&["test"]) else {
+        let Verb::Test {
+            cargo_test_args, ..
+        } = parse(&["test"])
+        else {
             panic!("not the test verb")
         };
         assert!(cargo_test_args.is_empty());
+    }
+
+    #[test]
+    fn skip_vm_is_a_flag_before_the_cargo_arguments() {
+        let Verb::Test {
+            skip_vm,
+            cargo_test_args,
+        } = parse(&["test", "--skip-vm", "--", "-p", "portmap-tests"])
+        else {
+            panic!("not the test verb")
+        };
+        assert!(skip_vm);
+        assert_eq!(cargo_test_args, ["-p", "portmap-tests"]);
+        // After the separator it belongs to cargo test.
+        let Verb::Test {
+            skip_vm,
+            cargo_test_args,
+        } = parse(&["test", "--", "--skip-vm"])
+        else {
+            panic!("not the test verb")
+        };
+        assert!(!skip_vm);
+        assert_eq!(cargo_test_args, ["--skip-vm"]);
+    }
+
+    #[test]
+    fn vm_test_takes_repeated_kernels() {
+        let Verb::VmTest(args) = parse(&["vm-test", "--kernel", "6.1", "--kernel", "6.12"]) else {
+            panic!("not the vm-test verb")
+        };
+        assert_eq!(args.kernels, ["6.1", "6.12"]);
+        let Verb::VmTest(args) = parse(&["vm-test"]) else {
+            panic!("not the vm-test verb")
+        };
+        assert!(args.kernels.is_empty(), "empty means the defaults");
+        assert_eq!(args.timeout, vm::VmTestArgs::default().timeout);
+    }
+
+    #[test]
+    fn bench_arguments_pass_through() {
+        let Verb::Bench { bench_args } = parse(&["bench", "--", "--quick", "--reps", "5"]) else {
+            panic!("not the bench verb")
+        };
+        assert_eq!(bench_args, ["--quick", "--reps", "5"]);
+        let Verb::Bench { bench_args } = parse(&["bench"]) else {
+            panic!("not the bench verb")
+        };
+        assert!(bench_args.is_empty());
     }
 
     #[test]

@@ -1,0 +1,126 @@
+//! Schema of the state for traffic that does not come from outside the
+//! node: connections the node itself (or a container, to the node's
+//! address) opens to a host port, seen by the cgroup socket hooks, and the
+//! packet-level hairpin on container-facing interfaces.
+
+/// Map names (also pin names).
+pub mod map_names {
+    /// Array of one [`super::NodeConfig`].
+    pub const NODE: &str = "node";
+    /// The node's own addresses ([`super::LocalAddrKey`] -> 1).
+    pub const LOCAL_ADDRS: &str = "local_addrs";
+    /// Per-interface settings ([`super::IfaceConfig`] by ifindex).
+    pub const IFACES: &str = "ifaces";
+    /// Per-socket memory of a translated destination ([`super::SockOrigin`]).
+    pub const SOCK_ORIGIN: &str = "sock_origin";
+    pub const ALL: [&str; 4] = [NODE, LOCAL_ADDRS, IFACES, SOCK_ORIGIN];
+}
+
+/// Names of the cgroup socket programs.
+pub mod program_names {
+    pub const CONNECT4: &str = "portmap_connect4";
+    pub const CONNECT6: &str = "portmap_connect6";
+    pub const SENDMSG4: &str = "portmap_sendmsg4";
+    pub const SENDMSG6: &str = "portmap_sendmsg6";
+    pub const RECVMSG4: &str = "portmap_recvmsg4";
+    pub const RECVMSG6: &str = "portmap_recvmsg6";
+    pub const GETPEERNAME4: &str = "portmap_getpeername4";
+    pub const GETPEERNAME6: &str = "portmap_getpeername6";
+    pub const ALL: [&str; 8] = [
+        CONNECT4,
+        CONNECT6,
+        SENDMSG4,
+        SENDMSG6,
+        RECVMSG4,
+        RECVMSG6,
+        GETPEERNAME4,
+        GETPEERNAME6,
+    ];
+}
+
+/// Node-wide settings, written by every ADD.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// Network namespace cookie of the node: loopback destinations
+    /// (127.0.0.0/8, ::1) are translated only for sockets of this namespace,
+    /// never on a container's own loopback.
+    pub netns_cookie: u64,
+    /// `node_flags`.
+    pub flags: u32,
+    pub _pad0: u32,
+}
+
+pub mod node_flags {
+    /// Masquerade hairpin flows (`snat`, default on).
+    pub const SNAT: u32 = 1;
+    /// Masquerade every translated flow (`masqAll`).
+    pub const MASQ_ALL: u32 = 2;
+}
+
+/// One of the node's addresses. A wildcard mapping captures connections to
+/// these only: a node process dialling a remote host on a mapped port keeps
+/// its connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LocalAddrKey {
+    pub addr_be: [u32; 4],
+    pub family: u8,
+    pub _pad0: [u8; 3],
+}
+
+/// Settings of one interface the tc programs are attached to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IfaceConfig {
+    /// The node's IPv4 address on this interface (network order), the
+    /// masquerade source of hairpin flows that leave through it; 0 if none.
+    pub addr4_be: u32,
+    /// `iface_flags`.
+    pub flags: u32,
+    /// Likewise for IPv6; all zero if none.
+    pub addr6_be: [u32; 4],
+}
+
+pub mod iface_flags {
+    /// Containers are behind this interface (bridge, host side of a veth).
+    pub const CONTAINER_SIDE: u32 = 1;
+}
+
+/// What a socket hook translated for a socket: getpeername and recvmsg show
+/// the application the address it dialled, not the container's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockOrigin {
+    pub dialled_addr_be: [u32; 4],
+    pub backend_addr_be: [u32; 4],
+    pub dialled_port_be: u16,
+    pub backend_port_be: u16,
+    pub family: u8,
+    pub _pad0: [u8; 3],
+}
+
+/// Source ports for masqueraded flows: above Linux's default ephemeral range
+/// (32768-60999), so they do not collide with the node's own connections.
+pub const MASQ_PORT_MIN: u16 = 61000;
+pub const MASQ_PORT_COUNT: u16 = 4536;
+/// Random tries to find a free masquerade port before giving up.
+pub const MASQ_PORT_TRIES: u32 = 8;
+
+const _: () = {
+    assert!(core::mem::size_of::<NodeConfig>() == 16);
+    assert!(core::mem::size_of::<LocalAddrKey>() == 20);
+    assert!(core::mem::size_of::<IfaceConfig>() == 24);
+    assert!(core::mem::size_of::<SockOrigin>() == 40);
+    assert!(MASQ_PORT_MIN as u32 + MASQ_PORT_COUNT as u32 - 1 == 65535);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: repr(C) integers and arrays with explicit padding fields.
+    unsafe impl aya::Pod for NodeConfig {}
+    unsafe impl aya::Pod for LocalAddrKey {}
+    unsafe impl aya::Pod for IfaceConfig {}
+    unsafe impl aya::Pod for SockOrigin {}
+}

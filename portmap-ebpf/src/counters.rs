@@ -1,0 +1,95 @@
+//! Per-mapping traffic counters: what `ebpf-portmap list` shows as packets
+//! and bytes. Per-CPU, so counting is a plain add on this CPU's copy.
+
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    btf_maps::{PerCpuArray, PerCpuHashMap},
+    macros::btf_map,
+    programs::TcContext,
+};
+use portmap_common::{CounterKey, MappingCounters, MappingKey, capacity};
+
+const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
+
+/// Keyed by (mapping, owner). Entries are created here on a mapping's first
+/// packet (memory is used only for mappings that see traffic) and removed by
+/// userspace when the owner is deleted or by `ebpf-portmap gc`.
+#[btf_map(name = "counters")]
+static COUNTERS: PerCpuHashMap<
+    CounterKey,
+    MappingCounters,
+    { capacity::COUNTERS as usize },
+    NO_PREALLOC,
+> = PerCpuHashMap::new();
+
+/// Which way a counted packet went.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    /// Towards the container (DNAT).
+    In,
+    /// A reply, back to the client.
+    Out,
+}
+
+#[inline(always)]
+fn add(counters: &mut MappingCounters, way: Way, bytes: u64) {
+    match way {
+        Way::In => {
+            counters.packets_in += 1;
+            counters.bytes_in += bytes;
+        }
+        Way::Out => {
+            counters.packets_out += 1;
+            counters.bytes_out += bytes;
+        }
+    }
+}
+
+/// Room for the key and first value of [`record`]: on its stack they would
+/// not fit under the callers' frames (BPF's 512 bytes are shared along the
+/// call chain, and the egress path uses most of them).
+#[repr(C)]
+struct Scratch {
+    key: CounterKey,
+    first: MappingCounters,
+}
+
+#[btf_map(name = "counter_scratch")]
+static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+/// Counts one translated packet of `mapping` (held by `owner_id`). Not
+/// inlined, and with its data in per-CPU scratch space, so it adds almost
+/// nothing to the callers' stack.
+#[inline(never)]
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "the key must be passed as a pointer into the scratch map, not copied to the stack"
+)]
+pub fn record(ctx: &TcContext, mapping: &MappingKey, owner_id: u64, way: Way) {
+    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU scratch, no other user while this program runs.
+    let scratch = unsafe { &mut *scratch };
+    scratch.key.mapping = *mapping;
+    scratch.key._pad0 = 0;
+    scratch.key.owner_id = owner_id;
+    let bytes = ctx.len() as u64;
+    if let Some(counters) = COUNTERS.get_ptr_mut(&scratch.key) {
+        // SAFETY: this CPU's copy; no other writer while this program runs.
+        add(unsafe { &mut *counters }, way, bytes);
+        return;
+    }
+    // First packet: the kernel zeroes the other CPUs' copies of a new entry.
+    scratch.first = MappingCounters::default();
+    add(&mut scratch.first, way, bytes);
+    if COUNTERS
+        .insert(&scratch.key, &scratch.first, BPF_NOEXIST as u64)
+        .is_err()
+        && let Some(counters) = COUNTERS.get_ptr_mut(&scratch.key)
+    {
+        // Another CPU created it in the meantime.
+        // SAFETY: as above.
+        add(unsafe { &mut *counters }, way, bytes);
+    }
+}

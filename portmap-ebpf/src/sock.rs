@@ -1,0 +1,256 @@
+//! cgroup socket hooks: hostPort translation at the socket for connections
+//! that start on the node (or in any process of the hooked cgroup) and so
+//! never cross a tc hook on the way in. No packet is rewritten: connect()
+//! and sendmsg() are pointed at the container, getpeername() and recvmsg()
+//! show the application the address it dialled.
+//!
+//! The hooks fail open: whatever they cannot decide, they leave alone, and
+//! every skip is counted.
+
+use aya_ebpf::{
+    helpers::bpf_get_netns_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
+};
+use portmap_common::{
+    FAMILY_V4, FAMILY_V6, MappingKey, MappingValue, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+    local::SockOrigin, stat,
+};
+
+use crate::maps;
+
+/// Allow the operation (the only verdict these hooks give).
+const ALLOW: i32 = 1;
+const SOCK_STREAM: u32 = 1;
+const SOCK_DGRAM: u32 = 2;
+
+#[cgroup_sock_addr(connect4)]
+pub fn portmap_connect4(ctx: SockAddrContext) -> i32 {
+    translate(&ctx, FAMILY_V4);
+    ALLOW
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn portmap_connect6(ctx: SockAddrContext) -> i32 {
+    translate(&ctx, FAMILY_V6);
+    ALLOW
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn portmap_sendmsg4(ctx: SockAddrContext) -> i32 {
+    translate(&ctx, FAMILY_V4);
+    ALLOW
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn portmap_sendmsg6(ctx: SockAddrContext) -> i32 {
+    translate(&ctx, FAMILY_V6);
+    ALLOW
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn portmap_recvmsg4(ctx: SockAddrContext) -> i32 {
+    restore(&ctx, FAMILY_V4);
+    ALLOW
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn portmap_recvmsg6(ctx: SockAddrContext) -> i32 {
+    restore(&ctx, FAMILY_V6);
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn portmap_getpeername4(ctx: SockAddrContext) -> i32 {
+    restore(&ctx, FAMILY_V4);
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn portmap_getpeername6(ctx: SockAddrContext) -> i32 {
+    restore(&ctx, FAMILY_V6);
+    ALLOW
+}
+
+/// An address as the hook sees it: IPv4 (also an IPv4-mapped IPv6 address
+/// on a dual-stack socket) or IPv6, in our four-word form.
+#[derive(Clone, Copy)]
+struct Endpoint {
+    family: u8,
+    addr_be: [u32; 4],
+    port_be: u16,
+    /// The socket is IPv6 but the address is IPv4-mapped (::ffff:a.b.c.d).
+    mapped: bool,
+}
+
+const V4_MAPPED_PREFIX_BE: u32 = u32::from_be_bytes([0, 0, 0xff, 0xff]);
+
+#[inline(always)]
+fn read_endpoint(ctx: &SockAddrContext, socket_family: u8) -> Endpoint {
+    let sa = ctx.sock_addr;
+    // SAFETY: the kernel hands a valid context; 4-byte volatile reads are
+    // what the verifier accepts for these fields.
+    unsafe {
+        let port_be = core::ptr::read_volatile(&(*sa).user_port) as u16;
+        if socket_family == FAMILY_V4 {
+            let ip = core::ptr::read_volatile(&(*sa).user_ip4);
+            return Endpoint {
+                family: FAMILY_V4,
+                addr_be: [ip, 0, 0, 0],
+                port_be,
+                mapped: false,
+            };
+        }
+        let w0 = core::ptr::read_volatile(&(*sa).user_ip6[0]);
+        let w1 = core::ptr::read_volatile(&(*sa).user_ip6[1]);
+        let w2 = core::ptr::read_volatile(&(*sa).user_ip6[2]);
+        let w3 = core::ptr::read_volatile(&(*sa).user_ip6[3]);
+        if w0 == 0 && w1 == 0 && w2 == V4_MAPPED_PREFIX_BE {
+            Endpoint {
+                family: FAMILY_V4,
+                addr_be: [w3, 0, 0, 0],
+                port_be,
+                mapped: true,
+            }
+        } else {
+            Endpoint {
+                family: FAMILY_V6,
+                addr_be: [w0, w1, w2, w3],
+                port_be,
+                mapped: false,
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn write_endpoint(ctx: &SockAddrContext, socket_family: u8, endpoint: &Endpoint) {
+    let sa = ctx.sock_addr;
+    // SAFETY: as in read_endpoint; these fields are writable in these hooks.
+    unsafe {
+        core::ptr::write_volatile(&mut (*sa).user_port, endpoint.port_be as u32);
+        if socket_family == FAMILY_V4 {
+            core::ptr::write_volatile(&mut (*sa).user_ip4, endpoint.addr_be[0]);
+        } else if endpoint.mapped {
+            core::ptr::write_volatile(&mut (*sa).user_ip6[0], 0);
+            core::ptr::write_volatile(&mut (*sa).user_ip6[1], 0);
+            core::ptr::write_volatile(&mut (*sa).user_ip6[2], V4_MAPPED_PREFIX_BE);
+            core::ptr::write_volatile(&mut (*sa).user_ip6[3], endpoint.addr_be[0]);
+        } else {
+            core::ptr::write_volatile(&mut (*sa).user_ip6[0], endpoint.addr_be[0]);
+            core::ptr::write_volatile(&mut (*sa).user_ip6[1], endpoint.addr_be[1]);
+            core::ptr::write_volatile(&mut (*sa).user_ip6[2], endpoint.addr_be[2]);
+            core::ptr::write_volatile(&mut (*sa).user_ip6[3], endpoint.addr_be[3]);
+        }
+    }
+}
+
+#[inline(always)]
+fn protocol(ctx: &SockAddrContext) -> Option<u8> {
+    // SAFETY: reading fields of the context the program was handed.
+    let (protocol, kind) = unsafe { ((*ctx.sock_addr).protocol, (*ctx.sock_addr).type_) };
+    match protocol as u8 {
+        PROTO_TCP | PROTO_UDP | PROTO_SCTP => Some(protocol as u8),
+        0 if kind == SOCK_STREAM => Some(PROTO_TCP),
+        0 if kind == SOCK_DGRAM => Some(PROTO_UDP),
+        _ => None,
+    }
+}
+
+#[inline(always)]
+fn is_loopback(endpoint: &Endpoint) -> bool {
+    if endpoint.family == FAMILY_V4 {
+        endpoint.addr_be[0].to_ne_bytes()[0] == 127
+    } else {
+        endpoint.addr_be == [0, 0, 0, 1u32.to_be()]
+    }
+}
+
+/// The mapping a socket dialling `endpoint` means, if any.
+#[inline(always)]
+fn mapping_for(ctx: &SockAddrContext, endpoint: &Endpoint, proto: u8) -> Option<MappingValue> {
+    let mut key = MappingKey {
+        host_addr_be: endpoint.addr_be,
+        host_port_be: endpoint.port_be,
+        proto,
+        family: endpoint.family,
+    };
+    if is_loopback(endpoint) {
+        // Only the node's own loopback; a container's 127.0.0.1 is its own.
+        let node = maps::node_config()?;
+        // SAFETY: the helper only reads the context.
+        let cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
+        if node.netns_cookie == 0 || cookie != node.netns_cookie {
+            maps::count(stat::SOCK_OTHER_NETNS);
+            return None;
+        }
+        if let Some(value) = maps::mapping(&key) {
+            return Some(value);
+        }
+        key.host_addr_be = [0; 4];
+        return maps::mapping(&key);
+    }
+    if let Some(value) = maps::mapping(&key) {
+        return Some(value);
+    }
+    key.host_addr_be = [0; 4];
+    let value = maps::mapping(&key)?;
+    // A wildcard mapping covers the node's own addresses only.
+    if maps::is_local_addr(endpoint.family, &endpoint.addr_be) {
+        Some(value)
+    } else {
+        maps::count(stat::SOCK_NOT_LOCAL);
+        None
+    }
+}
+
+#[inline(always)]
+fn translate(ctx: &SockAddrContext, socket_family: u8) {
+    let Some(proto) = protocol(ctx) else {
+        return;
+    };
+    let dialled = read_endpoint(ctx, socket_family);
+    let Some(mapping) = mapping_for(ctx, &dialled, proto) else {
+        return;
+    };
+    let backend = Endpoint {
+        family: dialled.family,
+        addr_be: mapping.container_addr_be,
+        port_be: mapping.container_port_be,
+        mapped: dialled.mapped,
+    };
+    let origin = SockOrigin {
+        dialled_addr_be: dialled.addr_be,
+        backend_addr_be: backend.addr_be,
+        dialled_port_be: dialled.port_be,
+        backend_port_be: backend.port_be,
+        family: dialled.family,
+        _pad0: [0; 3],
+    };
+    // Remember first, so getpeername/recvmsg can always undo what we do.
+    if !maps::remember_origin(ctx, &origin) {
+        maps::count(stat::SOCK_NO_STORAGE);
+        return;
+    }
+    write_endpoint(ctx, socket_family, &backend);
+    maps::count(stat::SOCK_TRANSLATED);
+}
+
+#[inline(always)]
+fn restore(ctx: &SockAddrContext, socket_family: u8) {
+    let Some(origin) = maps::origin(ctx) else {
+        return;
+    };
+    let seen = read_endpoint(ctx, socket_family);
+    if seen.family != origin.family
+        || seen.addr_be != origin.backend_addr_be
+        || seen.port_be != origin.backend_port_be
+    {
+        return;
+    }
+    let dialled = Endpoint {
+        family: origin.family,
+        addr_be: origin.dialled_addr_be,
+        port_be: origin.dialled_port_be,
+        mapped: seen.mapped,
+    };
+    write_endpoint(ctx, socket_family, &dialled);
+}

@@ -1,0 +1,214 @@
+//! `ebpf-portmap trace`: one event per packet while someone traces.
+//!
+//! The programs read one array entry (`trace_filter`) per packet; while
+//! nobody traces, that is all they do. While a tracer runs, this CPU's
+//! `stats` counters are copied before the packet is handled and compared
+//! after: every reason the dataplane counted is a decision about this packet.
+//! So the decision logic carries no tracing code, and a reason added later is
+//! traced as soon as it is counted.
+//!
+//! Stack: the egress program already uses most of BPF's 512 bytes, so the
+//! functions here keep their data in maps (per-CPU scratch, the reserved
+//! ring-buffer record) and their own frames a few bytes deep.
+
+use aya_ebpf::{
+    bindings::{__sk_buff, BPF_RB_NO_WAKEUP},
+    btf_maps::{Array, PerCpuArray, RingBuf},
+    helpers::bpf_skb_load_bytes,
+    macros::btf_map,
+    programs::TcContext,
+};
+use portmap_common::{FAMILY_V4, TraceEvent, TraceFilter, capacity, stat, trace_direction};
+
+use crate::{ct, maps, parse};
+
+/// Written by the tracer, read by every packet.
+#[btf_map(name = "trace_filter")]
+static TRACE_FILTER: Array<TraceFilter, 1> = Array::new();
+
+/// Events for the tracer.
+#[btf_map(name = "trace_events")]
+static TRACE_EVENTS: RingBuf<TraceEvent, { capacity::TRACE_EVENTS_BYTES as usize }> =
+    RingBuf::new();
+
+/// Per-CPU state of one traced packet.
+#[repr(C)]
+struct Scratch {
+    /// This CPU's `stats` as they were before the packet was handled.
+    before: [u64; stat::COUNT as usize],
+    /// The reasons counted since, one bit each. Kept here rather than passed
+    /// on: read back from a map, the value is unknown to the verifier, which
+    /// would otherwise follow each of the 2^COUNT combinations separately.
+    decisions: u32,
+    /// Source and destination port of the packet as it leaves.
+    after_ports_be: [u16; 2],
+    /// The packet as it arrived.
+    packet: parse::Packet,
+}
+
+#[btf_map(name = "trace_scratch")]
+static TRACE_SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+
+/// If someone traces, remembers the counters and the packet as it arrived.
+/// Call before the packet is handled, and [`end_if_tracing`] after it.
+#[inline(always)]
+pub fn begin(packet: &parse::Packet) {
+    if TRACE_FILTER
+        .get(0)
+        .is_some_and(|filter| filter.enabled != 0)
+    {
+        snapshot(packet);
+    }
+}
+
+#[inline(never)]
+fn snapshot(packet: &parse::Packet) {
+    let Some(scratch) = TRACE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU scratch, no other user while this program runs.
+    unsafe { (*scratch).packet = *packet };
+    let mut reason = 0;
+    while reason < stat::COUNT {
+        // SAFETY: per-CPU scratch, no other user while this program runs.
+        unsafe { (*scratch).before[reason as usize] = maps::stat(reason) };
+        reason += 1;
+    }
+}
+
+/// Emits the event of a packet handled since [`begin`], if someone traces
+/// (checked again here; a tracer that starts between the two calls gets one
+/// event with imprecise decisions) and the filter wants it.
+#[inline(always)]
+pub fn end_if_tracing(ctx: &TcContext, direction: u8) {
+    if !TRACE_FILTER
+        .get(0)
+        .is_some_and(|filter| filter.enabled != 0)
+    {
+        return;
+    }
+    decisions();
+    emit(ctx, direction);
+}
+
+/// Records the reasons counted since [`snapshot`] in the scratch space.
+#[inline(never)]
+fn decisions() {
+    let Some(scratch) = TRACE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let mut decisions: u32 = 0;
+    let mut reason = 0;
+    while reason < stat::COUNT {
+        // SAFETY: per-CPU scratch, no other user while this program runs.
+        if maps::stat(reason) != unsafe { (*scratch).before[reason as usize] } {
+            decisions |= 1 << reason;
+        }
+        reason += 1;
+    }
+    // SAFETY: as above.
+    unsafe { (*scratch).decisions = decisions };
+}
+
+#[inline(never)]
+fn emit(ctx: &TcContext, direction: u8) {
+    let (Some(filter), Some(scratch)) = (TRACE_FILTER.get_ptr(0), TRACE_SCRATCH.get_ptr_mut(0))
+    else {
+        return;
+    };
+    // SAFETY: per-CPU scratch written by `snapshot` for this packet. Read
+    // from there, not the caller's stack: with nothing of the handling path
+    // live at the call, the verifier walks this once, not once per path.
+    let packet = unsafe { &(*scratch).packet };
+    // SAFETY: per-CPU scratch, no other user while this program runs.
+    let decisions = unsafe { (*scratch).decisions };
+    // SAFETY: pointer from a successful lookup of an array entry.
+    let (port, proto) = unsafe { ((*filter).port_be, (*filter).proto) };
+    // Without a port filter, only what the dataplane acted on; with one,
+    // also inbound packets nothing was counted for (no mapping).
+    if decisions == 0 && (port == 0 || direction != trace_direction::INGRESS) {
+        return;
+    }
+    if proto != 0 && proto != packet.proto {
+        return;
+    }
+    // The ports as the packet leaves, to match the filter before anything
+    // is reserved (the rewrite invalidated what was read before).
+    // SAFETY: per-CPU scratch; the destination is 4 bytes long.
+    let (after_sport, after_dport) = unsafe {
+        (*scratch).after_ports_be = [packet.sport_be, packet.dport_be];
+        if !packet.fragment {
+            bpf_skb_load_bytes(
+                ctx.skb.skb as *const _,
+                packet.l4_off as u32,
+                (&raw mut (*scratch).after_ports_be).cast(),
+                4,
+            );
+        }
+        ((*scratch).after_ports_be[0], (*scratch).after_ports_be[1])
+    };
+    if port != 0
+        && packet.sport_be != port
+        && packet.dport_be != port
+        && after_sport != port
+        && after_dport != port
+    {
+        return;
+    }
+    let Some(mut entry) = TRACE_EVENTS.reserve(0) else {
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points at a reserved record of the right size; every
+    // field is written before it is submitted.
+    unsafe {
+        (*event).ts_ns = ct::now();
+        (*event).src_addr_be = packet.src_be;
+        (*event).dst_addr_be = packet.dst_be;
+        (*event).sport_be = packet.sport_be;
+        (*event).dport_be = packet.dport_be;
+        (*event).decisions = decisions;
+        (*event).ifindex = (*ctx.skb.skb).ifindex;
+        (*event).len = ctx.len();
+        (*event).direction = direction;
+        (*event).family = packet.family;
+        (*event).proto = packet.proto;
+        (*event).flags = packet.flags;
+        // The packet as it leaves, read straight into the record.
+        (*event).new_src_addr_be = packet.src_be;
+        (*event).new_dst_addr_be = packet.dst_be;
+        (*event).new_sport_be = after_sport;
+        (*event).new_dport_be = after_dport;
+        read_addresses(ctx.skb.skb, packet, event);
+    }
+    entry.submit(BPF_RB_NO_WAKEUP as u64);
+}
+
+/// Overwrites the `new_*_addr_be` fields of `event` with the packet's
+/// current addresses (unchanged where a read fails).
+///
+/// # Safety
+/// `event` must point at a writable `TraceEvent`.
+#[inline(always)]
+unsafe fn read_addresses(skb: *mut __sk_buff, packet: &parse::Packet, event: *mut TraceEvent) {
+    let (src_off, dst_off, len) = if packet.family == FAMILY_V4 {
+        (parse::ETH_HLEN + 12, parse::ETH_HLEN + 16, 4)
+    } else {
+        (parse::ETH_HLEN + 8, parse::ETH_HLEN + 24, 16)
+    };
+    // SAFETY: each destination is a field of `event` at least `len` bytes long.
+    unsafe {
+        bpf_skb_load_bytes(
+            skb as *const _,
+            src_off as u32,
+            (&raw mut (*event).new_src_addr_be).cast(),
+            len,
+        );
+        bpf_skb_load_bytes(
+            skb as *const _,
+            dst_off as u32,
+            (&raw mut (*event).new_dst_addr_be).cast(),
+            len,
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! `ebpf-portmap gc`: removes what containers that are gone left behind.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::{Context, bail};
+use portmap_user::{
+    config::{Attachment, DEFAULT_PIN_ROOT},
+    counters, maps,
+    maps::Maps,
+    pin::PinLayout,
+    store::record_strings,
+    uninstall,
+};
+
+/// Remove the mappings of containers that no longer exist.
+///
+/// The runtime normally does this through CNI GC; this is the same for an
+/// operator, and conservative: it removes nothing unless told what to keep.
+///
+/// With --network, every owner of that network that is not listed with
+/// --keep CONTAINERID/IFNAME is removed with all its mappings, exactly as a
+/// CNI GC with that keep-list would (pass --keep-none to remove them all).
+///
+/// With --empty-owners, owners of any network that hold no mapping any more
+/// (left by an interrupted ADD or DEL) are removed, if they are older than
+/// --min-age (an ADD in progress holds none for a moment).
+///
+/// With --stale-links, the pinned attachments of interfaces that no longer
+/// exist (the host ends of removed containers' veths) are unpinned.
+///
+/// Whatever is asked, traffic counters of mappings that no longer exist are
+/// pruned.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  ebpf-portmap gc --network podman --keep 3f2a9c.../eth0 --keep 77b1e0.../eth0 --dry-run
+  ebpf-portmap gc --network podman --keep-none
+  ebpf-portmap gc --empty-owners --stale-links")]
+pub struct GcArgs {
+    /// Pin root the plugin was configured with (`pinRoot`).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_ROOT)]
+    pin_root: PathBuf,
+    /// Remove owners of this network (the conflist's `name`) not kept.
+    #[arg(long, value_name = "NAME", requires = "keep_list")]
+    network: Option<String>,
+    /// An attachment to keep, as CONTAINERID/IFNAME (repeat it).
+    #[arg(
+        long,
+        value_name = "ID/IFNAME",
+        value_parser = parse_attachment,
+        group = "keep_list",
+        requires = "network"
+    )]
+    keep: Vec<Attachment>,
+    /// With --network: keep nothing, remove every owner of the network.
+    #[arg(long, group = "keep_list", requires = "network")]
+    keep_none: bool,
+    /// Remove owners (of any network) that hold no mapping.
+    #[arg(long)]
+    empty_owners: bool,
+    /// With --empty-owners: only owners added at least this many seconds ago.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    min_age: u64,
+    /// Unpin the attachments of interfaces that no longer exist.
+    #[arg(long)]
+    stale_links: bool,
+    /// Say what would be removed, remove nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn parse_attachment(text: &str) -> Result<Attachment, String> {
+    let (container_id, ifname) = text
+        .rsplit_once('/')
+        .filter(|(id, ifname)| !id.is_empty() && !ifname.is_empty())
+        .ok_or_else(|| format!("{text:?} is not CONTAINERID/IFNAME"))?;
+    Ok(Attachment {
+        container_id: container_id.to_owned(),
+        ifname: ifname.to_owned(),
+    })
+}
+
+pub fn run(args: &GcArgs) -> anyhow::Result<ExitCode> {
+    if args.network.is_none() && !args.empty_owners && !args.stale_links {
+        bail!(
+            "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, or --stale-links"
+        );
+    }
+    let layout = PinLayout::new(&args.pin_root);
+    let mut maps = Maps::open(&layout).with_context(|| {
+        format!(
+            "no ebpf-portmap state under {} (nothing to collect)",
+            args.pin_root.display()
+        )
+    })?;
+    let verb = if args.dry_run {
+        "would remove"
+    } else {
+        "removed"
+    };
+    let mut doomed: Vec<(u64, String)> = Vec::new();
+    let held = maps
+        .owners_with_mappings()
+        .context("reading the mappings")?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    for (id, record) in maps.owners().context("reading the owners")? {
+        let (network, container_id, ifname) = record_strings(&record);
+        let by_network = args.network.as_deref() == Some(network.as_str())
+            && !args
+                .keep
+                .iter()
+                .any(|k| k.container_id == container_id && k.ifname == ifname);
+        let empty = args.empty_owners
+            && !held.contains(&id)
+            && now.saturating_sub(record.created_unix) >= args.min_age;
+        if by_network || empty {
+            doomed.push((id, format!("{container_id}/{ifname} (network {network})")));
+        }
+    }
+    for (id, owner) in &doomed {
+        if args.dry_run {
+            println!("{verb} owner {owner}");
+            continue;
+        }
+        let removed = maps
+            .remove_owner(*id)
+            .with_context(|| format!("removing owner {owner}"))?;
+        println!("{verb} owner {owner}: {removed} mapping(s)");
+    }
+    if !args.dry_run {
+        match maps::counters(&layout) {
+            Ok(mut map) => {
+                let pruned = counters::prune(&mut map, &maps.mappings)
+                    .context("pruning the traffic counters")?;
+                println!("{verb} {} stale counter entr(y/ies)", pruned.len());
+            }
+            Err(error) => log::warn!("traffic counters not pruned: {error}"),
+        }
+    }
+    if args.stale_links {
+        let stale = uninstall::remove_stale_links(&layout, args.dry_run)
+            .context("removing stale attachment pins")?;
+        for pin in &stale {
+            println!("{verb} stale attachment pin {}", pin.display());
+        }
+    }
+    if doomed.is_empty() && (args.network.is_some() || args.empty_owners) {
+        println!("no owner to remove");
+    }
+    Ok(ExitCode::SUCCESS)
+}

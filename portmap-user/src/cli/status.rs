@@ -1,0 +1,271 @@
+//! `ebpf-portmap status`: is the dataplane on this node whole and healthy?
+
+use std::{path::PathBuf, process::ExitCode};
+
+use portmap_common::LAYOUT_VERSION;
+use portmap_user::{
+    config::DEFAULT_PIN_ROOT,
+    inspect::{self, Status},
+    logging::utc_timestamp,
+    pin::PinLayout,
+};
+use serde_json::{Value, json};
+
+use crate::cli::output::{Colour, Style, Table, print};
+
+/// Show the state of the dataplane on this node; exit 1 if anything is
+/// missing or degraded.
+///
+/// Reports the version of this binary and the kernel, how the programs are
+/// attached (tcx or clsact) and their program IDs per interface and
+/// direction, other attachments (cgroup hooks), every pinned map's fill
+/// level against its capacity, and the dataplane's counters by reason since
+/// the maps were created (translations, and why packets were skipped or
+/// dropped). Then the problems: a missing map or program, an interface with
+/// a direction not attached, a pinned attachment the kernel no longer runs,
+/// a map 90% full, tracing left on by a dead `trace`.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  ebpf-portmap status
+  ebpf-portmap status --json | jq '.interfaces'
+  ebpf-portmap status >/dev/null || echo degraded
+
+Exit status: 0 healthy, 1 missing or degraded (the problems are listed).")]
+pub struct StatusArgs {
+    /// Pin root the plugin was configured with (`pinRoot`).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_ROOT)]
+    pin_root: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn status_json(status: &Status) -> Value {
+    json!({
+        "healthy": status.problems.is_empty(),
+        "problems": status.problems,
+        "notes": status.notes,
+        "version": env!("CARGO_PKG_VERSION"),
+        "build": status.build,
+        "kernel": status.kernel,
+        "pinRoot": status.root,
+        "layoutVersion": LAYOUT_VERSION,
+        "installed": status.installed,
+        "attachMode": status.mode.map(|m| m.as_str()),
+        "interfaces": status.tc.iter().map(|a| json!({
+            "ifindex": a.ifindex,
+            "interface": a.interface,
+            "direction": a.direction.as_str(),
+            "mode": a.mode.as_str(),
+            "linkID": a.link_id,
+            "programID": a.program_id,
+            "attached": a.attached,
+        })).collect::<Vec<_>>(),
+        "otherLinks": status.other_links.iter().map(|l| json!({
+            "pin": l.pin,
+            "type": l.link_type,
+            "linkID": l.link_id,
+            "programID": l.program_id,
+        })).collect::<Vec<_>>(),
+        "programs": status.programs.iter().map(|p| json!({
+            "name": p.name,
+            "id": p.id,
+            "build": p.build,
+            "currentBuild": p.current,
+            "loaded": p.loaded_at.map(utc_timestamp),
+        })).collect::<Vec<_>>(),
+        "maps": status.maps.iter().map(|m| json!({
+            "name": m.name,
+            "id": m.id,
+            "type": m.map_type,
+            "entries": m.entries,
+            "maxEntries": m.max_entries,
+            "fillPercent": m.percent(),
+        })).collect::<Vec<_>>(),
+        "missingMaps": status.missing_maps,
+        "counters": status.stats.iter().map(|(name, value)| (name.to_string(), json!(value))).collect::<serde_json::Map<_, _>>(),
+        "tracing": status.tracing.filter(|f| f.enabled != 0).map(|f| json!({
+            "pid": f.tracer_pid,
+            "port": (f.port_be != 0).then(|| u16::from_be(f.port_be)),
+            "protocol": (f.proto != 0).then_some(f.proto),
+        })),
+    })
+}
+
+fn opt<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+fn render(status: &Status, style: Style) -> String {
+    let mut out = String::new();
+    let section = |title: &str| format!("\n{}\n", style.paint(Colour::Bold, title));
+    out.push_str(&format!(
+        "ebpf-portmap {} (build {}), kernel {}\n",
+        env!("CARGO_PKG_VERSION"),
+        status.build,
+        status.kernel
+    ));
+    out.push_str(&format!(
+        "pin root: {} (layout v{LAYOUT_VERSION})\nattach mode: {}\n",
+        status.root.display(),
+        status.mode.map_or("none", |m| m.as_str())
+    ));
+
+    if !status.installed {
+        for problem in &status.problems {
+            out.push_str(&format!(
+                "{} {problem}\n",
+                style.paint(Colour::Red, "problem:")
+            ));
+        }
+        return out;
+    }
+
+    out.push_str(&section("Interfaces"));
+    if status.tc.is_empty() {
+        out.push_str("none\n");
+    } else {
+        let mut table = Table::new(&["INTERFACE", "DIRECTION", "MODE", "LINK", "PROGRAM", "STATE"]);
+        for a in &status.tc {
+            let (state, colour) = match (&a.interface, a.attached) {
+                (None, _) => ("interface gone", Colour::Yellow),
+                (_, true) => ("attached", Colour::Green),
+                (_, false) => ("not attached", Colour::Red),
+            };
+            table.row(vec![
+                (
+                    a.interface
+                        .clone()
+                        .unwrap_or_else(|| format!("if{}", a.ifindex)),
+                    Colour::Plain,
+                ),
+                (a.direction.as_str().into(), Colour::Plain),
+                (a.mode.as_str().into(), Colour::Plain),
+                (opt(a.link_id), Colour::Plain),
+                (opt(a.program_id), Colour::Plain),
+                (state.into(), colour),
+            ]);
+        }
+        out.push_str(&table.render(style));
+    }
+    out.push_str(&section("Cgroup and other attachments"));
+    if status.other_links.is_empty() {
+        out.push_str("none\n");
+    } else {
+        let mut table = Table::new(&["PIN", "TYPE", "LINK", "PROGRAM"]);
+        for l in &status.other_links {
+            table.row(vec![
+                (l.pin.clone(), Colour::Plain),
+                (l.link_type.clone(), Colour::Plain),
+                (opt(l.link_id), Colour::Plain),
+                (opt(l.program_id), Colour::Plain),
+            ]);
+        }
+        out.push_str(&table.render(style));
+    }
+
+    out.push_str(&section("Programs"));
+    if status.programs.is_empty() {
+        out.push_str("none\n");
+    } else {
+        let mut table = Table::new(&["PROGRAM", "ID", "BUILD", "LOADED"]);
+        for p in &status.programs {
+            let build = if p.current {
+                format!("{} (this binary)", p.build)
+            } else {
+                p.build.clone()
+            };
+            table.row(vec![
+                (p.name.clone(), Colour::Plain),
+                (opt(p.id), Colour::Plain),
+                (build, Colour::Plain),
+                (opt(p.loaded_at.map(utc_timestamp)), Colour::Plain),
+            ]);
+        }
+        out.push_str(&table.render(style));
+    }
+
+    out.push_str(&section("Maps"));
+    if status.maps.is_empty() {
+        out.push_str("none\n");
+    } else {
+        let mut table = Table::new(&["MAP", "TYPE", "ENTRIES", "MAX", "FILL"]);
+        for m in &status.maps {
+            let (fill, colour) = match m.percent() {
+                Some(p) if p >= inspect::FILL_WARNING_PERCENT => (format!("{p:.1}%"), Colour::Red),
+                Some(p) => (format!("{p:.1}%"), Colour::Plain),
+                None => ("-".into(), Colour::Dim),
+            };
+            table.row(vec![
+                (m.name.clone(), Colour::Plain),
+                (m.map_type.clone(), Colour::Plain),
+                (opt(m.entries), Colour::Plain),
+                (m.max_entries.to_string(), Colour::Plain),
+                (fill, colour),
+            ]);
+        }
+        out.push_str(&table.render(style));
+    }
+
+    out.push_str(&section("Counters since the maps were created"));
+    let mut table = Table::new(&["REASON", "PACKETS"]);
+    for (name, value) in &status.stats {
+        let colour = match (*name, *value) {
+            (_, 0) => Colour::Dim,
+            ("rewrite_failed" | "ct_insert_failed", _) => Colour::Red,
+            _ => Colour::Plain,
+        };
+        table.row(vec![((*name).into(), colour), (value.to_string(), colour)]);
+    }
+    out.push_str(&table.render(style));
+
+    out.push_str(&section("Tracing"));
+    match status.tracing.filter(|f| f.enabled != 0) {
+        None => out.push_str("off\n"),
+        Some(f) => out.push_str(&format!(
+            "on (pid {}{})\n",
+            f.tracer_pid,
+            if f.port_be != 0 {
+                format!(", port {}", u16::from_be(f.port_be))
+            } else {
+                String::new()
+            }
+        )),
+    }
+
+    out.push('\n');
+    for note in &status.notes {
+        out.push_str(&format!(
+            "{} {note}\n",
+            style.paint(Colour::Yellow, "note:")
+        ));
+    }
+    if status.problems.is_empty() {
+        out.push_str(&format!("{}\n", style.paint(Colour::Green, "healthy")));
+    } else {
+        for problem in &status.problems {
+            out.push_str(&format!(
+                "{} {problem}\n",
+                style.paint(Colour::Red, "problem:")
+            ));
+        }
+    }
+    out
+}
+
+pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
+    let status = inspect::status(&PinLayout::new(&args.pin_root));
+    if args.json {
+        print(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&status_json(&status))?
+        ));
+    } else {
+        print(&render(&status, Style::detect()));
+    }
+    Ok(if status.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

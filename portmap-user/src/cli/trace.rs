@@ -1,0 +1,186 @@
+//! `ebpf-portmap trace`: a live stream of the dataplane's decisions.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    process::ExitCode,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use portmap_user::{
+    config::{DEFAULT_PIN_ROOT, Protocol},
+    netlink,
+    pin::PinLayout,
+    trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
+};
+
+use crate::cli::output::{Colour, Style, print};
+
+/// Show, live, what the dataplane decides for each packet.
+///
+/// Every packet the programs handle while this runs (filtered by --port and
+/// --proto) is printed with the interface, direction, addresses and the
+/// decision: translated-new / translated (DNAT to the container), reply
+/// (source restored to the host port), no-mapping (nothing publishes that
+/// port), skipped-not-local (the destination is not this node),
+/// skipped-not-syn (no flow start), no-backend (the flow's mapping was
+/// deleted or re-pointed), conntrack-full, forwarding-disabled, and more.
+/// Without --port only packets the dataplane acted on are shown.
+///
+/// Tracing is off by default and costs the programs one array lookup per
+/// packet then; it is switched on while this runs and off when it exits
+/// (also on Ctrl-C or SIGTERM). One trace at a time per node.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  ebpf-portmap trace --port 8080
+  ebpf-portmap trace --port 53 --proto udp --count 10
+  ebpf-portmap trace --json --timeout 30 > trace.jsonl
+  ebpf-portmap trace --stop          # switch off tracing left on by a killed trace")]
+pub struct TraceArgs {
+    /// Pin root the plugin was configured with (`pinRoot`).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_ROOT)]
+    pin_root: PathBuf,
+    /// Only packets with this port at either end, before or after
+    /// translation (a host port or a container port).
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    port: Option<u16>,
+    /// Only this protocol: tcp, udp or sctp.
+    #[arg(long, value_name = "PROTO", value_parser = parse_proto)]
+    proto: Option<u8>,
+    /// Stop after this many events (exit 1 if --timeout ends it first).
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<u64>,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+    /// Take over from another running trace.
+    #[arg(long)]
+    force: bool,
+    /// Switch tracing off (after a trace was killed) and exit.
+    #[arg(long, conflicts_with_all = ["port", "proto", "count", "timeout", "json", "force"])]
+    stop: bool,
+}
+
+fn parse_proto(text: &str) -> Result<u8, String> {
+    Protocol::from_name(text)
+        .map(Protocol::number)
+        .ok_or_else(|| format!("{text:?} is not tcp, udp or sctp"))
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Ctrl-C and SIGTERM end the loop (and so switch tracing off) instead of
+/// killing the process with tracing still on.
+fn catch_signals() {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe; no SA_RESTART, so poll() returns EINTR at once.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as *const () as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+fn colour_of(record: &TraceRecord) -> Colour {
+    let tags = trace::decisions(&record.event);
+    match tags.first().map(|(tag, _)| *tag) {
+        Some(
+            "translated-new" | "translated" | "reply" | "local-origin" | "masqueraded"
+            | "unmasqueraded" | "socket-translated",
+        ) => Colour::Green,
+        Some(
+            "no-mapping" | "no-backend" | "rewrite-failed" | "conntrack-full" | "masq-no-port"
+            | "masq-no-address" | "socket-no-storage",
+        ) => Colour::Red,
+        _ => Colour::Yellow,
+    }
+}
+
+pub fn run(args: &TraceArgs) -> anyhow::Result<ExitCode> {
+    let layout = PinLayout::new(&args.pin_root);
+    if args.stop {
+        let old = trace::clear_filter(&layout).context("cannot switch tracing off")?;
+        if old.enabled != 0 {
+            eprintln!("tracing switched off (was on for pid {})", old.tracer_pid);
+        } else {
+            eprintln!("tracing was already off");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    catch_signals();
+    let request = TraceRequest {
+        port: args.port,
+        proto: args.proto,
+    };
+    let mut tracer = Tracer::start(&layout, request, args.force).context("cannot start tracing")?;
+    let what = match args.port {
+        Some(port) => format!("port {port}"),
+        None => "every translated or skipped packet".into(),
+    };
+    eprintln!("tracing {what} (Ctrl-C to stop)");
+
+    let style = Style::detect();
+    let clock = Clock::now();
+    let deadline = args
+        .timeout
+        .map(|secs| Instant::now() + Duration::from_secs(secs));
+    let mut names: HashMap<u32, String> = HashMap::new();
+    let mut seen = 0u64;
+    let reached = |seen: u64| args.count.is_some_and(|count| seen >= count);
+    while !STOP.load(Ordering::SeqCst) && !reached(seen) {
+        let wait = match deadline {
+            Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                Some(left) => left.min(trace::POLL_INTERVAL),
+                None => break,
+            },
+            None => trace::POLL_INTERVAL,
+        };
+        for event in tracer.poll(wait).context("reading trace events")? {
+            if reached(seen) {
+                break;
+            }
+            let interface = names
+                .entry(event.ifindex)
+                .or_insert_with(|| {
+                    netlink::interface_name(event.ifindex)
+                        .unwrap_or_else(|| format!("if{}", event.ifindex))
+                })
+                .clone();
+            let record = TraceRecord {
+                time: clock.wall(event.ts_ns),
+                interface,
+                event,
+            };
+            if args.json {
+                print(&format!("{}\n", record.to_json()));
+            } else {
+                print(&format!(
+                    "{}\n",
+                    style.paint(colour_of(&record), &record.line())
+                ));
+            }
+            seen += 1;
+        }
+    }
+    drop(tracer);
+    if let Some(count) = args.count
+        && seen < count
+        && !STOP.load(Ordering::SeqCst)
+    {
+        eprintln!("timed out after {seen} of {count} event(s)");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,418 @@
+//! What the running kernel offers: probed, never assumed from its version,
+//! and the verdicts that choose a code path kept in the pinned state.
+//!
+//! - **Attach mode.** tcx links exist from Linux 6.6; older kernels get a
+//!   clsact qdisc with a `cls_bpf` filter. The first load under a pin root
+//!   probes once and records the answer in `{root}/v1/maps/features`, a
+//!   pinned array of `u32` (index [`ATTACH_MODE`]: [`MODE_TCX`] or
+//!   [`MODE_CLSACT`]); every later attachment reads it. bpffs lives exactly
+//!   as long as the running kernel, so a new kernel is probed anew.
+//! - **Essential features.** When the object or a program fails to load,
+//!   [`explain_load_failure`] probes what our tc programs need (program
+//!   type, map types, helpers) and names the first one missing with the
+//!   kernel that introduced it, instead of a bare verifier error.
+//!
+//! # Minimum kernel version
+//! Every essential feature exists since Linux 5.8 (the ring buffer of
+//! `ebpf-portmap trace`; the translation itself needs 4.18 for
+//! `bpf_fib_lookup`); tcx since 6.6. Tested in VMs on Debian's 6.1 (clsact) and 6.12 (tcx).
+
+use std::{
+    io,
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::PathBuf,
+};
+
+use aya::{
+    maps::{Array, MapData, MapType},
+    programs::{ProgramType, SchedClassifier, tc::TcError},
+    sys::{BpfHelper, is_helper_supported, is_map_supported, is_program_supported},
+};
+
+use crate::{
+    attach::{AttachError, AttachMode},
+    pin::PinLayout,
+};
+
+/// Pinned under `maps/` as `features`, so `uninstall` removes it with the maps.
+pub const RECORD: &str = "features";
+/// Index of the attach-mode entry in the record.
+pub const ATTACH_MODE: u32 = 0;
+pub const MODE_TCX: u32 = 1;
+pub const MODE_CLSACT: u32 = 2;
+/// Entries of the record: room for later verdicts without a layout change.
+const RECORD_ENTRIES: u32 = 8;
+
+/// `BPF_LINK_CREATE` and `BPF_TCX_INGRESS` from `include/uapi/linux/bpf.h`.
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_TCX_INGRESS: u32 = 46;
+/// The kernel-internal ENOTSUPP that some BPF paths return to userspace.
+const ENOTSUPP: i32 = 524;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FeatureError {
+    #[error(
+        "this kernel lacks {feature}, which ebpf-portmap needs (Linux {since} or later has it)"
+    )]
+    Missing {
+        feature: &'static str,
+        since: &'static str,
+        /// The load failure that sent us looking.
+        #[source]
+        cause: Box<AttachError>,
+    },
+    #[error(
+        "this kernel has neither tcx (Linux 6.6) nor the clsact qdisc (Linux 4.5, CONFIG_NET_SCH_INGRESS, module sch_ingress): no way to attach tc programs to {interface}"
+    )]
+    NoTcHook {
+        interface: String,
+        #[source]
+        source: TcError,
+    },
+    #[error("cannot add the clsact qdisc to {interface}")]
+    ClsactQdisc {
+        interface: String,
+        #[source]
+        source: TcError,
+    },
+    #[error("cannot probe whether the kernel has tcx (BPF_LINK_CREATE)")]
+    Probe(#[source] io::Error),
+    #[error("cannot record the probed features in {path}")]
+    Record {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// How to ask the kernel about one feature.
+#[derive(Debug, Clone, Copy)]
+pub enum Probe {
+    Program(ProgramType),
+    Map(MapType),
+    Helper(BpfHelper),
+}
+
+/// Something our tc programs cannot do without.
+#[derive(Debug, Clone, Copy)]
+pub struct Feature {
+    pub name: &'static str,
+    /// The first mainline kernel that has it.
+    pub since: &'static str,
+    pub probe: Probe,
+}
+
+/// What the tc programs use, roughly oldest first (the first missing one is
+/// reported). Helpers are probed for
+/// `BPF_PROG_TYPE_SCHED_CLS`, where our programs call them.
+pub const ESSENTIAL: &[Feature] = &[
+    Feature {
+        name: "hash maps (BPF_MAP_TYPE_HASH)",
+        since: "3.19",
+        probe: Probe::Map(MapType::Hash),
+    },
+    Feature {
+        name: "tc classifier programs (BPF_PROG_TYPE_SCHED_CLS)",
+        since: "4.1",
+        probe: Probe::Program(ProgramType::SchedClassifier),
+    },
+    Feature {
+        name: "per-CPU array maps (BPF_MAP_TYPE_PERCPU_ARRAY)",
+        since: "4.6",
+        probe: Probe::Map(MapType::PerCpuArray),
+    },
+    Feature {
+        name: "LRU hash maps (BPF_MAP_TYPE_LRU_HASH, the conntrack table)",
+        since: "4.10",
+        probe: Probe::Map(MapType::LruHash),
+    },
+    Feature {
+        name: "the bpf_skb_store_bytes helper",
+        since: "4.1",
+        probe: Probe::Helper(BpfHelper::BPF_FUNC_skb_store_bytes),
+    },
+    Feature {
+        name: "the bpf_l3_csum_replace helper",
+        since: "4.1",
+        probe: Probe::Helper(BpfHelper::BPF_FUNC_l3_csum_replace),
+    },
+    Feature {
+        name: "the bpf_l4_csum_replace helper",
+        since: "4.1",
+        probe: Probe::Helper(BpfHelper::BPF_FUNC_l4_csum_replace),
+    },
+    Feature {
+        name: "the bpf_ktime_get_ns helper",
+        since: "4.1",
+        probe: Probe::Helper(BpfHelper::BPF_FUNC_ktime_get_ns),
+    },
+    Feature {
+        name: "the bpf_skb_load_bytes helper",
+        since: "4.5",
+        probe: Probe::Helper(BpfHelper::BPF_FUNC_skb_load_bytes),
+    },
+    Feature {
+        name: "the bpf_csum_diff helper",
+        since: "4.6",
+        probe: Probe::Helper(BpfHelper::BPF_FUNC_csum_diff),
+    },
+    Feature {
+        name: "the bpf_fib_lookup helper (tells node-local traffic from transit)",
+        since: "4.18",
+        probe: Probe::Helper(BpfHelper::BPF_FUNC_fib_lookup),
+    },
+    Feature {
+        name: "per-CPU hash maps (BPF_MAP_TYPE_PERCPU_HASH, the traffic counters)",
+        since: "4.6",
+        probe: Probe::Map(MapType::PerCpuHash),
+    },
+    Feature {
+        name: "ring buffer maps (BPF_MAP_TYPE_RINGBUF, the trace events)",
+        since: "5.8",
+        probe: Probe::Map(MapType::RingBuf),
+    },
+];
+
+/// Asks the running kernel; `None` when the probe itself failed (no
+/// privilege, ...), which proves nothing either way.
+pub fn supported(probe: Probe) -> Option<bool> {
+    match probe {
+        Probe::Program(program_type) => is_program_supported(program_type).ok(),
+        Probe::Map(map_type) => is_map_supported(map_type).ok(),
+        Probe::Helper(helper) => is_helper_supported(ProgramType::SchedClassifier, helper).ok(),
+    }
+}
+
+/// The first essential feature `supported` says is missing. Unknown
+/// answers count as present: only a definite "no" is reported.
+pub fn first_missing(supported: impl Fn(Probe) -> Option<bool>) -> Option<&'static Feature> {
+    ESSENTIAL
+        .iter()
+        .find(|feature| supported(feature.probe) == Some(false))
+}
+
+/// A load failure, explained by the missing feature when the kernel lacks
+/// one; any other error is returned as it is.
+pub fn explain_load_failure(error: AttachError) -> AttachError {
+    if !matches!(error, AttachError::Load(_) | AttachError::Program { .. }) {
+        return error;
+    }
+    match first_missing(supported) {
+        Some(feature) => AttachError::Feature(FeatureError::Missing {
+            feature: feature.name,
+            since: feature.since,
+            cause: Box::new(error),
+        }),
+        None => error,
+    }
+}
+
+/// What `BPF_LINK_CREATE` for tcx with no target interface answers: a
+/// kernel with tcx looks the interface up and says ENODEV; one without
+/// refuses the attach type (EINVAL, or ENOTSUPP/EOPNOTSUPP). Nothing is
+/// attached either way.
+pub fn tcx_verdict(errno: Option<i32>) -> Result<bool, io::Error> {
+    match errno {
+        Some(libc::ENODEV) => Ok(true),
+        Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP) => Ok(false),
+        Some(other) => Err(io::Error::from_raw_os_error(other)),
+        None => Err(io::Error::other(
+            "BPF_LINK_CREATE succeeded without an interface",
+        )),
+    }
+}
+
+/// Probes tcx with a loaded tc program (any will do: nothing is attached).
+pub fn probe_tcx(program: &SchedClassifier) -> Result<bool, FeatureError> {
+    #[repr(C)]
+    struct LinkCreate {
+        prog_fd: u32,
+        target_ifindex: u32,
+        attach_type: u32,
+        flags: u32,
+        /// The rest of `union bpf_attr`'s link_create: zero.
+        rest: [u64; 4],
+    }
+    let fd = program
+        .fd()
+        .map_err(|e| FeatureError::Probe(io::Error::other(e.to_string())))?;
+    let attr = LinkCreate {
+        prog_fd: fd.as_fd().as_raw_fd() as u32,
+        target_ifindex: 0,
+        attach_type: BPF_TCX_INGRESS,
+        flags: 0,
+        rest: [0; 4],
+    };
+    // SAFETY: a valid, fully initialised attr of the size passed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_CREATE,
+            &attr as *const LinkCreate,
+            std::mem::size_of::<LinkCreate>(),
+        )
+    };
+    let errno = if rc >= 0 {
+        // SAFETY: closing the link fd the kernel just handed us.
+        unsafe { libc::close(rc as i32) };
+        None
+    } else {
+        io::Error::last_os_error().raw_os_error()
+    };
+    tcx_verdict(errno).map_err(FeatureError::Probe)
+}
+
+fn mode_from_record(value: u32) -> Option<AttachMode> {
+    match value {
+        MODE_TCX => Some(AttachMode::Tcx),
+        MODE_CLSACT => Some(AttachMode::Clsact),
+        _ => None,
+    }
+}
+
+fn record_value(mode: AttachMode) -> u32 {
+    match mode {
+        AttachMode::Tcx => MODE_TCX,
+        AttachMode::Clsact => MODE_CLSACT,
+    }
+}
+
+/// The attach mode recorded under `layout`, if a probe recorded one.
+pub fn recorded_attach_mode(layout: &PinLayout) -> Option<AttachMode> {
+    let data = MapData::from_pin(layout.map(RECORD)).ok()?;
+    let record: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data)).ok()?;
+    mode_from_record(record.get(&ATTACH_MODE, 0).ok()?)
+}
+
+/// The attach mode for `layout`: the recorded verdict, or a fresh probe
+/// (with `program`, a loaded tc program) that is then recorded. Called with
+/// the pin root's load lock held.
+pub fn attach_mode(
+    layout: &PinLayout,
+    program: &SchedClassifier,
+) -> Result<AttachMode, AttachError> {
+    if let Some(mode) = recorded_attach_mode(layout) {
+        return Ok(mode);
+    }
+    let mode = if probe_tcx(program)? {
+        AttachMode::Tcx
+    } else {
+        AttachMode::Clsact
+    };
+    let path = layout.map(RECORD);
+    let record_error = |source: io::Error| {
+        AttachError::Feature(FeatureError::Record {
+            path: path.clone(),
+            source,
+        })
+    };
+    let mut record = Array::<MapData, u32>::create(RECORD_ENTRIES, 0)
+        .map_err(|e| record_error(io::Error::other(e.to_string())))?;
+    record
+        .set(ATTACH_MODE, record_value(mode), 0)
+        .map_err(|e| record_error(io::Error::other(e.to_string())))?;
+    // A record left by a run that died before using it is replaced.
+    let _ = std::fs::remove_file(&path);
+    record
+        .pin(&path)
+        .map_err(|e| record_error(io::Error::other(e.to_string())))?;
+    log::info!("kernel probed: attaching through {}", mode.as_str());
+    Ok(mode)
+}
+
+/// Adds the clsact qdisc `interface` needs (one already there is fine);
+/// a kernel without it is named as such.
+pub fn ensure_clsact(interface: &str) -> Result<(), AttachError> {
+    let error = match aya::programs::tc::qdisc_add_clsact(interface) {
+        Ok(()) | Err(TcError::AlreadyAttached) => return Ok(()),
+        Err(error) => error,
+    };
+    let errno = match &error {
+        TcError::NetlinkError(e) => e.raw_os_error(),
+        TcError::IoError(e) => e.raw_os_error(),
+        _ => None,
+    };
+    let interface = interface.to_owned();
+    Err(AttachError::Feature(match errno {
+        Some(libc::EEXIST) => return Ok(()),
+        // "Specified qdisc kind is unknown": no sch_ingress.
+        Some(libc::ENOENT | libc::EOPNOTSUPP) => FeatureError::NoTcHook {
+            interface,
+            source: error,
+        },
+        _ => FeatureError::ClsactQdisc {
+            interface,
+            source: error,
+        },
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcx_is_told_by_the_errno_of_a_targetless_link() {
+        assert!(
+            tcx_verdict(Some(libc::ENODEV)).unwrap(),
+            "6.6+: looks up ifindex 0"
+        );
+        for old in [libc::EINVAL, libc::EOPNOTSUPP, ENOTSUPP] {
+            assert!(!tcx_verdict(Some(old)).unwrap(), "errno {old}: no tcx");
+        }
+        assert!(
+            tcx_verdict(Some(libc::EPERM)).is_err(),
+            "no privilege proves nothing"
+        );
+        assert!(tcx_verdict(None).is_err());
+    }
+
+    #[test]
+    fn the_first_definitely_missing_feature_is_named() {
+        assert!(first_missing(|_| Some(true)).is_none());
+        assert!(first_missing(|_| None).is_none(), "unknown is not missing");
+        let no_fib = first_missing(|probe| {
+            Some(!matches!(
+                probe,
+                Probe::Helper(BpfHelper::BPF_FUNC_fib_lookup)
+            ))
+        })
+        .expect("fib_lookup missing");
+        assert!(no_fib.name.contains("bpf_fib_lookup"));
+        assert_eq!(no_fib.since, "4.18");
+        let no_lru = first_missing(|probe| {
+            Some(!matches!(
+                probe,
+                Probe::Map(MapType::LruHash) | Probe::Helper(BpfHelper::BPF_FUNC_fib_lookup)
+            ))
+        })
+        .expect("two missing");
+        assert_eq!(no_lru.since, "4.10", "the oldest missing one comes first");
+    }
+
+    #[test]
+    fn the_missing_feature_message_names_feature_and_kernel() {
+        let fib = ESSENTIAL
+            .iter()
+            .find(|f| f.name.contains("bpf_fib_lookup"))
+            .unwrap();
+        let error = FeatureError::Missing {
+            feature: fib.name,
+            since: fib.since,
+            cause: Box::new(AttachError::NoInterface { index: 1 }),
+        };
+        let text = error.to_string();
+        assert!(
+            text.contains("bpf_fib_lookup") && text.contains("Linux 4.18 or later"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn record_values_round_trip() {
+        for mode in [AttachMode::Tcx, AttachMode::Clsact] {
+            assert_eq!(mode_from_record(record_value(mode)), Some(mode));
+        }
+        assert_eq!(mode_from_record(0), None, "an unset entry is no verdict");
+    }
+}

@@ -1,0 +1,873 @@
+//! What the operator verbs show, read from the kernel: every mapping with
+//! its owner, traffic counters and live flows (`list`), and the state of the
+//! dataplane on this node (`status`). Read-only; nothing here changes a map
+//! or an attachment.
+
+use std::{
+    collections::HashMap as StdHashMap,
+    fs,
+    net::IpAddr,
+    os::fd::AsFd as _,
+    path::PathBuf,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use aya::{
+    maps::{MapError, MapInfo, MapType},
+    programs::{
+        ProgramInfo, SchedClassifier, TcAttachType,
+        links::{FdLink, PinnedLink},
+    },
+};
+use portmap_common::{
+    CtEntry, CtKey, FAMILY_V4, MappingCounters, MappingKey, MappingValue, OwnerRecord, PROTO_SCTP,
+    PROTO_UDP, TraceFilter, ct_kind, ct_timeout, map_names, stat,
+};
+
+use crate::{
+    attach::{self, AttachMode},
+    counters,
+    maps::{self, Maps, MapsError},
+    netlink,
+    pin::{Direction, PinLayout, parse_link_name},
+    store::{KeyDisplay, addr_from_words, protocol_name, record_strings},
+    trace,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error(
+        "no ebpf-portmap state under {root} (no ADD has run with this pinRoot yet, or it was uninstalled)"
+    )]
+    NotInstalled { root: PathBuf },
+    #[error(transparent)]
+    Maps(#[from] MapsError),
+    #[error("reading the {map} map")]
+    Read {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error(transparent)]
+    Counters(#[from] counters::CountersError),
+}
+
+fn read_error(map: &'static str) -> impl FnOnce(MapError) -> InspectError {
+    move |source| InspectError::Read { map, source }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn idle_timeout(proto: u8) -> u64 {
+    match proto {
+        PROTO_UDP => ct_timeout::UDP,
+        PROTO_SCTP => ct_timeout::SCTP,
+        _ => ct_timeout::TCP,
+    }
+}
+
+/// Which (mapping, container address, container port) a live flow was
+/// translated to.
+pub type FlowTarget = (MappingKey, [u32; 4], u16);
+
+/// Live translated flows by target: DNAT entries of our conntrack that have
+/// not idled past their protocol's timeout at `now_ns`. The dataplane does
+/// not follow TCP FIN/RST, so a closed TCP connection counts until it idles
+/// out (6 h) or the LRU map evicts it.
+pub fn live_flows(
+    entries: impl IntoIterator<Item = (CtKey, CtEntry)>,
+    now_ns: u64,
+) -> StdHashMap<FlowTarget, u64> {
+    let mut flows = StdHashMap::new();
+    for (key, entry) in entries {
+        if entry.kind != ct_kind::DNAT
+            || now_ns.saturating_sub(entry.last_seen_ns) > idle_timeout(key.proto)
+        {
+            continue;
+        }
+        *flows
+            .entry((entry.mapping, entry.nat_addr_be, entry.nat_port_be))
+            .or_insert(0) += 1;
+    }
+    flows
+}
+
+/// One mapping as `list` shows it.
+#[derive(Debug, Clone)]
+pub struct MappingRow {
+    pub key: MappingKey,
+    pub value: MappingValue,
+    /// `None` while the owner is being removed (or its record is lost).
+    pub owner: Option<OwnerRecord>,
+    pub counters: MappingCounters,
+    pub active_flows: u64,
+}
+
+impl MappingRow {
+    /// `198.18.0.1:8080/tcp`, `0.0.0.0:8080/udp`, `[::]:80/sctp`.
+    pub fn host(&self) -> String {
+        KeyDisplay(self.key).to_string()
+    }
+
+    /// The host address, `None` for the family's wildcard.
+    pub fn host_ip(&self) -> Option<IpAddr> {
+        (self.key.host_addr_be != [0; 4])
+            .then(|| addr_from_words(self.key.family, &self.key.host_addr_be))
+    }
+
+    pub fn host_port(&self) -> u16 {
+        u16::from_be(self.key.host_port_be)
+    }
+
+    pub fn protocol(&self) -> &'static str {
+        protocol_name(self.key.proto)
+    }
+
+    pub fn family(&self) -> &'static str {
+        if self.key.family == FAMILY_V4 {
+            "ipv4"
+        } else {
+            "ipv6"
+        }
+    }
+
+    pub fn container_ip(&self) -> IpAddr {
+        addr_from_words(self.key.family, &self.value.container_addr_be)
+    }
+
+    pub fn container_port(&self) -> u16 {
+        u16::from_be(self.value.container_port_be)
+    }
+
+    /// `10.244.0.5:80`, `[fd44::5]:80`.
+    pub fn container(&self) -> String {
+        match self.container_ip() {
+            IpAddr::V4(a) => format!("{a}:{}", self.container_port()),
+            IpAddr::V6(a) => format!("[{a}]:{}", self.container_port()),
+        }
+    }
+
+    /// (network, container ID, ifname); the owner ID in hex when the record
+    /// is missing.
+    pub fn owner_strings(&self) -> (String, String, String) {
+        self.owner.as_ref().map(record_strings).unwrap_or_else(|| {
+            (
+                "?".into(),
+                format!("{:016x}", self.value.owner_id),
+                "?".into(),
+            )
+        })
+    }
+
+    pub fn created(&self) -> Option<SystemTime> {
+        self.owner
+            .as_ref()
+            .filter(|o| o.created_unix != 0)
+            .map(|o| UNIX_EPOCH + Duration::from_secs(o.created_unix))
+    }
+
+    /// Sort order of `list`: port, protocol, family, address.
+    pub fn sort_key(&self) -> (u16, u8, u8, [u8; 16]) {
+        let mut addr = [0u8; 16];
+        for (i, word) in self.key.host_addr_be.iter().enumerate() {
+            addr[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
+        }
+        (self.host_port(), self.key.proto, self.key.family, addr)
+    }
+}
+
+fn require_installed(layout: &PinLayout) -> Result<(), InspectError> {
+    if layout.map(map_names::MAPPINGS).exists() {
+        Ok(())
+    } else {
+        Err(InspectError::NotInstalled {
+            root: layout.root().to_path_buf(),
+        })
+    }
+}
+
+/// Every mapping with owner, counters and live flows, sorted by port,
+/// protocol, family and address. Counters and flows read as zero when
+/// their maps are missing (pins of an older build).
+pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError> {
+    require_installed(layout)?;
+    let maps = Maps::open(layout)?;
+    let counters_map = maps::counters(layout).ok();
+    let flows = match maps::conntrack(layout) {
+        Ok(conntrack) => {
+            let entries: Vec<(CtKey, CtEntry)> = conntrack
+                .iter()
+                .collect::<Result<_, _>>()
+                .map_err(read_error("conntrack"))?;
+            live_flows(entries, monotonic_ns())
+        }
+        Err(_) => StdHashMap::new(),
+    };
+    let mut rows = Vec::new();
+    for entry in maps.mappings.iter() {
+        let (key, value) = entry.map_err(read_error("mappings"))?;
+        let owner = maps.owners.get(&value.owner_id, 0).ok();
+        let counters = match &counters_map {
+            Some(map) => counters::read(map, &key, value.owner_id)?,
+            None => MappingCounters::default(),
+        };
+        let active_flows = flows
+            .get(&(key, value.container_addr_be, value.container_port_be))
+            .copied()
+            .unwrap_or(0);
+        rows.push(MappingRow {
+            key,
+            value,
+            owner,
+            counters,
+            active_flows,
+        });
+    }
+    rows.sort_by_key(MappingRow::sort_key);
+    Ok(rows)
+}
+
+/// How full one pinned map is.
+#[derive(Debug, Clone)]
+pub struct MapFill {
+    pub name: String,
+    pub map_type: String,
+    /// Entries in use; `None` for arrays (always full by construction).
+    pub entries: Option<u64>,
+    pub max_entries: u32,
+    pub id: u32,
+}
+
+impl MapFill {
+    /// Percentage in use, for hash maps.
+    pub fn percent(&self) -> Option<f64> {
+        self.entries
+            .map(|n| n as f64 * 100.0 / f64::from(self.max_entries.max(1)))
+    }
+}
+
+/// A map at or above this fill is reported as a problem by `status`.
+pub const FILL_WARNING_PERCENT: f64 = 90.0;
+
+/// Entries of a hash-type map, counted by walking its keys with
+/// `BPF_MAP_GET_NEXT_KEY` (one syscall per entry: about a second for a
+/// quarter million conntrack entries). Works for any key type, so maps
+/// this module does not know are counted too.
+fn count_keys(fd: std::os::fd::BorrowedFd<'_>, key_size: u32) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+    #[repr(C)]
+    struct Attr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        next_key: u64,
+        flags: u64,
+    }
+    let mut key = vec![0u8; key_size as usize];
+    let mut next = vec![0u8; key_size as usize];
+    let mut count = 0u64;
+    let mut first = true;
+    loop {
+        let mut attr = Attr {
+            map_fd: fd.as_raw_fd() as u32,
+            _pad: 0,
+            key: if first { 0 } else { key.as_ptr() as u64 },
+            next_key: next.as_mut_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: attr points at buffers of the map's key size that live
+        // across the call; the kernel reads `key` and writes `next_key`.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_GET_NEXT_KEY,
+                &mut attr as *mut Attr,
+                std::mem::size_of::<Attr>() as u32,
+            )
+        };
+        if rc != 0 {
+            return (std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT))
+                .then_some(count);
+        }
+        count += 1;
+        std::mem::swap(&mut key, &mut next);
+        first = false;
+    }
+}
+
+fn map_type_name(map_type: Result<MapType, MapError>) -> String {
+    match map_type {
+        Ok(MapType::Hash) => "hash".into(),
+        Ok(MapType::LruHash) => "lru_hash".into(),
+        Ok(MapType::PerCpuHash) => "percpu_hash".into(),
+        Ok(MapType::PerCpuArray) => "percpu_array".into(),
+        Ok(MapType::Array) => "array".into(),
+        Ok(MapType::RingBuf) => "ringbuf".into(),
+        Ok(other) => format!("{other:?}").to_lowercase(),
+        Err(_) => "unknown".into(),
+    }
+}
+
+fn has_keys(map_type: &Result<MapType, MapError>) -> bool {
+    matches!(
+        map_type,
+        Ok(MapType::Hash
+            | MapType::LruHash
+            | MapType::PerCpuHash
+            | MapType::LruPerCpuHash
+            | MapType::LpmTrie)
+    )
+}
+
+/// Fill levels of every map pinned under `maps/` (ours and any added by
+/// other parts of the dataplane), and the names of [`map_names::ALL`] that
+/// are missing.
+pub fn map_fills(layout: &PinLayout) -> (Vec<MapFill>, Vec<&'static str>) {
+    let mut fills = Vec::new();
+    let missing = map_names::ALL
+        .into_iter()
+        .filter(|name| !layout.map(name).exists())
+        .collect();
+    let Ok(entries) = fs::read_dir(layout.maps_dir()) else {
+        return (fills, missing);
+    };
+    for entry in entries.flatten() {
+        let Ok(info) = MapInfo::from_pin(entry.path()) else {
+            continue;
+        };
+        let map_type = info.map_type();
+        let entries = if has_keys(&map_type) {
+            info.fd()
+                .ok()
+                .and_then(|fd| count_keys(fd.as_fd(), info.key_size()))
+        } else {
+            None
+        };
+        fills.push(MapFill {
+            name: entry.file_name().to_string_lossy().into_owned(),
+            map_type: map_type_name(map_type),
+            entries,
+            max_entries: info.max_entries(),
+            id: info.id(),
+        });
+    }
+    // Ours in schema order first, then the rest by name.
+    let rank = |name: &str| {
+        map_names::ALL
+            .iter()
+            .position(|n| *n == name)
+            .unwrap_or(usize::MAX)
+    };
+    fills.sort_by(|a, b| (rank(&a.name), &a.name).cmp(&(rank(&b.name), &b.name)));
+    (fills, missing)
+}
+
+/// A pinned program.
+#[derive(Debug, Clone)]
+pub struct PinnedProgram {
+    pub name: String,
+    /// Build ID (hash of the object) the pin name carries.
+    pub build: String,
+    pub id: Option<u32>,
+    pub loaded_at: Option<SystemTime>,
+    /// Whether it is the build embedded in this binary.
+    pub current: bool,
+}
+
+pub fn pinned_programs(layout: &PinLayout) -> Vec<PinnedProgram> {
+    let current = format!("{:016x}", attach::build_id());
+    let mut programs = Vec::new();
+    let Ok(entries) = fs::read_dir(layout.progs_dir()) else {
+        return programs;
+    };
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let (build, name) = file.split_once('_').unwrap_or(("?", file.as_str()));
+        let info = ProgramInfo::from_pin(entry.path()).ok();
+        programs.push(PinnedProgram {
+            name: name.to_owned(),
+            build: build.to_owned(),
+            id: info.as_ref().map(ProgramInfo::id),
+            loaded_at: info.as_ref().and_then(ProgramInfo::loaded_at),
+            current: build == current,
+        });
+    }
+    programs.sort_by(|a, b| (&a.build, &a.name).cmp(&(&b.build, &b.name)));
+    programs
+}
+
+/// One tc attachment we made (a `links/` pin).
+#[derive(Debug, Clone)]
+pub struct TcAttachment {
+    pub ifindex: u32,
+    /// `None` when the interface is gone.
+    pub interface: Option<String>,
+    pub direction: Direction,
+    pub mode: AttachMode,
+    pub link_id: Option<u32>,
+    pub program_id: Option<u32>,
+    /// Whether the kernel runs the program on the interface: for tcx, the
+    /// interface's tcx program list has it; for clsact, our marker pin is
+    /// there and the interface exists.
+    pub attached: bool,
+}
+
+/// Any other link we pinned (cgroup socket hooks, ...).
+#[derive(Debug, Clone)]
+pub struct OtherLink {
+    pub pin: String,
+    pub link_type: String,
+    pub link_id: Option<u32>,
+    pub program_id: Option<u32>,
+}
+
+fn tc_attach_type(direction: Direction) -> TcAttachType {
+    match direction {
+        Direction::Ingress => TcAttachType::Ingress,
+        Direction::Egress => TcAttachType::Egress,
+    }
+}
+
+pub fn attachments(layout: &PinLayout) -> (Vec<TcAttachment>, Vec<OtherLink>) {
+    let mut tc = Vec::new();
+    let mut other = Vec::new();
+    let Ok(entries) = fs::read_dir(layout.links_dir()) else {
+        return (tc, other);
+    };
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        match parse_link_name(&file) {
+            Some((ifindex, direction, clsact)) => {
+                let interface = netlink::interface_name(ifindex);
+                let (mode, link_id, program_id) = if clsact {
+                    let id = ProgramInfo::from_pin(&path).ok().map(|info| info.id());
+                    (AttachMode::Clsact, None, id)
+                } else {
+                    let info = PinnedLink::from_pin(&path)
+                        .ok()
+                        .and_then(|link| FdLink::from(link).info().ok());
+                    (
+                        AttachMode::Tcx,
+                        info.as_ref().map(|i| i.id()),
+                        info.as_ref().map(|i| i.program_id()),
+                    )
+                };
+                let attached = match (&interface, program_id, mode) {
+                    (Some(name), Some(id), AttachMode::Tcx) => {
+                        SchedClassifier::query_tcx(name, tc_attach_type(direction))
+                            .is_ok_and(|(_, programs)| programs.iter().any(|p| p.id() == id))
+                    }
+                    (Some(_), Some(_), AttachMode::Clsact) => true,
+                    _ => false,
+                };
+                tc.push(TcAttachment {
+                    ifindex,
+                    interface,
+                    direction,
+                    mode,
+                    link_id,
+                    program_id,
+                    attached,
+                });
+            }
+            None => {
+                let info = PinnedLink::from_pin(&path)
+                    .ok()
+                    .and_then(|link| FdLink::from(link).info().ok());
+                other.push(OtherLink {
+                    pin: file,
+                    link_type: info
+                        .as_ref()
+                        .and_then(|i| i.link_type().ok())
+                        .map_or_else(|| "unknown".into(), |t| format!("{t:?}").to_lowercase()),
+                    link_id: info.as_ref().map(|i| i.id()),
+                    program_id: info.as_ref().map(|i| i.program_id()),
+                });
+            }
+        }
+    }
+    tc.sort_by_key(|a| (a.ifindex, a.direction == Direction::Egress));
+    other.sort_by(|a, b| a.pin.cmp(&b.pin));
+    (tc, other)
+}
+
+/// The `stats` counters summed over CPUs, by reason (all zero when the map
+/// is missing).
+pub fn stats(layout: &PinLayout) -> Vec<(&'static str, u64)> {
+    let map = maps::stats(layout).ok();
+    (0..stat::COUNT)
+        .map(|reason| {
+            let value = map
+                .as_ref()
+                .and_then(|m| m.get(&reason, 0).ok())
+                .map_or(0, |values| values.iter().sum());
+            (stat::NAMES[reason as usize], value)
+        })
+        .collect()
+}
+
+/// The state `status` reports.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub root: PathBuf,
+    pub installed: bool,
+    pub kernel: String,
+    pub build: String,
+    pub mode: Option<AttachMode>,
+    pub programs: Vec<PinnedProgram>,
+    pub tc: Vec<TcAttachment>,
+    pub other_links: Vec<OtherLink>,
+    pub maps: Vec<MapFill>,
+    pub missing_maps: Vec<&'static str>,
+    pub stats: Vec<(&'static str, u64)>,
+    pub tracing: Option<TraceFilter>,
+    /// What is missing or degraded; `status` exits non-zero when not empty.
+    pub problems: Vec<String>,
+    /// Worth knowing, not a failure.
+    pub notes: Vec<String>,
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    // SAFETY: an all-zero utsname is valid; uname fills it.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    if unsafe { libc::uname(&mut uts) } != 0 {
+        return "unknown".into();
+    }
+    // SAFETY: uname NUL-terminates the field.
+    unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Reads everything `status` shows and judges it.
+pub fn status(layout: &PinLayout) -> Status {
+    let installed = layout.versioned().exists();
+    let (maps, missing_maps) = if installed {
+        map_fills(layout)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let programs = pinned_programs(layout);
+    let (tc, other_links) = attachments(layout);
+    let tracing = trace::current_filter(layout).ok();
+    let mut status = Status {
+        root: layout.root().to_path_buf(),
+        installed,
+        kernel: kernel_release(),
+        build: format!("{:016x}", attach::build_id()),
+        mode: attach::attach_mode(layout),
+        programs,
+        tc,
+        other_links,
+        maps,
+        missing_maps,
+        stats: stats(layout),
+        tracing,
+        problems: Vec::new(),
+        notes: Vec::new(),
+    };
+    judge(&mut status);
+    status
+}
+
+/// Fills `problems` and `notes`. Pure, so the rules are unit-tested.
+pub fn judge(status: &mut Status) {
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    if !status.installed {
+        problems.push(format!(
+            "nothing is installed under {} (no ADD has run with this pinRoot, or it was uninstalled)",
+            status.root.display()
+        ));
+    } else {
+        for name in &status.missing_maps {
+            problems.push(format!("map {name} is not pinned"));
+        }
+        for direction in Direction::BOTH {
+            let name = match direction {
+                Direction::Ingress => portmap_common::program_names::TC_INGRESS,
+                Direction::Egress => portmap_common::program_names::TC_EGRESS,
+            };
+            if !status.programs.iter().any(|p| p.name == name) {
+                problems.push(format!("program {name} is not pinned"));
+            }
+        }
+        if status.programs.iter().any(|p| p.id.is_none()) {
+            problems.push("a pinned program cannot be read".into());
+        }
+        if !status.programs.is_empty() && !status.programs.iter().any(|p| p.current) {
+            notes.push(format!(
+                "the loaded programs are of another build than this binary ({}); the next ADD replaces them",
+                status.build
+            ));
+        }
+        if status.tc.is_empty() {
+            problems.push("the programs are attached to no interface".into());
+        }
+    }
+    let mut interfaces: Vec<u32> = status.tc.iter().map(|a| a.ifindex).collect();
+    interfaces.dedup();
+    let mut gone = 0;
+    for ifindex in interfaces {
+        let on_interface: Vec<&TcAttachment> =
+            status.tc.iter().filter(|a| a.ifindex == ifindex).collect();
+        let Some(label) = on_interface[0].interface.clone() else {
+            // The host end of a removed container's veth, typically: the
+            // kernel detached it with the interface, only the pin is left.
+            gone += 1;
+            continue;
+        };
+        for direction in Direction::BOTH {
+            match on_interface.iter().find(|a| a.direction == direction) {
+                None => problems.push(format!(
+                    "{label}: no {} program attached",
+                    direction.as_str()
+                )),
+                Some(a) if !a.attached => problems.push(format!(
+                    "{label}: the pinned {} attachment is not active in the kernel",
+                    direction.as_str()
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    if gone > 0 {
+        notes.push(format!(
+            "{gone} interface(s) with pinned attachments no longer exist (removed containers): harmless; `ebpf-portmap gc --stale-links` removes the pins"
+        ));
+    }
+    for map in &status.maps {
+        if let Some(percent) = map.percent()
+            && percent >= FILL_WARNING_PERCENT
+        {
+            problems.push(format!(
+                "map {} is {percent:.0}% full ({} of {})",
+                map.name,
+                map.entries.unwrap_or(0),
+                map.max_entries
+            ));
+        }
+    }
+    if let Some(filter) = &status.tracing
+        && filter.enabled != 0
+    {
+        if trace::tracer_alive(filter.tracer_pid) {
+            notes.push(format!(
+                "tracing is on (ebpf-portmap trace, pid {})",
+                filter.tracer_pid
+            ));
+        } else {
+            problems.push(format!(
+                "tracing was left on by a trace (pid {}) that is gone; every packet pays for it: run `ebpf-portmap trace --stop`",
+                filter.tracer_pid
+            ));
+        }
+    }
+    for (name, value) in &status.stats {
+        if *value > 0 && matches!(*name, "rewrite_failed" | "ct_insert_failed") {
+            notes.push(format!(
+                "{value} packet(s) counted as {name} since the maps were created"
+            ));
+        }
+    }
+    status.problems = problems;
+    status.notes = notes;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ct_entry(kind: u8, port: u16, last_seen_ns: u64) -> CtEntry {
+        CtEntry {
+            kind,
+            nat_addr_be: [1, 0, 0, 0],
+            nat_port_be: port.to_be(),
+            mapping: MappingKey {
+                host_port_be: 8080u16.to_be(),
+                proto: 6,
+                family: 4,
+                ..MappingKey::default()
+            },
+            last_seen_ns,
+            ..CtEntry::default()
+        }
+    }
+
+    fn ct_key(proto: u8, sport: u16) -> CtKey {
+        CtKey {
+            src_port_be: sport.to_be(),
+            proto,
+            family: 4,
+            ..CtKey::default()
+        }
+    }
+
+    #[test]
+    fn live_flows_count_fresh_dnat_entries_by_target() {
+        let hour = 3_600_000_000_000u64;
+        let now = 10 * hour;
+        let entries = vec![
+            (ct_key(6, 1), ct_entry(ct_kind::DNAT, 80, now - 1)),
+            (ct_key(6, 2), ct_entry(ct_kind::DNAT, 80, now - hour)),
+            // The reply half of a flow is not a second flow.
+            (ct_key(6, 3), ct_entry(ct_kind::REPLY, 80, now)),
+            (ct_key(6, 4), ct_entry(ct_kind::PASS, 80, now)),
+            // Idle past the TCP timeout.
+            (ct_key(6, 5), ct_entry(ct_kind::DNAT, 80, now - 7 * hour)),
+            // UDP idles out after two minutes.
+            (ct_key(17, 6), ct_entry(ct_kind::DNAT, 53, now - hour)),
+            // Another container port: another target.
+            (ct_key(6, 7), ct_entry(ct_kind::DNAT, 81, now)),
+        ];
+        let flows = live_flows(entries, now);
+        let target = |port: u16| (ct_entry(0, port, 0).mapping, [1, 0, 0, 0], port.to_be());
+        assert_eq!(flows.get(&target(80)), Some(&2));
+        assert_eq!(flows.get(&target(81)), Some(&1));
+        assert_eq!(flows.get(&target(53)), None);
+        assert_eq!(flows.len(), 2);
+    }
+
+    fn healthy() -> Status {
+        let tc = |direction| TcAttachment {
+            ifindex: 2,
+            interface: Some("eth0".into()),
+            direction,
+            mode: AttachMode::Tcx,
+            link_id: Some(1),
+            program_id: Some(10),
+            attached: true,
+        };
+        let program = |name: &str| PinnedProgram {
+            name: name.into(),
+            build: "b".into(),
+            id: Some(10),
+            loaded_at: None,
+            current: true,
+        };
+        Status {
+            root: "/sys/fs/bpf/x".into(),
+            installed: true,
+            kernel: "6.18".into(),
+            build: "b".into(),
+            mode: Some(AttachMode::Tcx),
+            programs: vec![program("portmap_ingress"), program("portmap_egress")],
+            tc: vec![tc(Direction::Ingress), tc(Direction::Egress)],
+            other_links: Vec::new(),
+            maps: vec![MapFill {
+                name: "mappings".into(),
+                map_type: "hash".into(),
+                entries: Some(10),
+                max_entries: 100,
+                id: 1,
+            }],
+            missing_maps: Vec::new(),
+            stats: Vec::new(),
+            tracing: Some(TraceFilter::default()),
+            problems: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    fn judged(mut status: Status) -> Status {
+        judge(&mut status);
+        status
+    }
+
+    #[test]
+    fn a_healthy_node_has_no_problems() {
+        let status = judged(healthy());
+        assert!(status.problems.is_empty(), "{:?}", status.problems);
+        assert!(status.notes.is_empty(), "{:?}", status.notes);
+    }
+
+    #[test]
+    fn every_missing_or_degraded_part_is_a_problem() {
+        let mut missing_direction = healthy();
+        missing_direction.tc.pop();
+        assert_eq!(
+            judged(missing_direction).problems,
+            ["eth0: no egress program attached"]
+        );
+
+        let mut detached = healthy();
+        detached.tc[0].attached = false;
+        assert_eq!(
+            judged(detached).problems,
+            ["eth0: the pinned ingress attachment is not active in the kernel"]
+        );
+
+        let mut gone = healthy();
+        for a in &mut gone.tc {
+            a.interface = None;
+        }
+        let gone = judged(gone);
+        // Only the pins are left: not a problem, but worth a note.
+        assert_eq!(gone.problems, Vec::<String>::new());
+        assert!(
+            gone.notes[0].starts_with("1 interface(s) with pinned attachments no longer exist")
+        );
+
+        let mut full = healthy();
+        full.maps[0].entries = Some(95);
+        assert_eq!(
+            judged(full).problems,
+            ["map mappings is 95% full (95 of 100)"]
+        );
+
+        let mut no_program = healthy();
+        no_program.programs.remove(1);
+        no_program.missing_maps.push("counters");
+        assert_eq!(
+            judged(no_program).problems,
+            [
+                "map counters is not pinned",
+                "program portmap_egress is not pinned"
+            ]
+        );
+
+        let mut nothing = healthy();
+        nothing.tc.clear();
+        assert_eq!(
+            judged(nothing).problems,
+            ["the programs are attached to no interface"]
+        );
+
+        let mut stale_trace = healthy();
+        stale_trace.tracing = Some(TraceFilter {
+            enabled: 1,
+            tracer_pid: u32::MAX,
+            ..TraceFilter::default()
+        });
+        assert!(judged(stale_trace).problems[0].contains("tracing was left on"));
+
+        let mut uninstalled = healthy();
+        uninstalled.installed = false;
+        uninstalled.tc.clear();
+        assert!(judged(uninstalled).problems[0].starts_with("nothing is installed"));
+    }
+
+    #[test]
+    fn another_build_is_a_note_not_a_problem() {
+        let mut old = healthy();
+        for p in &mut old.programs {
+            p.current = false;
+        }
+        let old = judged(old);
+        assert!(old.problems.is_empty());
+        assert!(old.notes[0].contains("another build"), "{:?}", old.notes);
+    }
+}

@@ -1,0 +1,342 @@
+//! Where the binary's `log` records go.
+//!
+//! As a CNI plugin: every record of level info and up is appended to the log
+//! file (`logFile`, default [`DEFAULT_LOG_FILE`]), one line per record, and
+//! errors are also written to stderr, which runtimes show with a failed
+//! request. Nothing is ever written to stdout: stdout is the CNI result.
+//! Each process writes each line with a single `write` on an `O_APPEND` file
+//! descriptor, so lines of concurrent plugin runs never interleave.
+//!
+//! As the operator CLI: warnings and errors to stderr.
+//!
+//! [`Logged`] wraps the plugin so each ADD, DEL, CHECK and GC leaves one line
+//! saying which container it was for and what came of it.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io::Write,
+    os::unix::fs::OpenOptionsExt,
+    path::Path,
+    sync::Mutex,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use log::{Level, LevelFilter, Log, Metadata, Record};
+
+use crate::{
+    cni::{CniError, GcRequest, Plugin, Request},
+    config::NetConf,
+};
+
+/// Where the plugin logs when `logFile` is not set.
+pub const DEFAULT_LOG_FILE: &str = "/var/log/ebpf-portmap.log";
+
+/// `2026-05-20T08:15:02.123456Z`.
+pub fn utc_timestamp(time: SystemTime) -> String {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let days = (since.as_secs() / 86_400) as i64;
+    let (year, month, day) = civil_from_days(days);
+    format!("{year:04}-{month:02}-{day:02}T{}Z", utc_time_of_day(time))
+}
+
+/// `08:15:02.123456` (UTC).
+pub fn utc_time_of_day(time: SystemTime) -> String {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:06}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        since.subsec_micros()
+    )
+}
+
+/// Gregorian date of a day count since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// One log line, newline included.
+pub fn format_line(time: SystemTime, pid: u32, level: Level, message: &str) -> String {
+    format!("{} {level:<5} [{pid}] {message}\n", utc_timestamp(time))
+}
+
+struct PluginLogger {
+    file: Mutex<Option<File>>,
+    pid: u32,
+}
+
+impl Log for PluginLogger {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        metadata.level() <= Level::Info
+    }
+
+    fn log(&self, record: &Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let message = record.args().to_string();
+        if let Ok(mut file) = self.file.lock()
+            && let Some(file) = file.as_mut()
+        {
+            let line = format_line(SystemTime::now(), self.pid, record.level(), &message);
+            // Best effort: a full disk must not fail the CNI request.
+            let _ = file.write_all(line.as_bytes());
+        }
+        if record.level() == Level::Error {
+            eprintln!("ebpf-portmap: {message}");
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn open_log_file(path: &Path) -> std::io::Result<File> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(path)
+}
+
+/// Logging for a CNI invocation: to `log_file`, errors also to stderr.
+/// A log file that cannot be opened is reported on stderr once; the request
+/// goes on without it.
+pub fn init_plugin(log_file: &Path) {
+    let file = match open_log_file(log_file) {
+        Ok(file) => Some(file),
+        Err(error) => {
+            eprintln!(
+                "ebpf-portmap: cannot open log file {}: {error}",
+                log_file.display()
+            );
+            None
+        }
+    };
+    let logger = PluginLogger {
+        file: Mutex::new(file),
+        pid: std::process::id(),
+    };
+    if log::set_boxed_logger(Box::new(logger)).is_ok() {
+        log::set_max_level(LevelFilter::Info);
+    }
+}
+
+struct CliLogger {
+    level: Level,
+}
+
+impl Log for CliLogger {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        metadata.level() <= self.level
+    }
+
+    fn log(&self, record: &Record) {
+        if self.enabled(record.metadata()) {
+            eprintln!(
+                "ebpf-portmap: {}: {}",
+                record.level().as_str().to_lowercase(),
+                record.args()
+            );
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Logging for the operator CLI: warnings and errors (everything from info
+/// with `verbose`) to stderr.
+pub fn init_cli(verbose: bool) {
+    let level = if verbose { Level::Info } else { Level::Warn };
+    if log::set_boxed_logger(Box::new(CliLogger { level })).is_ok() {
+        log::set_max_level(level.to_level_filter());
+    }
+}
+
+/// `host:port->container/proto` of every mapping requested, e.g.
+/// `*:8080->80/tcp, 198.18.0.11:53->53/udp`.
+pub fn describe_mappings(conf: &NetConf) -> String {
+    if conf.port_mappings.is_empty() {
+        return "none".into();
+    }
+    conf.port_mappings
+        .iter()
+        .map(|m| {
+            let host = match m.host_ip.specific() {
+                Some(std::net::IpAddr::V6(addr)) => format!("[{addr}]"),
+                Some(addr) => addr.to_string(),
+                None => match m.host_ip {
+                    crate::config::HostIp::AnyV4 => "0.0.0.0".into(),
+                    crate::config::HostIp::AnyV6 => "[::]".into(),
+                    _ => "*".into(),
+                },
+            };
+            format!(
+                "{host}:{}->{}/{}",
+                m.host_port, m.container_port, m.protocol
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn outcome(result: &Result<(), CniError>) -> String {
+    match result {
+        Ok(()) => "ok".into(),
+        Err(error) => format!("failed (code {}): {}", error.code, error.msg),
+    }
+}
+
+fn log_outcome(verb: &str, subject: &str, result: &Result<(), CniError>) {
+    // Failures are logged again, with their details, by the CNI front end
+    // (at error level, so also on stderr); this line ties them to the container.
+    let level = if result.is_ok() {
+        Level::Info
+    } else {
+        Level::Warn
+    };
+    log::log!(level, "{verb} {subject}: {}", outcome(result));
+}
+
+fn attachment(req: &Request) -> String {
+    format!(
+        "container={} ifname={} network={}",
+        req.owner.container_id, req.owner.ifname, req.owner.network
+    )
+}
+
+/// A plugin whose every decision is logged with the container it concerns.
+#[derive(Debug, Default)]
+pub struct Logged<P>(pub P);
+
+impl<P: Plugin> Plugin for Logged<P> {
+    fn add(&mut self, req: &Request) -> Result<(), CniError> {
+        let result = self.0.add(req);
+        log_outcome(
+            "ADD",
+            &format!(
+                "{} mappings=[{}]",
+                attachment(req),
+                describe_mappings(&req.conf)
+            ),
+            &result,
+        );
+        result
+    }
+
+    fn del(&mut self, req: &Request) -> Result<(), CniError> {
+        let result = self.0.del(req);
+        log_outcome("DEL", &attachment(req), &result);
+        result
+    }
+
+    fn check(&mut self, req: &Request) -> Result<(), CniError> {
+        let result = self.0.check(req);
+        log_outcome(
+            "CHECK",
+            &format!(
+                "{} mappings=[{}]",
+                attachment(req),
+                describe_mappings(&req.conf)
+            ),
+            &result,
+        );
+        result
+    }
+
+    fn gc(&mut self, req: &GcRequest) -> Result<(), CniError> {
+        let result = self.0.gc(req);
+        let keep: Vec<String> = req
+            .valid
+            .iter()
+            .map(|a| format!("{}/{}", a.container_id, a.ifname))
+            .collect();
+        log_outcome(
+            "GC",
+            &format!("network={} keep=[{}]", req.conf.name, keep.join(", ")),
+            &result,
+        );
+        result
+    }
+
+    fn status(&mut self, conf: &NetConf) -> Result<(), CniError> {
+        let result = self.0.status(conf);
+        // Runtimes ask for STATUS often: only a failure is worth a line.
+        if result.is_err() {
+            log_outcome("STATUS", &format!("network={}", conf.name), &result);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn timestamps_are_utc_rfc3339() {
+        let at = |secs: u64, micros: u64| {
+            UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros)
+        };
+        assert_eq!(utc_timestamp(at(0, 0)), "1970-01-01T00:00:00.000000Z");
+        // 2000-02-29 (leap day) 12:34:56.789012
+        assert_eq!(
+            utc_timestamp(at(951_827_696, 789_012)),
+            "2000-02-29T12:34:56.789012Z"
+        );
+        // 2026-12-31 23:59:59
+        assert_eq!(
+            utc_timestamp(at(1_798_761_599, 0)),
+            "2026-12-31T23:59:59.000000Z"
+        );
+        assert_eq!(utc_time_of_day(at(3_723, 4)), "01:02:03.000004");
+    }
+
+    #[test]
+    fn lines_carry_time_level_pid_and_message() {
+        let line = format_line(UNIX_EPOCH, 42, Level::Info, "ADD container=abc: ok");
+        assert_eq!(
+            line,
+            "1970-01-01T00:00:00.000000Z INFO  [42] ADD container=abc: ok\n"
+        );
+    }
+
+    #[test]
+    fn mappings_are_described_compactly() {
+        let conf = crate::config::parse_netconf(
+            br#"{"cniVersion":"1.0.0","name":"net","type":"ebpf-portmap","runtimeConfig":{"portMappings":[
+                {"hostPort":8080,"containerPort":80},
+                {"hostPort":53,"containerPort":53,"protocol":"udp","hostIP":"198.18.0.11"},
+                {"hostPort":443,"containerPort":8443,"hostIP":"::"}]}}"#,
+        )
+        .expect("valid config");
+        assert_eq!(
+            describe_mappings(&conf),
+            "*:8080->80/tcp, 198.18.0.11:53->53/udp, [::]:443->8443/tcp"
+        );
+    }
+
+    #[test]
+    fn outcomes_name_the_code() {
+        assert_eq!(outcome(&Ok(())), "ok");
+        assert_eq!(
+            outcome(&Err(CniError::new(100, "port taken", ""))),
+            "failed (code 100): port taken"
+        );
+    }
+}

@@ -1,0 +1,610 @@
+//! Live tracing of the dataplane's per-packet decisions.
+//!
+//! A [`Tracer`] writes the `trace_filter` map (pinned), which turns event
+//! emission on in the programs, reads [`TraceEvent`]s from the `trace_events`
+//! ring buffer (not pinned: found through the map IDs of the pinned
+//! programs) and turns the filter off again when dropped. While nobody
+//! traces, each packet costs the programs one array lookup.
+//!
+//! One tracer at a time: the filter is shared by the whole node and a ring
+//! buffer has a single consumer position. The filter records the tracer's
+//! PID, so a tracer that was killed (and could not switch tracing off) is
+//! recognised and replaced.
+
+use std::{
+    fs,
+    net::IpAddr,
+    os::fd::{AsFd, AsRawFd},
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
+
+use aya::{
+    maps::{Array, Map, MapData, MapError, MapInfo, RingBuf},
+    programs::{ProgramError, ProgramInfo},
+};
+use portmap_common::{TraceEvent, TraceFilter, map_names, stat, trace_direction};
+use serde_json::{Value, json};
+
+use crate::{
+    maps::{self, MapsError},
+    pin::PinLayout,
+    store::{addr_from_words, protocol_name},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error(transparent)]
+    Maps(#[from] MapsError),
+    #[error("cannot read the programs pinned under {path}")]
+    Programs {
+        path: PathBuf,
+        #[source]
+        source: ProgramError,
+    },
+    #[error(
+        "the pinned programs have no {} map; they were built without tracing (run an ADD with this build to upgrade them)",
+        map_names::TRACE_EVENTS
+    )]
+    NoRingBuffer,
+    #[error("cannot open the {} ring buffer", map_names::TRACE_EVENTS)]
+    RingBuffer(#[source] MapError),
+    #[error("another trace is running (pid {pid}); stop it first, or pass --force to take over")]
+    Busy { pid: u32 },
+    #[error("cannot {operation} the trace filter")]
+    Filter {
+        operation: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("waiting for trace events")]
+    Poll(#[source] std::io::Error),
+}
+
+/// What to trace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TraceRequest {
+    /// Only packets with this port at either end, before or after translation.
+    pub port: Option<u16>,
+    /// Only this IP protocol number.
+    pub proto: Option<u8>,
+}
+
+impl TraceRequest {
+    pub fn filter(&self, tracer_pid: u32) -> TraceFilter {
+        TraceFilter {
+            enabled: 1,
+            tracer_pid,
+            port_be: self.port.unwrap_or(0).to_be(),
+            proto: self.proto.unwrap_or(0),
+            ..TraceFilter::default()
+        }
+    }
+}
+
+/// Whether `pid` is a running `ebpf-portmap` process.
+pub fn tracer_alive(pid: u32) -> bool {
+    pid != 0
+        && fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim_end().starts_with("ebpf-portmap"))
+}
+
+/// The filter as it is now (all zero when tracing is off).
+pub fn current_filter(layout: &PinLayout) -> Result<TraceFilter, TraceError> {
+    let filter = maps::trace_filter(layout)?;
+    filter.get(&0, 0).map_err(|source| TraceError::Filter {
+        operation: "read",
+        source,
+    })
+}
+
+/// Turns tracing off (for a tracer that was killed); returns the old filter.
+pub fn clear_filter(layout: &PinLayout) -> Result<TraceFilter, TraceError> {
+    let mut filter = maps::trace_filter(layout)?;
+    let old = filter.get(&0, 0).map_err(|source| TraceError::Filter {
+        operation: "read",
+        source,
+    })?;
+    filter
+        .set(0, TraceFilter::default(), 0)
+        .map_err(|source| TraceError::Filter {
+            operation: "clear",
+            source,
+        })?;
+    Ok(old)
+}
+
+/// The ring buffers of the pinned programs (normally one; two while a new
+/// build replaces an old one).
+fn ring_buffers(layout: &PinLayout) -> Result<Vec<RingBuf<MapData>>, TraceError> {
+    let progs = layout.progs_dir();
+    let mut ids = Vec::new();
+    let entries = fs::read_dir(&progs).map_err(|e| TraceError::Programs {
+        path: progs.clone(),
+        source: ProgramError::IOError(e),
+    })?;
+    for entry in entries.flatten() {
+        let info = ProgramInfo::from_pin(entry.path()).map_err(|source| TraceError::Programs {
+            path: entry.path(),
+            source,
+        })?;
+        let map_ids = info.map_ids().map_err(|source| TraceError::Programs {
+            path: entry.path(),
+            source,
+        })?;
+        for id in map_ids.unwrap_or_default() {
+            let Ok(map) = MapInfo::from_id(id) else {
+                continue;
+            };
+            if map.name_as_str() == Some(map_names::TRACE_EVENTS) && !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+    if ids.is_empty() {
+        return Err(TraceError::NoRingBuffer);
+    }
+    ids.into_iter()
+        .map(|id| {
+            let data = MapData::from_id(id).map_err(TraceError::RingBuffer)?;
+            let map = Map::from_map_data(data).map_err(TraceError::RingBuffer)?;
+            RingBuf::try_from(map).map_err(TraceError::RingBuffer)
+        })
+        .collect()
+}
+
+/// How long a tracer waits between two reads of the ring buffer. The buffer
+/// holds about 2500 events; more than that within one interval are lost.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A running trace; tracing stops when it is dropped.
+pub struct Tracer {
+    filter: Array<MapData, TraceFilter>,
+    rings: Vec<RingBuf<MapData>>,
+    pid: u32,
+}
+
+impl Tracer {
+    /// Starts tracing. Fails if another live tracer holds the filter, unless
+    /// `force`.
+    pub fn start(
+        layout: &PinLayout,
+        request: TraceRequest,
+        force: bool,
+    ) -> Result<Tracer, TraceError> {
+        let mut filter = maps::trace_filter(layout)?;
+        let current = filter.get(&0, 0).map_err(|source| TraceError::Filter {
+            operation: "read",
+            source,
+        })?;
+        let pid = std::process::id();
+        if current.enabled != 0
+            && current.tracer_pid != pid
+            && tracer_alive(current.tracer_pid)
+            && !force
+        {
+            return Err(TraceError::Busy {
+                pid: current.tracer_pid,
+            });
+        }
+        let mut rings = ring_buffers(layout)?;
+        // Left over from a tracer that died: not ours to show.
+        for ring in &mut rings {
+            while ring.next().is_some() {}
+        }
+        filter
+            .set(0, request.filter(pid), 0)
+            .map_err(|source| TraceError::Filter {
+                operation: "set",
+                source,
+            })?;
+        Ok(Tracer { filter, rings, pid })
+    }
+
+    /// Returns the events that arrived, waiting up to `timeout` when there
+    /// are none yet (less when a signal interrupts the wait). The programs
+    /// submit without waking the reader (a wake-up costs a traced packet
+    /// about 10 µs), so events are picked up when the wait ends: call this
+    /// with a short timeout, such as [`POLL_INTERVAL`].
+    pub fn poll(&mut self, timeout: Duration) -> Result<Vec<TraceEvent>, TraceError> {
+        let mut events = self.drain();
+        if !events.is_empty() {
+            return Ok(events);
+        }
+        let mut fds: Vec<libc::pollfd> = self
+            .rings
+            .iter()
+            .map(|ring| libc::pollfd {
+                fd: ring.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
+        if rc < 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::Interrupted {
+                return Err(TraceError::Poll(error));
+            }
+        }
+        events.extend(self.drain());
+        Ok(events)
+    }
+
+    fn drain(&mut self) -> Vec<TraceEvent> {
+        let mut events = Vec::new();
+        for ring in &mut self.rings {
+            while let Some(item) = ring.next() {
+                if item.len() >= std::mem::size_of::<TraceEvent>() {
+                    // SAFETY: the record holds a TraceEvent written by the
+                    // programs (plain integers); read unaligned to be safe.
+                    events.push(unsafe {
+                        std::ptr::read_unaligned(item.as_ptr().cast::<TraceEvent>())
+                    });
+                }
+            }
+        }
+        events
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        // Only our own filter: a tracer that took over with --force keeps its.
+        if self
+            .filter
+            .get(&0, 0)
+            .is_ok_and(|filter| filter.tracer_pid == self.pid)
+            && let Err(error) = self.filter.set(0, TraceFilter::default(), 0)
+        {
+            log::error!("could not switch tracing off: {error}");
+        }
+    }
+}
+
+/// A decision as shown to people: a short tag and what it means.
+pub fn decision_label(reason: u32) -> (&'static str, &'static str) {
+    match reason {
+        stat::DNAT_NEW => ("translated-new", "new flow translated to the container"),
+        stat::DNAT => ("translated", "translated to the container"),
+        stat::REPLY => ("reply", "reply translated back to the host port"),
+        stat::SKIP_NOT_LOCAL => (
+            "skipped-not-local",
+            "mapped port, but the destination is not an address of this node (transit traffic)",
+        ),
+        stat::SKIP_NOT_SYN => (
+            "skipped-not-syn",
+            "mapped port, but not a flow start and no known flow (e.g. a flow older than the mapping)",
+        ),
+        stat::SKIP_FRAGMENT => ("skipped-fragment", "IP fragment, not translated"),
+        stat::SKIP_LOCAL_ORIGIN => (
+            "skipped-local-origin",
+            "reply to a flow the node itself opened from this port",
+        ),
+        stat::STALE_FLOW => (
+            "no-backend",
+            "the flow's mapping was deleted or now points elsewhere",
+        ),
+        stat::PASS_RECORDED => (
+            "local-origin",
+            "the node opened a flow from a mapped port; its replies will pass",
+        ),
+        stat::REWRITE_FAILED => ("rewrite-failed", "the packet could not be rewritten"),
+        stat::CT_INSERT_FAILED => (
+            "conntrack-full",
+            "the flow could not be recorded (conntrack map full?)",
+        ),
+        stat::FWD_DISABLED => (
+            "forwarding-disabled",
+            "mapped port, but IP forwarding is off on the node",
+        ),
+        stat::SOCK_TRANSLATED => (
+            "socket-translated",
+            "a connect()/sendmsg() on the node was pointed at the container",
+        ),
+        stat::SOCK_OTHER_NETNS => (
+            "socket-other-netns",
+            "loopback destination from another network namespace: left alone",
+        ),
+        stat::SOCK_NOT_LOCAL => (
+            "socket-not-local",
+            "a wildcard mapping's port on an address that is not the node's: left alone",
+        ),
+        stat::SOCK_NO_STORAGE => (
+            "socket-no-storage",
+            "no socket storage for the translation: left alone",
+        ),
+        stat::MASQ => (
+            "masqueraded",
+            "source set to the node, so the answer comes back through it (hairpin, masqAll)",
+        ),
+        stat::MASQ_NO_PORT => (
+            "masq-no-port",
+            "no free masquerade source port: translated without masquerade",
+        ),
+        stat::MASQ_NO_ADDR => (
+            "masq-no-address",
+            "the interface towards the container has no address to masquerade to",
+        ),
+        stat::UNMASQ => (
+            "unmasqueraded",
+            "answer of a masqueraded flow sent back to its client",
+        ),
+        _ => (
+            stat::NAMES
+                .get(reason as usize)
+                .copied()
+                .unwrap_or("unknown"),
+            "",
+        ),
+    }
+}
+
+/// Tag and meaning of an event that counted nothing: an inbound packet for a
+/// port (the traced one) that no mapping publishes.
+pub const NO_MAPPING: (&str, &str) = (
+    "no-mapping",
+    "no mapping for this address, port and protocol: passed to the node untouched",
+);
+
+/// The decisions of an event, in reason order.
+pub fn decisions(event: &TraceEvent) -> Vec<(&'static str, &'static str)> {
+    let mut labels: Vec<_> = (0..stat::COUNT)
+        .filter(|reason| event.decisions & (1 << reason) != 0)
+        .map(decision_label)
+        .collect();
+    if labels.is_empty() {
+        labels.push(NO_MAPPING);
+    }
+    labels
+}
+
+fn endpoint(family: u8, addr: &[u32; 4], port_be: u16) -> String {
+    match addr_from_words(family, addr) {
+        IpAddr::V4(a) => format!("{a}:{}", u16::from_be(port_be)),
+        IpAddr::V6(a) => format!("[{a}]:{}", u16::from_be(port_be)),
+    }
+}
+
+fn tcp_flags(flags: u8) -> String {
+    // tcpdump's order: [S.] for a SYN-ACK, [P.] for data with an ACK.
+    let names = [
+        (0x02, 'S'),
+        (0x01, 'F'),
+        (0x04, 'R'),
+        (0x08, 'P'),
+        (0x10, '.'),
+    ];
+    names
+        .iter()
+        .filter(|(bit, _)| flags & bit != 0)
+        .map(|(_, name)| *name)
+        .collect()
+}
+
+/// Converts `bpf_ktime_get_ns` stamps (CLOCK_MONOTONIC) to wall-clock time.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    wall_at_boot: SystemTime,
+}
+
+impl Clock {
+    pub fn now() -> Clock {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid out pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let monotonic = Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
+        Clock {
+            wall_at_boot: SystemTime::now() - monotonic,
+        }
+    }
+
+    pub fn wall(&self, ts_ns: u64) -> SystemTime {
+        self.wall_at_boot + Duration::from_nanos(ts_ns)
+    }
+}
+
+/// A traced packet with the names a person needs.
+#[derive(Debug, Clone)]
+pub struct TraceRecord {
+    pub time: SystemTime,
+    pub interface: String,
+    pub event: TraceEvent,
+}
+
+impl TraceRecord {
+    pub fn direction(&self) -> &'static str {
+        if self.event.direction == trace_direction::INGRESS {
+            "ingress"
+        } else {
+            "egress"
+        }
+    }
+
+    fn from(&self) -> String {
+        let e = &self.event;
+        endpoint(e.family, &e.src_addr_be, e.sport_be)
+    }
+
+    fn to(&self) -> String {
+        let e = &self.event;
+        endpoint(e.family, &e.dst_addr_be, e.dport_be)
+    }
+
+    /// What the program changed, as "to X" / "from X", if anything.
+    fn rewrite(&self) -> Option<String> {
+        let e = &self.event;
+        let new_to = endpoint(e.family, &e.new_dst_addr_be, e.new_dport_be);
+        let new_from = endpoint(e.family, &e.new_src_addr_be, e.new_sport_be);
+        if new_to != self.to() {
+            Some(format!("now to {new_to}"))
+        } else if new_from != self.from() {
+            Some(format!("now from {new_from}"))
+        } else {
+            None
+        }
+    }
+
+    /// One line for people: time, interface, direction, packet, decisions.
+    pub fn line(&self) -> String {
+        let e = &self.event;
+        let mut line = format!(
+            "{} {} {:<7} {} {} > {}",
+            crate::logging::utc_time_of_day(self.time),
+            self.interface,
+            self.direction(),
+            protocol_name(e.proto),
+            self.from(),
+            self.to(),
+        );
+        if e.proto == portmap_common::PROTO_TCP {
+            line.push_str(&format!(" [{}]", tcp_flags(e.flags)));
+        }
+        let labels = decisions(e);
+        let tags: Vec<&str> = labels.iter().map(|(tag, _)| *tag).collect();
+        line.push_str(&format!(": {}", tags.join(", ")));
+        if let Some(rewrite) = self.rewrite() {
+            line.push_str(&format!(", {rewrite}"));
+        }
+        if let Some((_, meaning)) = labels.first()
+            && !meaning.is_empty()
+        {
+            line.push_str(&format!(" ({meaning})"));
+        }
+        line
+    }
+
+    /// The same as a JSON object, one per line with `--json`.
+    pub fn to_json(&self) -> Value {
+        let e = &self.event;
+        let labels = decisions(e);
+        json!({
+            "time": crate::logging::utc_timestamp(self.time),
+            "interface": self.interface,
+            "ifindex": e.ifindex,
+            "direction": self.direction(),
+            "protocol": protocol_name(e.proto),
+            "from": self.from(),
+            "to": self.to(),
+            "newFrom": endpoint(e.family, &e.new_src_addr_be, e.new_sport_be),
+            "newTo": endpoint(e.family, &e.new_dst_addr_be, e.new_dport_be),
+            "tcpFlags": if e.proto == portmap_common::PROTO_TCP { Value::from(tcp_flags(e.flags)) } else { Value::Null },
+            "length": e.len,
+            "decisions": labels.iter().map(|(tag, _)| *tag).collect::<Vec<_>>(),
+            "meaning": labels.first().map(|(_, meaning)| *meaning).unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::words_from_addr;
+    use std::time::UNIX_EPOCH;
+
+    fn record(event: TraceEvent) -> TraceRecord {
+        TraceRecord {
+            time: UNIX_EPOCH + Duration::from_millis(3_723_004),
+            interface: "eth0".into(),
+            event,
+        }
+    }
+
+    fn v4(text: &str) -> [u32; 4] {
+        words_from_addr(text.parse().unwrap())
+    }
+
+    #[test]
+    fn a_translated_syn_reads_naturally() {
+        let event = TraceEvent {
+            src_addr_be: v4("198.18.0.2"),
+            dst_addr_be: v4("198.18.0.1"),
+            new_src_addr_be: v4("198.18.0.2"),
+            new_dst_addr_be: v4("10.244.0.5"),
+            sport_be: 40000u16.to_be(),
+            dport_be: 8080u16.to_be(),
+            new_sport_be: 40000u16.to_be(),
+            new_dport_be: 80u16.to_be(),
+            decisions: 1 << stat::DNAT_NEW,
+            direction: trace_direction::INGRESS,
+            family: 4,
+            proto: 6,
+            flags: 0x02,
+            ..TraceEvent::default()
+        };
+        let record = record(event);
+        assert_eq!(
+            record.line(),
+            "01:02:03.004000 eth0 ingress tcp 198.18.0.2:40000 > 198.18.0.1:8080 [S]: translated-new, now to 10.244.0.5:80 (new flow translated to the container)"
+        );
+        let json = record.to_json();
+        assert_eq!(json["decisions"], json!(["translated-new"]));
+        assert_eq!(json["newTo"], "10.244.0.5:80");
+        assert_eq!(json["time"], "1970-01-01T01:02:03.004000Z");
+    }
+
+    #[test]
+    fn a_reply_shows_the_restored_source() {
+        let fd = |text: &str| words_from_addr(text.parse().unwrap());
+        let event = TraceEvent {
+            src_addr_be: fd("fd44::5"),
+            dst_addr_be: fd("fd18::2"),
+            new_src_addr_be: fd("fd18::1"),
+            new_dst_addr_be: fd("fd18::2"),
+            sport_be: 53u16.to_be(),
+            dport_be: 5000u16.to_be(),
+            new_sport_be: 5353u16.to_be(),
+            new_dport_be: 5000u16.to_be(),
+            decisions: 1 << stat::REPLY,
+            direction: trace_direction::EGRESS,
+            family: 6,
+            proto: 17,
+            ..TraceEvent::default()
+        };
+        let line = record(event).line();
+        assert!(
+            line.contains(
+                "egress  udp [fd44::5]:53 > [fd18::2]:5000: reply, now from [fd18::1]:5353"
+            ),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn nothing_counted_means_no_mapping() {
+        let event = TraceEvent {
+            family: 4,
+            proto: 6,
+            ..TraceEvent::default()
+        };
+        assert_eq!(decisions(&event), vec![NO_MAPPING]);
+        assert!(record(event).line().contains(": no-mapping ("));
+    }
+
+    #[test]
+    fn every_reason_has_a_tag() {
+        for reason in 0..stat::COUNT {
+            let (tag, meaning) = decision_label(reason);
+            assert!(!tag.is_empty() && !meaning.is_empty(), "reason {reason}");
+        }
+    }
+
+    #[test]
+    fn filters_carry_port_in_network_order() {
+        let filter = TraceRequest {
+            port: Some(8080),
+            proto: Some(6),
+        }
+        .filter(42);
+        assert_eq!(filter.enabled, 1);
+        assert_eq!(filter.tracer_pid, 42);
+        assert_eq!(filter.port_be, 8080u16.to_be());
+        assert_eq!(filter.proto, 6);
+        assert_eq!(TraceRequest::default().filter(1).port_be, 0, "any port");
+    }
+}

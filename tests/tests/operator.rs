@@ -1,0 +1,973 @@
+//! The operator verbs (`list`, `status`, `trace`, `gc`, `uninstall`) and the
+//! plugin's log, checked against real state: a real bridge chain, real
+//! traffic from the external client, and the kernel's own view (bpftool,
+//! program and link IDs). Needs root; every test has its own namespaces,
+//! pin root and log file.
+
+#![allow(
+    clippy::result_large_err,
+    reason = "CniFailure carries the whole plugin exchange on purpose (see cni.rs)"
+)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use portmap_tests::cni::CniCommand;
+use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, PLUGIN_LOG};
+use portmap_tests::traffic::{
+    echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
+};
+use portmap_tests::world::{PROBE, World, fake_prev_result, sock};
+use portmap_tests::{PortMapping, RuntimeAttachment, plugin_bin};
+use serde_json::{Value, json};
+
+/// Upper bound for anything that has to happen (a child exiting, the kernel
+/// freeing a program); never a timing assertion.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// Runs `ebpf-portmap <args> --pin-root <root>` in the node namespace.
+fn op(world: &World, args: &[&str]) -> Output {
+    world
+        .node
+        .ns
+        .command(plugin_bin())
+        .args(args)
+        .arg("--pin-root")
+        .arg(world.pins.path())
+        .output()
+        .unwrap_or_else(|e| panic!("run ebpf-portmap {args:?}: {e}"))
+}
+
+fn op_ok(world: &World, args: &[&str]) -> String {
+    let out = op(world, args);
+    assert!(
+        out.status.success(),
+        "ebpf-portmap {args:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+fn json_of(world: &World, args: &[&str]) -> Value {
+    let text = op_ok(world, args);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {text}"))
+}
+
+fn status_json(world: &World) -> (ExitStatus, Value) {
+    let out = op(world, &["status", "--json"]);
+    let status = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "status --json is not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status, status)
+}
+
+/// The `list --json` row of `host` (e.g. `0.0.0.0:8080/tcp`).
+fn row<'a>(list: &'a Value, host: &str) -> &'a Value {
+    list.as_array()
+        .expect("list is an array")
+        .iter()
+        .find(|r| r["host"] == host)
+        .unwrap_or_else(|| panic!("no row {host} in {list:#}"))
+}
+
+fn hosts(list: &Value) -> Vec<String> {
+    list.as_array()
+        .expect("list is an array")
+        .iter()
+        .map(|r| r["host"].as_str().expect("host").to_owned())
+        .collect()
+}
+
+fn num(value: &Value, key: &str) -> u64 {
+    value[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {value:#}"))
+}
+
+/// Waits for `child` up to `bound`; kills it and panics when it does not end.
+fn wait_bounded(mut child: Child, bound: Duration, what: &str) -> Output {
+    let deadline = Instant::now() + bound;
+    loop {
+        match child.try_wait().expect("try_wait") {
+            Some(_) => return child.wait_with_output().expect("collect output"),
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("collect output");
+                panic!(
+                    "{what} did not end within {bound:?}: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// Waits until `condition` holds, up to [`BOUND`].
+fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + BOUND;
+    while !condition() {
+        assert!(Instant::now() < deadline, "{what}: not within {BOUND:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `trace <args>` in the node namespace, once tracing is on.
+fn start_trace(world: &World, args: &[&str]) -> Child {
+    let child = world
+        .node
+        .ns
+        .command(plugin_bin())
+        .arg("trace")
+        .args(args)
+        .arg("--pin-root")
+        .arg(world.pins.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn trace");
+    let pid = child.id();
+    eventually("trace switched tracing on", || {
+        status_json(world).1["tracing"]["pid"] == pid
+    });
+    child
+}
+
+fn trace_events(out: &Output) -> Vec<Value> {
+    BufReader::new(&out.stdout[..])
+        .lines()
+        .map(|line| {
+            let line = line.expect("trace output line");
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("trace line {line:?}: {e}"))
+        })
+        .collect()
+}
+
+fn tcx_world() -> World {
+    World::bridge()
+}
+
+#[test]
+fn list_shows_owners_counters_and_live_flows() {
+    let world = tcx_world();
+    let web = world.node.add_container("web");
+    let api = world.node.add_container("api");
+    let _web_tcp = tcp_echo_server(&web.ns, 80, "web");
+    let _web_udp = udp_echo_server(&web.ns, 53, "web");
+    let _api_tcp = tcp_echo_server(&api.ns, 80, "api");
+    let web_mappings = [PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)];
+    let api_mappings = [PortMapping::tcp(9090, 80)];
+    world.add(&web, &web_mappings);
+    world.add(&api, &api_mappings);
+
+    let list = json_of(&world, &["list", "--json"]);
+    assert_eq!(
+        hosts(&list),
+        [
+            "0.0.0.0:5353/udp",
+            "[::]:5353/udp",
+            "0.0.0.0:8080/tcp",
+            "[::]:8080/tcp",
+            "0.0.0.0:9090/tcp",
+            "[::]:9090/tcp"
+        ],
+        "sorted by port, protocol, family"
+    );
+    let web8080 = row(&list, "0.0.0.0:8080/tcp");
+    assert_eq!(web8080["containerID"], "web");
+    assert_eq!(web8080["ifname"], "eth0");
+    assert_eq!(web8080["network"], world.list.name());
+    assert_eq!(web8080["hostPort"], 8080);
+    assert_eq!(web8080["protocol"], "tcp");
+    assert_eq!(web8080["containerPort"], 80);
+    assert!(
+        web8080["containerIP"]
+            .as_str()
+            .is_some_and(|ip| ip.starts_with("10.244.0.")),
+        "the container address from host-local: {web8080:#}"
+    );
+    assert!(web8080["ageSeconds"].as_u64().is_some(), "{web8080:#}");
+    for r in list.as_array().expect("array") {
+        for key in ["packets", "bytes", "activeFlows"] {
+            assert_eq!(num(r, key), 0, "no traffic yet: {r:#}");
+        }
+    }
+
+    // A TCP connection over IPv4 that stays open while we look.
+    let mut session =
+        tcp_connect(&world.node.ext, sock(NODE_IP4, 8080), PROBE).expect("connect to 8080");
+    let mut payload_bytes = 0;
+    for i in 0..3 {
+        let payload = format!("request {i}");
+        payload_bytes += payload.len() as u64 + 1;
+        assert_eq!(
+            session.request(&payload, PROBE).expect("request"),
+            echo_reply("web", &payload)
+        );
+    }
+    // One UDP exchange over IPv6.
+    let query = "query";
+    world.expect_answer(
+        "UDP [fd18::1]:5353",
+        udp_request(&world.node.ext, sock(NODE_IP6, 5353), query, PROBE),
+        &echo_reply("web", query),
+    );
+
+    let list = json_of(&world, &["list", "--json"]);
+    let tcp = row(&list, "0.0.0.0:8080/tcp");
+    // SYN + one segment per request at least, and a SYN-ACK + an answer each.
+    assert!(num(tcp, "packetsIn") >= 4, "{tcp:#}");
+    assert!(num(tcp, "packetsOut") >= 4, "{tcp:#}");
+    assert!(
+        num(tcp, "bytesIn") > payload_bytes,
+        "payload plus headers: {tcp:#}"
+    );
+    assert!(num(tcp, "bytesOut") > payload_bytes, "{tcp:#}");
+    assert_eq!(num(tcp, "activeFlows"), 1, "the open connection: {tcp:#}");
+    assert_eq!(
+        num(tcp, "packets"),
+        num(tcp, "packetsIn") + num(tcp, "packetsOut")
+    );
+
+    // UDP: bytes are whole frames at the tc hook (Ethernet, IPv6, UDP,
+    // payload), so they are exact whatever the number of datagrams (the
+    // probe re-sends while no answer came).
+    let udp6 = row(&list, "[::]:5353/udp");
+    assert!(
+        num(udp6, "packetsIn") >= 1 && num(udp6, "packetsOut") >= 1,
+        "{udp6:#}"
+    );
+    let frame = |payload: usize| (14 + 40 + 8 + payload) as u64;
+    assert_eq!(
+        num(udp6, "bytesIn"),
+        num(udp6, "packetsIn") * frame(query.len()),
+        "{udp6:#}"
+    );
+    assert_eq!(
+        num(udp6, "bytesOut"),
+        num(udp6, "packetsOut") * frame(echo_reply("web", query).len()),
+        "{udp6:#}"
+    );
+    assert_eq!(num(udp6, "activeFlows"), 1, "{udp6:#}");
+    for untouched in [
+        "[::]:8080/tcp",
+        "0.0.0.0:5353/udp",
+        "0.0.0.0:9090/tcp",
+        "[::]:9090/tcp",
+    ] {
+        let r = row(&list, untouched);
+        assert_eq!(
+            num(r, "packets"),
+            0,
+            "no traffic went to {untouched}: {r:#}"
+        );
+    }
+
+    // Filters.
+    assert_eq!(
+        hosts(&json_of(&world, &["list", "--json", "--port", "5353"])),
+        ["0.0.0.0:5353/udp", "[::]:5353/udp"]
+    );
+    assert_eq!(
+        hosts(&json_of(&world, &["list", "--json", "--container", "ap"])),
+        ["0.0.0.0:9090/tcp", "[::]:9090/tcp"],
+        "--container matches an ID prefix"
+    );
+    assert_eq!(
+        hosts(&json_of(
+            &world,
+            &["list", "--json", "--container", "web", "--port", "8080"]
+        )),
+        ["0.0.0.0:8080/tcp", "[::]:8080/tcp"]
+    );
+    assert_eq!(
+        json_of(&world, &["list", "--json", "--port", "1"]),
+        json!([])
+    );
+
+    // Not a terminal: plain tab-separated text, no colour codes.
+    let text = op_ok(&world, &["list"]);
+    assert!(
+        !text.contains('\x1b'),
+        "no escape codes in a pipe: {text:?}"
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0],
+        "HOST\tCONTAINER\tOWNER\tIFNAME\tNETWORK\tAGE\tPACKETS IN/OUT\tBYTES IN/OUT\tFLOWS"
+    );
+    let cells = |host: &str| -> Vec<String> {
+        lines
+            .iter()
+            .find(|l| l.starts_with(&format!("{host}\t")))
+            .unwrap_or_else(|| panic!("a line for {host}: {text}"))
+            .split('\t')
+            .map(str::to_owned)
+            .collect()
+    };
+    let tcp_cells = cells("0.0.0.0:8080/tcp");
+    assert_eq!(tcp_cells[2], "web", "OWNER is the short container ID");
+    assert_eq!(tcp_cells[8], "1", "FLOWS");
+    // The UDP exchange is over, so its counters stand still.
+    assert_eq!(
+        cells("[::]:5353/udp")[6],
+        format!("{}/{}", num(udp6, "packetsIn"), num(udp6, "packetsOut"))
+    );
+    drop(session);
+
+    // DEL drops the owner's counters with its mappings.
+    world.del(&web, &web_mappings);
+    assert_eq!(
+        hosts(&json_of(&world, &["list", "--json"])),
+        ["0.0.0.0:9090/tcp", "[::]:9090/tcp"]
+    );
+    assert_eq!(
+        world.dump_map("counters"),
+        json!([]),
+        "DEL removed the traffic counters of web"
+    );
+    world.del(&api, &api_mappings);
+}
+
+#[test]
+fn status_reports_tcx_programs_fill_levels_and_counters() {
+    let world = tcx_world();
+    let (code, status) = status_json(&world);
+    assert!(!code.success(), "nothing installed yet: {status:#}");
+    assert_eq!(status["installed"], false);
+    assert!(
+        status["problems"][0]
+            .as_str()
+            .is_some_and(|p| p.contains("nothing is installed")),
+        "{status:#}"
+    );
+
+    let web = world.node.add_container("web");
+    let _tcp = tcp_echo_server(&web.ns, 80, "web");
+    let mappings = [PortMapping::tcp(8080, 80)];
+    world.add(&web, &mappings);
+    for ip in [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)] {
+        world.expect_answer(
+            &format!("TCP via {ip}"),
+            tcp_request(&world.node.ext, sock(ip, 8080), "hi", PROBE),
+            &echo_reply("web", "hi"),
+        );
+    }
+
+    let (code, status) = status_json(&world);
+    assert!(code.success(), "a healthy node exits 0: {status:#}");
+    assert_eq!(status["healthy"], true);
+    assert_eq!(status["problems"], json!([]));
+    assert_eq!(status["attachMode"], "tcx");
+    assert!(
+        status["kernel"]
+            .as_str()
+            .is_some_and(|k| k.starts_with(char::is_numeric)),
+        "{status:#}"
+    );
+    let eth0: Vec<&Value> = status["interfaces"]
+        .as_array()
+        .expect("interfaces")
+        .iter()
+        .filter(|i| i["interface"] == "eth0")
+        .collect();
+    assert_eq!(eth0.len(), 2, "ingress and egress on eth0: {status:#}");
+    for (attachment, program) in eth0.iter().zip(["portmap_ingress", "portmap_egress"]) {
+        assert_eq!(attachment["mode"], "tcx");
+        assert_eq!(attachment["attached"], true);
+        let id = num(attachment, "programID");
+        // The kernel agrees: that program ID is our program.
+        let shown = Command::new("bpftool")
+            .args(["--json", "prog", "show", "id", &id.to_string()])
+            .output()
+            .expect("bpftool prog show");
+        let shown: Value = serde_json::from_slice(&shown.stdout).expect("bpftool JSON");
+        assert_eq!(shown["name"], program, "program {id}: {shown:#}");
+        let pinned = status["programs"]
+            .as_array()
+            .expect("programs")
+            .iter()
+            .find(|p| p["name"] == program)
+            .expect("the program is listed");
+        assert_eq!(num(pinned, "id"), id);
+        assert_eq!(pinned["currentBuild"], true);
+    }
+
+    let map = |name: &str| {
+        status["maps"]
+            .as_array()
+            .expect("maps")
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("map {name} in {status:#}"))
+            .clone()
+    };
+    assert_eq!(num(&map("mappings"), "entries"), 2, "IPv4 and IPv6 of 8080");
+    assert_eq!(num(&map("mappings"), "maxEntries"), 65536);
+    assert_eq!(num(&map("owners"), "entries"), 1);
+    assert_eq!(num(&map("owner_slots"), "entries"), 2);
+    assert_eq!(
+        num(&map("counters"), "entries"),
+        2,
+        "both families saw traffic"
+    );
+    assert!(
+        num(&map("conntrack"), "entries") >= 4,
+        "two entries per flow, two flows: {status:#}"
+    );
+    assert_eq!(map("stats")["entries"], Value::Null, "an array has no fill");
+
+    // The node-wide counters agree with the per-mapping ones.
+    let counters = &status["counters"];
+    let list = json_of(&world, &["list", "--json"]);
+    let sum = |key: &str| -> u64 {
+        list.as_array()
+            .expect("array")
+            .iter()
+            .map(|r| num(r, key))
+            .sum()
+    };
+    assert!(
+        num(counters, "dnat_new") >= 2,
+        "a new flow per family: {counters:#}"
+    );
+    assert_eq!(
+        num(counters, "dnat_new") + num(counters, "dnat"),
+        sum("packetsIn")
+    );
+    assert_eq!(num(counters, "reply"), sum("packetsOut"));
+    assert_eq!(num(counters, "rewrite_failed"), 0);
+
+    // Human form: the same facts, plain in a pipe.
+    let text = String::from_utf8(op(&world, &["status"]).stdout).expect("UTF-8");
+    assert!(text.contains("attach mode: tcx"), "{text}");
+    assert!(text.contains("\nhealthy\n"), "{text}");
+    assert!(!text.contains('\x1b'), "{text:?}");
+
+    // Take the egress program off eth0 behind the plugin's back.
+    let eth0_index = num(eth0[0], "ifindex");
+    let egress_link = world
+        .pins
+        .path()
+        .join(format!("v1/links/if{eth0_index}_egress"));
+    std::fs::remove_file(&egress_link).expect("unpin eth0's egress link");
+    let (code, status) = status_json(&world);
+    assert!(!code.success(), "degraded exits non-zero: {status:#}");
+    assert_eq!(
+        status["problems"],
+        json!(["eth0: no egress program attached"])
+    );
+
+    // The next ADD repairs it.
+    let other = world.node.add_container("other");
+    world.add(&other, &[PortMapping::tcp(9090, 80)]);
+    let (code, status) = status_json(&world);
+    assert!(code.success(), "repaired: {status:#}");
+    world.del(&other, &[PortMapping::tcp(9090, 80)]);
+    world.del(&web, &mappings);
+}
+
+#[test]
+fn trace_shows_decisions_for_the_traced_port_only() {
+    let world = tcx_world();
+    let web = world.node.add_container("web");
+    let _tcp = tcp_echo_server(&web.ns, 80, "web");
+    let _udp = udp_echo_server(&web.ns, 53, "web");
+    world.add(
+        &web,
+        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
+    );
+    let container_ip =
+        row(&json_of(&world, &["list", "--json"]), "0.0.0.0:8080/tcp")["containerIP"]
+            .as_str()
+            .expect("container IP")
+            .to_owned();
+
+    // Trace 8080 while UDP 5353 also flows: only 8080 shows.
+    let trace = start_trace(&world, &["--port", "8080", "--json", "--count", "4"]);
+    world.expect_answer(
+        "UDP 5353 while tracing 8080",
+        udp_request(&world.node.ext, sock(NODE_IP4, 5353), "q", PROBE),
+        &echo_reply("web", "q"),
+    );
+    let mut session = tcp_connect(&world.node.ext, sock(NODE_IP4, 8080), PROBE).expect("connect");
+    let client = session.local_addr().expect("client address");
+    assert_eq!(
+        session.request("traced", PROBE).expect("request"),
+        echo_reply("web", "traced")
+    );
+    let out = wait_bounded(trace, BOUND, "trace --count 4");
+    assert!(
+        out.status.success(),
+        "trace: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events = trace_events(&out);
+    assert_eq!(events.len(), 4, "--count 4: {events:#?}");
+    for event in &events {
+        assert_eq!(event["protocol"], "tcp", "only port 8080: {event:#}");
+        assert_eq!(event["interface"], "eth0");
+    }
+    let syn = &events[0];
+    assert_eq!(syn["direction"], "ingress");
+    assert_eq!(syn["decisions"], json!(["translated-new"]));
+    assert_eq!(syn["tcpFlags"], "S");
+    assert_eq!(syn["from"], client.to_string());
+    assert_eq!(syn["to"], format!("{NODE_IP4}:8080"));
+    assert_eq!(syn["newTo"], format!("{container_ip}:80"));
+    let syn_ack = &events[1];
+    assert_eq!(syn_ack["direction"], "egress");
+    assert_eq!(syn_ack["decisions"], json!(["reply"]));
+    assert_eq!(syn_ack["from"], format!("{container_ip}:80"));
+    assert_eq!(syn_ack["newFrom"], format!("{NODE_IP4}:8080"));
+    assert_eq!(syn_ack["to"], client.to_string());
+    assert!(
+        events[2..]
+            .iter()
+            .all(|e| e["decisions"] == json!(["translated"]) || e["decisions"] == json!(["reply"])),
+        "the rest of the flow: {events:#?}"
+    );
+    let (_, status) = status_json(&world);
+    assert_eq!(status["tracing"], Value::Null, "tracing is off again");
+    drop(session);
+
+    // A port nothing publishes: the trace says so.
+    let trace = start_trace(&world, &["--port", "7777", "--json", "--count", "1"]);
+    let refused = tcp_request(&world.node.ext, sock(NODE_IP6, 7777), "x", PROBE);
+    assert!(refused.is_err(), "nothing listens on 7777");
+    let out = wait_bounded(trace, BOUND, "trace --port 7777");
+    let events = trace_events(&out);
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0]["decisions"], json!(["no-mapping"]));
+    assert_eq!(events[0]["to"], format!("[{NODE_IP6}]:7777"));
+    assert_eq!(
+        events[0]["from"]
+            .as_str()
+            .map(|f| f.starts_with(&format!("[{EXT_IP6}]:"))),
+        Some(true)
+    );
+
+    // Ctrl-C ends a trace and switches tracing off; a second tracer is
+    // refused while one runs.
+    let trace = start_trace(&world, &["--port", "8080"]);
+    let second = op(&world, &["trace", "--port", "8080", "--count", "1"]);
+    assert!(!second.status.success(), "one tracer at a time");
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("another trace is running"),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(trace.id() as i32, libc::SIGINT) }, 0);
+    let out = wait_bounded(trace, BOUND, "trace after SIGINT");
+    assert!(
+        out.status.success(),
+        "Ctrl-C is a normal end: {}",
+        out.status
+    );
+    let (_, status) = status_json(&world);
+    assert_eq!(
+        status["tracing"],
+        Value::Null,
+        "tracing is off after Ctrl-C"
+    );
+
+    // Human form of a traced connection.
+    let trace = world
+        .node
+        .ns
+        .command(plugin_bin())
+        .args(["trace", "--port", "8080", "--count", "1", "--pin-root"])
+        .arg(world.pins.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn trace");
+    let pid = trace.id();
+    eventually("trace on", || {
+        status_json(&world).1["tracing"]["pid"] == pid
+    });
+    world.expect_answer(
+        "TCP 8080",
+        tcp_request(&world.node.ext, sock(NODE_IP4, 8080), "again", PROBE),
+        &echo_reply("web", "again"),
+    );
+    let out = wait_bounded(trace, BOUND, "trace, human form");
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    assert!(
+        text.contains(&format!("eth0 ingress tcp {EXT_IP4}:"))
+            && text.contains(&format!(
+                "> {NODE_IP4}:8080 [S]: translated-new, now to {container_ip}:80"
+            )),
+        "{text}"
+    );
+}
+
+#[test]
+fn uninstall_takes_everything_off_the_node() {
+    let world = tcx_world();
+    let web = world.node.add_container("web");
+    let _tcp = tcp_echo_server(&web.ns, 80, "web");
+    let mappings = [PortMapping::tcp(8080, 80)];
+    world.add(&web, &mappings);
+    let (_, status) = status_json(&world);
+    let ids = |key: &str, field: &str| -> Vec<u64> {
+        status[key]
+            .as_array()
+            .expect("array")
+            .iter()
+            .filter_map(|v| v[field].as_u64())
+            .collect()
+    };
+    let programs = ids("programs", "id");
+    let mut links = ids("interfaces", "linkID");
+    links.extend(ids("otherLinks", "linkID"));
+    let maps = ids("maps", "id");
+    assert!(
+        programs.len() >= 2,
+        "tc ingress and egress at least: {status:#}"
+    );
+    assert!(
+        links.len() >= 2,
+        "eth0 ingress and egress at least: {status:#}"
+    );
+
+    let refused = op(&world, &["uninstall"]);
+    assert!(!refused.status.success(), "mappings are still installed");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("still installed"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(
+        world.pins.path().join("v1").exists(),
+        "a refused uninstall changes nothing"
+    );
+
+    world.del(&web, &mappings);
+    op_ok(&world, &["uninstall"]);
+    assert!(
+        !world.pins.path().join("v1").exists(),
+        "no pins left: {:?}",
+        world.pins.pins()
+    );
+    // Nothing holds our programs, links or maps any more: the kernel frees them.
+    for (kind, list) in [("prog", &programs), ("link", &links), ("map", &maps)] {
+        for id in list {
+            eventually(&format!("{kind} {id} is freed"), || {
+                !Command::new("bpftool")
+                    .args([kind, "show", "id", &id.to_string()])
+                    .output()
+                    .expect("bpftool")
+                    .status
+                    .success()
+            });
+        }
+    }
+    let (code, status) = status_json(&world);
+    assert!(!code.success());
+    assert_eq!(status["installed"], false, "{status:#}");
+    assert_eq!(status["interfaces"], json!([]));
+
+    // The next ADD installs everything again.
+    world.add(&web, &mappings);
+    world.expect_answer(
+        "TCP after reinstall",
+        tcp_request(&world.node.ext, sock(NODE_IP4, 8080), "back", PROBE),
+        &echo_reply("web", "back"),
+    );
+    let (code, status) = status_json(&world);
+    assert!(code.success(), "{status:#}");
+    // --force takes it off even with mappings.
+    op_ok(&world, &["uninstall", "--force"]);
+    assert!(!world.pins.path().join("v1").exists());
+    assert!(
+        tcp_request(
+            &world.node.ext,
+            sock(NODE_IP4, 8080),
+            "gone",
+            Duration::from_millis(700)
+        )
+        .is_err(),
+        "no dataplane, no mapping"
+    );
+}
+
+/// A fake owner for the plugin alone (hand-made prevResult).
+fn fake_owner(
+    world: &World,
+    id: &str,
+    last_octet: u8,
+    mappings: &[PortMapping],
+) -> (RuntimeAttachment, Value) {
+    let netns = world.node.ns.path();
+    let rt = RuntimeAttachment {
+        container_id: id.to_owned(),
+        netns_path: netns.to_path_buf(),
+        ifname: "eth0".to_owned(),
+        capability_args: json!({"portMappings": mappings.iter().map(PortMapping::to_json).collect::<Vec<_>>()}),
+        cni_args: Vec::new(),
+    };
+    let prev = fake_prev_result(
+        netns,
+        "eth0",
+        Some(IpAddr::V4(Ipv4Addr::new(10, 250, 0, last_octet))),
+        None,
+    );
+    (rt, prev)
+}
+
+fn log_lines(data_dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(data_dir.join(PLUGIN_LOG))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_plugin_logs_every_decision_with_the_container_id() {
+    let world = World::plugin_only();
+    let first = [PortMapping::tcp(8080, 80)];
+    let (a, a_prev) = fake_owner(&world, "alpha", 2, &first);
+    let (b, b_prev) = fake_owner(&world, "bravo", 3, &first);
+    let ours =
+        |command, rt: &RuntimeAttachment, prev: Option<&Value>| world.exec_ours(command, rt, prev);
+    let added = ours(CniCommand::Add, &a, Some(&a_prev)).expect("ADD alpha");
+    // stdout is the CNI result and nothing else.
+    let result: Value =
+        serde_json::from_str(&added.stdout).expect("ADD stdout is one JSON document");
+    assert!(result.get("ips").is_some(), "{result:#}");
+    ours(CniCommand::Check, &a, Some(&a_prev)).expect("CHECK alpha");
+    let conflict = ours(CniCommand::Add, &b, Some(&b_prev)).expect_err("bravo wants alpha's port");
+    assert!(
+        conflict
+            .stderr
+            .contains("already mapped by container alpha"),
+        "errors also go to stderr: {:?}",
+        conflict.stderr
+    );
+    ours(CniCommand::Del, &b, None).expect("DEL bravo");
+    ours(CniCommand::Del, &a, None).expect("DEL alpha");
+    world
+        .runner
+        .gc(&world.list, &[])
+        .unwrap_or_else(|e| panic!("GC: {e}"));
+
+    let lines = log_lines(world.node.data_dir());
+    let find = |needles: &[&str]| {
+        lines
+            .iter()
+            .find(|l| needles.iter().all(|n| l.contains(n)))
+            .unwrap_or_else(|| panic!("no log line with {needles:?} in:\n{}", lines.join("\n")))
+    };
+    find(&[
+        " INFO ",
+        "ADD container=alpha ifname=eth0 network=epm-test mappings=[*:8080->80/tcp]: ok",
+    ]);
+    find(&["CHECK container=alpha", ": ok"]);
+    find(&[
+        "ADD container=bravo",
+        "failed (code 100)",
+        "already mapped by container alpha",
+    ]);
+    find(&[" ERROR ", "already mapped by container alpha"]);
+    find(&["DEL container=bravo ifname=eth0 network=epm-test: ok"]);
+    find(&["DEL container=alpha ifname=eth0 network=epm-test: ok"]);
+    find(&["GC network=epm-test keep=[]: ok"]);
+    for line in &lines {
+        // 2026-05-20T08:15:02.123456Z INFO  [pid] ...
+        let stamp = line.get(..27).unwrap_or_default();
+        assert!(
+            stamp.len() == 27 && stamp.as_bytes()[4] == b'-' && stamp.ends_with('Z'),
+            "every line starts with a UTC timestamp: {line:?}"
+        );
+    }
+}
+
+#[test]
+fn gc_removes_only_what_is_not_kept() {
+    let world = World::plugin_only();
+    let (a, a_prev) = fake_owner(&world, "keepme", 2, &[PortMapping::tcp(8001, 80)]);
+    let (b, b_prev) = fake_owner(&world, "dropme", 3, &[PortMapping::tcp(8002, 80)]);
+    world
+        .exec_ours(CniCommand::Add, &a, Some(&a_prev))
+        .expect("ADD keepme");
+    world
+        .exec_ours(CniCommand::Add, &b, Some(&b_prev))
+        .expect("ADD dropme");
+    let network = world.list.name().to_owned();
+
+    let usage = op(&world, &["gc", "--network", &network]);
+    assert!(
+        !usage.status.success(),
+        "--network needs --keep or --keep-none"
+    );
+
+    let dry = op_ok(
+        &world,
+        &[
+            "gc",
+            "--network",
+            &network,
+            "--keep",
+            "keepme/eth0",
+            "--dry-run",
+        ],
+    );
+    assert!(dry.contains("would remove owner dropme/eth0"), "{dry}");
+    assert_eq!(
+        hosts(&json_of(&world, &["list", "--json"])),
+        ["0.0.0.0:8001/tcp", "0.0.0.0:8002/tcp"],
+        "a dry run removes nothing"
+    );
+
+    let done = op_ok(
+        &world,
+        &["gc", "--network", &network, "--keep", "keepme/eth0"],
+    );
+    assert!(done.contains("removed owner dropme/eth0"), "{done}");
+    assert_eq!(
+        hosts(&json_of(&world, &["list", "--json"])),
+        ["0.0.0.0:8001/tcp"]
+    );
+    assert_eq!(
+        world.dump_map("owners").as_array().map(Vec::len),
+        Some(1),
+        "dropme's owner record is gone too"
+    );
+    // Another network's name touches nothing.
+    op_ok(&world, &["gc", "--network", "other-net", "--keep-none"]);
+    assert_eq!(
+        hosts(&json_of(&world, &["list", "--json"])),
+        ["0.0.0.0:8001/tcp"]
+    );
+}
+
+#[test]
+fn every_pinned_map_dumps_with_named_fields() {
+    let world = tcx_world();
+    let web = world.node.add_container("web");
+    let _tcp = tcp_echo_server(&web.ns, 80, "web");
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    world.expect_answer(
+        "TCP",
+        tcp_request(&world.node.ext, sock(NODE_IP4, 8080), "x", PROBE),
+        &echo_reply("web", "x"),
+    );
+    let dir = world.pins.path().join("v1/maps");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("maps dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for expected in ["counters", "mappings", "trace_filter"] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} is pinned: {names:?}"
+        );
+    }
+    for name in &names {
+        // Two maps bpftool cannot show with names: `sock_origin` is socket
+        // storage, keyed by socket (the kernel has no key walk for it), and
+        // `features` is created by userspace without BTF (see
+        // portmap-user/src/features.rs), so it dumps in hex.
+        if name == "sock_origin" || name == "features" {
+            continue;
+        }
+        let entries = world.dump_map(name);
+        let entries = entries.as_array().expect("a JSON array");
+        for entry in entries {
+            assert!(
+                entry.get("formatted").is_some(),
+                "{name}: bpftool shows named fields (BTF): {entry:#}"
+            );
+        }
+    }
+    let mapping = &world.dump_map("mappings")[0]["formatted"];
+    assert_eq!(
+        mapping["key"]["host_port_be"],
+        8080u16.to_be(),
+        "{mapping:#}"
+    );
+    let counters = &world.dump_map("counters")[0]["formatted"];
+    let cpus = counters["values"].as_array().expect("per-CPU values");
+    let packets_in: u64 = cpus
+        .iter()
+        .map(|cpu| cpu["value"]["packets_in"].as_u64().expect("packets_in"))
+        .sum();
+    let list = json_of(&world, &["list", "--json"]);
+    assert_eq!(packets_in, num(row(&list, "0.0.0.0:8080/tcp"), "packetsIn"));
+}
+
+#[test]
+fn removed_containers_leave_a_note_and_gc_unpins_their_attachments() {
+    let world = tcx_world();
+    let gone = world.node.add_container("gone");
+    let stays = world.node.add_container("stays");
+    world.add(&gone, &[PortMapping::tcp(8080, 80)]);
+    world.add(&stays, &[PortMapping::tcp(8081, 80)]);
+    let links = || {
+        world
+            .pins
+            .pins()
+            .into_iter()
+            .filter(|p| p.to_string_lossy().starts_with("v1/links/if"))
+            .count()
+    };
+    let before = links();
+    world.del(&gone, &[PortMapping::tcp(8080, 80)]);
+    // The runtime removes the namespace, and with it the veth.
+    drop(gone);
+    eventually("the veth of the removed container is gone", || {
+        let (_, status) = status_json(&world);
+        status["interfaces"]
+            .as_array()
+            .is_some_and(|list| list.iter().any(|i| i["interface"].is_null()))
+    });
+    let (code, status) = status_json(&world);
+    assert!(
+        code.success(),
+        "a removed container is no problem: {status:#}"
+    );
+    assert!(
+        status["notes"][0]
+            .as_str()
+            .is_some_and(|n| n.contains("no longer exist")),
+        "{status:#}"
+    );
+
+    let dry = op_ok(&world, &["gc", "--stale-links", "--dry-run"]);
+    assert_eq!(
+        dry.matches("would remove stale attachment pin").count(),
+        2,
+        "{dry}"
+    );
+    assert_eq!(links(), before, "a dry run unpins nothing");
+    let done = op_ok(&world, &["gc", "--stale-links"]);
+    assert_eq!(
+        done.matches("removed stale attachment pin").count(),
+        2,
+        "{done}"
+    );
+    assert_eq!(
+        links(),
+        before - 2,
+        "ingress and egress of the removed veth"
+    );
+    let (code, status) = status_json(&world);
+    assert!(code.success(), "{status:#}");
+    assert_eq!(status["notes"], json!([]), "{status:#}");
+    world.del(&stays, &[PortMapping::tcp(8081, 80)]);
+}

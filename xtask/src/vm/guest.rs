@@ -1,0 +1,415 @@
+//! What goes into the guest: the test binaries and `ebpf-portmap` (host
+//! builds, debug info stripped), the tools the harness shells out to and the
+//! reference CNI plugins (Debian's, with the shared libraries `ldd` names),
+//! busybox for the init script, and per kernel its modules and settings.
+//!
+//! The guest is the host's userland in miniature: the same glibc, so the
+//! binaries the host just tested run unchanged.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use super::cpio::Tree;
+use super::json::Json;
+
+/// Where the guest finds things.
+pub const GUEST_TESTS_DIR: &str = "/tests";
+pub const GUEST_PLUGIN_BIN: &str = "/usr/local/bin/ebpf-portmap";
+pub const GUEST_CNI_DIR: &str = "/usr/lib/cni";
+pub const GUEST_MODULES_DIR: &str = "/lib/modules/epm";
+pub const GUEST_CONFIG_DIR: &str = "/etc/epm-vm";
+
+/// The marker the guest prints last; nothing else counts as a pass (QEMU
+/// exits 0 even when the guest panics).
+pub const RESULT_MARKER: &str = "EPM-VM-RESULT";
+/// One line per test binary: `EPM-VM-TEST <name> PASS|FAIL <seconds>s`.
+pub const TEST_MARKER: &str = "EPM-VM-TEST";
+
+/// Tools the harness runs by name (looked up in `PATH`), as host paths.
+/// Required ones must exist; optional ones only feed failure diagnostics.
+const REQUIRED_TOOLS: &[&str] = &[
+    "/usr/sbin/ip",
+    "/usr/sbin/bpftool",
+    "/usr/sbin/iptables-save",
+    "/usr/sbin/ip6tables-save",
+];
+const OPTIONAL_TOOLS: &[&str] = &["/usr/bin/ss", "/usr/sbin/ss", "/usr/sbin/conntrack"];
+/// Reference plugins the in-VM tests chain (bridge/ptp delegate to host-local).
+const CNI_PLUGINS: &[&str] = &["bridge", "ptp", "host-local", "loopback", "portmap"];
+const HOST_CNI_DIR: &str = "/usr/lib/cni";
+const BUSYBOX: &str = "/bin/busybox";
+/// Applets the init script uses, linked into /bin (the real iproute2 `ip`
+/// comes first in PATH).
+const BUSYBOX_APPLETS: &[&str] = &[
+    "sh", "mount", "mkdir", "insmod", "cat", "echo", "uname", "poweroff", "sleep", "date", "sync",
+    "ls", "dmesg", "grep", "tail", "true", "false", "env", "rm",
+];
+
+/// One test binary to run in the guest, with its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestTest {
+    /// The cargo test target (`plugin`, `prog_test_run`, `kernel`).
+    pub name: &'static str,
+    pub args: &'static [&'static str],
+}
+
+/// The in-VM suite. Serial (`--test-threads=1`): under TCG the guest has
+/// the speed of a slow single core. The 100-container churn test is left to
+/// the host run: it exercises map code paths that do not depend on the
+/// kernel and would take most of the VM's budget.
+pub const GUEST_TESTS: &[GuestTest] = &[
+    GuestTest {
+        name: "kernel",
+        args: &["--test-threads=1"],
+    },
+    GuestTest {
+        name: "prog_test_run",
+        args: &["--test-threads=1"],
+    },
+    GuestTest {
+        name: "plugin",
+        args: &[
+            "--test-threads=1",
+            "--skip",
+            "add_del_add_cycles_of_100_containers_leave_nothing_behind",
+        ],
+    },
+];
+
+/// Host paths of what cargo built.
+#[derive(Debug)]
+pub struct Artifacts {
+    pub plugin: PathBuf,
+    /// (cargo test target name, its arguments, executable), in run order
+    pub tests: Vec<(&'static str, &'static [&'static str], PathBuf)>,
+}
+
+/// Builds the test binaries and `ebpf-portmap` (`cargo test --no-run`, which
+/// reuses what `cargo test` just built) and reads their paths from cargo's
+/// JSON messages.
+pub fn build_artifacts(tests: &[&GuestTest]) -> Result<Artifacts> {
+    let mut command = crate::cargo();
+    command.args([
+        "test",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+        "-p",
+        "portmap-user",
+        "-p",
+        "portmap-tests",
+    ]);
+    println!("+ {}", crate::show(&command));
+    let out = command
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("cargo test --no-run failed ({})", out.status);
+    }
+    let artifacts = artifacts_from_messages(&String::from_utf8_lossy(&out.stdout));
+    let plugin = artifacts
+        .iter()
+        .find(|a| a.kind == "bin" && a.name == "ebpf-portmap" && !a.test)
+        .map(|a| a.executable.clone())
+        .context("cargo built no ebpf-portmap binary")?;
+    let mut found = Vec::new();
+    for wanted in tests {
+        let executable = artifacts
+            .iter()
+            .find(|a| a.kind == "test" && a.name == wanted.name)
+            .map(|a| a.executable.clone())
+            .with_context(|| format!("cargo built no test target {}", wanted.name))?;
+        found.push((wanted.name, wanted.args, executable));
+    }
+    Ok(Artifacts {
+        plugin,
+        tests: found,
+    })
+}
+
+#[derive(Debug, PartialEq)]
+struct Artifact {
+    kind: String,
+    name: String,
+    test: bool,
+    executable: PathBuf,
+}
+
+fn artifacts_from_messages(stdout: &str) -> Vec<Artifact> {
+    stdout
+        .lines()
+        .filter_map(Json::parse)
+        .filter(|m| m.get("reason").and_then(Json::as_str) == Some("compiler-artifact"))
+        .filter_map(|m| {
+            let target = m.get("target")?;
+            Some(Artifact {
+                kind: target
+                    .get("kind")?
+                    .as_array()?
+                    .first()?
+                    .as_str()?
+                    .to_owned(),
+                name: target.get("name")?.as_str()?.to_owned(),
+                test: m.get("profile")?.get("test")?.as_bool()?,
+                executable: PathBuf::from(m.get("executable")?.as_str()?),
+            })
+        })
+        .collect()
+}
+
+/// Shared libraries `ldd` says `binary` needs (absolute paths, loader included).
+fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .with_context(|| format!("running ldd {}", binary.display()))?;
+    // Static binaries: ldd fails with "not a dynamic executable".
+    if !out.status.success() {
+        return Ok(Vec::new());
+    }
+    Ok(parse_ldd(&String::from_utf8_lossy(&out.stdout)))
+}
+
+fn parse_ldd(text: &str) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let path = match line.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next()?,
+                None => line.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+fn guest_path(host: &Path) -> Result<String> {
+    host.to_str()
+        .map(str::to_owned)
+        .with_context(|| format!("{} is not UTF-8", host.display()))
+}
+
+/// Adds a host ELF at `guest` plus the libraries it needs at their host paths.
+fn add_elf(tree: &mut Tree, guest: &str, host: &Path) -> Result<()> {
+    tree.host_file(guest, host, 0o755)?;
+    for library in shared_libraries(host)? {
+        let path = guest_path(&library)?;
+        // The loader and libraries are placed at the path ldd printed;
+        // symlinked host paths are copied as files.
+        let real = std::fs::canonicalize(&library)
+            .with_context(|| format!("resolving {}", library.display()))?;
+        tree.host_file(&path, &real, 0o755)?;
+    }
+    Ok(())
+}
+
+/// `objcopy --strip-debug` into `stage`: debug builds carry tens of MB of
+/// DWARF the guest never reads (panics still name the test and message).
+fn stripped(host: &Path, stage: &Path, name: &str) -> Result<PathBuf> {
+    let out = stage.join(name);
+    crate::run(
+        Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(host)
+            .arg(&out),
+    )?;
+    Ok(out)
+}
+
+/// Everything that is the same for every kernel.
+pub fn common_tree(artifacts: &Artifacts, stage: &Path) -> Result<Tree> {
+    std::fs::create_dir_all(stage)?;
+    let mut tree = Tree::new();
+    for dir in ["/proc", "/sys", "/dev", "/tmp", "/run", "/root", "/mnt"] {
+        tree.dir(dir)?;
+    }
+    // iproute2 keeps named namespaces in /var/run/netns, the harness looks
+    // in /run/netns: on Debian one is a link to the other.
+    tree.symlink("/var/run", "/run")?;
+    tree.char_device("/dev/console", 5, 1, 0o600)?;
+    tree.char_device("/dev/null", 1, 3, 0o666)?;
+
+    tree.host_file("/bin/busybox", Path::new(BUSYBOX), 0o755)?;
+    for applet in BUSYBOX_APPLETS {
+        tree.symlink(&format!("/bin/{applet}"), "busybox")?;
+    }
+    for tool in REQUIRED_TOOLS {
+        let path = Path::new(tool);
+        if !path.exists() {
+            bail!("{tool} is missing on the host (install it: `cargo xtask setup`)");
+        }
+        add_elf(&mut tree, tool, &std::fs::canonicalize(path)?)?;
+    }
+    for tool in OPTIONAL_TOOLS {
+        let path = Path::new(tool);
+        if path.exists() {
+            add_elf(&mut tree, tool, &std::fs::canonicalize(path)?)?;
+        }
+    }
+    for plugin in CNI_PLUGINS {
+        let host = Path::new(HOST_CNI_DIR).join(plugin);
+        if !host.exists() {
+            bail!(
+                "{} is missing (install containernetworking-plugins: `cargo xtask setup`)",
+                host.display()
+            );
+        }
+        add_elf(&mut tree, &format!("{GUEST_CNI_DIR}/{plugin}"), &host)?;
+    }
+    let plugin = stripped(&artifacts.plugin, stage, "ebpf-portmap")?;
+    add_elf(&mut tree, GUEST_PLUGIN_BIN, &plugin)?;
+    for (name, _, executable) in &artifacts.tests {
+        let binary = stripped(executable, stage, name)?;
+        add_elf(&mut tree, &format!("{GUEST_TESTS_DIR}/{name}"), &binary)?;
+    }
+    // xtables-nft-multi reads these when present.
+    for file in ["/etc/protocols", "/etc/services", "/etc/ethertypes"] {
+        if Path::new(file).is_file() {
+            tree.host_file(file, Path::new(file), 0o644)?;
+        }
+    }
+    tree.bytes("/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644)?;
+    tree.bytes("/etc/group", "root:x:0:\n", 0o644)?;
+    tree.bytes("/init", INIT_SCRIPT, 0o755)?;
+    let tests: String = artifacts
+        .tests
+        .iter()
+        .map(|(name, args, _)| format!("{name} {}\n", args.join(" ")))
+        .collect();
+    tree.bytes(&format!("{GUEST_CONFIG_DIR}/tests"), tests, 0o644)?;
+    Ok(tree)
+}
+
+/// What differs per kernel: its modules (in load order) and its settings.
+pub fn add_kernel(
+    tree: &mut Tree,
+    series: &str,
+    release: &str,
+    expected_attach_mode: &str,
+    modules_stage: &Path,
+    modules: &[String],
+) -> Result<()> {
+    for module in modules {
+        tree.host_file(
+            &format!("{GUEST_MODULES_DIR}/{module}"),
+            &modules_stage.join(module),
+            0o644,
+        )?;
+    }
+    tree.bytes(
+        &format!("{GUEST_CONFIG_DIR}/modules"),
+        modules.iter().map(|m| format!("{m}\n")).collect::<String>(),
+        0o644,
+    )?;
+    tree.bytes(
+        &format!("{GUEST_CONFIG_DIR}/env"),
+        guest_env(series, release, expected_attach_mode),
+        0o644,
+    )?;
+    Ok(())
+}
+
+fn guest_env(series: &str, release: &str, expected_attach_mode: &str) -> String {
+    format!(
+        "export EPM_KERNEL={series}\n\
+         export EPM_KERNEL_RELEASE={release}\n\
+         export EPM_EXPECT_ATTACH_MODE={expected_attach_mode}\n\
+         export EBPF_PORTMAP_BIN={GUEST_PLUGIN_BIN}\n\
+         export RUST_BACKTRACE=1\n"
+    )
+}
+
+/// The guest's PID 1 (busybox sh). Mounts what the tests need, loads the
+/// modules, runs each test binary, prints one marker line per binary and
+/// the result marker, then powers off (QEMU runs with -no-reboot, so a
+/// panic's reboot ends it too).
+const INIT_SCRIPT: &str = r#"#!/bin/sh
+# PID 1 of the ebpf-portmap VM tests (written by `cargo xtask vm-test`).
+export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+mount -t bpf bpf /sys/fs/bpf
+# cgroup2 where nodes have it (systemd's unified hierarchy).
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+. /etc/epm-vm/env
+echo "EPM-VM: kernel $(uname -r), expecting attach mode $EPM_EXPECT_ATTACH_MODE"
+result=PASS
+for module in $(cat /etc/epm-vm/modules); do
+    if ! insmod "/lib/modules/epm/$module"; then
+        echo "EPM-VM: insmod $module failed"
+        result=FAIL
+    fi
+done
+ip link set lo up
+while read -r name args; do
+    echo "EPM-VM: running $name $args"
+    start=$(date +%s)
+    if "/tests/$name" $args </dev/null; then status=PASS; else status=FAIL; result=FAIL; fi
+    echo "EPM-VM-TEST $name $status $(( $(date +%s) - start ))s"
+done < /etc/epm-vm/tests
+echo "EPM-VM-RESULT $EPM_KERNEL $result"
+sync
+poweroff -f
+echo o > /proc/sysrq-trigger
+sleep 30
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_output_gives_absolute_paths_only() {
+        let text = "\tlinux-vdso.so.1 (0x00007fd4984f8000)\n\
+                    \tlibbpf.so.1 => /lib/x86_64-linux-gnu/libbpf.so.1 (0x00007fd498398000)\n\
+                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007fd49816f000)\n\
+                    \t/lib64/ld-linux-x86-64.so.2 (0x00007fd4984fa000)\n";
+        assert_eq!(
+            parse_ldd(text),
+            [
+                PathBuf::from("/lib/x86_64-linux-gnu/libbpf.so.1"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+    }
+
+    #[test]
+    fn artifacts_are_read_from_cargo_messages() {
+        let stdout = concat!(
+            r#"{"reason":"compiler-artifact","target":{"kind":["bin"],"name":"ebpf-portmap"},"profile":{"test":false},"executable":"/t/debug/ebpf-portmap"}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","target":{"kind":["lib"],"name":"portmap_user"},"profile":{"test":false},"executable":null}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"plugin"},"profile":{"test":true},"executable":"/t/debug/deps/plugin-1"}"#,
+            "\n",
+            r#"{"reason":"build-finished","success":true}"#,
+            "\n",
+        );
+        let artifacts = artifacts_from_messages(stdout);
+        assert_eq!(artifacts.len(), 2, "{artifacts:?}");
+        assert_eq!(artifacts[0].name, "ebpf-portmap");
+        assert!(!artifacts[0].test);
+        assert_eq!(
+            artifacts[1].executable,
+            PathBuf::from("/t/debug/deps/plugin-1")
+        );
+    }
+
+    #[test]
+    fn init_prints_the_markers_the_host_reads() {
+        assert!(INIT_SCRIPT.contains(&format!("echo \"{RESULT_MARKER} $EPM_KERNEL $result\"")));
+        assert!(INIT_SCRIPT.contains(&format!("echo \"{TEST_MARKER} $name $status")));
+        assert!(INIT_SCRIPT.contains(GUEST_CONFIG_DIR));
+        assert!(INIT_SCRIPT.contains(GUEST_MODULES_DIR));
+        assert!(INIT_SCRIPT.contains(GUEST_TESTS_DIR));
+        let env = guest_env("6.1", "6.1.0-57-amd64", "clsact");
+        assert!(env.contains("export EPM_EXPECT_ATTACH_MODE=clsact\n"));
+        assert!(env.contains(&format!("export EBPF_PORTMAP_BIN={GUEST_PLUGIN_BIN}\n")));
+    }
+}

@@ -1,0 +1,340 @@
+//! `cargo xtask vm-test`: the integration tests on real Debian kernels,
+//! each booted in QEMU, the way aya tests itself on older kernels.
+//!
+//! For each `--kernel` series (default 6.1 and 6.12):
+//! 1. the newest `linux-image-<series>.*-amd64` apt knows is fetched with
+//!    `apt-get download` and extracted, once, under `target/vm/`;
+//! 2. the modules the tests need (veth, bridge, sch_ingress, cls_bpf,
+//!    nf_tables and their dependencies) are staged in load order;
+//! 3. an initramfs is written: busybox for `/init`, the host's `ip`,
+//!    `bpftool`, `iptables-save`, the reference CNI plugins, `ebpf-portmap`
+//!    and the test binaries, with their shared libraries;
+//! 4. QEMU boots it (TCG, one vCPU, no network device; the kernels boot
+//!    side by side unless `--serial`), `/init` runs `kernel`,
+//!    `prog_test_run` and `plugin` one test at a time and prints
+//!    `EPM-VM-RESULT <series> PASS|FAIL`; only that line decides, and it
+//!    must come before the timeout. The serial log is streamed with a
+//!    `[series]` prefix and kept in `target/vm/run/<series>/serial.log`.
+//!
+//! The guest is told which attach mode the plugin must have chosen
+//! (`EPM_EXPECT_ATTACH_MODE`: clsact before 6.6, tcx from 6.6), which the
+//! `kernel` test asserts.
+
+mod cpio;
+mod guest;
+mod json;
+mod kernel;
+mod qemu;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use kernel::Series;
+
+/// Debian packages the VM tests need on the host.
+/// (`binutils` for objcopy, `kmod` for depmod.)
+const VM_APT_PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "busybox-static",
+    "kmod",
+    "xz-utils",
+    "binutils",
+];
+
+/// The kernels `cargo xtask test` boots: Debian 12's 6.1 (no tcx, clsact
+/// fallback) and 6.12 (tcx).
+pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
+
+/// `EPM_SKIP_VM=1` skips the VM step of `cargo xtask test`, like `--skip-vm`.
+pub const SKIP_ENV: &str = "EPM_SKIP_VM";
+
+#[derive(Debug, Clone, Args)]
+pub struct VmTestArgs {
+    /// Kernel series to boot, e.g. 6.1 (repeat for several); default 6.1 and 6.12.
+    #[arg(long = "kernel", value_name = "SERIES")]
+    pub kernels: Vec<String>,
+    /// Seconds one VM may run before it counts as hung.
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+    /// Virtual CPUs per VM. The suite runs serially inside, and the kernels
+    /// boot side by side, so one each keeps a 2-core machine busy.
+    #[arg(long, default_value_t = 1)]
+    pub cpus: u32,
+    /// Guest memory in MiB (the initramfs lives in it).
+    #[arg(long, default_value_t = 1536)]
+    pub memory: u32,
+    /// Boot the kernels one after the other instead of all at once.
+    #[arg(long)]
+    pub serial: bool,
+    /// Run only these test targets in the guest (repeatable): kernel,
+    /// prog_test_run, plugin. Default: all of them.
+    #[arg(long = "only", value_name = "TEST")]
+    pub only: Vec<String>,
+}
+
+impl Default for VmTestArgs {
+    fn default() -> Self {
+        VmTestArgs {
+            kernels: Vec::new(),
+            timeout: 900,
+            cpus: 1,
+            memory: 1536,
+            serial: false,
+            only: Vec::new(),
+        }
+    }
+}
+
+/// Whether `EPM_SKIP_VM` asks to skip the VM tests (`1`, `true`, `yes`).
+pub fn skip_requested_by_env() -> bool {
+    std::env::var(SKIP_ENV).is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
+}
+
+fn vm_dir() -> PathBuf {
+    crate::target_dir().join("vm")
+}
+
+fn ensure_vm_packages() -> Result<()> {
+    let missing: Vec<&str> = VM_APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !crate::dpkg_installed(p))
+        .collect();
+    if missing.is_empty() {
+        println!(
+            "vm: Debian packages present ({}), skipping",
+            VM_APT_PACKAGES.join(" ")
+        );
+        return Ok(());
+    }
+    println!("vm: installing {} ...", missing.join(" "));
+    if crate::run(
+        crate::apt_get()
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing),
+    )
+    .is_err()
+    {
+        crate::run(crate::apt_get().arg("update"))?;
+        crate::run(
+            crate::apt_get()
+                .args(["install", "-y", "--no-install-recommends"])
+                .args(&missing),
+        )?;
+    }
+    Ok(())
+}
+
+/// One kernel's outcome for the summary.
+struct Outcome {
+    series: String,
+    package: String,
+    run: Option<qemu::Run>,
+    error: Option<String>,
+}
+
+/// Runs the VM tests for every requested kernel; an error unless all pass.
+pub fn vm_test(args: &VmTestArgs) -> Result<()> {
+    let started = Instant::now();
+    let kernels: Vec<String> = if args.kernels.is_empty() {
+        DEFAULT_KERNELS.iter().map(|k| k.to_string()).collect()
+    } else {
+        args.kernels.clone()
+    };
+    let series: Vec<Series> = kernels
+        .iter()
+        .map(|k| Series::parse(k))
+        .collect::<Result<_>>()?;
+    let tests: Vec<&guest::GuestTest> = guest::GUEST_TESTS
+        .iter()
+        .filter(|t| args.only.is_empty() || args.only.iter().any(|o| o == t.name))
+        .collect();
+    if let Some(unknown) = args
+        .only
+        .iter()
+        .find(|o| !guest::GUEST_TESTS.iter().any(|t| t.name == o.as_str()))
+    {
+        bail!("--only {unknown}: the guest runs kernel, prog_test_run and plugin");
+    }
+    ensure_vm_packages()?;
+    let cache = vm_dir();
+    std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
+
+    if let Some(version) = qemu_version() {
+        println!("vm: {version}");
+    }
+    let artifacts = guest::build_artifacts(&tests)?;
+    let common = guest::common_tree(&artifacts, &cache.join("stage"))?;
+
+    let outcome = |series: &Series, package: String, run: Result<qemu::Run>| match run {
+        Ok(run) => Outcome {
+            series: series.to_string(),
+            package,
+            run: Some(run),
+            error: None,
+        },
+        Err(error) => Outcome {
+            series: series.to_string(),
+            package,
+            run: None,
+            error: Some(format!("{error:#}")),
+        },
+    };
+    let mut outcomes = Vec::new();
+    if !args.serial {
+        // Prepare one after the other (apt, disk), boot all at once.
+        let mut prepared = Vec::new();
+        for series in &series {
+            match prepare(series, &common) {
+                Ok(vm) => prepared.push((series, vm)),
+                Err(error) => outcomes.push(outcome(series, String::new(), Err(error))),
+            }
+        }
+        std::thread::scope(|scope| {
+            let running: Vec<_> = prepared
+                .iter()
+                .map(|(series, vm)| (series, vm, scope.spawn(|| boot(series, vm, args))))
+                .collect();
+            for (series, vm, handle) in running {
+                let run = handle
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the VM thread panicked")));
+                outcomes.push(outcome(series, vm.package.clone(), run));
+            }
+        });
+    } else {
+        for series in &series {
+            let result = prepare(series, &common);
+            let package = result
+                .as_ref()
+                .map(|vm| vm.package.clone())
+                .unwrap_or_default();
+            let run = result.and_then(|vm| boot(series, &vm, args));
+            outcomes.push(outcome(series, package, run));
+        }
+    }
+
+    println!(
+        "vm-test summary ({:.0}s in all):",
+        started.elapsed().as_secs_f64()
+    );
+    let mut failed = Vec::new();
+    for outcome in &outcomes {
+        match (&outcome.run, &outcome.error) {
+            (Some(run), _) => {
+                println!(
+                    "  {:<5} {:<40} {} in {:.0}s",
+                    outcome.series,
+                    outcome.package,
+                    run.verdict.describe(),
+                    run.elapsed.as_secs_f64()
+                );
+                for (name, status, took) in &run.tests {
+                    println!("        {name:<14} {status} {took}");
+                }
+                if run.verdict != qemu::Verdict::Pass {
+                    println!(
+                        "  last lines of {} ({}):\n{}",
+                        run.log.display(),
+                        outcome.series,
+                        qemu::tail(&run.log, 60)
+                    );
+                    failed.push(outcome.series.clone());
+                }
+            }
+            (None, error) => {
+                println!(
+                    "  {:<5} FAIL before boot: {}",
+                    outcome.series,
+                    error.as_deref().unwrap_or("unknown error")
+                );
+                failed.push(outcome.series.clone());
+            }
+        }
+    }
+    if !failed.is_empty() {
+        bail!("VM tests failed on kernel(s) {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// A kernel ready to boot.
+struct PreparedVm {
+    package: String,
+    release: String,
+    vmlinuz: PathBuf,
+    initramfs: PathBuf,
+    log: PathBuf,
+    modules: Vec<String>,
+}
+
+/// Fetches the kernel, stages its modules and writes its initramfs.
+fn prepare(series: &Series, common: &cpio::Tree) -> Result<PreparedVm> {
+    let cache = vm_dir();
+    let fetch = || -> Result<(String, kernel::Kernel)> {
+        let package = kernel::resolve_package(series)?;
+        let kernel = kernel::fetch(&package, &cache)?;
+        Ok((package, kernel))
+    };
+    let (package, kernel) = match fetch() {
+        Ok(fetched) => fetched,
+        Err(error) => {
+            // Stale package lists name versions the mirror no longer has.
+            println!("vm: {series}: {error:#}; running apt-get update and trying again");
+            crate::run(crate::apt_get().arg("update"))?;
+            fetch()?
+        }
+    };
+    let work = cache.join("run").join(series.to_string());
+    std::fs::create_dir_all(&work)?;
+    let modules = kernel.stage_modules(&work.join("modules"))?;
+    let mut tree = common.clone();
+    guest::add_kernel(
+        &mut tree,
+        &series.to_string(),
+        &kernel.release,
+        series.expected_attach_mode(),
+        &work.join("modules"),
+        &modules,
+    )?;
+    let initramfs = work.join("initramfs.cpio");
+    tree.write(&initramfs)?;
+    Ok(PreparedVm {
+        package,
+        release: kernel.release,
+        vmlinuz: kernel.vmlinuz,
+        initramfs,
+        log: work.join("serial.log"),
+        modules,
+    })
+}
+
+fn boot(series: &Series, vm: &PreparedVm, args: &VmTestArgs) -> Result<qemu::Run> {
+    println!(
+        "vm: {series}: booting {} ({}, modules: {}), timeout {}s",
+        vm.release,
+        vm.package,
+        vm.modules.join(" "),
+        args.timeout
+    );
+    qemu::boot(&qemu::Boot {
+        series: &series.to_string(),
+        vmlinuz: &vm.vmlinuz,
+        initramfs: &vm.initramfs,
+        log: &vm.log,
+        cpus: args.cpus,
+        memory_mib: args.memory,
+        timeout: Duration::from_secs(args.timeout),
+    })
+}
+
+/// `qemu-system-x86_64 --version`, for the log.
+fn qemu_version() -> Option<String> {
+    crate::capture(Command::new(qemu::QEMU).arg("--version"))
+        .ok()
+        .and_then(|v| v.lines().next().map(str::to_owned))
+}
