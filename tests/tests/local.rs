@@ -9,7 +9,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 
 use portmap_tests::topology::{NODE_IP4, NODE_IP6};
 use portmap_tests::traffic::{echo_reply, tcp_echo_server, udp_echo_server};
@@ -221,16 +220,12 @@ fn every_local_path(world: World) {
         &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
     );
     w.del(&s.other, &[]);
-    assert_no_nat_rules(w.node.ns.path());
+    assert_no_nat_rules(&w.node.ns);
 }
 
-fn assert_no_nat_rules(netns: &Path) {
+fn assert_no_nat_rules(node: &NetNs) {
     for tool in ["iptables-save", "ip6tables-save"] {
-        let out = std::process::Command::new("nsenter")
-            .arg(format!("--net={}", netns.display()))
-            .arg(tool)
-            .output()
-            .expect("iptables-save");
+        let out = node.command(tool).output().expect("iptables-save");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             !text.contains("DNAT")
@@ -266,4 +261,53 @@ fn a_node_connection_to_a_remote_host_on_a_mapped_port_is_left_alone() {
         "far-host",
         "r",
     );
+}
+
+/// The bridge with hairpin mode off: the hairpin path goes through the
+/// node's stack, not back out of the bridge port, so it works the same.
+#[test]
+fn bridge_without_hairpin_mode_node_localhost_and_hairpin_paths() {
+    every_local_path(World::with(|name, pins, data| {
+        let mut json = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data)
+            .json()
+            .clone();
+        json["plugins"][0]["hairpinMode"] = serde_json::Value::Bool(false);
+        portmap_tests::Conflist::from_json(json).expect("conflist")
+    }));
+}
+
+/// masqAll: every translated flow is masqueraded, so the container sees
+/// the node's address on its network, not the external client.
+#[test]
+fn masq_all_hides_the_client_behind_the_node() {
+    let world = World::with(|name, pins, data| {
+        let mut json = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data)
+            .json()
+            .clone();
+        json["plugins"][1]["masqAll"] = serde_json::Value::Bool(true);
+        portmap_tests::Conflist::from_json(json).expect("conflist")
+    });
+    let web = world.node.add_container("masq");
+    let server = tcp_echo_server(&web.ns, 80, "masq");
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let target = sock(NODE_IP4, 8080);
+    world.expect_answer(
+        "external client with masqAll",
+        portmap_tests::traffic::tcp_request(
+            &world.node.ext,
+            target,
+            "m",
+            portmap_tests::world::PROBE,
+        ),
+        &echo_reply("masq", "m"),
+    );
+    let peers = server.peers();
+    assert!(
+        !peers.is_empty()
+            && peers
+                .iter()
+                .all(|p| p.ip() == IpAddr::V4(portmap_tests::topology::POD_GATEWAY4)),
+        "the container sees the node's bridge address as the client: {peers:?}"
+    );
+    world.del(&web, &[PortMapping::tcp(8080, 80)]);
 }
