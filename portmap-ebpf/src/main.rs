@@ -54,7 +54,7 @@ pub fn portmap_egress(mut ctx: TcContext) -> i32 {
         // per tracing state.
         trace::begin(&packet);
         if egress(&mut ctx, &packet) {
-            count_reply(&ctx);
+            count_from_scratch(&ctx, Way::Out);
         }
         trace::end_if_tracing(&ctx, trace_direction::EGRESS);
     }
@@ -79,7 +79,7 @@ fn ingress(ctx: &mut TcContext, packet: &Packet) {
     // What follows a new flow reads its state from scratch, after
     // new_flow's frame is gone: stacked, the frames do not fit in 512 bytes.
     if new_flow(ctx, packet, opens, now) {
-        count_new_flow(ctx);
+        count_from_scratch(ctx, Way::In);
         if wants_masquerade(ctx) {
             masquerade(ctx);
         }
@@ -287,26 +287,17 @@ fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     false
 }
 
-/// Counts the first packet of a new flow on its mapping.
+/// Counts a translated packet on its mapping: the first of a new flow
+/// (`In`) or an answer (`Out`); new_flow or egress left the mapping and its
+/// owner in scratch.
 #[inline(always)]
-fn count_new_flow(ctx: &TcContext) {
+fn count_from_scratch(ctx: &TcContext, way: Way) {
     let Some(scratch) = maps::scratch() else {
         return;
     };
-    // SAFETY: per-CPU scratch, filled by new_flow for this packet.
+    // SAFETY: per-CPU scratch, filled for this packet.
     let (mapping, owner_id) = unsafe { ((*scratch).forward.mapping, (*scratch).owner_id) };
-    counters::record(ctx, &mapping, owner_id, Way::In);
-}
-
-/// Counts a translated answer on its mapping (egress left it in scratch).
-#[inline(always)]
-fn count_reply(ctx: &TcContext) {
-    let Some(scratch) = maps::scratch() else {
-        return;
-    };
-    // SAFETY: per-CPU scratch, filled by egress for this packet.
-    let (mapping, owner_id) = unsafe { ((*scratch).forward.mapping, (*scratch).owner_id) };
-    counters::record(ctx, &mapping, owner_id, Way::Out);
+    counters::record(ctx, &mapping, owner_id, way);
 }
 
 /// Whether a new flow arriving on this interface is masqueraded: every flow

@@ -172,8 +172,19 @@ fn mount_bpffs_if_missing(root: &Path) -> Result<(), AttachError> {
     if check_bpffs(root).is_ok() || !root.starts_with(DEFAULT_MOUNT) {
         return check_bpffs(root);
     }
-    let target = std::ffi::CString::new(DEFAULT_MOUNT).unwrap_or_default();
-    let fstype = std::ffi::CString::new("bpf").unwrap_or_default();
+    if let Err(error) = mount_fs("bpf", Path::new(DEFAULT_MOUNT)) {
+        log::warn!("mounting bpffs at {DEFAULT_MOUNT}: {error}");
+    }
+    check_bpffs(root)
+}
+
+/// mount(2) of a pseudo filesystem (`fstype`, no device, no options).
+pub(crate) fn mount_fs(fstype: &str, target: &Path) -> io::Result<()> {
+    let c = |s: &[u8]| std::ffi::CString::new(s).unwrap_or_default();
+    let (fstype, target) = (
+        c(fstype.as_bytes()),
+        c(target.as_os_str().as_encoded_bytes()),
+    );
     // SAFETY: valid NUL-terminated strings, no data argument.
     let rc = unsafe {
         libc::mount(
@@ -184,13 +195,11 @@ fn mount_bpffs_if_missing(root: &Path) -> Result<(), AttachError> {
             std::ptr::null(),
         )
     };
-    if rc != 0 {
-        log::warn!(
-            "mounting bpffs at {DEFAULT_MOUNT}: {}",
-            io::Error::last_os_error()
-        );
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
-    check_bpffs(root)
 }
 
 /// The program pinned for this build, if it is.

@@ -83,21 +83,7 @@ pub fn target(configured: Option<&Path>) -> Result<PathBuf, CgroupError> {
         return Ok(path);
     }
     fs::create_dir_all(PRIVATE_MOUNT).map_err(CgroupError::Mount)?;
-    let c = |s: &str| std::ffi::CString::new(s).unwrap_or_default();
-    let (source, target, fstype) = (c("none"), c(PRIVATE_MOUNT), c("cgroup2"));
-    // SAFETY: valid NUL-terminated strings, no data argument.
-    let rc = unsafe {
-        libc::mount(
-            source.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(CgroupError::Mount(io::Error::last_os_error()));
-    }
+    crate::attach::mount_fs("cgroup2", Path::new(PRIVATE_MOUNT)).map_err(CgroupError::Mount)?;
     Ok(PathBuf::from(PRIVATE_MOUNT))
 }
 
