@@ -153,6 +153,26 @@ pub fn addresses() -> Result<Vec<(u32, IpAddr)>, NetlinkError> {
     Ok(found)
 }
 
+/// Indexes of interfaces enslaved to a bridge (or another controller):
+/// traffic through them also crosses the controller's own hooks.
+pub fn controlled_interfaces() -> Result<BTreeSet<u32>, NetlinkError> {
+    use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+    let mut ports = BTreeSet::new();
+    for answer in dump(RouteNetlinkMessage::GetLink(LinkMessage::default()))? {
+        let RouteNetlinkMessage::NewLink(link) = answer else {
+            continue;
+        };
+        if link
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::Controller(index) if *index != 0))
+        {
+            ports.insert(link.header.index);
+        }
+    }
+    Ok(ports)
+}
+
 /// Name of interface `index`, if it exists.
 pub fn interface_name(index: u32) -> Option<String> {
     let mut buffer = [0u8; libc::IF_NAMESIZE];

@@ -216,6 +216,7 @@ pub fn container_side_interfaces(conf: &NetConf) -> BTreeSet<u32> {
     else {
         return BTreeSet::new();
     };
+    let ports = netlink::controlled_interfaces().unwrap_or_default();
     interfaces
         .iter()
         .filter(|i| {
@@ -225,6 +226,10 @@ pub fn container_side_interfaces(conf: &NetConf) -> BTreeSet<u32> {
         })
         .filter_map(|i| i.get("name").and_then(serde_json::Value::as_str))
         .filter_map(netlink::interface_index)
+        // A bridge's ports are left out: everything between the containers
+        // and the node crosses the bridge device's own hooks, and running
+        // the programs twice per packet only costs.
+        .filter(|index| !ports.contains(index))
         .collect()
 }
 

@@ -913,7 +913,9 @@ fn every_pinned_map_dumps_with_named_fields() {
 
 #[test]
 fn removed_containers_leave_a_note_and_gc_unpins_their_attachments() {
-    let world = tcx_world();
+    // ptp: each container's host-side veth carries the programs (a bridge's
+    // ports do not: the bridge device's hooks see their traffic).
+    let world = World::ptp();
     let gone = world.node.add_container("gone");
     let stays = world.node.add_container("stays");
     world.add(&gone, &[PortMapping::tcp(8080, 80)]);
