@@ -31,7 +31,10 @@ fn probe(
     target: SocketAddr,
     payload: &str,
 ) -> Result<Seen, String> {
-    let mut command = ns.command(env!("CARGO_BIN_EXE_probe"));
+    // The VM tests stage the client elsewhere and say where.
+    let probe =
+        std::env::var_os("EPM_PROBE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_probe").into());
+    let mut command = ns.command(probe);
     command.args([mode, &target.to_string(), payload, "3000"]);
     if hooked {
         let procs = world.pins.cgroup().procs_file();

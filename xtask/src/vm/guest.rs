@@ -18,6 +18,8 @@ use super::json::Json;
 pub const GUEST_TESTS_DIR: &str = "/tests";
 pub const GUEST_PLUGIN_BIN: &str = "/usr/local/bin/ebpf-portmap";
 pub const GUEST_CNI_DIR: &str = "/usr/lib/cni";
+/// Where the `local` tests find their client (`EPM_PROBE_BIN`).
+pub const GUEST_PROBE_BIN: &str = "/usr/local/bin/epm-probe";
 pub const GUEST_MODULES_DIR: &str = "/lib/modules/epm";
 pub const GUEST_CONFIG_DIR: &str = "/etc/epm-vm";
 
@@ -69,6 +71,10 @@ pub const GUEST_TESTS: &[GuestTest] = &[
         args: &["--test-threads=1"],
     },
     GuestTest {
+        name: "local",
+        args: &["--test-threads=1"],
+    },
+    GuestTest {
         name: "plugin",
         args: &[
             "--test-threads=1",
@@ -82,6 +88,8 @@ pub const GUEST_TESTS: &[GuestTest] = &[
 #[derive(Debug)]
 pub struct Artifacts {
     pub plugin: PathBuf,
+    /// The `probe` client the `local` tests run as processes of their own.
+    pub probe: PathBuf,
     /// (cargo test target name, its arguments, executable), in run order
     pub tests: Vec<(&'static str, &'static [&'static str], PathBuf)>,
 }
@@ -114,6 +122,11 @@ pub fn build_artifacts(tests: &[&GuestTest]) -> Result<Artifacts> {
         .find(|a| a.kind == "bin" && a.name == "ebpf-portmap" && !a.test)
         .map(|a| a.executable.clone())
         .context("cargo built no ebpf-portmap binary")?;
+    let probe = artifacts
+        .iter()
+        .find(|a| a.kind == "bin" && a.name == "probe" && !a.test)
+        .map(|a| a.executable.clone())
+        .context("cargo built no probe binary")?;
     let mut found = Vec::new();
     for wanted in tests {
         let executable = artifacts
@@ -125,6 +138,7 @@ pub fn build_artifacts(tests: &[&GuestTest]) -> Result<Artifacts> {
     }
     Ok(Artifacts {
         plugin,
+        probe,
         tests: found,
     })
 }
@@ -260,6 +274,8 @@ pub fn common_tree(artifacts: &Artifacts, stage: &Path) -> Result<Tree> {
     }
     let plugin = stripped(&artifacts.plugin, stage, "ebpf-portmap")?;
     add_elf(&mut tree, GUEST_PLUGIN_BIN, &plugin)?;
+    let probe = stripped(&artifacts.probe, stage, "probe")?;
+    add_elf(&mut tree, GUEST_PROBE_BIN, &probe)?;
     for (name, _, executable) in &artifacts.tests {
         let binary = stripped(executable, stage, name)?;
         add_elf(&mut tree, &format!("{GUEST_TESTS_DIR}/{name}"), &binary)?;
@@ -317,6 +333,7 @@ fn guest_env(series: &str, release: &str, expected_attach_mode: &str) -> String 
          export EPM_KERNEL_RELEASE={release}\n\
          export EPM_EXPECT_ATTACH_MODE={expected_attach_mode}\n\
          export EBPF_PORTMAP_BIN={GUEST_PLUGIN_BIN}\n\
+         export EPM_PROBE_BIN={GUEST_PROBE_BIN}\n\
          export RUST_BACKTRACE=1\n"
     )
 }
