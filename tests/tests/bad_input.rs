@@ -7,10 +7,9 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use portmap_tests::cni::CniCommand;
 use portmap_tests::traffic::tcp_echo_server;
-use portmap_tests::world::{World, fake_prev_result};
-use portmap_tests::{Conflist, PortMapping, RuntimeAttachment, plugin_bin};
+use portmap_tests::world::{FakeContainer, World, fake_prev_result};
+use portmap_tests::{Conflist, PortMapping, plugin_bin};
 use serde_json::{Value, json};
 
 /// Every pinned map that holds state.
@@ -539,7 +538,7 @@ fn a_conflict_at_any_position_rolls_back_the_whole_request() {
     let world = world_with(json!({}));
     let ports = [8000u16, 8001, 8002, 8003];
     for (position, taken) in ports.iter().enumerate() {
-        let holder = FakeOwner::new(&world, "holder", *taken);
+        let holder = FakeContainer::new(&world, "holder", 1, vec![PortMapping::tcp(*taken, 80)]);
         holder.add(&world).expect("holder ADD");
         let before = snapshot(&world);
         let request = Request::add(&world).mappings(Value::Array(
@@ -556,42 +555,7 @@ fn a_conflict_at_any_position_rolls_back_the_whole_request() {
             before,
             "position {position}: nothing of the request stays"
         );
-        holder.del(&world);
+        holder.del(&world).expect("holder DEL");
     }
     world.assert_clean("after all positions");
-}
-
-/// An owner of one TCP host port, through our plugin alone.
-struct FakeOwner {
-    rt: RuntimeAttachment,
-    prev: Value,
-}
-
-impl FakeOwner {
-    fn new(world: &World, id: &str, port: u16) -> FakeOwner {
-        let netns = world.node.ns.path();
-        FakeOwner {
-            rt: RuntimeAttachment {
-                container_id: id.to_owned(),
-                netns_path: netns.to_path_buf(),
-                ifname: "eth0".to_owned(),
-                capability_args: json!({"portMappings": [PortMapping::tcp(port, 80).to_json()]}),
-                cni_args: Vec::new(),
-            },
-            prev: fake_prev_result(netns, "eth0", Some("10.250.9.9".parse().unwrap()), None),
-        }
-    }
-
-    fn add(&self, world: &World) -> Result<(), String> {
-        world
-            .exec_ours(CniCommand::Add, &self.rt, Some(&self.prev))
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-
-    fn del(&self, world: &World) {
-        world
-            .exec_ours(CniCommand::Del, &self.rt, None)
-            .unwrap_or_else(|e| panic!("DEL: {e}"));
-    }
 }

@@ -3,9 +3,8 @@
 //! and pin root.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
-use std::process::{Command, Stdio};
+use std::net::{IpAddr, UdpSocket};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,8 +13,10 @@ use portmap_tests::topology::NODE_IP4;
 use portmap_tests::traffic::{
     echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server,
 };
-use portmap_tests::world::{GONE, PROBE, World, expect_unreachable, fake_prev_result, sock};
-use portmap_tests::{Container, PortMapping, RuntimeAttachment, plugin_bin};
+use portmap_tests::world::{
+    FakeContainer, GONE, PROBE, World, expect_unreachable, fake_prev_result, sock,
+};
+use portmap_tests::{Container, PortMapping};
 use serde_json::{Value, json};
 
 /// Programs one build pins: tc ingress and egress, eight socket hooks.
@@ -49,101 +50,6 @@ impl Rng {
 
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
-    }
-}
-
-/// An owner for requests with a hand-made prevResult: `id` with one IPv4
-/// and one IPv6 address and `mappings`.
-struct FakeContainer {
-    rt: RuntimeAttachment,
-    prev: Value,
-    mappings: Vec<PortMapping>,
-}
-
-impl FakeContainer {
-    fn new(world: &World, id: &str, index: u32, mappings: Vec<PortMapping>) -> FakeContainer {
-        let ip4 = IpAddr::V4(Ipv4Addr::new(
-            10,
-            250,
-            (index / 250) as u8,
-            (index % 250 + 2) as u8,
-        ));
-        let ip6: IpAddr = format!("fd50::{:x}", index + 2).parse().expect("ipv6");
-        // Any existing namespace will do: our plugin never enters it.
-        let netns = world.node.ns.path();
-        let args =
-            json!({"portMappings": mappings.iter().map(PortMapping::to_json).collect::<Vec<_>>()});
-        FakeContainer {
-            rt: RuntimeAttachment {
-                container_id: id.to_owned(),
-                netns_path: netns.to_path_buf(),
-                ifname: "eth0".to_owned(),
-                capability_args: args,
-                cni_args: Vec::new(),
-            },
-            prev: fake_prev_result(netns, "eth0", Some(ip4), Some(ip6)),
-            mappings,
-        }
-    }
-
-    fn add(&self, world: &World) -> Result<(), String> {
-        world
-            .exec_ours(CniCommand::Add, &self.rt, Some(&self.prev))
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-
-    fn del(&self, world: &World) -> Result<(), String> {
-        world
-            .exec_ours(CniCommand::Del, &self.rt, None)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-
-    fn check(&self, world: &World) -> Result<(), String> {
-        world
-            .exec_ours(CniCommand::Check, &self.rt, Some(&self.prev))
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-
-    /// Starts our plugin for `command` without waiting for it.
-    fn spawn(&self, world: &World, command: CniCommand) -> std::process::Child {
-        let prev = (command == CniCommand::Add).then_some(&self.prev);
-        let config = world.our_config(&self.rt, prev);
-        let mut child = world
-            .node
-            .ns
-            .command(plugin_bin())
-            .env("CNI_COMMAND", command.as_str())
-            .env("CNI_CONTAINERID", &self.rt.container_id)
-            .env("CNI_NETNS", &self.rt.netns_path)
-            .env("CNI_IFNAME", &self.rt.ifname)
-            .env("CNI_PATH", "/usr/lib/cni")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn ebpf-portmap");
-        let mut stdin = child.stdin.take().expect("stdin");
-        let _ = stdin.write_all(config.to_string().as_bytes());
-        child
-    }
-
-    /// The entries `list --json` shows for this container.
-    fn expected_hosts(&self) -> BTreeSet<(String, String)> {
-        let mut hosts = BTreeSet::new();
-        for m in &self.mappings {
-            let json = m.to_json();
-            let port = json["hostPort"].as_u64().unwrap_or_default();
-            let proto = json["protocol"].as_str().unwrap_or("tcp").to_owned();
-            hosts.insert((
-                format!("0.0.0.0:{port}/{proto}"),
-                self.rt.container_id.clone(),
-            ));
-            hosts.insert((format!("[::]:{port}/{proto}"), self.rt.container_id.clone()));
-        }
-        hosts
     }
 }
 

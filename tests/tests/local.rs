@@ -266,30 +266,33 @@ fn a_node_connection_to_a_remote_host_on_a_mapped_port_is_left_alone() {
     );
 }
 
+/// The standard bridge world with one conflist key (a JSON pointer) set.
+fn bridge_world_with(pointer: &'static str, value: bool) -> World {
+    World::with(move |name, pins, data| {
+        let mut json = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data)
+            .json()
+            .clone();
+        let (parent, key) = pointer.rsplit_once('/').expect("pointer");
+        json.pointer_mut(parent)
+            .and_then(serde_json::Value::as_object_mut)
+            .expect("parent object")
+            .insert(key.to_owned(), serde_json::Value::Bool(value));
+        portmap_tests::Conflist::from_json(json).expect("conflist")
+    })
+}
+
 /// The bridge with hairpin mode off: the hairpin path goes through the
 /// node's stack, not back out of the bridge port, so it works the same.
 #[test]
 fn bridge_without_hairpin_mode_node_localhost_and_hairpin_paths() {
-    every_local_path(World::with(|name, pins, data| {
-        let mut json = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data)
-            .json()
-            .clone();
-        json["plugins"][0]["hairpinMode"] = serde_json::Value::Bool(false);
-        portmap_tests::Conflist::from_json(json).expect("conflist")
-    }));
+    every_local_path(bridge_world_with("/plugins/0/hairpinMode", false));
 }
 
 /// masqAll: every translated flow is masqueraded, so the container sees
 /// the node's address on its network, not the external client.
 #[test]
 fn masq_all_hides_the_client_behind_the_node() {
-    let world = World::with(|name, pins, data| {
-        let mut json = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data)
-            .json()
-            .clone();
-        json["plugins"][1]["masqAll"] = serde_json::Value::Bool(true);
-        portmap_tests::Conflist::from_json(json).expect("conflist")
-    });
+    let world = bridge_world_with("/plugins/1/masqAll", true);
     let web = world.node.add_container("masq");
     let server = tcp_echo_server(&web.ns, 80, "masq");
     world.add(&web, &[PortMapping::tcp(8080, 80)]);
