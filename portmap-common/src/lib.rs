@@ -232,7 +232,12 @@ pub mod stat {
     pub const MASQ_NO_ADDR: u32 = 18;
     /// Answer of a masqueraded flow sent back to its client.
     pub const UNMASQ: u32 = 19;
-    pub const COUNT: u32 = 20;
+    /// A translated packet handed straight to the container (`fastPath`).
+    pub const FAST_FORWARD: u32 = 20;
+    /// An answer handed straight to the interface towards its client
+    /// (`fastPath`), where egress translates it back.
+    pub const FAST_REPLY: u32 = 21;
+    pub const COUNT: u32 = 22;
 
     pub const NAMES: [&str; COUNT as usize] = [
         "dnat_new",
@@ -255,6 +260,8 @@ pub mod stat {
         "masq_no_port",
         "masq_no_addr",
         "unmasq",
+        "fast_forward",
+        "fast_reply",
     ];
 }
 

@@ -13,7 +13,10 @@ pub mod map_names {
     pub const IFACES: &str = "ifaces";
     /// Per-socket memory of a translated destination ([`super::SockOrigin`]).
     pub const SOCK_ORIGIN: &str = "sock_origin";
-    pub const ALL: [&str; 4] = [NODE, LOCAL_ADDRS, IFACES, SOCK_ORIGIN];
+    /// Where a container's packets are handed over on the fast path
+    /// ([`super::PeerKey`] -> [`super::Peer`]).
+    pub const PEERS: &str = "peers";
+    pub const ALL: [&str; 5] = [NODE, LOCAL_ADDRS, IFACES, SOCK_ORIGIN, PEERS];
 }
 
 /// Names of the cgroup socket programs.
@@ -56,6 +59,10 @@ pub mod node_flags {
     pub const SNAT: u32 = 1;
     /// Masquerade every translated flow (`masqAll`).
     pub const MASQ_ALL: u32 = 2;
+    /// Hand translated packets straight to the container's interface, and
+    /// answers straight to the interface towards the client, skipping the
+    /// node's routing, netfilter and bridge (`fastPath`).
+    pub const FAST_PATH: u32 = 4;
 }
 
 /// One of the node's addresses. A wildcard mapping captures connections to
@@ -100,6 +107,27 @@ pub struct SockOrigin {
     pub _pad0: [u8; 3],
 }
 
+/// A container address, the key of [`Peer`].
+pub type PeerKey = LocalAddrKey;
+
+/// How to hand a packet to a container directly: `bpf_redirect_peer` to
+/// the host end of its veth, with the frame addressed as the node's side
+/// of the link would address it. Written by ADD from prevResult; used only
+/// while `owner_id` is the owner of the mapping that translated the flow,
+/// so an entry left behind by a container that is gone is never followed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Peer {
+    pub owner_id: u64,
+    /// The host end of the container's veth.
+    pub ifindex: u32,
+    /// The container interface's MAC (destination of the frame).
+    pub container_mac: [u8; 6],
+    /// The MAC of the node's side of the link: the bridge, or the host end
+    /// of a point-to-point veth (source of the frame).
+    pub gateway_mac: [u8; 6],
+}
+
 /// Source ports for masqueraded flows: above Linux's default ephemeral range
 /// (32768-60999), so they do not collide with the node's own connections.
 pub const MASQ_PORT_MIN: u16 = 61000;
@@ -112,6 +140,7 @@ const _: () = {
     assert!(core::mem::size_of::<LocalAddrKey>() == 20);
     assert!(core::mem::size_of::<IfaceConfig>() == 24);
     assert!(core::mem::size_of::<SockOrigin>() == 40);
+    assert!(core::mem::size_of::<Peer>() == 24);
     assert!(MASQ_PORT_MIN as u32 + MASQ_PORT_COUNT as u32 - 1 == 65535);
 };
 
@@ -123,4 +152,5 @@ mod pod {
     unsafe impl aya::Pod for LocalAddrKey {}
     unsafe impl aya::Pod for IfaceConfig {}
     unsafe impl aya::Pod for SockOrigin {}
+    unsafe impl aya::Pod for Peer {}
 }

@@ -14,9 +14,9 @@ mod trace;
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_NOT_FWDED,
-        TC_ACT_OK, bpf_fib_lookup,
+        TC_ACT_OK, TC_ACT_REDIRECT, bpf_fib_lookup,
     },
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_get_prandom_u32},
+    helpers::{bpf_fib_lookup as fib_lookup, bpf_get_prandom_u32, bpf_redirect, bpf_redirect_peer},
     macros::classifier,
     programs::TcContext,
 };
@@ -39,7 +39,14 @@ pub fn portmap_ingress(mut ctx: TcContext) -> i32 {
         // per tracing state.
         trace::begin(&packet);
         ingress(&mut ctx, &packet);
+        fast_path(&ctx);
         trace::end_if_tracing(&ctx, trace_direction::INGRESS);
+        // Likewise the action: read back from scratch, one value the
+        // verifier does not know, not one state per way it was decided.
+        if let Some(scratch) = maps::scratch() {
+            // SAFETY: per-CPU scratch, written by fast_path for this packet.
+            return unsafe { (*scratch).action };
+        }
     }
     TC_ACT_OK as i32
 }
@@ -79,11 +86,23 @@ fn ingress(ctx: &mut TcContext, packet: &Packet) {
     // What follows a new flow reads its state from scratch, after
     // new_flow's frame is gone: stacked, the frames do not fit in 512 bytes.
     if new_flow(ctx, packet, opens, now) {
-        count_from_scratch(ctx, Way::In);
+        translated_new_flow(ctx);
         if wants_masquerade(ctx) {
             masquerade(ctx);
         }
     }
+}
+
+/// What the fast path may do with the packet being handled, left in
+/// scratch by the handling code for [`fast_path`].
+mod fast {
+    pub const NONE: u8 = 0;
+    /// Translated towards the container (its address in
+    /// `scratch.forward.nat_addr_be`, the owner in `scratch.owner_id`).
+    pub const FORWARD: u8 = 1;
+    /// A container's answer that egress translates back (its tuple in
+    /// `scratch.reply_key`).
+    pub const REPLY: u8 = 2;
 }
 
 /// Translates a packet of a known flow. Returns whether the packet is dealt
@@ -106,6 +125,18 @@ fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
             maps::count(stat::SKIP_LOCAL_ORIGIN);
             return true;
         }
+        ct_kind::REPLY => {
+            // A container answering a translated flow: egress translates
+            // it back; the fast path may take it there directly.
+            if let Some(scratch) = maps::scratch() {
+                // SAFETY: per-CPU scratch, no other user meanwhile.
+                unsafe {
+                    (*scratch).reply_key = key;
+                    (*scratch).fast = fast::REPLY;
+                }
+            }
+            return true;
+        }
         _ => return true,
     };
     let Some(owner_id) = ct::still_mapped(&entry.mapping, &container_be, container_port_be) else {
@@ -126,6 +157,15 @@ fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
         maps::count(done);
         if entry.kind == ct_kind::DNAT {
             counters::record(ctx, &entry.mapping, owner_id, Way::In);
+            if let Some(scratch) = maps::scratch() {
+                // SAFETY: per-CPU scratch, no other user meanwhile.
+                unsafe {
+                    (*scratch).forward_key.family = packet.family;
+                    (*scratch).forward.nat_addr_be = entry.nat_addr_be;
+                    (*scratch).owner_id = owner_id;
+                    (*scratch).fast = fast::FORWARD;
+                }
+            }
         }
     } else {
         maps::count(stat::REWRITE_FAILED);
@@ -287,6 +327,163 @@ fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     false
 }
 
+/// The fast path, for what the handling code left in scratch: sets
+/// `scratch.action` (OK, or REDIRECT when the packet was handed over) and
+/// clears the request. One call site, after the handling frames are gone,
+/// so the verifier walks it once.
+#[inline(never)]
+fn fast_path(ctx: &TcContext) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    // SAFETY: per-CPU scratch, no other user while this program runs.
+    let (what, action) = unsafe {
+        let what = (*scratch).fast;
+        (*scratch).fast = fast::NONE;
+        (*scratch).action = TC_ACT_OK as i32;
+        (what, &raw mut (*scratch).action)
+    };
+    let taken = match what {
+        fast::FORWARD => fast_forward(ctx),
+        fast::REPLY => fast_reply(ctx),
+        _ => return,
+    };
+    // SAFETY: as above.
+    unsafe { *action = taken };
+}
+
+/// Whether `fastPath` is on and the packet arrived from the containers'
+/// side (`true`) or from elsewhere (`false`); `None` without the fast path.
+#[inline(always)]
+fn fast_path_from_containers(ctx: &TcContext) -> Option<bool> {
+    let node = maps::node_config()?;
+    // masqAll rewrites the source on the way to the container, in egress
+    // of the container's interface: the hand-over would skip it.
+    if node.flags & node_flags::FAST_PATH == 0 || node.flags & node_flags::MASQ_ALL != 0 {
+        return None;
+    }
+    // SAFETY: reading a field of the context the program was handed.
+    let ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    Some(maps::iface(ifindex).is_some_and(|i| i.flags & iface_flags::CONTAINER_SIDE != 0))
+}
+
+/// The fast path towards a container: a packet from outside, translated,
+/// goes straight into the container's interface (`bpf_redirect_peer`),
+/// skipping the node's routing, netfilter and bridge. Only when the
+/// hand-over entry belongs to the owner of the mapping that translated it.
+/// Reads what existing_flow or new_flow left in scratch.
+#[inline(never)]
+fn fast_forward(ctx: &TcContext) -> i32 {
+    let pass = TC_ACT_OK as i32;
+    // Hairpin flows (from the containers' side) stay on the normal path,
+    // where their masquerade is done.
+    if fast_path_from_containers(ctx) != Some(false) {
+        return pass;
+    }
+    let Some(scratch) = maps::scratch() else {
+        return pass;
+    };
+    // SAFETY: per-CPU scratch, filled for this packet.
+    let (family, container_be, owner_id) = unsafe {
+        (
+            (*scratch).forward_key.family,
+            (*scratch).forward.nat_addr_be,
+            (*scratch).owner_id,
+        )
+    };
+    let Some(peer) = maps::peer(family, &container_be) else {
+        return pass;
+    };
+    if peer.owner_id != owner_id {
+        return pass;
+    }
+    // The frame as the node's side of the link would send it: to the
+    // container's MAC, from the gateway's (adjacent fields, in this order).
+    // SAFETY: both MACs lie within `peer`, 12 bytes from offset 12.
+    let macs: [u8; 12] =
+        unsafe { core::ptr::read_unaligned((&raw const peer.container_mac).cast::<[u8; 12]>()) };
+    if ctx.store(0, &macs, 0).is_err() {
+        return pass;
+    }
+    // SAFETY: plain helper call; it only records where the skb goes.
+    let action = unsafe { bpf_redirect_peer(peer.ifindex, 0) } as i32;
+    if action == TC_ACT_REDIRECT as i32 {
+        maps::count(stat::FAST_FORWARD);
+    }
+    action
+}
+
+/// The fast path back: a container's answer goes straight to the egress of
+/// the interface towards its client (as the node's FIB says, with the
+/// neighbour it knows), where egress translates it back as usual. It skips
+/// the node's routing, netfilter and, on a bridge, nothing more. Anything
+/// the FIB does not answer plainly (no neighbour yet, too big, not
+/// forwarded) takes the normal path. Reads the tuple existing_flow left in
+/// scratch.
+#[inline(never)]
+fn fast_reply(ctx: &TcContext) -> i32 {
+    let pass = TC_ACT_OK as i32;
+    if fast_path_from_containers(ctx) != Some(true) {
+        return pass;
+    }
+    let Some(scratch) = maps::scratch() else {
+        return pass;
+    };
+    // SAFETY: per-CPU scratch, no other user while this program runs.
+    let scratch = unsafe { &mut *scratch };
+    let key = scratch.reply_key;
+    let params = &mut scratch.fib;
+    zero_fib_params(params);
+    params.family = if key.family == FAMILY_V4 { 2 } else { 10 };
+    params.l4_protocol = key.proto;
+    params.sport = key.src_port_be;
+    params.dport = key.dst_port_be;
+    // SAFETY: reading a field of the context the program was handed.
+    params.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    // tot_len stays 0: the kernel then checks the MTU itself, GSO aware.
+    if key.family == FAMILY_V4 {
+        params.__bindgen_anon_3.ipv4_src = key.src_addr_be[0];
+        params.__bindgen_anon_4.ipv4_dst = key.dst_addr_be[0];
+    } else {
+        params.__bindgen_anon_3.ipv6_src = key.src_addr_be;
+        params.__bindgen_anon_4.ipv6_dst = key.dst_addr_be;
+    }
+    // SAFETY: params is a valid, fully initialised struct of the size passed.
+    let ret = unsafe {
+        fib_lookup(
+            ctx.skb.skb as *mut _,
+            params,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    // Only to an interface whose egress program translates the answer.
+    if ret != 0 || maps::iface(params.ifindex).is_none() {
+        return pass;
+    }
+    if ctx.store(0, &params.dmac, 0).is_err() || ctx.store(6, &params.smac, 0).is_err() {
+        return pass;
+    }
+    // SAFETY: plain helper call; it only records where the skb goes.
+    let action = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
+    if action == TC_ACT_REDIRECT as i32 {
+        maps::count(stat::FAST_REPLY);
+    }
+    action
+}
+
+/// After new_flow translated a flow: counts it, and offers the packet to
+/// the fast path (masquerade withdraws the offer). Not inlined: in the
+/// entry point's frame these few lines cost stack the 6.1 verifier lacks.
+#[inline(never)]
+fn translated_new_flow(ctx: &TcContext) {
+    count_from_scratch(ctx, Way::In);
+    if let Some(scratch) = maps::scratch() {
+        // SAFETY: per-CPU scratch, no other user while this program runs.
+        unsafe { (*scratch).fast = fast::FORWARD };
+    }
+}
+
 /// Counts a translated packet on its mapping: the first of a new flow
 /// (`In`) or an answer (`Out`); new_flow or egress left the mapping and its
 /// owner in scratch.
@@ -331,6 +528,9 @@ fn masquerade(ctx: &TcContext) {
     };
     // SAFETY: per-CPU scratch, no other user while this program runs.
     let scratch = unsafe { &mut *scratch };
+    // A masqueraded flow's source is rewritten on the way to the container,
+    // by egress of its interface: the fast path would skip that.
+    scratch.fast = fast::NONE;
     // Everything comes from the entries new_flow left in scratch, nothing
     // from the caller's stack: the verifier then walks this function once,
     // not once per path through new_flow.

@@ -50,6 +50,10 @@ pub struct Scratch {
     pub fib: aya_ebpf::bindings::bpf_fib_lookup,
     /// Owner of the mapping a new flow was translated by.
     pub owner_id: u64,
+    /// What the fast path may do with this packet (`fast::*` in main.rs).
+    pub fast: u8,
+    /// The ingress program's tc action for this packet.
+    pub action: i32,
 }
 
 #[btf_map(name = "scratch")]
@@ -113,7 +117,7 @@ use aya_ebpf::{
     btf_maps::{Array, SkStorage},
     programs::SockAddrContext,
 };
-use portmap_common::local::{IfaceConfig, LocalAddrKey, NodeConfig, SockOrigin};
+use portmap_common::local::{IfaceConfig, LocalAddrKey, NodeConfig, Peer, PeerKey, SockOrigin};
 
 #[btf_map(name = "node")]
 static NODE: Array<NodeConfig, 1> = Array::new();
@@ -123,6 +127,11 @@ static LOCAL_ADDRS: HashMap<LocalAddrKey, u8, 4096, NO_PREALLOC> = HashMap::new(
 
 #[btf_map(name = "ifaces")]
 static IFACES: HashMap<u32, IfaceConfig, 4096, NO_PREALLOC> = HashMap::new();
+
+/// Containers' veths by address, for the fast path (written by ADD).
+#[btf_map(name = "peers")]
+static PEERS: HashMap<PeerKey, Peer, { portmap_common::capacity::OWNERS as usize }, NO_PREALLOC> =
+    HashMap::new();
 
 #[btf_map(name = "sock_origin")]
 static SOCK_ORIGIN: SkStorage<SockOrigin> = SkStorage::new();
@@ -140,6 +149,17 @@ pub fn is_local_addr(family: u8, addr_be: &[u32; 4]) -> bool {
         _pad0: [0; 3],
     };
     LOCAL_ADDRS.get_ptr(&key).is_some()
+}
+
+#[inline(always)]
+pub fn peer(family: u8, addr_be: &[u32; 4]) -> Option<Peer> {
+    let key = PeerKey {
+        addr_be: *addr_be,
+        family,
+        _pad0: [0; 3],
+    };
+    // SAFETY: copied out at once.
+    unsafe { PEERS.get(&key).copied() }
 }
 
 #[inline(always)]

@@ -455,6 +455,10 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
         local::map_names::LOCAL_ADDRS => (size(size_of::<local::LocalAddrKey>()), 1),
         local::map_names::IFACES => (4, size(size_of::<local::IfaceConfig>())),
         local::map_names::SOCK_ORIGIN => (4, size(size_of::<local::SockOrigin>())),
+        local::map_names::PEERS => (
+            size(size_of::<local::PeerKey>()),
+            size(size_of::<local::Peer>()),
+        ),
         map_names::COUNTERS => (
             size(size_of::<portmap_common::CounterKey>()),
             size(size_of::<portmap_common::MappingCounters>()),

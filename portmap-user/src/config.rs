@@ -241,6 +241,10 @@ pub struct NetConf {
     pub snat: bool,
     /// `masqAll` (default false): masquerade every translated flow.
     pub masq_all: bool,
+    /// `fastPath` (default false): hand translated packets straight to the
+    /// container's veth and answers straight to the interface towards the
+    /// client, skipping the node's routing, netfilter and bridge.
+    pub fast_path: bool,
     /// `cgroupPath`: cgroup v2 directory the socket hooks attach to; default
     /// the root of the node's cgroup2 hierarchy.
     pub cgroup_path: Option<PathBuf>,
@@ -628,6 +632,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
     let listener_policy = parse_listener_policy(present(&root, "hostPortListeners"))?;
     let snat = parse_bool("snat", present(&root, "snat"), true)?;
     let masq_all = parse_bool("masqAll", present(&root, "masqAll"), false)?;
+    let fast_path = parse_bool("fastPath", present(&root, "fastPath"), false)?;
     let cgroup_path = parse_cgroup_path(present(&root, "cgroupPath"))?;
     let valid_attachments = parse_valid_attachments(&root)?;
 
@@ -658,6 +663,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
             listener_policy,
             snat,
             masq_all,
+            fast_path,
             cgroup_path,
             port_mappings,
             prev_result,
@@ -1890,6 +1896,11 @@ mod tests {
                 "masqAll not a bool",
                 with(r#","masqAll":1"#),
                 Invalid(c, &["masqAll"]),
+            ),
+            (
+                "fastPath not a bool",
+                with(r#","fastPath":"on""#),
+                Invalid(c, &["fastPath"]),
             ),
             (
                 "cgroupPath relative",

@@ -13,8 +13,9 @@
 //!   kernel that introduced it, instead of a bare verifier error.
 //!
 //! # Minimum kernel version
-//! Every essential feature exists since Linux 5.8 (the ring buffer of
-//! `ebpf-portmap trace`; the translation itself needs 4.18 for
+//! Every essential feature exists since Linux 5.10 (`bpf_redirect_peer`,
+//! which the `fastPath` code in the object calls; 5.8 for the ring buffer
+//! of `ebpf-portmap trace`; the translation itself needs 4.18 for
 //! `bpf_fib_lookup`); tcx since 6.6. Tested in VMs on Debian's 6.1 (clsact) and 6.12 (tcx).
 
 use std::{
@@ -170,6 +171,11 @@ pub const ESSENTIAL: &[Feature] = &[
         name: "ring buffer maps (BPF_MAP_TYPE_RINGBUF, the trace events)",
         since: "5.8",
         probe: Probe::Map(MapType::RingBuf),
+    },
+    Feature {
+        name: "the bpf_redirect_peer helper (the fastPath hand-over to a container)",
+        since: "5.10",
+        probe: Probe::Helper(BpfHelper::BPF_FUNC_redirect_peer),
     },
 ];
 

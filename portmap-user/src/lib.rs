@@ -14,6 +14,7 @@ pub mod local;
 pub mod logging;
 pub mod maps;
 pub mod netlink;
+pub mod peers;
 pub mod pin;
 pub mod plugin;
 pub mod privilege;

@@ -84,6 +84,7 @@ fn addr_key(addr: IpAddr) -> LocalAddrKey {
 pub struct NodeState {
     pub snat: bool,
     pub masq_all: bool,
+    pub fast_path: bool,
     /// Interfaces containers sit behind (from prevResult's host-side
     /// interfaces), by index.
     pub container_side: BTreeSet<u32>,
@@ -99,6 +100,9 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
     }
     if state.masq_all {
         flags |= node_flags::MASQ_ALL;
+    }
+    if state.fast_path {
+        flags |= node_flags::FAST_PATH;
     }
     let mut node: Array<MapData, NodeConfig> = open(layout, map_names::NODE)?;
     let config = NodeConfig {

@@ -20,6 +20,12 @@ pub enum MapsError {
         #[source]
         source: MapError,
     },
+    #[error("updating the {map} map failed")]
+    Update {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
 }
 
 /// The maps ADD/DEL/CHECK/GC and the CLI work on.

@@ -10,6 +10,7 @@ use crate::{
     counters, listeners, local,
     maps::{Maps, MapsError},
     netlink::{self, NetlinkError},
+    peers,
     pin::PinLayout,
     privilege,
     store::{self, StoreError, Translation},
@@ -208,6 +209,11 @@ fn check_node_listeners(
 /// plugin reported them in prevResult (entries without a sandbox: the
 /// bridge and the host end of the veth): the hairpin path starts there.
 pub fn container_side_interfaces(conf: &NetConf) -> BTreeSet<u32> {
+    container_side_interfaces_given(conf, &netlink::controlled_interfaces().unwrap_or_default())
+}
+
+/// [`container_side_interfaces`], given the node's bridge ports.
+fn container_side_interfaces_given(conf: &NetConf, ports: &BTreeSet<u32>) -> BTreeSet<u32> {
     let Some(interfaces) = conf
         .prev_result
         .as_ref()
@@ -216,7 +222,6 @@ pub fn container_side_interfaces(conf: &NetConf) -> BTreeSet<u32> {
     else {
         return BTreeSet::new();
     };
-    let ports = netlink::controlled_interfaces().unwrap_or_default();
     interfaces
         .iter()
         .filter(|i| {
@@ -249,7 +254,8 @@ impl Dataplane {
             return Ok(());
         }
         require_privilege()?;
-        let container_side = container_side_interfaces(&req.conf);
+        let ports = netlink::controlled_interfaces().unwrap_or_default();
+        let container_side = container_side_interfaces_given(&req.conf, &ports);
         let mut interfaces = target_interfaces(&req.conf)?;
         interfaces.extend(&container_side);
         let capacities = Capacities {
@@ -263,6 +269,7 @@ impl Dataplane {
             &local::NodeState {
                 snat: req.conf.snat,
                 masq_all: req.conf.masq_all,
+                fast_path: req.conf.fast_path,
                 container_side,
                 attached: interfaces,
             },
@@ -273,6 +280,25 @@ impl Dataplane {
         }
         check_node_listeners(&maps, &req.owner, &translations, req.conf.listener_policy)?;
         maps.claim(&req.owner, &translations)?;
+        // Recorded whether or not `fastPath` is on now: it is a node-wide
+        // switch, and containers added before it was turned on use it too.
+        match req
+            .conf
+            .prev_result
+            .as_ref()
+            .and_then(|prev| peers::handover(prev, &req.owner.ifname, &ports))
+        {
+            Some(handover) => peers::record(
+                &layout,
+                store::owner_id(&req.owner),
+                &req.container,
+                &handover,
+            )?,
+            None => log::info!(
+                "ADD {}: no veth to hand packets to; the fast path does not apply",
+                req.owner.container_id
+            ),
+        }
         log::info!(
             "ADD {}: {} mapping(s) claimed",
             req.owner.container_id,
@@ -288,9 +314,18 @@ impl Dataplane {
             // Nothing was ever added under this root: nothing to delete.
             return Ok(());
         };
-        // Read before release empties the index: the counters to drop.
+        // Read before release empties the index: the counters to drop, and
+        // the container addresses whose fast-path entries go too.
         let owned = maps.owned_keys(&req.owner).unwrap_or_default();
+        let owner_id = store::owner_id(&req.owner);
+        let container_addrs: BTreeSet<(u8, [u32; 4])> = owned
+            .iter()
+            .filter_map(|key| Some((key.family, maps.mappings.get(key, 0).ok()?)))
+            .filter(|(_, value)| value.owner_id == owner_id)
+            .map(|(family, value)| (family, value.container_addr_be))
+            .collect();
         let removed = maps.release(&req.owner)?;
+        peers::forget(&layout, owner_id, &container_addrs);
         log::info!(
             "DEL {}: {removed} mapping(s) removed",
             req.owner.container_id
@@ -330,6 +365,10 @@ impl Dataplane {
         let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
         log::info!("GC {}: removed {removed:?}", req.conf.name);
         prune_counters(&layout, &maps);
+        let pruned = peers::prune(&layout, |owner| maps.owners.get(&owner, 0).is_ok());
+        if pruned > 0 {
+            log::info!("GC: {pruned} stale fast-path entr(y/ies) removed");
+        }
         Ok(())
     }
 }

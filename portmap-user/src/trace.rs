@@ -332,6 +332,14 @@ pub fn decision_label(reason: u32) -> (&'static str, &'static str) {
             "unmasqueraded",
             "answer of a masqueraded flow sent back to its client",
         ),
+        stat::FAST_FORWARD => (
+            "fast-forward",
+            "fast path: handed straight to the container's interface",
+        ),
+        stat::FAST_REPLY => (
+            "fast-reply",
+            "fast path: answer handed straight to the interface towards its client",
+        ),
         _ => (
             stat::NAMES
                 .get(reason as usize)

@@ -13,10 +13,14 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{Array, HashMap, MapData, PerCpuArray},
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
-use portmap_common::{MappingKey, MappingValue, map_names, program_names, stat};
+use portmap_common::{
+    MappingKey, MappingValue,
+    local::{self, NodeConfig, Peer, PeerKey},
+    map_names, program_names, stat,
+};
 use portmap_user::{attach::OBJECT, store::words_from_addr};
 
 const NODE_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
@@ -27,6 +31,11 @@ const CONTAINER_V4: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 2);
 const CONTAINER_V6: Ipv6Addr = Ipv6Addr::new(0xfd44, 0, 0, 0, 0, 0, 0, 2);
 /// Reachable through the node but not its own: transit traffic.
 const FAR_V4: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 2);
+
+const CONTAINER_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x00, 0x02];
+const GATEWAY_MAC: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x00, 0x01];
+/// TC_ACT_REDIRECT: the fast path took the packet.
+const REDIRECT: u32 = 7;
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
@@ -160,6 +169,13 @@ impl Dataplane {
 
     /// Runs `program` on `packet`; returns the packet as the program left it.
     fn run(&self, program: &str, packet: &[u8]) -> Vec<u8> {
+        let (action, out) = self.run_for_action(program, packet);
+        assert_eq!(action, 0, "the program must return TC_ACT_OK");
+        out
+    }
+
+    /// Runs `program` on `packet`; returns its tc action and the packet.
+    fn run_for_action(&self, program: &str, packet: &[u8]) -> (u32, Vec<u8>) {
         let program: &SchedClassifier = self
             .ebpf
             .program(program)
@@ -176,12 +192,39 @@ impl Dataplane {
         opts.data_out = Some(&mut out);
         opts.ctx_in = Some(&ctx);
         let result = program.test_run(opts).expect("BPF_PROG_TEST_RUN");
-        assert_eq!(
-            result.return_value, 0,
-            "the program must always return TC_ACT_OK"
-        );
         out.truncate(result.data_size_out as usize);
-        out
+        (result.return_value, out)
+    }
+
+    /// Turns `fastPath` on (node flags) and records the hand-over of
+    /// `container` for `owner_id`.
+    fn fast_path(&mut self, container: IpAddr, owner_id: u64, ifindex: u32) {
+        let mut node: Array<&mut MapData, NodeConfig> =
+            Array::try_from(self.ebpf.map_mut(local::map_names::NODE).expect("node map"))
+                .expect("typed node map");
+        let config = NodeConfig {
+            flags: local::node_flags::FAST_PATH,
+            ..NodeConfig::default()
+        };
+        node.set(0, config, 0).expect("node flags");
+        let mut peers: HashMap<&mut MapData, PeerKey, Peer> = HashMap::try_from(
+            self.ebpf
+                .map_mut(local::map_names::PEERS)
+                .expect("peers map"),
+        )
+        .expect("typed peers map");
+        let key = PeerKey {
+            addr_be: words_from_addr(container),
+            family: if container.is_ipv4() { 4 } else { 6 },
+            _pad0: [0; 3],
+        };
+        let peer = Peer {
+            owner_id,
+            ifindex,
+            container_mac: CONTAINER_MAC,
+            gateway_mac: GATEWAY_MAC,
+        };
+        peers.insert(key, peer, 0).expect("insert peer");
     }
 
     fn ingress(&self, packet: &[u8]) -> Vec<u8> {
@@ -747,5 +790,54 @@ fn a_full_conntrack_table_evicts_old_flows_and_keeps_translating_new_ones() {
                 "recent flow {n} lost its translation"
             );
         }
+    });
+}
+
+/// fastPath: a translated packet from outside is handed to the container
+/// (REDIRECT, framed to the container's MAC from the gateway's), but only
+/// through the hand-over entry of the mapping's own owner: an entry left by
+/// another owner (a container gone without DEL, its address reused) is
+/// never followed. Without the flag nothing is redirected.
+#[test]
+fn fast_path_follows_only_the_mapping_owners_handover() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        let container = IpAddr::V4(CONTAINER_V4);
+        dp.map(None, false, 8080, TCP, container, 80);
+        let syn = |sport| Flow {
+            src: CLIENT_V4.into(),
+            dst: NODE_V4.into(),
+            sport,
+            dport: 8080,
+            proto: TCP,
+            flags: SYN,
+        };
+
+        // Flag off: translated, not redirected.
+        let (action, out) = dp.run_for_action(program_names::TC_INGRESS, &packet(&syn(40000), b""));
+        assert_eq!(action, 0);
+        assert_eq!(inspect(&out), seen(CLIENT_V4.into(), 40000, container, 80));
+
+        // Another owner's entry (the mapping's owner is 42).
+        dp.fast_path(container, 43, ifindex);
+        let (action, out) = dp.run_for_action(program_names::TC_INGRESS, &packet(&syn(40001), b""));
+        assert_eq!(action, 0, "another owner's hand-over must not be followed");
+        assert_ne!(out[0..6], CONTAINER_MAC);
+        assert_eq!(dp.stat(stat::FAST_FORWARD), 0);
+
+        // The owner's own entry: handed over, new flow and the rest of it.
+        dp.fast_path(container, 42, ifindex);
+        for (sport, flags) in [(40002, SYN), (40002, ACK)] {
+            let flow = Flow {
+                flags,
+                ..syn(sport)
+            };
+            let (action, out) = dp.run_for_action(program_names::TC_INGRESS, &packet(&flow, b"x"));
+            assert_eq!(action, REDIRECT, "flags {flags:#x}");
+            assert_eq!(out[0..6], CONTAINER_MAC, "to the container's MAC");
+            assert_eq!(out[6..12], GATEWAY_MAC, "from the gateway's");
+            assert_eq!(inspect(&out), seen(CLIENT_V4.into(), 40002, container, 80));
+        }
+        assert_eq!(dp.stat(stat::FAST_FORWARD), 2);
     });
 }

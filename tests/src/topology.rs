@@ -328,8 +328,18 @@ fn port_plugin(port_plugin_type: &str, pin_root: Option<&Path>) -> Value {
         // root of the hierarchy (which would see every process).
         let cgroup = crate::cgroup::cgroup_for_pin_root(pin_root);
         plugin["cgroupPath"] = Value::from(cgroup.to_string_lossy().into_owned());
+        if fast_path_everywhere() {
+            plugin["fastPath"] = Value::Bool(true);
+        }
     }
     plugin
+}
+
+/// `EPM_TEST_FAST_PATH=1`: every conflist of ours turns `fastPath` on, so
+/// the whole suite can be run again over the fast path (`cargo xtask test`
+/// does, for the suites that carry traffic).
+pub fn fast_path_everywhere() -> bool {
+    std::env::var("EPM_TEST_FAST_PATH").is_ok_and(|v| v == "1")
 }
 
 /// File name of ebpf-portmap's log (`logFile`) in a world's data directory:

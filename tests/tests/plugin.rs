@@ -319,3 +319,139 @@ fn the_container_sees_the_real_client_address() {
     );
     world.del(&web, &[PortMapping::tcp(8080, 80)]);
 }
+
+/// A world whose ebpf-portmap entry has `fastPath` set to `on`.
+fn fast_path_world(ptp: bool, on: bool) -> World {
+    World::with(move |name, pins, data| {
+        let list = if ptp {
+            portmap_tests::topology::ptp_conflist(name, "ebpf-portmap", Some(pins), data)
+        } else {
+            portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data)
+        };
+        let mut json = list.json().clone();
+        json["plugins"][1]["fastPath"] = serde_json::Value::Bool(on);
+        portmap_tests::Conflist::from_json(json).expect("conflist")
+    })
+}
+
+/// The dataplane's counters by reason, as `status --json` reports them.
+fn reason_counters(world: &World) -> serde_json::Value {
+    let out = world
+        .node
+        .ns
+        .command(portmap_tests::plugin_bin())
+        .args(["status", "--json", "--pin-root"])
+        .arg(world.pins.path())
+        .output()
+        .expect("run ebpf-portmap status");
+    let status: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("status --json is JSON");
+    status["counters"].clone()
+}
+
+/// Runs `tool args` in the node namespace (the test's own), asserting success.
+fn in_node(world: &World, tool: &str, args: &str) {
+    let out = world
+        .node
+        .ns
+        .command(tool)
+        .args(args.split(' '))
+        .output()
+        .expect(tool);
+    assert!(
+        out.status.success(),
+        "{tool} {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// fastPath: packets from outside are handed straight to the container's
+/// veth and the answers straight to the client's interface, in both
+/// families and both protocols; egress still translates the answers back.
+/// What proves the node's stack is skipped: a FORWARD rule dropping the
+/// container's traffic in the node no longer sees it. The same rule does
+/// block the normal path (so this test can tell the two apart).
+fn fast_path_hands_packets_over(ptp: bool) {
+    let world = fast_path_world(ptp, true);
+    let web = world.node.add_container("web");
+    let tcp = tcp_echo_server(&web.ns, 80, "web");
+    let _udp = udp_echo_server(&web.ns, 53, "web");
+    let mappings = [PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)];
+    let result = world.add(&web, &mappings);
+    let container_ips = portmap_tests::cni::result_addresses(&result);
+    let exchange = |world: &World, when: &str| {
+        for ip in [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)] {
+            world.expect_answer(
+                &format!("{when}: TCP via {ip}:8080"),
+                tcp_request(&world.node.ext, sock(ip, 8080), "hello", PROBE),
+                &echo_reply("web", "hello"),
+            );
+            world.expect_answer(
+                &format!("{when}: UDP via {ip}:5353"),
+                udp_request(&world.node.ext, sock(ip, 5353), "query", PROBE),
+                &echo_reply("web", "query"),
+            );
+        }
+    };
+    exchange(&world, "fast path");
+    let counters = reason_counters(&world);
+    for reason in ["fast_forward", "fast_reply", "reply"] {
+        assert!(
+            counters[reason].as_u64().is_some_and(|n| n > 0),
+            "{reason} not counted: {counters:#}\n{}",
+            world.dump()
+        );
+    }
+    assert!(
+        tcp.peers().iter().any(|p| p.ip() == IpAddr::V4(EXT_IP4)),
+        "the container sees the real client, saw {:?}",
+        tcp.peers()
+    );
+
+    for ip in &container_ips {
+        let tool = if ip.is_ipv4() {
+            "iptables"
+        } else {
+            "ip6tables"
+        };
+        in_node(&world, tool, &format!("-I FORWARD -d {ip} -j DROP"));
+        in_node(&world, tool, &format!("-I FORWARD -s {ip} -j DROP"));
+    }
+    exchange(
+        &world,
+        "fast path, FORWARD dropping the container's traffic",
+    );
+
+    // The same node with fastPath off: the rule holds.
+    let slow = fast_path_world(ptp, false);
+    let web = slow.node.add_container("web");
+    let _tcp = tcp_echo_server(&web.ns, 80, "web");
+    let result = slow.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let ip4 = portmap_tests::cni::result_addresses(&result)
+        .into_iter()
+        .find(IpAddr::is_ipv4)
+        .expect("an IPv4 address");
+    slow.expect_answer(
+        "normal path",
+        tcp_request(&slow.node.ext, sock(NODE_IP4, 8080), "hello", PROBE),
+        &echo_reply("web", "hello"),
+    );
+    in_node(&slow, "iptables", &format!("-I FORWARD -d {ip4} -j DROP"));
+    expect_unreachable(
+        "normal path, FORWARD dropping the container's traffic",
+        tcp_request(&slow.node.ext, sock(NODE_IP4, 8080), "late", GONE),
+    );
+    let counters = reason_counters(&slow);
+    assert_eq!(counters["fast_forward"], 0, "{counters:#}");
+    assert_eq!(counters["fast_reply"], 0, "{counters:#}");
+}
+
+#[test]
+fn fast_path_hands_packets_over_on_a_bridge() {
+    fast_path_hands_packets_over(false);
+}
+
+#[test]
+fn fast_path_hands_packets_over_on_ptp() {
+    fast_path_hands_packets_over(true);
+}
