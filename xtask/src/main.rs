@@ -197,8 +197,20 @@ fn test_steps(cargo_test_args: &[String], skip_vm: bool) -> Vec<Step<'_>> {
                 .args(cargo_test_args)
                 .env(PLUGIN_BIN_ENV, plugin_bin()))
         }),
-        // Add further steps here, for example:
-        // Step::new("clippy for the eBPF crate (nightly, bpfel-unknown-none)", ...),
+        // The suites that carry traffic once more with `fastPath` on in every
+        // conflist: the fast path must not lose any behaviour they check.
+        Step::new(
+            "cargo test again with fastPath on (plugin, local, operator, lifecycle)",
+            move || {
+                run(cargo()
+                    .args(["test", "-p", "portmap-tests"])
+                    .args(["--test", "plugin", "--test", "local"])
+                    .args(["--test", "operator", "--test", "lifecycle"])
+                    .args(cargo_test_args)
+                    .env(PLUGIN_BIN_ENV, plugin_bin())
+                    .env("EPM_TEST_FAST_PATH", "1"))
+            },
+        ),
         vm_step(skip_vm),
     ]
 }

@@ -400,18 +400,22 @@ fn udp_rr(addr: SocketAddr, duration: Duration) -> RunResult {
 /// Runs `test` against every `(client, address)` target in turn, `slices`
 /// times, each slice `duration / slices` long, and adds up each target's
 /// slices: the targets share every phase of the machine's load.
+/// Calls `before(i)` before each slice of target `i`, to put a world shared
+/// by two targets in the state the target measures.
 pub fn run_interleaved(
     targets: &[(NsHandle, SocketAddr)],
     test: Test,
     duration: Duration,
     slices: u32,
     cpu: Option<usize>,
+    before: impl Fn(usize),
 ) -> Vec<RunResult> {
     let slices = slices.max(1);
     let slice = duration / slices;
     let mut parts: Vec<Vec<RunResult>> = vec![Vec::new(); targets.len()];
     for _ in 0..slices {
-        for ((client, addr), parts) in targets.iter().zip(parts.iter_mut()) {
+        for (i, ((client, addr), parts)) in targets.iter().zip(parts.iter_mut()).enumerate() {
+            before(i);
             parts.push(run(client, test, *addr, slice, cpu));
         }
     }

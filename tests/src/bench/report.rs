@@ -35,6 +35,7 @@ fn mm_json(values: &[f64]) -> Value {
 fn flavor_key(flavor: Flavor) -> &'static str {
     match flavor {
         Flavor::Ours => "ebpf-portmap",
+        Flavor::OursFast => "ebpf-portmap-fastpath",
         Flavor::Upstream => "portmap",
         Flavor::Plain => "direct",
     }
@@ -106,8 +107,10 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
         for test in Test::ALL {
             for (numerator, denominator) in [
                 (Flavor::Ours, Flavor::Plain),
+                (Flavor::OursFast, Flavor::Plain),
                 (Flavor::Upstream, Flavor::Plain),
                 (Flavor::Ours, Flavor::Upstream),
+                (Flavor::OursFast, Flavor::Upstream),
             ] {
                 ratios.push(json!({
                     "existing_mappings": size,
@@ -457,15 +460,20 @@ pub fn markdown(
         md,
         "Client namespace -> node IP:hostPort -> container, for ebpf-portmap and iptables portmap; \
          client -> container IP (routed by the node, no translation, no port-mapping plugin) for direct. \
+         \"fast\" is ebpf-portmap with `fastPath` on (translated packets handed straight to the container's veth, \
+         answers straight to the client's interface), measured in the same world with the node's flag switched per slice. \
          Each cell: median rate over the repetitions (min in brackets). Ratios are paired by repetition.\n"
     );
     for &size in &results.sizes {
         let _ = writeln!(md, "### {} existing mappings\n", size_label(size));
         let _ = writeln!(
             md,
-            "| test | unit | ebpf-portmap | iptables portmap | direct | ebpf/direct | iptables/direct | ebpf/iptables |"
+            "| test | unit | ebpf-portmap | ebpf-portmap fast | iptables portmap | direct | ebpf/direct | fast/direct | iptables/direct | ebpf/iptables | fast/iptables |"
         );
-        let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- | --- |");
+        let _ = writeln!(
+            md,
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        );
         for test in Test::ALL {
             let rate = |path: Flavor| match results.data_cell(size, test, path) {
                 Some(c) => match MinMedian::of(&c.rates()) {
@@ -492,14 +500,19 @@ pub fn markdown(
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 test.title(),
                 test.unit(),
                 rate(Flavor::Ours),
+                rate(Flavor::OursFast),
                 rate(Flavor::Upstream),
                 rate(Flavor::Plain),
                 cell(
                     &results.data_ratio(size, test, Flavor::Ours, Flavor::Plain),
+                    3
+                ),
+                cell(
+                    &results.data_ratio(size, test, Flavor::OursFast, Flavor::Plain),
                     3
                 ),
                 cell(
@@ -508,6 +521,10 @@ pub fn markdown(
                 ),
                 cell(
                     &results.data_ratio(size, test, Flavor::Ours, Flavor::Upstream),
+                    3
+                ),
+                cell(
+                    &results.data_ratio(size, test, Flavor::OursFast, Flavor::Upstream),
                     3
                 ),
             );
@@ -702,7 +719,7 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
     let mut groups = Vec::new();
     for test in Test::ALL {
         for &size in &results.sizes {
-            let values = [Flavor::Ours, Flavor::Upstream]
+            let values = [Flavor::Ours, Flavor::OursFast, Flavor::Upstream]
                 .iter()
                 .map(|&path| median_of(&results.data_ratio(size, test, path, Flavor::Plain)))
                 .collect();
@@ -722,7 +739,11 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
             title: "Rate through hostPort / direct path, by test and existing mappings (higher is better)"
                 .into(),
             y_label: "ratio to direct".into(),
-            series: vec!["ebpf-portmap".into(), "iptables portmap".into()],
+            series: vec![
+                "ebpf-portmap".into(),
+                "ebpf-portmap fastPath".into(),
+                "iptables portmap".into(),
+            ],
             groups,
             log: false,
             reference_lines: vec![
@@ -877,7 +898,12 @@ mod tests {
                 });
             }
         }
-        for path in [Flavor::Ours, Flavor::Upstream, Flavor::Plain] {
+        for path in [
+            Flavor::Ours,
+            Flavor::OursFast,
+            Flavor::Upstream,
+            Flavor::Plain,
+        ] {
             for test in Test::ALL {
                 results.data.push(DataCell {
                     size: 0,

@@ -400,36 +400,44 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
         ),
     });
 
-    for &size in &results.sizes {
-        let at = format!("at {} mappings", size_label(size));
-        rows.push(ratio_target(
-            &format!("crr-vs-iptables-{size}"),
-            format!("connect+request+close rate through hostPort >= iptables DNAT, {at}"),
-            results.data_ratio(size, Test::TcpCrr, Flavor::Ours, Flavor::Upstream),
-            Compare::AtLeast,
-            1.0,
-            false,
-            "ebpf-portmap rate / iptables portmap rate".into(),
-        ));
-        rows.push(ratio_target(
-            &format!("crr-vs-direct-{size}"),
-            format!("connect+request+close rate through hostPort >= 0.9x direct, {at}"),
-            results.data_ratio(size, Test::TcpCrr, Flavor::Ours, Flavor::Plain),
-            Compare::AtLeast,
-            0.9,
-            false,
-            "ebpf-portmap rate / direct path rate".into(),
-        ));
-        for test in [Test::TcpRr, Test::UdpRr, Test::TcpStream] {
+    // The dataplane targets hold for the default configuration and, with
+    // ids suffixed `-fast`, for `fastPath`.
+    for (path, suffix, config) in [
+        (Flavor::Ours, "", ""),
+        (Flavor::OursFast, "-fast", ", fastPath"),
+    ] {
+        for &size in &results.sizes {
+            let at = format!("at {} mappings{config}", size_label(size));
+            let label = path.label();
             rows.push(ratio_target(
-                &format!("{}-vs-direct-{size}", test.key()),
-                format!("{} through hostPort >= 0.95x direct, {at}", test.title()),
-                results.data_ratio(size, test, Flavor::Ours, Flavor::Plain),
+                &format!("crr-vs-iptables-{size}{suffix}"),
+                format!("connect+request+close rate through hostPort >= iptables DNAT, {at}"),
+                results.data_ratio(size, Test::TcpCrr, path, Flavor::Upstream),
                 Compare::AtLeast,
-                0.95,
+                1.0,
                 false,
-                "ebpf-portmap rate / direct path rate".into(),
+                format!("{label} rate / iptables portmap rate"),
             ));
+            rows.push(ratio_target(
+                &format!("crr-vs-direct-{size}{suffix}"),
+                format!("connect+request+close rate through hostPort >= 0.9x direct, {at}"),
+                results.data_ratio(size, Test::TcpCrr, path, Flavor::Plain),
+                Compare::AtLeast,
+                0.9,
+                false,
+                format!("{label} rate / direct path rate"),
+            ));
+            for test in [Test::TcpRr, Test::UdpRr, Test::TcpStream] {
+                rows.push(ratio_target(
+                    &format!("{}-vs-direct-{size}{suffix}", test.key()),
+                    format!("{} through hostPort >= 0.95x direct, {at}", test.title()),
+                    results.data_ratio(size, test, path, Flavor::Plain),
+                    Compare::AtLeast,
+                    0.95,
+                    false,
+                    format!("{label} rate / direct path rate"),
+                ));
+            }
         }
     }
     let smallest = results.sizes.iter().copied().min().unwrap_or(0);
@@ -437,15 +445,15 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
         rows.push(ratio_target(
             &format!("stretch-{}", test.key()),
             format!(
-                "stretch: {} through hostPort faster than the direct path ({} mappings)",
+                "stretch: {} through hostPort faster than the direct path ({} mappings, fastPath)",
                 test.title(),
                 size_label(smallest)
             ),
-            results.data_ratio(smallest, test, Flavor::Ours, Flavor::Plain),
+            results.data_ratio(smallest, test, Flavor::OursFast, Flavor::Plain),
             Compare::Above,
             1.0,
             true,
-            "ebpf-portmap rate / direct path rate; needs bpf_redirect_peer/neigh, not implemented"
+            "ebpf-portmap fastPath rate / direct path rate (bpf_redirect_peer towards the container, bpf_redirect towards the client)"
                 .into(),
         ));
     }

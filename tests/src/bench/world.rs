@@ -28,6 +28,9 @@ use super::load::{SERVICE_RR_PORT, SERVICE_STREAM_PORT, SERVICE_UDP_PORT, Server
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flavor {
     Ours,
+    /// ebpf-portmap with `fastPath` on: a dataplane path only, measured in
+    /// the `Ours` world with the node's fast-path flag switched on.
+    OursFast,
     Upstream,
     Plain,
 }
@@ -35,7 +38,7 @@ pub enum Flavor {
 impl Flavor {
     pub fn plugin_type(self) -> Option<&'static str> {
         match self {
-            Flavor::Ours => Some("ebpf-portmap"),
+            Flavor::Ours | Flavor::OursFast => Some("ebpf-portmap"),
             Flavor::Upstream => Some("portmap"),
             Flavor::Plain => None,
         }
@@ -44,6 +47,7 @@ impl Flavor {
     pub fn label(self) -> &'static str {
         match self {
             Flavor::Ours => "ebpf-portmap",
+            Flavor::OursFast => "ebpf-portmap fastPath",
             Flavor::Upstream => "iptables portmap",
             Flavor::Plain => "direct (no translation)",
         }
@@ -190,6 +194,58 @@ impl BenchWorld {
             Flavor::Plain => Targets::at(IpAddr::V4(self.container_ip), false),
             _ => Targets::at(IpAddr::V4(NODE_IP4), true),
         }
+    }
+
+    /// Switches `fastPath` on or off for the whole node, as an ADD with
+    /// that setting would (the flag lives in the pinned `node` map), so the
+    /// fast and the normal path are measured on the same world.
+    ///
+    /// # Panics
+    /// If the world is not ebpf-portmap's or bpftool fails.
+    pub fn set_fast_path(&self, on: bool) {
+        let pins = self.pins.as_ref().expect("an ebpf-portmap world");
+        let map = pins.path().join("v1/maps/node");
+        let bpftool = |args: &[&str]| {
+            let out = std::process::Command::new("bpftool")
+                .args(args)
+                .output()
+                .expect("run bpftool");
+            assert!(
+                out.status.success(),
+                "bpftool {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        };
+        let path = map.to_str().expect("a UTF-8 pin path");
+        let key = ["key", "0", "0", "0", "0"];
+        let mut lookup = vec!["--json", "map", "lookup", "pinned", path];
+        lookup.extend(key);
+        let shown: Value = serde_json::from_slice(&bpftool(&lookup)).expect("bpftool JSON");
+        // NodeConfig: netns cookie (8 bytes), flags (4), padding (4).
+        let mut bytes: Vec<u8> = shown["value"]
+            .as_array()
+            .expect("raw value bytes")
+            .iter()
+            .map(|b| {
+                u8::from_str_radix(b.as_str().unwrap_or("").trim_start_matches("0x"), 16)
+                    .expect("a hex byte")
+            })
+            .collect();
+        let fast = portmap_common::local::node_flags::FAST_PATH.to_ne_bytes();
+        for (byte, bit) in bytes[8..12].iter_mut().zip(fast) {
+            if on {
+                *byte |= bit;
+            } else {
+                *byte &= !bit;
+            }
+        }
+        let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let mut update = vec!["map", "update", "pinned", path];
+        update.extend(key);
+        update.extend(["value", "hex"]);
+        update.extend(hex.iter().map(String::as_str));
+        bpftool(&update);
     }
 
     /// The plugin's config for notes in the report.

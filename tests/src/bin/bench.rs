@@ -1055,12 +1055,17 @@ fn scale_and_dataplane(
         // Dataplane through the last-added mappings.
         progress.check()?;
         probe_add(&worlds.ours, size)?;
-        let mut paths: Vec<&BenchWorld> = vec![&worlds.ours];
+        // ebpf-portmap twice: the default, and with fastPath switched on
+        // in the same world before each of its slices.
+        let mut paths: Vec<(Flavor, &BenchWorld)> = vec![
+            (Flavor::Ours, &worlds.ours),
+            (Flavor::OursFast, &worlds.ours),
+        ];
         if upstream_here {
             probe_add(&worlds.upstream, size)?;
-            paths.push(&worlds.upstream);
+            paths.push((Flavor::Upstream, &worlds.upstream));
         }
-        paths.push(&worlds.plain);
+        paths.push((Flavor::Plain, &worlds.plain));
         dataplane(plan, progress, &paths, size, upstream_here, results)?;
         probe_del(&worlds.ours, size);
         if upstream_here {
@@ -1112,16 +1117,26 @@ fn target_of(world: &BenchWorld, test: Test) -> SocketAddr {
     }
 }
 
+/// Puts `world` in the state `path` is measured in (fastPath on or off).
+fn enter(path: Flavor, world: &BenchWorld) {
+    match path {
+        Flavor::Ours => world.set_fast_path(false),
+        Flavor::OursFast => world.set_fast_path(true),
+        Flavor::Upstream | Flavor::Plain => {}
+    }
+}
+
 fn dataplane(
     plan: &Plan,
     progress: &Progress,
-    paths: &[&BenchWorld],
+    paths: &[(Flavor, &BenchWorld)],
     size: usize,
     upstream_here: bool,
     results: &mut Results,
 ) -> anyhow::Result<()> {
     // Warm-up: neighbours resolved, first flows through every path.
-    for world in paths {
+    for &(path, world) in paths {
+        enter(path, world);
         for test in Test::ALL {
             let warm = load::run(
                 &world.node.ext.handle(),
@@ -1133,7 +1148,7 @@ fn dataplane(
             if warm.rate == 0.0 {
                 bail!(
                     "{} at {} mappings: {} through {} gets no answer ({} errors)\n{}",
-                    world.flavor.label(),
+                    path.label(),
                     size_label(size),
                     test.title(),
                     target_of(world, test),
@@ -1144,26 +1159,26 @@ fn dataplane(
         }
     }
     let mut cells: Vec<DataCell> = Vec::new();
-    let clients: Vec<_> = paths.iter().map(|w| w.node.ext.handle()).collect();
+    let clients: Vec<_> = paths.iter().map(|(_, w)| w.node.ext.handle()).collect();
     for rep in 0..plan.reps {
         progress.check()?;
         for test in Test::ALL {
             let targets: Vec<_> = paths
                 .iter()
                 .zip(&clients)
-                .map(|(world, client)| (client.clone(), target_of(world, test)))
+                .map(|((_, world), client)| (client.clone(), target_of(world, test)))
                 .collect();
-            let rates = load::run_interleaved(&targets, test, plan.duration, plan.slices, plan.cpu);
-            for (world, result) in paths.iter().zip(rates) {
-                match cells
-                    .iter_mut()
-                    .find(|c| c.test == test && c.path == world.flavor)
-                {
+            let rates =
+                load::run_interleaved(&targets, test, plan.duration, plan.slices, plan.cpu, |i| {
+                    enter(paths[i].0, paths[i].1)
+                });
+            for (&(path, _), result) in paths.iter().zip(rates) {
+                match cells.iter_mut().find(|c| c.test == test && c.path == path) {
                     Some(cell) => cell.reps.push(result),
                     None => cells.push(DataCell {
                         size,
                         test,
-                        path: world.flavor,
+                        path,
                         reps: vec![result],
                         skipped: None,
                     }),
@@ -1181,16 +1196,17 @@ fn dataplane(
                         .map_or("-".into(), |r| bench::svg::short(r.rate))
                 };
                 format!(
-                    "{} {}/{}/{}",
+                    "{} {}/{}/{}/{}",
                     test.key(),
                     rate(Flavor::Ours),
+                    rate(Flavor::OursFast),
                     rate(Flavor::Upstream),
                     rate(Flavor::Plain)
                 )
             })
             .collect();
         progress.say(&format!(
-            "dataplane {} mappings, rep {}/{} (ebpf/iptables/direct): {}",
+            "dataplane {} mappings, rep {}/{} (ebpf/ebpf fastPath/iptables/direct): {}",
             size_label(size),
             rep + 1,
             plan.reps,
