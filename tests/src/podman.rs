@@ -510,8 +510,9 @@ pub fn parse_ldd(text: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The shell script the holder runs in its new mount namespace.
-fn holder_script(root: &Path) -> String {
+/// The shell script the holder runs in its new mount namespace; `cgroup2` is
+/// the cgroup2 mount the harness uses.
+fn holder_script(root: &Path, cgroup2: &Path) -> String {
     let mut script = String::from("set -e\n");
     script.push_str("mount -t tmpfs -o mode=0755 epm-podman-run /run\n");
     script.push_str("mount -t tmpfs -o mode=1777 epm-podman-shm /dev/shm\n");
@@ -525,7 +526,6 @@ fn holder_script(root: &Path) -> String {
     // The plugin's socket hooks need the cgroup2 mount the harness uses; if
     // that lives under /run (no cgroup2 mount on the machine), mount the same
     // hierarchy again under the new tmpfs.
-    let cgroup2 = crate::cgroup::cgroup2_mount();
     if cgroup2.starts_with("/run") {
         let _ = writeln!(
             script,
@@ -544,7 +544,7 @@ fn spawn_holder(node: &NetNs, root: &Path) -> Child {
     let mut command = node.command("unshare");
     command
         .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
-        .arg(holder_script(root))
+        .arg(holder_script(root, crate::cgroup::cgroup2_mount()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -697,10 +697,17 @@ mod tests {
 
     #[test]
     fn holder_mounts_private_state_dirs() {
-        let script = holder_script(Path::new("/tmp/p"));
+        let script = holder_script(Path::new("/tmp/p"), Path::new("/sys/fs/cgroup"));
         assert!(script.starts_with("set -e\n"));
         assert!(script.contains("mount -t tmpfs -o mode=0755 epm-podman-run /run\n"));
         assert!(script.contains("mount --bind '/tmp/p/var-lib' /var/lib\n"));
+        assert!(!script.contains("cgroup2"), "{script}");
         assert!(script.ends_with("echo ready\nexec sleep infinity\n"));
+        // The harness's own cgroup2 mount would be hidden by the new /run.
+        let script = holder_script(Path::new("/tmp/p"), Path::new("/run/epm-test-cgroup2"));
+        assert!(
+            script.contains("mount -t cgroup2 none '/run/epm-test-cgroup2'"),
+            "{script}"
+        );
     }
 }
