@@ -48,6 +48,63 @@ pub fn cgroup_for_pin_root(pin_root: &Path) -> PathBuf {
     cgroup2_mount().join(name)
 }
 
+/// Mount points of every cgroup hierarchy: each cgroup v1 controller and
+/// cgroup2 (runtimes with the cgroupfs manager create their cgroups in all).
+pub fn hierarchies() -> Vec<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut hierarchies: Vec<PathBuf> = mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_, path, fstype) = (fields.next()?, fields.next()?, fields.next()?);
+            matches!(fstype, "cgroup" | "cgroup2").then(|| PathBuf::from(path))
+        })
+        .collect();
+    hierarchies.sort();
+    hierarchies.dedup();
+    hierarchies
+}
+
+/// SIGKILL to one process.
+pub fn kill(pid: i32) {
+    // SAFETY: signalling one pid; no memory involved.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// Kills the processes in the cgroup `dir` and below, then removes the
+/// cgroups, children first. For cgroups the harness (or a runtime it ran)
+/// created; never panics, reports what it could not remove.
+pub fn remove_tree(dir: &Path) {
+    if !dir.is_dir() {
+        return;
+    }
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&entry.path());
+            }
+        }
+    }
+    for attempt in 0..100 {
+        let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            if attempt == 0 {
+                eprintln!(
+                    "harness: killing process {pid} left in cgroup {}",
+                    dir.display()
+                );
+            }
+            kill(pid);
+        }
+        match fs::remove_dir(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+    eprintln!("harness: could not remove cgroup {}", dir.display());
+}
+
 /// A child cgroup, removed on drop (after its processes are gone).
 #[derive(Debug)]
 pub struct TestCgroup {

@@ -25,6 +25,7 @@ pub mod cni;
 pub mod naming;
 pub mod netns;
 pub mod plugins;
+pub mod podman;
 pub mod tmp;
 pub mod topology;
 pub mod traffic;

@@ -108,14 +108,26 @@ fn stale_entries(dir: &Path, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// Removes namespaces, bpffs directories and temp directories that carry this
-/// process's prefix and were created by processes that no longer exist (a test
-/// run killed by SIGKILL or a timeout cannot run its destructors). Runs at most
-/// once per process; every constructor of the harness calls it.
+/// Removes cgroups (with the processes still in them), namespaces, bpffs
+/// directories and temp directories that carry this process's prefix and
+/// were created by processes that no longer exist (a test run killed by
+/// SIGKILL or a timeout cannot run its destructors). Cgroups go first: a
+/// runtime's leftovers (podman's conmon and containers, in the cgroup parent
+/// the harness named) may still be writing into a temp directory. Runs at
+/// most once per process; every constructor of the harness calls it.
 pub fn reap_stale() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let prefix = name_prefix();
+        for hierarchy in crate::cgroup::hierarchies() {
+            for name in stale_entries(&hierarchy, &prefix) {
+                eprintln!(
+                    "harness: removing stale cgroup {} left by a dead test process",
+                    hierarchy.join(&name).display()
+                );
+                crate::cgroup::remove_tree(&hierarchy.join(&name));
+            }
+        }
         for name in stale_entries(Path::new(NETNS_RUN_DIR), &prefix) {
             let status = Command::new("ip").args(["netns", "del", &name]).status();
             eprintln!("harness: removed stale netns {name} left by a dead test process ({status:?})");

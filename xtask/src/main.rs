@@ -5,7 +5,11 @@
 //!
 //! - `setup`: idempotently installs the Debian packages, the nightly toolchain
 //!   with rust-src, bpf-linker, and mounts bpffs; one line per step.
-//! - `test [-- <cargo test args>]`: setup, build `ebpf-portmap`, run the tests.
+//! - `test [-- <cargo test args>]`: setup, build `ebpf-portmap`, run the tests,
+//!   then the podman end-to-end tests (`--skip-podman`) and the VM tests
+//!   (`--skip-vm`).
+//! - `e2e-podman [-- <test args>]`: setup, build `ebpf-portmap`, install
+//!   podman, run podman with `ebpf-portmap` and with upstream `portmap`.
 //! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` and the bench in
 //!   release, run the benchmark against iptables portmap and the direct path.
 //! - `demo [-- <demo args>]`: setup, build `ebpf-portmap`, run the demo
@@ -19,6 +23,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod podman;
 mod vm;
 
 /// Debian packages the build and the tests need: LLVM 22 for bpf-linker
@@ -68,14 +73,26 @@ enum Verb {
     Setup,
     /// Setup, build ebpf-portmap, then `cargo test` with EBPF_PORTMAP_BIN set.
     /// Arguments after `--` go to `cargo test` (e.g. `-- -p portmap-tests -- --nocapture`).
-    /// Then the VM tests on Debian 6.1 and 6.12 kernels (`vm-test`) unless
-    /// `--skip-vm` or EPM_SKIP_VM=1.
+    /// Then podman end to end (`e2e-podman`) unless `--skip-podman` or
+    /// EPM_SKIP_PODMAN=1, and the VM tests on Debian 6.1 and 6.12 kernels
+    /// (`vm-test`) unless `--skip-vm` or EPM_SKIP_VM=1.
     Test {
         /// Skip the VM tests on older kernels (also: EPM_SKIP_VM=1).
         #[arg(long)]
         skip_vm: bool,
+        /// Skip the podman end-to-end tests (also: EPM_SKIP_PODMAN=1).
+        #[arg(long)]
+        skip_podman: bool,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_test_args: Vec<String>,
+    },
+    /// Setup, build ebpf-portmap, install Debian's podman 4.3, then run podman
+    /// (CNI backend, in a test-owned network namespace) publishing ports
+    /// through ebpf-portmap and through upstream portmap. Arguments after
+    /// `--` go to the test binary (e.g. `-- --nocapture`).
+    E2ePodman {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        test_args: Vec<String>,
     },
     /// Boot Debian kernels in QEMU (TCG) and run the integration tests inside:
     /// `cargo xtask vm-test [--kernel 6.1] [--kernel 6.12]`.
@@ -118,8 +135,10 @@ fn main() -> ExitCode {
         Verb::Setup => setup(),
         Verb::Test {
             skip_vm,
+            skip_podman,
             cargo_test_args,
-        } => run_steps("test", test_steps(cargo_test_args, *skip_vm)),
+        } => run_steps("test", test_steps(cargo_test_args, *skip_vm, *skip_podman)),
+        Verb::E2ePodman { test_args } => run_steps("e2e-podman", e2e_podman_steps(test_args)),
         Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),
         Verb::Demo { demo_args } => run_steps("demo", demo_steps(demo_args)),
         Verb::Bench { bench_args } => run_steps("bench", bench_steps(bench_args)),
@@ -184,7 +203,7 @@ fn build_plugin_step() -> Step<'static> {
     )
 }
 
-fn test_steps(cargo_test_args: &[String], skip_vm: bool) -> Vec<Step<'_>> {
+fn test_steps(cargo_test_args: &[String], skip_vm: bool, skip_podman: bool) -> Vec<Step<'_>> {
     vec![
         setup_step(),
         build_plugin_step(),
@@ -211,7 +230,39 @@ fn test_steps(cargo_test_args: &[String], skip_vm: bool) -> Vec<Step<'_>> {
                     .env("EPM_TEST_FAST_PATH", "1"))
             },
         ),
+        podman_step(skip_podman),
         vm_step(skip_vm),
+    ]
+}
+
+/// The podman end-to-end tests as a step of `test`, or a step saying why
+/// they are skipped.
+fn podman_step(skip_podman: bool) -> Step<'static> {
+    let name = "podman end to end, ebpf-portmap and upstream portmap (cargo xtask e2e-podman)";
+    let reason = if skip_podman {
+        Some("--skip-podman")
+    } else if podman::skip_requested_by_env() {
+        Some("EPM_SKIP_PODMAN is set")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Step::new(name, move || {
+            println!("xtask test: podman tests skipped ({reason})");
+            Ok(())
+        }),
+        None => Step::new(name, || podman::e2e_podman(&[])),
+    }
+}
+
+fn e2e_podman_steps(test_args: &[String]) -> Vec<Step<'_>> {
+    vec![
+        setup_step(),
+        build_plugin_step(),
+        Step::new(
+            "podman end to end: ebpf-portmap, then upstream portmap",
+            move || podman::e2e_podman(test_args),
+        ),
     ]
 }
 
@@ -299,21 +350,31 @@ fn bench_steps(bench_args: &[String]) -> Vec<Step<'_>> {
 // ---- setup -----------------------------------------------------------------
 
 fn ensure_apt_packages() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
+    ensure_packages("setup", APT_PACKAGES)
+}
+
+/// Installs whichever of `packages` dpkg does not list as installed
+/// (`apt-get update` first), one line when there is nothing to do; `label`
+/// starts each line.
+fn ensure_packages(label: &str, packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| !dpkg_installed(p))
         .collect();
     if missing.is_empty() {
         println!(
-            "setup: Debian packages present ({}), skipping",
-            APT_PACKAGES.join(" ")
+            "{label}: Debian packages present ({}), skipping",
+            packages.join(" ")
         );
         return Ok(());
     }
-    println!("setup: apt-get update (missing: {}) ...", missing.join(" "));
+    println!(
+        "{label}: apt-get update (missing: {}) ...",
+        missing.join(" ")
+    );
     run(apt_get().arg("update"))?;
-    println!("setup: installing {} ...", missing.join(" "));
+    println!("{label}: installing {} ...", missing.join(" "));
     run(apt_get()
         .args(["install", "-y", "--no-install-recommends"])
         .args(&missing))?;
@@ -518,6 +579,7 @@ mod tests {
         let Verb::Test {
             cargo_test_args,
             skip_vm: false,
+            skip_podman: false,
         } = parse(&["test", "--", "-p", "portmap-tests", "--", "--nocapture"])
         else {
             panic!("not the test verb")
@@ -540,6 +602,7 @@ mod tests {
         let Verb::Test {
             skip_vm,
             cargo_test_args,
+            ..
         } = parse(&["test", "--skip-vm", "--", "-p", "portmap-tests"])
         else {
             panic!("not the test verb")
@@ -550,12 +613,49 @@ mod tests {
         let Verb::Test {
             skip_vm,
             cargo_test_args,
+            ..
         } = parse(&["test", "--", "--skip-vm"])
         else {
             panic!("not the test verb")
         };
         assert!(!skip_vm);
         assert_eq!(cargo_test_args, ["--skip-vm"]);
+    }
+
+    #[test]
+    fn skip_podman_is_a_flag_before_the_cargo_arguments() {
+        let Verb::Test {
+            skip_vm,
+            skip_podman,
+            cargo_test_args,
+        } = parse(&["test", "--skip-podman", "--skip-vm", "--", "-p", "x"])
+        else {
+            panic!("not the test verb")
+        };
+        assert!(skip_podman && skip_vm);
+        assert_eq!(cargo_test_args, ["-p", "x"]);
+        let Verb::Test {
+            skip_podman,
+            cargo_test_args,
+            ..
+        } = parse(&["test", "--", "--skip-podman"])
+        else {
+            panic!("not the test verb")
+        };
+        assert!(!skip_podman);
+        assert_eq!(cargo_test_args, ["--skip-podman"]);
+    }
+
+    #[test]
+    fn e2e_podman_arguments_pass_through() {
+        let Verb::E2ePodman { test_args } = parse(&["e2e-podman", "--", "--nocapture"]) else {
+            panic!("not the e2e-podman verb")
+        };
+        assert_eq!(test_args, ["--nocapture"]);
+        let Verb::E2ePodman { test_args } = parse(&["e2e-podman"]) else {
+            panic!("not the e2e-podman verb")
+        };
+        assert!(test_args.is_empty());
     }
 
     #[test]

@@ -1,23 +1,42 @@
-//! A one-shot client for tests that must run as their own process (to be in
-//! a given cgroup and network namespace): sends one payload over TCP or UDP
-//! and prints what the socket API reports, one `key=value` per line:
+//! The test-only connection tester, for tests that must run a client or a
+//! server as a process of its own (in a given cgroup and network namespace,
+//! or inside a container image).
+//!
+//! As a one-shot client it sends one payload over TCP or UDP, or one HTTP
+//! `GET /`, and prints what the socket API reports, one `key=value` per line:
 //!
 //! ```text
-//! probe tcp|udp|udp-unconnected ADDR:PORT PAYLOAD [TIMEOUT_MS]
+//! probe tcp|udp|udp-unconnected|http ADDR:PORT PAYLOAD [TIMEOUT_MS]
 //! peer=<getpeername or recvfrom source>
-//! reply=<the answer>
+//! reply=<the answer; for http the response body, trimmed>
 //! ```
-//! Exits 1 with `error=...` when anything fails.
+//! Exits 1 with `error=...` when anything fails (for http also on a status
+//! other than 200). `PAYLOAD` is ignored by `http`.
+//!
+//! As a server it answers UDP on both families forever, each datagram `D`
+//! with `IDENTITY D` (the harness's echo protocol), until it is killed:
+//!
+//! ```text
+//! probe udp-echo-server PORT IDENTITY
+//! ```
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use socket2::{Domain, Protocol, Socket, Type};
+
 fn run(args: &[String]) -> Result<(String, String), String> {
     let [mode, addr, payload, rest @ ..] = args else {
-        return Err("usage: probe tcp|udp|udp-unconnected ADDR:PORT PAYLOAD [TIMEOUT_MS]".into());
+        return Err(
+            "usage: probe tcp|udp|udp-unconnected|http ADDR:PORT PAYLOAD [TIMEOUT_MS] | probe udp-echo-server PORT IDENTITY"
+                .into(),
+        );
     };
+    if mode == "udp-echo-server" {
+        return Err(udp_echo_server(addr, payload));
+    }
     let addr: SocketAddr = addr.parse().map_err(|e| format!("address {addr}: {e}"))?;
     let timeout = Duration::from_millis(rest.first().and_then(|t| t.parse().ok()).unwrap_or(3000));
     let bind = if addr.is_ipv4() {
@@ -91,7 +110,64 @@ fn run(args: &[String]) -> Result<(String, String), String> {
                 String::from_utf8_lossy(&buf[..n]).trim().to_owned(),
             ))
         }
+        "http" => {
+            let mut stream =
+                TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
+            stream
+                .set_read_timeout(Some(timeout))
+                .map_err(|e| e.to_string())?;
+            let peer = stream
+                .peer_addr()
+                .map_err(|e| format!("getpeername: {e}"))?;
+            stream
+                .write_all(format!("GET / HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+                .map_err(|e| format!("send: {e}"))?;
+            let mut response = Vec::new();
+            stream
+                .read_to_end(&mut response)
+                .map_err(|e| format!("recv: {e}"))?;
+            let response = String::from_utf8_lossy(&response);
+            let (head, body) = response
+                .split_once("\r\n\r\n")
+                .ok_or_else(|| format!("not an HTTP response: {response:?}"))?;
+            let status = head.lines().next().unwrap_or_default();
+            if status.split_whitespace().nth(1) != Some("200") {
+                return Err(format!("HTTP status {status:?}"));
+            }
+            Ok((peer.to_string(), body.trim().to_owned()))
+        }
         other => Err(format!("unknown mode {other}")),
+    }
+}
+
+/// Serves until killed; returns only the reason it could not.
+fn udp_echo_server(port: &str, identity: &str) -> String {
+    let port: u16 = match port.parse() {
+        Ok(port) => port,
+        Err(e) => return format!("port {port}: {e}"),
+    };
+    // One socket for both families: [::] with IPV6_V6ONLY off also receives
+    // IPv4 (as v4-mapped addresses) and replies to it.
+    let bind = || -> std::io::Result<UdpSocket> {
+        let socket = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP))?;
+        socket.set_only_v6(false)?;
+        socket.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())?;
+        Ok(socket.into())
+    };
+    let socket = match bind() {
+        Ok(socket) => socket,
+        Err(e) => return format!("bind [::]:{port}: {e}"),
+    };
+    let mut buf = [0u8; 2048];
+    loop {
+        let (n, peer) = match socket.recv_from(&mut buf) {
+            Ok(received) => received,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return format!("recvfrom: {e}"),
+        };
+        let reply = format!("{identity} {}", String::from_utf8_lossy(&buf[..n]));
+        // A peer that went away is not the server's problem.
+        let _ = socket.send_to(reply.as_bytes(), peer);
     }
 }
 
