@@ -1054,4 +1054,140 @@ mod tests {
             Err(ConfigError::InvalidPinRoot { .. })
         ));
     }
+
+    /// A directory under the system temp dir, removed on drop.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let path =
+                std::env::temp_dir().join(format!("chain-test-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&path);
+            fs::create_dir_all(&path).expect("creating a temp dir");
+            Dir(path)
+        }
+
+        fn write(&self, name: &str, text: &str) -> PathBuf {
+            let path = self.0.join(name);
+            fs::write(&path, text).expect("writing a file");
+            path
+        }
+
+        fn names(&self) -> Vec<String> {
+            let mut names: Vec<String> = fs::read_dir(&self.0)
+                .expect("listing")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const BRIDGE: &str = r#"{"cniVersion": "1.0.0", "name": "n", "type": "bridge"}"#;
+    const CHAINED: &str = r#"{"cniVersion": "1.0.0", "name": "n", "plugins":
+        [{"type": "bridge"}, {"type": "ebpf-portmap", "capabilities": {"portMappings": true}}]}"#;
+
+    #[test]
+    fn a_conflist_of_someone_else_is_not_overwritten_by_a_conversion() {
+        let dir = Dir::new("taken");
+        dir.write("10-a.conf", BRIDGE);
+        dir.write(
+            "10-a.conflist",
+            r#"{"cniVersion": "1.0.0", "name": "other", "plugins": [{"type": "ptp"}]}"#,
+        );
+        assert!(matches!(
+            install(&dir.0, &entry()),
+            Err(ChainError::TargetTaken { .. })
+        ));
+        assert_eq!(dir.names(), ["10-a.conf", "10-a.conflist"]);
+    }
+
+    #[test]
+    fn a_conversion_that_would_not_be_loaded_first_is_refused() {
+        let dir = Dir::new("not-first");
+        dir.write("10-a.conf", BRIDGE);
+        // Sorts after 10-a.conf but before 10-a.conflist.
+        dir.write("10-a.conf.b.conf", BRIDGE);
+        assert!(matches!(
+            install(&dir.0, &entry()),
+            Err(ChainError::NotFirst { .. })
+        ));
+        assert_eq!(dir.names(), ["10-a.conf", "10-a.conf.b.conf"]);
+    }
+
+    #[test]
+    fn the_main_plugin_rewriting_a_converted_conf_is_chained_again() {
+        let dir = Dir::new("reconvert");
+        dir.write("10-a.conf", BRIDGE);
+        install(&dir.0, &entry()).expect("first install");
+        let newer = BRIDGE.replace("bridge\"", "bridge\", \"mtu\": 1400");
+        dir.write("10-a.conf", &newer);
+        let installed = install(&dir.0, &entry()).expect("second install");
+        assert_eq!(installed.plan.target, dir.0.join("10-a.conflist"));
+        assert_eq!(dir.names(), ["10-a.conf.ebpf-portmap.bak", "10-a.conflist"]);
+        assert_eq!(
+            fs::read_to_string(dir.0.join("10-a.conf.ebpf-portmap.bak")).expect("read"),
+            newer,
+            "the backup is the main plugin's latest file"
+        );
+    }
+
+    #[test]
+    fn remove_drops_backups_of_files_the_main_plugin_replaced() {
+        let dir = Dir::new("stale");
+        let original = dir.write("10-a.conflist", KINDNET_LIKE);
+        install(&dir.0, &entry()).expect("install");
+        // The main plugin writes its file again; nobody chains it.
+        let newer = KINDNET_LIKE.replace("1500", "1400");
+        fs::write(&original, &newer).expect("write");
+        let removed = remove(&dir.0).expect("remove");
+        assert!(removed.restored.is_empty());
+        assert_eq!(removed.stale, [backup_path(&original)]);
+        assert_eq!(fs::read_to_string(&original).expect("read"), newer);
+        assert_eq!(dir.names(), ["10-a.conflist"]);
+    }
+
+    #[test]
+    fn remove_fails_while_the_runtimes_config_names_the_plugin_without_a_backup() {
+        let dir = Dir::new("foreign");
+        dir.write("10-a.conflist", CHAINED);
+        dir.write("20-b.conflist", CHAINED);
+        assert!(matches!(
+            remove(&dir.0),
+            Err(ChainError::StillChained { path }) if path.ends_with("10-a.conflist")
+        ));
+        // Once another file is the runtime's, the hand-chained ones are only
+        // reported.
+        dir.write("05-first.conf", BRIDGE);
+        let removed = remove(&dir.0).expect("only files the runtime does not use");
+        assert_eq!(
+            removed.foreign,
+            [dir.0.join("10-a.conflist"), dir.0.join("20-b.conflist")]
+        );
+    }
+
+    #[test]
+    fn a_failed_precondition_writes_nothing() {
+        let dir = Dir::new("precondition");
+        let path = dir.write("10-a.conflist", "old");
+        assert!(matches!(
+            write_atomically_if(&path, b"new", 0o644, || false),
+            Err(WriteError::Precondition)
+        ));
+        assert_eq!(fs::read_to_string(&path).expect("read"), "old");
+        assert_eq!(dir.names(), ["10-a.conflist"], "no temp file left");
+        write_atomically_if(&path, b"new", 0o600, || true).unwrap_or_else(|_| panic!("write"));
+        assert_eq!(fs::read_to_string(&path).expect("read"), "new");
+        let mode = fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    const KINDNET_LIKE: &str = r#"{"cniVersion": "0.3.1", "name": "kindnet", "plugins": [
+        {"type": "ptp", "mtu": 1500}, {"type": "portmap", "capabilities": {"portMappings": true}}]}"#;
 }
