@@ -666,6 +666,27 @@ fn uninstall_keeps_the_binary_while_the_dataplane_is_pinned() {
     }
 }
 
+/// A configuration chained by hand (no backup) that the runtime uses: the
+/// binary must stay, or every pod on the node fails to start.
+#[test]
+fn uninstall_keeps_the_binary_while_a_hand_chained_config_names_it() {
+    for shell in SHELLS {
+        let node = FakeNode::new();
+        node.write_config("10-kindnet.conflist", KINDNET);
+        node.run(shell, "install", &[]).ok();
+        fs::remove_file(node.config("10-kindnet.conflist.ebpf-portmap.bak")).expect("rm");
+        let before = node.snapshot();
+        node.run(shell, "uninstall", &[])
+            .expect_code(1)
+            .says("still names ebpf-portmap and has no backup");
+        assert_eq!(
+            node.snapshot(),
+            before,
+            "{shell:?}: uninstall changed the node"
+        );
+    }
+}
+
 /// POSIX sh, as shellcheck reads it: also what neither dash nor busybox
 /// would catch (bashisms both happen to accept, quoting mistakes).
 #[test]
