@@ -4,8 +4,10 @@
 //! before LLVM and bpf-linker are installed (`setup` installs them).
 //!
 //! - `setup`: idempotently installs the Debian packages, the nightly toolchain
-//!   with rust-src, bpf-linker, and mounts bpffs; one line per step.
-//! - `test [-- <cargo test args>]`: setup, build `ebpf-portmap`, run the tests.
+//!   with rust-src, bpf-linker and kubernetes-validate, and mounts bpffs; one
+//!   line per step.
+//! - `test [-- <cargo test args>]`: setup, build `ebpf-portmap`, validate the
+//!   Kubernetes manifests, run the tests.
 //! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` and the bench in
 //!   release, run the benchmark against iptables portmap and the direct path.
 //! - `demo [-- <demo args>]`: setup, build `ebpf-portmap`, run the demo
@@ -81,9 +83,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Verb {
-    /// Install what is missing: Debian packages, nightly + rust-src, bpf-linker, bpffs mount.
+    /// Install what is missing: Debian packages, nightly + rust-src, bpf-linker, bpffs mount,
+    /// kubernetes-validate.
     Setup,
-    /// Setup, build ebpf-portmap, then `cargo test` with EBPF_PORTMAP_BIN set.
+    /// Setup, build ebpf-portmap, validate deploy/*.yaml against the Kubernetes
+    /// API schemas, then `cargo test` with EBPF_PORTMAP_BIN set.
     /// Arguments after `--` go to `cargo test` (e.g. `-- -p portmap-tests -- --nocapture`).
     /// Then the VM tests on Debian 6.1 and 6.12 kernels (`vm-test`) unless
     /// `--skip-vm` or EPM_SKIP_VM=1.
