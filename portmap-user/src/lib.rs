@@ -3,6 +3,7 @@
 
 pub mod attach;
 pub mod cgroup;
+pub mod chain;
 pub mod cni;
 pub mod config;
 pub mod counters;

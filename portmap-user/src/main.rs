@@ -22,11 +22,13 @@ mod cli;
     about = "eBPF hostPort mapping for CNI",
     long_about = "eBPF hostPort mapping for CNI.\n\nRun by a container runtime (CNI_COMMAND set), this is the CNI plugin; \
 run by a person, these commands show and manage the dataplane on this node. \
-Every command takes --pin-root, the plugin's `pinRoot` (default /sys/fs/bpf/ebpf-portmap).",
+They take --pin-root, the plugin's `pinRoot` (default /sys/fs/bpf/ebpf-portmap). \
+`chain` puts the plugin into the node's CNI configuration (what the Kubernetes installer runs).",
     after_help = "Examples:
   ebpf-portmap list                    every published port, its container and traffic
   ebpf-portmap status                  is the dataplane healthy? (exit 1 if not)
   ebpf-portmap trace --port 8080       watch what happens to traffic for port 8080
+  ebpf-portmap chain install           chain the plugin into /etc/cni/net.d
   ebpf-portmap help <command>          more about one command"
 )]
 struct Args {
@@ -44,6 +46,7 @@ enum Verb {
     Trace(cli::trace::TraceArgs),
     Gc(cli::gc::GcArgs),
     Uninstall(cli::uninstall::UninstallArgs),
+    Chain(cli::chain::ChainArgs),
 }
 
 /// The CNI plugin. Stdin is read before anything else: the log file is part
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
         Verb::Trace(trace) => cli::trace::run(trace),
         Verb::Gc(gc) => cli::gc::run(gc),
         Verb::Uninstall(uninstall) => cli::uninstall::run(uninstall),
+        Verb::Chain(chain) => cli::chain::run(chain),
     };
     match result {
         Ok(code) => code,

@@ -4,10 +4,12 @@
 //! before LLVM and bpf-linker are installed (`setup` installs them).
 //!
 //! - `setup`: idempotently installs the Debian packages, the nightly toolchain
-//!   with rust-src, bpf-linker, and mounts bpffs; one line per step.
-//! - `test [-- <cargo test args>]`: setup, build `ebpf-portmap`, run the tests,
-//!   then the podman end-to-end tests (`--skip-podman`) and the VM tests
-//!   (`--skip-vm`).
+//!   with rust-src, bpf-linker and kubernetes-validate, and mounts bpffs; one
+//!   line per step.
+//! - `test [-- <cargo test args>]`: setup, build `ebpf-portmap`, validate the
+//!   Kubernetes manifests, run the tests (the traffic suites twice, the second
+//!   time with `fastPath`), then the podman end-to-end tests
+//!   (`--skip-podman`) and the VM tests (`--skip-vm`).
 //! - `e2e-podman [-- <test args>]`: setup, build `ebpf-portmap`, install
 //!   podman, run podman with `ebpf-portmap` and with upstream `portmap`.
 //! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` and the bench in
@@ -44,6 +46,10 @@ const APT_PACKAGES: &[&str] = &[
     // drop capabilities with setpriv (util-linux).
     "socat",
     "util-linux",
+    // The deploy tests run install.sh under busybox (the image's shell) and
+    // lint it with shellcheck.
+    "busybox-static",
+    "shellcheck",
 ];
 
 /// bpf-linker must match rustc's LLVM major (22). Pinned: 0.13 is the
@@ -55,6 +61,19 @@ const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 const PLUGIN_PACKAGE: &str = "portmap-user";
 const PLUGIN_BIN: &str = "ebpf-portmap";
 const PLUGIN_BIN_ENV: &str = "EBPF_PORTMAP_BIN";
+
+/// The Kubernetes manifests, checked against the API schemas.
+const MANIFESTS: &[&str] = &["deploy/daemonset.yaml"];
+/// kubernetes-validate (PyPI) bundles the Kubernetes OpenAPI schemas, so it
+/// validates offline. Installed into a venv under the target directory.
+const KUBERNETES_VALIDATE: &str = "kubernetes-validate";
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+/// Every Kubernetes version that release bundles schemas for: the manifests
+/// must be valid for all of them.
+const KUBERNETES_VERSIONS: &[&str] = &[
+    "1.25.0", "1.26.0", "1.27.0", "1.28.0", "1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0",
+    "1.34.0", "1.35.0", "1.36.0", "1.37.0",
+];
 
 #[derive(Debug, Parser)]
 #[command(
@@ -69,9 +88,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Verb {
-    /// Install what is missing: Debian packages, nightly + rust-src, bpf-linker, bpffs mount.
+    /// Install what is missing: Debian packages, nightly + rust-src, bpf-linker, bpffs mount,
+    /// kubernetes-validate.
     Setup,
-    /// Setup, build ebpf-portmap, then `cargo test` with EBPF_PORTMAP_BIN set.
+    /// Setup, build ebpf-portmap, validate deploy/*.yaml against the Kubernetes
+    /// API schemas, then `cargo test` with EBPF_PORTMAP_BIN set.
     /// Arguments after `--` go to `cargo test` (e.g. `-- -p portmap-tests -- --nocapture`).
     /// Then podman end to end (`e2e-podman`) unless `--skip-podman` or
     /// EPM_SKIP_PODMAN=1, and the VM tests on Debian 6.1 and 6.12 kernels
@@ -180,6 +201,7 @@ fn setup_steps() -> Vec<Step<'static>> {
         Step::new("rust-src for nightly", ensure_rust_src),
         Step::new("bpf-linker", ensure_bpf_linker),
         Step::new("bpffs mount", ensure_bpffs),
+        Step::new("kubernetes-validate", ensure_kubernetes_validate),
     ]
 }
 
@@ -207,6 +229,14 @@ fn test_steps(cargo_test_args: &[String], skip_vm: bool, skip_podman: bool) -> V
     vec![
         setup_step(),
         build_plugin_step(),
+        Step::new(
+            format!(
+                "Kubernetes manifests against the API schemas of {} to {} (kubernetes-validate --strict)",
+                KUBERNETES_VERSIONS[0],
+                KUBERNETES_VERSIONS[KUBERNETES_VERSIONS.len() - 1]
+            ),
+            validate_manifests,
+        ),
         // Plain `cargo test` runs the workspace's default-members: everything
         // but portmap-ebpf, which only builds for the BPF target (portmap-user's
         // build.rs builds it). `--workspace` would compile it for the host.
@@ -472,6 +502,96 @@ fn ensure_bpffs() -> Result<()> {
     }
     println!("setup: mounting bpffs at {BPFFS_MOUNT} ...");
     run(Command::new("mount").args(["-t", "bpf", "bpf", BPFFS_MOUNT]))
+}
+
+fn validator_venv() -> PathBuf {
+    target_dir().join("tools").join(KUBERNETES_VALIDATE)
+}
+
+fn validator_bin() -> PathBuf {
+    validator_venv().join("bin").join(KUBERNETES_VALIDATE)
+}
+
+fn ensure_kubernetes_validate() -> Result<()> {
+    let venv = validator_venv();
+    if let Ok(version) = capture(Command::new(validator_bin()).arg("--version"))
+        && version.trim() == KUBERNETES_VALIDATE_VERSION
+    {
+        println!(
+            "setup: {KUBERNETES_VALIDATE} {KUBERNETES_VALIDATE_VERSION} present ({}), skipping",
+            venv.display()
+        );
+        return Ok(());
+    }
+    println!(
+        "setup: installing {KUBERNETES_VALIDATE} {KUBERNETES_VALIDATE_VERSION} into a venv at {} (pip) ...",
+        venv.display()
+    );
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        let create = || run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
+        if create().is_err() {
+            // Debian's python3 makes venvs only with python3-venv.
+            println!("setup: python3 -m venv failed; installing python3-venv ...");
+            let _ = std::fs::remove_dir_all(&venv);
+            run(apt_get().arg("update"))?;
+            run(apt_get().args(["install", "-y", "--no-install-recommends", "python3-venv"]))?;
+            create()?;
+        }
+    }
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .arg(format!(
+            "{KUBERNETES_VALIDATE}=={KUBERNETES_VALIDATE_VERSION}"
+        )))
+}
+
+/// Validates the manifests against the schema of every Kubernetes version,
+/// strictly (an unknown field is an error), after checking that the
+/// validator does reject a manifest with an unknown field.
+fn validate_manifests() -> Result<()> {
+    let validator = validator_bin();
+    let manifests: Vec<PathBuf> = MANIFESTS.iter().map(|m| workspace_root().join(m)).collect();
+    let probe = target_dir().join("tools/invalid-manifest.yaml");
+    std::fs::create_dir_all(target_dir().join("tools")).context("creating target/tools")?;
+    let first = std::fs::read_to_string(&manifests[0])
+        .with_context(|| format!("reading {}", manifests[0].display()))?;
+    let broken = first.replacen("hostNetwork:", "hostNetwrk:", 1);
+    if broken == first {
+        bail!(
+            "{} has no hostNetwork to misspell for the probe",
+            MANIFESTS[0]
+        );
+    }
+    std::fs::write(&probe, broken).with_context(|| format!("writing {}", probe.display()))?;
+    let rejected = Command::new(&validator)
+        .args(["--strict", "--quiet", "-k", KUBERNETES_VERSIONS[0]])
+        .arg(&probe)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("could not start {}", validator.display()))?;
+    if rejected.success() {
+        bail!("kubernetes-validate accepted a DaemonSet with an unknown field: it checks nothing");
+    }
+    for version in KUBERNETES_VERSIONS {
+        run(Command::new(&validator)
+            .args(["--strict", "--quiet", "-k", version])
+            .args(&manifests))?;
+    }
+    println!(
+        "xtask test: {} valid for Kubernetes {} to {}",
+        MANIFESTS.join(" "),
+        KUBERNETES_VERSIONS[0],
+        KUBERNETES_VERSIONS[KUBERNETES_VERSIONS.len() - 1]
+    );
+    Ok(())
 }
 
 // ---- helpers ---------------------------------------------------------------

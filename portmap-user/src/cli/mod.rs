@@ -1,5 +1,6 @@
 //! Operator verbs, one module each.
 
+pub mod chain;
 pub mod gc;
 pub mod list;
 pub mod output;

@@ -1,0 +1,167 @@
+//! `ebpf-portmap chain`: puts the plugin into the node's CNI configuration,
+//! or takes it out (what `deploy/install.sh` runs on every node).
+
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
+
+use anyhow::Context;
+use portmap_user::chain::{self, DEFAULT_NET_DIR, Placement};
+
+/// Chain ebpf-portmap into the CNI configuration the runtime uses, or
+/// take it out again.
+///
+/// The runtime (containerd, CRI-O, kubelet) uses the lexically first
+/// *.conf, *.conflist or *.json file of the configuration directory.
+/// `install` puts an ebpf-portmap entry into that file in place of an
+/// upstream portmap entry (same position, its capabilities kept), or
+/// after the main plugin if there is none; a single-plugin .conf is turned
+/// into a .conflist. The file as the main plugin wrote it is kept as
+/// <file>.ebpf-portmap.bak. Running it again changes nothing, so it can run
+/// in a loop to re-apply the chaining after the main plugin rewrites its
+/// file. Nothing is written if the file is not valid, or if the plugin
+/// would refuse the chained entry.
+///
+/// `remove` restores every file from its backup. `check` exits 0 when the
+/// file the runtime uses is chained as `install` would leave it.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  ebpf-portmap chain install
+  ebpf-portmap chain install --net-dir /host/etc/cni/net.d --entry '{\"hostPortListeners\":\"allow\"}'
+  ebpf-portmap chain check || echo not chained
+  ebpf-portmap chain remove
+
+Exit status: 0 done (or, for check, chained), 1 otherwise (the reason is printed).")]
+pub struct ChainArgs {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// Chain ebpf-portmap into the configuration the runtime uses.
+    Install(EntryArgs),
+    /// Restore the configurations `install` changed.
+    Remove(DirArgs),
+    /// Exit 0 if the configuration the runtime uses is chained as `install`
+    /// with the same --entry would leave it.
+    Check(EntryArgs),
+}
+
+#[derive(clap::Args)]
+struct DirArgs {
+    /// The runtime's CNI configuration directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_NET_DIR)]
+    net_dir: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct EntryArgs {
+    #[command(flatten)]
+    dir: DirArgs,
+    /// Keys for the ebpf-portmap entry, as a JSON object (pinRoot,
+    /// hostPortListeners, ...); type and capabilities.portMappings are set.
+    #[arg(long, value_name = "JSON")]
+    entry: Option<String>,
+}
+
+pub fn run(args: &ChainArgs) -> anyhow::Result<ExitCode> {
+    match &args.action {
+        Action::Install(args) => install(args),
+        Action::Remove(args) => remove(&args.net_dir),
+        Action::Check(args) => check(args),
+    }
+}
+
+fn install(args: &EntryArgs) -> anyhow::Result<ExitCode> {
+    let entry = chain::plugin_entry(args.entry.as_deref()).context("--entry")?;
+    let installed = chain::install(&args.dir.net_dir, &entry)?;
+    let plan = &installed.plan;
+    if plan.is_unchanged() {
+        println!(
+            "{}: {} already chained",
+            plan.target.display(),
+            chain::PLUGIN_TYPE
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let position = position(plan);
+    let mut line = format!(
+        "{}: chained {} as plugin {position}",
+        plan.target.display(),
+        chain::PLUGIN_TYPE
+    );
+    if plan.target != plan.source {
+        line += &format!(" (converted from {})", file_name(&plan.source));
+    }
+    if let Some(backup) = &installed.backup {
+        line += &format!("; original kept as {}", file_name(backup));
+    }
+    println!("{line}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn position(plan: &chain::Plan) -> String {
+    let count = plan.chained.plugin_count();
+    match &plan.chained.placement {
+        Placement::Replaced { index, replaced } => {
+            format!("{} of {count}, in place of {replaced}", index + 1)
+        }
+        Placement::Appended { index } => format!("{} of {count}, appended", index + 1),
+    }
+}
+
+fn remove(net_dir: &Path) -> anyhow::Result<ExitCode> {
+    let removed = chain::remove(net_dir)?;
+    for (original, converted) in &removed.restored {
+        match converted {
+            Some(converted) => println!(
+                "{}: restored, {} removed",
+                original.display(),
+                file_name(converted)
+            ),
+            None => println!("{}: restored", original.display()),
+        }
+    }
+    for backup in &removed.stale {
+        println!(
+            "{}: dropped, the file it was taken from no longer names {}",
+            backup.display(),
+            chain::PLUGIN_TYPE
+        );
+    }
+    for file in &removed.foreign {
+        eprintln!(
+            "ebpf-portmap: warning: {} names {} but was not chained by `chain install`; left as it is",
+            file.display(),
+            chain::PLUGIN_TYPE
+        );
+    }
+    if removed.restored.is_empty() && removed.stale.is_empty() {
+        println!("{}: nothing to restore", net_dir.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check(args: &EntryArgs) -> anyhow::Result<ExitCode> {
+    let entry = chain::plugin_entry(args.entry.as_deref()).context("--entry")?;
+    let plan = chain::plan(&args.dir.net_dir, &entry)?;
+    if plan.is_unchanged() {
+        println!("{}: {} chained", plan.target.display(), chain::PLUGIN_TYPE);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!(
+            "{}: not chained as `chain install` would leave it",
+            plan.source.display()
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .unwrap_or(path.as_os_str())
+        .to_string_lossy()
+        .into_owned()
+}
