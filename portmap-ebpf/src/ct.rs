@@ -1,15 +1,18 @@
 //! Tuples, timeouts and the checks that decide whether a conntrack entry
 //! still holds.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use portmap_common::{CtEntry, CtKey, MappingKey, PROTO_UDP, ct_timeout};
 
 use crate::{maps, parse::Packet};
 
+/// CLOCK_MONOTONIC at tick resolution: what flow ages need (timeouts of
+/// minutes, a refresh every second), and far cheaper per packet than the
+/// precise clock, which reads the TSC (slow under some hypervisors).
 #[inline(always)]
 pub fn now() -> u64 {
     // SAFETY: no arguments, always safe to call.
-    unsafe { bpf_ktime_get_ns() }
+    unsafe { bpf_ktime_get_coarse_ns() }
 }
 
 /// The packet's tuple as seen on the wire.

@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use portmap_common::{FAMILY_V4, TraceEvent, TraceFilter, capacity, stat, trace_direction};
 
-use crate::{ct, maps, parse};
+use crate::{maps, parse};
 
 /// Written by the tracer, read by every packet.
 #[btf_map(name = "trace_filter")]
@@ -162,7 +162,8 @@ fn emit(ctx: &TcContext, direction: u8) {
     // SAFETY: `event` points at a reserved record of the right size; every
     // field is written before it is submitted.
     unsafe {
-        (*event).ts_ns = ct::now();
+        // The precise clock: events microseconds apart stay in order.
+        (*event).ts_ns = aya_ebpf::helpers::bpf_ktime_get_ns();
         (*event).src_addr_be = packet.src_be;
         (*event).dst_addr_be = packet.dst_be;
         (*event).sport_be = packet.sport_be;

@@ -13,8 +13,9 @@
 //!   kernel that introduced it, instead of a bare verifier error.
 //!
 //! # Minimum kernel version
-//! Every essential feature exists since Linux 5.10 (`bpf_redirect_peer`,
-//! which the `fastPath` code in the object calls; 5.8 for the ring buffer
+//! Every essential feature exists since Linux 5.11 (`bpf_ktime_get_coarse_ns`
+//! for flow ages; 5.10 for `bpf_redirect_peer`, which the `fastPath` code in
+//! the object calls; 5.8 for the ring buffer
 //! of `ebpf-portmap trace`; the translation itself needs 4.18 for
 //! `bpf_fib_lookup`); tcx since 6.6. Tested in VMs on Debian's 6.1 (clsact) and 6.12 (tcx).
 
@@ -146,6 +147,11 @@ pub const ESSENTIAL: &[Feature] = &[
         name: "the bpf_ktime_get_ns helper",
         since: "4.1",
         probe: Probe::Helper(BpfHelper::BPF_FUNC_ktime_get_ns),
+    },
+    Feature {
+        name: "the bpf_ktime_get_coarse_ns helper (flow ages)",
+        since: "5.11",
+        probe: Probe::Helper(BpfHelper::BPF_FUNC_ktime_get_coarse_ns),
     },
     Feature {
         name: "the bpf_skb_load_bytes helper",

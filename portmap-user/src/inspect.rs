@@ -56,7 +56,7 @@ fn read_error(map: &'static str) -> impl FnOnce(MapError) -> InspectError {
     move |source| InspectError::Read { map, source }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of the flows' `last_seen_ns` (`bpf_ktime_get_coarse_ns`, the same clock at tick resolution).
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
