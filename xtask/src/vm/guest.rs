@@ -36,7 +36,13 @@ const REQUIRED_TOOLS: &[&str] = &[
     "/usr/sbin/bpftool",
     "/usr/sbin/iptables-save",
     "/usr/sbin/ip6tables-save",
+    // The fastPath test adds FORWARD rules in its node namespace.
+    "/usr/sbin/iptables",
+    "/usr/sbin/ip6tables",
 ];
+/// iptables extensions the guest's tests use, from the host's directory.
+const XTABLES_DIR: &str = "/usr/lib/x86_64-linux-gnu/xtables";
+const XTABLES_EXTENSIONS: &[&str] = &["libxt_standard.so"];
 const OPTIONAL_TOOLS: &[&str] = &["/usr/bin/ss", "/usr/sbin/ss", "/usr/sbin/conntrack"];
 /// Reference plugins the in-VM tests chain (bridge/ptp delegate to host-local).
 const CNI_PLUGINS: &[&str] = &["bridge", "ptp", "host-local", "loopback", "portmap"];
@@ -261,6 +267,14 @@ pub fn common_tree(artifacts: &Artifacts, stage: &Path) -> Result<Tree> {
         if path.exists() {
             add_elf(&mut tree, tool, &std::fs::canonicalize(path)?)?;
         }
+    }
+    // iptables loads its targets (`-j DROP` is libxt_standard) at run time.
+    for extension in XTABLES_EXTENSIONS {
+        let path = Path::new(XTABLES_DIR).join(extension);
+        if !path.exists() {
+            bail!("{} is missing on the host (iptables)", path.display());
+        }
+        add_elf(&mut tree, &guest_path(&path)?, &path)?;
     }
     for plugin in CNI_PLUGINS {
         let host = Path::new(HOST_CNI_DIR).join(plugin);
