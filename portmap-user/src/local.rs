@@ -18,7 +18,7 @@ use portmap_common::{
 
 use crate::{
     maps::{MapsError, open},
-    netlink::{self, NetlinkError},
+    netlink::NodeAddress,
     pin::PinLayout,
     store::words_from_addr,
 };
@@ -27,8 +27,6 @@ use crate::{
 pub enum LocalError {
     #[error(transparent)]
     Maps(#[from] MapsError),
-    #[error("cannot read the node's addresses")]
-    Netlink(#[from] NetlinkError),
     #[error("cannot read the network namespace cookie (SO_NETNS_COOKIE needs Linux 5.14)")]
     Cookie(#[source] io::Error),
     #[error("updating the {map} map failed")]
@@ -84,6 +82,8 @@ fn addr_key(addr: IpAddr) -> LocalAddrKey {
 pub struct NodeState {
     pub snat: bool,
     pub masq_all: bool,
+    /// The node's addresses, as rtnetlink reported them.
+    pub addresses: Vec<NodeAddress>,
     /// Interfaces containers sit behind (from prevResult's host-side
     /// interfaces), by index.
     pub container_side: BTreeSet<u32>,
@@ -108,7 +108,11 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
     };
     node.set(0, config, 0).map_err(map_error(map_names::NODE))?;
 
-    let addresses = netlink::addresses()?;
+    let addresses: Vec<(u32, IpAddr)> = state
+        .addresses
+        .iter()
+        .filter_map(|a| Some((a.index, a.own()?)))
+        .collect();
     let mut local: HashMap<MapData, LocalAddrKey, u8> = open(layout, map_names::LOCAL_ADDRS)?;
     let wanted: BTreeSet<LocalAddrKey> = addresses.iter().map(|(_, a)| addr_key(*a)).collect();
     let present: Vec<LocalAddrKey> = local.keys().filter_map(Result::ok).collect();

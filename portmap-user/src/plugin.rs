@@ -9,7 +9,7 @@ use crate::{
     config::{HostIp, ListenerPolicy, NetConf, Owner},
     counters, listeners, local,
     maps::{Maps, MapsError},
-    netlink::{self, NetlinkError},
+    netlink::{self, NetlinkError, NodeAddress, Rtnl},
     pin::PinLayout,
     privilege,
     store::{self, StoreError, Translation},
@@ -102,8 +102,12 @@ impl From<PluginError> for CniError {
 
 /// The interfaces whose traffic is translated: the configured list, or by
 /// default those carrying the node's default routes plus any holding a
-/// hostIP that a mapping names.
-pub fn target_interfaces(conf: &NetConf) -> Result<BTreeSet<u32>, PluginError> {
+/// hostIP that a mapping names (looked up in `addresses`, the node's).
+pub fn target_interfaces(
+    rtnl: &mut Rtnl,
+    addresses: &[NodeAddress],
+    conf: &NetConf,
+) -> Result<BTreeSet<u32>, PluginError> {
     if let Some(names) = &conf.interfaces {
         return names
             .iter()
@@ -113,10 +117,10 @@ pub fn target_interfaces(conf: &NetConf) -> Result<BTreeSet<u32>, PluginError> {
             })
             .collect();
     }
-    let mut interfaces = netlink::default_route_interfaces()?;
+    let mut interfaces = rtnl.default_route_interfaces()?;
     for mapping in &conf.port_mappings {
         if let HostIp::Addr(addr) = mapping.host_ip {
-            match netlink::interface_with_address(addr)? {
+            match netlink::interface_with_address(addresses, addr) {
                 Some(index) => {
                     interfaces.insert(index);
                 }
@@ -207,7 +211,7 @@ fn check_node_listeners(
 /// The node-side interfaces of the container's network, as the interface
 /// plugin reported them in prevResult (entries without a sandbox: the
 /// bridge and the host end of the veth): the hairpin path starts there.
-pub fn container_side_interfaces(conf: &NetConf) -> BTreeSet<u32> {
+pub fn container_side_interfaces(rtnl: &mut Rtnl, conf: &NetConf) -> BTreeSet<u32> {
     let Some(interfaces) = conf
         .prev_result
         .as_ref()
@@ -216,7 +220,6 @@ pub fn container_side_interfaces(conf: &NetConf) -> BTreeSet<u32> {
     else {
         return BTreeSet::new();
     };
-    let ports = netlink::controlled_interfaces().unwrap_or_default();
     interfaces
         .iter()
         .filter(|i| {
@@ -225,11 +228,14 @@ pub fn container_side_interfaces(conf: &NetConf) -> BTreeSet<u32> {
                 .is_none_or(str::is_empty)
         })
         .filter_map(|i| i.get("name").and_then(serde_json::Value::as_str))
-        .filter_map(netlink::interface_index)
-        // A bridge's ports are left out: everything between the containers
-        // and the node crosses the bridge device's own hooks, and running
-        // the programs twice per packet only costs.
-        .filter(|index| !ports.contains(index))
+        .filter_map(|name| match rtnl.link(name) {
+            // A bridge's ports are left out: everything between the
+            // containers and the node crosses the bridge device's own hooks,
+            // and running the programs twice per packet only costs.
+            Ok(link) => link.filter(|l| !l.has_controller).map(|l| l.index),
+            // Unknown whether it is a port: attach (the programs cope).
+            Err(_) => netlink::interface_index(name),
+        })
         .collect()
 }
 
@@ -249,8 +255,11 @@ impl Dataplane {
             return Ok(());
         }
         require_privilege()?;
-        let container_side = container_side_interfaces(&req.conf);
-        let mut interfaces = target_interfaces(&req.conf)?;
+        // One rtnetlink socket and one address dump serve every question below.
+        let mut rtnl = Rtnl::open()?;
+        let container_side = container_side_interfaces(&mut rtnl, &req.conf);
+        let addresses = rtnl.addresses()?;
+        let mut interfaces = target_interfaces(&mut rtnl, &addresses, &req.conf)?;
         interfaces.extend(&container_side);
         let capacities = Capacities {
             mappings: req.conf.max_mappings,
@@ -263,6 +272,7 @@ impl Dataplane {
             &local::NodeState {
                 snat: req.conf.snat,
                 masq_all: req.conf.masq_all,
+                addresses,
                 container_side,
                 attached: interfaces,
             },
@@ -308,8 +318,20 @@ impl Dataplane {
             return Ok(());
         }
         let layout = PinLayout::new(&req.conf.pin_root);
-        let mut interfaces = target_interfaces(&req.conf)?;
-        interfaces.extend(container_side_interfaces(&req.conf));
+        let mut rtnl = Rtnl::open()?;
+        let addresses = if req.conf.interfaces.is_none()
+            && req
+                .conf
+                .port_mappings
+                .iter()
+                .any(|m| m.host_ip.specific().is_some())
+        {
+            rtnl.addresses()?
+        } else {
+            Vec::new()
+        };
+        let mut interfaces = target_interfaces(&mut rtnl, &addresses, &req.conf)?;
+        interfaces.extend(container_side_interfaces(&mut rtnl, &req.conf));
         if let Some(&index) = interfaces
             .iter()
             .find(|&&index| !attach::is_attached(&layout, index))
