@@ -213,25 +213,77 @@ fn program_id(program: &SchedClassifier) -> Option<u32> {
     program.info().ok().map(|info| info.id())
 }
 
-/// Whether the current build's program is attached to `ifindex` in `direction`.
+/// Whether the current build's program (ID `want`) is attached to
+/// `ifindex` in `direction`: through our pinned tcx link, which the
+/// interface's tcx hook still runs, or as our clsact filter.
 fn attached(layout: &PinLayout, ifindex: u32, direction: Direction, want: u32) -> bool {
     if let Ok(link) = PinnedLink::from_pin(layout.tcx_link(ifindex, direction)) {
-        let link = FdLink::from(link);
-        if let Ok(info) = link.info()
-            && info.program_id() == want
-            && let Some(name) = netlink::interface_name(ifindex)
-            && let Ok((_, programs)) = SchedClassifier::query_tcx(&name, attach_type(direction))
-        {
-            return programs.iter().any(|p| p.id() == want);
-        }
-        return false;
+        return FdLink::from(link)
+            .info()
+            .is_ok_and(|info| info.program_id() == want)
+            && tcx_program_ids(ifindex, direction).is_ok_and(|ids| ids.contains(&want));
     }
     // clsact: the marker is the program we attached; it must be this build's.
-    SchedClassifier::from_pin(layout.clsact_marker(ifindex, direction))
-        .ok()
-        .and_then(|marker| program_id(&marker))
-        == Some(want)
+    pinned_id(&layout.clsact_marker(ifindex, direction)) == Some(want)
         && netlink::interface_name(ifindex).is_some()
+}
+
+/// IDs of the programs on the tcx hook of `ifindex` in `direction`, in this
+/// network namespace: one `BPF_PROG_QUERY` by interface index. (aya's
+/// `query_tcx` wants the interface's name and opens every program it
+/// finds: two name lookups and three syscalls per program, on every ADD.)
+fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32>> {
+    /// `union bpf_attr` as `BPF_PROG_QUERY` reads it (include/uapi/linux/bpf.h).
+    #[repr(C)]
+    struct ProgQuery {
+        target_ifindex: u32,
+        attach_type: u32,
+        query_flags: u32,
+        attach_flags: u32,
+        prog_ids: u64,
+        prog_cnt: u32,
+        _pad: u32,
+        prog_attach_flags: u64,
+        link_ids: u64,
+        link_attach_flags: u64,
+        revision: u64,
+    }
+    const BPF_PROG_QUERY: libc::c_long = 16;
+    const BPF_TCX_INGRESS: u32 = 46;
+    const BPF_TCX_EGRESS: u32 = 47;
+    // Far more than anyone attaches to one hook; ENOSPC says otherwise.
+    let mut ids = [0u32; 64];
+    let mut attr = ProgQuery {
+        target_ifindex: ifindex,
+        attach_type: match direction {
+            Direction::Ingress => BPF_TCX_INGRESS,
+            Direction::Egress => BPF_TCX_EGRESS,
+        },
+        query_flags: 0,
+        attach_flags: 0,
+        prog_ids: ids.as_mut_ptr() as u64,
+        prog_cnt: ids.len() as u32,
+        _pad: 0,
+        prog_attach_flags: 0,
+        link_ids: 0,
+        link_attach_flags: 0,
+        revision: 0,
+    };
+    // SAFETY: a valid, fully initialised attr of the size passed; the
+    // kernel writes at most `prog_cnt` IDs into `ids`, which outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_QUERY,
+            &mut attr as *mut ProgQuery,
+            std::mem::size_of::<ProgQuery>(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let count = (attr.prog_cnt as usize).min(ids.len());
+    Ok(ids[..count].to_vec())
 }
 
 /// Map sizes chosen by configuration; they apply when the maps are created.
@@ -326,10 +378,9 @@ fn is_ready(layout: &PinLayout, interfaces: &BTreeSet<u32>, cgroup: &Path) -> bo
     });
     hooks_ready
         && Direction::BOTH.iter().all(|&direction| {
-            let Some(program) = pinned_program(layout, direction) else {
-                return false;
-            };
-            let Some(id) = program_id(&program) else {
+            // The ID only: opening the program as a SchedClassifier would
+            // make aya probe the kernel's features (a dozen BPF loads).
+            let Some(id) = pinned_id(&layout.program(build_id(), program_name(direction))) else {
                 return false;
             };
             interfaces
@@ -629,8 +680,7 @@ fn remove_other_builds(layout: &PinLayout) {
 /// Whether this build's programs are attached to `ifindex`, both directions.
 pub fn is_attached(layout: &PinLayout, ifindex: u32) -> bool {
     Direction::BOTH.iter().all(|&direction| {
-        pinned_program(layout, direction)
-            .and_then(|program| program_id(&program))
+        pinned_id(&layout.program(build_id(), program_name(direction)))
             .is_some_and(|id| attached(layout, ifindex, direction, id))
     })
 }
