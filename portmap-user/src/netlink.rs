@@ -11,15 +11,35 @@
 use std::{collections::BTreeSet, io, net::IpAddr};
 
 use netlink_packet_core::{
-    NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    ErrorBuffer, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer, NetlinkHeader,
+    NetlinkMessage, NetlinkPayload, NlasIterator, parse_ip, parse_u32,
 };
 use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage,
-    address::{AddressAttribute, AddressMessage},
-    link::{LinkAttribute, LinkExtentMask, LinkMessage},
-    route::{RouteAttribute, RouteMessage, RouteType},
+    address::{AddressHeader, AddressMessage},
+    link::{LinkAttribute, LinkExtentMask, LinkHeader, LinkMessage},
+    route::{RouteHeader, RouteMessage, RouteType},
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+
+/// The answers are read straight from the kernel's bytes, and only the
+/// attributes asked for are decoded: decoding whole messages (a link's
+/// every setting, every route of every table) was most of the cost of
+/// these questions.
+mod wire {
+    pub const RTM_NEWLINK: u16 = 16;
+    pub const RTM_NEWADDR: u16 = 20;
+    pub const RTM_NEWROUTE: u16 = 24;
+    /// `struct ifinfomsg`, `struct ifaddrmsg`, `struct rtmsg`.
+    pub const LINK_HEADER_LEN: usize = 16;
+    pub const ADDRESS_HEADER_LEN: usize = 8;
+    pub const ROUTE_HEADER_LEN: usize = 12;
+    pub const IFLA_MASTER: u16 = 10;
+    pub const IFA_ADDRESS: u16 = 1;
+    pub const IFA_LOCAL: u16 = 2;
+    pub const RTA_OIF: u16 = 4;
+    pub const RTA_MULTIPATH: u16 = 9;
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
@@ -90,13 +110,15 @@ impl Rtnl {
         })
     }
 
-    /// Sends `request` and collects the answers: every message of a dump
-    /// (`dump`), or the one answer to a plain request.
+    /// Sends `request` and hands every answer of ours to `each` as
+    /// (message type, payload): every message of a dump (`dump`), or the
+    /// one answer to a plain request.
     fn exchange(
         &mut self,
         request: RouteNetlinkMessage,
         dump: bool,
-    ) -> Result<Vec<RouteNetlinkMessage>, NetlinkError> {
+        mut each: impl FnMut(u16, &[u8]) -> Result<(), NetlinkError>,
+    ) -> Result<(), NetlinkError> {
         let io = |call| move |source| NetlinkError::Io { call, source };
         self.sequence += 1;
         let mut header = NetlinkHeader::default();
@@ -108,7 +130,6 @@ impl Rtnl {
         message.serialize(&mut bytes);
         self.socket.send(&bytes, 0).map_err(io("send"))?;
 
-        let mut answers = Vec::new();
         loop {
             self.buffer.clear();
             let length = self
@@ -120,32 +141,31 @@ impl Rtnl {
             }
             let mut offset = 0;
             while offset < self.buffer.len() {
-                let message =
-                    NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buffer[offset..])
-                        .map_err(|_| NetlinkError::Decode)?;
-                let length = message.header.length as usize;
+                let message = NetlinkBuffer::new_checked(&self.buffer[offset..])
+                    .map_err(|_| NetlinkError::Decode)?;
+                let length = message.length() as usize;
                 // A late answer to an earlier request of ours is not this one's.
-                let ours = message.header.sequence_number == self.sequence;
-                match message.payload {
-                    _ if !ours => {}
-                    NetlinkPayload::Done(_) => return Ok(answers),
-                    NetlinkPayload::Error(error) => {
-                        return Err(NetlinkError::Kernel {
-                            code: error.code.map_or(0, |code| code.get()),
-                        });
-                    }
-                    NetlinkPayload::InnerMessage(inner) => {
-                        answers.push(inner);
-                        if !dump {
-                            return Ok(answers);
+                if message.sequence_number() == self.sequence {
+                    match message.message_type() {
+                        NLMSG_DONE => return Ok(()),
+                        NLMSG_ERROR => {
+                            let error = ErrorBuffer::new_checked(message.payload())
+                                .map_err(|_| NetlinkError::Decode)?;
+                            return match error.code() {
+                                Some(code) => Err(NetlinkError::Kernel { code: code.get() }),
+                                None => Ok(()),
+                            };
+                        }
+                        kind => {
+                            each(kind, message.payload())?;
+                            if !dump {
+                                return Ok(());
+                            }
                         }
                     }
-                    _ => {}
                 }
-                if length == 0 {
-                    break;
-                }
-                offset += length;
+                // Messages are 4-byte aligned (NLMSG_ALIGN).
+                offset += length.div_ceil(4).max(1) * 4;
             }
         }
     }
@@ -153,25 +173,35 @@ impl Rtnl {
     /// Interfaces that carry a default route (IPv4 or IPv6, any table the
     /// kernel dumps), including every next hop of a multipath route.
     pub fn default_route_interfaces(&mut self) -> Result<BTreeSet<u32>, NetlinkError> {
+        let mut interfaces = BTreeSet::new();
         // AF_UNSPEC: one dump of every family's routes.
-        let answers =
-            self.exchange(RouteNetlinkMessage::GetRoute(RouteMessage::default()), true)?;
-        Ok(default_route_interfaces_in(&answers))
+        self.exchange(
+            RouteNetlinkMessage::GetRoute(RouteMessage::default()),
+            true,
+            |kind, payload| {
+                if kind == wire::RTM_NEWROUTE {
+                    default_route_interfaces_of(payload, &mut interfaces)?;
+                }
+                Ok(())
+            },
+        )?;
+        Ok(interfaces)
     }
 
     /// Every address of the node, both families.
     pub fn addresses(&mut self) -> Result<Vec<NodeAddress>, NetlinkError> {
-        let answers = self.exchange(
+        let mut found = Vec::new();
+        self.exchange(
             RouteNetlinkMessage::GetAddress(AddressMessage::default()),
             true,
+            |kind, payload| {
+                if kind == wire::RTM_NEWADDR {
+                    found.push(node_address(payload)?);
+                }
+                Ok(())
+            },
         )?;
-        Ok(answers
-            .iter()
-            .filter_map(|answer| match answer {
-                RouteNetlinkMessage::NewAddress(message) => Some(node_address(message)),
-                _ => None,
-            })
-            .collect())
+        Ok(found)
     }
 
     /// Index of interface `name` and whether it is a bridge port; `None`
@@ -183,68 +213,114 @@ impl Rtnl {
             // The counters are most of a link message, and none of our business.
             LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]),
         ];
-        let answers = match self.exchange(RouteNetlinkMessage::GetLink(request), false) {
-            Ok(answers) => answers,
-            Err(NetlinkError::Kernel { code }) if code == -libc::ENODEV => return Ok(None),
-            Err(error) => return Err(error),
-        };
-        Ok(answers.iter().find_map(|answer| match answer {
-            RouteNetlinkMessage::NewLink(link) => Some(LinkFacts {
-                index: link.header.index,
-                has_controller: link
-                    .attributes
-                    .iter()
-                    .any(|a| matches!(a, LinkAttribute::Controller(index) if *index != 0)),
-            }),
-            _ => None,
-        }))
+        let mut found = None;
+        let outcome = self.exchange(
+            RouteNetlinkMessage::GetLink(request),
+            false,
+            |kind, payload| {
+                if kind == wire::RTM_NEWLINK {
+                    found = Some(link_facts(payload)?);
+                }
+                Ok(())
+            },
+        );
+        match outcome {
+            Ok(()) => Ok(found),
+            Err(NetlinkError::Kernel { code }) if code == -libc::ENODEV => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 }
 
-fn default_route_interfaces_in(answers: &[RouteNetlinkMessage]) -> BTreeSet<u32> {
-    let mut interfaces = BTreeSet::new();
-    for answer in answers {
-        let RouteNetlinkMessage::NewRoute(route) = answer else {
-            continue;
-        };
-        // An AF_UNSPEC dump also has the multicast routing families.
-        if !matches!(
-            route.header.address_family,
-            AddressFamily::Inet | AddressFamily::Inet6
-        ) || route.header.destination_prefix_length != 0
-            || route.header.kind != RouteType::Unicast
-        {
-            continue;
-        }
-        for attribute in &route.attributes {
-            match attribute {
-                RouteAttribute::Oif(index) => {
-                    interfaces.insert(*index);
-                }
-                RouteAttribute::MultiPath(hops) => {
-                    interfaces.extend(hops.iter().map(|hop| hop.interface_index));
-                }
-                _ => {}
+/// The attributes of a message, after its fixed header of `header_len` bytes.
+fn attributes(
+    payload: &[u8],
+    header_len: usize,
+) -> Result<impl Iterator<Item = netlink_packet_core::NlaBuffer<&[u8]>>, NetlinkError> {
+    let rest = payload.get(header_len..).ok_or(NetlinkError::Decode)?;
+    Ok(NlasIterator::new(rest).map_while(Result::ok))
+}
+
+/// Adds the outgoing interfaces of `payload` (an `RTM_NEWROUTE`) if it is a
+/// unicast default route of IPv4 or IPv6; other routes are not decoded.
+fn default_route_interfaces_of(
+    payload: &[u8],
+    interfaces: &mut BTreeSet<u32>,
+) -> Result<(), NetlinkError> {
+    let header = RouteHeader::parse(payload).map_err(|_| NetlinkError::Decode)?;
+    // An AF_UNSPEC dump also has the multicast routing families.
+    if !matches!(
+        header.address_family,
+        AddressFamily::Inet | AddressFamily::Inet6
+    ) || header.destination_prefix_length != 0
+        || header.kind != RouteType::Unicast
+    {
+        return Ok(());
+    }
+    for nla in attributes(payload, wire::ROUTE_HEADER_LEN)? {
+        match nla.kind() {
+            wire::RTA_OIF => {
+                interfaces.insert(parse_u32(nla.value()).map_err(|_| NetlinkError::Decode)?);
             }
+            wire::RTA_MULTIPATH => interfaces.extend(next_hop_interfaces(nla.value())),
+            _ => {}
         }
+    }
+    Ok(())
+}
+
+/// Interface index of every next hop in an `RTA_MULTIPATH` value: a
+/// sequence of `struct rtnexthop { u16 rtnh_len; u8 rtnh_flags; u8
+/// rtnh_hops; s32 rtnh_ifindex; }`, each followed by its own attributes
+/// (which need not be decoded, whatever their encapsulation).
+fn next_hop_interfaces(mut value: &[u8]) -> Vec<u32> {
+    const RTNH_HEADER_LEN: usize = 8;
+    let mut interfaces = Vec::new();
+    while value.len() >= RTNH_HEADER_LEN {
+        let length = usize::from(u16::from_ne_bytes([value[0], value[1]]));
+        let ifindex = u32::from_ne_bytes([value[4], value[5], value[6], value[7]]);
+        if length < RTNH_HEADER_LEN {
+            break;
+        }
+        interfaces.push(ifindex);
+        // RTNH_ALIGN: 4 bytes.
+        value = value.get(length.div_ceil(4) * 4..).unwrap_or_default();
     }
     interfaces
 }
 
-fn node_address(message: &AddressMessage) -> NodeAddress {
+/// The interface and addresses of `payload`, an `RTM_NEWADDR`.
+fn node_address(payload: &[u8]) -> Result<NodeAddress, NetlinkError> {
+    let header = AddressHeader::parse(payload).map_err(|_| NetlinkError::Decode)?;
     let mut found = NodeAddress {
-        index: message.header.index,
+        index: header.index,
         local: None,
         address: None,
     };
-    for attribute in &message.attributes {
-        match attribute {
-            AddressAttribute::Local(ip) => found.local = Some(*ip),
-            AddressAttribute::Address(ip) => found.address = Some(*ip),
-            _ => {}
+    for nla in attributes(payload, wire::ADDRESS_HEADER_LEN)? {
+        let slot = match nla.kind() {
+            wire::IFA_LOCAL => &mut found.local,
+            wire::IFA_ADDRESS => &mut found.address,
+            _ => continue,
+        };
+        *slot = Some(parse_ip(nla.value()).map_err(|_| NetlinkError::Decode)?);
+    }
+    Ok(found)
+}
+
+/// Index and controller of `payload`, an `RTM_NEWLINK`.
+fn link_facts(payload: &[u8]) -> Result<LinkFacts, NetlinkError> {
+    let header = LinkHeader::parse(payload).map_err(|_| NetlinkError::Decode)?;
+    let mut has_controller = false;
+    for nla in attributes(payload, wire::LINK_HEADER_LEN)? {
+        if nla.kind() == wire::IFLA_MASTER {
+            has_controller = parse_u32(nla.value()).map_err(|_| NetlinkError::Decode)? != 0;
         }
     }
-    found
+    Ok(LinkFacts {
+        index: header.index,
+        has_controller,
+    })
 }
 
 /// Index of the interface that holds `address` (as its local address or
@@ -278,30 +354,113 @@ pub fn interface_index(name: &str) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    use netlink_packet_core::Emitable;
+    use netlink_packet_route::address::AddressAttribute;
+
     use super::*;
 
-    fn route(family: AddressFamily, prefix: u8, kind: RouteType, oif: u32) -> RouteNetlinkMessage {
+    /// The bytes the kernel would send for `message` (its payload).
+    fn wire_bytes(message: &impl Emitable) -> Vec<u8> {
+        let mut bytes = vec![0; message.buffer_len()];
+        message.emit(&mut bytes);
+        bytes
+    }
+
+    fn route(family: AddressFamily, prefix: u8, kind: RouteType, oif: u32) -> Vec<u8> {
         let mut route = RouteMessage::default();
         route.header.address_family = family;
         route.header.destination_prefix_length = prefix;
         route.header.kind = kind;
-        route.attributes.push(RouteAttribute::Oif(oif));
-        RouteNetlinkMessage::NewRoute(route)
+        route
+            .attributes
+            .push(netlink_packet_route::route::RouteAttribute::Table(254));
+        route
+            .attributes
+            .push(netlink_packet_route::route::RouteAttribute::Oif(oif));
+        wire_bytes(&route)
     }
 
     #[test]
     fn default_routes_of_both_families_only() {
-        let answers = [
+        let mut interfaces = BTreeSet::new();
+        for payload in [
             route(AddressFamily::Inet, 0, RouteType::Unicast, 2),
             route(AddressFamily::Inet6, 0, RouteType::Unicast, 3),
             route(AddressFamily::Inet, 24, RouteType::Unicast, 4),
             route(AddressFamily::Inet, 0, RouteType::Local, 5),
             route(AddressFamily::from(128), 0, RouteType::Unicast, 6),
-        ];
+        ] {
+            default_route_interfaces_of(&payload, &mut interfaces).unwrap();
+        }
         assert_eq!(
-            default_route_interfaces_in(&answers),
+            interfaces,
             BTreeSet::from([2, 3]),
             "unicast /0 routes of IPv4 and IPv6; no prefixes, local routes or multicast families"
+        );
+    }
+
+    #[test]
+    fn every_next_hop_of_a_multipath_default_route() {
+        use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteNextHop};
+        let hop = |index: u32, gateway: &str| {
+            let mut hop = RouteNextHop::default();
+            hop.interface_index = index;
+            hop.attributes = vec![RouteAttribute::Gateway(RouteAddress::Inet(
+                gateway.parse().unwrap(),
+            ))];
+            hop
+        };
+        let mut route = RouteMessage::default();
+        route.header.address_family = AddressFamily::Inet;
+        route.header.kind = RouteType::Unicast;
+        route.attributes = vec![RouteAttribute::MultiPath(vec![
+            hop(11, "192.0.2.1"),
+            hop(12, "198.51.100.1"),
+        ])];
+        let mut interfaces = BTreeSet::new();
+        default_route_interfaces_of(&wire_bytes(&route), &mut interfaces).unwrap();
+        assert_eq!(interfaces, BTreeSet::from([11, 12]));
+    }
+
+    #[test]
+    fn a_link_tells_its_index_and_whether_it_has_a_controller() {
+        let mut port = LinkMessage::default();
+        port.header.index = 9;
+        port.attributes = vec![
+            LinkAttribute::IfName("veth0".into()),
+            LinkAttribute::Mtu(1500),
+            LinkAttribute::Controller(4),
+        ];
+        assert_eq!(
+            link_facts(&wire_bytes(&port)).unwrap(),
+            LinkFacts {
+                index: 9,
+                has_controller: true
+            }
+        );
+        port.attributes.pop();
+        assert!(!link_facts(&wire_bytes(&port)).unwrap().has_controller);
+    }
+
+    #[test]
+    fn an_address_message_gives_local_and_address() {
+        let peer: IpAddr = "10.0.0.2".parse().unwrap();
+        let local: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut message = AddressMessage::default();
+        message.header.family = AddressFamily::Inet;
+        message.header.index = 7;
+        message.attributes = vec![
+            AddressAttribute::Address(peer),
+            AddressAttribute::Local(local),
+            AddressAttribute::Label("eth0".into()),
+        ];
+        assert_eq!(
+            node_address(&wire_bytes(&message)).unwrap(),
+            NodeAddress {
+                index: 7,
+                local: Some(local),
+                address: Some(peer)
+            }
         );
     }
 
