@@ -305,26 +305,7 @@ pub fn ensure(
         return Ok(());
     }
     mount_bpffs_if_missing(layout.root())?;
-    let lock_path = layout.lock_file();
-    if let Some(dir) = lock_path.parent() {
-        create_private_dir(dir)?;
-    }
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|source| AttachError::Lock {
-            path: lock_path.clone(),
-            source,
-        })?;
-    // SAFETY: flock on an fd we own; released when `lock` is closed.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(AttachError::Lock {
-            path: lock_path,
-            source: io::Error::last_os_error(),
-        });
-    }
+    let lock = lock(layout)?;
     // Someone may have finished the job while we waited.
     if is_ready(layout, interfaces, cgroup) {
         return Ok(());
@@ -369,6 +350,33 @@ pub fn ensure(
     remove_other_builds(layout);
     drop(lock);
     Ok(())
+}
+
+/// Takes the pin root's lock (an `flock`, waiting for it), which serialises
+/// loads, attachments and node-state writes; released when the returned
+/// file is dropped, or by the kernel if the holder dies.
+pub fn lock(layout: &PinLayout) -> Result<fs::File, AttachError> {
+    let lock_path = layout.lock_file();
+    if let Some(dir) = lock_path.parent() {
+        create_private_dir(dir)?;
+    }
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| AttachError::Lock {
+            path: lock_path.clone(),
+            source,
+        })?;
+    // SAFETY: flock on an fd we own; released when `lock` is closed.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(AttachError::Lock {
+            path: lock_path,
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(lock)
 }
 
 fn is_ready(layout: &PinLayout, interfaces: &BTreeSet<u32>, cgroup: &Path) -> bool {
