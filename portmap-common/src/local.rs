@@ -51,7 +51,10 @@ pub struct NodeConfig {
     pub netns_cookie: u64,
     /// `node_flags`.
     pub flags: u32,
-    pub _pad0: u32,
+    /// Userspace's record of the state its last sync wrote (a hash of this
+    /// config, the local addresses and the interface settings); 0 before
+    /// the first. The programs ignore it.
+    pub sync_hash: u32,
 }
 
 pub mod node_flags {

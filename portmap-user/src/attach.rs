@@ -14,7 +14,6 @@ use std::{
     fs, io,
     os::{fd::AsRawFd, unix::fs::DirBuilderExt},
     path::{Path, PathBuf},
-    sync::OnceLock,
 };
 
 use aya::{
@@ -28,9 +27,7 @@ use aya::{
 use portmap_common::{local, map_names, program_names};
 
 use crate::{
-    cgroup, features,
-    hash::fnv1a64,
-    netlink,
+    cgroup, features, netlink,
     pin::{Direction, PinLayout},
 };
 
@@ -38,10 +35,15 @@ use crate::{
 /// plugin is copying one file.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/portmap"));
 
-/// Identifies this build's programs; part of their pin names.
+/// Identifies this build's programs; part of their pin names. The FNV-1a
+/// of [`OBJECT`], computed by build.rs: hashing 0.5 MB at run time cost
+/// every ADD about half a millisecond.
 pub fn build_id() -> u64 {
-    static ID: OnceLock<u64> = OnceLock::new();
-    *ID.get_or_init(|| fnv1a64(OBJECT))
+    const ID: u64 = match u64::from_str_radix(env!("PORTMAP_BUILD_ID"), 16) {
+        Ok(id) => id,
+        Err(_) => panic!("build.rs sets PORTMAP_BUILD_ID to 16 hex digits"),
+    };
+    ID
 }
 
 /// Priority and handle of our filters when attached through clsact
@@ -211,25 +213,77 @@ fn program_id(program: &SchedClassifier) -> Option<u32> {
     program.info().ok().map(|info| info.id())
 }
 
-/// Whether the current build's program is attached to `ifindex` in `direction`.
+/// Whether the current build's program (ID `want`) is attached to
+/// `ifindex` in `direction`: through our pinned tcx link, which the
+/// interface's tcx hook still runs, or as our clsact filter.
 fn attached(layout: &PinLayout, ifindex: u32, direction: Direction, want: u32) -> bool {
     if let Ok(link) = PinnedLink::from_pin(layout.tcx_link(ifindex, direction)) {
-        let link = FdLink::from(link);
-        if let Ok(info) = link.info()
-            && info.program_id() == want
-            && let Some(name) = netlink::interface_name(ifindex)
-            && let Ok((_, programs)) = SchedClassifier::query_tcx(&name, attach_type(direction))
-        {
-            return programs.iter().any(|p| p.id() == want);
-        }
-        return false;
+        return FdLink::from(link)
+            .info()
+            .is_ok_and(|info| info.program_id() == want)
+            && tcx_program_ids(ifindex, direction).is_ok_and(|ids| ids.contains(&want));
     }
     // clsact: the marker is the program we attached; it must be this build's.
-    SchedClassifier::from_pin(layout.clsact_marker(ifindex, direction))
-        .ok()
-        .and_then(|marker| program_id(&marker))
-        == Some(want)
+    pinned_id(&layout.clsact_marker(ifindex, direction)) == Some(want)
         && netlink::interface_name(ifindex).is_some()
+}
+
+/// IDs of the programs on the tcx hook of `ifindex` in `direction`, in this
+/// network namespace: one `BPF_PROG_QUERY` by interface index. (aya's
+/// `query_tcx` wants the interface's name and opens every program it
+/// finds: two name lookups and three syscalls per program, on every ADD.)
+fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32>> {
+    /// `union bpf_attr` as `BPF_PROG_QUERY` reads it (include/uapi/linux/bpf.h).
+    #[repr(C)]
+    struct ProgQuery {
+        target_ifindex: u32,
+        attach_type: u32,
+        query_flags: u32,
+        attach_flags: u32,
+        prog_ids: u64,
+        prog_cnt: u32,
+        _pad: u32,
+        prog_attach_flags: u64,
+        link_ids: u64,
+        link_attach_flags: u64,
+        revision: u64,
+    }
+    const BPF_PROG_QUERY: libc::c_long = 16;
+    const BPF_TCX_INGRESS: u32 = 46;
+    const BPF_TCX_EGRESS: u32 = 47;
+    // Far more than anyone attaches to one hook; ENOSPC says otherwise.
+    let mut ids = [0u32; 64];
+    let mut attr = ProgQuery {
+        target_ifindex: ifindex,
+        attach_type: match direction {
+            Direction::Ingress => BPF_TCX_INGRESS,
+            Direction::Egress => BPF_TCX_EGRESS,
+        },
+        query_flags: 0,
+        attach_flags: 0,
+        prog_ids: ids.as_mut_ptr() as u64,
+        prog_cnt: ids.len() as u32,
+        _pad: 0,
+        prog_attach_flags: 0,
+        link_ids: 0,
+        link_attach_flags: 0,
+        revision: 0,
+    };
+    // SAFETY: a valid, fully initialised attr of the size passed; the
+    // kernel writes at most `prog_cnt` IDs into `ids`, which outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_QUERY,
+            &mut attr as *mut ProgQuery,
+            std::mem::size_of::<ProgQuery>(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let count = (attr.prog_cnt as usize).min(ids.len());
+    Ok(ids[..count].to_vec())
 }
 
 /// Map sizes chosen by configuration; they apply when the maps are created.
@@ -251,26 +305,7 @@ pub fn ensure(
         return Ok(());
     }
     mount_bpffs_if_missing(layout.root())?;
-    let lock_path = layout.lock_file();
-    if let Some(dir) = lock_path.parent() {
-        create_private_dir(dir)?;
-    }
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|source| AttachError::Lock {
-            path: lock_path.clone(),
-            source,
-        })?;
-    // SAFETY: flock on an fd we own; released when `lock` is closed.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(AttachError::Lock {
-            path: lock_path,
-            source: io::Error::last_os_error(),
-        });
-    }
+    let lock = lock(layout)?;
     // Someone may have finished the job while we waited.
     if is_ready(layout, interfaces, cgroup) {
         return Ok(());
@@ -317,6 +352,33 @@ pub fn ensure(
     Ok(())
 }
 
+/// Takes the pin root's lock (an `flock`, waiting for it), which serialises
+/// loads, attachments and node-state writes; released when the returned
+/// file is dropped, or by the kernel if the holder dies.
+pub fn lock(layout: &PinLayout) -> Result<fs::File, AttachError> {
+    let lock_path = layout.lock_file();
+    if let Some(dir) = lock_path.parent() {
+        create_private_dir(dir)?;
+    }
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| AttachError::Lock {
+            path: lock_path.clone(),
+            source,
+        })?;
+    // SAFETY: flock on an fd we own; released when `lock` is closed.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(AttachError::Lock {
+            path: lock_path,
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(lock)
+}
+
 fn is_ready(layout: &PinLayout, interfaces: &BTreeSet<u32>, cgroup: &Path) -> bool {
     let hooks_ready = local::program_names::ALL.iter().all(|&program| {
         pinned_id(&layout.program(build_id(), program))
@@ -324,10 +386,9 @@ fn is_ready(layout: &PinLayout, interfaces: &BTreeSet<u32>, cgroup: &Path) -> bo
     });
     hooks_ready
         && Direction::BOTH.iter().all(|&direction| {
-            let Some(program) = pinned_program(layout, direction) else {
-                return false;
-            };
-            let Some(id) = program_id(&program) else {
+            // The ID only: opening the program as a SchedClassifier would
+            // make aya probe the kernel's features (a dozen BPF loads).
+            let Some(id) = pinned_id(&layout.program(build_id(), program_name(direction))) else {
                 return false;
             };
             interfaces
@@ -631,8 +692,7 @@ fn remove_other_builds(layout: &PinLayout) {
 /// Whether this build's programs are attached to `ifindex`, both directions.
 pub fn is_attached(layout: &PinLayout, ifindex: u32) -> bool {
     Direction::BOTH.iter().all(|&direction| {
-        pinned_program(layout, direction)
-            .and_then(|program| program_id(&program))
+        pinned_id(&layout.program(build_id(), program_name(direction)))
             .is_some_and(|id| attached(layout, ifindex, direction, id))
     })
 }
@@ -710,4 +770,14 @@ pub fn detach_clsact(interface: &str, direction: Direction) -> Result<(), Progra
     )
     .map_err(ProgramError::IOError)?;
     link.detach()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_id_is_the_hash_of_the_embedded_object() {
+        assert_eq!(build_id(), crate::hash::fnv1a64(OBJECT));
+    }
 }

@@ -878,11 +878,16 @@ fn parse_log_file(value: Option<&Value>) -> Result<PathBuf, ConfigError> {
 /// parsed (so that even a broken request is logged): the default when stdin
 /// is not a configuration or the key is invalid (parsing reports that).
 pub fn log_file_of(stdin: &[u8]) -> PathBuf {
-    serde_json::from_slice::<Value>(stdin)
+    /// Only `logFile` is decoded; serde skips the rest of the request
+    /// without building it (it is parsed in full right after).
+    #[derive(serde::Deserialize)]
+    struct LogFileOnly {
+        #[serde(rename = "logFile", default)]
+        log_file: Option<Value>,
+    }
+    serde_json::from_slice::<LogFileOnly>(stdin)
         .ok()
-        .as_ref()
-        .and_then(Value::as_object)
-        .and_then(|root| parse_log_file(present(root, "logFile")).ok())
+        .and_then(|root| parse_log_file(root.log_file.as_ref().filter(|v| !v.is_null())).ok())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_LOG_FILE))
 }
 

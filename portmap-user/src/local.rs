@@ -1,7 +1,14 @@
 //! Node state for the socket hooks and the hairpin: the node's network
 //! namespace cookie and flags, the node's own addresses, and the settings of
-//! each interface the tc programs run on. Written by every ADD (cheap: a few
-//! map updates), so the state follows the node as containers come and go.
+//! each interface the tc programs run on. Every ADD computes what the state
+//! should be, so it follows the node as containers and addresses come and
+//! go, but writes it only when that differs from what the last write
+//! recorded: [`NodeConfig::sync_hash`] holds a hash of everything the last
+//! sync wrote, and is written last, in the same map update as the node's
+//! settings. A sync that has to write takes the pin root's lock, so two
+//! writers never interleave (which could leave one's addresses under the
+//! other's hash); an interrupted one leaves the old hash, and the next ADD
+//! writes again.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -17,8 +24,10 @@ use portmap_common::{
 };
 
 use crate::{
+    attach::{self, AttachError},
+    hash::fnv1a64,
     maps::{MapsError, open},
-    netlink::{self, NetlinkError},
+    netlink::NodeAddress,
     pin::PinLayout,
     store::words_from_addr,
 };
@@ -27,8 +36,8 @@ use crate::{
 pub enum LocalError {
     #[error(transparent)]
     Maps(#[from] MapsError),
-    #[error("cannot read the node's addresses")]
-    Netlink(#[from] NetlinkError),
+    #[error(transparent)]
+    Lock(#[from] AttachError),
     #[error("cannot read the network namespace cookie (SO_NETNS_COOKIE needs Linux 5.14)")]
     Cookie(#[source] io::Error),
     #[error("updating the {map} map failed")]
@@ -85,6 +94,8 @@ pub struct NodeState {
     pub snat: bool,
     pub masq_all: bool,
     pub fast_path: bool,
+    /// The node's addresses, as rtnetlink reported them.
+    pub addresses: Vec<NodeAddress>,
     /// Interfaces containers sit behind (from prevResult's host-side
     /// interfaces), by index.
     pub container_side: BTreeSet<u32>,
@@ -92,66 +103,222 @@ pub struct NodeState {
     pub attached: BTreeSet<u32>,
 }
 
-/// Writes node config, local addresses and interface settings.
-pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
-    let mut flags = 0;
-    if state.snat {
-        flags |= node_flags::SNAT;
-    }
-    if state.masq_all {
-        flags |= node_flags::MASQ_ALL;
-    }
-    if state.fast_path {
-        flags |= node_flags::FAST_PATH;
-    }
-    let mut node: Array<MapData, NodeConfig> = open(layout, map_names::NODE)?;
-    let config = NodeConfig {
-        netns_cookie: netns_cookie()?,
-        flags,
-        _pad0: 0,
-    };
-    node.set(0, config, 0).map_err(map_error(map_names::NODE))?;
+/// The node state an ADD wants, in the maps' terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Wanted {
+    node: NodeConfig,
+    local_addrs: BTreeSet<LocalAddrKey>,
+    /// Settings of each attached interface; the container-side flag as this
+    /// request sees it (a flag set earlier is kept when written).
+    ifaces: BTreeMap<u32, IfaceConfig>,
+}
 
-    let addresses = netlink::addresses()?;
+impl Wanted {
+    fn of(state: &NodeState, netns_cookie: u64) -> Wanted {
+        let mut flags = 0;
+        if state.snat {
+            flags |= node_flags::SNAT;
+        }
+        if state.masq_all {
+            flags |= node_flags::MASQ_ALL;
+        }
+        if state.fast_path {
+            flags |= node_flags::FAST_PATH;
+        }
+        let addresses: Vec<(u32, IpAddr)> = state
+            .addresses
+            .iter()
+            .filter_map(|a| Some((a.index, a.own()?)))
+            .collect();
+        // First IPv4 and first global IPv6 address of each interface.
+        let mut by_iface: BTreeMap<u32, IfaceConfig> = BTreeMap::new();
+        for (index, addr) in &addresses {
+            let entry = by_iface.entry(*index).or_default();
+            match addr {
+                IpAddr::V4(v4) if entry.addr4_be == 0 => {
+                    entry.addr4_be = u32::from_ne_bytes(v4.octets());
+                }
+                IpAddr::V6(v6)
+                    if entry.addr6_be == [0; 4] && (v6.segments()[0] & 0xffc0) != 0xfe80 =>
+                {
+                    entry.addr6_be = words_from_addr(*addr);
+                }
+                _ => {}
+            }
+        }
+        let ifaces = state
+            .attached
+            .iter()
+            .map(|&index| {
+                let mut config = by_iface.get(&index).copied().unwrap_or_default();
+                if state.container_side.contains(&index) {
+                    config.flags |= iface_flags::CONTAINER_SIDE;
+                }
+                (index, config)
+            })
+            .collect();
+        let mut wanted = Wanted {
+            node: NodeConfig {
+                netns_cookie,
+                flags,
+                sync_hash: 0,
+            },
+            local_addrs: addresses.iter().map(|(_, a)| addr_key(*a)).collect(),
+            ifaces,
+        };
+        wanted.node.sync_hash = wanted.hash();
+        wanted
+    }
+
+    /// Hash of everything this state writes; never 0, the value of a node
+    /// config no sync has written yet.
+    fn hash(&self) -> u32 {
+        let mut bytes =
+            Vec::with_capacity(16 + 20 * self.local_addrs.len() + 28 * self.ifaces.len());
+        bytes.extend_from_slice(&self.node.netns_cookie.to_ne_bytes());
+        bytes.extend_from_slice(&self.node.flags.to_ne_bytes());
+        for key in &self.local_addrs {
+            for word in key.addr_be {
+                bytes.extend_from_slice(&word.to_ne_bytes());
+            }
+            bytes.push(key.family);
+        }
+        for (index, config) in &self.ifaces {
+            bytes.extend_from_slice(&index.to_ne_bytes());
+            bytes.extend_from_slice(&config.addr4_be.to_ne_bytes());
+            bytes.extend_from_slice(&config.flags.to_ne_bytes());
+            for word in config.addr6_be {
+                bytes.extend_from_slice(&word.to_ne_bytes());
+            }
+        }
+        let hash = fnv1a64(&bytes);
+        ((hash ^ (hash >> 32)) as u32).max(1)
+    }
+}
+
+/// Makes node config, local addresses and interface settings say what
+/// `state` wants; writes nothing when the last sync recorded this state.
+pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
+    let wanted = Wanted::of(state, netns_cookie()?);
+    let mut node: Array<MapData, NodeConfig> = open(layout, map_names::NODE)?;
+    if node.get(&0, 0).is_ok_and(|current| current == wanted.node) {
+        return Ok(());
+    }
+    let _lock = attach::lock(layout)?;
+
     let mut local: HashMap<MapData, LocalAddrKey, u8> = open(layout, map_names::LOCAL_ADDRS)?;
-    let wanted: BTreeSet<LocalAddrKey> = addresses.iter().map(|(_, a)| addr_key(*a)).collect();
     let present: Vec<LocalAddrKey> = local.keys().filter_map(Result::ok).collect();
-    for key in &wanted {
+    for key in &wanted.local_addrs {
         local
             .insert(key, 1, 0)
             .map_err(map_error(map_names::LOCAL_ADDRS))?;
     }
-    for key in present.iter().filter(|k| !wanted.contains(k)) {
-        // Gone from the node; a concurrent ADD may have removed it already.
+    for key in present.iter().filter(|k| !wanted.local_addrs.contains(k)) {
+        // Gone from the node.
         let _ = local.remove(key);
     }
 
-    // First IPv4 and first global IPv6 address of each interface.
-    let mut by_iface: BTreeMap<u32, IfaceConfig> = BTreeMap::new();
-    for (index, addr) in &addresses {
-        let entry = by_iface.entry(*index).or_default();
-        match addr {
-            IpAddr::V4(v4) if entry.addr4_be == 0 => {
-                entry.addr4_be = u32::from_ne_bytes(v4.octets());
-            }
-            IpAddr::V6(v6) if entry.addr6_be == [0; 4] && (v6.segments()[0] & 0xffc0) != 0xfe80 => {
-                entry.addr6_be = words_from_addr(*addr);
-            }
-            _ => {}
-        }
-    }
     let mut ifaces: HashMap<MapData, u32, IfaceConfig> = open(layout, map_names::IFACES)?;
-    for &index in &state.attached {
-        let mut config = by_iface.get(&index).copied().unwrap_or_default();
-        let was_container_side = ifaces
+    for (&index, config) in &wanted.ifaces {
+        let mut config = *config;
+        // Once container-side, always: other containers' ADDs see only
+        // their own host-side interfaces.
+        if ifaces
             .get(&index, 0)
-            .is_ok_and(|c| c.flags & iface_flags::CONTAINER_SIDE != 0);
-        if was_container_side || state.container_side.contains(&index) {
+            .is_ok_and(|c| c.flags & iface_flags::CONTAINER_SIDE != 0)
+        {
             config.flags |= iface_flags::CONTAINER_SIDE;
         }
         ifaces
             .insert(index, config, 0)
             .map_err(map_error(map_names::IFACES))?;
     }
+    // Last: the hash says the state above is complete.
+    node.set(0, wanted.node, 0)
+        .map_err(map_error(map_names::NODE))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> NodeState {
+        let address = |index, ip: &str| NodeAddress {
+            index,
+            local: None,
+            address: Some(ip.parse().unwrap()),
+        };
+        NodeState {
+            snat: true,
+            masq_all: false,
+            fast_path: false,
+            addresses: vec![
+                address(1, "127.0.0.1"),
+                address(2, "198.18.0.1"),
+                address(2, "fe80::1"),
+                address(2, "fd18::1"),
+                address(4, "10.244.0.1"),
+            ],
+            container_side: BTreeSet::from([4]),
+            attached: BTreeSet::from([2, 4]),
+        }
+    }
+
+    #[test]
+    fn wanted_state_has_every_address_and_each_interfaces_first_ones() {
+        let wanted = Wanted::of(&state(), 7);
+        assert_eq!(wanted.node.netns_cookie, 7);
+        assert_eq!(wanted.node.flags, node_flags::SNAT);
+        assert_eq!(wanted.local_addrs.len(), 5, "every address, link-local too");
+        let eth = wanted.ifaces[&2];
+        assert_eq!(eth.addr4_be.to_ne_bytes(), [198, 18, 0, 1]);
+        assert_eq!(
+            eth.addr6_be,
+            words_from_addr("fd18::1".parse().unwrap()),
+            "the first global IPv6 address, not the link-local one"
+        );
+        assert_eq!(eth.flags, 0);
+        assert_eq!(wanted.ifaces[&4].flags, iface_flags::CONTAINER_SIDE);
+        assert!(!wanted.ifaces.contains_key(&1), "only attached interfaces");
+    }
+
+    #[test]
+    fn the_hash_changes_with_everything_that_is_written() {
+        let base = Wanted::of(&state(), 7).node.sync_hash;
+        assert_ne!(base, 0, "0 means never synced");
+        assert_eq!(base, Wanted::of(&state(), 7).node.sync_hash, "stable");
+        /// What changed, and how.
+        type Change = (&'static str, fn(&mut NodeState));
+        let changed: [Change; 6] = [
+            ("an address gone", |s| {
+                s.addresses.pop();
+            }),
+            ("an address added", |s| {
+                s.addresses.push(NodeAddress {
+                    index: 5,
+                    local: None,
+                    address: Some("fe80::5".parse().unwrap()),
+                })
+            }),
+            ("snat off", |s| s.snat = false),
+            ("masqAll on", |s| s.masq_all = true),
+            ("another interface attached", |s| {
+                s.attached.insert(9);
+            }),
+            ("another container side", |s| {
+                s.container_side.insert(2);
+            }),
+        ];
+        for (what, change) in changed {
+            let mut other = state();
+            change(&mut other);
+            assert_ne!(Wanted::of(&other, 7).node.sync_hash, base, "{what}");
+        }
+        assert_ne!(
+            Wanted::of(&state(), 8).node.sync_hash,
+            base,
+            "another netns"
+        );
+    }
 }

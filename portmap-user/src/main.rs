@@ -15,6 +15,13 @@ use portmap_user::{
 
 mod cli;
 
+/// dlmalloc instead of the C library's allocator. The plugin ships as a
+/// static musl binary (fast to start), and musl's allocator gives freed
+/// pages back at once: an ADD made about 50 `mmap` and 45 `munmap` calls,
+/// a quarter of its CPU time. dlmalloc keeps them until the process exits.
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 #[derive(Parser)]
 #[command(
     name = "ebpf-portmap",

@@ -19,7 +19,6 @@ use serde_json::Value;
 use crate::{
     config::ContainerAddrs,
     maps::{MapsError, open},
-    netlink,
     pin::PinLayout,
     store::words_from_addr,
 };
@@ -105,7 +104,13 @@ fn driver(name: &str) -> Option<String> {
 /// bridge is the gateway; or the only host-side interface, ptp-style).
 /// `None` when the main plugin gave the container no veth (macvlan, ipvlan,
 /// ...) or left out what is needed: those containers use the normal path.
-pub fn handover(prev_result: &Value, ifname: &str, ports: &BTreeSet<u32>) -> Option<Handover> {
+///
+/// `link` answers (index, is a bridge port) for a host interface name.
+pub fn handover(
+    prev_result: &Value,
+    ifname: &str,
+    mut link: impl FnMut(&str) -> Option<(u32, bool)>,
+) -> Option<Handover> {
     let interfaces = prev_result.get("interfaces")?.as_array()?;
     let name = |i: &Value| i.get("name").and_then(Value::as_str).map(str::to_owned);
     let in_sandbox = |i: &Value| {
@@ -117,22 +122,20 @@ pub fn handover(prev_result: &Value, ifname: &str, ports: &BTreeSet<u32>) -> Opt
         .iter()
         .find(|i| in_sandbox(i) && name(i).as_deref() == Some(ifname))?;
     let container_mac = parse_mac(container.get("mac")?.as_str()?)?;
-    // (name, index, mac as reported) of the host-side interfaces.
-    let host: Vec<(String, u32, Option<[u8; 6]>)> = interfaces
+    // (name, index, mac as reported, is a bridge port) of the host-side
+    // interfaces.
+    let host: Vec<(String, u32, Option<[u8; 6]>, bool)> = interfaces
         .iter()
         .filter(|i| !in_sandbox(i))
         .filter_map(|i| {
             let name = name(i)?;
-            let index = netlink::interface_index(&name)?;
+            let (index, port) = link(&name)?;
             let mac = i.get("mac").and_then(Value::as_str).and_then(parse_mac);
-            Some((name, index, mac))
+            Some((name, index, mac, port))
         })
         .collect();
-    let (veth, gateway) = match host.iter().find(|(_, index, _)| ports.contains(index)) {
-        Some(port) => {
-            let bridge = host.iter().find(|(_, index, _)| !ports.contains(index))?;
-            (port, bridge)
-        }
+    let (veth, gateway) = match host.iter().find(|h| h.3) {
+        Some(port) => (port, host.iter().find(|h| !h.3)?),
         None if host.len() == 1 => (&host[0], &host[0]),
         None => return None,
     };
@@ -245,6 +248,6 @@ mod tests {
             {"name": "cni0", "mac": "0a:00:00:00:00:01"},
             {"name": "eth0", "mac": "0a:00:00:00:00:02", "sandbox": "/run/netns/x"}
         ]});
-        assert_eq!(handover(&prev, "eth1", &BTreeSet::new()), None);
+        assert_eq!(handover(&prev, "eth1", |_| Some((1, false))), None);
     }
 }

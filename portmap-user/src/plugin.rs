@@ -9,7 +9,7 @@ use crate::{
     config::{HostIp, ListenerPolicy, NetConf, Owner},
     counters, listeners, local,
     maps::{Maps, MapsError},
-    netlink::{self, NetlinkError},
+    netlink::{self, NetlinkError, NodeAddress, Rtnl},
     peers,
     pin::PinLayout,
     privilege,
@@ -103,8 +103,12 @@ impl From<PluginError> for CniError {
 
 /// The interfaces whose traffic is translated: the configured list, or by
 /// default those carrying the node's default routes plus any holding a
-/// hostIP that a mapping names.
-pub fn target_interfaces(conf: &NetConf) -> Result<BTreeSet<u32>, PluginError> {
+/// hostIP that a mapping names (looked up in `addresses`, the node's).
+pub fn target_interfaces(
+    rtnl: &mut Rtnl,
+    addresses: &[NodeAddress],
+    conf: &NetConf,
+) -> Result<BTreeSet<u32>, PluginError> {
     if let Some(names) = &conf.interfaces {
         return names
             .iter()
@@ -114,10 +118,10 @@ pub fn target_interfaces(conf: &NetConf) -> Result<BTreeSet<u32>, PluginError> {
             })
             .collect();
     }
-    let mut interfaces = netlink::default_route_interfaces()?;
+    let mut interfaces = rtnl.default_route_interfaces()?;
     for mapping in &conf.port_mappings {
         if let HostIp::Addr(addr) = mapping.host_ip {
-            match netlink::interface_with_address(addr)? {
+            match netlink::interface_with_address(addresses, addr) {
                 Some(index) => {
                     interfaces.insert(index);
                 }
@@ -208,12 +212,7 @@ fn check_node_listeners(
 /// The node-side interfaces of the container's network, as the interface
 /// plugin reported them in prevResult (entries without a sandbox: the
 /// bridge and the host end of the veth): the hairpin path starts there.
-pub fn container_side_interfaces(conf: &NetConf) -> BTreeSet<u32> {
-    container_side_interfaces_given(conf, &netlink::controlled_interfaces().unwrap_or_default())
-}
-
-/// [`container_side_interfaces`], given the node's bridge ports.
-fn container_side_interfaces_given(conf: &NetConf, ports: &BTreeSet<u32>) -> BTreeSet<u32> {
+pub fn container_side_interfaces(rtnl: &mut Rtnl, conf: &NetConf) -> BTreeSet<u32> {
     let Some(interfaces) = conf
         .prev_result
         .as_ref()
@@ -230,11 +229,14 @@ fn container_side_interfaces_given(conf: &NetConf, ports: &BTreeSet<u32>) -> BTr
                 .is_none_or(str::is_empty)
         })
         .filter_map(|i| i.get("name").and_then(serde_json::Value::as_str))
-        .filter_map(netlink::interface_index)
-        // A bridge's ports are left out: everything between the containers
-        // and the node crosses the bridge device's own hooks, and running
-        // the programs twice per packet only costs.
-        .filter(|index| !ports.contains(index))
+        .filter_map(|name| match rtnl.link(name) {
+            // A bridge's ports are left out: everything between the
+            // containers and the node crosses the bridge device's own hooks,
+            // and running the programs twice per packet only costs.
+            Ok(link) => link.filter(|l| !l.has_controller).map(|l| l.index),
+            // Unknown whether it is a port: attach (the programs cope).
+            Err(_) => netlink::interface_index(name),
+        })
         .collect()
 }
 
@@ -254,9 +256,11 @@ impl Dataplane {
             return Ok(());
         }
         require_privilege()?;
-        let ports = netlink::controlled_interfaces().unwrap_or_default();
-        let container_side = container_side_interfaces_given(&req.conf, &ports);
-        let mut interfaces = target_interfaces(&req.conf)?;
+        // One rtnetlink socket and one address dump serve every question below.
+        let mut rtnl = Rtnl::open()?;
+        let container_side = container_side_interfaces(&mut rtnl, &req.conf);
+        let addresses = rtnl.addresses()?;
+        let mut interfaces = target_interfaces(&mut rtnl, &addresses, &req.conf)?;
         interfaces.extend(&container_side);
         let capacities = Capacities {
             mappings: req.conf.max_mappings,
@@ -270,6 +274,7 @@ impl Dataplane {
                 snat: req.conf.snat,
                 masq_all: req.conf.masq_all,
                 fast_path: req.conf.fast_path,
+                addresses,
                 container_side,
                 attached: interfaces,
             },
@@ -282,12 +287,14 @@ impl Dataplane {
         maps.claim(&req.owner, &translations)?;
         // Recorded whether or not `fastPath` is on now: it is a node-wide
         // switch, and containers added before it was turned on use it too.
-        match req
-            .conf
-            .prev_result
-            .as_ref()
-            .and_then(|prev| peers::handover(prev, &req.owner.ifname, &ports))
-        {
+        match req.conf.prev_result.as_ref().and_then(|prev| {
+            peers::handover(prev, &req.owner.ifname, |name| {
+                rtnl.link(name)
+                    .ok()
+                    .flatten()
+                    .map(|l| (l.index, l.has_controller))
+            })
+        }) {
             Some(handover) => peers::record(
                 &layout,
                 store::owner_id(&req.owner),
@@ -343,8 +350,20 @@ impl Dataplane {
             return Ok(());
         }
         let layout = PinLayout::new(&req.conf.pin_root);
-        let mut interfaces = target_interfaces(&req.conf)?;
-        interfaces.extend(container_side_interfaces(&req.conf));
+        let mut rtnl = Rtnl::open()?;
+        let addresses = if req.conf.interfaces.is_none()
+            && req
+                .conf
+                .port_mappings
+                .iter()
+                .any(|m| m.host_ip.specific().is_some())
+        {
+            rtnl.addresses()?
+        } else {
+            Vec::new()
+        };
+        let mut interfaces = target_interfaces(&mut rtnl, &addresses, &req.conf)?;
+        interfaces.extend(container_side_interfaces(&mut rtnl, &req.conf));
         if let Some(&index) = interfaces
             .iter()
             .find(|&&index| !attach::is_attached(&layout, index))

@@ -317,3 +317,45 @@ fn masq_all_hides_the_client_behind_the_node() {
     );
     world.del(&web, &[PortMapping::tcp(8080, 80)]);
 }
+
+/// The node's addresses are synced into the plugin's maps by every ADD that
+/// sees them changed (an unchanged node is not rewritten): an address added
+/// after the first ADD is the node's for the socket hooks from the next ADD
+/// on, also when nothing else about the node changed (the plugin alone
+/// re-run for the same container, as a runtime retrying an ADD).
+#[test]
+fn an_address_added_to_the_node_is_local_from_the_next_add_on() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    let _server = tcp_echo_server(&web.ns, 80, "web");
+    let mappings = [PortMapping::tcp(8080, 80)];
+    let prev = world.add(&web, &mappings);
+    let added: IpAddr = "198.18.0.77".parse().unwrap();
+    world.node.ns.ip(&[
+        "addr",
+        "add",
+        &format!("{added}/24"),
+        "dev",
+        portmap_tests::topology::NODE_UPLINK,
+    ]);
+    let target = sock(added, 8080);
+    assert!(
+        probe(&world, &world.node.ns, true, "tcp", target, "before").is_err(),
+        "before any ADD saw it, {added} is not a node address to the hooks: nothing listens on 8080"
+    );
+    world
+        .exec_ours(
+            portmap_tests::cni::CniCommand::Add,
+            &web.with_port_mappings(&mappings),
+            Some(&prev),
+        )
+        .unwrap_or_else(|e| panic!("re-ADD of web: {e}\n{}", world.dump()));
+    expect(
+        &world,
+        "node -> added address after a re-ADD",
+        probe(&world, &world.node.ns, true, "tcp", target, "after"),
+        target,
+        "web",
+        "after",
+    );
+}

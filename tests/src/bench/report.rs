@@ -270,6 +270,7 @@ pub fn markdown(
         ("iptables", "iptables"),
         ("ebpf_portmap_bin", "ebpf-portmap binary"),
         ("source", "ebpf-portmap built from"),
+        ("sections", "sections run"),
         ("method", "method"),
         ("total_seconds", "total bench time (s)"),
         ("loadavg_before", "load average before (1/5/15 min)"),

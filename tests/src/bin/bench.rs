@@ -13,6 +13,10 @@
 //! the same repetition, repeated (3 times by default); the verdict uses the
 //! median and the minimum is reported. Every world is a set of harness
 //! namespaces, removed on exit, also on failure or Ctrl-C. Needs root.
+//!
+//! `--only control` (or any of control, scale, dataplane, memory, comma
+//! separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
+//! or two; the targets of the sections left out are SKIP.
 
 #[path = "../bench/mod.rs"]
 mod bench;
@@ -85,6 +89,43 @@ struct Args {
     /// (default: this checkout's commit and whether it has changes).
     #[arg(long)]
     plugin_source: Option<String>,
+    /// Run only these sections (comma-separated), e.g. `--only control`
+    /// for the ADD/DEL latencies in a minute or two; default: all of them.
+    /// Targets of the sections left out are reported as SKIP.
+    #[arg(long, alias = "sections", value_delimiter = ',', value_enum)]
+    only: Vec<Section>,
+}
+
+/// The parts of the bench that `--only` can pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+enum Section {
+    /// ADD/DEL of the plugin alone (sequential, 16 and 32 callers) and of
+    /// the whole chain, against iptables portmap.
+    Control,
+    /// One more ADD/DEL on a node prefilled to each size.
+    Scale,
+    /// Traffic through hostPort, iptables DNAT and the direct path at each size.
+    Dataplane,
+    /// BPF map memory at each size and with a full conntrack table.
+    Memory,
+}
+
+impl Section {
+    const ALL: [Section; 4] = [
+        Section::Control,
+        Section::Scale,
+        Section::Dataplane,
+        Section::Memory,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Section::Control => "control",
+            Section::Scale => "scale",
+            Section::Dataplane => "dataplane",
+            Section::Memory => "memory",
+        }
+    }
 }
 
 /// Operation counts and durations of one run.
@@ -99,6 +140,8 @@ struct Plan {
     sizes: Vec<usize>,
     upstream_real_prefill: usize,
     budget: Duration,
+    /// The sections to run, in order, without duplicates.
+    sections: Vec<Section>,
     /// Plugin-alone sequential operations per repetition: (ours, upstream).
     alone_sequential: (usize, usize),
     /// Plugin-alone operations per parallel batch.
@@ -136,6 +179,14 @@ impl Plan {
             bail!("--sizes must be multiples of {MAPPINGS_PER_PREFILL}");
         }
         let quick = args.quick;
+        let sections = if args.only.is_empty() {
+            Section::ALL.to_vec()
+        } else {
+            let mut only = args.only.clone();
+            only.sort_unstable();
+            only.dedup();
+            only
+        };
         Ok(Plan {
             reps: args.reps.max(1),
             duration: Duration::from_millis(if quick {
@@ -149,6 +200,7 @@ impl Plan {
             sizes,
             upstream_real_prefill: args.upstream_real_prefill,
             budget: Duration::from_secs(args.budget_secs),
+            sections,
             alone_sequential: if quick { (30, 8) } else { (100, 30) },
             alone_parallel: if quick { 32 } else { 64 },
             chain_sequential: if quick { 4 } else { 10 },
@@ -157,6 +209,21 @@ impl Plan {
             upstream_scale_allowance: Duration::from_secs(if quick { 20 } else { 60 }),
             upstream_prefill_allowance: Duration::from_secs(if quick { 60 } else { 150 }),
         })
+    }
+
+    fn runs(&self, section: Section) -> bool {
+        self.sections.contains(&section)
+    }
+
+    /// Whether nodes are prefilled to each size (scale, dataplane and
+    /// memory are all measured on them).
+    fn fills(&self) -> bool {
+        self.runs(Section::Scale) || self.runs(Section::Dataplane) || self.runs(Section::Memory)
+    }
+
+    /// Whether iptables portmap is prefilled too (memory is ours only).
+    fn fills_upstream(&self) -> bool {
+        self.runs(Section::Scale) || self.runs(Section::Dataplane)
     }
 
     fn to_json(&self) -> Value {
@@ -169,6 +236,7 @@ impl Plan {
             "sizes": self.sizes,
             "upstream_real_prefill_max": self.upstream_real_prefill,
             "budget_s": self.budget.as_secs(),
+            "sections": self.sections.iter().map(|s| s.name()).collect::<Vec<_>>(),
             "alone_sequential_ops": { "ebpf-portmap": self.alone_sequential.0, "portmap": self.alone_sequential.1 },
             "alone_parallel_ops": self.alone_parallel,
             "chain_sequential_ops": self.chain_sequential,
@@ -313,16 +381,64 @@ fn preflight() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The four worlds the bench measures in.
+/// The five worlds the bench measures in; each is built only when a
+/// section that is run needs it.
 struct Worlds {
     /// Filled up to each size; carries the dataplane probe mappings.
-    ours: BenchWorld,
-    upstream: BenchWorld,
+    ours: Option<BenchWorld>,
+    upstream: Option<BenchWorld>,
     /// Kept empty: the control-plane runs and the "empty node" side of the
     /// scale ratios.
-    ours_empty: BenchWorld,
-    upstream_empty: BenchWorld,
-    plain: BenchWorld,
+    ours_empty: Option<BenchWorld>,
+    upstream_empty: Option<BenchWorld>,
+    plain: Option<BenchWorld>,
+}
+
+impl Worlds {
+    fn new(plan: &Plan) -> Worlds {
+        let build =
+            |needed: bool, flavor, name| needed.then(|| BenchWorld::new(flavor, name, plan.cpu));
+        let empty = plan.runs(Section::Control) || plan.runs(Section::Scale);
+        Worlds {
+            ours: build(plan.fills(), Flavor::Ours, "bench-ebpf"),
+            upstream: build(plan.fills_upstream(), Flavor::Upstream, "bench-iptables"),
+            ours_empty: build(empty, Flavor::Ours, "bench-ebpf-empty"),
+            upstream_empty: build(empty, Flavor::Upstream, "bench-iptables-empty"),
+            plain: build(plan.runs(Section::Dataplane), Flavor::Plain, "bench-direct"),
+        }
+    }
+
+    fn count(&self) -> usize {
+        [
+            &self.ours,
+            &self.upstream,
+            &self.ours_empty,
+            &self.upstream_empty,
+            &self.plain,
+        ]
+        .iter()
+        .filter(|w| w.is_some())
+        .count()
+    }
+
+    /// The port plugin's configuration of `flavor`, from whichever world has it.
+    fn port_plugin_config(&self, flavor: Flavor) -> Value {
+        let (filled, empty) = match flavor {
+            Flavor::Ours => (&self.ours, &self.ours_empty),
+            _ => (&self.upstream, &self.upstream_empty),
+        };
+        filled
+            .as_ref()
+            .or(empty.as_ref())
+            .map_or(Value::Null, BenchWorld::port_plugin_config)
+    }
+}
+
+/// A world that the sections being run need: built by [`Worlds::new`].
+fn world(world: &Option<BenchWorld>) -> &BenchWorld {
+    world
+        .as_ref()
+        .expect("Worlds::new builds every world the selected sections use")
 }
 
 /// Runs everything and writes the results; returns the number of missed
@@ -338,21 +454,50 @@ fn run(
         .map_or(0, |d| d.as_secs());
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut results = Results {
-        sizes: plan.sizes.clone(),
+        // Sizes only matter to the sections measured on prefilled nodes.
+        sizes: if plan.fills() {
+            plan.sizes.clone()
+        } else {
+            Vec::new()
+        },
         ..Results::default()
     };
-    progress.say("building 5 worlds (namespaces only; the root namespace is not touched)");
-    let worlds = Worlds {
-        ours: BenchWorld::new(Flavor::Ours, "bench-ebpf", plan.cpu),
-        upstream: BenchWorld::new(Flavor::Upstream, "bench-iptables", plan.cpu),
-        ours_empty: BenchWorld::new(Flavor::Ours, "bench-ebpf-empty", plan.cpu),
-        upstream_empty: BenchWorld::new(Flavor::Upstream, "bench-iptables-empty", plan.cpu),
-        plain: BenchWorld::new(Flavor::Plain, "bench-direct", plan.cpu),
-    };
+    let left_out: Vec<&str> = Section::ALL
+        .iter()
+        .filter(|s| !plan.runs(**s))
+        .map(|s| s.name())
+        .collect();
+    if !left_out.is_empty() {
+        results.skipped.push(format!(
+            "sections not run (--only {}): {}",
+            plan.sections
+                .iter()
+                .map(|s| s.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            left_out.join(", ")
+        ));
+    }
+    progress.say(&format!(
+        "building the worlds of sections {} (namespaces only; the root namespace is not touched)",
+        plan.sections
+            .iter()
+            .map(|s| s.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let worlds = Worlds::new(plan);
+    progress.say(&format!("built {} worlds", worlds.count()));
     progress.check()?;
-    control_plane(plan, progress, &worlds, &mut results)?;
-    scale_and_dataplane(plan, progress, &worlds, &mut results)?;
-    conntrack_fill(progress, &worlds, &mut results)?;
+    if plan.runs(Section::Control) {
+        control_plane(plan, progress, &worlds, &mut results)?;
+    }
+    if plan.fills() {
+        scale_and_dataplane(plan, progress, &worlds, &mut results)?;
+    }
+    if plan.runs(Section::Memory) {
+        conntrack_fill(progress, &worlds, &mut results)?;
+    }
 
     let targets = judge(&results);
     let date = report::date_of(started_unix);
@@ -370,6 +515,7 @@ fn run(
         "iptables": first_line("iptables", &["--version"]),
         "ebpf_portmap_bin": plugin_bin().display().to_string(),
         "source": source,
+        "sections": plan.sections.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "),
         "method": format!(
             "{} repetitions, interleaved; dataplane runs of {} ms pinned to CPU {}",
             plan.reps,
@@ -378,14 +524,23 @@ fn run(
         ),
         "plan": plan.to_json(),
         "port_plugin_configs": {
-            "ebpf-portmap": worlds.ours.port_plugin_config(),
-            "portmap": worlds.upstream.port_plugin_config(),
+            "ebpf-portmap": worlds.port_plugin_config(Flavor::Ours),
+            "portmap": worlds.port_plugin_config(Flavor::Upstream),
         },
     });
     drop(worlds);
 
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    let plots = report::plots(&results, &date);
+    let mut plots = report::plots(&results, &date);
+    // Plots are named `<date>-<section>[-<what>].svg`; those of sections
+    // left out would be empty.
+    plots.retain(|plot| {
+        plan.sections.iter().any(|section| {
+            plot.file_name
+                .strip_prefix(date.as_str())
+                .is_some_and(|rest| rest.starts_with(&format!("-{}", section.name())))
+        })
+    });
     let md = report::markdown(&results, &targets, &meta, &plots, &notes(plan));
     let json = report::to_json(&results, &targets, &meta);
     let mut written = Vec::new();
@@ -704,8 +859,8 @@ fn control_plane(
     results: &mut Results,
 ) -> anyhow::Result<()> {
     let pair = [
-        (&worlds.ours_empty, plan.alone_sequential.0),
-        (&worlds.upstream_empty, plan.alone_sequential.1),
+        (world(&worlds.ours_empty), plan.alone_sequential.0),
+        (world(&worlds.upstream_empty), plan.alone_sequential.1),
     ];
     for rep in 0..plan.reps {
         progress.check()?;
@@ -893,12 +1048,16 @@ fn maps_dir(world: &BenchWorld) -> Option<PathBuf> {
     world.pins.as_ref().map(|p| p.path().join("v1/maps"))
 }
 
+/// Prefills the nodes to each size and measures there what the sections
+/// being run ask for: one more ADD/DEL (scale), traffic (dataplane), map
+/// memory (memory).
 fn scale_and_dataplane(
     plan: &Plan,
     progress: &Progress,
     worlds: &Worlds,
     results: &mut Results,
 ) -> anyhow::Result<()> {
+    let ours = world(&worlds.ours);
     let mut ours_fill = Fill::default();
     let mut upstream_fill = Fill::default();
     for &size in &plan.sizes {
@@ -907,7 +1066,7 @@ fn scale_and_dataplane(
 
         // Prefill.
         let started = Instant::now();
-        if let Err(e) = prefill_real(&worlds.ours, &mut ours_fill, size, plan.budget) {
+        if let Err(e) = prefill_real(ours, &mut ours_fill, size, plan.budget) {
             bail!("ebpf-portmap prefill to {label}: {e}");
         }
         results.prefill.push(Prefill {
@@ -918,48 +1077,17 @@ fn scale_and_dataplane(
             nat_rules: None,
             skipped: None,
         });
-        let started = Instant::now();
-        let method;
-        let upstream_ok = if let Some(reason) = &upstream_fill.failed {
-            method = String::new();
-            Err(reason.clone())
-        } else if size <= plan.upstream_real_prefill {
-            method = "real ADDs".to_owned();
-            prefill_real(
-                &worlds.upstream,
-                &mut upstream_fill,
-                size,
-                plan.upstream_prefill_allowance,
-            )
-        } else {
-            method = format!(
-                "real ADDs to {}, then copies of the plugin's rules (iptables-restore)",
-                size_label(plan.upstream_real_prefill)
-            );
-            prefill_real(
-                &worlds.upstream,
-                &mut upstream_fill,
-                plan.upstream_real_prefill.min(size),
-                plan.upstream_prefill_allowance,
-            )
-            .and_then(|()| prefill_synthetic(&worlds.upstream, &mut upstream_fill, size))
-        };
-        if let Err(reason) = &upstream_ok {
-            upstream_fill.failed.get_or_insert(reason.clone());
-        }
-        results.prefill.push(Prefill {
-            flavor: Flavor::Upstream,
-            size,
-            method,
-            seconds: started.elapsed().as_secs_f64(),
-            nat_rules: Some(bench::iptables::nat_rule_count(&worlds.upstream.node.ns)),
-            skipped: upstream_ok.as_ref().err().cloned(),
-        });
+        let upstream_outcome = worlds
+            .upstream
+            .as_ref()
+            .map(|upstream| prefill_upstream(plan, upstream, &mut upstream_fill, size, results));
+        let upstream_here = matches!(upstream_outcome, Some(Ok(())));
         progress.say(&format!(
             "scale {label}: prefilled (ebpf-portmap {} mappings; iptables portmap {})",
             ours_fill.containers * MAPPINGS_PER_PREFILL,
-            match &upstream_ok {
-                Ok(()) => format!(
+            match &upstream_outcome {
+                None => "not needed by these sections".to_owned(),
+                Some(Ok(())) => format!(
                     "{} mappings, {} nat rules",
                     upstream_fill.containers * MAPPINGS_PER_PREFILL,
                     results
@@ -968,111 +1096,47 @@ fn scale_and_dataplane(
                         .and_then(|p| p.nat_rules)
                         .unwrap_or(0)
                 ),
-                Err(e) => format!("skipped: {e}"),
+                Some(Err(e)) => format!("skipped: {e}"),
             }
         ));
-        let upstream_here = upstream_ok.is_ok();
 
-        // One more container.
-        progress.check()?;
-        let ours_scale = scale_reps(
-            plan,
-            &worlds.ours,
-            &worlds.ours_empty,
-            size,
-            plan.scale_ops.0,
-        );
-        for (verb, reps, empty_reps) in ours_scale {
-            results.scale.push(ScaleCell {
-                flavor: Flavor::Ours,
+        if plan.runs(Section::Scale) {
+            progress.check()?;
+            one_more_container(
+                plan,
+                progress,
+                worlds,
                 size,
-                verb,
-                reps,
-                empty_reps,
-                skipped: None,
-            });
+                upstream_here,
+                &upstream_fill,
+                results,
+            );
         }
-        let upstream_ops = if upstream_here {
-            // Size the upstream batches from one untimed ADD+DEL, so slow
-            // large tables stay inside the allowance.
-            let warm = [PortMapping::tcp(OP_PORT_BASE, 80)];
-            let add = worlds.upstream.port_add("warm", &warm);
-            let del = worlds.upstream.port_del("warm", &warm);
-            let pair = (add.elapsed + del.elapsed).as_secs_f64() * 2.0; // filled + empty
-            let fit = (plan
-                .upstream_scale_allowance
-                .min(progress.left() / 4)
-                .as_secs_f64()
-                / (pair * plan.reps as f64)) as usize;
-            Some(fit.clamp(1, plan.scale_ops.1))
-        } else {
-            None
-        };
-        match upstream_ops {
-            Some(ops) => {
-                for (verb, reps, empty_reps) in
-                    scale_reps(plan, &worlds.upstream, &worlds.upstream_empty, size, ops)
-                {
-                    results.scale.push(ScaleCell {
-                        flavor: Flavor::Upstream,
-                        size,
-                        verb,
-                        reps,
-                        empty_reps,
-                        skipped: None,
-                    });
-                }
-            }
-            None => {
-                for verb in Verb::BOTH {
-                    results.scale.push(ScaleCell {
-                        flavor: Flavor::Upstream,
-                        size,
-                        verb,
-                        reps: Vec::new(),
-                        empty_reps: Vec::new(),
-                        skipped: upstream_fill.failed.clone(),
-                    });
-                }
-            }
-        }
-        progress.say(&format!(
-            "scale {label}: one more ADD p50: ebpf-portmap {} ms ({}x empty node), iptables portmap {}",
-            scale_p50(results, Flavor::Ours, size),
-            scale_ratio(results, Flavor::Ours, size),
-            if upstream_here {
-                format!(
-                    "{} ms ({}x empty node, {} ops/rep)",
-                    scale_p50(results, Flavor::Upstream, size),
-                    scale_ratio(results, Flavor::Upstream, size),
-                    upstream_ops.unwrap_or(0)
-                )
-            } else {
-                "skipped".into()
-            }
-        ));
 
         // Dataplane through the last-added mappings.
-        progress.check()?;
-        probe_add(&worlds.ours, size)?;
-        // ebpf-portmap twice: the default, and with fastPath switched on
-        // in the same world before each of its slices.
-        let mut paths: Vec<(Flavor, &BenchWorld)> = vec![
-            (Flavor::Ours, &worlds.ours),
-            (Flavor::OursFast, &worlds.ours),
-        ];
-        if upstream_here {
-            probe_add(&worlds.upstream, size)?;
-            paths.push((Flavor::Upstream, &worlds.upstream));
-        }
-        paths.push((Flavor::Plain, &worlds.plain));
-        dataplane(plan, progress, &paths, size, upstream_here, results)?;
-        probe_del(&worlds.ours, size);
-        if upstream_here {
-            probe_del(&worlds.upstream, size);
+        if plan.runs(Section::Dataplane) {
+            progress.check()?;
+            let upstream = world(&worlds.upstream);
+            probe_add(ours, size)?;
+            // ebpf-portmap twice: the default, and with fastPath switched on
+            // in the same world before each of its slices.
+            let mut paths: Vec<(Flavor, &BenchWorld)> =
+                vec![(Flavor::Ours, ours), (Flavor::OursFast, ours)];
+            if upstream_here {
+                probe_add(upstream, size)?;
+                paths.push((Flavor::Upstream, upstream));
+            }
+            paths.push((Flavor::Plain, world(&worlds.plain)));
+            dataplane(plan, progress, &paths, size, upstream_here, results)?;
+            probe_del(ours, size);
+            if upstream_here {
+                probe_del(upstream, size);
+            }
         }
 
-        if let Some(dir) = maps_dir(&worlds.ours) {
+        if plan.runs(Section::Memory)
+            && let Some(dir) = maps_dir(ours)
+        {
             results.memory.push(MemoryRow {
                 state: format!("{label} mappings"),
                 requested_mappings: size,
@@ -1087,6 +1151,141 @@ fn scale_and_dataplane(
         }
     }
     Ok(())
+}
+
+/// Fills iptables portmap to `size` (real ADDs, then copies of its rules)
+/// and records how, or why it could not.
+fn prefill_upstream(
+    plan: &Plan,
+    upstream: &BenchWorld,
+    fill: &mut Fill,
+    size: usize,
+    results: &mut Results,
+) -> Result<(), String> {
+    let started = Instant::now();
+    let method;
+    let outcome = if let Some(reason) = &fill.failed {
+        method = String::new();
+        Err(reason.clone())
+    } else if size <= plan.upstream_real_prefill {
+        method = "real ADDs".to_owned();
+        prefill_real(upstream, fill, size, plan.upstream_prefill_allowance)
+    } else {
+        method = format!(
+            "real ADDs to {}, then copies of the plugin's rules (iptables-restore)",
+            size_label(plan.upstream_real_prefill)
+        );
+        prefill_real(
+            upstream,
+            fill,
+            plan.upstream_real_prefill.min(size),
+            plan.upstream_prefill_allowance,
+        )
+        .and_then(|()| prefill_synthetic(upstream, fill, size))
+    };
+    if let Err(reason) = &outcome {
+        fill.failed.get_or_insert(reason.clone());
+    }
+    results.prefill.push(Prefill {
+        flavor: Flavor::Upstream,
+        size,
+        method,
+        seconds: started.elapsed().as_secs_f64(),
+        nat_rules: Some(bench::iptables::nat_rule_count(&upstream.node.ns)),
+        skipped: outcome.as_ref().err().cloned(),
+    });
+    outcome
+}
+
+/// One more container's ADD and DEL on the filled nodes, each paired with
+/// its empty twin.
+fn one_more_container(
+    plan: &Plan,
+    progress: &Progress,
+    worlds: &Worlds,
+    size: usize,
+    upstream_here: bool,
+    upstream_fill: &Fill,
+    results: &mut Results,
+) {
+    let ours_scale = scale_reps(
+        plan,
+        world(&worlds.ours),
+        world(&worlds.ours_empty),
+        size,
+        plan.scale_ops.0,
+    );
+    for (verb, reps, empty_reps) in ours_scale {
+        results.scale.push(ScaleCell {
+            flavor: Flavor::Ours,
+            size,
+            verb,
+            reps,
+            empty_reps,
+            skipped: None,
+        });
+    }
+    let upstream = world(&worlds.upstream);
+    let upstream_ops = if upstream_here {
+        // Size the upstream batches from one untimed ADD+DEL, so slow
+        // large tables stay inside the allowance.
+        let warm = [PortMapping::tcp(OP_PORT_BASE, 80)];
+        let add = upstream.port_add("warm", &warm);
+        let del = upstream.port_del("warm", &warm);
+        let pair = (add.elapsed + del.elapsed).as_secs_f64() * 2.0; // filled + empty
+        let fit = (plan
+            .upstream_scale_allowance
+            .min(progress.left() / 4)
+            .as_secs_f64()
+            / (pair * plan.reps as f64)) as usize;
+        Some(fit.clamp(1, plan.scale_ops.1))
+    } else {
+        None
+    };
+    match upstream_ops {
+        Some(ops) => {
+            for (verb, reps, empty_reps) in
+                scale_reps(plan, upstream, world(&worlds.upstream_empty), size, ops)
+            {
+                results.scale.push(ScaleCell {
+                    flavor: Flavor::Upstream,
+                    size,
+                    verb,
+                    reps,
+                    empty_reps,
+                    skipped: None,
+                });
+            }
+        }
+        None => {
+            for verb in Verb::BOTH {
+                results.scale.push(ScaleCell {
+                    flavor: Flavor::Upstream,
+                    size,
+                    verb,
+                    reps: Vec::new(),
+                    empty_reps: Vec::new(),
+                    skipped: upstream_fill.failed.clone(),
+                });
+            }
+        }
+    }
+    progress.say(&format!(
+        "scale {}: one more ADD p50: ebpf-portmap {} ms ({}x empty node), iptables portmap {}",
+        size_label(size),
+        scale_p50(results, Flavor::Ours, size),
+        scale_ratio(results, Flavor::Ours, size),
+        if upstream_here {
+            format!(
+                "{} ms ({}x empty node, {} ops/rep)",
+                scale_p50(results, Flavor::Upstream, size),
+                scale_ratio(results, Flavor::Upstream, size),
+                upstream_ops.unwrap_or(0)
+            )
+        } else {
+            "skipped".into()
+        }
+    ));
 }
 
 fn scale_p50(results: &Results, flavor: Flavor, size: usize) -> String {
@@ -1243,7 +1442,7 @@ fn conntrack_fill(
     results: &mut Results,
 ) -> anyhow::Result<()> {
     progress.check()?;
-    let world = &worlds.ours;
+    let world = world(&worlds.ours);
     let Some(dir) = maps_dir(world) else {
         return Ok(());
     };
