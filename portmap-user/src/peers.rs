@@ -87,7 +87,7 @@ fn driver(name: &str) -> Option<String> {
     let rc = unsafe {
         libc::ioctl(
             std::os::fd::AsRawFd::as_raw_fd(&socket),
-            libc::SIOCETHTOOL,
+            libc::SIOCETHTOOL as _,
             &mut request,
         )
     };
