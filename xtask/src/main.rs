@@ -12,8 +12,9 @@
 //!   (`--skip-podman`) and the VM tests (`--skip-vm`).
 //! - `e2e-podman [-- <test args>]`: setup, build `ebpf-portmap`, install
 //!   podman, run podman with `ebpf-portmap` and with upstream `portmap`.
-//! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` and the bench in
-//!   release, run the benchmark against iptables portmap and the direct path.
+//! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` as it ships and
+//!   the bench in release, run the benchmark against iptables portmap and the
+//!   direct path.
 //! - `demo [-- <demo args>]`: setup, build `ebpf-portmap`, run the demo
 //!   (`cargo xtask demo -- --plugin portmap` runs it against upstream portmap).
 
@@ -131,7 +132,7 @@ enum Verb {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         demo_args: Vec<String>,
     },
-    /// Setup, build ebpf-portmap and the bench in release, then benchmark it
+    /// Setup, build ebpf-portmap as it ships and the bench in release, then benchmark it
     /// against iptables portmap and the direct path (6-9 minutes; writes
     /// bench/results/<date>.{json,md,*.svg}). Arguments after `--` go to the
     /// bench (e.g. `-- --quick`, `-- --help`).
@@ -233,12 +234,16 @@ fn build_plugin_step() -> Step<'static> {
     )
 }
 
-/// `cargo build [--release] -p portmap-user`, for the plugin's target.
-fn build_plugin(release: bool) -> Command {
+/// Cargo profile of the plugin as it ships (see the workspace Cargo.toml).
+const SHIPPED_PROFILE: &str = "dist";
+
+/// `cargo build [--profile dist] -p portmap-user`, for the plugin's target:
+/// the debug build, or with `shipped` the one that ships.
+fn build_plugin(shipped: bool) -> Command {
     let mut command = cargo();
     command.args(["build", "-p", PLUGIN_PACKAGE]);
-    if release {
-        command.arg("--release");
+    if shipped {
+        command.args(["--profile", SHIPPED_PROFILE]);
     }
     if let Some(target) = plugin_target() {
         command.args(["--target", target]);
@@ -367,13 +372,15 @@ fn demo_steps(demo_args: &[String]) -> Vec<Step<'_>> {
     ]
 }
 
-/// Everything is built in release: the plugin as it ships, and the load
-/// generators at full speed.
+/// Everything is built optimised: the plugin as it ships (profile `dist`),
+/// and the load generators at full speed.
 fn bench_steps(bench_args: &[String]) -> Vec<Step<'_>> {
     vec![
         setup_step(),
         Step::new(
-            format!("cargo build --release -p {PLUGIN_PACKAGE} (the plugin as it ships)"),
+            format!(
+                "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
+            ),
             || run(&mut build_plugin(true)),
         ),
         Step::new("cargo build --release -p portmap-tests --bin bench", || {
@@ -392,7 +399,7 @@ fn bench_steps(bench_args: &[String]) -> Vec<Step<'_>> {
                 run(Command::new(target_dir().join("release/bench"))
                     .current_dir(workspace_root())
                     .args(bench_args)
-                    .env(PLUGIN_BIN_ENV, release_plugin_bin()))
+                    .env(PLUGIN_BIN_ENV, shipped_plugin_bin()))
             },
         ),
     ]
@@ -663,7 +670,7 @@ fn target_dir() -> PathBuf {
     }
 }
 
-/// The binary [`build_plugin`] produces in `profile` (`debug` or `release`).
+/// The binary [`build_plugin`] produces in `profile` (its directory name).
 fn plugin_bin_of(profile: &str) -> PathBuf {
     let mut dir = target_dir();
     if let Some(target) = plugin_target() {
@@ -678,8 +685,8 @@ fn plugin_bin() -> PathBuf {
 }
 
 /// The binary `build_plugin(true)` produces: the plugin as it ships.
-fn release_plugin_bin() -> PathBuf {
-    plugin_bin_of("release")
+fn shipped_plugin_bin() -> PathBuf {
+    plugin_bin_of(SHIPPED_PROFILE)
 }
 
 fn cargo_home() -> PathBuf {

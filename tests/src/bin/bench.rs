@@ -359,7 +359,7 @@ fn preflight() -> anyhow::Result<()> {
     let bin = plugin_bin();
     if !bin.is_file() {
         bail!(
-            "{} does not exist: build it (`cargo build --release -p portmap-user`) or run `cargo xtask bench`",
+            "{} does not exist: run `cargo xtask bench`, which builds the plugin as it ships and points EBPF_PORTMAP_BIN at it",
             bin.display()
         );
     }
