@@ -599,6 +599,7 @@ mod tests {
         };
         for (path, rates) in [
             (Flavor::Ours, [90.0, 96.0, 99.0]),
+            (Flavor::OursFast, [95.0, 99.0, 101.0]),
             (Flavor::Plain, [100.0; 3]),
         ] {
             results.data.push(DataCell {
@@ -613,6 +614,11 @@ mod tests {
         let row = find(&rows, "tcp_rr-vs-direct-0");
         assert_eq!(row.values, [0.9, 0.96, 0.99]);
         assert_eq!(row.status, Status::Pass);
+        let fast = find(&rows, "tcp_rr-vs-direct-0-fast");
+        assert_eq!(fast.values, [0.95, 0.99, 1.01]);
+        assert_eq!(fast.status, Status::Pass);
+        // The stretch target is fastPath's: median 0.99, not above 1.
+        assert_eq!(find(&rows, "stretch-tcp_rr").values, [0.95, 0.99, 1.01]);
         assert_eq!(find(&rows, "stretch-tcp_rr").status, Status::Miss);
         assert!(find(&rows, "stretch-tcp_rr").stretch);
     }
