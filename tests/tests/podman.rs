@@ -49,8 +49,9 @@ const PARALLEL: u16 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PortPlugin {
-    /// ebpf-portmap, with a test-owned pin root, cgroup and log file.
-    Ours,
+    /// ebpf-portmap, with a test-owned pin root, cgroup and log file; with
+    /// `fastPath` on or not.
+    Ours { fast_path: bool },
     /// The reference plugin from Debian's containernetworking-plugins
     /// (iptables inside the node namespace).
     Upstream,
@@ -59,7 +60,7 @@ enum PortPlugin {
 impl PortPlugin {
     fn plugin_type(self) -> &'static str {
         match self {
-            PortPlugin::Ours => "ebpf-portmap",
+            PortPlugin::Ours { .. } => "ebpf-portmap",
             PortPlugin::Upstream => "portmap",
         }
     }
@@ -69,7 +70,7 @@ impl PortPlugin {
     /// from ::1 can never leave the loopback device after DNAT (its README
     /// says localhost works for IPv4 only; here the connection hangs).
     fn translates_ipv6_loopback(self) -> bool {
-        self == PortPlugin::Ours
+        matches!(self, PortPlugin::Ours { .. })
     }
 }
 
@@ -100,12 +101,17 @@ impl E2e {
         // (podman drops a network whose plugin it cannot find with only a
         // warning).
         let plugins = PluginDirs::traced();
-        let conflist = bridge_conflist(
+        let mut conflist = bridge_conflist(
             NETWORK,
             plugin.plugin_type(),
             Some(pins.path()),
             node.data_dir(),
         );
+        if plugin == (PortPlugin::Ours { fast_path: true }) {
+            let mut json = conflist.json().clone();
+            json["plugins"][1]["fastPath"] = Value::Bool(true);
+            conflist = portmap_tests::Conflist::from_json(json).expect("conflist");
+        }
         let podman = Podman::start(&node.ns, plugins.path(), &conflist);
         podman.import_image(Path::new(env!("CARGO_BIN_EXE_probe")));
         E2e {
@@ -114,6 +120,27 @@ impl E2e {
             pins,
             node,
             plugin,
+        }
+    }
+
+    /// With `fastPath`: the dataplane handed packets over both ways (the
+    /// checks above passed through it).
+    fn assert_fast_path_taken(&self) {
+        let out = self
+            .node
+            .ns
+            .command(portmap_tests::plugin_bin())
+            .args(["status", "--json", "--pin-root"])
+            .arg(self.pins.path())
+            .output()
+            .expect("run ebpf-portmap status");
+        let status: Value = serde_json::from_slice(&out.stdout).expect("status --json");
+        for reason in ["fast_forward", "fast_reply"] {
+            assert!(
+                status["counters"][reason].as_u64().is_some_and(|n| n > 0),
+                "{reason} not counted: {:#}",
+                status["counters"]
+            );
         }
     }
 
@@ -176,7 +203,7 @@ impl E2e {
     /// the `CNI-DN-*` chains of iptables and ip6tables for upstream.
     fn all_translations(&self) -> Vec<(String, Translation)> {
         match self.plugin {
-            PortPlugin::Ours => ours_translations(&self.list()),
+            PortPlugin::Ours { .. } => ours_translations(&self.list()),
             PortPlugin::Upstream => upstream_translations(&self.iptables_save("iptables-save"))
                 .into_iter()
                 .chain(upstream_translations(&self.iptables_save("ip6tables-save")))
@@ -367,7 +394,7 @@ impl E2e {
     /// State for failure messages: podman, the plugin's view, its calls, the node.
     fn dump(&self) -> String {
         let state = match self.plugin {
-            PortPlugin::Ours => {
+            PortPlugin::Ours { .. } => {
                 let out = self
                     .node
                     .ns
@@ -523,6 +550,9 @@ fn podman_publishes_ports_through(plugin: PortPlugin) {
     t.wait_serving(&web, 8080, Some(8053));
     t.check_external(&web, 8080, Some(8053));
     t.check_from_node(&web, 8080, 8053);
+    if plugin == (PortPlugin::Ours { fast_path: true }) {
+        t.assert_fast_path_taken();
+    }
 
     // 2. Stop: the network is torn down and nothing is left. Start: a new
     // network namespace (and maybe new addresses), translated again.
@@ -670,7 +700,13 @@ fn podman_publishes_ports_through(plugin: PortPlugin) {
 #[test]
 #[ignore = "needs podman, runc and busybox-static: run by `cargo xtask e2e-podman`"]
 fn podman_with_ebpf_portmap() {
-    podman_publishes_ports_through(PortPlugin::Ours);
+    podman_publishes_ports_through(PortPlugin::Ours { fast_path: false });
+}
+
+#[test]
+#[ignore = "needs podman, runc and busybox-static: run by `cargo xtask e2e-podman`"]
+fn podman_with_ebpf_portmap_fast_path() {
+    podman_publishes_ports_through(PortPlugin::Ours { fast_path: true });
 }
 
 #[test]
