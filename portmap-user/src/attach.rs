@@ -214,14 +214,14 @@ fn program_id(program: &SchedClassifier) -> Option<u32> {
 }
 
 /// Whether the current build's program (ID `want`) is attached to
-/// `ifindex` in `direction`: through our pinned tcx link, which the
-/// interface's tcx hook still runs, or as our clsact filter.
+/// `ifindex` in `direction`: the interface's tcx hook runs it (only our
+/// pinned link puts it there), or it is our clsact filter.
 fn attached(layout: &PinLayout, ifindex: u32, direction: Direction, want: u32) -> bool {
-    if let Ok(link) = PinnedLink::from_pin(layout.tcx_link(ifindex, direction)) {
-        return FdLink::from(link)
-            .info()
-            .is_ok_and(|info| info.program_id() == want)
-            && tcx_program_ids(ifindex, direction).is_ok_and(|ids| ids.contains(&want));
+    // The hook is asked, not the link: both questions take the RTNL, which
+    // namespace and interface churn elsewhere on the node can hold for
+    // milliseconds.
+    if layout.tcx_link(ifindex, direction).exists() {
+        return tcx_program_ids(ifindex, direction).is_ok_and(|ids| ids.contains(&want));
     }
     // clsact: the marker is the program we attached; it must be this build's.
     pinned_id(&layout.clsact_marker(ifindex, direction)) == Some(want)
