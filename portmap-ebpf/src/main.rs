@@ -433,30 +433,14 @@ fn fast_reply(ctx: &TcContext) -> i32 {
     let scratch = unsafe { &mut *scratch };
     let key = scratch.reply_key;
     let params = &mut scratch.fib;
-    zero_fib_params(params);
-    params.family = if key.family == FAMILY_V4 { 2 } else { 10 };
-    params.l4_protocol = key.proto;
-    params.sport = key.src_port_be;
-    params.dport = key.dst_port_be;
-    // SAFETY: reading a field of the context the program was handed.
-    params.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
-    // tot_len stays 0: the kernel then checks the MTU itself, GSO aware.
-    if key.family == FAMILY_V4 {
-        params.__bindgen_anon_3.ipv4_src = key.src_addr_be[0];
-        params.__bindgen_anon_4.ipv4_dst = key.dst_addr_be[0];
-    } else {
-        params.__bindgen_anon_3.ipv6_src = key.src_addr_be;
-        params.__bindgen_anon_4.ipv6_dst = key.dst_addr_be;
-    }
-    // SAFETY: params is a valid, fully initialised struct of the size passed.
-    let ret = unsafe {
-        fib_lookup(
-            ctx.skb.skb as *mut _,
-            params,
-            core::mem::size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
+    let ret = fib_lookup_as_received(
+        ctx,
+        params,
+        key.family,
+        key.proto,
+        (&key.src_addr_be, key.src_port_be),
+        (&key.dst_addr_be, key.dst_port_be),
+    );
     // Only to an interface whose egress program translates the answer.
     if ret != 0 || maps::iface(params.ifindex).is_none() {
         return pass;
@@ -667,33 +651,55 @@ fn local_destination(ctx: &TcContext, packet: &Packet) -> Locality {
     };
     // SAFETY: per-CPU scratch, no other user while this program runs.
     let params = unsafe { &mut (*scratch).fib };
+    let ret = fib_lookup_as_received(
+        ctx,
+        params,
+        packet.family,
+        packet.proto,
+        (&packet.src_be, packet.sport_be),
+        (&packet.dst_be, packet.dport_be),
+    );
+    match ret as u32 {
+        BPF_FIB_LKUP_RET_NOT_FWDED => Locality::Local,
+        BPF_FIB_LKUP_RET_FWD_DISABLED => Locality::ForwardingDisabled,
+        _ => Locality::NotLocal,
+    }
+}
+
+/// The FIB's answer for a packet `src` -> `dst` (address, port) as if
+/// received on the ingress interface: what routing would do with it.
+/// `tot_len` stays 0, so the kernel checks the MTU itself, GSO aware.
+#[inline(always)]
+fn fib_lookup_as_received(
+    ctx: &TcContext,
+    params: &mut bpf_fib_lookup,
+    family: u8,
+    proto: u8,
+    src: (&[u32; 4], u16),
+    dst: (&[u32; 4], u16),
+) -> i64 {
     zero_fib_params(params);
-    params.family = if packet.family == FAMILY_V4 { 2 } else { 10 };
-    params.l4_protocol = packet.proto;
-    params.sport = packet.sport_be;
-    params.dport = packet.dport_be;
+    params.family = if family == FAMILY_V4 { 2 } else { 10 };
+    params.l4_protocol = proto;
+    params.sport = src.1;
+    params.dport = dst.1;
     // SAFETY: reading a field of the context the program was handed.
     params.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
-    if packet.family == FAMILY_V4 {
-        params.__bindgen_anon_3.ipv4_src = packet.src_be[0];
-        params.__bindgen_anon_4.ipv4_dst = packet.dst_be[0];
+    if family == FAMILY_V4 {
+        params.__bindgen_anon_3.ipv4_src = src.0[0];
+        params.__bindgen_anon_4.ipv4_dst = dst.0[0];
     } else {
-        params.__bindgen_anon_3.ipv6_src = packet.src_be;
-        params.__bindgen_anon_4.ipv6_dst = packet.dst_be;
+        params.__bindgen_anon_3.ipv6_src = *src.0;
+        params.__bindgen_anon_4.ipv6_dst = *dst.0;
     }
     // SAFETY: params is a valid, fully initialised struct of the size passed.
-    let ret = unsafe {
+    unsafe {
         fib_lookup(
             ctx.skb.skb as *mut _,
             params,
             core::mem::size_of::<bpf_fib_lookup>() as i32,
             0,
         )
-    };
-    match ret as u32 {
-        BPF_FIB_LKUP_RET_NOT_FWDED => Locality::Local,
-        BPF_FIB_LKUP_RET_FWD_DISABLED => Locality::ForwardingDisabled,
-        _ => Locality::NotLocal,
     }
 }
 
