@@ -33,6 +33,25 @@ pub const GONE: Duration = Duration::from_millis(700);
 /// The maps that hold ownership state, in dump order.
 pub const STATE_MAPS: [&str; 3] = ["mappings", "owners", "owner_slots"];
 
+/// `ebpf-portmap <verb> --json --pin-root <pins>` as an operator runs it
+/// in the node namespace `ns`; the verb must succeed and print JSON.
+pub fn operator_json(ns: &crate::NetNs, pins: &Path, verb: &str) -> Value {
+    let out = ns
+        .command(plugin_bin())
+        .args([verb, "--json", "--pin-root"])
+        .arg(pins)
+        .output()
+        .unwrap_or_else(|e| panic!("run ebpf-portmap {verb}: {e}"));
+    assert!(
+        out.status.success(),
+        "ebpf-portmap {verb}: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("ebpf-portmap {verb} --json is not JSON: {e}"))
+}
+
 pub fn sock(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
     SocketAddr::new(ip.into(), port)
 }
@@ -173,20 +192,7 @@ impl World {
 
     /// `ebpf-portmap list --json` as an operator runs it on the node.
     pub fn list(&self) -> Value {
-        let out = self
-            .node
-            .ns
-            .command(plugin_bin())
-            .args(["list", "--json", "--pin-root"])
-            .arg(self.pins.path())
-            .output()
-            .expect("run ebpf-portmap list");
-        assert!(
-            out.status.success(),
-            "list: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("list JSON")
+        operator_json(&self.node.ns, self.pins.path(), "list")
     }
 
     /// Maps, links and the node's network state, for failure messages.

@@ -336,17 +336,8 @@ fn fast_path_world(ptp: bool, on: bool) -> World {
 
 /// The dataplane's counters by reason, as `status --json` reports them.
 fn reason_counters(world: &World) -> serde_json::Value {
-    let out = world
-        .node
-        .ns
-        .command(portmap_tests::plugin_bin())
-        .args(["status", "--json", "--pin-root"])
-        .arg(world.pins.path())
-        .output()
-        .expect("run ebpf-portmap status");
-    let status: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("status --json is JSON");
-    status["counters"].clone()
+    portmap_tests::world::operator_json(&world.node.ns, world.pins.path(), "status")["counters"]
+        .clone()
 }
 
 /// Runs `tool args` in the node namespace (the test's own), asserting success.

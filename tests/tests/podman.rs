@@ -37,7 +37,7 @@ use serde_json::Value;
 use portmap_tests::podman::{ContainerInfo, Podman};
 use portmap_tests::topology::{NODE_IP4, NODE_IP6, PLUGIN_LOG};
 use portmap_tests::traffic::{ProbeError, echo_reply, http_get, udp_request};
-use portmap_tests::world::{GONE, PROBE, expect_unreachable, sock};
+use portmap_tests::world::{GONE, PROBE, expect_unreachable, operator_json, sock};
 use portmap_tests::{Node, PinRoot, PluginDirs, PortMapping, bridge_conflist, plugin_bin};
 
 /// The podman network (the conflist's name; podman's config is private).
@@ -126,15 +126,7 @@ impl E2e {
     /// With `fastPath`: the dataplane handed packets over both ways (the
     /// checks above passed through it).
     fn assert_fast_path_taken(&self) {
-        let out = self
-            .node
-            .ns
-            .command(portmap_tests::plugin_bin())
-            .args(["status", "--json", "--pin-root"])
-            .arg(self.pins.path())
-            .output()
-            .expect("run ebpf-portmap status");
-        let status: Value = serde_json::from_slice(&out.stdout).expect("status --json");
+        let status = operator_json(&self.node.ns, self.pins.path(), "status");
         for reason in ["fast_forward", "fast_reply"] {
             assert!(
                 status["counters"][reason].as_u64().is_some_and(|n| n > 0),
@@ -245,20 +237,7 @@ impl E2e {
 
     /// `ebpf-portmap list --json` on the node, as an operator runs it.
     fn list(&self) -> Value {
-        let out = self
-            .node
-            .ns
-            .command(plugin_bin())
-            .args(["list", "--json", "--pin-root"])
-            .arg(self.pins.path())
-            .output()
-            .expect("run ebpf-portmap list");
-        assert!(
-            out.status.success(),
-            "ebpf-portmap list: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("list prints JSON")
+        operator_json(&self.node.ns, self.pins.path(), "list")
     }
 
     fn iptables_save(&self, tool: &str) -> String {
