@@ -22,6 +22,8 @@
 pub mod bpffs;
 pub mod cgroup;
 pub mod cni;
+pub mod containerd;
+pub mod cri;
 pub mod naming;
 pub mod netns;
 pub mod plugins;
