@@ -485,7 +485,7 @@ fn upstream_translations(save: &str) -> Vec<(String, Translation)> {
 
 // ---- scenarios ------------------------------------------------------------
 
-/// 1. A pod with TCP and UDP hostPorts, both families; a pod on one `hostIP`.
+/// Step 1: a pod with TCP and UDP hostPorts, both families; a pod on one `hostIP`.
 fn reachable_pods(t: &E2e, plugin: PortPlugin) -> (Pod, Pod) {
     let web_ports = [PortMapping::tcp(8080, 80), PortMapping::udp(8053, 53)];
     let web = t.run("web", &web_ports);
@@ -521,7 +521,7 @@ fn reachable_pods(t: &E2e, plugin: PortPlugin) -> (Pod, Pod) {
     (web, pinned)
 }
 
-/// 2. StopPodSandbox, then RemovePodSandbox: two DELs, both succeed.
+/// Step 2: StopPodSandbox, then RemovePodSandbox: two DELs, both succeed.
 fn stop_then_remove(t: &E2e, plugin: PortPlugin, web: &Pod, bystander: &Pod) {
     let bystander_before = t.translations(plugin, bystander);
     t.stop(web);
@@ -553,7 +553,7 @@ fn stop_then_remove(t: &E2e, plugin: PortPlugin, web: &Pod, bystander: &Pod) {
     );
 }
 
-/// 3. The seed race. Returns upstream's failures (ours must have none).
+/// Step 3: the seed race. Returns upstream's failures (ours must have none).
 fn concurrent_stops(t: &E2e, plugin: PortPlugin) -> Vec<String> {
     let mut failures = Vec::new();
     let ports = [PortMapping::tcp(8090, 80)];
@@ -616,7 +616,7 @@ fn concurrent_stops(t: &E2e, plugin: PortPlugin) -> Vec<String> {
     failures
 }
 
-/// 4. Eight pods at once, all reachable, stopped and removed at once.
+/// Step 4: eight pods at once, all reachable, stopped and removed at once.
 fn parallel_pods(t: &E2e, plugin: PortPlugin) {
     let ports = |i: u16| {
         [
@@ -680,8 +680,8 @@ fn parallel_pods(t: &E2e, plugin: PortPlugin) {
     );
 }
 
-/// 5. Nothing is left: no pod, no translation of `plugins`, no owner of
-/// ours, no pin once ours is uninstalled, no cgroup or process of
+/// Step 5, nothing is left: no pod, no translation of `plugins`, no owner
+/// of ours, no pin once ours is uninstalled, no cgroup or process of
 /// containerd once it stopped.
 fn assert_nothing_left(t: &mut E2e, plugins: &[PortPlugin]) {
     let pods = t
