@@ -332,7 +332,7 @@ fn add(
     let conf = config::parse_netconf(stdin)?;
     let prev_result = conf.prev_result.clone().ok_or(RequestError::NotChained)?;
     let container = config::container_addrs(&prev_result, &attachment.ifname)?;
-    config::check_mappings_reachable(&conf.port_mappings, &container, &attachment.ifname)?;
+    config::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
 
     let cni_version = conf.cni_version.clone();
     plugin.add(&attachment.into_request(conf, container))?;
@@ -381,7 +381,7 @@ fn check(
     require_version(&conf, Command::Check, CHECK_MIN_VERSION)?;
     let prev_result = conf.prev_result.as_ref().ok_or(RequestError::NotChained)?;
     let container = config::container_addrs(prev_result, &attachment.ifname)?;
-    config::check_mappings_reachable(&conf.port_mappings, &container, &attachment.ifname)?;
+    config::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
     plugin.check(&attachment.into_request(conf, container))
 }
 
@@ -530,15 +530,7 @@ fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>, RequestError> {
 /// anything else. Used for VERSION and for answering errors in the caller's
 /// version.
 fn supported_version_in(stdin: &[u8]) -> Option<&'static str> {
-    #[derive(serde::Deserialize)]
-    struct VersionOnly {
-        #[serde(rename = "cniVersion")]
-        cni_version: Option<Value>,
-    }
-    let version = serde_json::from_slice::<VersionOnly>(stdin)
-        .ok()?
-        .cni_version?;
-    let version = version.as_str()?;
+    let version = config::cni_version_of(stdin)?;
     SUPPORTED_VERSIONS
         .iter()
         .copied()

@@ -6,7 +6,7 @@ use crate::{
     attach::{self, AttachError, Capacities},
     cgroup,
     cni::{CniError, GcRequest, Plugin, Request},
-    config::{HostIp, ListenerPolicy, NetConf, Owner},
+    config::{self, HostIp, ListenerPolicy, NetConf, Owner},
     counters, listeners, local,
     maps::{Maps, MapsError},
     netlink::{self, NetlinkError, NodeAddress, Rtnl},
@@ -213,22 +213,13 @@ fn check_node_listeners(
 /// plugin reported them in prevResult (entries without a sandbox: the
 /// bridge and the host end of the veth): the hairpin path starts there.
 pub fn container_side_interfaces(rtnl: &mut Rtnl, conf: &NetConf) -> BTreeSet<u32> {
-    let Some(interfaces) = conf
-        .prev_result
-        .as_ref()
-        .and_then(|prev| prev.get("interfaces"))
-        .and_then(serde_json::Value::as_array)
-    else {
+    let Some(prev_result) = conf.prev_result.as_ref() else {
         return BTreeSet::new();
     };
-    interfaces
+    config::prev_interfaces(prev_result)
         .iter()
-        .filter(|i| {
-            i.get("sandbox")
-                .and_then(serde_json::Value::as_str)
-                .is_none_or(str::is_empty)
-        })
-        .filter_map(|i| i.get("name").and_then(serde_json::Value::as_str))
+        .filter(|i| !i.in_sandbox())
+        .filter_map(|i| i.name)
         .filter_map(|name| match rtnl.link(name) {
             // A bridge's ports are left out: everything between the
             // containers and the node crosses the bridge device's own hooks,
