@@ -210,6 +210,81 @@ pub struct Owner {
     pub ifname: String,
 }
 
+/// Who a container is to its orchestrator, from `CNI_ARGS`: a Kubernetes
+/// pod (containerd, CRI-O) or a Nomad allocation. Every part is optional:
+/// podman and plain CNI tools send none of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodIdentity {
+    /// `K8S_POD_NAMESPACE`.
+    pub pod_namespace: Option<String>,
+    /// `K8S_POD_NAME`.
+    pub pod_name: Option<String>,
+    /// `NOMAD_ALLOC_ID`.
+    pub nomad_alloc_id: Option<String>,
+    /// `NOMAD_NAMESPACE`.
+    pub nomad_namespace: Option<String>,
+    /// `NOMAD_JOB_ID`.
+    pub nomad_job: Option<String>,
+    /// `NOMAD_GROUP_NAME`.
+    pub nomad_group: Option<String>,
+}
+
+impl PodIdentity {
+    pub fn is_empty(&self) -> bool {
+        *self == PodIdentity::default()
+    }
+
+    /// `namespace/name` of a Kubernetes pod, or `nomad:namespace/job/group`
+    /// of a Nomad allocation (parts it lacks are `-`); `None` when nothing
+    /// is known.
+    pub fn label(&self) -> Option<String> {
+        let part = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".into());
+        if self.pod_namespace.is_some() || self.pod_name.is_some() {
+            Some(format!(
+                "{}/{}",
+                part(&self.pod_namespace),
+                part(&self.pod_name)
+            ))
+        } else if self.nomad_alloc_id.is_some()
+            || self.nomad_job.is_some()
+            || self.nomad_group.is_some()
+        {
+            Some(format!(
+                "nomad:{}/{}/{}",
+                part(&self.nomad_namespace),
+                part(&self.nomad_job),
+                part(&self.nomad_group)
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Display for PodIdentity {
+    /// "pod default/web-7f9c", "Nomad allocation 5e0c… (job default/web, group api)".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("no known pod");
+        }
+        if self.pod_namespace.is_some() || self.pod_name.is_some() {
+            return write!(f, "pod {}", self.label().unwrap_or_default());
+        }
+        let part = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".into());
+        match &self.nomad_alloc_id {
+            Some(alloc) => write!(f, "Nomad allocation {alloc}")?,
+            None => f.write_str("Nomad allocation")?,
+        }
+        write!(
+            f,
+            " (job {}/{}, group {})",
+            part(&self.nomad_namespace),
+            part(&self.nomad_job),
+            part(&self.nomad_group)
+        )
+    }
+}
+
 /// One entry of the GC keep-list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attachment {
