@@ -223,10 +223,6 @@ impl Containerd {
         ] {
             create_dir(&root.join(sub));
         }
-        // The cgroups first: from here on, drop removes them.
-        let cgroup2 = crate::cgroup::cgroup2_mount();
-        create_dir(&cgroup2.join(&name).join(DAEMON_CGROUP));
-        create_dir(&cgroup2.join(&name).join(HOOKS_CGROUP));
         let holder = spawn_holder(node, &root);
         let mount_ns = mount_ns_of(holder.id());
         let mut containerd = Containerd {
@@ -239,6 +235,10 @@ impl Containerd {
             dir,
         };
         containerd.fresh_bpffs = containerd.bpffs_files();
+        // From here on, drop removes the cgroups (and what runs in them).
+        let cgroup2 = crate::cgroup::cgroup2_mount().join(&containerd.name);
+        create_dir(&cgroup2.join(DAEMON_CGROUP));
+        create_dir(&cgroup2.join(HOOKS_CGROUP));
         assert!(
             !containerd.mount_ns.is_empty(),
             "reading the holder's mount namespace"
