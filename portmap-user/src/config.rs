@@ -881,13 +881,13 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
 
     let mut dropped = Vec::new();
     let (port_mappings, host_ip_keys) = tolerate(
-        parse_port_mappings(fields.all("runtimeConfig")),
+        parse_port_mappings(&fields.all("runtimeConfig")),
         (Vec::new(), Vec::new()),
         strictness,
         &mut dropped,
     )?;
     let prev_result = tolerate(
-        parse_prev_result(fields.all("prevResult")),
+        parse_prev_result(&fields.all("prevResult")),
         None,
         strictness,
         &mut dropped,
