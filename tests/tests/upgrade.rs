@@ -113,7 +113,10 @@ fn mappings_of_the_previous_release_keep_working_after_an_in_place_upgrade() {
         .runner
         .add(&world.list, &new_rt)
         .unwrap_or_else(|e| panic!("ADD by the new binary on old pins: {e}\n{}", world.dump()));
-    assert!(pods_map.exists(), "the new binary's ADD created the pod map");
+    assert!(
+        pods_map.exists(),
+        "the new binary's ADD created the pod map"
+    );
 
     // Traffic to both: the connection opened before the upgrade, and new ones.
     assert_eq!(
