@@ -268,7 +268,10 @@ fn test_steps(cargo_test_args: &[String], skip_vm: bool, skip_podman: bool) -> V
         // but portmap-ebpf, which only builds for the BPF target (portmap-user's
         // build.rs builds it). `--workspace` would compile it for the host.
         Step::new(
-            format!("build the previous release ({}) for the upgrade test", previous::COMMIT),
+            format!(
+                "build the previous release ({}) for the upgrade test",
+                previous::COMMIT
+            ),
             previous::build,
         ),
         Step::new("cargo test (default members)", move || {
