@@ -474,7 +474,12 @@ mod tests {
     fn non_objects_are_refused_and_kinds_named() {
         assert!(Object::parse("[1]").is_err());
         assert!(Object::parse("{").is_err());
-        let object = Object::parse(r#"{"a":[1],"b":"x","c":true,"d":null,"e":-1,"f":{}}"#).unwrap();
+        let object = Object::parse(
+            r#"{"a": [1] ,"b":
+                "x","c":true, "d" : null ,"e":-1,"f":{}}"#,
+        )
+        .unwrap();
+        assert!(object.entries[3].1.is_null(), "null with whitespace around");
         let kinds: Vec<&str> = object.entries.iter().map(|(_, v)| kind_of(v)).collect();
         assert_eq!(
             kinds,
