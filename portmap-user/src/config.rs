@@ -6,6 +6,7 @@
 //! kernel. The JSON is walked by hand rather than through `#[derive(Deserialize)]`
 //! so that every error can name the exact key and list index the user must fix.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{AddrParseError, IpAddr, Ipv4Addr, Ipv6Addr};
@@ -328,7 +329,8 @@ pub struct NetConf {
     /// `runtimeConfig.portMappings`, validated (empty if absent).
     pub port_mappings: Vec<PortMapping>,
     /// For each of `port_mappings`, the path of its `hostIP` key as the
-    /// configuration spells it, for messages about the mapping.
+    /// configuration spells it, for messages about the mapping (empty when
+    /// the mapping has no specific hostIP).
     pub host_ip_keys: Vec<String>,
     /// Raw `prevResult` (always a JSON object when present), echoed by ADD.
     pub prev_result: Option<Value>,
@@ -708,6 +710,7 @@ pub fn check_mappings_reachable(
         |index| {
             conf.host_ip_keys
                 .get(index)
+                .filter(|key| !key.is_empty())
                 .cloned()
                 .unwrap_or_else(|| format!("{MAPPINGS_KEY}[{index}].hostIP"))
         },
@@ -881,13 +884,13 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
 
     let mut dropped = Vec::new();
     let (port_mappings, host_ip_keys) = tolerate(
-        parse_port_mappings(fields.all("runtimeConfig")),
+        parse_port_mappings(&fields.all("runtimeConfig")),
         (Vec::new(), Vec::new()),
         strictness,
         &mut dropped,
     )?;
     let prev_result = tolerate(
-        parse_prev_result(fields.all("prevResult")),
+        parse_prev_result(&fields.all("prevResult")),
         None,
         strictness,
         &mut dropped,
@@ -1260,7 +1263,7 @@ fn parse_port_mappings(
     let mut mappings = Vec::with_capacity(list.len());
     let mut host_ip_keys = Vec::with_capacity(list.len());
     for (index, entry) in list.iter().enumerate() {
-        let (mapping, host_ip_key) = parse_port_mapping(&format!("{list_key}[{index}]"), entry)?;
+        let (mapping, host_ip_key) = parse_port_mapping(&list_key, index, entry)?;
         mappings.push(mapping);
         host_ip_keys.push(host_ip_key);
     }
@@ -1268,88 +1271,131 @@ fn parse_port_mappings(
     Ok((mappings, host_ip_keys))
 }
 
-fn parse_port_mapping(key: &str, entry: &RawValue) -> Result<(PortMapping, String), ConfigError> {
-    let entry = object(key, entry)?;
-    // Unknown keys are ignored: runtimes add their own (podman's "range").
-    let fields = entry.resolve(MAPPING_FIELDS);
-    let field = |name| given(fields.get(name), key);
-    let host_ip = field("hostIP")?;
-    let host_ip_key = host_ip
-        .as_ref()
-        .map_or_else(|| format!("{key}.hostIP"), |given| given.key.clone());
-    Ok((
-        PortMapping {
-            host_port: parse_port(field("hostPort")?, &format!("{key}.hostPort"))?,
-            container_port: parse_port(field("containerPort")?, &format!("{key}.containerPort"))?,
-            protocol: parse_protocol(field("protocol")?)?,
-            host_ip: parse_host_ip(host_ip)?,
-        },
-        host_ip_key,
-    ))
+/// The path of a key of a mapping entry as written, built only for a
+/// message: a request may hold 1024 entries, and formatting every path up
+/// front was most of the cost of parsing them.
+#[derive(Debug, Clone, Copy)]
+struct EntryKey<'a> {
+    list: &'a str,
+    index: usize,
+    key: &'a str,
 }
 
-/// A port (1-65535); `missing_key` names the key when it is absent.
-fn parse_port(value: Option<Given>, missing_key: &str) -> Result<u16, ConfigError> {
-    let Some(Given { key, value }) = value else {
-        return Err(ConfigError::MissingField {
-            field: missing_key.to_owned(),
-        });
-    };
-    let out_of_range = || ConfigError::PortOutOfRange {
-        key: key.clone(),
-        value: value.to_string(),
-    };
-    match integer(&key, &value)? {
-        Integer::Unsigned(port) => u16::try_from(port)
-            .ok()
-            .filter(|port| *port != 0)
-            .ok_or_else(out_of_range),
-        Integer::Negative => Err(out_of_range()),
+impl fmt::Display for EntryKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.list, self.index)?;
+        if !self.key.is_empty() {
+            write!(f, ".{}", self.key)?;
+        }
+        Ok(())
     }
 }
 
-fn parse_protocol(value: Option<Given>) -> Result<Protocol, ConfigError> {
-    let Some(Given { key, value }) = value else {
+/// A mapping's field: where it is and its raw value.
+type EntryField<'a> = (EntryKey<'a>, &'a RawValue);
+
+/// The string a raw JSON value holds, borrowed unless it has escapes.
+fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
+}
+
+fn raw_wrong_type(key: EntryKey<'_>, expected: &'static str, raw: &RawValue) -> ConfigError {
+    ConfigError::WrongType {
+        key: key.to_string(),
+        expected,
+        found: json_keys::kind_of(raw),
+    }
+}
+
+/// One mapping entry, and the path of its `hostIP` key (empty when hostIP is
+/// absent or empty: no message is ever about it then).
+fn parse_port_mapping(
+    list: &str,
+    index: usize,
+    entry: &RawValue,
+) -> Result<(PortMapping, String), ConfigError> {
+    let at = |key| EntryKey { list, index, key };
+    let entry =
+        Object::parse(entry.get()).map_err(|_| raw_wrong_type(at(""), "an object", entry))?;
+    // Unknown keys are ignored: runtimes add their own (podman's "range").
+    let fields = entry.resolve(MAPPING_FIELDS);
+    let field = |name| fields.get(name).map(|found| (at(found.key), found.value));
+    let port = |name| parse_port(field(name), at(name));
+    let host_ip = field("hostIP");
+    let mapping = PortMapping {
+        host_port: port("hostPort")?,
+        container_port: port("containerPort")?,
+        protocol: parse_protocol(field("protocol"))?,
+        host_ip: parse_host_ip(host_ip)?,
+    };
+    let host_ip_key = match (mapping.host_ip, host_ip) {
+        (HostIp::Any, _) | (_, None) => String::new(),
+        (_, Some((key, _))) => key.to_string(),
+    };
+    Ok((mapping, host_ip_key))
+}
+
+/// A port (1-65535); `missing` names the key when it is absent.
+fn parse_port(value: Option<EntryField<'_>>, missing: EntryKey<'_>) -> Result<u16, ConfigError> {
+    let Some((key, raw)) = value else {
+        return Err(ConfigError::MissingField {
+            field: missing.to_string(),
+        });
+    };
+    let value = raw_to_value(raw)?;
+    let out_of_range = || ConfigError::PortOutOfRange {
+        key: key.to_string(),
+        value: value.to_string(),
+    };
+    if let Some(port) = value.as_u64() {
+        return u16::try_from(port)
+            .ok()
+            .filter(|port| *port != 0)
+            .ok_or_else(out_of_range);
+    }
+    match integer(&key.to_string(), &value)? {
+        Integer::Unsigned(_) | Integer::Negative => Err(out_of_range()),
+    }
+}
+
+fn parse_protocol(value: Option<EntryField<'_>>) -> Result<Protocol, ConfigError> {
+    let Some((key, raw)) = value else {
         return Ok(Protocol::Tcp);
     };
-    let name = value
-        .as_str()
-        .ok_or_else(|| wrong_type(&key, "a string", &value))?;
+    let name = raw_str(raw).ok_or_else(|| raw_wrong_type(key, "a string", raw))?;
     // libcni's PortMapping has no omitempty on "protocol", so Go runtimes that
     // leave it unset send "": that means the default, like an absent key.
     if name.is_empty() {
         return Ok(Protocol::Tcp);
     }
-    Protocol::from_name(name).ok_or_else(|| ConfigError::UnknownProtocol {
-        key: key.clone(),
-        protocol: name.to_owned(),
+    Protocol::from_name(&name).ok_or_else(|| ConfigError::UnknownProtocol {
+        key: key.to_string(),
+        protocol: name.into_owned(),
     })
 }
 
-fn parse_host_ip(value: Option<Given>) -> Result<HostIp, ConfigError> {
-    let Some(Given { key, value }) = value else {
+fn parse_host_ip(value: Option<EntryField<'_>>) -> Result<HostIp, ConfigError> {
+    let Some((key, raw)) = value else {
         return Ok(HostIp::Any);
     };
-    let raw = value
-        .as_str()
-        .ok_or_else(|| wrong_type(&key, "a string", &value))?;
+    let text = raw_str(raw).ok_or_else(|| raw_wrong_type(key, "a string", raw))?;
     // containerd always sends "HostIP" and leaves it "" when unset; upstream
     // treats "" like an absent key (it only parses a non-empty hostIP).
-    if raw.is_empty() {
+    if text.is_empty() {
         return Ok(HostIp::Any);
     }
-    let address = raw
+    let address = text
         .parse::<IpAddr>()
         .map_err(|source| ConfigError::InvalidHostIp {
-            key: key.clone(),
-            value: raw.to_owned(),
+            key: key.to_string(),
+            value: text.clone().into_owned(),
             source,
         })?
         // ::ffff:a.b.c.d is how some callers spell an IPv4 address; the packets
         // we match are plain IPv4.
         .to_canonical();
     let unusable = |reason| ConfigError::UnusableHostIp {
-        key: key.clone(),
+        key: key.to_string(),
         address,
         reason,
     };

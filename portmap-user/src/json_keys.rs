@@ -113,19 +113,46 @@ impl<V: ?Sized> Copy for Found<'_, V> {}
 #[derive(Debug)]
 pub struct Resolved<'a, V: ?Sized> {
     fields: &'static [Field],
-    found: Vec<Vec<Found<'a, V>>>,
+    /// Per field, the keys that count. A `Vec` per field would cost an
+    /// allocation per key of every mapping entry; only struct and map
+    /// fields (rare) can have more than one.
+    found: Vec<Slot<'a, V>>,
+}
+
+#[derive(Debug)]
+struct Slot<'a, V: ?Sized> {
+    /// Struct and map fields only: the occurrences before `last`.
+    earlier: Vec<Found<'a, V>>,
+    last: Option<Found<'a, V>>,
+}
+
+impl<'a, V: ?Sized> Slot<'a, V> {
+    const EMPTY: Slot<'a, V> = Slot {
+        earlier: Vec::new(),
+        last: None,
+    };
+
+    fn clear(&mut self) {
+        self.earlier.clear();
+        self.last = None;
+    }
 }
 
 impl<'a, V: ?Sized> Resolved<'a, V> {
     /// The key that sets field `name`, if any (`null` never counts).
     /// For struct and map fields, the last of [`Self::all`].
     pub fn get(&self, name: &str) -> Option<Found<'a, V>> {
-        self.all(name).last().copied()
+        self.slot(name).last
     }
 
     /// Every key that makes up field `name`, in decode order: one at most for
     /// scalars and nullables, the objects to merge for structs and maps.
-    pub fn all(&self, name: &str) -> &[Found<'a, V>] {
+    pub fn all(&self, name: &str) -> Vec<Found<'a, V>> {
+        let slot = self.slot(name);
+        slot.earlier.iter().copied().chain(slot.last).collect()
+    }
+
+    fn slot(&self, name: &str) -> &Slot<'a, V> {
         let index = self
             .fields
             .iter()
@@ -171,20 +198,23 @@ pub fn resolve<'a, V: JsonValue + ?Sized + 'a>(
     fields: &'static [Field],
     entries: impl IntoIterator<Item = (&'a str, &'a V)>,
 ) -> Resolved<'a, V> {
-    let mut found: Vec<Vec<Found<'a, V>>> = fields.iter().map(|_| Vec::new()).collect();
+    let mut found: Vec<Slot<'a, V>> = Vec::with_capacity(fields.len());
+    found.extend(fields.iter().map(|_| Slot::EMPTY));
     for (key, value) in entries {
         let Some(index) = field_for(fields, key) else {
             continue;
         };
         let slot = &mut found[index];
+        let this = Some(Found { key, value });
         match (fields[index].kind, value.is_null()) {
             (Kind::Scalar | Kind::Struct, true) => {}
             (Kind::Nullable | Kind::Map, true) => slot.clear(),
-            (Kind::Scalar | Kind::Nullable, false) => {
-                slot.clear();
-                slot.push(Found { key, value });
+            (Kind::Scalar | Kind::Nullable, false) => slot.last = this,
+            (Kind::Struct | Kind::Map, false) => {
+                if let Some(previous) = slot.last.replace(Found { key, value }) {
+                    slot.earlier.push(previous);
+                }
             }
-            (Kind::Struct | Kind::Map, false) => slot.push(Found { key, value }),
         }
     }
     Resolved { fields, found }
@@ -444,7 +474,12 @@ mod tests {
     fn non_objects_are_refused_and_kinds_named() {
         assert!(Object::parse("[1]").is_err());
         assert!(Object::parse("{").is_err());
-        let object = Object::parse(r#"{"a":[1],"b":"x","c":true,"d":null,"e":-1,"f":{}}"#).unwrap();
+        let object = Object::parse(
+            r#"{"a": [1] ,"b":
+                "x","c":true, "d" : null ,"e":-1,"f":{}}"#,
+        )
+        .unwrap();
+        assert!(object.entries[3].1.is_null(), "null with whitespace around");
         let kinds: Vec<&str> = object.entries.iter().map(|(_, v)| kind_of(v)).collect();
         assert_eq!(
             kinds,

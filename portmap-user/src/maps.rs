@@ -139,7 +139,7 @@ pub fn create_pods(layout: &PinLayout) -> Result<HashMap<MapData, u64, PodRecord
             key_size,
             value_size,
             max_entries: capacity::OWNERS,
-            map_flags: aya_obj::generated::BPF_F_NO_PREALLOC as u32,
+            map_flags: aya_obj::generated::BPF_F_NO_PREALLOC,
             id: 0,
             pinning: aya_obj::maps::PinningType::None,
         },

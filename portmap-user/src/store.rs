@@ -76,7 +76,8 @@ pub enum StoreError {
     #[error("host port {key} is already mapped by {holder}")]
     Conflict {
         key: KeyDisplay,
-        holder: HolderDisplay,
+        /// Boxed: the holder's strings would make every Result of the plugin large.
+        holder: Box<HolderDisplay>,
     },
     #[error("the {map} map is full ({operation}); raise its capacity or remove unused containers")]
     Capacity {
@@ -570,10 +571,10 @@ impl Maps {
                 let record = self.owners.get(&current.owner_id, 0).ok().map(Box::new);
                 return Err(StoreError::Conflict {
                     key: KeyDisplay(key),
-                    holder: HolderDisplay {
+                    holder: Box::new(HolderDisplay {
                         record,
                         pod: self.pod_of(current.owner_id),
-                    },
+                    }),
                 });
             }
             if current == value {
@@ -589,10 +590,10 @@ impl Maps {
         }
         Err(StoreError::Conflict {
             key: KeyDisplay(key),
-            holder: HolderDisplay {
+            holder: Box::new(HolderDisplay {
                 record: None,
                 pod: PodIdentity::default(),
-            },
+            }),
         })
     }
 

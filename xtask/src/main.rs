@@ -295,7 +295,10 @@ fn test_steps(
         // but portmap-ebpf, which only builds for the BPF target (portmap-user's
         // build.rs builds it). `--workspace` would compile it for the host.
         Step::new(
-            format!("build the previous release ({}) for the upgrade test", previous::COMMIT),
+            format!(
+                "build the previous release ({}) for the upgrade test",
+                previous::COMMIT
+            ),
             previous::build,
         ),
         Step::new("cargo test (default members)", move || {

@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 
 /// The previous release: main at the last commit before the owner record
 /// gained pod identity.
-pub const COMMIT: &str = "df8d205";
+pub const COMMIT: &str = "df8d2050781763f11a17d004e48d2b346c1851c9";
 
 /// Where the test finds the previous release's binary.
 pub const BIN_ENV: &str = "EPM_PREVIOUS_BIN";
