@@ -50,7 +50,7 @@ pub struct Scratch {
     pub fib: aya_ebpf::bindings::bpf_fib_lookup,
     /// Owner of the mapping a new flow was translated by.
     pub owner_id: u64,
-    /// What the fast path may do with this packet (`fast::*` in main.rs).
+    /// What the fast path may do with this packet (`fast::*`).
     pub fast: u8,
     /// The ingress program's tc action for this packet.
     pub action: i32,
@@ -69,6 +69,28 @@ pub fn mapping(key: &MappingKey) -> Option<MappingValue> {
     // SAFETY: the value is copied out at once; userspace may replace it
     // concurrently, and a copy is all we need.
     unsafe { MAPPINGS.get(key).copied() }
+}
+
+/// The mapping for `addr:port`: one for exactly that host address first,
+/// else the wildcard of the family. O(1) whatever the number of mappings.
+#[inline(always)]
+pub fn find_mapping(
+    family: u8,
+    proto: u8,
+    addr_be: &[u32; 4],
+    port_be: u16,
+) -> Option<(MappingKey, MappingValue)> {
+    let mut key = MappingKey {
+        host_addr_be: *addr_be,
+        host_port_be: port_be,
+        proto,
+        family,
+    };
+    if let Some(value) = mapping(&key) {
+        return Some((key, value));
+    }
+    key.host_addr_be = [0; 4];
+    mapping(&key).map(|value| (key, value))
 }
 
 #[inline(always)]
