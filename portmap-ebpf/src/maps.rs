@@ -3,12 +3,15 @@
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     macros::btf_map,
 };
 use portmap_common::{
-    CtEntry, CtKey, MappingKey, MappingValue, OwnerRecord, OwnerSlotKey, capacity, stat,
+    CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OwnerRecord,
+    OwnerSlotKey, TraceEvent, TraceFilter, capacity, stat,
 };
+
+use crate::parse;
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
 
@@ -39,6 +42,62 @@ static CONNTRACK: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
 /// Counters by reason, see `portmap_common::stat`.
 #[btf_map(name = "stats")]
 static STATS: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
+
+// ---- per-mapping traffic counters (see `counters`) ----
+
+/// Keyed by (mapping, owner). Entries are created here on a mapping's first
+/// packet (memory is used only for mappings that see traffic) and removed by
+/// userspace when the owner is deleted or by `ebpf-portmap gc`.
+#[btf_map(name = "counters")]
+pub static COUNTERS: PerCpuHashMap<
+    CounterKey,
+    MappingCounters,
+    { capacity::COUNTERS as usize },
+    NO_PREALLOC,
+> = PerCpuHashMap::new();
+
+/// Room for the key and first value of `counters::record`: on its stack they would
+/// not fit under the callers' frames (BPF's 512 bytes are shared along the
+/// call chain, and the egress path uses most of them).
+#[repr(C)]
+pub struct CounterScratch {
+    pub key: CounterKey,
+    pub first: MappingCounters,
+}
+
+#[btf_map(name = "counter_scratch")]
+pub static COUNTER_SCRATCH: PerCpuArray<CounterScratch, 1> = PerCpuArray::new();
+
+// ---- tracing (see `trace`) ----
+
+/// Written by the tracer, read by every packet.
+#[btf_map(name = "trace_filter")]
+pub static TRACE_FILTER: Array<TraceFilter, 1> = Array::new();
+
+/// Events for the tracer.
+#[btf_map(name = "trace_events")]
+pub static TRACE_EVENTS: RingBuf<TraceEvent, { capacity::TRACE_EVENTS_BYTES as usize }> =
+    RingBuf::new();
+
+/// Per-CPU state of one traced packet (see `trace`).
+#[repr(C)]
+pub struct TraceScratch {
+    /// This CPU's `stats` as they were before the packet was handled.
+    pub before: [u64; stat::COUNT as usize],
+    /// The reasons counted since, one bit each. Kept here rather than passed
+    /// on: read back from a map, the value is unknown to the verifier, which
+    /// would otherwise follow each of the 2^COUNT combinations separately.
+    pub decisions: u32,
+    /// Source and destination port of the packet as it leaves.
+    pub after_ports_be: [u16; 2],
+    /// The packet as it arrived.
+    pub packet: parse::Packet,
+}
+
+#[btf_map(name = "trace_scratch")]
+pub static TRACE_SCRATCH: PerCpuArray<TraceScratch, 1> = PerCpuArray::new();
+
+// ---- per-CPU scratch of the tc programs ----
 
 /// Room for what one new flow writes to conntrack (see `new_flow`).
 #[repr(C)]
@@ -135,10 +194,7 @@ pub fn keep_userspace_maps() {
 
 // ---- node-local traffic: socket hooks and hairpin (portmap_common::local) ----
 
-use aya_ebpf::{
-    btf_maps::{Array, SkStorage},
-    programs::SockAddrContext,
-};
+use aya_ebpf::{btf_maps::SkStorage, programs::SockAddrContext};
 use portmap_common::local::{IfaceConfig, LocalAddrKey, NodeConfig, Peer, PeerKey, SockOrigin};
 
 #[btf_map(name = "node")]

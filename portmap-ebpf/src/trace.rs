@@ -13,41 +13,15 @@
 
 use aya_ebpf::{
     bindings::{__sk_buff, BPF_RB_NO_WAKEUP},
-    btf_maps::{Array, PerCpuArray, RingBuf},
     helpers::bpf_skb_load_bytes,
-    macros::btf_map,
     programs::TcContext,
 };
-use portmap_common::{FAMILY_V4, TraceEvent, TraceFilter, capacity, stat, trace_direction};
+use portmap_common::{FAMILY_V4, TraceEvent, stat, trace_direction};
 
-use crate::{maps, parse};
-
-/// Written by the tracer, read by every packet.
-#[btf_map(name = "trace_filter")]
-static TRACE_FILTER: Array<TraceFilter, 1> = Array::new();
-
-/// Events for the tracer.
-#[btf_map(name = "trace_events")]
-static TRACE_EVENTS: RingBuf<TraceEvent, { capacity::TRACE_EVENTS_BYTES as usize }> =
-    RingBuf::new();
-
-/// Per-CPU state of one traced packet.
-#[repr(C)]
-struct Scratch {
-    /// This CPU's `stats` as they were before the packet was handled.
-    before: [u64; stat::COUNT as usize],
-    /// The reasons counted since, one bit each. Kept here rather than passed
-    /// on: read back from a map, the value is unknown to the verifier, which
-    /// would otherwise follow each of the 2^COUNT combinations separately.
-    decisions: u32,
-    /// Source and destination port of the packet as it leaves.
-    after_ports_be: [u16; 2],
-    /// The packet as it arrived.
-    packet: parse::Packet,
-}
-
-#[btf_map(name = "trace_scratch")]
-static TRACE_SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+use crate::{
+    maps::{self, TRACE_EVENTS, TRACE_FILTER, TRACE_SCRATCH},
+    parse,
+};
 
 /// If someone traces, remembers the counters and the packet as it arrived.
 /// Call before the packet is handled, and [`end_if_tracing`] after it.
