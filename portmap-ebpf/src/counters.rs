@@ -4,7 +4,7 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
 use portmap_common::{MappingCounters, MappingKey};
 
-use crate::maps::{COUNTER_SCRATCH, COUNTERS};
+use crate::maps::{self, COUNTERS};
 
 /// Which way a counted packet went.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -38,11 +38,9 @@ fn add(counters: &mut MappingCounters, way: Way, bytes: u64) {
     reason = "the key must be passed as a pointer into the scratch map, not copied to the stack"
 )]
 pub fn record(ctx: &TcContext, mapping: &MappingKey, owner_id: u64, way: Way) {
-    let Some(scratch) = COUNTER_SCRATCH.get_ptr_mut(0) else {
+    let Some(scratch) = maps::counter_scratch() else {
         return;
     };
-    // SAFETY: per-CPU scratch, no other user while this program runs.
-    let scratch = unsafe { &mut *scratch };
     scratch.key.mapping = *mapping;
     scratch.key._pad0 = 0;
     scratch.key.owner_id = owner_id;

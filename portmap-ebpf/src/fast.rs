@@ -14,39 +14,43 @@ use portmap_common::{
 
 use crate::{fib::fib_lookup_as_received, maps};
 
-/// What the fast path may do with the packet being handled, left in
-/// scratch by the handling code for [`fast_path`].
-pub const NONE: u8 = 0;
-/// Translated towards the container (its address in
-/// `scratch.forward.nat_addr_be`, the owner in `scratch.owner_id`).
-pub const FORWARD: u8 = 1;
-/// A container's answer that egress translates back (its tuple in
-/// `scratch.reply_key`).
-pub const REPLY: u8 = 2;
+/// What the fast path may do with the packet being handled: left in
+/// scratch by the flow decisions, taken by [`fast_path`] once their frames
+/// are gone.
+#[repr(u8)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// The normal path. Zero, so a fresh scratch entry holds a valid offer.
+    Nothing = 0,
+    /// Translated towards the container (its address in
+    /// `scratch.forward.nat_addr_be`, the owner in `scratch.owner_id`).
+    Forward = 1,
+    /// A container's answer that egress translates back (its tuple in
+    /// `scratch.reply_key`).
+    Reply = 2,
+}
 
 /// The fast path, for what the handling code left in scratch: sets
 /// `scratch.action` (OK, or REDIRECT when the packet was handed over) and
-/// clears the request. One call site, after the handling frames are gone,
+/// clears the offer. One call site, after the handling frames are gone,
 /// so the verifier walks it once.
 #[inline(never)]
 pub fn fast_path(ctx: &TcContext) {
     let Some(scratch) = maps::scratch() else {
         return;
     };
-    // SAFETY: per-CPU scratch, no other user while this program runs.
-    let (what, action) = unsafe {
-        let what = (*scratch).fast;
-        (*scratch).fast = NONE;
-        (*scratch).action = TC_ACT_OK as i32;
-        (what, &raw mut (*scratch).action)
+    let offer = scratch.fast;
+    scratch.fast = Offer::Nothing;
+    scratch.action = TC_ACT_OK;
+    let taken = match offer {
+        Offer::Forward => fast_forward(ctx),
+        Offer::Reply => fast_reply(ctx),
+        Offer::Nothing => return,
     };
-    let taken = match what {
-        FORWARD => fast_forward(ctx),
-        REPLY => fast_reply(ctx),
-        _ => return,
-    };
-    // SAFETY: as above.
-    unsafe { *action = taken };
+    // Taken again: both hand-overs read scratch themselves.
+    if let Some(scratch) = maps::scratch() {
+        scratch.action = taken;
+    }
 }
 
 /// Whether `fastPath` is on and the packet arrived from the containers'
@@ -71,7 +75,7 @@ pub fn fast_path_from_containers(ctx: &TcContext) -> Option<bool> {
 /// Reads what existing_flow or new_flow left in scratch.
 #[inline(never)]
 pub fn fast_forward(ctx: &TcContext) -> i32 {
-    let pass = TC_ACT_OK as i32;
+    let pass = TC_ACT_OK;
     // Hairpin flows (from the containers' side) stay on the normal path,
     // where their masquerade is done.
     if fast_path_from_containers(ctx) != Some(false) {
@@ -80,14 +84,11 @@ pub fn fast_forward(ctx: &TcContext) -> i32 {
     let Some(scratch) = maps::scratch() else {
         return pass;
     };
-    // SAFETY: per-CPU scratch, filled for this packet.
-    let (family, container_be, owner_id) = unsafe {
-        (
-            (*scratch).forward_key.family,
-            (*scratch).forward.nat_addr_be,
-            (*scratch).owner_id,
-        )
-    };
+    let (family, container_be, owner_id) = (
+        scratch.forward_key.family,
+        scratch.forward.nat_addr_be,
+        scratch.owner_id,
+    );
     let Some(peer) = maps::peer(family, &container_be) else {
         return pass;
     };
@@ -104,7 +105,7 @@ pub fn fast_forward(ctx: &TcContext) -> i32 {
     }
     // SAFETY: plain helper call; it only records where the skb goes.
     let action = unsafe { bpf_redirect_peer(peer.ifindex, 0) } as i32;
-    if action == TC_ACT_REDIRECT as i32 {
+    if action == TC_ACT_REDIRECT {
         maps::count(stat::FAST_FORWARD);
     }
     action
@@ -119,15 +120,13 @@ pub fn fast_forward(ctx: &TcContext) -> i32 {
 /// scratch.
 #[inline(never)]
 pub fn fast_reply(ctx: &TcContext) -> i32 {
-    let pass = TC_ACT_OK as i32;
+    let pass = TC_ACT_OK;
     if fast_path_from_containers(ctx) != Some(true) {
         return pass;
     }
     let Some(scratch) = maps::scratch() else {
         return pass;
     };
-    // SAFETY: per-CPU scratch, no other user while this program runs.
-    let scratch = unsafe { &mut *scratch };
     let key = scratch.reply_key;
     let params = &mut scratch.fib;
     let ret = fib_lookup_as_received(
@@ -147,7 +146,7 @@ pub fn fast_reply(ctx: &TcContext) -> i32 {
     }
     // SAFETY: plain helper call; it only records where the skb goes.
     let action = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
-    if action == TC_ACT_REDIRECT as i32 {
+    if action == TC_ACT_REDIRECT {
         maps::count(stat::FAST_REPLY);
     }
     action

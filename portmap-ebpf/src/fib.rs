@@ -24,8 +24,7 @@ pub fn local_destination(ctx: &TcContext, packet: &Packet) -> Locality {
     let Some(scratch) = maps::scratch() else {
         return Locality::NotLocal;
     };
-    // SAFETY: per-CPU scratch, no other user while this program runs.
-    let params = unsafe { &mut (*scratch).fib };
+    let params = &mut scratch.fib;
     let ret = fib_lookup_as_received(
         ctx,
         params,

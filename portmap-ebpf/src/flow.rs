@@ -6,7 +6,8 @@ use portmap_common::{CtEntry, CtKey, ct_kind, stat};
 
 use crate::{
     counters::{self, Way},
-    ct, fast,
+    ct,
+    fast::Offer,
     fib::{Locality, local_destination},
     maps::{self, find_mapping},
     masq::{masquerade, wants_masquerade},
@@ -63,11 +64,8 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
             // A container answering a translated flow: egress translates
             // it back; the fast path may take it there directly.
             if let Some(scratch) = maps::scratch() {
-                // SAFETY: per-CPU scratch, no other user meanwhile.
-                unsafe {
-                    (*scratch).reply_key = key;
-                    (*scratch).fast = fast::REPLY;
-                }
+                scratch.reply_key = key;
+                scratch.fast = Offer::Reply;
             }
             return true;
         }
@@ -92,13 +90,10 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
         if entry.kind == ct_kind::DNAT {
             counters::record(ctx, &entry.mapping, owner_id, Way::In);
             if let Some(scratch) = maps::scratch() {
-                // SAFETY: per-CPU scratch, no other user meanwhile.
-                unsafe {
-                    (*scratch).forward_key.family = packet.family;
-                    (*scratch).forward.nat_addr_be = entry.nat_addr_be;
-                    (*scratch).owner_id = owner_id;
-                    (*scratch).fast = fast::FORWARD;
-                }
+                scratch.forward_key.family = packet.family;
+                scratch.forward.nat_addr_be = entry.nat_addr_be;
+                scratch.owner_id = owner_id;
+                scratch.fast = Offer::Forward;
             }
         }
     } else {
@@ -141,8 +136,6 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> 
     let Some(scratch) = maps::scratch() else {
         return false;
     };
-    // SAFETY: per-CPU scratch, no other user while this program runs.
-    let scratch = unsafe { &mut *scratch };
     scratch.forward_key = key;
     scratch.forward = CtEntry {
         nat_addr_be: mapping.container_addr_be,
@@ -229,11 +222,8 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
                 // Counted by the caller from scratch, after this frame is
                 // gone: stacked, the frames exceed 512 bytes on 6.1.
                 if let Some(scratch) = maps::scratch() {
-                    // SAFETY: per-CPU scratch, no other user meanwhile.
-                    unsafe {
-                        (*scratch).forward.mapping = entry.mapping;
-                        (*scratch).owner_id = owner_id;
-                    }
+                    scratch.forward.mapping = entry.mapping;
+                    scratch.owner_id = owner_id;
                     return true;
                 }
             }
@@ -268,8 +258,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
 pub fn translated_new_flow(ctx: &TcContext) {
     count_from_scratch(ctx, Way::In);
     if let Some(scratch) = maps::scratch() {
-        // SAFETY: per-CPU scratch, no other user while this program runs.
-        unsafe { (*scratch).fast = fast::FORWARD };
+        scratch.fast = Offer::Forward;
     }
 }
 
@@ -281,7 +270,6 @@ pub fn count_from_scratch(ctx: &TcContext, way: Way) {
     let Some(scratch) = maps::scratch() else {
         return;
     };
-    // SAFETY: per-CPU scratch, filled for this packet.
-    let (mapping, owner_id) = unsafe { ((*scratch).forward.mapping, (*scratch).owner_id) };
+    let (mapping, owner_id) = (scratch.forward.mapping, scratch.owner_id);
     counters::record(ctx, &mapping, owner_id, way);
 }

@@ -1,5 +1,13 @@
 //! Every map of the dataplane, declared once, and the small accessors the
-//! programs use. Userspace pins all of them under `{pinRoot}/v1/maps/`.
+//! programs use. Userspace pins the tables under `{pinRoot}/v1/maps/`; the
+//! per-CPU scratch maps and the trace ring buffer are not pinned.
+//!
+//! Scratch space: BPF's stack is 512 bytes along the whole call chain, and
+//! the programs need more (conntrack entries of both directions, the FIB
+//! lookup struct, trace snapshots). That state lives in one-entry per-CPU
+//! arrays, reached through [`scratch`], [`counter_scratch`] and
+//! [`trace_scratch`]; what one function leaves there for another is
+//! documented on the struct fields.
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
@@ -11,7 +19,7 @@ use portmap_common::{
     OwnerSlotKey, TraceEvent, TraceFilter, capacity, stat,
 };
 
-use crate::parse;
+use crate::{fast::Offer, parse};
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
 
@@ -66,7 +74,7 @@ pub struct CounterScratch {
 }
 
 #[btf_map(name = "counter_scratch")]
-pub static COUNTER_SCRATCH: PerCpuArray<CounterScratch, 1> = PerCpuArray::new();
+static COUNTER_SCRATCH: PerCpuArray<CounterScratch, 1> = PerCpuArray::new();
 
 // ---- tracing (see `trace`) ----
 
@@ -95,11 +103,13 @@ pub struct TraceScratch {
 }
 
 #[btf_map(name = "trace_scratch")]
-pub static TRACE_SCRATCH: PerCpuArray<TraceScratch, 1> = PerCpuArray::new();
+static TRACE_SCRATCH: PerCpuArray<TraceScratch, 1> = PerCpuArray::new();
 
 // ---- per-CPU scratch of the tc programs ----
 
-/// Room for what one new flow writes to conntrack (see `new_flow`).
+/// Room for what one new flow writes to conntrack (see `flow::new_flow`),
+/// and what the flow decisions leave for the code that runs after their
+/// frames are gone (counting, masquerade, the fast path).
 #[repr(C)]
 pub struct Scratch {
     pub forward_key: CtKey,
@@ -109,8 +119,8 @@ pub struct Scratch {
     pub fib: aya_ebpf::bindings::bpf_fib_lookup,
     /// Owner of the mapping a new flow was translated by.
     pub owner_id: u64,
-    /// What the fast path may do with this packet (`fast::*`).
-    pub fast: u8,
+    /// What the fast path may do with this packet.
+    pub fast: Offer,
     /// The ingress program's tc action for this packet.
     pub action: i32,
 }
@@ -118,9 +128,41 @@ pub struct Scratch {
 #[btf_map(name = "scratch")]
 static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
 
+/// This CPU's entry of a one-entry scratch map.
+///
+/// Callers hold one reference to an entry at a time: a function that calls
+/// another that takes the same scratch passes down the fields it needs
+/// instead, or takes it again afterwards.
 #[inline(always)]
-pub fn scratch() -> Option<*mut Scratch> {
-    SCRATCH.get_ptr_mut(0)
+#[allow(
+    clippy::mut_from_ref,
+    reason = "a map is shared by design: the entry is exclusive because it is this CPU's and by the one-at-a-time rule above"
+)]
+fn this_cpu<T>(map: &'static PerCpuArray<T, 1>) -> Option<&'static mut T> {
+    // SAFETY: the entry belongs to this CPU, and a program runs on its CPU
+    // to completion with no other of ours in between (tc egress runs with
+    // bottom halves off, so ingress cannot interrupt it; the socket hooks
+    // use no scratch). Every value is plain integers or an enum whose zero
+    // is a variant, so a fresh, zeroed entry is valid.
+    map.get_ptr_mut(0).map(|entry| unsafe { &mut *entry })
+}
+
+/// The tc programs' scratch space.
+#[inline(always)]
+pub fn scratch() -> Option<&'static mut Scratch> {
+    this_cpu(&SCRATCH)
+}
+
+/// `counters::record`'s scratch space.
+#[inline(always)]
+pub fn counter_scratch() -> Option<&'static mut CounterScratch> {
+    this_cpu(&COUNTER_SCRATCH)
+}
+
+/// The tracer's per-packet scratch space.
+#[inline(always)]
+pub fn trace_scratch() -> Option<&'static mut TraceScratch> {
+    this_cpu(&TRACE_SCRATCH)
 }
 
 #[inline(always)]
@@ -226,7 +268,7 @@ pub fn is_local_addr(family: u8, addr_be: &[u32; 4]) -> bool {
         family,
         _pad0: [0; 3],
     };
-    LOCAL_ADDRS.get_ptr(&key).is_some()
+    LOCAL_ADDRS.get_ptr(key).is_some()
 }
 
 #[inline(always)]
@@ -237,7 +279,7 @@ pub fn peer(family: u8, addr_be: &[u32; 4]) -> Option<Peer> {
         _pad0: [0; 3],
     };
     // SAFETY: copied out at once.
-    unsafe { PEERS.get(&key).copied() }
+    unsafe { PEERS.get(key).copied() }
 }
 
 #[inline(always)]

@@ -12,7 +12,7 @@ use portmap_common::{
     stat,
 };
 
-use crate::{fast, fib::zero_fib_params, maps};
+use crate::{fast::Offer, fib::zero_fib_params, maps};
 
 /// Whether a new flow arriving on this interface is masqueraded: every flow
 /// with `masqAll`; with `snat`, flows from containers (hairpin), whose
@@ -43,11 +43,9 @@ pub fn masquerade(ctx: &TcContext) {
     let Some(scratch) = maps::scratch() else {
         return;
     };
-    // SAFETY: per-CPU scratch, no other user while this program runs.
-    let scratch = unsafe { &mut *scratch };
     // A masqueraded flow's source is rewritten on the way to the container,
     // by egress of its interface: the fast path would skip that.
-    scratch.fast = fast::NONE;
+    scratch.fast = Offer::Nothing;
     // Everything comes from the entries new_flow left in scratch, nothing
     // from the caller's stack: the verifier then walks this function once,
     // not once per path through new_flow.
@@ -56,7 +54,8 @@ pub fn masquerade(ctx: &TcContext) {
     let container_be = scratch.forward.nat_addr_be;
     let container_port_be = scratch.forward.nat_port_be;
     let mapping = scratch.forward.mapping;
-    let Some(node_addr) = masquerade_source(ctx, client.family, &container_be) else {
+    let Some(node_addr) = masquerade_source(ctx, &mut scratch.fib, client.family, &container_be)
+    else {
         maps::count(stat::MASQ_NO_ADDR);
         return;
     };
@@ -111,11 +110,14 @@ pub fn masquerade(ctx: &TcContext) {
 
 /// The node's address on the interface the kernel will send `container_be`
 /// out of: where the container's answer must come back to.
+/// `params` is the caller's scratch space for the lookup.
 #[inline(always)]
-pub fn masquerade_source(ctx: &TcContext, family: u8, container_be: &[u32; 4]) -> Option<[u32; 4]> {
-    let scratch = maps::scratch()?;
-    // SAFETY: per-CPU scratch, no other user while this program runs.
-    let params = unsafe { &mut (*scratch).fib };
+fn masquerade_source(
+    ctx: &TcContext,
+    params: &mut bpf_fib_lookup,
+    family: u8,
+    container_be: &[u32; 4],
+) -> Option<[u32; 4]> {
     zero_fib_params(params);
     params.family = if family == FAMILY_V4 { 2 } else { 10 };
     // SAFETY: reading a field of the context the program was handed.
