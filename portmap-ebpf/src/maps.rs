@@ -174,6 +174,8 @@ pub fn mapping(key: &MappingKey) -> Option<MappingValue> {
 
 /// The mapping for `addr:port`: one for exactly that host address first,
 /// else the wildcard of the family. O(1) whatever the number of mappings.
+/// The key says which matched. The one lookup of the tc programs and the
+/// socket hooks.
 #[inline(always)]
 pub fn find_mapping(
     family: u8,
