@@ -9,7 +9,7 @@ use crate::{
     ct,
     fast::Offer,
     fib::{Locality, local_destination},
-    maps::{self, find_mapping},
+    maps::{self, Insert, find_mapping},
     masq::{masquerade, wants_masquerade},
     nat::{self, Side},
     parse::Packet,
@@ -165,8 +165,12 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> 
     };
     // Reply state first: a translated packet whose answer cannot be
     // translated back would only confuse the client.
-    if !maps::ct_put(&scratch.reply_key, &scratch.reply)
-        || !maps::ct_put(&scratch.forward_key, &scratch.forward)
+    if maps::ct_put_pair(
+        (&scratch.reply_key, &scratch.reply),
+        Insert::Any,
+        (&scratch.forward_key, &scratch.forward),
+    )
+    .is_err()
     {
         maps::count(stat::CT_INSERT_FAILED);
         return false;

@@ -214,6 +214,52 @@ pub fn ct_put_new(key: &CtKey, entry: &CtEntry) -> bool {
         .is_ok()
 }
 
+/// How the first entry of [`ct_put_pair`] is written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Insert {
+    /// Over whatever is there ([`ct_put`]).
+    Any,
+    /// Only if its key is free ([`ct_put_new`]).
+    IfFree,
+}
+
+/// Which entry of a pair was not written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum PairFailed {
+    /// Nothing was written.
+    First,
+    /// The first entry was written and removed again.
+    Second,
+}
+
+/// Records two directions of a flow, or neither: `first` as `how` says,
+/// then `second` over whatever is there. When `second` fails, `first` is
+/// removed again, so no half-recorded flow matches later packets (or holds
+/// a masquerade port) until it idles out. An entry that `first` replaced
+/// is not brought back: it was this same tuple's, and the packet at hand
+/// starts its flow over.
+#[inline(always)]
+pub fn ct_put_pair(
+    first: (&CtKey, &CtEntry),
+    how: Insert,
+    second: (&CtKey, &CtEntry),
+) -> Result<(), PairFailed> {
+    let written = match how {
+        Insert::Any => ct_put(first.0, first.1),
+        Insert::IfFree => ct_put_new(first.0, first.1),
+    };
+    if !written {
+        return Err(PairFailed::First);
+    }
+    if ct_put(second.0, second.1) {
+        return Ok(());
+    }
+    // A failed removal leaves what was there before this change: the entry
+    // idles out, or the LRU evicts it.
+    let _ = CONNTRACK.remove(first.0);
+    Err(PairFailed::Second)
+}
+
 #[inline(always)]
 pub fn count(reason: u32) {
     if let Some(counter) = STATS.get_ptr_mut(reason) {

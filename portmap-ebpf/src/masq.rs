@@ -12,7 +12,11 @@ use portmap_common::{
     stat,
 };
 
-use crate::{fast::Offer, fib::zero_fib_params, maps};
+use crate::{
+    fast::Offer,
+    fib::zero_fib_params,
+    maps::{self, Insert, PairFailed},
+};
 
 /// Whether a new flow arriving on this interface is masqueraded: every flow
 /// with `masqAll`; with `snat`, flows from containers (hairpin), whose
@@ -79,31 +83,39 @@ pub fn masquerade(ctx: &TcContext) {
         last_seen_ns: now,
         ..CtEntry::default()
     };
+    // Towards the container the source becomes node_addr and the port
+    // tried (filled in below).
+    scratch.forward = CtEntry {
+        nat_addr_be: node_addr,
+        kind: ct_kind::SNAT,
+        mapping,
+        last_seen_ns: now,
+        ..CtEntry::default()
+    };
     let mut tries = 0;
     while tries < MASQ_PORT_TRIES {
         // SAFETY: no arguments.
         let random = unsafe { bpf_get_prandom_u32() };
         let port = MASQ_PORT_MIN + (random % MASQ_PORT_COUNT as u32) as u16;
         scratch.reply_key.dst_port_be = port.to_be();
-        // NOEXIST: a port in use by another masqueraded flow to the same
+        scratch.forward.nat_port_be = port.to_be();
+        // IfFree: a port in use by another masqueraded flow to the same
         // container port is not taken over.
-        if maps::ct_put_new(&scratch.reply_key, &scratch.reply) {
-            scratch.forward = CtEntry {
-                nat_addr_be: node_addr,
-                nat_port_be: port.to_be(),
-                kind: ct_kind::SNAT,
-                mapping,
-                last_seen_ns: now,
-                ..CtEntry::default()
-            };
-            if maps::ct_put(&scratch.forward_key, &scratch.forward) {
+        match maps::ct_put_pair(
+            (&scratch.reply_key, &scratch.reply),
+            Insert::IfFree,
+            (&scratch.forward_key, &scratch.forward),
+        ) {
+            Ok(()) => {
                 maps::count(stat::MASQ);
-            } else {
-                maps::count(stat::CT_INSERT_FAILED);
+                return;
             }
-            return;
+            Err(PairFailed::Second) => {
+                maps::count(stat::CT_INSERT_FAILED);
+                return;
+            }
+            Err(PairFailed::First) => tries += 1,
         }
-        tries += 1;
     }
     maps::count(stat::MASQ_NO_PORT);
 }
