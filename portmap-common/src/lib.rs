@@ -9,35 +9,19 @@
 
 pub mod crc32c;
 pub mod local;
+pub mod maps;
 
 /// Version of the pinned layout. A change to any struct or map below bumps it,
 /// so a new build never reads maps written with an old layout (they live under
 /// a different `v{N}` directory).
 pub const LAYOUT_VERSION: u32 = 1;
 
-/// Names of the maps; also their ELF symbols and pin file names.
+/// The names of [`maps`] under the path portmap-user reads them from.
 pub mod map_names {
-    pub const MAPPINGS: &str = "mappings";
-    pub const OWNERS: &str = "owners";
-    pub const OWNER_SLOTS: &str = "owner_slots";
-    pub const CONNTRACK: &str = "conntrack";
-    pub const STATS: &str = "stats";
-    pub const COUNTERS: &str = "counters";
-    pub const TRACE_FILTER: &str = "trace_filter";
-    /// The trace ring buffer. Not pinned (so not in [`ALL`]): it is a stream,
-    /// not a table (`bpftool map dump` cannot show it), and `trace` finds it
-    /// through the map IDs of the pinned programs.
-    pub const TRACE_EVENTS: &str = "trace_events";
-    /// Every pinned map.
-    pub const ALL: [&str; 7] = [
-        MAPPINGS,
-        OWNERS,
-        OWNER_SLOTS,
-        CONNTRACK,
-        STATS,
-        COUNTERS,
+    pub use crate::maps::{
+        CONNTRACK, COUNTERS, MAPPINGS, OWNER_SLOTS, OWNERS, PINNED as ALL, STATS, TRACE_EVENTS,
         TRACE_FILTER,
-    ];
+    };
 }
 
 /// Names of the programs in the object.
@@ -46,23 +30,7 @@ pub mod program_names {
     pub const TC_EGRESS: &str = "portmap_egress";
 }
 
-/// Default capacities; userspace may override them at load time.
-pub mod capacity {
-    /// Port mappings (one per host address/port/protocol/family).
-    pub const MAPPINGS: u32 = 65536;
-    /// Distinct owners (network, container ID, ifname).
-    pub const OWNERS: u32 = 16384;
-    /// Index slots that point from an owner to its mappings.
-    pub const OWNER_SLOTS: u32 = 131072;
-    /// Conntrack entries (two per translated flow).
-    pub const CONNTRACK: u32 = 262144;
-    /// Per-mapping traffic counters: one per (mapping, owner), so as many as
-    /// there are mappings. Allocated on first use, not up front.
-    pub const COUNTERS: u32 = MAPPINGS;
-    /// Bytes of the trace ring buffer (a power of two, a multiple of the page
-    /// size): about 2700 events between two reads of the tracer.
-    pub const TRACE_EVENTS_BYTES: u32 = 256 * 1024;
-}
+pub use maps::capacity;
 
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;

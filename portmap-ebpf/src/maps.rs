@@ -1,6 +1,9 @@
 //! Every map of the dataplane, declared once, and the small accessors the
-//! programs use. Userspace pins the tables under `{pinRoot}/v1/maps/`; the
-//! per-CPU scratch maps and the trace ring buffer are not pinned.
+//! programs use. Names and capacities are `portmap_common::maps`' (the
+//! `btf_map` attribute takes the name as a literal: keep the two equal,
+//! `portmap-user/tests/object_maps.rs` checks). Userspace pins the tables
+//! under `{pinRoot}/v1/maps/`; the scratch maps and the trace ring buffer
+//! are not pinned.
 //!
 //! Scratch space: BPF's stack is 512 bytes along the whole call chain, and
 //! the programs need more (conntrack entries of both directions, the FIB
@@ -291,15 +294,16 @@ use portmap_common::local::{IfaceConfig, LocalAddrKey, NodeConfig, Peer, PeerKey
 static NODE: Array<NodeConfig, 1> = Array::new();
 
 #[btf_map(name = "local_addrs")]
-static LOCAL_ADDRS: HashMap<LocalAddrKey, u8, 4096, NO_PREALLOC> = HashMap::new();
+static LOCAL_ADDRS: HashMap<LocalAddrKey, u8, { capacity::LOCAL_ADDRS as usize }, NO_PREALLOC> =
+    HashMap::new();
 
 #[btf_map(name = "ifaces")]
-static IFACES: HashMap<u32, IfaceConfig, 4096, NO_PREALLOC> = HashMap::new();
+static IFACES: HashMap<u32, IfaceConfig, { capacity::IFACES as usize }, NO_PREALLOC> =
+    HashMap::new();
 
 /// Containers' veths by address, for the fast path (written by ADD).
 #[btf_map(name = "peers")]
-static PEERS: HashMap<PeerKey, Peer, { portmap_common::capacity::OWNERS as usize }, NO_PREALLOC> =
-    HashMap::new();
+static PEERS: HashMap<PeerKey, Peer, { capacity::PEERS as usize }, NO_PREALLOC> = HashMap::new();
 
 #[btf_map(name = "sock_origin")]
 static SOCK_ORIGIN: SkStorage<SockOrigin> = SkStorage::new();
