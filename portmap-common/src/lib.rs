@@ -10,6 +10,9 @@
 pub mod crc32c;
 pub mod local;
 pub mod maps;
+pub mod reason;
+
+pub use reason::stat;
 
 /// Version of the pinned layout. A change to any struct or map below bumps it,
 /// so a new build never reads maps written with an old layout (they live under
@@ -166,71 +169,6 @@ pub mod ct_timeout {
     pub const UDP: u64 = 120 * SEC;
     /// How stale `last_seen_ns` may get before a packet refreshes it.
     pub const REFRESH: u64 = SEC;
-}
-
-/// Per-CPU counters, indexed by reason. Every translation and every skip is
-/// counted, so `status` can say why traffic was (not) translated.
-pub mod stat {
-    pub const DNAT_NEW: u32 = 0;
-    pub const DNAT: u32 = 1;
-    pub const REPLY: u32 = 2;
-    pub const SKIP_NOT_LOCAL: u32 = 3;
-    pub const SKIP_NOT_SYN: u32 = 4;
-    pub const SKIP_FRAGMENT: u32 = 5;
-    pub const SKIP_LOCAL_ORIGIN: u32 = 6;
-    pub const STALE_FLOW: u32 = 7;
-    pub const PASS_RECORDED: u32 = 8;
-    pub const REWRITE_FAILED: u32 = 9;
-    pub const CT_INSERT_FAILED: u32 = 10;
-    pub const FWD_DISABLED: u32 = 11;
-    /// A socket hook pointed connect()/sendmsg() at a container.
-    pub const SOCK_TRANSLATED: u32 = 12;
-    /// A loopback destination from a socket of another network namespace
-    /// (a container's own 127.0.0.1): left alone.
-    pub const SOCK_OTHER_NETNS: u32 = 13;
-    /// A wildcard mapping's port on an address that is not the node's.
-    pub const SOCK_NOT_LOCAL: u32 = 14;
-    /// No socket storage for the translation: left alone.
-    pub const SOCK_NO_STORAGE: u32 = 15;
-    /// A new flow was masqueraded (hairpin, masqAll).
-    pub const MASQ: u32 = 16;
-    /// No free masquerade source port: translated without masquerade.
-    pub const MASQ_NO_PORT: u32 = 17;
-    /// The interface towards the container has no address to masquerade to.
-    pub const MASQ_NO_ADDR: u32 = 18;
-    /// Answer of a masqueraded flow sent back to its client.
-    pub const UNMASQ: u32 = 19;
-    /// A translated packet handed straight to the container (`fastPath`).
-    pub const FAST_FORWARD: u32 = 20;
-    /// An answer handed straight to the interface towards its client
-    /// (`fastPath`), where egress translates it back.
-    pub const FAST_REPLY: u32 = 21;
-    pub const COUNT: u32 = 22;
-
-    pub const NAMES: [&str; COUNT as usize] = [
-        "dnat_new",
-        "dnat",
-        "reply",
-        "skip_not_local",
-        "skip_not_syn",
-        "skip_fragment",
-        "skip_local_origin",
-        "stale_flow",
-        "pass_recorded",
-        "rewrite_failed",
-        "ct_insert_failed",
-        "fwd_disabled",
-        "sock_translated",
-        "sock_other_netns",
-        "sock_not_local",
-        "sock_no_storage",
-        "masq",
-        "masq_no_port",
-        "masq_no_addr",
-        "unmasq",
-        "fast_forward",
-        "fast_reply",
-    ];
 }
 
 /// Key of the per-mapping traffic counters. The owner is part of the key so
