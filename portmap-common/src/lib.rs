@@ -169,6 +169,17 @@ pub mod ct_timeout {
     pub const UDP: u64 = 120 * SEC;
     /// How stale `last_seen_ns` may get before a packet refreshes it.
     pub const REFRESH: u64 = SEC;
+
+    /// How long a flow of IP protocol `proto` may idle before its entries
+    /// no longer count: what the programs enforce and `list` reports.
+    #[inline(always)]
+    pub const fn for_proto(proto: u8) -> u64 {
+        match proto {
+            super::PROTO_UDP => UDP,
+            super::PROTO_SCTP => SCTP,
+            _ => TCP,
+        }
+    }
 }
 
 /// Key of the per-mapping traffic counters. The owner is part of the key so
