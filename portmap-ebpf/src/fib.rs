@@ -1,7 +1,10 @@
 //! FIB lookups: is a packet for the node, and where would routing send it.
 
 use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NOT_FWDED, bpf_fib_lookup},
+    bindings::{
+        BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_NOT_FWDED,
+        bpf_fib_lookup,
+    },
     helpers::bpf_fib_lookup as fib_lookup,
     programs::TcContext,
 };
@@ -77,11 +80,42 @@ pub fn fib_lookup_as_received(
     }
 }
 
+/// The interface the kernel would send a packet for `dst_be` out of, as if
+/// it had arrived on the ingress interface; also when it does not know the
+/// neighbour yet. `None` without a route.
+#[inline(always)]
+pub fn output_interface(
+    ctx: &TcContext,
+    params: &mut bpf_fib_lookup,
+    family: u8,
+    dst_be: &[u32; 4],
+) -> Option<u32> {
+    zero_fib_params(params);
+    params.family = if family == FAMILY_V4 { 2 } else { 10 };
+    // SAFETY: reading a field of the context the program was handed.
+    params.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    if family == FAMILY_V4 {
+        params.__bindgen_anon_4.ipv4_dst = dst_be[0];
+    } else {
+        params.__bindgen_anon_4.ipv6_dst = *dst_be;
+    }
+    // SAFETY: params is a valid, fully initialised struct of the size passed.
+    let ret = unsafe {
+        fib_lookup(
+            ctx.skb.skb as *mut _,
+            params,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    (ret == 0 || ret as u32 == BPF_FIB_LKUP_RET_NO_NEIGH).then_some(params.ifindex)
+}
+
 /// Zeroes FIB lookup parameters word by word: `mem::zeroed()` becomes a
 /// call to memset, one more frame on the deepest call chain (over 512 bytes
 /// on 6.1).
 #[inline(always)]
-pub fn zero_fib_params(params: &mut bpf_fib_lookup) {
+fn zero_fib_params(params: &mut bpf_fib_lookup) {
     let words = params as *mut bpf_fib_lookup as *mut u64;
     let mut i = 0;
     while i < core::mem::size_of::<bpf_fib_lookup>() / 8 {

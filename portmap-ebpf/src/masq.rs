@@ -1,11 +1,7 @@
 //! Masquerade: the extra directions of a flow whose source becomes the
 //! node's address (hairpin with `snat`, every flow with `masqAll`).
 
-use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, bpf_fib_lookup},
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_get_prandom_u32},
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::bpf_fib_lookup, helpers::bpf_get_prandom_u32, programs::TcContext};
 use portmap_common::{
     CtEntry, CtKey, FAMILY_V4, ct_kind,
     local::{MASQ_PORT_COUNT, MASQ_PORT_MIN, MASQ_PORT_TRIES, iface_flags, node_flags},
@@ -14,7 +10,7 @@ use portmap_common::{
 
 use crate::{
     fast::Offer,
-    fib::zero_fib_params,
+    fib,
     maps::{self, Insert, PairFailed},
 };
 
@@ -130,28 +126,7 @@ fn masquerade_source(
     family: u8,
     container_be: &[u32; 4],
 ) -> Option<[u32; 4]> {
-    zero_fib_params(params);
-    params.family = if family == FAMILY_V4 { 2 } else { 10 };
-    // SAFETY: reading a field of the context the program was handed.
-    params.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
-    if family == FAMILY_V4 {
-        params.__bindgen_anon_4.ipv4_dst = container_be[0];
-    } else {
-        params.__bindgen_anon_4.ipv6_dst = *container_be;
-    }
-    // SAFETY: params is a valid, fully initialised struct of the size passed.
-    let ret = unsafe {
-        fib_lookup(
-            ctx.skb.skb as *mut _,
-            params,
-            core::mem::size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
-    if ret != 0 && ret as u32 != BPF_FIB_LKUP_RET_NO_NEIGH {
-        return None;
-    }
-    let iface = maps::iface(params.ifindex)?;
+    let iface = maps::iface(fib::output_interface(ctx, params, family, container_be)?)?;
     if family == FAMILY_V4 {
         (iface.addr4_be != 0).then_some([iface.addr4_be, 0, 0, 0])
     } else {
