@@ -15,6 +15,9 @@ use crate::{
     parse::Packet,
 };
 
+/// Decides an inbound packet: its known flow first, else a new flow by the
+/// mappings, then what follows a new flow (counting, masquerade, the
+/// fast-path offer).
 #[inline(always)]
 pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     if packet.fragment {

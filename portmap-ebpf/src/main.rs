@@ -1,5 +1,13 @@
 //! ebpf-portmap dataplane: hostPort DNAT for traffic arriving at the node
-//! (tc ingress) and reverse NAT of the replies (tc egress).
+//! (tc ingress), reverse NAT of the replies (tc egress), and the cgroup
+//! socket hooks for connections that start on the node.
+//!
+//! A packet goes `tc` (the entry points) -> `flow` (follow its flow, or
+//! open one by a mapping) -> `masq` (masquerade) and `fast` (the fast-path
+//! hand-over), with `fib` answering routing questions; `sock` holds the
+//! socket hooks. Beneath them: `parse` (headers), `ct` (tuples, timeouts),
+//! `nat` (rewrites and checksums), `counters`, `trace`, and `maps` (every
+//! map and the per-CPU scratch space).
 #![no_std]
 #![no_main]
 
