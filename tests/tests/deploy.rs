@@ -960,13 +960,26 @@ fn script_default(name: &str) -> String {
         .unwrap_or_else(|| panic!("install.sh has no default for {name}"))
 }
 
-/// `COPY src dest` lines of the Dockerfile, as (src, dest).
+/// `COPY src dest` lines of the Dockerfile, as (src, dest), with each
+/// `${NAME}` replaced by the default of its `ARG NAME=default` line.
 fn dockerfile_copies() -> Vec<(String, String)> {
-    read("deploy/Dockerfile")
+    let dockerfile = read("deploy/Dockerfile");
+    let defaults: Vec<(String, String)> = dockerfile
+        .lines()
+        .filter_map(|line| {
+            let (name, default) = line.strip_prefix("ARG ")?.split_once('=')?;
+            Some((format!("${{{name}}}"), default.to_owned()))
+        })
+        .collect();
+    dockerfile
         .lines()
         .filter_map(|line| {
             let mut words = line.strip_prefix("COPY ")?.split_whitespace();
-            Some((words.next()?.to_owned(), words.next()?.to_owned()))
+            let mut source = words.next()?.to_owned();
+            for (reference, default) in &defaults {
+                source = source.replace(reference, default);
+            }
+            Some((source, words.next()?.to_owned()))
         })
         .collect()
 }
@@ -1038,7 +1051,8 @@ fn manifest_dockerfile_and_script_agree() {
             .unwrap_or_else(|| panic!("the Dockerfile does not COPY {source}"))
     };
     let script_in_image = destination("deploy/install.sh");
-    let binary_source = "target/x86_64-unknown-linux-musl/release/ebpf-portmap";
+    // The binary as it ships (profile `dist`), as the README says.
+    let binary_source = "target/x86_64-unknown-linux-musl/dist/ebpf-portmap";
     assert_eq!(destination(binary_source), script_default("EPM_BINARY"));
     assert_eq!(container["command"], json!([script_in_image]));
     assert_eq!(

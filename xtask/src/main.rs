@@ -15,6 +15,8 @@
 //! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` as it ships and
 //!   the bench in release, run the benchmark against iptables portmap and the
 //!   direct path.
+//! - `dist`: setup, build the plugin as it ships, write the release tarball
+//!   `target/dist/ebpf-portmap-<version>-x86_64-linux.tar.gz` (see `dist.rs`).
 //! - `demo [-- <demo args>]`: setup, build `ebpf-portmap`, run the demo
 //!   (`cargo xtask demo -- --plugin portmap` runs it against upstream portmap).
 
@@ -26,6 +28,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod dist;
 mod podman;
 mod vm;
 
@@ -123,6 +126,11 @@ enum Verb {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         test_args: Vec<String>,
     },
+    /// Setup, build ebpf-portmap as it ships (profile dist, static musl), then write the
+    /// release tarball target/dist/ebpf-portmap-<version>-x86_64-linux.tar.gz: the binary,
+    /// shell completions, man pages, deploy/ with the image tag set to the version, LICENSE
+    /// and SHA256SUMS.
+    Dist,
     /// Boot Debian kernels in QEMU (TCG) and run the integration tests inside:
     /// `cargo xtask vm-test [--kernel 6.1] [--kernel 6.12]`.
     VmTest(vm::VmTestArgs),
@@ -168,6 +176,7 @@ fn main() -> ExitCode {
             cargo_test_args,
         } => run_steps("test", test_steps(cargo_test_args, *skip_vm, *skip_podman)),
         Verb::E2ePodman { test_args } => run_steps("e2e-podman", e2e_podman_steps(test_args)),
+        Verb::Dist => run_steps("dist", dist_steps()),
         Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),
         Verb::Demo { demo_args } => run_steps("demo", demo_steps(demo_args)),
         Verb::Bench { bench_args } => run_steps("bench", bench_steps(bench_args)),
@@ -286,9 +295,40 @@ fn test_steps(cargo_test_args: &[String], skip_vm: bool, skip_podman: bool) -> V
                     .env("EPM_TEST_FAST_PATH", "1"))
             },
         ),
+        shipped_plugin_step(),
+        Step::new(
+            "release tarball: write it, then unpack and test it (cargo xtask dist)",
+            dist_and_test,
+        ),
         podman_step(skip_podman),
         vm_step(skip_vm),
     ]
+}
+
+fn shipped_plugin_step() -> Step<'static> {
+    Step::new(
+        format!(
+            "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
+        ),
+        || run(&mut build_plugin(true)),
+    )
+}
+
+fn dist_steps() -> Vec<Step<'static>> {
+    vec![
+        setup_step(),
+        shipped_plugin_step(),
+        Step::new("write the release tarball", || dist::build().map(drop)),
+    ]
+}
+
+/// Writes the tarball, then runs `tests/tests/dist.rs` on it (which unpacks it
+/// into an empty folder and drives the unpacked binary).
+fn dist_and_test() -> Result<()> {
+    let tarball = dist::build()?;
+    run(cargo()
+        .args(["test", "-p", "portmap-tests", "--test", "dist"])
+        .env(dist::TARBALL_ENV, &tarball))
 }
 
 /// The podman end-to-end tests as a step of `test`, or a step saying why
@@ -377,12 +417,7 @@ fn demo_steps(demo_args: &[String]) -> Vec<Step<'_>> {
 fn bench_steps(bench_args: &[String]) -> Vec<Step<'_>> {
     vec![
         setup_step(),
-        Step::new(
-            format!(
-                "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
-            ),
-            || run(&mut build_plugin(true)),
-        ),
+        shipped_plugin_step(),
         Step::new("cargo build --release -p portmap-tests --bin bench", || {
             run(cargo().args([
                 "build",
