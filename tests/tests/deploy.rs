@@ -149,6 +149,7 @@ impl FakeNode {
             .arg(action)
             .env_remove("EPM_ACTION")
             .env_remove("EPM_PLUGIN_CONF")
+            .env_remove("EPM_CNI_NETWORK")
             .env_remove("CNI_COMMAND")
             .env("HOST_ROOT", self.root.path())
             .env("EPM_BINARY", plugin_bin());
@@ -542,6 +543,45 @@ fn the_lexically_first_config_is_chained() {
             ]
             .map(PathBuf::from),
             "{shell:?}"
+        );
+    }
+}
+
+#[test]
+fn epm_cni_network_chains_the_named_network_and_uninstall_restores_it() {
+    for shell in SHELLS {
+        let node = FakeNode::new();
+        let second = pretty(&bridge_list()).replace("mynet", "second");
+        node.write_config("10-kindnet.conflist", KINDNET);
+        node.write_config("20-second.conflist", &second);
+        let env = [("EPM_CNI_NETWORK", "second")];
+
+        node.run(shell, "install", &env)
+            .ok()
+            .says("20-second.conflist: chained");
+        assert_eq!(
+            fs::read_to_string(node.config("10-kindnet.conflist")).expect("read"),
+            KINDNET,
+            "{shell:?}: the lexically first configuration is not the one asked for"
+        );
+        let chained: Value = serde_json::from_str(
+            &fs::read_to_string(node.config("20-second.conflist")).expect("read"),
+        )
+        .expect("JSON");
+        assert!(
+            chained["plugins"]
+                .as_array()
+                .expect("plugins")
+                .iter()
+                .any(|p| p["type"] == "ebpf-portmap"),
+            "{shell:?}: {chained}"
+        );
+        node.run(shell, "ready", &env).ok();
+        node.run(shell, "uninstall", &env).ok();
+        assert_eq!(
+            fs::read_to_string(node.config("20-second.conflist")).expect("read"),
+            second,
+            "{shell:?}: restored byte for byte"
         );
     }
 }
