@@ -216,6 +216,7 @@ fn setup_steps() -> Vec<Step<'static>> {
         Step::new("Debian packages", ensure_apt_packages),
         Step::new("nightly toolchain", ensure_nightly),
         Step::new("rust-src for nightly", ensure_rust_src),
+        Step::new("clippy and rustfmt", ensure_lint_components),
         Step::new("bpf-linker", ensure_bpf_linker),
         Step::new("musl target for the plugin", ensure_plugin_target),
         Step::new("bpffs mount", ensure_bpffs),
@@ -263,6 +264,17 @@ fn build_plugin(shipped: bool) -> Command {
 fn test_steps(cargo_test_args: &[String], skip_vm: bool, skip_podman: bool) -> Vec<Step<'_>> {
     vec![
         setup_step(),
+        Step::new("cargo fmt --all --check", || {
+            run(cargo().args(["fmt", "--all", "--check"]))
+        }),
+        Step::new(
+            "cargo clippy --all-targets -- -D warnings (default members)",
+            || run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])),
+        ),
+        Step::new(
+            "cargo +nightly clippy -p portmap-ebpf --target bpfel-unknown-none -- -D warnings",
+            clippy_ebpf,
+        ),
         build_plugin_step(),
         Step::new(
             format!(
@@ -303,6 +315,35 @@ fn test_steps(cargo_test_args: &[String], skip_vm: bool, skip_podman: bool) -> V
         podman_step(skip_podman),
         vm_step(skip_vm),
     ]
+}
+
+/// The eBPF crate only builds for its own target, with nightly and
+/// `build-std` (as portmap-user's build.rs builds it); clippy checks it
+/// there. The stable toolchain's variables are removed so nightly's own
+/// rustc and clippy-driver run.
+fn clippy_ebpf() -> Result<()> {
+    let mut command = Command::new("rustup");
+    command
+        .current_dir(workspace_root())
+        .args(["run", "nightly", "cargo", "clippy", "-p", "portmap-ebpf"])
+        .args([
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--release",
+        ])
+        .args(["--", "-D", "warnings"]);
+    for variable in [
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO",
+    ] {
+        command.env_remove(variable);
+    }
+    run(&mut command)
 }
 
 fn shipped_plugin_step() -> Step<'static> {
@@ -521,19 +562,45 @@ fn ensure_nightly() -> Result<()> {
 }
 
 fn ensure_rust_src() -> Result<()> {
+    ensure_component(
+        "nightly",
+        "rust-src",
+        "the eBPF build uses -Z build-std=core",
+    )
+}
+
+/// The lint steps of `test`: clippy and rustfmt on the default toolchain,
+/// clippy on nightly for the eBPF crate (a minimal nightly has none).
+fn ensure_lint_components() -> Result<()> {
+    let default = capture(Command::new("rustup").args(["show", "active-toolchain"]))?;
+    let default = default
+        .split_whitespace()
+        .next()
+        .unwrap_or("stable")
+        .to_owned();
+    ensure_component(&default, "clippy", "the lint step")?;
+    ensure_component(&default, "rustfmt", "the format check")?;
+    ensure_component("nightly", "clippy", "the eBPF crate's lint step")
+}
+
+/// `rustup component add COMPONENT --toolchain TOOLCHAIN` unless installed.
+fn ensure_component(toolchain: &str, component: &str, why: &str) -> Result<()> {
     let installed = capture(Command::new("rustup").args([
         "component",
         "list",
         "--toolchain",
-        "nightly",
+        toolchain,
         "--installed",
     ]))?;
-    if installed.lines().any(|line| line.trim() == "rust-src") {
-        println!("setup: rust-src for nightly present, skipping");
+    if installed
+        .lines()
+        .any(|line| line.trim() == component || line.starts_with(&format!("{component}-")))
+    {
+        println!("setup: {component} for {toolchain} present, skipping");
         return Ok(());
     }
-    println!("setup: adding rust-src to nightly (the eBPF build uses -Z build-std=core) ...");
-    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    println!("setup: adding {component} to {toolchain} ({why}) ...");
+    run(Command::new("rustup").args(["component", "add", component, "--toolchain", toolchain]))
 }
 
 fn ensure_bpf_linker() -> Result<()> {
