@@ -100,6 +100,62 @@ impl Default for OwnerRecord {
     }
 }
 
+/// Name of the map holding each owner's [`PodRecord`] (key: the owner ID).
+/// Not in [`map_names::ALL`]: the eBPF object does not declare it, userspace
+/// creates it on the first ADD that needs it, so that pins made by a build
+/// without it (whose `owners` map has the same layout) keep working as they
+/// are; see portmap-user's store.rs.
+pub const OWNER_PODS_MAP: &str = "owner_pods";
+
+/// Longest pod namespace kept (Kubernetes allows 63 bytes).
+pub const POD_NAMESPACE_LEN: usize = 64;
+/// Longest pod name kept (Kubernetes allows 253 bytes).
+pub const POD_NAME_LEN: usize = 256;
+/// Longest Nomad allocation ID, namespace, job ID or group name kept.
+pub const NOMAD_FIELD_LEN: usize = 128;
+
+/// Who an owner is to the orchestrator, from CNI_ARGS: a Kubernetes pod
+/// (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`) or a Nomad allocation
+/// (`NOMAD_ALLOC_ID`, `NOMAD_NAMESPACE`, `NOMAD_JOB_ID`, `NOMAD_GROUP_NAME`).
+/// Userspace only, for display. A length of 0 means not given.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodRecord {
+    pub pod_namespace: [u8; POD_NAMESPACE_LEN],
+    pub pod_name: [u8; POD_NAME_LEN],
+    pub nomad_alloc_id: [u8; NOMAD_FIELD_LEN],
+    pub nomad_namespace: [u8; NOMAD_FIELD_LEN],
+    pub nomad_job: [u8; NOMAD_FIELD_LEN],
+    pub nomad_group: [u8; NOMAD_FIELD_LEN],
+    pub pod_namespace_len: u16,
+    pub pod_name_len: u16,
+    pub nomad_alloc_id_len: u16,
+    pub nomad_namespace_len: u16,
+    pub nomad_job_len: u16,
+    pub nomad_group_len: u16,
+    pub _pad0: u32,
+}
+
+impl Default for PodRecord {
+    fn default() -> Self {
+        Self {
+            pod_namespace: [0; POD_NAMESPACE_LEN],
+            pod_name: [0; POD_NAME_LEN],
+            nomad_alloc_id: [0; NOMAD_FIELD_LEN],
+            nomad_namespace: [0; NOMAD_FIELD_LEN],
+            nomad_job: [0; NOMAD_FIELD_LEN],
+            nomad_group: [0; NOMAD_FIELD_LEN],
+            pod_namespace_len: 0,
+            pod_name_len: 0,
+            nomad_alloc_id_len: 0,
+            nomad_namespace_len: 0,
+            nomad_job_len: 0,
+            nomad_group_len: 0,
+            _pad0: 0,
+        }
+    }
+}
+
 /// Index entry: slot `slot` of owner `owner_id` names one mapping the owner
 /// claimed. Slots are written before the mapping they name, contiguously from
 /// 0, so a crash never leaves a mapping that its owner cannot find again.
@@ -267,6 +323,10 @@ const _: () = {
     assert!(core::mem::size_of::<MappingKey>() == 20);
     assert!(core::mem::size_of::<MappingValue>() == 32);
     assert!(core::mem::size_of::<OwnerRecord>() == 2 * OWNER_NAME_LEN + OWNER_IFNAME_LEN + 16);
+    assert!(
+        core::mem::size_of::<PodRecord>()
+            == POD_NAMESPACE_LEN + POD_NAME_LEN + 4 * NOMAD_FIELD_LEN + 6 * 2 + 4
+    );
     assert!(core::mem::size_of::<OwnerSlotKey>() == 16);
     assert!(core::mem::size_of::<CtKey>() == 40);
     assert!(core::mem::size_of::<CtEntry>() == 56);
@@ -286,6 +346,7 @@ mod pod {
     unsafe impl aya::Pod for MappingKey {}
     unsafe impl aya::Pod for MappingValue {}
     unsafe impl aya::Pod for OwnerRecord {}
+    unsafe impl aya::Pod for PodRecord {}
     unsafe impl aya::Pod for OwnerSlotKey {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtEntry {}

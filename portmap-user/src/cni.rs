@@ -16,8 +16,9 @@ use serde_json::{Value, json};
 
 use crate::config::{
     self, Attachment, ConfigError, ContainerAddrs, IdentifierError, IfnameError, NetConf, Owner,
-    SUPPORTED_VERSIONS,
+    PodIdentity, SUPPORTED_VERSIONS,
 };
+use portmap_common::{NOMAD_FIELD_LEN, POD_NAME_LEN, POD_NAMESPACE_LEN};
 
 /// Error codes defined by the CNI spec ("Error" section); 100+ are ours to use.
 pub mod code {
@@ -230,6 +231,9 @@ pub struct Request {
     pub netns: Option<PathBuf>,
     /// Container addresses from `prevResult`; empty on a DEL without one.
     pub container: ContainerAddrs,
+    /// Who the container is, from `CNI_ARGS` (empty when the runtime says
+    /// nothing; Nomad sends nothing on DEL).
+    pub identity: PodIdentity,
 }
 
 /// A validated GC request: everything owned by an attachment not in `valid`
@@ -332,7 +336,7 @@ fn add(
     let conf = config::parse_netconf(stdin)?;
     let prev_result = conf.prev_result.clone().ok_or(RequestError::NotChained)?;
     let container = config::container_addrs(&prev_result, &attachment.ifname)?;
-    config::check_mappings_reachable(&conf.port_mappings, &container, &attachment.ifname)?;
+    config::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
 
     let cni_version = conf.cni_version.clone();
     plugin.add(&attachment.into_request(conf, container))?;
@@ -381,7 +385,7 @@ fn check(
     require_version(&conf, Command::Check, CHECK_MIN_VERSION)?;
     let prev_result = conf.prev_result.as_ref().ok_or(RequestError::NotChained)?;
     let container = config::container_addrs(prev_result, &attachment.ifname)?;
-    config::check_mappings_reachable(&conf.port_mappings, &container, &attachment.ifname)?;
+    config::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
     plugin.check(&attachment.into_request(conf, container))
 }
 
@@ -422,6 +426,7 @@ struct AttachmentEnv {
     container_id: String,
     ifname: String,
     netns: Option<PathBuf>,
+    identity: PodIdentity,
 }
 
 impl AttachmentEnv {
@@ -477,10 +482,16 @@ impl AttachmentEnv {
                 Some(path)
             }
         };
+        // Never fails the verb: a runtime's extra arguments are its business.
+        let (identity, warnings) = parse_cni_args(env("CNI_ARGS").as_deref().unwrap_or(""));
+        for warning in warnings {
+            log::warn!("{command} ignores part of CNI_ARGS: {warning}");
+        }
         Ok(AttachmentEnv {
             container_id,
             ifname,
             netns,
+            identity,
         })
     }
 
@@ -494,8 +505,89 @@ impl AttachmentEnv {
             conf,
             netns: self.netns,
             container,
+            identity: self.identity,
         }
     }
+}
+
+/// What is wrong with a part of `CNI_ARGS`; logged, never fatal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CniArgsWarning {
+    #[error("{pair:?} is not KEY=VALUE")]
+    Malformed { pair: String },
+    #[error("{key} holds a control character; not recorded")]
+    ControlCharacter { key: String },
+    #[error("{key} is {len} bytes long, more than the {max} recorded; not recorded")]
+    TooLong { key: String, len: usize, max: usize },
+    #[error("{key} is not a key ebpf-portmap knows (the runtime did not set IgnoreUnknown)")]
+    Unknown { key: String },
+}
+
+/// Keys runtimes send that we know and have no use for: containerd and
+/// CRI-O send the sandbox ID again (it is CNI_CONTAINERID) and the pod UID.
+const KNOWN_UNUSED_ARGS: &[&str] = &["K8S_POD_INFRA_CONTAINER_ID", "K8S_POD_UID", "NOMAD_REGION"];
+
+/// Parses `CNI_ARGS` (`KEY=VALUE;KEY=VALUE`, the CNI spec's form, in any
+/// order) into the identity it carries, and what it had to skip.
+///
+/// Read: `K8S_POD_NAMESPACE`, `K8S_POD_NAME` (containerd, CRI-O),
+/// `NOMAD_ALLOC_ID`, `NOMAD_NAMESPACE`, `NOMAD_JOB_ID`, `NOMAD_GROUP_NAME`
+/// (Nomad 1.8 and later, on ADD and CHECK only). Like libcni, keys are case
+/// sensitive, a later pair wins and unknown keys are an issue only without
+/// `IgnoreUnknown` (which containerd and Nomad always send); unlike libcni,
+/// nothing here fails the verb. Empty values count as absent.
+pub fn parse_cni_args(args: &str) -> (PodIdentity, Vec<CniArgsWarning>) {
+    let mut identity = PodIdentity::default();
+    let mut warnings = Vec::new();
+    let mut unknown = Vec::new();
+    let mut ignore_unknown = false;
+    for pair in args.split(';').filter(|pair| !pair.is_empty()) {
+        let Some((key, value)) = pair.split_once('=').filter(|(key, _)| !key.is_empty()) else {
+            warnings.push(CniArgsWarning::Malformed {
+                pair: pair.to_owned(),
+            });
+            continue;
+        };
+        let (slot, max) = match key {
+            "K8S_POD_NAMESPACE" => (&mut identity.pod_namespace, POD_NAMESPACE_LEN),
+            "K8S_POD_NAME" => (&mut identity.pod_name, POD_NAME_LEN),
+            "NOMAD_ALLOC_ID" => (&mut identity.nomad_alloc_id, NOMAD_FIELD_LEN),
+            "NOMAD_NAMESPACE" => (&mut identity.nomad_namespace, NOMAD_FIELD_LEN),
+            "NOMAD_JOB_ID" => (&mut identity.nomad_job, NOMAD_FIELD_LEN),
+            "NOMAD_GROUP_NAME" => (&mut identity.nomad_group, NOMAD_FIELD_LEN),
+            "IgnoreUnknown" => {
+                // libcni's UnmarshallableBool: "1"/"true", any case.
+                ignore_unknown = value == "1" || value.eq_ignore_ascii_case("true");
+                continue;
+            }
+            key if KNOWN_UNUSED_ARGS.contains(&key) => continue,
+            key => {
+                unknown.push(key.to_owned());
+                continue;
+            }
+        };
+        if value.chars().any(char::is_control) {
+            warnings.push(CniArgsWarning::ControlCharacter {
+                key: key.to_owned(),
+            });
+        } else if value.len() > max {
+            warnings.push(CniArgsWarning::TooLong {
+                key: key.to_owned(),
+                len: value.len(),
+                max,
+            });
+        } else {
+            *slot = (!value.is_empty()).then(|| value.to_owned());
+        }
+    }
+    if !ignore_unknown {
+        warnings.extend(
+            unknown
+                .into_iter()
+                .map(|key| CniArgsWarning::Unknown { key }),
+        );
+    }
+    (identity, warnings)
 }
 
 /// Only "definitely not there" counts as gone. Other stat errors (EACCES on
@@ -530,15 +622,7 @@ fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>, RequestError> {
 /// anything else. Used for VERSION and for answering errors in the caller's
 /// version.
 fn supported_version_in(stdin: &[u8]) -> Option<&'static str> {
-    #[derive(serde::Deserialize)]
-    struct VersionOnly {
-        #[serde(rename = "cniVersion")]
-        cni_version: Option<Value>,
-    }
-    let version = serde_json::from_slice::<VersionOnly>(stdin)
-        .ok()?
-        .cni_version?;
-    let version = version.as_str()?;
+    let version = config::cni_version_of(stdin)?;
     SUPPORTED_VERSIONS
         .iter()
         .copied()
@@ -1538,6 +1622,159 @@ mod tests {
             "VersionTooOld maps to code 1"
         );
         assert_eq!(from_request.details, "", "no source, no details");
+    }
+
+    #[test]
+    fn cni_args_of_containerd_in_any_order_give_the_pod() {
+        let pairs = [
+            "IgnoreUnknown=1",
+            "K8S_POD_NAMESPACE=default",
+            "K8S_POD_NAME=web-7f9c",
+            "K8S_POD_INFRA_CONTAINER_ID=3a1b2c3d4e5f",
+            "K8S_POD_UID=5c9e8a4e-7d6b-4c1a-9a53-0f2f4e6b8c10",
+        ];
+        let expected = PodIdentity {
+            pod_namespace: Some("default".into()),
+            pod_name: Some("web-7f9c".into()),
+            ..Default::default()
+        };
+        // containerd builds CNI_ARGS from a Go map: every order happens.
+        for rotation in 0..pairs.len() {
+            let mut order = pairs.to_vec();
+            order.rotate_left(rotation);
+            order.swap(0, pairs.len() - 1);
+            let (identity, warnings) = parse_cni_args(&order.join(";"));
+            assert_eq!(identity, expected, "{order:?}");
+            assert!(warnings.is_empty(), "{order:?}: {warnings:?}");
+        }
+        assert_eq!(expected.label().as_deref(), Some("default/web-7f9c"));
+        assert_eq!(expected.to_string(), "pod default/web-7f9c");
+    }
+
+    #[test]
+    fn cni_args_of_nomad_give_the_allocation() {
+        // What Nomad 1.8+ passes on ADD (custom network.cni.args come too).
+        let (identity, warnings) = parse_cni_args(
+            "IgnoreUnknown=true;NOMAD_REGION=global;NOMAD_NAMESPACE=default;NOMAD_JOB_ID=web;\
+             NOMAD_GROUP_NAME=api;NOMAD_ALLOC_ID=5e0c1d2a-8f3b-4c6d-9e7f-0a1b2c3d4e5f;\
+             CONSUL_IPTABLES_CONFIG={\"x\":1};my_arg=x",
+        );
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            identity,
+            PodIdentity {
+                nomad_alloc_id: Some("5e0c1d2a-8f3b-4c6d-9e7f-0a1b2c3d4e5f".into()),
+                nomad_namespace: Some("default".into()),
+                nomad_job: Some("web".into()),
+                nomad_group: Some("api".into()),
+                ..Default::default()
+            }
+        );
+        assert_eq!(identity.label().as_deref(), Some("nomad:default/web/api"));
+        assert_eq!(
+            identity.to_string(),
+            "Nomad allocation 5e0c1d2a-8f3b-4c6d-9e7f-0a1b2c3d4e5f (job default/web, group api)"
+        );
+    }
+
+    #[test]
+    fn bad_cni_args_are_warnings_and_the_rest_still_counts() {
+        let long = "n".repeat(300);
+        let (identity, warnings) = parse_cni_args(&format!(
+            "garbage;=x;K8S_POD_NAMESPACE=prod;K8S_POD_NAME={long};;FOO=1;K8S_POD_NAME=a\u{7}b"
+        ));
+        assert_eq!(
+            identity,
+            PodIdentity {
+                pod_namespace: Some("prod".into()),
+                ..Default::default()
+            },
+            "the good pair is kept, the bad ones are not"
+        );
+        assert_eq!(
+            warnings,
+            vec![
+                CniArgsWarning::Malformed {
+                    pair: "garbage".into()
+                },
+                CniArgsWarning::Malformed { pair: "=x".into() },
+                CniArgsWarning::TooLong {
+                    key: "K8S_POD_NAME".into(),
+                    len: 300,
+                    max: POD_NAME_LEN
+                },
+                CniArgsWarning::ControlCharacter {
+                    key: "K8S_POD_NAME".into()
+                },
+                CniArgsWarning::Unknown { key: "FOO".into() },
+            ]
+        );
+        let (identity, warnings) = parse_cni_args("");
+        assert!(identity.is_empty() && warnings.is_empty());
+        assert_eq!(identity.label(), None);
+        // A later pair wins, and an empty value means absent.
+        let (identity, _) = parse_cni_args("K8S_POD_NAME=a;K8S_POD_NAME=b;K8S_POD_NAMESPACE=");
+        assert_eq!(identity.pod_name.as_deref(), Some("b"));
+        assert_eq!(identity.pod_namespace, None);
+        assert_eq!(identity.label().as_deref(), Some("-/b"));
+    }
+
+    #[test]
+    fn cni_args_reach_the_plugin_and_never_fail_a_verb() {
+        for command in ["ADD", "DEL", "CHECK"] {
+            let mut plugin = RecordingPlugin::default();
+            let mut env = attachment_env(command);
+            set(
+                &mut env,
+                "CNI_ARGS",
+                Some("K8S_POD_NAME=web;bogus;K8S_POD_NAMESPACE=default;X=1"),
+            );
+            let stdin = config("1.0.0", http_mapping(), Some(prev_result("1.0.0")));
+            let outcome = invoke(&env, &stdin, &mut plugin);
+            assert_eq!(outcome.exit, 0, "{command}");
+            let req = match plugin.only_call() {
+                Call::Add(req) | Call::Del(req) | Call::Check(req) => req,
+                other => panic!("{command}: {other:?}"),
+            };
+            assert_eq!(
+                req.identity.label().as_deref(),
+                Some("default/web"),
+                "{command}"
+            );
+        }
+    }
+
+    /// The request containerd 1.6 sends (issue #13): Go field names and its CNI_ARGS.
+    #[test]
+    fn containerd_request_is_accepted() {
+        let mut plugin = RecordingPlugin::default();
+        let mut env = attachment_env("ADD");
+        set(
+            &mut env,
+            "CNI_ARGS",
+            Some(
+                "K8S_POD_INFRA_CONTAINER_ID=3f6940ab5ab4;K8S_POD_UID=u;IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-7f9c",
+            ),
+        );
+        let stdin = config(
+            "1.0.0",
+            json!([{"HostPort":18080,"ContainerPort":80,"Protocol":"tcp","HostIP":""}]),
+            Some(prev_result("1.0.0")),
+        );
+        invoke(&env, &stdin, &mut plugin).success_document();
+        let Call::Add(req) = plugin.only_call() else {
+            panic!("ADD must call plugin.add")
+        };
+        assert_eq!(
+            req.conf.port_mappings,
+            vec![PortMapping {
+                host_ip: HostIp::Any,
+                host_port: 18080,
+                container_port: 80,
+                protocol: Protocol::Tcp
+            }]
+        );
+        assert_eq!(req.identity.label().as_deref(), Some("default/web-7f9c"));
     }
 
     #[test]

@@ -6,14 +6,17 @@
 //! kernel. The JSON is walked by hand rather than through `#[derive(Deserialize)]`
 //! so that every error can name the exact key and list index the user must fix.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{AddrParseError, IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::cni::code;
+use crate::json_keys::{self, Field, Found, Object, Resolved};
 
 /// CNI spec versions this plugin speaks. 0.1.0/0.2.0 are left out: their results
 /// have no `interfaces` list, so the sandbox interface cannot be identified.
@@ -208,6 +211,81 @@ pub struct Owner {
     pub ifname: String,
 }
 
+/// Who a container is to its orchestrator, from `CNI_ARGS`: a Kubernetes
+/// pod (containerd, CRI-O) or a Nomad allocation. Every part is optional:
+/// podman and plain CNI tools send none of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodIdentity {
+    /// `K8S_POD_NAMESPACE`.
+    pub pod_namespace: Option<String>,
+    /// `K8S_POD_NAME`.
+    pub pod_name: Option<String>,
+    /// `NOMAD_ALLOC_ID`.
+    pub nomad_alloc_id: Option<String>,
+    /// `NOMAD_NAMESPACE`.
+    pub nomad_namespace: Option<String>,
+    /// `NOMAD_JOB_ID`.
+    pub nomad_job: Option<String>,
+    /// `NOMAD_GROUP_NAME`.
+    pub nomad_group: Option<String>,
+}
+
+impl PodIdentity {
+    pub fn is_empty(&self) -> bool {
+        *self == PodIdentity::default()
+    }
+
+    /// `namespace/name` of a Kubernetes pod, or `nomad:namespace/job/group`
+    /// of a Nomad allocation (parts it lacks are `-`); `None` when nothing
+    /// is known.
+    pub fn label(&self) -> Option<String> {
+        let part = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".into());
+        if self.pod_namespace.is_some() || self.pod_name.is_some() {
+            Some(format!(
+                "{}/{}",
+                part(&self.pod_namespace),
+                part(&self.pod_name)
+            ))
+        } else if self.nomad_alloc_id.is_some()
+            || self.nomad_job.is_some()
+            || self.nomad_group.is_some()
+        {
+            Some(format!(
+                "nomad:{}/{}/{}",
+                part(&self.nomad_namespace),
+                part(&self.nomad_job),
+                part(&self.nomad_group)
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Display for PodIdentity {
+    /// "pod default/web-7f9c", "Nomad allocation 5e0c… (job default/web, group api)".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("no known pod");
+        }
+        if self.pod_namespace.is_some() || self.pod_name.is_some() {
+            return write!(f, "pod {}", self.label().unwrap_or_default());
+        }
+        let part = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".into());
+        match &self.nomad_alloc_id {
+            Some(alloc) => write!(f, "Nomad allocation {alloc}")?,
+            None => f.write_str("Nomad allocation")?,
+        }
+        write!(
+            f,
+            " (job {}/{}, group {})",
+            part(&self.nomad_namespace),
+            part(&self.nomad_job),
+            part(&self.nomad_group)
+        )
+    }
+}
+
 /// One entry of the GC keep-list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attachment {
@@ -250,6 +328,10 @@ pub struct NetConf {
     pub cgroup_path: Option<PathBuf>,
     /// `runtimeConfig.portMappings`, validated (empty if absent).
     pub port_mappings: Vec<PortMapping>,
+    /// For each of `port_mappings`, the path of its `hostIP` key as the
+    /// configuration spells it, for messages about the mapping (empty when
+    /// the mapping has no specific hostIP).
+    pub host_ip_keys: Vec<String>,
     /// Raw `prevResult` (always a JSON object when present), echoed by ADD.
     pub prev_result: Option<Value>,
     /// GC only: `cni.dev/valid-attachments`.
@@ -337,10 +419,11 @@ pub enum ConfigError {
     #[error("cniVersion is missing; set it to one of {}", SUPPORTED_VERSIONS.join(", "))]
     MissingVersion,
     #[error(
-        "cniVersion {version} is not supported; use one of {}",
+        "{key} {version} is not supported; use one of {}",
         SUPPORTED_VERSIONS.join(", ")
     )]
     UnsupportedVersion {
+        key: String,
         /// The value as JSON text, so a non-string shows as what it is.
         version: String,
     },
@@ -356,76 +439,82 @@ pub enum ConfigError {
     },
     #[error("{key}: {value} is not an integer")]
     NotAnInteger { key: String, value: String },
-    #[error("name: {value:?} is not a valid network name: {reason}")]
+    #[error("{key}: {value:?} is not a valid network name: {reason}")]
     InvalidNetworkName {
+        key: String,
         value: String,
         reason: IdentifierError,
     },
     #[error(
-        "pinRoot: {value:?} {reason}; use an absolute path on a bpffs mount such as {DEFAULT_PIN_ROOT}"
+        "{key}: {value:?} {reason}; use an absolute path on a bpffs mount such as {DEFAULT_PIN_ROOT}"
     )]
-    InvalidPinRoot { value: String, reason: &'static str },
+    InvalidPinRoot {
+        key: String,
+        value: String,
+        reason: &'static str,
+    },
     #[error("{key}: {value:?} is not a valid interface name: {reason}")]
     InvalidInterfaceName {
         key: String,
         value: String,
         reason: IfnameError,
     },
-    #[error("interfaces must list at least one interface; remove the key to use the default")]
-    EmptyInterfaceList,
-    #[error(
-        "interfaces[{second}] repeats {name:?} from interfaces[{first}]; list each interface once"
-    )]
+    #[error("{key} must list at least one interface; remove the key to use the default")]
+    EmptyInterfaceList { key: String },
+    #[error("{key}[{second}] repeats {name:?} from {key}[{first}]; list each interface once")]
     DuplicateInterface {
+        key: String,
         first: usize,
         second: usize,
         name: String,
     },
-    #[error("conntrackSize: {value} is out of range {CONNTRACK_SIZE_MIN}-{CONNTRACK_SIZE_MAX}")]
-    ConntrackSizeOutOfRange { value: String },
-    #[error("logFile: {value:?} {reason}; use an absolute file path such as {DEFAULT_LOG_FILE}")]
-    InvalidLogFile { value: String, reason: &'static str },
-    #[error("{key}: {value} is not true or false")]
-    NotABool { key: &'static str, value: String },
-    #[error("cgroupPath: {value:?} must be an absolute path to a cgroup v2 directory")]
-    InvalidCgroupPath { value: String },
-    #[error("maxMappings: {value} is out of range {MAX_MAPPINGS_MIN}-{MAX_MAPPINGS_MAX}")]
-    MaxMappingsOutOfRange { value: String },
-    #[error("hostPortListeners: {value} is not one of \"refuse\" or \"allow\"")]
-    InvalidListenerPolicy { value: String },
-    #[error(
-        "{MAPPINGS_KEY} has {count} entries, more than the {max} this plugin accepts in one request"
-    )]
-    TooManyMappings { count: usize, max: usize },
-    #[error("{MAPPINGS_KEY}[{index}].{field}: {value} is out of range 1-65535")]
-    PortOutOfRange {
-        field: &'static str,
-        index: usize,
+    #[error("{key}: {value} is out of range {CONNTRACK_SIZE_MIN}-{CONNTRACK_SIZE_MAX}")]
+    ConntrackSizeOutOfRange { key: String, value: String },
+    #[error("{key}: {value:?} {reason}; use an absolute file path such as {DEFAULT_LOG_FILE}")]
+    InvalidLogFile {
+        key: String,
         value: String,
+        reason: &'static str,
     },
+    #[error("{key}: {value} is not true or false")]
+    NotABool { key: String, value: String },
+    #[error("{key}: {value} must be an absolute path to a cgroup v2 directory")]
+    InvalidCgroupPath { key: String, value: String },
+    #[error("{key}: {value} is out of range {MAX_MAPPINGS_MIN}-{MAX_MAPPINGS_MAX}")]
+    MaxMappingsOutOfRange { key: String, value: String },
+    #[error("{key}: {value} is not one of \"refuse\" or \"allow\"")]
+    InvalidListenerPolicy { key: String, value: String },
+    #[error("{key} has {count} entries, more than the {max} this plugin accepts in one request")]
+    TooManyMappings {
+        key: String,
+        count: usize,
+        max: usize,
+    },
+    #[error("{key}: {value} is out of range 1-65535")]
+    PortOutOfRange { key: String, value: String },
+    #[error("{key}: {protocol:?} is not supported; use tcp, udp or sctp")]
+    UnknownProtocol { key: String, protocol: String },
     #[error(
-        "{MAPPINGS_KEY}[{index}].protocol: {protocol:?} is not supported; use tcp, udp or sctp"
-    )]
-    UnknownProtocol { index: usize, protocol: String },
-    #[error(
-        "{MAPPINGS_KEY}[{index}].hostIP: {value:?} is not an IP address; give an IPv4 or IPv6 address, \"0.0.0.0\", \"::\", or leave it empty for every local address"
+        "{key}: {value:?} is not an IP address; give an IPv4 or IPv6 address, \"0.0.0.0\", \"::\", or leave it empty for every local address"
     )]
     InvalidHostIp {
-        index: usize,
+        key: String,
         value: String,
         #[source]
         source: AddrParseError,
     },
-    #[error("{MAPPINGS_KEY}[{index}].hostIP: {address} {reason}")]
+    #[error("{key}: {address} {reason}")]
     UnusableHostIp {
-        index: usize,
+        key: String,
         address: IpAddr,
         reason: &'static str,
     },
     #[error(
-        "{MAPPINGS_KEY}[{second}] duplicates {MAPPINGS_KEY}[{first}]: both claim {protocol} port {host_port} on {claim}; remove one or give them different hostIP values"
+        "{list}[{second}] duplicates {list}[{first}]: both claim {protocol} port {host_port} on {claim}; remove one or give them different hostIP values"
     )]
     DuplicateMapping {
+        /// The mappings list's path as the configuration spells it.
+        list: String,
         first: usize,
         second: usize,
         protocol: Protocol,
@@ -440,10 +529,11 @@ pub enum ConfigError {
     )]
     NoContainerAddress { ifname: String },
     #[error(
-        "{MAPPINGS_KEY}[{index}].hostIP: {host_ip} is {family} but interface {ifname:?} has no {family} address in prevResult; use a hostIP of the container's family or leave hostIP empty"
+        "{key}: {host_ip} is {family} but interface {ifname:?} has no {family} address in prevResult; use a hostIP of the container's family or leave hostIP empty"
     )]
     ContainerLacksFamily {
-        index: usize,
+        /// The mapping's hostIP key as the configuration spells it.
+        key: String,
         host_ip: HostIp,
         family: &'static str,
         ifname: String,
@@ -467,7 +557,7 @@ impl ConfigError {
             | ConfigError::InvalidNetworkName { .. }
             | ConfigError::InvalidPinRoot { .. }
             | ConfigError::InvalidInterfaceName { .. }
-            | ConfigError::EmptyInterfaceList
+            | ConfigError::EmptyInterfaceList { .. }
             | ConfigError::DuplicateInterface { .. }
             | ConfigError::ConntrackSizeOutOfRange { .. }
             | ConfigError::InvalidLogFile { .. }
@@ -527,24 +617,26 @@ pub fn version_at_least(version: &str, minimum: &str) -> bool {
 /// interface named `ifname`. An ip entry counts when it has no "interface"
 /// index, or when the index points at an interface whose name == ifname and
 /// whose "sandbox" is non-empty (upstream portmap's rule). Addresses are CIDR
-/// strings ("10.0.0.2/24").
+/// strings ("10.0.0.2/24"). Keys are matched like upstream matches them
+/// ([`json_keys`]).
 ///
 /// An index that points past the `interfaces` list, or is negative, does not
 /// point at our interface and so does not count.
 pub fn container_addrs(prev_result: &Value, ifname: &str) -> Result<ContainerAddrs, ConfigError> {
     let prev = expect_object("prevResult", prev_result)?;
-    let interfaces = optional_array(prev, "prevResult", "interfaces")?;
-    let ips = optional_array(prev, "prevResult", "ips")?;
+    let fields = json_keys::resolve_sorted(PREV_RESULT_FIELDS, prev);
+    let interfaces = optional_array(fields.get("interfaces"), "prevResult")?;
+    let ips = optional_array(fields.get("ips"), "prevResult")?;
 
     let mut addrs = ContainerAddrs::default();
-    for (index, ip) in ips.iter().enumerate() {
-        let key = format!("prevResult.ips[{index}]");
+    for (index, ip) in ips.1.iter().enumerate() {
+        let key = format!("prevResult.{}[{index}]", ips.0);
         let ip = expect_object(&key, ip)?;
-        if !ip_is_on_sandbox_interface(ip, &key, interfaces, ifname)? {
+        let ip = json_keys::resolve_sorted(IP_FIELDS, ip);
+        if !ip_is_on_sandbox_interface(&ip, &key, interfaces, ifname)? {
             continue;
         }
-        let address_key = format!("{key}.address");
-        let address = required_str(ip, &address_key, "address")?;
+        let (address_key, address) = required_str(ip.get("address"), &key, "address")?;
         // 0.3.x entries also carry "version"; the address itself is authoritative.
         match parse_cidr_address(address).ok_or_else(|| ConfigError::InvalidCidr {
             key: address_key,
@@ -561,13 +653,75 @@ pub fn container_addrs(prev_result: &Value, ifname: &str) -> Result<ContainerAdd
     Ok(addrs)
 }
 
+/// One entry of prevResult's `interfaces`, read leniently: what is missing or
+/// of the wrong type is `None` (callers that need strictness use
+/// [`container_addrs`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrevInterface<'a> {
+    pub name: Option<&'a str>,
+    pub mac: Option<&'a str>,
+    pub sandbox: Option<&'a str>,
+}
+
+impl PrevInterface<'_> {
+    /// Whether this is the container's side (a non-empty `sandbox`).
+    pub fn in_sandbox(&self) -> bool {
+        self.sandbox.is_some_and(|sandbox| !sandbox.is_empty())
+    }
+}
+
+/// prevResult's `interfaces`, keys matched like upstream matches them.
+/// Entries that are not objects are skipped.
+pub fn prev_interfaces(prev_result: &Value) -> Vec<PrevInterface<'_>> {
+    let Some(prev) = prev_result.as_object() else {
+        return Vec::new();
+    };
+    let fields = json_keys::resolve_sorted(PREV_RESULT_FIELDS, prev);
+    let Some(Value::Array(interfaces)) = fields.get("interfaces").map(|found| found.value) else {
+        return Vec::new();
+    };
+    interfaces
+        .iter()
+        .filter_map(Value::as_object)
+        .map(|interface| {
+            let fields = json_keys::resolve_sorted(INTERFACE_FIELDS, interface);
+            let text = |name| fields.get(name).and_then(|found| found.value.as_str());
+            PrevInterface {
+                name: text("name"),
+                mac: text("mac"),
+                sandbox: text("sandbox"),
+            }
+        })
+        .collect()
+}
+
 /// Checks that every mapping can reach the container: if there are mappings the
 /// container needs an address, and a mapping pinned to one family (an explicit
 /// address, "0.0.0.0" or "::") needs a container address of that family.
 /// Upstream portmap silently skipped such mappings; a port that never opens is
 /// worse than an error.
 pub fn check_mappings_reachable(
+    conf: &NetConf,
+    container: &ContainerAddrs,
+    ifname: &str,
+) -> Result<(), ConfigError> {
+    mappings_reachable(
+        &conf.port_mappings,
+        |index| {
+            conf.host_ip_keys
+                .get(index)
+                .filter(|key| !key.is_empty())
+                .cloned()
+                .unwrap_or_else(|| format!("{MAPPINGS_KEY}[{index}].hostIP"))
+        },
+        container,
+        ifname,
+    )
+}
+
+fn mappings_reachable(
     mappings: &[PortMapping],
+    host_ip_key: impl Fn(usize) -> String,
     container: &ContainerAddrs,
     ifname: &str,
 ) -> Result<(), ConfigError> {
@@ -587,7 +741,7 @@ pub fn check_mappings_reachable(
         };
         if let Some(family) = missing_family {
             return Err(ConfigError::ContainerLacksFamily {
-                index,
+                key: host_ip_key(index),
                 host_ip: mapping.host_ip,
                 family,
                 ifname: ifname.to_owned(),
@@ -597,6 +751,103 @@ pub fn check_mappings_reachable(
     Ok(())
 }
 
+/// The keys we read, per object, in the order upstream's structs declare
+/// them (which decides a tie between two fields a key folds to; none of these
+/// lists has one). The kinds are the Go types' (see [`json_keys::Kind`]);
+/// our own keys are typed as a Go plugin would type them.
+const ROOT_FIELDS: &[Field] = &[
+    Field::scalar("cniVersion"),
+    Field::scalar("name"),
+    Field::scalar("type"),
+    Field::structure("runtimeConfig"),
+    Field::map("prevResult"),
+    Field::nullable(VALID_ATTACHMENTS_KEY),
+    Field::nullable(LEGACY_ATTACHMENTS_KEY),
+    Field::nullable("snat"),
+    Field::scalar("pinRoot"),
+    Field::nullable("interfaces"),
+    Field::scalar("conntrackSize"),
+    Field::scalar("logFile"),
+    Field::scalar("maxMappings"),
+    Field::scalar("hostPortListeners"),
+    Field::scalar("masqAll"),
+    Field::scalar("fastPath"),
+    Field::scalar("cgroupPath"),
+];
+const RUNTIME_CONFIG_FIELDS: &[Field] = &[Field::nullable("portMappings")];
+/// Upstream's `PortMapEntry`; also libcni's, ocicni's and go-cni's
+/// `PortMapping` (go-cni's has no tags, hence containerd's `HostPort`).
+const MAPPING_FIELDS: &[Field] = &[
+    Field::scalar("hostPort"),
+    Field::scalar("containerPort"),
+    Field::scalar("protocol"),
+    Field::scalar("hostIP"),
+];
+const ATTACHMENT_FIELDS: &[Field] = &[Field::scalar("containerID"), Field::scalar("ifname")];
+const PREV_RESULT_FIELDS: &[Field] = &[Field::nullable("interfaces"), Field::nullable("ips")];
+const INTERFACE_FIELDS: &[Field] = &[
+    Field::scalar("name"),
+    Field::scalar("mac"),
+    Field::scalar("sandbox"),
+];
+const IP_FIELDS: &[Field] = &[Field::nullable("interface"), Field::scalar("address")];
+
+/// A value from the configuration with its key path as the user spelled it.
+#[derive(Debug)]
+struct Given {
+    key: String,
+    value: Value,
+}
+
+/// `parent.key` (or `key` at the root).
+fn key_path(parent: &str, key: &str) -> String {
+    if parent.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{parent}.{key}")
+    }
+}
+
+/// The value of a found key, parsed.
+fn given(found: Option<Found<'_, RawValue>>, parent: &str) -> Result<Option<Given>, ConfigError> {
+    found
+        .map(|found| {
+            Ok(Given {
+                key: key_path(parent, found.key),
+                value: raw_to_value(found.value)?,
+            })
+        })
+        .transpose()
+}
+
+fn raw_to_value(raw: &RawValue) -> Result<Value, ConfigError> {
+    // Only numbers beyond f64 fail here: the text was checked as JSON already.
+    serde_json::from_str(raw.get()).map_err(|source| ConfigError::InvalidJson { source })
+}
+
+/// An object of the configuration, or the error naming `key` when the value
+/// is something else.
+fn object<'a>(key: &str, raw: &'a RawValue) -> Result<Object<'a>, ConfigError> {
+    Object::parse(raw.get()).map_err(|_| ConfigError::WrongType {
+        key: key.to_owned(),
+        expected: "an object",
+        found: json_keys::kind_of(raw),
+    })
+}
+
+/// The configuration on stdin as an object, keys in document order.
+fn root_object(stdin: &[u8]) -> Result<Object<'_>, ConfigError> {
+    match serde_json::from_slice::<Object<'_>>(stdin) {
+        Ok(root) => Ok(root),
+        Err(source) => match serde_json::from_slice::<Value>(stdin) {
+            Ok(other) => Err(ConfigError::NotAnObject {
+                found: json_kind(&other),
+            }),
+            Err(_) => Err(ConfigError::InvalidJson { source }),
+        },
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Strictness {
     Strict,
@@ -604,47 +855,42 @@ enum Strictness {
 }
 
 fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigError>), ConfigError> {
-    let mut root = match serde_json::from_slice::<Value>(stdin) {
-        Ok(Value::Object(root)) => root,
-        Ok(other) => {
-            return Err(ConfigError::NotAnObject {
-                found: json_kind(&other),
-            });
-        }
-        Err(source) => return Err(ConfigError::InvalidJson { source }),
-    };
+    let root = root_object(stdin)?;
+    let fields = root.resolve(ROOT_FIELDS);
+    let value = |name: &str| given(fields.get(name), "");
 
-    let cni_version = parse_version(&root)?;
-    let name = required_str(&root, "name", "name")?.to_owned();
+    let cni_version = parse_version(value("cniVersion")?)?;
+    let (name_key, name) = required_string(value("name")?, "name")?;
     validate_identifier(&name).map_err(|reason| ConfigError::InvalidNetworkName {
+        key: name_key,
         value: name.clone(),
         reason,
     })?;
-    let plugin_type = required_str(&root, "type", "type")?.to_owned();
+    let (type_key, plugin_type) = required_string(value("type")?, "type")?;
     if plugin_type.is_empty() {
-        return Err(ConfigError::EmptyField { key: "type".into() });
+        return Err(ConfigError::EmptyField { key: type_key });
     }
-    let pin_root = parse_pin_root(present(&root, "pinRoot"))?;
-    let interfaces = parse_interfaces(present(&root, "interfaces"))?;
-    let conntrack_size = parse_conntrack_size(present(&root, "conntrackSize"))?;
-    let log_file = parse_log_file(present(&root, "logFile"))?;
-    let max_mappings = parse_max_mappings(present(&root, "maxMappings"))?;
-    let listener_policy = parse_listener_policy(present(&root, "hostPortListeners"))?;
-    let snat = parse_bool("snat", present(&root, "snat"), true)?;
-    let masq_all = parse_bool("masqAll", present(&root, "masqAll"), false)?;
-    let fast_path = parse_bool("fastPath", present(&root, "fastPath"), false)?;
-    let cgroup_path = parse_cgroup_path(present(&root, "cgroupPath"))?;
-    let valid_attachments = parse_valid_attachments(&root)?;
+    let pin_root = parse_pin_root(value("pinRoot")?)?;
+    let interfaces = parse_interfaces(value("interfaces")?)?;
+    let conntrack_size = parse_conntrack_size(value("conntrackSize")?)?;
+    let log_file = parse_log_file(value("logFile")?)?;
+    let max_mappings = parse_max_mappings(value("maxMappings")?)?;
+    let listener_policy = parse_listener_policy(value("hostPortListeners")?)?;
+    let snat = parse_bool(value("snat")?, true)?;
+    let masq_all = parse_bool(value("masqAll")?, false)?;
+    let fast_path = parse_bool(value("fastPath")?, false)?;
+    let cgroup_path = parse_cgroup_path(value("cgroupPath")?)?;
+    let valid_attachments = parse_valid_attachments(&fields)?;
 
     let mut dropped = Vec::new();
-    let port_mappings = tolerate(
-        parse_port_mappings(present(&root, "runtimeConfig")),
-        Vec::new(),
+    let (port_mappings, host_ip_keys) = tolerate(
+        parse_port_mappings(&fields.all("runtimeConfig")),
+        (Vec::new(), Vec::new()),
         strictness,
         &mut dropped,
     )?;
     let prev_result = tolerate(
-        parse_prev_result(root.remove("prevResult")),
+        parse_prev_result(&fields.all("prevResult")),
         None,
         strictness,
         &mut dropped,
@@ -666,6 +912,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
             fast_path,
             cgroup_path,
             port_mappings,
+            host_ip_keys,
             prev_result,
             valid_attachments,
         },
@@ -691,26 +938,40 @@ fn tolerate<T>(
     }
 }
 
-fn parse_version(root: &Map<String, Value>) -> Result<String, ConfigError> {
-    match present(root, "cniVersion") {
+fn parse_version(value: Option<Given>) -> Result<String, ConfigError> {
+    match value {
         None => Err(ConfigError::MissingVersion),
-        Some(Value::String(version)) if SUPPORTED_VERSIONS.contains(&version.as_str()) => {
-            Ok(version.clone())
-        }
-        Some(other) => Err(ConfigError::UnsupportedVersion {
-            version: other.to_string(),
+        Some(Given {
+            value: Value::String(version),
+            ..
+        }) if SUPPORTED_VERSIONS.contains(&version.as_str()) => Ok(version),
+        Some(Given { key, value }) => Err(ConfigError::UnsupportedVersion {
+            key,
+            version: value.to_string(),
         }),
     }
 }
 
-fn parse_pin_root(value: Option<&Value>) -> Result<PathBuf, ConfigError> {
-    let Some(value) = value else {
+/// `cniVersion` of a configuration, read without validating the rest (for
+/// VERSION, and for answering errors in the caller's version).
+pub fn cni_version_of(stdin: &[u8]) -> Option<String> {
+    let root = serde_json::from_slice::<Object<'_>>(stdin).ok()?;
+    let fields = root.resolve(ROOT_FIELDS);
+    match given(fields.get("cniVersion"), "").ok()??.value {
+        Value::String(version) => Some(version),
+        _ => None,
+    }
+}
+
+fn parse_pin_root(value: Option<Given>) -> Result<PathBuf, ConfigError> {
+    let Some(Given { key, value }) = value else {
         return Ok(PathBuf::from(DEFAULT_PIN_ROOT));
     };
     let raw = value
         .as_str()
-        .ok_or_else(|| wrong_type("pinRoot", "a string", value))?;
+        .ok_or_else(|| wrong_type(&key, "a string", &value))?;
     let invalid = |reason| ConfigError::InvalidPinRoot {
+        key: key.clone(),
         value: raw.to_owned(),
         reason,
     };
@@ -732,30 +993,31 @@ fn parse_pin_root(value: Option<&Value>) -> Result<PathBuf, ConfigError> {
     Ok(path.to_path_buf())
 }
 
-fn parse_interfaces(value: Option<&Value>) -> Result<Option<Vec<String>>, ConfigError> {
-    let Some(value) = value else {
+fn parse_interfaces(value: Option<Given>) -> Result<Option<Vec<String>>, ConfigError> {
+    let Some(Given { key, value }) = value else {
         return Ok(None);
     };
     let list = value
         .as_array()
-        .ok_or_else(|| wrong_type("interfaces", "an array of interface names", value))?;
+        .ok_or_else(|| wrong_type(&key, "an array of interface names", &value))?;
     if list.is_empty() {
-        return Err(ConfigError::EmptyInterfaceList);
+        return Err(ConfigError::EmptyInterfaceList { key });
     }
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(list.len());
     let mut names = Vec::with_capacity(list.len());
     for (index, entry) in list.iter().enumerate() {
-        let key = format!("interfaces[{index}]");
+        let entry_key = format!("{key}[{index}]");
         let name = entry
             .as_str()
-            .ok_or_else(|| wrong_type(&key, "a string", entry))?;
+            .ok_or_else(|| wrong_type(&entry_key, "a string", entry))?;
         validate_ifname(name).map_err(|reason| ConfigError::InvalidInterfaceName {
-            key,
+            key: entry_key,
             value: name.to_owned(),
             reason,
         })?;
         if let Some(first) = seen.insert(name, index) {
             return Err(ConfigError::DuplicateInterface {
+                key,
                 first,
                 second: index,
                 name: name.to_owned(),
@@ -766,60 +1028,64 @@ fn parse_interfaces(value: Option<&Value>) -> Result<Option<Vec<String>>, Config
     Ok(Some(names))
 }
 
-fn parse_conntrack_size(value: Option<&Value>) -> Result<Option<u32>, ConfigError> {
-    let Some(value) = value else {
-        return Ok(None);
-    };
-    let out_of_range = || ConfigError::ConntrackSizeOutOfRange {
-        value: value.to_string(),
-    };
-    match integer("conntrackSize", value)? {
+/// An integer within `range`, or the error `out_of_range` builds.
+fn bounded(
+    given: &Given,
+    range: std::ops::RangeInclusive<u32>,
+    out_of_range: fn(String, String) -> ConfigError,
+) -> Result<u32, ConfigError> {
+    let error = || out_of_range(given.key.clone(), given.value.to_string());
+    match integer(&given.key, &given.value)? {
         Integer::Unsigned(size) => u32::try_from(size)
             .ok()
-            .filter(|size| (CONNTRACK_SIZE_MIN..=CONNTRACK_SIZE_MAX).contains(size))
-            .map(Some)
-            .ok_or_else(out_of_range),
-        Integer::Negative => Err(out_of_range()),
+            .filter(|size| range.contains(size))
+            .ok_or_else(error),
+        Integer::Negative => Err(error()),
     }
 }
 
-fn parse_max_mappings(value: Option<&Value>) -> Result<Option<u32>, ConfigError> {
-    let Some(value) = value else {
-        return Ok(None);
-    };
-    let out_of_range = || ConfigError::MaxMappingsOutOfRange {
-        value: value.to_string(),
-    };
-    match integer("maxMappings", value)? {
-        Integer::Unsigned(size) => u32::try_from(size)
-            .ok()
-            .filter(|size| (MAX_MAPPINGS_MIN..=MAX_MAPPINGS_MAX).contains(size))
-            .map(Some)
-            .ok_or_else(out_of_range),
-        Integer::Negative => Err(out_of_range()),
-    }
+fn parse_conntrack_size(value: Option<Given>) -> Result<Option<u32>, ConfigError> {
+    value
+        .map(|given| {
+            bounded(
+                &given,
+                CONNTRACK_SIZE_MIN..=CONNTRACK_SIZE_MAX,
+                |key, value| ConfigError::ConntrackSizeOutOfRange { key, value },
+            )
+        })
+        .transpose()
 }
 
-fn parse_bool(
-    key: &'static str,
-    value: Option<&Value>,
-    default: bool,
-) -> Result<bool, ConfigError> {
+fn parse_max_mappings(value: Option<Given>) -> Result<Option<u32>, ConfigError> {
+    value
+        .map(|given| {
+            bounded(&given, MAX_MAPPINGS_MIN..=MAX_MAPPINGS_MAX, |key, value| {
+                ConfigError::MaxMappingsOutOfRange { key, value }
+            })
+        })
+        .transpose()
+}
+
+fn parse_bool(value: Option<Given>, default: bool) -> Result<bool, ConfigError> {
     match value {
         None => Ok(default),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(ConfigError::NotABool {
+        Some(Given {
+            value: Value::Bool(b),
+            ..
+        }) => Ok(b),
+        Some(Given { key, value }) => Err(ConfigError::NotABool {
             key,
-            value: other.to_string(),
+            value: value.to_string(),
         }),
     }
 }
 
-fn parse_cgroup_path(value: Option<&Value>) -> Result<Option<PathBuf>, ConfigError> {
-    let Some(value) = value else {
+fn parse_cgroup_path(value: Option<Given>) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(Given { key, value }) = value else {
         return Ok(None);
     };
     let invalid = || ConfigError::InvalidCgroupPath {
+        key: key.clone(),
         value: value.to_string(),
     };
     let raw = value.as_str().ok_or_else(invalid)?;
@@ -835,25 +1101,33 @@ fn parse_cgroup_path(value: Option<&Value>) -> Result<Option<PathBuf>, ConfigErr
     Ok(Some(path.to_path_buf()))
 }
 
-fn parse_listener_policy(value: Option<&Value>) -> Result<ListenerPolicy, ConfigError> {
+fn parse_listener_policy(value: Option<Given>) -> Result<ListenerPolicy, ConfigError> {
     match value {
         None => Ok(ListenerPolicy::default()),
-        Some(Value::String(s)) if s == "refuse" => Ok(ListenerPolicy::Refuse),
-        Some(Value::String(s)) if s == "allow" => Ok(ListenerPolicy::Allow),
-        Some(other) => Err(ConfigError::InvalidListenerPolicy {
-            value: other.to_string(),
+        Some(Given {
+            value: Value::String(s),
+            ..
+        }) if s == "refuse" => Ok(ListenerPolicy::Refuse),
+        Some(Given {
+            value: Value::String(s),
+            ..
+        }) if s == "allow" => Ok(ListenerPolicy::Allow),
+        Some(Given { key, value }) => Err(ConfigError::InvalidListenerPolicy {
+            key,
+            value: value.to_string(),
         }),
     }
 }
 
-fn parse_log_file(value: Option<&Value>) -> Result<PathBuf, ConfigError> {
-    let Some(value) = value else {
+fn parse_log_file(value: Option<Given>) -> Result<PathBuf, ConfigError> {
+    let Some(Given { key, value }) = value else {
         return Ok(PathBuf::from(DEFAULT_LOG_FILE));
     };
     let raw = value
         .as_str()
-        .ok_or_else(|| wrong_type("logFile", "a string", value))?;
+        .ok_or_else(|| wrong_type(&key, "a string", &value))?;
     let invalid = |reason| ConfigError::InvalidLogFile {
+        key: key.clone(),
         value: raw.to_owned(),
         reason,
     };
@@ -878,173 +1152,250 @@ fn parse_log_file(value: Option<&Value>) -> Result<PathBuf, ConfigError> {
 /// parsed (so that even a broken request is logged): the default when stdin
 /// is not a configuration or the key is invalid (parsing reports that).
 pub fn log_file_of(stdin: &[u8]) -> PathBuf {
-    /// Only `logFile` is decoded; serde skips the rest of the request
-    /// without building it (it is parsed in full right after).
-    #[derive(serde::Deserialize)]
-    struct LogFileOnly {
-        #[serde(rename = "logFile", default)]
-        log_file: Option<Value>,
-    }
-    serde_json::from_slice::<LogFileOnly>(stdin)
+    // Only the top level is split into keys; values stay unparsed text
+    // except logFile's (the request is parsed in full right after).
+    serde_json::from_slice::<Object<'_>>(stdin)
         .ok()
-        .and_then(|root| parse_log_file(root.log_file.as_ref().filter(|v| !v.is_null())).ok())
+        .and_then(|root| {
+            let fields = root.resolve(ROOT_FIELDS);
+            parse_log_file(given(fields.get("logFile"), "").ok()?).ok()
+        })
         .unwrap_or_else(|| PathBuf::from(DEFAULT_LOG_FILE))
 }
 
 fn parse_valid_attachments(
-    root: &Map<String, Value>,
+    root: &Resolved<'_, RawValue>,
 ) -> Result<Option<Vec<Attachment>>, ConfigError> {
-    let (key, value) = match present(root, VALID_ATTACHMENTS_KEY) {
-        Some(value) => (VALID_ATTACHMENTS_KEY, value),
-        None => match present(root, LEGACY_ATTACHMENTS_KEY) {
-            Some(value) => (LEGACY_ATTACHMENTS_KEY, value),
-            None => return Ok(None),
-        },
+    let found = root
+        .get(VALID_ATTACHMENTS_KEY)
+        .or_else(|| root.get(LEGACY_ATTACHMENTS_KEY));
+    let Some(found) = found else {
+        return Ok(None);
     };
-    let list = value.as_array().ok_or_else(|| {
-        wrong_type(
-            key,
-            "an array of {\"containerID\", \"ifname\"} objects",
-            value,
-        )
+    let key = found.key;
+    let list = serde_json::from_str::<Vec<&RawValue>>(found.value.get()).map_err(|_| {
+        ConfigError::WrongType {
+            key: key.to_owned(),
+            expected: "an array of {\"containerID\", \"ifname\"} objects",
+            found: json_keys::kind_of(found.value),
+        }
     })?;
     list.iter()
         .enumerate()
         .map(|(index, entry)| {
             let entry_key = format!("{key}[{index}]");
-            let entry = expect_object(&entry_key, entry)?;
+            let entry = object(&entry_key, entry)?;
+            let fields = entry.resolve(ATTACHMENT_FIELDS);
+            let field = |name| {
+                required_string(
+                    given(fields.get(name), &entry_key)?,
+                    &key_path(&entry_key, name),
+                )
+            };
             Ok(Attachment {
-                container_id: required_str(
-                    entry,
-                    &format!("{entry_key}.containerID"),
-                    "containerID",
-                )?
-                .to_owned(),
-                ifname: required_str(entry, &format!("{entry_key}.ifname"), "ifname")?.to_owned(),
+                container_id: field("containerID")?.1,
+                ifname: field("ifname")?.1,
             })
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
 }
 
-fn parse_prev_result(value: Option<Value>) -> Result<Option<Value>, ConfigError> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(prev @ Value::Object(_)) => Ok(Some(prev)),
-        Some(other) => Err(wrong_type("prevResult", "an object", &other)),
+/// prevResult, merged from every occurrence since the last `null` (what Go
+/// does decoding them into one map).
+fn parse_prev_result(found: &[Found<'_, RawValue>]) -> Result<Option<Value>, ConfigError> {
+    let mut merged: Option<Map<String, Value>> = None;
+    for occurrence in found {
+        match raw_to_value(occurrence.value)? {
+            Value::Object(object) => merged.get_or_insert_with(Map::new).extend(object),
+            other => return Err(wrong_type(occurrence.key, "an object", &other)),
+        }
     }
+    Ok(merged.map(Value::Object))
 }
 
-fn parse_port_mappings(runtime_config: Option<&Value>) -> Result<Vec<PortMapping>, ConfigError> {
-    let Some(runtime_config) = runtime_config else {
-        return Ok(Vec::new());
+/// The validated mappings and, for each, the path of its `hostIP` key as
+/// written (for later messages). `runtime_configs` are the occurrences of
+/// runtimeConfig, which Go merges into one struct.
+fn parse_port_mappings(
+    runtime_configs: &[Found<'_, RawValue>],
+) -> Result<(Vec<PortMapping>, Vec<String>), ConfigError> {
+    let mut objects = Vec::with_capacity(runtime_configs.len());
+    for occurrence in runtime_configs {
+        objects.push((occurrence.key, object(occurrence.key, occurrence.value)?));
+    }
+    // Every key of every occurrence, each with the occurrence it came from.
+    let entries: Vec<(&str, &str, &RawValue)> = objects
+        .iter()
+        .flat_map(|(parent, object)| {
+            object
+                .entries()
+                .map(move |(key, value)| (*parent, key, value))
+        })
+        .collect();
+    let fields = json_keys::resolve(
+        RUNTIME_CONFIG_FIELDS,
+        entries.iter().map(|(_, key, value)| (*key, *value)),
+    );
+    let Some(found) = fields.get("portMappings") else {
+        return Ok((Vec::new(), Vec::new()));
     };
-    let runtime_config = expect_object("runtimeConfig", runtime_config)?;
-    let Some(list) = present(runtime_config, "portMappings") else {
-        return Ok(Vec::new());
-    };
-    let list = list
-        .as_array()
-        .ok_or_else(|| wrong_type(MAPPINGS_KEY, "an array", list))?;
+    let parent = entries
+        .iter()
+        .find(|(_, _, value)| std::ptr::eq(*value, found.value))
+        .map_or("runtimeConfig", |(parent, _, _)| *parent);
+    let list_key = format!("{parent}.{}", found.key);
+    let list = serde_json::from_str::<Vec<&RawValue>>(found.value.get()).map_err(|_| {
+        ConfigError::WrongType {
+            key: list_key.clone(),
+            expected: "an array",
+            found: json_keys::kind_of(found.value),
+        }
+    })?;
     // Checked before parsing so an oversized list costs nothing.
     if list.len() > MAX_MAPPINGS_PER_REQUEST {
         return Err(ConfigError::TooManyMappings {
+            key: list_key,
             count: list.len(),
             max: MAX_MAPPINGS_PER_REQUEST,
         });
     }
-    let mappings = list
-        .iter()
-        .enumerate()
-        .map(|(index, entry)| parse_port_mapping(index, entry))
-        .collect::<Result<Vec<_>, _>>()?;
-    reject_duplicates(&mappings)?;
-    Ok(mappings)
+    let mut mappings = Vec::with_capacity(list.len());
+    let mut host_ip_keys = Vec::with_capacity(list.len());
+    for (index, entry) in list.iter().enumerate() {
+        let (mapping, host_ip_key) = parse_port_mapping(&list_key, index, entry)?;
+        mappings.push(mapping);
+        host_ip_keys.push(host_ip_key);
+    }
+    reject_duplicates(&list_key, &mappings)?;
+    Ok((mappings, host_ip_keys))
 }
 
-fn parse_port_mapping(index: usize, entry: &Value) -> Result<PortMapping, ConfigError> {
-    let key = format!("{MAPPINGS_KEY}[{index}]");
-    let entry = expect_object(&key, entry)?;
-    // Unknown keys are ignored: runtimes add their own (podman's "range").
-    Ok(PortMapping {
-        host_port: parse_port(entry, index, "hostPort")?,
-        container_port: parse_port(entry, index, "containerPort")?,
-        protocol: parse_protocol(entry, index)?,
-        host_ip: parse_host_ip(entry, index)?,
-    })
-}
-
-fn parse_port(
-    entry: &Map<String, Value>,
+/// The path of a key of a mapping entry as written, built only for a
+/// message: a request may hold 1024 entries, and formatting every path up
+/// front was most of the cost of parsing them.
+#[derive(Debug, Clone, Copy)]
+struct EntryKey<'a> {
+    list: &'a str,
     index: usize,
-    field: &'static str,
-) -> Result<u16, ConfigError> {
-    let key = format!("{MAPPINGS_KEY}[{index}].{field}");
-    let Some(value) = present(entry, field) else {
-        return Err(ConfigError::MissingField { field: key });
-    };
-    let out_of_range = || ConfigError::PortOutOfRange {
-        field,
-        index,
-        value: value.to_string(),
-    };
-    match integer(&key, value)? {
-        Integer::Unsigned(port) => u16::try_from(port)
-            .ok()
-            .filter(|port| *port != 0)
-            .ok_or_else(out_of_range),
-        Integer::Negative => Err(out_of_range()),
+    key: &'a str,
+}
+
+impl fmt::Display for EntryKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.list, self.index)?;
+        if !self.key.is_empty() {
+            write!(f, ".{}", self.key)?;
+        }
+        Ok(())
     }
 }
 
-fn parse_protocol(entry: &Map<String, Value>, index: usize) -> Result<Protocol, ConfigError> {
-    let Some(value) = present(entry, "protocol") else {
+/// A mapping's field: where it is and its raw value.
+type EntryField<'a> = (EntryKey<'a>, &'a RawValue);
+
+/// The string a raw JSON value holds, borrowed unless it has escapes.
+fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
+}
+
+fn raw_wrong_type(key: EntryKey<'_>, expected: &'static str, raw: &RawValue) -> ConfigError {
+    ConfigError::WrongType {
+        key: key.to_string(),
+        expected,
+        found: json_keys::kind_of(raw),
+    }
+}
+
+/// One mapping entry, and the path of its `hostIP` key (empty when hostIP is
+/// absent or empty: no message is ever about it then).
+fn parse_port_mapping(
+    list: &str,
+    index: usize,
+    entry: &RawValue,
+) -> Result<(PortMapping, String), ConfigError> {
+    let at = |key| EntryKey { list, index, key };
+    let entry =
+        Object::parse(entry.get()).map_err(|_| raw_wrong_type(at(""), "an object", entry))?;
+    // Unknown keys are ignored: runtimes add their own (podman's "range").
+    let fields = entry.resolve(MAPPING_FIELDS);
+    let field = |name| fields.get(name).map(|found| (at(found.key), found.value));
+    let port = |name| parse_port(field(name), at(name));
+    let host_ip = field("hostIP");
+    let mapping = PortMapping {
+        host_port: port("hostPort")?,
+        container_port: port("containerPort")?,
+        protocol: parse_protocol(field("protocol"))?,
+        host_ip: parse_host_ip(host_ip)?,
+    };
+    let host_ip_key = match (mapping.host_ip, host_ip) {
+        (HostIp::Any, _) | (_, None) => String::new(),
+        (_, Some((key, _))) => key.to_string(),
+    };
+    Ok((mapping, host_ip_key))
+}
+
+/// A port (1-65535); `missing` names the key when it is absent.
+fn parse_port(value: Option<EntryField<'_>>, missing: EntryKey<'_>) -> Result<u16, ConfigError> {
+    let Some((key, raw)) = value else {
+        return Err(ConfigError::MissingField {
+            field: missing.to_string(),
+        });
+    };
+    let value = raw_to_value(raw)?;
+    let out_of_range = || ConfigError::PortOutOfRange {
+        key: key.to_string(),
+        value: value.to_string(),
+    };
+    if let Some(port) = value.as_u64() {
+        return u16::try_from(port)
+            .ok()
+            .filter(|port| *port != 0)
+            .ok_or_else(out_of_range);
+    }
+    match integer(&key.to_string(), &value)? {
+        Integer::Unsigned(_) | Integer::Negative => Err(out_of_range()),
+    }
+}
+
+fn parse_protocol(value: Option<EntryField<'_>>) -> Result<Protocol, ConfigError> {
+    let Some((key, raw)) = value else {
         return Ok(Protocol::Tcp);
     };
-    let name = value.as_str().ok_or_else(|| {
-        wrong_type(
-            &format!("{MAPPINGS_KEY}[{index}].protocol"),
-            "a string",
-            value,
-        )
-    })?;
+    let name = raw_str(raw).ok_or_else(|| raw_wrong_type(key, "a string", raw))?;
     // libcni's PortMapping has no omitempty on "protocol", so Go runtimes that
     // leave it unset send "": that means the default, like an absent key.
     if name.is_empty() {
         return Ok(Protocol::Tcp);
     }
-    Protocol::from_name(name).ok_or_else(|| ConfigError::UnknownProtocol {
-        index,
-        protocol: name.to_owned(),
+    Protocol::from_name(&name).ok_or_else(|| ConfigError::UnknownProtocol {
+        key: key.to_string(),
+        protocol: name.into_owned(),
     })
 }
 
-fn parse_host_ip(entry: &Map<String, Value>, index: usize) -> Result<HostIp, ConfigError> {
-    let Some(value) = present(entry, "hostIP") else {
+fn parse_host_ip(value: Option<EntryField<'_>>) -> Result<HostIp, ConfigError> {
+    let Some((key, raw)) = value else {
         return Ok(HostIp::Any);
     };
-    let raw = value.as_str().ok_or_else(|| {
-        wrong_type(
-            &format!("{MAPPINGS_KEY}[{index}].hostIP"),
-            "a string",
-            value,
-        )
-    })?;
-    if raw.is_empty() {
+    let text = raw_str(raw).ok_or_else(|| raw_wrong_type(key, "a string", raw))?;
+    // containerd always sends "HostIP" and leaves it "" when unset; upstream
+    // treats "" like an absent key (it only parses a non-empty hostIP).
+    if text.is_empty() {
         return Ok(HostIp::Any);
     }
-    let address = raw
+    let address = text
         .parse::<IpAddr>()
         .map_err(|source| ConfigError::InvalidHostIp {
-            index,
-            value: raw.to_owned(),
+            key: key.to_string(),
+            value: text.clone().into_owned(),
             source,
         })?
         // ::ffff:a.b.c.d is how some callers spell an IPv4 address; the packets
         // we match are plain IPv4.
         .to_canonical();
     let unusable = |reason| ConfigError::UnusableHostIp {
-        index,
+        key: key.to_string(),
         address,
         reason,
     };
@@ -1064,7 +1415,7 @@ fn parse_host_ip(entry: &Map<String, Value>, index: usize) -> Result<HostIp, Con
 /// Two entries collide when, for the same protocol and host port, they claim
 /// the same family wildcard or the same exact address. A wildcard and an exact
 /// address of the same family may coexist: the exact one is more specific.
-fn reject_duplicates(mappings: &[PortMapping]) -> Result<(), ConfigError> {
+fn reject_duplicates(list_key: &str, mappings: &[PortMapping]) -> Result<(), ConfigError> {
     let mut claimed: HashMap<(HostClaim, u16, Protocol), usize> =
         HashMap::with_capacity(mappings.len() * 2);
     for (index, mapping) in mappings.iter().enumerate() {
@@ -1072,6 +1423,7 @@ fn reject_duplicates(mappings: &[PortMapping]) -> Result<(), ConfigError> {
             if let Some(first) = claimed.insert((claim, mapping.host_port, mapping.protocol), index)
             {
                 return Err(ConfigError::DuplicateMapping {
+                    list: list_key.to_owned(),
                     first,
                     second: index,
                     protocol: mapping.protocol,
@@ -1085,33 +1437,38 @@ fn reject_duplicates(mappings: &[PortMapping]) -> Result<(), ConfigError> {
 }
 
 fn ip_is_on_sandbox_interface(
-    ip: &Map<String, Value>,
+    ip: &Resolved<'_, Value>,
     key: &str,
-    interfaces: &[Value],
+    interfaces: (&str, &[Value]),
     ifname: &str,
 ) -> Result<bool, ConfigError> {
-    let Some(index) = present(ip, "interface") else {
+    let Some(index) = ip.get("interface") else {
         return Ok(true);
     };
-    let index_key = format!("{key}.interface");
-    let index = match integer(&index_key, index)? {
+    let index_key = key_path(key, index.key);
+    let index = match integer(&index_key, index.value)? {
         Integer::Unsigned(index) => index,
         Integer::Negative => return Ok(false),
     };
     let Some(interface) = usize::try_from(index)
         .ok()
-        .and_then(|index| interfaces.get(index))
+        .and_then(|index| interfaces.1.get(index))
     else {
         return Ok(false);
     };
-    let interface_key = format!("prevResult.interfaces[{index}]");
+    let interface_key = format!("prevResult.{}[{index}]", interfaces.0);
     let interface = expect_object(&interface_key, interface)?;
-    let name = required_str(interface, &format!("{interface_key}.name"), "name")?;
-    let sandbox = match present(interface, "sandbox") {
+    let interface = json_keys::resolve_sorted(INTERFACE_FIELDS, interface);
+    let (_, name) = required_str(interface.get("name"), &interface_key, "name")?;
+    let sandbox = match interface.get("sandbox") {
         None => "",
-        Some(sandbox) => sandbox
-            .as_str()
-            .ok_or_else(|| wrong_type(&format!("{interface_key}.sandbox"), "a string", sandbox))?,
+        Some(sandbox) => sandbox.value.as_str().ok_or_else(|| {
+            wrong_type(
+                &key_path(&interface_key, sandbox.key),
+                "a string",
+                sandbox.value,
+            )
+        })?,
     };
     // An empty sandbox marks a host-side interface (bridge, host veth end).
     Ok(name == ifname && !sandbox.is_empty())
@@ -1150,34 +1507,52 @@ fn integer(key: &str, value: &Value) -> Result<Integer, ConfigError> {
     }
 }
 
-/// A key's value, treating JSON null like an absent key (what Go's
-/// encoding/json does for pointer and omitempty fields).
-fn present<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    object.get(key).filter(|value| !value.is_null())
+/// A required string: (its key path as written, the string). `missing_key`
+/// names the key when it is absent.
+fn required_string(
+    value: Option<Given>,
+    missing_key: &str,
+) -> Result<(String, String), ConfigError> {
+    match value {
+        None => Err(ConfigError::MissingField {
+            field: missing_key.to_owned(),
+        }),
+        Some(Given {
+            key,
+            value: Value::String(text),
+        }) => Ok((key, text)),
+        Some(Given { key, value }) => Err(wrong_type(&key, "a string", &value)),
+    }
 }
 
+/// A required string of prevResult: (its key path as written, the string).
 fn required_str<'a>(
-    object: &'a Map<String, Value>,
-    key_path: &str,
-    key: &str,
-) -> Result<&'a str, ConfigError> {
-    let value = present(object, key).ok_or_else(|| ConfigError::MissingField {
-        field: key_path.to_owned(),
+    found: Option<Found<'a, Value>>,
+    parent: &str,
+    name: &str,
+) -> Result<(String, &'a str), ConfigError> {
+    let found = found.ok_or_else(|| ConfigError::MissingField {
+        field: key_path(parent, name),
     })?;
-    value
-        .as_str()
-        .ok_or_else(|| wrong_type(key_path, "a string", value))
+    let key = key_path(parent, found.key);
+    match found.value.as_str() {
+        Some(text) => Ok((key, text)),
+        None => Err(wrong_type(&key, "a string", found.value)),
+    }
 }
 
+/// An optional array of prevResult: (its key as written, the entries).
 fn optional_array<'a>(
-    object: &'a Map<String, Value>,
+    found: Option<Found<'a, Value>>,
     parent: &str,
-    key: &str,
-) -> Result<&'a [Value], ConfigError> {
-    match present(object, key) {
-        None => Ok(&[]),
-        Some(Value::Array(list)) => Ok(list),
-        Some(other) => Err(wrong_type(&format!("{parent}.{key}"), "an array", other)),
+) -> Result<(&'a str, &'a [Value]), ConfigError> {
+    match found {
+        None => Ok(("", &[])),
+        Some(Found {
+            key,
+            value: Value::Array(list),
+        }) => Ok((key, list)),
+        Some(Found { key, value }) => Err(wrong_type(&key_path(parent, key), "an array", value)),
     }
 }
 
@@ -1999,6 +2374,228 @@ mod tests {
         }
     }
 
+    /// What containerd 1.6 (through go-cni) sends: Go field names, HostIP
+    /// always present and "" when unset.
+    const CONTAINERD_MAPPINGS: &str = r#"{"HostPort":18080,"ContainerPort":80,"Protocol":"tcp","HostIP":""},{"HostPort":18443,"ContainerPort":443,"Protocol":"TCP","HostIP":"192.0.2.7"}"#;
+
+    #[test]
+    fn every_runtime_spelling_parses_to_the_same_mapping() {
+        let expected = vec![
+            PortMapping {
+                host_ip: HostIp::Any,
+                host_port: 18080,
+                container_port: 80,
+                protocol: Protocol::Tcp,
+            },
+            PortMapping {
+                host_ip: HostIp::Addr("192.0.2.7".parse().unwrap()),
+                host_port: 18443,
+                container_port: 443,
+                protocol: Protocol::Tcp,
+            },
+        ];
+        let cases = [
+            ("containerd and Nomad (go-cni)", CONTAINERD_MAPPINGS.to_owned()),
+            (
+                "CRI-O (ocicni json tags)",
+                r#"{"hostPort":18080,"containerPort":80,"protocol":"tcp","hostIP":""},{"hostPort":18443,"containerPort":443,"protocol":"TCP","hostIP":"192.0.2.7"}"#.to_owned(),
+            ),
+            (
+                "podman and libcni (camelCase, hostIP omitted when unset)",
+                r#"{"hostPort":18080,"containerPort":80,"protocol":"tcp"},{"hostPort":18443,"containerPort":443,"protocol":"tcp","hostIP":"192.0.2.7"}"#.to_owned(),
+            ),
+        ];
+        for (who, entries) in cases {
+            let conf = parse_netconf(mappings(&entries).as_bytes())
+                .unwrap_or_else(|error| panic!("{who}: {error}"));
+            assert_eq!(conf.port_mappings, expected, "{who}");
+        }
+    }
+
+    #[test]
+    fn every_key_we_read_matches_case_insensitively() {
+        let input = r#"{"CNIVERSION":"1.0.0","Name":"k8s","Type":"ebpf-portmap",
+            "PinRoot":"/sys/fs/bpf/x","Interfaces":["eth0"],"ConntrackSize":4096,
+            "LogFile":"/tmp/x.log","MaxMappings":64,"HostPortListeners":"allow",
+            "SNAT":false,"MasqAll":true,"FastPath":true,"CgroupPath":"/sys/fs/cgroup/x",
+            "RuntimeConfig":{"PortMappings":[{"HostPort":1,"ContainerPort":2}]},
+            "PrevResult":{"IPs":[{"Address":"10.0.0.2/24","Interface":0}],
+                          "Interfaces":[{"Name":"eth0","Sandbox":"/proc/1/ns/net"}]},
+            "CNI.DEV/VALID-ATTACHMENTS":[{"ContainerID":"a","IfName":"eth0"}]}"#;
+        let conf = parse_netconf(input.as_bytes()).unwrap();
+        assert_eq!(
+            (conf.cni_version.as_str(), conf.name.as_str()),
+            ("1.0.0", "k8s")
+        );
+        assert_eq!(conf.pin_root, PathBuf::from("/sys/fs/bpf/x"));
+        assert_eq!(conf.interfaces, Some(vec!["eth0".to_owned()]));
+        assert_eq!(
+            (conf.conntrack_size, conf.max_mappings),
+            (Some(4096), Some(64))
+        );
+        assert_eq!(conf.log_file, PathBuf::from("/tmp/x.log"));
+        assert_eq!(conf.listener_policy, ListenerPolicy::Allow);
+        assert_eq!(
+            (conf.snat, conf.masq_all, conf.fast_path),
+            (false, true, true)
+        );
+        assert_eq!(conf.cgroup_path, Some(PathBuf::from("/sys/fs/cgroup/x")));
+        assert_eq!(conf.port_mappings.len(), 1);
+        assert_eq!(
+            conf.valid_attachments,
+            Some(vec![Attachment {
+                container_id: "a".into(),
+                ifname: "eth0".into()
+            }])
+        );
+        let addrs = container_addrs(conf.prev_result.as_ref().unwrap(), "eth0").unwrap();
+        assert_eq!(
+            addrs.v4,
+            Some("10.0.0.2".parse().unwrap()),
+            "prevResult keys fold too"
+        );
+        assert_eq!(log_file_of(input.as_bytes()), PathBuf::from("/tmp/x.log"));
+        assert_eq!(cni_version_of(input.as_bytes()).as_deref(), Some("1.0.0"));
+    }
+
+    #[test]
+    fn errors_name_the_key_as_the_user_wrote_it() {
+        let cases = [
+            (
+                mappings(r#"{"HostPort":0,"ContainerPort":80}"#),
+                "runtimeConfig.portMappings[0].HostPort: 0 is out of range",
+            ),
+            (
+                mappings(r#"{"HostPort":80}"#),
+                "runtimeConfig.portMappings[0].containerPort is missing",
+            ),
+            (
+                mappings(r#"{"HostPort":80,"ContainerPort":80,"Protocol":"icmp"}"#),
+                "runtimeConfig.portMappings[0].Protocol: \"icmp\" is not supported",
+            ),
+            (
+                mappings(r#"{"HostPort":80,"ContainerPort":80,"HostIP":"x"}"#),
+                "runtimeConfig.portMappings[0].HostIP: \"x\" is not an IP address",
+            ),
+            (
+                with(r#","RuntimeConfig":{"PortMappings":[{"HostPort":"80","ContainerPort":80}]}"#),
+                "RuntimeConfig.PortMappings[0].HostPort: expected an integer, found a string",
+            ),
+            (
+                with(r#","RuntimeConfig":{"PortMappings":{}}"#),
+                "RuntimeConfig.PortMappings: expected an array, found an object",
+            ),
+            (
+                with(r#","PinRoot":"x""#),
+                "PinRoot: \"x\" is not an absolute path",
+            ),
+            (with(r#","SNAT":1"#), "SNAT: 1 is not true or false"),
+            (
+                with(
+                    r#","runtimeConfig":{"portMappings":[{"HostPort":80,"ContainerPort":80},{"hostPort":80,"containerPort":81}]}"#,
+                ),
+                "runtimeConfig.portMappings[1] duplicates runtimeConfig.portMappings[0]",
+            ),
+        ];
+        for (input, needle) in cases {
+            let error = parse_netconf(input.as_bytes()).expect_err(&input);
+            assert!(
+                error.to_string().contains(needle),
+                "{error} should contain {needle:?}"
+            );
+        }
+        let conf = parse_netconf(
+            mappings(r#"{"HostPort":80,"ContainerPort":80,"HostIP":"fd00::1"}"#).as_bytes(),
+        )
+        .unwrap();
+        let v4_only = ContainerAddrs {
+            v4: Some("10.0.0.2".parse().unwrap()),
+            v6: None,
+        };
+        let error = check_mappings_reachable(&conf, &v4_only, "eth0").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("runtimeConfig.portMappings[0].HostIP: fd00::1 is IPv6"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn prev_interfaces_fold_keys_and_skip_what_is_not_an_object() {
+        let prev = serde_json::json!({"Interfaces": [
+            {"Name": "cni0", "MAC": "0a:00:00:00:00:01"},
+            7,
+            {"name": "eth0", "mac": "0a:00:00:00:00:02", "SANDBOX": "/run/netns/x"}
+        ]});
+        let interfaces = prev_interfaces(&prev);
+        assert_eq!(
+            interfaces,
+            vec![
+                PrevInterface {
+                    name: Some("cni0"),
+                    mac: Some("0a:00:00:00:00:01"),
+                    sandbox: None
+                },
+                PrevInterface {
+                    name: Some("eth0"),
+                    mac: Some("0a:00:00:00:00:02"),
+                    sandbox: Some("/run/netns/x")
+                },
+            ]
+        );
+        assert!(!interfaces[0].in_sandbox() && interfaces[1].in_sandbox());
+    }
+
+    #[test]
+    fn keys_given_twice_follow_go() {
+        let port = |entries: &str| {
+            parse_netconf(mappings(entries).as_bytes()).map(|c| c.port_mappings[0].host_port)
+        };
+        assert_eq!(
+            port(r#"{"hostPort":1,"HostPort":2,"containerPort":80}"#).unwrap(),
+            2,
+            "the later key wins, even over an exact spelling"
+        );
+        assert_eq!(
+            port(r#"{"HostPort":2,"hostPort":1,"containerPort":80}"#).unwrap(),
+            1
+        );
+        assert_eq!(
+            port(r#"{"HostPort":2,"hostPort":null,"containerPort":80}"#).unwrap(),
+            2,
+            "null leaves an int as it was"
+        );
+        // runtimeConfig is a struct: a second one merges into the first.
+        let conf = parse_netconf(
+            with(r#","runtimeConfig":{"portMappings":[{"hostPort":5,"containerPort":6}]},"RuntimeConfig":{"bandwidth":{}}"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(conf.port_mappings.len(), 1, "the first one's mappings stay");
+        // prevResult is a map: a second one merges, a null clears it.
+        let prev = r#"{"ips":[{"address":"10.0.0.2/24"}]}"#;
+        let merged = parse_netconf(
+            with(&format!(
+                r#","prevResult":{prev},"PrevResult":{{"dns":{{}}}}"#
+            ))
+            .as_bytes(),
+        )
+        .unwrap();
+        let merged = merged.prev_result.unwrap();
+        assert!(
+            merged.get("ips").is_some() && merged.get("dns").is_some(),
+            "{merged}"
+        );
+        let cleared =
+            parse_netconf(with(&format!(r#","prevResult":{prev},"PrevResult":null"#)).as_bytes())
+                .unwrap();
+        assert!(cleared.prev_result.is_none());
+        // snat is a *bool upstream: null clears it back to the default.
+        let snat = parse_netconf(with(r#","snat":false,"SNAT":null"#).as_bytes()).unwrap();
+        assert!(snat.snat);
+    }
+
     #[test]
     fn log_file_is_found_before_parsing_and_never_fails() {
         assert_eq!(
@@ -2417,6 +3014,20 @@ mod tests {
         }
     }
 
+    /// The reachability check with the keys a camelCase configuration has.
+    fn reachable(
+        mappings: &[PortMapping],
+        container: &ContainerAddrs,
+        ifname: &str,
+    ) -> Result<(), ConfigError> {
+        mappings_reachable(
+            mappings,
+            |index| format!("{MAPPINGS_KEY}[{index}].hostIP"),
+            container,
+            ifname,
+        )
+    }
+
     #[test]
     fn mappings_need_a_container_address_of_their_family() {
         let v4_only = ContainerAddrs {
@@ -2430,11 +3041,10 @@ mod tests {
         let none = ContainerAddrs::default();
 
         assert!(
-            check_mappings_reachable(&[], &none, "eth0").is_ok(),
+            reachable(&[], &none, "eth0").is_ok(),
             "no mappings need no address"
         );
-        let error = check_mappings_reachable(&[mapping(HostIp::Any)], &none, "eth0")
-            .expect_err("no address");
+        let error = reachable(&[mapping(HostIp::Any)], &none, "eth0").expect_err("no address");
         assert!(
             matches!(error, ConfigError::NoContainerAddress { .. }),
             "{error}"
@@ -2445,18 +3055,17 @@ mod tests {
         );
 
         assert!(
-            check_mappings_reachable(&[mapping(HostIp::Any)], &v6_only, "eth0").is_ok(),
+            reachable(&[mapping(HostIp::Any)], &v6_only, "eth0").is_ok(),
             "Any works with one family"
         );
         assert!(
-            check_mappings_reachable(&[mapping(HostIp::AnyV6)], &v6_only, "eth0").is_ok(),
+            reachable(&[mapping(HostIp::AnyV6)], &v6_only, "eth0").is_ok(),
             ":: works with an IPv6 container"
         );
 
         let explicit_v4 = mapping(HostIp::Addr("1.2.3.4".parse().unwrap()));
-        let error =
-            check_mappings_reachable(&[mapping(HostIp::Any), explicit_v4], &v6_only, "eth0")
-                .expect_err("IPv4 hostIP with an IPv6-only container");
+        let error = reachable(&[mapping(HostIp::Any), explicit_v4], &v6_only, "eth0")
+            .expect_err("IPv4 hostIP with an IPv6-only container");
         assert_eq!(
             error.cni_code(),
             code::INVALID_NETWORK_CONFIG,
@@ -2468,8 +3077,8 @@ mod tests {
                 && message.contains("no IPv4 address"),
             "message must name the entry and the missing family: {message}"
         );
-        let error = check_mappings_reachable(&[mapping(HostIp::AnyV6)], &v4_only, "eth0")
-            .expect_err(":: needs IPv6");
+        let error =
+            reachable(&[mapping(HostIp::AnyV6)], &v4_only, "eth0").expect_err(":: needs IPv6");
         assert!(error.to_string().contains("IPv6"), "{error}");
     }
 }

@@ -26,6 +26,7 @@ use portmap_common::{
 
 use crate::{
     attach::{self, AttachMode},
+    config::PodIdentity,
     counters,
     maps::{self, Maps, MapsError},
     netlink,
@@ -100,6 +101,9 @@ pub struct MappingRow {
     pub value: MappingValue,
     /// `None` while the owner is being removed (or its record is lost).
     pub owner: Option<OwnerRecord>,
+    /// The owner's pod, from CNI_ARGS at ADD (empty when the runtime named
+    /// none, or the owner was added by a build that did not record it).
+    pub pod: PodIdentity,
     pub counters: MappingCounters,
     pub active_flows: u64,
 }
@@ -208,6 +212,7 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
     for entry in maps.mappings.iter() {
         let (key, value) = entry.map_err(read_error("mappings"))?;
         let owner = maps.owners.get(&value.owner_id, 0).ok();
+        let pod = maps.pod_of(value.owner_id);
         let counters = match &counters_map {
             Some(map) => counters::read(map, &key, value.owner_id)?,
             None => MappingCounters::default(),
@@ -220,6 +225,7 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
             key,
             value,
             owner,
+            pod,
             counters,
             active_flows,
         });

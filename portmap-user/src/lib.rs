@@ -10,6 +10,7 @@ pub mod counters;
 pub mod features;
 pub mod hash;
 pub mod inspect;
+pub mod json_keys;
 pub mod listeners;
 pub mod local;
 pub mod logging;

@@ -212,11 +212,20 @@ fn log_outcome(verb: &str, subject: &str, result: &Result<(), CniError>) {
     log::log!(level, "{verb} {subject}: {}", outcome(result));
 }
 
+/// `container=… ifname=… network=…`, and `pod=namespace/name` when
+/// CNI_ARGS named one (Nomad: `pod=nomad:namespace/job/group`).
 fn attachment(req: &Request) -> String {
-    format!(
+    let mut line = format!(
         "container={} ifname={} network={}",
         req.owner.container_id, req.owner.ifname, req.owner.network
-    )
+    );
+    if let Some(pod) = req.identity.label() {
+        line.push_str(&format!(" pod={pod}"));
+    }
+    if let Some(alloc) = &req.identity.nomad_alloc_id {
+        line.push_str(&format!(" alloc={alloc}"));
+    }
+    line
 }
 
 /// A plugin whose every decision is logged with the container it concerns.
@@ -328,6 +337,36 @@ mod tests {
         assert_eq!(
             describe_mappings(&conf),
             "*:8080->80/tcp, 198.18.0.11:53->53/udp, [::]:443->8443/tcp"
+        );
+    }
+
+    #[test]
+    fn attachments_name_the_pod_when_cni_args_did() {
+        let conf = crate::config::parse_netconf(
+            br#"{"cniVersion":"1.0.0","name":"k8s","type":"ebpf-portmap"}"#,
+        )
+        .expect("valid config");
+        let mut req = Request {
+            conf,
+            owner: crate::config::Owner {
+                network: "k8s".into(),
+                container_id: "3a1b".into(),
+                ifname: "eth0".into(),
+            },
+            netns: None,
+            container: Default::default(),
+            identity: Default::default(),
+        };
+        assert_eq!(attachment(&req), "container=3a1b ifname=eth0 network=k8s");
+        req.identity = crate::cni::parse_cni_args("K8S_POD_NAME=web;K8S_POD_NAMESPACE=default").0;
+        assert_eq!(
+            attachment(&req),
+            "container=3a1b ifname=eth0 network=k8s pod=default/web"
+        );
+        req.identity = crate::cni::parse_cni_args("NOMAD_ALLOC_ID=5e0c;NOMAD_JOB_ID=web").0;
+        assert_eq!(
+            attachment(&req),
+            "container=3a1b ifname=eth0 network=k8s pod=nomad:-/web/- alloc=5e0c"
         );
     }
 

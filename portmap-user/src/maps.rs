@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap};
 use portmap_common::{
-    CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OwnerRecord,
-    OwnerSlotKey, TraceFilter, map_names,
+    CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OWNER_PODS_MAP,
+    OwnerRecord, OwnerSlotKey, PodRecord, TraceFilter, capacity, map_names,
 };
 
 use crate::pin::PinLayout;
@@ -19,6 +19,22 @@ pub enum MapsError {
         path: PathBuf,
         #[source]
         source: MapError,
+    },
+    #[error("cannot create the {map} map")]
+    Create {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error(
+        "pinned map {path} has key size {key_size} and value size {value_size}, this build expects {expected_key} and {expected_value}: it was made by an incompatible build; remove it with `ebpf-portmap uninstall` or use another pinRoot"
+    )]
+    Incompatible {
+        path: PathBuf,
+        key_size: u32,
+        value_size: u32,
+        expected_key: u32,
+        expected_value: u32,
     },
     #[error("updating the {map} map failed")]
     Update {
@@ -33,6 +49,9 @@ pub struct Maps {
     pub mappings: HashMap<MapData, MappingKey, MappingValue>,
     pub owners: HashMap<MapData, u64, OwnerRecord>,
     pub owner_slots: HashMap<MapData, OwnerSlotKey, MappingKey>,
+    /// Pod identity by owner ID; `None` until an ADD created it (pins made
+    /// by a build before it have none, see [`create_pods`]).
+    pub pods: Option<HashMap<MapData, u64, PodRecord>>,
 }
 
 pub fn open<T>(layout: &PinLayout, name: &str) -> Result<T, MapsError>
@@ -73,7 +92,86 @@ impl Maps {
             mappings: open(layout, map_names::MAPPINGS)?,
             owners: open(layout, map_names::OWNERS)?,
             owner_slots: open(layout, map_names::OWNER_SLOTS)?,
+            pods: open_pods(layout)?,
         })
+    }
+}
+
+/// Key and value size of the pod map.
+const PODS_LAYOUT: (u32, u32) = (size_of::<u64>() as u32, size_of::<PodRecord>() as u32);
+
+/// The pinned pod map if it exists (checked to have this build's layout).
+fn open_pods(layout: &PinLayout) -> Result<Option<HashMap<MapData, u64, PodRecord>>, MapsError> {
+    let path = layout.map(OWNER_PODS_MAP);
+    let info = match aya::maps::MapInfo::from_pin(&path) {
+        Ok(info) => info,
+        Err(_) if !path.exists() => return Ok(None),
+        Err(source) => return Err(MapsError::Open { path, source }),
+    };
+    let (expected_key, expected_value) = PODS_LAYOUT;
+    if (info.key_size(), info.value_size()) != PODS_LAYOUT {
+        return Err(MapsError::Incompatible {
+            path,
+            key_size: info.key_size(),
+            value_size: info.value_size(),
+            expected_key,
+            expected_value,
+        });
+    }
+    open(layout, OWNER_PODS_MAP).map(Some)
+}
+
+/// Creates and pins the pod map unless it is pinned already, and opens it.
+///
+/// Created here, not by the eBPF loader: the programs never read it, and a
+/// node upgraded from a build without it must get it on the first ADD by
+/// this build, whatever the state of the programs. Safe against concurrent
+/// ADDs without the lock: pinning is an atomic create, the loser's map is
+/// dropped and the winner's opened.
+pub fn create_pods(layout: &PinLayout) -> Result<HashMap<MapData, u64, PodRecord>, MapsError> {
+    if let Some(pods) = open_pods(layout)? {
+        return Ok(pods);
+    }
+    let (key_size, value_size) = PODS_LAYOUT;
+    let definition = aya_obj::Map::Legacy(aya_obj::maps::LegacyMap {
+        def: aya_obj::maps::bpf_map_def {
+            map_type: aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_HASH as u32,
+            key_size,
+            value_size,
+            max_entries: capacity::OWNERS,
+            map_flags: aya_obj::generated::BPF_F_NO_PREALLOC,
+            id: 0,
+            pinning: aya_obj::maps::PinningType::None,
+        },
+        inner_def: None,
+        section_index: 0,
+        section_kind: aya_obj::EbpfSectionKind::Maps,
+        symbol_index: None,
+        data: Vec::new(),
+    });
+    let create = |source| MapsError::Create {
+        map: OWNER_PODS_MAP,
+        source,
+    };
+    let data = MapData::create(definition, OWNER_PODS_MAP, None).map_err(create)?;
+    match data.pin(layout.map(OWNER_PODS_MAP)) {
+        Ok(()) => {
+            let map = Map::from_map_data(data).map_err(create)?;
+            HashMap::try_from(map).map_err(create)
+        }
+        // Another ADD pinned one first: use that one.
+        Err(aya::pin::PinError::SyscallError(error))
+            if error.io_error.raw_os_error() == Some(libc::EEXIST) =>
+        {
+            match open_pods(layout)? {
+                Some(pods) => Ok(pods),
+                None => open(layout, OWNER_PODS_MAP),
+            }
+        }
+        Err(error) => Err(create(MapError::PinError {
+            name: Some(OWNER_PODS_MAP.to_owned()),
+            error,
+        })),
     }
 }
 

@@ -17,7 +17,7 @@ use portmap_common::{
 use serde_json::Value;
 
 use crate::{
-    config::ContainerAddrs,
+    config::{self, ContainerAddrs},
     maps::{MapsError, open},
     pin::PinLayout,
     store::words_from_addr,
@@ -100,7 +100,8 @@ fn driver(name: &str) -> Option<String> {
 }
 
 /// The hand-over of the container interface `ifname`, from prevResult's
-/// interfaces: its MAC, and the host end of its veth (a bridge port, whose
+/// interfaces (keys matched like upstream, see [`config::prev_interfaces`]):
+/// its MAC, and the host end of its veth (a bridge port, whose
 /// bridge is the gateway; or the only host-side interface, ptp-style).
 /// `None` when the main plugin gave the container no veth (macvlan, ipvlan,
 /// ...) or left out what is needed: those containers use the normal path.
@@ -111,27 +112,20 @@ pub fn handover(
     ifname: &str,
     mut link: impl FnMut(&str) -> Option<(u32, bool)>,
 ) -> Option<Handover> {
-    let interfaces = prev_result.get("interfaces")?.as_array()?;
-    let name = |i: &Value| i.get("name").and_then(Value::as_str).map(str::to_owned);
-    let in_sandbox = |i: &Value| {
-        i.get("sandbox")
-            .and_then(Value::as_str)
-            .is_some_and(|s| !s.is_empty())
-    };
+    let interfaces = config::prev_interfaces(prev_result);
     let container = interfaces
         .iter()
-        .find(|i| in_sandbox(i) && name(i).as_deref() == Some(ifname))?;
-    let container_mac = parse_mac(container.get("mac")?.as_str()?)?;
+        .find(|i| i.in_sandbox() && i.name == Some(ifname))?;
+    let container_mac = parse_mac(container.mac?)?;
     // (name, index, mac as reported, is a bridge port) of the host-side
     // interfaces.
     let host: Vec<(String, u32, Option<[u8; 6]>, bool)> = interfaces
         .iter()
-        .filter(|i| !in_sandbox(i))
+        .filter(|i| !i.in_sandbox())
         .filter_map(|i| {
-            let name = name(i)?;
-            let (index, port) = link(&name)?;
-            let mac = i.get("mac").and_then(Value::as_str).and_then(parse_mac);
-            Some((name, index, mac, port))
+            let name = i.name?;
+            let (index, port) = link(name)?;
+            Some((name.to_owned(), index, i.mac.and_then(parse_mac), port))
         })
         .collect();
     let (veth, gateway) = match host.iter().find(|h| h.3) {

@@ -6,7 +6,7 @@ use crate::{
     attach::{self, AttachError, Capacities},
     cgroup,
     cni::{CniError, GcRequest, Plugin, Request},
-    config::{HostIp, ListenerPolicy, NetConf, Owner},
+    config::{self, HostIp, ListenerPolicy, NetConf, Owner, PodIdentity},
     counters, listeners, local,
     maps::{Maps, MapsError},
     netlink::{self, NetlinkError, NodeAddress, Rtnl},
@@ -213,22 +213,13 @@ fn check_node_listeners(
 /// plugin reported them in prevResult (entries without a sandbox: the
 /// bridge and the host end of the veth): the hairpin path starts there.
 pub fn container_side_interfaces(rtnl: &mut Rtnl, conf: &NetConf) -> BTreeSet<u32> {
-    let Some(interfaces) = conf
-        .prev_result
-        .as_ref()
-        .and_then(|prev| prev.get("interfaces"))
-        .and_then(serde_json::Value::as_array)
-    else {
+    let Some(prev_result) = conf.prev_result.as_ref() else {
         return BTreeSet::new();
     };
-    interfaces
+    config::prev_interfaces(prev_result)
         .iter()
-        .filter(|i| {
-            i.get("sandbox")
-                .and_then(serde_json::Value::as_str)
-                .is_none_or(str::is_empty)
-        })
-        .filter_map(|i| i.get("name").and_then(serde_json::Value::as_str))
+        .filter(|i| !i.in_sandbox())
+        .filter_map(|i| i.name)
         .filter_map(|name| match rtnl.link(name) {
             // A bridge's ports are left out: everything between the
             // containers and the node crosses the bridge device's own hooks,
@@ -238,6 +229,16 @@ pub fn container_side_interfaces(rtnl: &mut Rtnl, conf: &NetConf) -> BTreeSet<u3
             Err(_) => netlink::interface_index(name),
         })
         .collect()
+}
+
+/// How log lines name a container: its ID, and its pod when one is known
+/// ("3a1b2c3d4e5f (pod default/web-7f9c)").
+pub fn who(owner: &Owner, identity: &PodIdentity) -> String {
+    if identity.is_empty() {
+        owner.container_id.clone()
+    } else {
+        format!("{} ({identity})", owner.container_id)
+    }
 }
 
 /// The plugin as the binary runs it.
@@ -252,7 +253,7 @@ impl Dataplane {
         // host-side interface once the node has a dataplane: that is where
         // its hairpin connections to other containers' host ports start.
         if translations.is_empty() && !layout.map(portmap_common::map_names::OWNERS).exists() {
-            log::info!("ADD {}: no port mappings", req.owner.container_id);
+            log::info!("ADD {}: no port mappings", who(&req.owner, &req.identity));
             return Ok(());
         }
         require_privilege()?;
@@ -284,7 +285,10 @@ impl Dataplane {
             return Ok(());
         }
         check_node_listeners(&maps, &req.owner, &translations, req.conf.listener_policy)?;
-        maps.claim(&req.owner, &translations)?;
+        if !req.identity.is_empty() && maps.pods.is_none() {
+            maps.pods = Some(crate::maps::create_pods(&layout)?);
+        }
+        maps.claim(&req.owner, &req.identity, &translations)?;
         // Recorded whether or not `fastPath` is on now: it is a node-wide
         // switch, and containers added before it was turned on use it too.
         match req.conf.prev_result.as_ref().and_then(|prev| {
@@ -303,12 +307,12 @@ impl Dataplane {
             )?,
             None => log::info!(
                 "ADD {}: no veth to hand packets to; the fast path does not apply",
-                req.owner.container_id
+                who(&req.owner, &req.identity)
             ),
         }
         log::info!(
             "ADD {}: {} mapping(s) claimed",
-            req.owner.container_id,
+            who(&req.owner, &req.identity),
             translations.len()
         );
         Ok(())
@@ -325,6 +329,14 @@ impl Dataplane {
         // the container addresses whose fast-path entries go too.
         let owned = maps.owned_keys(&req.owner).unwrap_or_default();
         let owner_id = store::owner_id(&req.owner);
+        // What ADD recorded; CNI_ARGS for owners it has none for (Nomad
+        // sends none on DEL, containerd sends the same as on ADD).
+        let recorded = maps.pod_of(owner_id);
+        let identity = if recorded.is_empty() {
+            &req.identity
+        } else {
+            &recorded
+        };
         let container_addrs: BTreeSet<(u8, [u32; 4])> = owned
             .iter()
             .filter_map(|key| Some((key.family, maps.mappings.get(key, 0).ok()?)))
@@ -335,7 +347,7 @@ impl Dataplane {
         peers::forget(&layout, owner_id, &container_addrs);
         log::info!(
             "DEL {}: {removed} mapping(s) removed",
-            req.owner.container_id
+            who(&req.owner, identity)
         );
         forget_counters(&layout, store::owner_id(&req.owner), &owned);
         // Earlier containers' veths are gone by now (this one's goes after
@@ -384,6 +396,11 @@ impl Dataplane {
         let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
         log::info!("GC {}: removed {removed:?}", req.conf.name);
         prune_counters(&layout, &maps);
+        match maps.prune_pods() {
+            Ok(0) => {}
+            Ok(pruned) => log::info!("GC: {pruned} pod record(s) without an owner removed"),
+            Err(error) => log::warn!("GC: pod records not pruned: {error}"),
+        }
         let pruned = peers::prune(&layout, |owner| maps.owners.get(&owner, 0).is_ok());
         if pruned > 0 {
             log::info!("GC: {pruned} stale fast-path entr(y/ies) removed");

@@ -12,6 +12,22 @@
 //!   owner record. Interrupted, it leaves a contiguous prefix of slots that
 //!   the next DEL or GC finishes. Its cost depends on the owner's mappings
 //!   only, never on how many mappings the node has.
+//! - Pod identity (CNI_ARGS) lives in its own map, `owner_pods`, keyed by
+//!   owner ID like `owners`. ADD writes it once the owner record is known
+//!   to be this owner's (so an ID collision never overwrites another
+//!   owner's identity); DEL removes it just before the owner record. It
+//!   only labels an owner: a missing record means "no pod known", never an
+//!   error.
+//!
+//! Why a separate map rather than a longer `OwnerRecord`: the pinned maps
+//! of a node outlive the binary that made them. A new `owners` layout would
+//! need a new layout version (new pins: the running mappings would lose
+//! their owners until migrated) or an in-place migration racing with
+//! plugins of the old build still running during the upgrade. The eBPF
+//! programs never read either map, so a new map costs nothing on the data
+//! path, leaves every existing pin byte for byte as the old build wrote it
+//! (upgrade and downgrade both keep working), and is created by the first
+//! ADD that has an identity to record (`maps::create_pods`).
 
 use std::{
     fmt,
@@ -21,12 +37,13 @@ use std::{
 
 use aya::maps::MapError;
 use portmap_common::{
-    FAMILY_V4, FAMILY_V6, MAX_SLOTS_PER_OWNER, MappingKey, MappingValue, OWNER_IFNAME_LEN,
-    OWNER_NAME_LEN, OwnerRecord, OwnerSlotKey, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+    FAMILY_V4, FAMILY_V6, MAX_SLOTS_PER_OWNER, MappingKey, MappingValue, NOMAD_FIELD_LEN,
+    OWNER_IFNAME_LEN, OWNER_NAME_LEN, OwnerRecord, OwnerSlotKey, POD_NAME_LEN, POD_NAMESPACE_LEN,
+    PROTO_SCTP, PROTO_TCP, PROTO_UDP, PodRecord,
 };
 
 use crate::{
-    config::{Attachment, ContainerAddrs, HostIp, Owner, PortMapping},
+    config::{Attachment, ContainerAddrs, HostIp, Owner, PodIdentity, PortMapping},
     hash::fnv1a64,
     maps::{Maps, is_errno},
 };
@@ -59,7 +76,8 @@ pub enum StoreError {
     #[error("host port {key} is already mapped by {holder}")]
     Conflict {
         key: KeyDisplay,
-        holder: HolderDisplay,
+        /// Boxed: the holder's strings would make every Result of the plugin large.
+        holder: Box<HolderDisplay>,
     },
     #[error("the {map} map is full ({operation}); raise its capacity or remove unused containers")]
     Capacity {
@@ -117,12 +135,37 @@ impl fmt::Display for KeyDisplay {
     }
 }
 
+/// The owner holding a host port, as a conflict names it: its record (if it
+/// is still there) and its pod identity (if one was recorded).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HolderDisplay(pub Option<Box<OwnerRecord>>);
+pub struct HolderDisplay {
+    pub record: Option<Box<OwnerRecord>>,
+    pub pod: PodIdentity,
+}
+
+/// Container IDs are 64 hex digits; the first 12 tell them apart (docker's
+/// and crictl's short form).
+const SHORT_ID_LEN: usize = 12;
+
+fn short_id(id: &str) -> String {
+    match id.char_indices().nth(SHORT_ID_LEN) {
+        Some((end, _)) => format!("{}…", &id[..end]),
+        None => id.to_owned(),
+    }
+}
 
 impl fmt::Display for HolderDisplay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
+        match &self.record {
+            Some(record) if !self.pod.is_empty() => {
+                let (network, container_id, ifname) = record_strings(record);
+                write!(
+                    f,
+                    "{} (container {}, network {network}, interface {ifname})",
+                    self.pod,
+                    short_id(&container_id)
+                )
+            }
             Some(record) => {
                 let (network, container_id, ifname) = record_strings(record);
                 write!(
@@ -245,6 +288,54 @@ pub fn owner_record(owner: &Owner, created_unix: u64) -> OwnerRecord {
     }
 }
 
+/// The pinned form of a pod identity. Parts too long for the record were
+/// refused when CNI_ARGS was parsed; `fill` still bounds them.
+pub fn pod_record(identity: &PodIdentity) -> PodRecord {
+    fn text(value: &Option<String>) -> &str {
+        value.as_deref().unwrap_or("")
+    }
+    let (pod_namespace, pod_namespace_len) =
+        fill::<POD_NAMESPACE_LEN>(text(&identity.pod_namespace));
+    let (pod_name, pod_name_len) = fill::<POD_NAME_LEN>(text(&identity.pod_name));
+    let (nomad_alloc_id, nomad_alloc_id_len) =
+        fill::<NOMAD_FIELD_LEN>(text(&identity.nomad_alloc_id));
+    let (nomad_namespace, nomad_namespace_len) =
+        fill::<NOMAD_FIELD_LEN>(text(&identity.nomad_namespace));
+    let (nomad_job, nomad_job_len) = fill::<NOMAD_FIELD_LEN>(text(&identity.nomad_job));
+    let (nomad_group, nomad_group_len) = fill::<NOMAD_FIELD_LEN>(text(&identity.nomad_group));
+    PodRecord {
+        pod_namespace,
+        pod_name,
+        nomad_alloc_id,
+        nomad_namespace,
+        nomad_job,
+        nomad_group,
+        pod_namespace_len,
+        pod_name_len,
+        nomad_alloc_id_len,
+        nomad_namespace_len,
+        nomad_job_len,
+        nomad_group_len,
+        _pad0: 0,
+    }
+}
+
+/// The identity a [`PodRecord`] holds.
+pub fn pod_identity(record: &PodRecord) -> PodIdentity {
+    let text = |bytes: &[u8], len: u16| {
+        let bytes = &bytes[..(len as usize).min(bytes.len())];
+        (!bytes.is_empty()).then(|| String::from_utf8_lossy(bytes).into_owned())
+    };
+    PodIdentity {
+        pod_namespace: text(&record.pod_namespace, record.pod_namespace_len),
+        pod_name: text(&record.pod_name, record.pod_name_len),
+        nomad_alloc_id: text(&record.nomad_alloc_id, record.nomad_alloc_id_len),
+        nomad_namespace: text(&record.nomad_namespace, record.nomad_namespace_len),
+        nomad_job: text(&record.nomad_job, record.nomad_job_len),
+        nomad_group: text(&record.nomad_group, record.nomad_group_len),
+    }
+}
+
 /// (network, container ID, ifname) of a record.
 pub fn record_strings(record: &OwnerRecord) -> (String, String, String) {
     let text = |bytes: &[u8], len: u16| {
@@ -314,7 +405,12 @@ impl Maps {
 
     /// Claims every translation for `owner`, all or nothing. Re-ADD by the
     /// same owner is idempotent; a changed set replaces the old one.
-    pub fn claim(&mut self, owner: &Owner, translations: &[Translation]) -> Result<(), StoreError> {
+    pub fn claim(
+        &mut self,
+        owner: &Owner,
+        identity: &PodIdentity,
+        translations: &[Translation],
+    ) -> Result<(), StoreError> {
         let id = owner_id(owner);
         let record = owner_record(owner, now_unix());
         let new_owner = match self.owners.insert(id, record, BPF_NOEXIST) {
@@ -336,6 +432,7 @@ impl Maps {
             }
             Err(e) => return Err(map_error("owners", "insert")(e)),
         };
+        self.record_pod(id, identity);
 
         let mut claimed = Vec::new();
         match self.claim_all(owner, id, translations, &mut claimed) {
@@ -407,6 +504,55 @@ impl Maps {
         Ok(())
     }
 
+    /// Records `identity` for owner `id` (an empty one leaves what an earlier
+    /// ADD recorded). Best effort: it only labels the owner in `list`, logs
+    /// and conflict messages, so a failure is logged and the ADD goes on.
+    fn record_pod(&mut self, id: u64, identity: &PodIdentity) {
+        if identity.is_empty() {
+            return;
+        }
+        let Some(pods) = self.pods.as_mut() else {
+            log::warn!("pod identity of owner {id:016x} not recorded: the pod map is missing");
+            return;
+        };
+        if let Err(error) = pods.insert(id, pod_record(identity), BPF_ANY) {
+            log::warn!("pod identity of owner {id:016x} not recorded: {error}");
+        }
+    }
+
+    /// The pod identity recorded for owner `id` (empty when none is).
+    pub fn pod_of(&self, id: u64) -> PodIdentity {
+        self.pods
+            .as_ref()
+            .and_then(|pods| pods.get(&id, 0).ok())
+            .map(|record| pod_identity(&record))
+            .unwrap_or_default()
+    }
+
+    /// Removes pod records whose owner is gone (left by an ADD that raced
+    /// with the DEL of the same owner). Returns how many it removed.
+    pub fn prune_pods(&mut self) -> Result<usize, StoreError> {
+        let Some(pods) = self.pods.as_mut() else {
+            return Ok(0);
+        };
+        let ids = pods
+            .keys()
+            .collect::<Result<Vec<u64>, _>>()
+            .map_err(map_error("owner_pods", "iterate"))?;
+        let mut removed = 0;
+        for id in ids {
+            if self.owners.get(&id, 0).is_err() {
+                let pods = self.pods.as_mut().expect("checked above");
+                match pods.remove(&id) {
+                    Ok(()) => removed += 1,
+                    Err(e) if is_errno(&e, libc::ENOENT) => {}
+                    Err(e) => return Err(map_error("owner_pods", "delete")(e)),
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// Claims one key; `Ok(true)` when this call created the entry.
     fn claim_one(&mut self, key: MappingKey, value: MappingValue) -> Result<bool, StoreError> {
         // A holder may vanish between our insert and our lookup: retry a few times.
@@ -422,10 +568,13 @@ impl Maps {
                 Err(e) => return Err(map_error("mappings", "lookup")(e)),
             };
             if current.owner_id != value.owner_id {
-                let holder = self.owners.get(&current.owner_id, 0).ok().map(Box::new);
+                let record = self.owners.get(&current.owner_id, 0).ok().map(Box::new);
                 return Err(StoreError::Conflict {
                     key: KeyDisplay(key),
-                    holder: HolderDisplay(holder),
+                    holder: Box::new(HolderDisplay {
+                        record,
+                        pod: self.pod_of(current.owner_id),
+                    }),
                 });
             }
             if current == value {
@@ -441,7 +590,10 @@ impl Maps {
         }
         Err(StoreError::Conflict {
             key: KeyDisplay(key),
-            holder: HolderDisplay(None),
+            holder: Box::new(HolderDisplay {
+                record: None,
+                pod: PodIdentity::default(),
+            }),
         })
     }
 
@@ -466,6 +618,15 @@ impl Maps {
                 Ok(()) => {}
                 Err(e) if is_errno(&e, libc::ENOENT) => {}
                 Err(e) => return Err(map_error("owner_slots", "delete")(e)),
+            }
+        }
+        // The pod record before the owner record: a DEL interrupted here
+        // leaves an owner without a label, never a label without an owner.
+        if let Some(pods) = self.pods.as_mut() {
+            match pods.remove(&id) {
+                Ok(()) => {}
+                Err(e) if is_errno(&e, libc::ENOENT) => {}
+                Err(e) => return Err(map_error("owner_pods", "delete")(e)),
             }
         }
         match self.owners.remove(&id) {
@@ -673,6 +834,60 @@ mod tests {
             owner_id(&owner("ab", "c", "x")),
             owner_id(&owner("a", "bc", "x"))
         );
+    }
+
+    #[test]
+    fn pod_records_keep_the_identity() {
+        let identities = [
+            PodIdentity::default(),
+            PodIdentity {
+                pod_namespace: Some("kube-system".into()),
+                pod_name: Some("p".repeat(253)),
+                ..Default::default()
+            },
+            PodIdentity {
+                nomad_alloc_id: Some("5e0c1d2a-8f3b-4c6d-9e7f-0a1b2c3d4e5f".into()),
+                nomad_namespace: Some("default".into()),
+                nomad_job: Some("web".into()),
+                nomad_group: Some("api".into()),
+                ..Default::default()
+            },
+        ];
+        for identity in identities {
+            assert_eq!(pod_identity(&pod_record(&identity)), identity);
+        }
+    }
+
+    #[test]
+    fn conflicts_name_the_holding_pod() {
+        let owner = Owner {
+            network: "k8s-pod-network".into(),
+            container_id: "3a1b2c3d4e5f6a7b8c9d".into(),
+            ifname: "eth0".into(),
+        };
+        let record = Some(Box::new(owner_record(&owner, 0)));
+        let with_pod = HolderDisplay {
+            record: record.clone(),
+            pod: PodIdentity {
+                pod_namespace: Some("default".into()),
+                pod_name: Some("web-7f9c".into()),
+                ..Default::default()
+            },
+        };
+        assert_eq!(
+            with_pod.to_string(),
+            "pod default/web-7f9c (container 3a1b2c3d4e5f…, network k8s-pod-network, interface eth0)"
+        );
+        let without = HolderDisplay {
+            record,
+            pod: PodIdentity::default(),
+        };
+        assert_eq!(
+            without.to_string(),
+            "container 3a1b2c3d4e5f6a7b8c9d (network k8s-pod-network, interface eth0)",
+            "no pod identity: the form from before"
+        );
+        assert_eq!(short_id("abc"), "abc");
     }
 
     #[test]

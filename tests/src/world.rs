@@ -33,6 +33,9 @@ pub const GONE: Duration = Duration::from_millis(700);
 /// The maps that hold ownership state, in dump order.
 pub const STATE_MAPS: [&str; 3] = ["mappings", "owners", "owner_slots"];
 
+/// Pod identity by owner, made by the first ADD that names a pod.
+pub const POD_MAP: &str = "owner_pods";
+
 /// `ebpf-portmap <verb> --json --pin-root <pins>` as an operator runs it
 /// in the node namespace `ns`; the verb must succeed and print JSON.
 pub fn operator_json(ns: &crate::NetNs, pins: &Path, verb: &str) -> Value {
@@ -186,6 +189,15 @@ impl World {
                 entries.as_array().map(Vec::len),
                 Some(0),
                 "{when}: {name} is not empty: {entries:#}"
+            );
+        }
+        // The pod map exists once an ADD named a pod (CNI_ARGS).
+        if self.pins.path().join("v1/maps").join(POD_MAP).exists() {
+            let entries = self.dump_map(POD_MAP);
+            assert_eq!(
+                entries.as_array().map(Vec::len),
+                Some(0),
+                "{when}: {POD_MAP} is not empty: {entries:#}"
             );
         }
     }

@@ -238,6 +238,11 @@ fn every_malformed_request_is_refused_cleanly_and_changes_nothing() {
         case("hostPort 0", r().mappings(mapping(json!(0), json!(80), json!("tcp"))), 7, &["hostPort", "0"]),
         case("hostPort negative", r().mappings(mapping(json!(-1), json!(80), json!("tcp"))), 7, &["hostPort"]),
         case("hostPort 65536", r().mappings(mapping(json!(65536), json!(80), json!("tcp"))), 7, &["hostPort", "65536"]),
+        // containerd's (go-cni's) spelling: errors quote the key as written.
+        case("HostPort 0 (Go field names)", r().mappings(json!([{"HostPort": 0, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}])), 7, &["runtimeConfig.portMappings[0].HostPort", "0"]),
+        case("HostIP not an address (Go field names)", r().mappings(json!([{"HostPort": 80, "ContainerPort": 80, "Protocol": "tcp", "HostIP": "nope"}])), 7, &["runtimeConfig.portMappings[0].HostIP", "nope"]),
+        case("Protocol unknown (Go field names)", r().mappings(json!([{"HostPort": 80, "ContainerPort": 80, "Protocol": "ICMP", "HostIP": ""}])), 7, &["runtimeConfig.portMappings[0].Protocol", "ICMP"]),
+        case("ContainerPort missing (Go field names)", r().mappings(json!([{"HostPort": 80, "Protocol": "tcp", "HostIP": ""}])), 7, &["runtimeConfig.portMappings[0].containerPort is missing"]),
         case("hostPort a string", r().mappings(mapping(json!("80"), json!(80), json!("tcp"))), 7, &["hostPort"]),
         case("hostPort 80.5", r().mappings(mapping(json!(80.5), json!(80), json!("tcp"))), 7, &["hostPort"]),
         case("containerPort 0", r().mappings(mapping(json!(8080), json!(0), json!("tcp"))), 7, &["containerPort"]),

@@ -125,12 +125,17 @@ fn parallel_adds_on_a_fresh_node_all_succeed() {
             .map(|(i, c)| {
                 let world = &world;
                 scope.spawn(move || {
+                    // Each names its pod, as containerd does: the first ADDs
+                    // race to create the pod map too.
+                    let mut rt = c.with_port_mappings(&[PortMapping::tcp(9000 + i as u16, 80)]);
+                    rt.cni_args = vec![
+                        ("IgnoreUnknown".into(), "1".into()),
+                        ("K8S_POD_NAME".into(), format!("pod-{i}")),
+                        ("K8S_POD_NAMESPACE".into(), "par".into()),
+                    ];
                     world
                         .runner
-                        .add(
-                            &world.list,
-                            &c.with_port_mappings(&[PortMapping::tcp(9000 + i as u16, 80)]),
-                        )
+                        .add(&world.list, &rt)
                         .err()
                         .map(|e| format!("{}: {e}", c.id))
                 })
@@ -161,6 +166,28 @@ fn parallel_adds_on_a_fresh_node_all_succeed() {
         programs, PROGRAMS_PER_BUILD,
         "exactly one set of programs was loaded"
     );
+    let list = world.list();
+    for (i, c) in containers.iter().enumerate() {
+        let pods: BTreeSet<String> = list
+            .as_array()
+            .expect("list is an array")
+            .iter()
+            .filter(|r| r["containerID"] == c.id.as_str())
+            .map(|r| {
+                format!(
+                    "{}/{}",
+                    r["podNamespace"].as_str().unwrap_or("?"),
+                    r["podName"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        assert_eq!(
+            pods,
+            BTreeSet::from([format!("par/pod-{i}")]),
+            "{}: every racing ADD recorded its pod",
+            c.id
+        );
+    }
     for (i, c) in containers.iter().enumerate() {
         world.del(c, &[PortMapping::tcp(9000 + i as u16, 80)]);
     }

@@ -187,6 +187,8 @@ fn list_shows_owners_counters_and_live_flows() {
     assert_eq!(web8080["containerID"], "web");
     assert_eq!(web8080["ifname"], "eth0");
     assert_eq!(web8080["network"], world.list.name());
+    assert_eq!(web8080["podNamespace"], Value::Null, "no CNI_ARGS, no pod");
+    assert_eq!(web8080["podName"], Value::Null);
     assert_eq!(web8080["hostPort"], 8080);
     assert_eq!(web8080["protocol"], "tcp");
     assert_eq!(web8080["containerPort"], 80);
@@ -304,7 +306,7 @@ fn list_shows_owners_counters_and_live_flows() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         lines[0],
-        "HOST\tCONTAINER\tOWNER\tIFNAME\tNETWORK\tAGE\tPACKETS IN/OUT\tBYTES IN/OUT\tFLOWS"
+        "HOST\tCONTAINER\tOWNER\tPOD\tIFNAME\tNETWORK\tAGE\tPACKETS IN/OUT\tBYTES IN/OUT\tFLOWS"
     );
     let cells = |host: &str| -> Vec<String> {
         lines
@@ -317,10 +319,11 @@ fn list_shows_owners_counters_and_live_flows() {
     };
     let tcp_cells = cells("0.0.0.0:8080/tcp");
     assert_eq!(tcp_cells[2], "web", "OWNER is the short container ID");
-    assert_eq!(tcp_cells[8], "1", "FLOWS");
+    assert_eq!(tcp_cells[3], "-", "POD: the runtime named none");
+    assert_eq!(tcp_cells[9], "1", "FLOWS");
     // The UDP exchange is over, so its counters stand still.
     assert_eq!(
-        cells("[::]:5353/udp")[6],
+        cells("[::]:5353/udp")[7],
         format!("{}/{}", num(udp6, "packetsIn"), num(udp6, "packetsOut"))
     );
     drop(session);
@@ -986,4 +989,121 @@ fn removed_containers_leave_a_note_and_gc_unpins_their_attachments() {
     assert!(code.success(), "{status:#}");
     assert_eq!(status["notes"], json!([]), "{status:#}");
     world.del(&stays, &[PortMapping::tcp(8081, 80)]);
+}
+
+/// What containerd 1.6 passes for a pod (issue #13): portMappings with Go
+/// field names (`HostIP` always there, `""` when unset) and the pod in
+/// CNI_ARGS, in the order a Go map gives.
+fn containerd_pod(
+    container: &portmap_tests::Container,
+    namespace: &str,
+    pod: &str,
+    host_port: u16,
+) -> RuntimeAttachment {
+    let mut rt = container.attachment(json!({"portMappings": [
+        {"HostPort": host_port, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}
+    ]}));
+    rt.cni_args = vec![
+        ("K8S_POD_INFRA_CONTAINER_ID".into(), container.id.clone()),
+        (
+            "K8S_POD_UID".into(),
+            "5c9e8a4e-7d6b-4c1a-9a53-0f2f4e6b8c10".into(),
+        ),
+        ("IgnoreUnknown".into(), "1".into()),
+        ("K8S_POD_NAMESPACE".into(), namespace.into()),
+        ("K8S_POD_NAME".into(), pod.into()),
+    ];
+    rt
+}
+
+#[test]
+fn a_containerd_pod_is_mapped_and_named_in_list_conflicts_and_the_log() {
+    let world = tcx_world();
+    let web = world.node.add_container("3a1b2c3d4e5f6a7b8c9d0e1f");
+    let _web_tcp = tcp_echo_server(&web.ns, 80, "web");
+    let web_rt = containerd_pod(&web, "default", "web-7f9c", 18080);
+    world
+        .runner
+        .add(&world.list, &web_rt)
+        .unwrap_or_else(|e| panic!("containerd's ADD must succeed: {e}\n{}", world.dump()));
+    for ip in [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)] {
+        world.expect_answer(
+            &format!("TCP via {ip}:18080"),
+            tcp_request(&world.node.ext, sock(ip, 18080), "hello", PROBE),
+            &echo_reply("web", "hello"),
+        );
+    }
+
+    // A container without CNI_ARGS next to it: no pod.
+    let plain = world.node.add_container("plain");
+    world.add(&plain, &[PortMapping::tcp(9090, 80)]);
+
+    let list = json_of(&world, &["list", "--json"]);
+    let pod_row = row(&list, "0.0.0.0:18080/tcp");
+    assert_eq!(pod_row["podNamespace"], "default", "{pod_row:#}");
+    assert_eq!(pod_row["podName"], "web-7f9c", "{pod_row:#}");
+    assert_eq!(pod_row["nomadAllocID"], Value::Null, "{pod_row:#}");
+    let plain_row = row(&list, "0.0.0.0:9090/tcp");
+    assert_eq!(
+        (&plain_row["podNamespace"], &plain_row["podName"]),
+        (&Value::Null, &Value::Null),
+        "{plain_row:#}"
+    );
+    let text = op_ok(&world, &["list"]);
+    let pod_cell = |host: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{host}\t")))
+            .and_then(|l| l.split('\t').nth(3))
+            .unwrap_or_else(|| panic!("a POD cell for {host}: {text}"))
+            .to_owned()
+    };
+    assert_eq!(pod_cell("[::]:18080/tcp"), "default/web-7f9c");
+    assert_eq!(pod_cell("0.0.0.0:9090/tcp"), "-");
+
+    // Another pod asking for the same host port is told who holds it.
+    let rival = world.node.add_container("rival");
+    let error = world
+        .runner
+        .add(&world.list, &containerd_pod(&rival, "prod", "api-1", 18080))
+        .expect_err("the host port is taken");
+    assert!(
+        error.to_string().contains(
+            "is already mapped by pod default/web-7f9c (container 3a1b2c3d4e5f…, network"
+        ),
+        "{error}"
+    );
+
+    let log = log_lines(world.node.data_dir());
+    assert!(
+        log.iter()
+            .any(|l| l.contains("ADD container=3a1b2c3d4e5f6a7b8c9d0e1f")
+                && l.contains("pod=default/web-7f9c")
+                && l.ends_with(": ok")),
+        "the ADD line names the pod: {log:#?}"
+    );
+
+    world
+        .runner
+        .del(&world.list, &web_rt)
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+    let log = log_lines(world.node.data_dir());
+    assert!(
+        log.iter().any(
+            |l| l.contains("DEL 3a1b2c3d4e5f6a7b8c9d0e1f (pod default/web-7f9c): 2 mapping(s)")
+        ),
+        "the DEL line names the pod: {log:#?}"
+    );
+    let pods = world.pins.path().join("v1/maps/owner_pods");
+    let dump = Command::new("bpftool")
+        .args(["map", "dump", "pinned"])
+        .arg(&pods)
+        .output()
+        .expect("bpftool");
+    assert!(
+        String::from_utf8_lossy(&dump.stdout).contains("Found 0 elements"),
+        "DEL removes the pod record: {}{}",
+        String::from_utf8_lossy(&dump.stdout),
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    world.del(&plain, &[PortMapping::tcp(9090, 80)]);
 }

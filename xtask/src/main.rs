@@ -30,6 +30,7 @@ use clap::{Parser, Subcommand};
 
 mod dist;
 mod podman;
+mod previous;
 mod vm;
 
 /// Debian packages the build and the tests need: LLVM 22 for bpf-linker
@@ -287,11 +288,20 @@ fn test_steps(cargo_test_args: &[String], skip_vm: bool, skip_podman: bool) -> V
         // Plain `cargo test` runs the workspace's default-members: everything
         // but portmap-ebpf, which only builds for the BPF target (portmap-user's
         // build.rs builds it). `--workspace` would compile it for the host.
+        Step::new(
+            format!(
+                "build the previous release ({}) for the upgrade test",
+                previous::COMMIT
+            ),
+            previous::build,
+        ),
         Step::new("cargo test (default members)", move || {
             run(cargo()
                 .arg("test")
                 .args(cargo_test_args)
-                .env(PLUGIN_BIN_ENV, plugin_bin()))
+                .env(PLUGIN_BIN_ENV, plugin_bin())
+                .env(previous::BIN_ENV, previous::bin())
+                .env(previous::REQUIRED_ENV, "1"))
         }),
         // The suites that carry traffic once more with `fastPath` on in every
         // conflist: the fast path must not lose any behaviour they check.

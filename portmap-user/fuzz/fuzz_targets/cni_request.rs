@@ -72,5 +72,7 @@ fuzz_target!(|data: &[u8]| {
         && let Some(prev) = &conf.prev_result
     {
         let _ = config::container_addrs(prev, "eth0");
+        let _ = config::prev_interfaces(prev);
     }
+    let _ = cni::parse_cni_args(&env_text);
 });

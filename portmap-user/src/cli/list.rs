@@ -16,7 +16,9 @@ use crate::cli::output::{Colour, Style, Table, age_of, human_bytes, print, short
 /// List every port mapping on the node, with its owner and traffic.
 ///
 /// One row per host address, port, protocol and family: where it sends
-/// traffic, the container that owns it (short ID, interface, network), how
+/// traffic, the container that owns it (short ID, interface, network), its
+/// pod (`namespace/name` from the runtime's CNI_ARGS, `nomad:namespace/job/group`
+/// for a Nomad allocation, `-` when unknown), how
 /// long ago the container was added, the packets and bytes translated in
 /// each direction (IN: to the container, OUT: replies), and the live flows.
 ///
@@ -73,6 +75,14 @@ pub fn row_json(row: &MappingRow) -> Value {
         "containerID": container_id,
         "ifname": ifname,
         "network": network,
+        // Kubernetes pod (CNI_ARGS K8S_POD_*) and Nomad allocation
+        // (NOMAD_*) of the owner; null when the runtime did not say.
+        "podNamespace": row.pod.pod_namespace,
+        "podName": row.pod.pod_name,
+        "nomadAllocID": row.pod.nomad_alloc_id,
+        "nomadNamespace": row.pod.nomad_namespace,
+        "nomadJob": row.pod.nomad_job,
+        "nomadGroup": row.pod.nomad_group,
         "created": created.map(utc_timestamp),
         "ageSeconds": created.and_then(|t| t.elapsed().ok()).map(|d| d.as_secs()),
         "packetsIn": c.packets_in,
@@ -90,6 +100,7 @@ fn table(rows: &[&MappingRow]) -> Table {
         "HOST",
         "CONTAINER",
         "OWNER",
+        "POD",
         "IFNAME",
         "NETWORK",
         "AGE",
@@ -110,6 +121,7 @@ fn table(rows: &[&MappingRow]) -> Table {
             (row.host(), Colour::Plain),
             (row.container(), Colour::Plain),
             (short_id(&container_id), Colour::Plain),
+            (row.pod.label().unwrap_or_else(|| "-".into()), Colour::Plain),
             (ifname, Colour::Plain),
             (network, Colour::Plain),
             (age_of(row.created()), Colour::Plain),

@@ -1,0 +1,191 @@
+//! In-place upgrade from the previous release: a node whose pins were made
+//! by the old binary gets the new binary in its CNI bin directory (the way
+//! an operator upgrades: the file is replaced, nothing is uninstalled), and
+//! everything the old one set up keeps working under the new one.
+//!
+//! The previous release is built by `cargo xtask test` (xtask/src/previous.rs)
+//! and named by `EPM_PREVIOUS_BIN`. Run by hand without it, the test is
+//! skipped with a message; under `cargo xtask test`
+//! (`EPM_REQUIRE_PREVIOUS_BIN` set) a missing binary fails it. Needs root.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use portmap_tests::topology::{NODE_IP4, NODE_IP6};
+use portmap_tests::traffic::{
+    echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
+};
+use portmap_tests::world::{GONE, PROBE, World, expect_unreachable, sock};
+use portmap_tests::{PortMapping, plugin_bin};
+use serde_json::{Value, json};
+
+const PREVIOUS_BIN_ENV: &str = "EPM_PREVIOUS_BIN";
+const REQUIRED_ENV: &str = "EPM_REQUIRE_PREVIOUS_BIN";
+
+/// The previous release's binary, or `None` (test skipped) when run by hand
+/// without it.
+fn previous_bin() -> Option<PathBuf> {
+    match std::env::var_os(PREVIOUS_BIN_ENV) {
+        Some(path) if !path.is_empty() => {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "{PREVIOUS_BIN_ENV}={} does not exist",
+                path.display()
+            );
+            Some(path)
+        }
+        _ if std::env::var_os(REQUIRED_ENV).is_some() => panic!(
+            "{PREVIOUS_BIN_ENV} is not set, but {REQUIRED_ENV} says this run must test the upgrade"
+        ),
+        _ => {
+            eprintln!(
+                "upgrade test skipped: {PREVIOUS_BIN_ENV} is not set (cargo xtask test builds the \
+                 previous release and sets it)"
+            );
+            None
+        }
+    }
+}
+
+/// Puts `binary` in place as the world's `ebpf-portmap`, atomically (a
+/// rename over the old entry), as a package upgrade replaces the file.
+fn install(world: &World, binary: &Path) {
+    let entry = world.plugins.path().join("ebpf-portmap");
+    let staged = world.plugins.path().join(".ebpf-portmap.new");
+    let _ = std::fs::remove_file(&staged);
+    std::os::unix::fs::symlink(binary, &staged)
+        .unwrap_or_else(|e| panic!("linking {}: {e}", staged.display()));
+    std::fs::rename(&staged, &entry)
+        .unwrap_or_else(|e| panic!("installing {}: {e}", binary.display()));
+}
+
+fn row<'a>(list: &'a Value, host: &str) -> &'a Value {
+    list.as_array()
+        .expect("list is an array")
+        .iter()
+        .find(|r| r["host"] == host)
+        .unwrap_or_else(|| panic!("no row {host} in {list:#}"))
+}
+
+#[test]
+fn mappings_of_the_previous_release_keep_working_after_an_in_place_upgrade() {
+    let Some(previous) = previous_bin() else {
+        return;
+    };
+    let world = World::bridge();
+
+    // The old binary sets up a container (podman's spelling: the old one
+    // knows no other).
+    install(&world, &previous);
+    let old = world.node.add_container("old");
+    let _old_tcp = tcp_echo_server(&old.ns, 80, "old");
+    let _old_udp = udp_echo_server(&old.ns, 53, "old");
+    let old_mappings = [PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)];
+    world.add(&old, &old_mappings);
+    let pods_map = world.pins.path().join("v1/maps/owner_pods");
+    assert!(
+        !pods_map.exists(),
+        "the previous release has no pod map: is {PREVIOUS_BIN_ENV} really the old binary?"
+    );
+    let mut established = tcp_connect(&world.node.ext, sock(NODE_IP4, 8080), PROBE)
+        .unwrap_or_else(|e| panic!("connect before the upgrade: {e}"));
+    assert_eq!(
+        established
+            .request("before", PROBE)
+            .expect("request before the upgrade"),
+        echo_reply("old", "before")
+    );
+
+    // The upgrade; then a containerd pod ADDed by the new binary.
+    install(&world, &plugin_bin());
+    let new = world.node.add_container("new");
+    let _new_tcp = tcp_echo_server(&new.ns, 80, "new");
+    let mut new_rt = new.attachment(json!({"portMappings": [
+        {"HostPort": 18080, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}
+    ]}));
+    new_rt.cni_args = vec![
+        ("IgnoreUnknown".into(), "1".into()),
+        ("K8S_POD_NAMESPACE".into(), "default".into()),
+        ("K8S_POD_NAME".into(), "web-7f9c".into()),
+    ];
+    world
+        .runner
+        .add(&world.list, &new_rt)
+        .unwrap_or_else(|e| panic!("ADD by the new binary on old pins: {e}\n{}", world.dump()));
+    assert!(
+        pods_map.exists(),
+        "the new binary's ADD created the pod map"
+    );
+
+    // Traffic to both: the connection opened before the upgrade, and new ones.
+    assert_eq!(
+        established
+            .request("after", PROBE)
+            .unwrap_or_else(|e| panic!("the established connection broke: {e}\n{}", world.dump())),
+        echo_reply("old", "after")
+    );
+    for ip in [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)] {
+        world.expect_answer(
+            &format!("old container, TCP via {ip}:8080"),
+            tcp_request(&world.node.ext, sock(ip, 8080), "hi", PROBE),
+            &echo_reply("old", "hi"),
+        );
+        world.expect_answer(
+            &format!("old container, UDP via {ip}:5353"),
+            udp_request(&world.node.ext, sock(ip, 5353), "q", PROBE),
+            &echo_reply("old", "q"),
+        );
+        world.expect_answer(
+            &format!("new container, TCP via {ip}:18080"),
+            tcp_request(&world.node.ext, sock(ip, 18080), "hi", PROBE),
+            &echo_reply("new", "hi"),
+        );
+    }
+
+    // The new binary shows the old owner (no pod known) and the new pod.
+    let list = world.list();
+    let old_row = row(&list, "0.0.0.0:8080/tcp");
+    assert_eq!(old_row["containerID"], "old", "{old_row:#}");
+    assert_eq!(old_row["podName"], Value::Null, "{old_row:#}");
+    let new_row = row(&list, "[::]:18080/tcp");
+    assert_eq!(new_row["containerID"], "new", "{new_row:#}");
+    assert_eq!(
+        (&new_row["podNamespace"], &new_row["podName"]),
+        (&json!("default"), &json!("web-7f9c")),
+        "{new_row:#}"
+    );
+
+    // DEL by the new binary of the container the old one added.
+    world.del(&old, &old_mappings);
+    drop(established);
+    for ip in [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)] {
+        expect_unreachable(
+            "old container after its DEL",
+            tcp_request(&world.node.ext, sock(ip, 8080), "late", GONE),
+        );
+        world.expect_answer(
+            &format!("new container after the old one's DEL, via {ip}"),
+            tcp_request(&world.node.ext, sock(ip, 18080), "still", PROBE),
+            &echo_reply("new", "still"),
+        );
+    }
+    let list = world.list();
+    let owners: Vec<&str> = list
+        .as_array()
+        .expect("list is an array")
+        .iter()
+        .map(|r| r["containerID"].as_str().expect("containerID"))
+        .collect();
+    assert_eq!(
+        owners,
+        ["new", "new"],
+        "only the new pod's mappings: {list:#}"
+    );
+
+    world
+        .runner
+        .del(&world.list, &new_rt)
+        .unwrap_or_else(|e| panic!("DEL of the new pod: {e}"));
+    world.assert_clean("after both DELs");
+}

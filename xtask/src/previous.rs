@@ -1,0 +1,98 @@
+//! The previous release's plugin, for the in-place upgrade test
+//! (`tests/tests/upgrade.rs`): ADD with the old binary, then run the new one
+//! against the same pins.
+//!
+//! The release is a commit of this repository. Its tree is exported with
+//! `git archive` into `target/previous/{commit}/src` and built there with its
+//! own target directory next to it, the way the release itself was built
+//! (its own Cargo.lock and build.rs). Both stay, so a repeated run costs one
+//! no-op `cargo build`.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+/// The previous release: main at the last commit before the owner record
+/// gained pod identity.
+pub const COMMIT: &str = "df8d2050781763f11a17d004e48d2b346c1851c9";
+
+/// Where the test finds the previous release's binary.
+pub const BIN_ENV: &str = "EPM_PREVIOUS_BIN";
+
+/// Set by `cargo xtask test`: the upgrade test must then fail, not skip,
+/// when [`BIN_ENV`] is missing.
+pub const REQUIRED_ENV: &str = "EPM_REQUIRE_PREVIOUS_BIN";
+
+/// `target/previous/{commit}`: the exported tree and its build.
+fn root() -> PathBuf {
+    super::target_dir().join("previous").join(COMMIT)
+}
+
+/// The binary [`build`] produces.
+pub fn bin() -> PathBuf {
+    let mut dir = root().join("target");
+    if let Some(target) = super::plugin_target() {
+        dir.push(target);
+    }
+    dir.join("debug").join(super::PLUGIN_BIN)
+}
+
+/// Exports the previous release (once) and builds its plugin.
+pub fn build() -> Result<()> {
+    let workspace = super::workspace_root();
+    let present = Command::new("git")
+        .args(["cat-file", "-e", &format!("{COMMIT}^{{commit}}")])
+        .current_dir(&workspace)
+        .stderr(Stdio::null())
+        .status()
+        .context("could not run git")?
+        .success();
+    if !present {
+        bail!(
+            "commit {COMMIT} (the previous release, needed by the upgrade test) is not in this \
+             clone; fetch the full history (`git fetch --unshallow`, or clone without --depth)"
+        );
+    }
+    let source = root().join("src");
+    // The marker is written last: a half-exported tree is exported again.
+    let marker = root().join("exported");
+    if !marker.exists() {
+        if source.exists() {
+            std::fs::remove_dir_all(&source)
+                .with_context(|| format!("removing {}", source.display()))?;
+        }
+        std::fs::create_dir_all(&source)
+            .with_context(|| format!("creating {}", source.display()))?;
+        let archive = root().join("src.tar");
+        super::run(
+            Command::new("git")
+                .args(["archive", "--format=tar", "-o"])
+                .arg(&archive)
+                .arg(COMMIT)
+                .current_dir(&workspace),
+        )?;
+        super::run(
+            Command::new("tar")
+                .arg("-xf")
+                .arg(&archive)
+                .arg("-C")
+                .arg(&source),
+        )?;
+        let _ = std::fs::remove_file(&archive);
+        std::fs::write(&marker, COMMIT).with_context(|| format!("writing {}", marker.display()))?;
+    }
+    let mut build = super::cargo();
+    build
+        .current_dir(&source)
+        .args(["build", "--locked", "-p", super::PLUGIN_PACKAGE])
+        .env("CARGO_TARGET_DIR", root().join("target"));
+    if let Some(target) = super::plugin_target() {
+        build.args(["--target", target]);
+    }
+    super::run(&mut build)?;
+    if !bin().exists() {
+        bail!("building {COMMIT} did not produce {}", bin().display());
+    }
+    Ok(())
+}
