@@ -32,6 +32,8 @@
 #   CNI_NET_DIR      the node's CNI configuration directory [/etc/cni/net.d]
 #   EPM_BINARY       the ebpf-portmap binary to install [/usr/local/bin/ebpf-portmap]
 #   EPM_PLUGIN_CONF  keys for the chained entry, a JSON object [none]
+#   EPM_CNI_NETWORK  chain the network of this name (CRI-O's cni_default_network)
+#                    instead of the lexically first configuration [none]
 #   EPM_PIN_ROOT     the plugin's pinRoot on the node [/sys/fs/bpf/ebpf-portmap]
 #   EPM_INTERVAL     seconds between two rounds of watch and cleanup [5]
 #
@@ -44,6 +46,7 @@ CNI_BIN_DIR=${CNI_BIN_DIR:-/opt/cni/bin}
 CNI_NET_DIR=${CNI_NET_DIR:-/etc/cni/net.d}
 EPM_BINARY=${EPM_BINARY:-/usr/local/bin/ebpf-portmap}
 EPM_PLUGIN_CONF=${EPM_PLUGIN_CONF:-}
+EPM_CNI_NETWORK=${EPM_CNI_NETWORK:-}
 EPM_PIN_ROOT=${EPM_PIN_ROOT:-/sys/fs/bpf/ebpf-portmap}
 EPM_INTERVAL=${EPM_INTERVAL:-5}
 EPM_ACTION=${EPM_ACTION:-install}
@@ -64,13 +67,18 @@ fail() {
     return 1
 }
 
-# `ebpf-portmap chain ACTION` on the node's configuration directory.
+# `ebpf-portmap chain ACTION` on the node's configuration directory (the
+# network named EPM_CNI_NETWORK in it, if set).
 chain() {
-    if [ -n "$EPM_PLUGIN_CONF" ] && [ "$1" != remove ]; then
-        "$EPM_BINARY" chain "$1" --net-dir "$net_dir" --entry "$EPM_PLUGIN_CONF"
-    else
-        "$EPM_BINARY" chain "$1" --net-dir "$net_dir"
+    chain_action=$1
+    set -- "$chain_action" --net-dir "$net_dir"
+    if [ -n "$EPM_CNI_NETWORK" ]; then
+        set -- "$@" --network "$EPM_CNI_NETWORK"
     fi
+    if [ -n "$EPM_PLUGIN_CONF" ] && [ "$chain_action" != remove ]; then
+        set -- "$@" --entry "$EPM_PLUGIN_CONF"
+    fi
+    "$EPM_BINARY" chain "$@"
 }
 
 check_dirs() {

@@ -9,35 +9,22 @@
 
 pub mod crc32c;
 pub mod local;
+pub mod maps;
+pub mod reason;
+
+pub use reason::stat;
 
 /// Version of the pinned layout. A change to any struct or map below bumps it,
 /// so a new build never reads maps written with an old layout (they live under
 /// a different `v{N}` directory).
 pub const LAYOUT_VERSION: u32 = 1;
 
-/// Names of the maps; also their ELF symbols and pin file names.
+/// The names of [`maps`] under the path portmap-user reads them from.
 pub mod map_names {
-    pub const MAPPINGS: &str = "mappings";
-    pub const OWNERS: &str = "owners";
-    pub const OWNER_SLOTS: &str = "owner_slots";
-    pub const CONNTRACK: &str = "conntrack";
-    pub const STATS: &str = "stats";
-    pub const COUNTERS: &str = "counters";
-    pub const TRACE_FILTER: &str = "trace_filter";
-    /// The trace ring buffer. Not pinned (so not in [`ALL`]): it is a stream,
-    /// not a table (`bpftool map dump` cannot show it), and `trace` finds it
-    /// through the map IDs of the pinned programs.
-    pub const TRACE_EVENTS: &str = "trace_events";
-    /// Every pinned map.
-    pub const ALL: [&str; 7] = [
-        MAPPINGS,
-        OWNERS,
-        OWNER_SLOTS,
-        CONNTRACK,
-        STATS,
-        COUNTERS,
+    pub use crate::maps::{
+        CONNTRACK, COUNTERS, MAPPINGS, OWNER_SLOTS, OWNERS, PINNED as ALL, STATS, TRACE_EVENTS,
         TRACE_FILTER,
-    ];
+    };
 }
 
 /// Names of the programs in the object.
@@ -46,23 +33,7 @@ pub mod program_names {
     pub const TC_EGRESS: &str = "portmap_egress";
 }
 
-/// Default capacities; userspace may override them at load time.
-pub mod capacity {
-    /// Port mappings (one per host address/port/protocol/family).
-    pub const MAPPINGS: u32 = 65536;
-    /// Distinct owners (network, container ID, ifname).
-    pub const OWNERS: u32 = 16384;
-    /// Index slots that point from an owner to its mappings.
-    pub const OWNER_SLOTS: u32 = 131072;
-    /// Conntrack entries (two per translated flow).
-    pub const CONNTRACK: u32 = 262144;
-    /// Per-mapping traffic counters: one per (mapping, owner), so as many as
-    /// there are mappings. Allocated on first use, not up front.
-    pub const COUNTERS: u32 = MAPPINGS;
-    /// Bytes of the trace ring buffer (a power of two, a multiple of the page
-    /// size): about 2700 events between two reads of the tracer.
-    pub const TRACE_EVENTS_BYTES: u32 = 256 * 1024;
-}
+pub use maps::capacity;
 
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
@@ -254,71 +225,17 @@ pub mod ct_timeout {
     pub const UDP: u64 = 120 * SEC;
     /// How stale `last_seen_ns` may get before a packet refreshes it.
     pub const REFRESH: u64 = SEC;
-}
 
-/// Per-CPU counters, indexed by reason. Every translation and every skip is
-/// counted, so `status` can say why traffic was (not) translated.
-pub mod stat {
-    pub const DNAT_NEW: u32 = 0;
-    pub const DNAT: u32 = 1;
-    pub const REPLY: u32 = 2;
-    pub const SKIP_NOT_LOCAL: u32 = 3;
-    pub const SKIP_NOT_SYN: u32 = 4;
-    pub const SKIP_FRAGMENT: u32 = 5;
-    pub const SKIP_LOCAL_ORIGIN: u32 = 6;
-    pub const STALE_FLOW: u32 = 7;
-    pub const PASS_RECORDED: u32 = 8;
-    pub const REWRITE_FAILED: u32 = 9;
-    pub const CT_INSERT_FAILED: u32 = 10;
-    pub const FWD_DISABLED: u32 = 11;
-    /// A socket hook pointed connect()/sendmsg() at a container.
-    pub const SOCK_TRANSLATED: u32 = 12;
-    /// A loopback destination from a socket of another network namespace
-    /// (a container's own 127.0.0.1): left alone.
-    pub const SOCK_OTHER_NETNS: u32 = 13;
-    /// A wildcard mapping's port on an address that is not the node's.
-    pub const SOCK_NOT_LOCAL: u32 = 14;
-    /// No socket storage for the translation: left alone.
-    pub const SOCK_NO_STORAGE: u32 = 15;
-    /// A new flow was masqueraded (hairpin, masqAll).
-    pub const MASQ: u32 = 16;
-    /// No free masquerade source port: translated without masquerade.
-    pub const MASQ_NO_PORT: u32 = 17;
-    /// The interface towards the container has no address to masquerade to.
-    pub const MASQ_NO_ADDR: u32 = 18;
-    /// Answer of a masqueraded flow sent back to its client.
-    pub const UNMASQ: u32 = 19;
-    /// A translated packet handed straight to the container (`fastPath`).
-    pub const FAST_FORWARD: u32 = 20;
-    /// An answer handed straight to the interface towards its client
-    /// (`fastPath`), where egress translates it back.
-    pub const FAST_REPLY: u32 = 21;
-    pub const COUNT: u32 = 22;
-
-    pub const NAMES: [&str; COUNT as usize] = [
-        "dnat_new",
-        "dnat",
-        "reply",
-        "skip_not_local",
-        "skip_not_syn",
-        "skip_fragment",
-        "skip_local_origin",
-        "stale_flow",
-        "pass_recorded",
-        "rewrite_failed",
-        "ct_insert_failed",
-        "fwd_disabled",
-        "sock_translated",
-        "sock_other_netns",
-        "sock_not_local",
-        "sock_no_storage",
-        "masq",
-        "masq_no_port",
-        "masq_no_addr",
-        "unmasq",
-        "fast_forward",
-        "fast_reply",
-    ];
+    /// How long a flow of IP protocol `proto` may idle before its entries
+    /// no longer count: what the programs enforce and `list` reports.
+    #[inline(always)]
+    pub const fn for_proto(proto: u8) -> u64 {
+        match proto {
+            super::PROTO_UDP => UDP,
+            super::PROTO_SCTP => SCTP,
+            _ => TCP,
+        }
+    }
 }
 
 /// Key of the per-mapping traffic counters. The owner is part of the key so

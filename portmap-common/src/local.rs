@@ -3,20 +3,10 @@
 //! address) opens to a host port, seen by the cgroup socket hooks, and the
 //! packet-level hairpin on container-facing interfaces.
 
-/// Map names (also pin names).
+/// The names of the node-local maps in [`crate::maps`], under the path
+/// portmap-user reads them from.
 pub mod map_names {
-    /// Array of one [`super::NodeConfig`].
-    pub const NODE: &str = "node";
-    /// The node's own addresses ([`super::LocalAddrKey`] -> 1).
-    pub const LOCAL_ADDRS: &str = "local_addrs";
-    /// Per-interface settings ([`super::IfaceConfig`] by ifindex).
-    pub const IFACES: &str = "ifaces";
-    /// Per-socket memory of a translated destination ([`super::SockOrigin`]).
-    pub const SOCK_ORIGIN: &str = "sock_origin";
-    /// Where a container's packets are handed over on the fast path
-    /// ([`super::PeerKey`] -> [`super::Peer`]).
-    pub const PEERS: &str = "peers";
-    pub const ALL: [&str; 5] = [NODE, LOCAL_ADDRS, IFACES, SOCK_ORIGIN, PEERS];
+    pub use crate::maps::{IFACES, LOCAL_ADDRS, NODE, PEERS, PINNED_LOCAL as ALL, SOCK_ORIGIN};
 }
 
 /// Names of the cgroup socket programs.

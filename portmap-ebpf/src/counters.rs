@@ -1,26 +1,10 @@
 //! Per-mapping traffic counters: what `ebpf-portmap list` shows as packets
 //! and bytes. Per-CPU, so counting is a plain add on this CPU's copy.
 
-use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    btf_maps::{PerCpuArray, PerCpuHashMap},
-    macros::btf_map,
-    programs::TcContext,
-};
-use portmap_common::{CounterKey, MappingCounters, MappingKey, capacity};
+use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
+use portmap_common::{MappingCounters, MappingKey};
 
-const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
-
-/// Keyed by (mapping, owner). Entries are created here on a mapping's first
-/// packet (memory is used only for mappings that see traffic) and removed by
-/// userspace when the owner is deleted or by `ebpf-portmap gc`.
-#[btf_map(name = "counters")]
-static COUNTERS: PerCpuHashMap<
-    CounterKey,
-    MappingCounters,
-    { capacity::COUNTERS as usize },
-    NO_PREALLOC,
-> = PerCpuHashMap::new();
+use crate::maps::{self, COUNTERS};
 
 /// Which way a counted packet went.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -45,18 +29,6 @@ fn add(counters: &mut MappingCounters, way: Way, bytes: u64) {
     }
 }
 
-/// Room for the key and first value of [`record`]: on its stack they would
-/// not fit under the callers' frames (BPF's 512 bytes are shared along the
-/// call chain, and the egress path uses most of them).
-#[repr(C)]
-struct Scratch {
-    key: CounterKey,
-    first: MappingCounters,
-}
-
-#[btf_map(name = "counter_scratch")]
-static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
-
 /// Counts one translated packet of `mapping` (held by `owner_id`). Not
 /// inlined, and with its data in per-CPU scratch space, so it adds almost
 /// nothing to the callers' stack.
@@ -66,11 +38,9 @@ static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
     reason = "the key must be passed as a pointer into the scratch map, not copied to the stack"
 )]
 pub fn record(ctx: &TcContext, mapping: &MappingKey, owner_id: u64, way: Way) {
-    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+    let Some(scratch) = maps::counter_scratch() else {
         return;
     };
-    // SAFETY: per-CPU scratch, no other user while this program runs.
-    let scratch = unsafe { &mut *scratch };
     scratch.key.mapping = *mapping;
     scratch.key._pad0 = 0;
     scratch.key.owner_id = owner_id;

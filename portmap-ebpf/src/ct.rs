@@ -2,7 +2,7 @@
 //! still holds.
 
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
-use portmap_common::{CtEntry, CtKey, MappingKey, PROTO_UDP, ct_timeout};
+use portmap_common::{CtEntry, CtKey, MappingKey, ct_timeout};
 
 use crate::{maps, parse::Packet};
 
@@ -43,15 +43,6 @@ pub fn reversed(key: &CtKey) -> CtKey {
     }
 }
 
-#[inline(always)]
-fn timeout(proto: u8) -> u64 {
-    match proto {
-        PROTO_UDP => ct_timeout::UDP,
-        portmap_common::PROTO_SCTP => ct_timeout::SCTP,
-        _ => ct_timeout::TCP,
-    }
-}
-
 /// A live entry for `key`, copied out, and refreshed if it is due.
 #[inline(always)]
 pub fn lookup(key: &CtKey, now: u64) -> Option<CtEntry> {
@@ -60,7 +51,7 @@ pub fn lookup(key: &CtKey, now: u64) -> Option<CtEntry> {
     // any time, so it is read once and written with a single store.
     let copy = unsafe { *entry };
     let age = now.saturating_sub(copy.last_seen_ns);
-    if age > timeout(key.proto) {
+    if age > ct_timeout::for_proto(key.proto) {
         return None;
     }
     if age > ct_timeout::REFRESH {

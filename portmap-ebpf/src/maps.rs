@@ -1,14 +1,28 @@
 //! Every map of the dataplane, declared once, and the small accessors the
-//! programs use. Userspace pins all of them under `{pinRoot}/v1/maps/`.
+//! programs use. Names and capacities are `portmap_common::maps`' (the
+//! `btf_map` attribute takes the name as a literal: keep the two equal,
+//! `portmap-user/tests/object_maps.rs` checks). Userspace pins the tables
+//! under `{pinRoot}/v1/maps/`; the scratch maps and the trace ring buffer
+//! are not pinned.
+//!
+//! Scratch space: BPF's stack is 512 bytes along the whole call chain, and
+//! the programs need more (conntrack entries of both directions, the FIB
+//! lookup struct, trace snapshots). That state lives in one-entry per-CPU
+//! arrays, reached through [`scratch`], [`counter_scratch`] and
+//! [`trace_scratch`]; what one function leaves there for another is
+//! documented on the struct fields.
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     macros::btf_map,
 };
 use portmap_common::{
-    CtEntry, CtKey, MappingKey, MappingValue, OwnerRecord, OwnerSlotKey, capacity, stat,
+    CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OwnerRecord,
+    OwnerSlotKey, TraceEvent, TraceFilter, capacity, stat,
 };
+
+use crate::{fast::Offer, parse};
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
 
@@ -40,7 +54,65 @@ static CONNTRACK: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
 #[btf_map(name = "stats")]
 static STATS: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
 
-/// Room for what one new flow writes to conntrack (see `new_flow`).
+// ---- per-mapping traffic counters (see `counters`) ----
+
+/// Keyed by (mapping, owner). Entries are created here on a mapping's first
+/// packet (memory is used only for mappings that see traffic) and removed by
+/// userspace when the owner is deleted or by `ebpf-portmap gc`.
+#[btf_map(name = "counters")]
+pub static COUNTERS: PerCpuHashMap<
+    CounterKey,
+    MappingCounters,
+    { capacity::COUNTERS as usize },
+    NO_PREALLOC,
+> = PerCpuHashMap::new();
+
+/// Room for the key and first value of `counters::record`: on its stack they would
+/// not fit under the callers' frames (BPF's 512 bytes are shared along the
+/// call chain, and the egress path uses most of them).
+#[repr(C)]
+pub struct CounterScratch {
+    pub key: CounterKey,
+    pub first: MappingCounters,
+}
+
+#[btf_map(name = "counter_scratch")]
+static COUNTER_SCRATCH: PerCpuArray<CounterScratch, 1> = PerCpuArray::new();
+
+// ---- tracing (see `trace`) ----
+
+/// Written by the tracer, read by every packet.
+#[btf_map(name = "trace_filter")]
+pub static TRACE_FILTER: Array<TraceFilter, 1> = Array::new();
+
+/// Events for the tracer.
+#[btf_map(name = "trace_events")]
+pub static TRACE_EVENTS: RingBuf<TraceEvent, { capacity::TRACE_EVENTS_BYTES as usize }> =
+    RingBuf::new();
+
+/// Per-CPU state of one traced packet (see `trace`).
+#[repr(C)]
+pub struct TraceScratch {
+    /// This CPU's `stats` as they were before the packet was handled.
+    pub before: [u64; stat::COUNT as usize],
+    /// The reasons counted since, one bit each. Kept here rather than passed
+    /// on: read back from a map, the value is unknown to the verifier, which
+    /// would otherwise follow each of the 2^COUNT combinations separately.
+    pub decisions: u32,
+    /// Source and destination port of the packet as it leaves.
+    pub after_ports_be: [u16; 2],
+    /// The packet as it arrived.
+    pub packet: parse::Packet,
+}
+
+#[btf_map(name = "trace_scratch")]
+static TRACE_SCRATCH: PerCpuArray<TraceScratch, 1> = PerCpuArray::new();
+
+// ---- per-CPU scratch of the tc programs ----
+
+/// Room for what one new flow writes to conntrack (see `flow::new_flow`),
+/// and what the flow decisions leave for the code that runs after their
+/// frames are gone (counting, masquerade, the fast path).
 #[repr(C)]
 pub struct Scratch {
     pub forward_key: CtKey,
@@ -50,8 +122,8 @@ pub struct Scratch {
     pub fib: aya_ebpf::bindings::bpf_fib_lookup,
     /// Owner of the mapping a new flow was translated by.
     pub owner_id: u64,
-    /// What the fast path may do with this packet (`fast::*` in main.rs).
-    pub fast: u8,
+    /// What the fast path may do with this packet.
+    pub fast: Offer,
     /// The ingress program's tc action for this packet.
     pub action: i32,
 }
@@ -59,9 +131,41 @@ pub struct Scratch {
 #[btf_map(name = "scratch")]
 static SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
 
+/// This CPU's entry of a one-entry scratch map.
+///
+/// Callers hold one reference to an entry at a time: a function that calls
+/// another that takes the same scratch passes down the fields it needs
+/// instead, or takes it again afterwards.
 #[inline(always)]
-pub fn scratch() -> Option<*mut Scratch> {
-    SCRATCH.get_ptr_mut(0)
+#[allow(
+    clippy::mut_from_ref,
+    reason = "a map is shared by design: the entry is exclusive because it is this CPU's and by the one-at-a-time rule above"
+)]
+fn this_cpu<T>(map: &'static PerCpuArray<T, 1>) -> Option<&'static mut T> {
+    // SAFETY: the entry belongs to this CPU, and a program runs on its CPU
+    // to completion with no other of ours in between (tc egress runs with
+    // bottom halves off, so ingress cannot interrupt it; the socket hooks
+    // use no scratch). Every value is plain integers or an enum whose zero
+    // is a variant, so a fresh, zeroed entry is valid.
+    map.get_ptr_mut(0).map(|entry| unsafe { &mut *entry })
+}
+
+/// The tc programs' scratch space.
+#[inline(always)]
+pub fn scratch() -> Option<&'static mut Scratch> {
+    this_cpu(&SCRATCH)
+}
+
+/// `counters::record`'s scratch space.
+#[inline(always)]
+pub fn counter_scratch() -> Option<&'static mut CounterScratch> {
+    this_cpu(&COUNTER_SCRATCH)
+}
+
+/// The tracer's per-packet scratch space.
+#[inline(always)]
+pub fn trace_scratch() -> Option<&'static mut TraceScratch> {
+    this_cpu(&TRACE_SCRATCH)
 }
 
 #[inline(always)]
@@ -69,6 +173,30 @@ pub fn mapping(key: &MappingKey) -> Option<MappingValue> {
     // SAFETY: the value is copied out at once; userspace may replace it
     // concurrently, and a copy is all we need.
     unsafe { MAPPINGS.get(key).copied() }
+}
+
+/// The mapping for `addr:port`: one for exactly that host address first,
+/// else the wildcard of the family. O(1) whatever the number of mappings.
+/// The key says which matched. The one lookup of the tc programs and the
+/// socket hooks.
+#[inline(always)]
+pub fn find_mapping(
+    family: u8,
+    proto: u8,
+    addr_be: &[u32; 4],
+    port_be: u16,
+) -> Option<(MappingKey, MappingValue)> {
+    let mut key = MappingKey {
+        host_addr_be: *addr_be,
+        host_port_be: port_be,
+        proto,
+        family,
+    };
+    if let Some(value) = mapping(&key) {
+        return Some((key, value));
+    }
+    key.host_addr_be = [0; 4];
+    mapping(&key).map(|value| (key, value))
 }
 
 #[inline(always)]
@@ -87,6 +215,52 @@ pub fn ct_put_new(key: &CtKey, entry: &CtEntry) -> bool {
     CONNTRACK
         .insert(key, entry, aya_ebpf::bindings::BPF_NOEXIST as u64)
         .is_ok()
+}
+
+/// How the first entry of [`ct_put_pair`] is written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Insert {
+    /// Over whatever is there ([`ct_put`]).
+    Any,
+    /// Only if its key is free ([`ct_put_new`]).
+    IfFree,
+}
+
+/// Which entry of a pair was not written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum PairFailed {
+    /// Nothing was written.
+    First,
+    /// The first entry was written and removed again.
+    Second,
+}
+
+/// Records two directions of a flow, or neither: `first` as `how` says,
+/// then `second` over whatever is there. When `second` fails, `first` is
+/// removed again, so no half-recorded flow matches later packets (or holds
+/// a masquerade port) until it idles out. An entry that `first` replaced
+/// is not brought back: it was this same tuple's, and the packet at hand
+/// starts its flow over.
+#[inline(always)]
+pub fn ct_put_pair(
+    first: (&CtKey, &CtEntry),
+    how: Insert,
+    second: (&CtKey, &CtEntry),
+) -> Result<(), PairFailed> {
+    let written = match how {
+        Insert::Any => ct_put(first.0, first.1),
+        Insert::IfFree => ct_put_new(first.0, first.1),
+    };
+    if !written {
+        return Err(PairFailed::First);
+    }
+    if ct_put(second.0, second.1) {
+        return Ok(());
+    }
+    // A failed removal leaves what was there before this change: the entry
+    // idles out, or the LRU evicts it.
+    let _ = CONNTRACK.remove(first.0);
+    Err(PairFailed::Second)
 }
 
 #[inline(always)]
@@ -113,25 +287,23 @@ pub fn keep_userspace_maps() {
 
 // ---- node-local traffic: socket hooks and hairpin (portmap_common::local) ----
 
-use aya_ebpf::{
-    btf_maps::{Array, SkStorage},
-    programs::SockAddrContext,
-};
+use aya_ebpf::{btf_maps::SkStorage, programs::SockAddrContext};
 use portmap_common::local::{IfaceConfig, LocalAddrKey, NodeConfig, Peer, PeerKey, SockOrigin};
 
 #[btf_map(name = "node")]
 static NODE: Array<NodeConfig, 1> = Array::new();
 
 #[btf_map(name = "local_addrs")]
-static LOCAL_ADDRS: HashMap<LocalAddrKey, u8, 4096, NO_PREALLOC> = HashMap::new();
+static LOCAL_ADDRS: HashMap<LocalAddrKey, u8, { capacity::LOCAL_ADDRS as usize }, NO_PREALLOC> =
+    HashMap::new();
 
 #[btf_map(name = "ifaces")]
-static IFACES: HashMap<u32, IfaceConfig, 4096, NO_PREALLOC> = HashMap::new();
+static IFACES: HashMap<u32, IfaceConfig, { capacity::IFACES as usize }, NO_PREALLOC> =
+    HashMap::new();
 
 /// Containers' veths by address, for the fast path (written by ADD).
 #[btf_map(name = "peers")]
-static PEERS: HashMap<PeerKey, Peer, { portmap_common::capacity::OWNERS as usize }, NO_PREALLOC> =
-    HashMap::new();
+static PEERS: HashMap<PeerKey, Peer, { capacity::PEERS as usize }, NO_PREALLOC> = HashMap::new();
 
 #[btf_map(name = "sock_origin")]
 static SOCK_ORIGIN: SkStorage<SockOrigin> = SkStorage::new();
@@ -148,7 +320,7 @@ pub fn is_local_addr(family: u8, addr_be: &[u32; 4]) -> bool {
         family,
         _pad0: [0; 3],
     };
-    LOCAL_ADDRS.get_ptr(&key).is_some()
+    LOCAL_ADDRS.get_ptr(key).is_some()
 }
 
 #[inline(always)]
@@ -159,7 +331,7 @@ pub fn peer(family: u8, addr_be: &[u32; 4]) -> Option<Peer> {
         _pad0: [0; 3],
     };
     // SAFETY: copied out at once.
-    unsafe { PEERS.get(&key).copied() }
+    unsafe { PEERS.get(key).copied() }
 }
 
 #[inline(always)]

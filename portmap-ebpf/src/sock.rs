@@ -11,8 +11,7 @@ use aya_ebpf::{
     helpers::bpf_get_netns_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
 };
 use portmap_common::{
-    FAMILY_V4, FAMILY_V6, MappingKey, MappingValue, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
-    local::SockOrigin, stat,
+    FAMILY_V4, FAMILY_V6, MappingValue, PROTO_SCTP, PROTO_TCP, PROTO_UDP, local::SockOrigin, stat,
 };
 
 use crate::maps;
@@ -167,13 +166,8 @@ fn is_loopback(endpoint: &Endpoint) -> bool {
 /// The mapping a socket dialling `endpoint` means, if any.
 #[inline(always)]
 fn mapping_for(ctx: &SockAddrContext, endpoint: &Endpoint, proto: u8) -> Option<MappingValue> {
-    let mut key = MappingKey {
-        host_addr_be: endpoint.addr_be,
-        host_port_be: endpoint.port_be,
-        proto,
-        family: endpoint.family,
-    };
-    if is_loopback(endpoint) {
+    let loopback = is_loopback(endpoint);
+    if loopback {
         // Only the node's own loopback; a container's 127.0.0.1 is its own.
         let node = maps::node_config()?;
         // SAFETY: the helper only reads the context.
@@ -182,19 +176,15 @@ fn mapping_for(ctx: &SockAddrContext, endpoint: &Endpoint, proto: u8) -> Option<
             maps::count(stat::SOCK_OTHER_NETNS);
             return None;
         }
-        if let Some(value) = maps::mapping(&key) {
-            return Some(value);
-        }
-        key.host_addr_be = [0; 4];
-        return maps::mapping(&key);
     }
-    if let Some(value) = maps::mapping(&key) {
-        return Some(value);
-    }
-    key.host_addr_be = [0; 4];
-    let value = maps::mapping(&key)?;
-    // A wildcard mapping covers the node's own addresses only.
-    if maps::is_local_addr(endpoint.family, &endpoint.addr_be) {
+    let (key, value) =
+        maps::find_mapping(endpoint.family, proto, &endpoint.addr_be, endpoint.port_be)?;
+    // A wildcard mapping covers the node's own addresses only (loopback is
+    // the node's, checked above).
+    if loopback
+        || key.host_addr_be == endpoint.addr_be
+        || maps::is_local_addr(endpoint.family, &endpoint.addr_be)
+    {
         Some(value)
     } else {
         maps::count(stat::SOCK_NOT_LOCAL);

@@ -13,41 +13,15 @@
 
 use aya_ebpf::{
     bindings::{__sk_buff, BPF_RB_NO_WAKEUP},
-    btf_maps::{Array, PerCpuArray, RingBuf},
     helpers::bpf_skb_load_bytes,
-    macros::btf_map,
     programs::TcContext,
 };
-use portmap_common::{FAMILY_V4, TraceEvent, TraceFilter, capacity, stat, trace_direction};
+use portmap_common::{FAMILY_V4, TraceEvent, stat, trace_direction};
 
-use crate::{maps, parse};
-
-/// Written by the tracer, read by every packet.
-#[btf_map(name = "trace_filter")]
-static TRACE_FILTER: Array<TraceFilter, 1> = Array::new();
-
-/// Events for the tracer.
-#[btf_map(name = "trace_events")]
-static TRACE_EVENTS: RingBuf<TraceEvent, { capacity::TRACE_EVENTS_BYTES as usize }> =
-    RingBuf::new();
-
-/// Per-CPU state of one traced packet.
-#[repr(C)]
-struct Scratch {
-    /// This CPU's `stats` as they were before the packet was handled.
-    before: [u64; stat::COUNT as usize],
-    /// The reasons counted since, one bit each. Kept here rather than passed
-    /// on: read back from a map, the value is unknown to the verifier, which
-    /// would otherwise follow each of the 2^COUNT combinations separately.
-    decisions: u32,
-    /// Source and destination port of the packet as it leaves.
-    after_ports_be: [u16; 2],
-    /// The packet as it arrived.
-    packet: parse::Packet,
-}
-
-#[btf_map(name = "trace_scratch")]
-static TRACE_SCRATCH: PerCpuArray<Scratch, 1> = PerCpuArray::new();
+use crate::{
+    maps::{self, TRACE_EVENTS, TRACE_FILTER},
+    parse,
+};
 
 /// If someone traces, remembers the counters and the packet as it arrived.
 /// Call before the packet is handled, and [`end_if_tracing`] after it.
@@ -63,15 +37,13 @@ pub fn begin(packet: &parse::Packet) {
 
 #[inline(never)]
 fn snapshot(packet: &parse::Packet) {
-    let Some(scratch) = TRACE_SCRATCH.get_ptr_mut(0) else {
+    let Some(scratch) = maps::trace_scratch() else {
         return;
     };
-    // SAFETY: per-CPU scratch, no other user while this program runs.
-    unsafe { (*scratch).packet = *packet };
+    scratch.packet = *packet;
     let mut reason = 0;
     while reason < stat::COUNT {
-        // SAFETY: per-CPU scratch, no other user while this program runs.
-        unsafe { (*scratch).before[reason as usize] = maps::stat(reason) };
+        scratch.before[reason as usize] = maps::stat(reason);
         reason += 1;
     }
 }
@@ -94,34 +66,30 @@ pub fn end_if_tracing(ctx: &TcContext, direction: u8) {
 /// Records the reasons counted since [`snapshot`] in the scratch space.
 #[inline(never)]
 fn decisions() {
-    let Some(scratch) = TRACE_SCRATCH.get_ptr_mut(0) else {
+    let Some(scratch) = maps::trace_scratch() else {
         return;
     };
     let mut decisions: u32 = 0;
     let mut reason = 0;
     while reason < stat::COUNT {
-        // SAFETY: per-CPU scratch, no other user while this program runs.
-        if maps::stat(reason) != unsafe { (*scratch).before[reason as usize] } {
+        if maps::stat(reason) != scratch.before[reason as usize] {
             decisions |= 1 << reason;
         }
         reason += 1;
     }
-    // SAFETY: as above.
-    unsafe { (*scratch).decisions = decisions };
+    scratch.decisions = decisions;
 }
 
 #[inline(never)]
 fn emit(ctx: &TcContext, direction: u8) {
-    let (Some(filter), Some(scratch)) = (TRACE_FILTER.get_ptr(0), TRACE_SCRATCH.get_ptr_mut(0))
-    else {
+    let (Some(filter), Some(scratch)) = (TRACE_FILTER.get_ptr(0), maps::trace_scratch()) else {
         return;
     };
-    // SAFETY: per-CPU scratch written by `snapshot` for this packet. Read
-    // from there, not the caller's stack: with nothing of the handling path
-    // live at the call, the verifier walks this once, not once per path.
-    let packet = unsafe { &(*scratch).packet };
-    // SAFETY: per-CPU scratch, no other user while this program runs.
-    let decisions = unsafe { (*scratch).decisions };
+    // The packet as `snapshot` saw it, read from scratch, not the caller's
+    // stack: with nothing of the handling path live at the call, the
+    // verifier walks this once, not once per path.
+    let packet = &scratch.packet;
+    let decisions = scratch.decisions;
     // SAFETY: pointer from a successful lookup of an array entry.
     let (port, proto) = unsafe { ((*filter).port_be, (*filter).proto) };
     // Without a port filter, only what the dataplane acted on; with one,
@@ -134,19 +102,19 @@ fn emit(ctx: &TcContext, direction: u8) {
     }
     // The ports as the packet leaves, to match the filter before anything
     // is reserved (the rewrite invalidated what was read before).
-    // SAFETY: per-CPU scratch; the destination is 4 bytes long.
-    let (after_sport, after_dport) = unsafe {
-        (*scratch).after_ports_be = [packet.sport_be, packet.dport_be];
-        if !packet.fragment {
+    scratch.after_ports_be = [packet.sport_be, packet.dport_be];
+    if !packet.fragment {
+        // SAFETY: the destination is 4 bytes long.
+        unsafe {
             bpf_skb_load_bytes(
                 ctx.skb.skb as *const _,
                 packet.l4_off as u32,
-                (&raw mut (*scratch).after_ports_be).cast(),
+                (&raw mut scratch.after_ports_be).cast(),
                 4,
             );
         }
-        ((*scratch).after_ports_be[0], (*scratch).after_ports_be[1])
-    };
+    }
+    let [after_sport, after_dport] = scratch.after_ports_be;
     if port != 0
         && packet.sport_be != port
         && packet.dport_be != port

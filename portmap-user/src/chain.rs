@@ -1,9 +1,14 @@
 //! Chaining ebpf-portmap into a node's CNI network configuration, the job of
 //! a Kubernetes node installer (`deploy/install.sh` runs it in a loop).
 //!
-//! The runtime uses the lexically first `*.conf`, `*.conflist` or `*.json`
-//! file of its configuration directory (libcni's `ConfFiles`, sorted, as
-//! containerd and CRI-O load it). That file gets an `ebpf-portmap` entry:
+//! By default the file chained is the one a runtime that takes the first
+//! network uses: the lexically first `*.conf`, `*.conflist` or `*.json` file
+//! of its configuration directory (libcni's `ConfFiles`, sorted, as
+//! containerd, kubelet and CRI-O without `cni_default_network` load it).
+//! Runtimes that choose a network by name (CRI-O's `cni_default_network`,
+//! podman, Nomad's `cni/<name>`) get [`Selection::Network`], which finds the
+//! file the way libcni's `LoadConfList` does; [`Selection::File`] names the
+//! file outright. That file gets an `ebpf-portmap` entry:
 //!
 //! - in place of an upstream `portmap` entry (same position, its
 //!   capabilities kept), or else appended after the main plugin's entries;
@@ -95,6 +100,18 @@ pub enum ChainError {
         "no network configuration (*.conf, *.conflist, *.json) in {dir}: the main CNI plugin has not written one yet"
     )]
     NoConfig { dir: PathBuf },
+    #[error(
+        "no network named {name:?} in {dir} (its configurations name: {found}); pass the conflist's \"name\""
+    )]
+    NoNetwork {
+        dir: PathBuf,
+        name: String,
+        found: String,
+    },
+    #[error(
+        "{path} is not a network configuration a runtime loads: its name must end in .conf, .conflist or .json"
+    )]
+    NotAConfigName { path: PathBuf },
     #[error("cannot read {path}")]
     Read {
         path: PathBuf,
@@ -429,6 +446,93 @@ pub fn config_files(dir: &Path) -> Result<Vec<PathBuf>, ChainError> {
     Ok(files)
 }
 
+/// Which configuration of a directory the runtime uses, so which one to chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// The lexically first file ([`config_files`]): containerd, kubelet and
+    /// CRI-O without `cni_default_network` use it.
+    First,
+    /// The network whose `"name"` is this, found as libcni's `LoadConfList`
+    /// finds it: the first `.conflist` (sorted) of that name, else the first
+    /// `.conf`/`.json` of that name (which is then converted).
+    Network(String),
+    /// Exactly this file.
+    File(PathBuf),
+}
+
+impl Selection {
+    /// The file the runtime uses under `dir`.
+    pub fn config(&self, dir: &Path) -> Result<PathBuf, ChainError> {
+        match self {
+            Selection::First => {
+                config_files(dir)?
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| ChainError::NoConfig {
+                        dir: dir.to_path_buf(),
+                    })
+            }
+            Selection::Network(name) => network_config(dir, name),
+            Selection::File(path) => {
+                if !path.file_name().is_some_and(is_config_name) {
+                    return Err(ChainError::NotAConfigName { path: path.clone() });
+                }
+                Ok(path.clone())
+            }
+        }
+    }
+
+    /// The directory the selected file lives in (`dir`, or the parent of
+    /// an explicit file).
+    pub fn dir<'a>(&'a self, dir: &'a Path) -> &'a Path {
+        match self {
+            Selection::File(path) => path.parent().unwrap_or(Path::new(".")),
+            _ => dir,
+        }
+    }
+}
+
+/// The network `name` of `dir`, as libcni's `LoadConfList` picks it. A file
+/// that cannot be read or parsed is an error, as it is for libcni.
+fn network_config(dir: &Path, name: &str) -> Result<PathBuf, ChainError> {
+    let files = config_files(dir)?;
+    let mut found = Vec::new();
+    let (lists, singles): (Vec<&PathBuf>, Vec<&PathBuf>) = files
+        .iter()
+        .partition(|file| Layout::of(file) == Layout::List);
+    for file in lists.into_iter().chain(singles) {
+        let bytes = fs::read(file).map_err(|source| ChainError::Read {
+            path: file.clone(),
+            source,
+        })?;
+        let list =
+            parse_list(&bytes, Layout::of(file)).map_err(|source| ChainError::Malformed {
+                path: file.clone(),
+                source,
+            })?;
+        match list.get("name").and_then(Value::as_str) {
+            Some(found_name) if found_name == name => return Ok(file.clone()),
+            Some(found_name) => found.push(format!("{found_name:?}")),
+            None => {}
+        }
+    }
+    if files.is_empty() {
+        return Err(ChainError::NoConfig {
+            dir: dir.to_path_buf(),
+        });
+    }
+    found.dedup();
+    Err(ChainError::NoNetwork {
+        dir: dir.to_path_buf(),
+        name: name.to_owned(),
+        found: if found.is_empty() {
+            "no name at all".to_owned()
+        } else {
+            found.join(", ")
+        },
+    })
+}
+
 /// What [`install`] would do to the configuration the runtime uses.
 #[derive(Debug)]
 pub struct Plan {
@@ -451,13 +555,15 @@ impl Plan {
     }
 }
 
-/// Works out how to chain `entry` into the configuration `dir`'s runtime
-/// uses, checking everything that can be checked before writing.
-pub fn plan(dir: &Path, entry: &Map<String, Value>) -> Result<Plan, ChainError> {
-    let files = config_files(dir)?;
-    let source = files.first().cloned().ok_or_else(|| ChainError::NoConfig {
-        dir: dir.to_path_buf(),
-    })?;
+/// Works out how to chain `entry` into the configuration of `dir` that
+/// `selection` picks, checking everything that can be checked before writing.
+pub fn plan(
+    dir: &Path,
+    selection: &Selection,
+    entry: &Map<String, Value>,
+) -> Result<Plan, ChainError> {
+    let source = selection.config(dir)?;
+    let files = config_files(selection.dir(dir))?;
     let source_bytes = fs::read(&source).map_err(|source_err| ChainError::Read {
         path: source.clone(),
         source: source_err,
@@ -475,9 +581,12 @@ pub fn plan(dir: &Path, entry: &Map<String, Value>) -> Result<Plan, ChainError> 
     })?;
     let target = chained_path(&source);
     if layout == Layout::Single {
-        if let Some(first) = files
-            .iter()
-            .find(|f| **f != source && **f != target && **f < target)
+        // Only a runtime that takes the first file can lose the converted
+        // file to one sorting before it; by name, a .conflist is found first.
+        if *selection == Selection::First
+            && let Some(first) = files
+                .iter()
+                .find(|f| **f != source && **f != target && **f < target)
         {
             return Err(ChainError::NotFirst {
                 target,
@@ -530,8 +639,12 @@ pub struct Installed {
 /// Chains `entry` into the configuration the runtime uses (see the module
 /// docs). Writes nothing when it is already chained so, or when anything
 /// is wrong.
-pub fn install(dir: &Path, entry: &Map<String, Value>) -> Result<Installed, ChainError> {
-    let plan = plan(dir, entry)?;
+pub fn install(
+    dir: &Path,
+    selection: &Selection,
+    entry: &Map<String, Value>,
+) -> Result<Installed, ChainError> {
+    let plan = plan(dir, selection, entry)?;
     let Some(bytes) = &plan.write else {
         return Ok(Installed { plan, backup: None });
     };
@@ -590,8 +703,10 @@ pub struct Removed {
 /// Undoes [`install`] in `dir`: every backup whose chained file still names
 /// our plugin is renamed back over its original (exact bytes and mode) and
 /// a converted `.conflist` removed. Fails if the configuration the runtime
-/// then uses still names our plugin, so the binary is not removed under it.
-pub fn remove(dir: &Path) -> Result<Removed, ChainError> {
+/// then uses (the one `selection` picks) still names our plugin, so the
+/// binary is not removed under it.
+pub fn remove(dir: &Path, selection: &Selection) -> Result<Removed, ChainError> {
+    let dir = selection.dir(dir);
     let read_dir = |source| ChainError::ReadDir {
         dir: dir.to_path_buf(),
         source,
@@ -653,12 +768,11 @@ pub fn remove(dir: &Path) -> Result<Removed, ChainError> {
             removed.foreign.push(file.clone());
         }
     }
-    if let Some(first) = files.first()
-        && removed.foreign.contains(first)
+    // The file the runtime now uses; none (the network is gone) is fine.
+    if let Ok(used) = selection.config(dir)
+        && removed.foreign.contains(&used)
     {
-        return Err(ChainError::StillChained {
-            path: first.clone(),
-        });
+        return Err(ChainError::StillChained { path: used });
     }
     Ok(removed)
 }
@@ -1093,6 +1207,115 @@ mod tests {
     const CHAINED: &str = r#"{"cniVersion": "1.0.0", "name": "n", "plugins":
         [{"type": "bridge"}, {"type": "ebpf-portmap", "capabilities": {"portMappings": true}}]}"#;
 
+    fn named(name: &str, main: &str) -> String {
+        format!(r#"{{"cniVersion": "1.0.0", "name": "{name}", "plugins": [{{"type": "{main}"}}]}}"#)
+    }
+
+    fn plugin_types_of(path: &Path) -> Vec<String> {
+        let list = parse_list(&fs::read(path).expect("reading"), Layout::of(path)).expect("a list");
+        types(&list).into_iter().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn a_network_is_chosen_by_name_not_by_sort_order() {
+        let dir = Dir::new("by-name");
+        let first = dir.write("10-kindnet.conflist", &named("kindnet", "ptp"));
+        let crio = dir.write("20-crio.conflist", &named("crio", "bridge"));
+        let selection = Selection::Network("crio".into());
+        let installed = install(&dir.0, &selection, &entry()).expect("chained");
+        assert_eq!(installed.plan.target, crio);
+        assert_eq!(plugin_types_of(&crio), ["bridge", "ebpf-portmap"]);
+        assert_eq!(
+            plugin_types_of(&first),
+            ["ptp"],
+            "the first file is left alone"
+        );
+        assert!(
+            plan(&dir.0, &selection, &entry())
+                .expect("plan")
+                .is_unchanged(),
+            "installing twice changes nothing"
+        );
+        let removed = remove(&dir.0, &selection).expect("removed");
+        assert_eq!(removed.restored.len(), 1);
+        assert_eq!(
+            fs::read_to_string(&crio).expect("restored"),
+            named("crio", "bridge")
+        );
+    }
+
+    #[test]
+    fn by_name_a_conflist_wins_over_a_conf_as_in_libcni() {
+        let dir = Dir::new("by-name-order");
+        // Sorts first, but libcni looks at .conflist files before .conf ones.
+        dir.write(
+            "00-net.conf",
+            r#"{"cniVersion": "1.0.0", "name": "net", "type": "ptp"}"#,
+        );
+        let list = dir.write("50-net.conflist", &named("net", "bridge"));
+        let installed =
+            install(&dir.0, &Selection::Network("net".into()), &entry()).expect("chained");
+        assert_eq!(installed.plan.target, list);
+    }
+
+    #[test]
+    fn by_name_a_single_conf_is_converted_even_when_not_first() {
+        let dir = Dir::new("by-name-conf");
+        dir.write("00-other.conflist", &named("other", "ptp"));
+        dir.write(
+            "10-net.conf",
+            r#"{"cniVersion": "1.0.0", "name": "net", "type": "bridge"}"#,
+        );
+        let installed =
+            install(&dir.0, &Selection::Network("net".into()), &entry()).expect("chained");
+        assert_eq!(installed.plan.target, dir.0.join("10-net.conflist"));
+        assert_eq!(
+            plugin_types_of(&dir.0.join("10-net.conflist")),
+            ["bridge", "ebpf-portmap"]
+        );
+        assert!(
+            matches!(install(&dir.0, &Selection::First, &entry()), Ok(ref i) if i.plan.target == dir.0.join("00-other.conflist")),
+            "the first file is still what the default picks"
+        );
+    }
+
+    #[test]
+    fn an_unknown_network_is_refused_naming_the_ones_there() {
+        let dir = Dir::new("by-name-missing");
+        dir.write("10-a.conflist", &named("alpha", "bridge"));
+        dir.write("20-b.conflist", &named("beta", "ptp"));
+        let error = install(&dir.0, &Selection::Network("gamma".into()), &entry())
+            .expect_err("no such network");
+        let text = error.to_string();
+        assert!(matches!(error, ChainError::NoNetwork { .. }), "{text}");
+        assert!(
+            text.contains("\"gamma\"") && text.contains("\"alpha\", \"beta\""),
+            "{text}"
+        );
+        assert_eq!(
+            dir.names(),
+            ["10-a.conflist", "20-b.conflist"],
+            "nothing written"
+        );
+    }
+
+    #[test]
+    fn an_explicit_file_is_chained_wherever_it_sorts() {
+        let dir = Dir::new("by-file");
+        dir.write("10-a.conflist", &named("alpha", "ptp"));
+        let second = dir.write("20-b.conflist", &named("beta", "bridge"));
+        let selection = Selection::File(second.clone());
+        let installed = install(Path::new("/nonexistent"), &selection, &entry()).expect("chained");
+        assert_eq!(installed.plan.target, second);
+        assert_eq!(plugin_types_of(&second), ["bridge", "ebpf-portmap"]);
+        assert_eq!(plugin_types_of(&dir.0.join("10-a.conflist")), ["ptp"]);
+        let not_config = dir.write("notes.txt", "{}");
+        assert!(matches!(
+            install(&dir.0, &Selection::File(not_config), &entry()),
+            Err(ChainError::NotAConfigName { .. })
+        ));
+    }
+
     #[test]
     fn a_conflist_of_someone_else_is_not_overwritten_by_a_conversion() {
         let dir = Dir::new("taken");
@@ -1102,7 +1325,7 @@ mod tests {
             r#"{"cniVersion": "1.0.0", "name": "other", "plugins": [{"type": "ptp"}]}"#,
         );
         assert!(matches!(
-            install(&dir.0, &entry()),
+            install(&dir.0, &Selection::First, &entry()),
             Err(ChainError::TargetTaken { .. })
         ));
         assert_eq!(dir.names(), ["10-a.conf", "10-a.conflist"]);
@@ -1115,7 +1338,7 @@ mod tests {
         // Sorts after 10-a.conf but before 10-a.conflist.
         dir.write("10-a.conf.b.conf", BRIDGE);
         assert!(matches!(
-            install(&dir.0, &entry()),
+            install(&dir.0, &Selection::First, &entry()),
             Err(ChainError::NotFirst { .. })
         ));
         assert_eq!(dir.names(), ["10-a.conf", "10-a.conf.b.conf"]);
@@ -1125,10 +1348,10 @@ mod tests {
     fn the_main_plugin_rewriting_a_converted_conf_is_chained_again() {
         let dir = Dir::new("reconvert");
         dir.write("10-a.conf", BRIDGE);
-        install(&dir.0, &entry()).expect("first install");
+        install(&dir.0, &Selection::First, &entry()).expect("first install");
         let newer = BRIDGE.replace("bridge\"", "bridge\", \"mtu\": 1400");
         dir.write("10-a.conf", &newer);
-        let installed = install(&dir.0, &entry()).expect("second install");
+        let installed = install(&dir.0, &Selection::First, &entry()).expect("second install");
         assert_eq!(installed.plan.target, dir.0.join("10-a.conflist"));
         assert_eq!(dir.names(), ["10-a.conf.ebpf-portmap.bak", "10-a.conflist"]);
         assert_eq!(
@@ -1142,11 +1365,11 @@ mod tests {
     fn remove_drops_backups_of_files_the_main_plugin_replaced() {
         let dir = Dir::new("stale");
         let original = dir.write("10-a.conflist", KINDNET_LIKE);
-        install(&dir.0, &entry()).expect("install");
+        install(&dir.0, &Selection::First, &entry()).expect("install");
         // The main plugin writes its file again; nobody chains it.
         let newer = KINDNET_LIKE.replace("1500", "1400");
         fs::write(&original, &newer).expect("write");
-        let removed = remove(&dir.0).expect("remove");
+        let removed = remove(&dir.0, &Selection::First).expect("remove");
         assert!(removed.restored.is_empty());
         assert_eq!(removed.stale, [backup_path(&original)]);
         assert_eq!(fs::read_to_string(&original).expect("read"), newer);
@@ -1159,13 +1382,14 @@ mod tests {
         dir.write("10-a.conflist", CHAINED);
         dir.write("20-b.conflist", CHAINED);
         assert!(matches!(
-            remove(&dir.0),
+            remove(&dir.0, &Selection::First),
             Err(ChainError::StillChained { path }) if path.ends_with("10-a.conflist")
         ));
         // Once another file is the runtime's, the hand-chained ones are only
         // reported.
         dir.write("05-first.conf", BRIDGE);
-        let removed = remove(&dir.0).expect("only files the runtime does not use");
+        let removed =
+            remove(&dir.0, &Selection::First).expect("only files the runtime does not use");
         assert_eq!(
             removed.foreign,
             [dir.0.join("10-a.conflist"), dir.0.join("20-b.conflist")]

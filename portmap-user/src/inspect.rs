@@ -20,8 +20,8 @@ use aya::{
     },
 };
 use portmap_common::{
-    CtEntry, CtKey, FAMILY_V4, MappingCounters, MappingKey, MappingValue, OwnerRecord, PROTO_SCTP,
-    PROTO_UDP, TraceFilter, ct_kind, ct_timeout, map_names, stat,
+    CtEntry, CtKey, FAMILY_V4, MappingCounters, MappingKey, MappingValue, OwnerRecord, TraceFilter,
+    ct_kind, ct_timeout, map_names, stat,
 };
 
 use crate::{
@@ -68,14 +68,6 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn idle_timeout(proto: u8) -> u64 {
-    match proto {
-        PROTO_UDP => ct_timeout::UDP,
-        PROTO_SCTP => ct_timeout::SCTP,
-        _ => ct_timeout::TCP,
-    }
-}
-
 /// Which (mapping, container address, container port) a live flow was
 /// translated to.
 pub type FlowTarget = (MappingKey, [u32; 4], u16);
@@ -91,7 +83,7 @@ pub fn live_flows(
     let mut flows = StdHashMap::new();
     for (key, entry) in entries {
         if entry.kind != ct_kind::DNAT
-            || now_ns.saturating_sub(entry.last_seen_ns) > idle_timeout(key.proto)
+            || now_ns.saturating_sub(entry.last_seen_ns) > ct_timeout::for_proto(key.proto)
         {
             continue;
         }

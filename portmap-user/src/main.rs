@@ -6,7 +6,7 @@ use std::{
     process::ExitCode,
 };
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use portmap_user::{
     cni, config,
     logging::{self, Logged},
@@ -36,6 +36,7 @@ They take --pin-root, the plugin's `pinRoot` (default /sys/fs/bpf/ebpf-portmap).
   ebpf-portmap status                  is the dataplane healthy? (exit 1 if not)
   ebpf-portmap trace --port 8080       watch what happens to traffic for port 8080
   ebpf-portmap chain install           chain the plugin into /etc/cni/net.d
+  ebpf-portmap version                 this build, its eBPF object and the kernel's features
   ebpf-portmap help <command>          more about one command"
 )]
 struct Args {
@@ -54,6 +55,9 @@ enum Verb {
     Gc(cli::gc::GcArgs),
     Uninstall(cli::uninstall::UninstallArgs),
     Chain(cli::chain::ChainArgs),
+    Version(cli::version::VersionArgs),
+    Completions(cli::completions::CompletionsArgs),
+    Man(cli::man::ManArgs),
 }
 
 /// The CNI plugin. Stdin is read before anything else: the log file is part
@@ -90,6 +94,9 @@ fn main() -> ExitCode {
         Verb::Gc(gc) => cli::gc::run(gc),
         Verb::Uninstall(uninstall) => cli::uninstall::run(uninstall),
         Verb::Chain(chain) => cli::chain::run(chain),
+        Verb::Version(version) => cli::version::run(version),
+        Verb::Completions(completions) => cli::completions::run(completions, Args::command()),
+        Verb::Man(man) => cli::man::run(man, Args::command()),
     };
     match result {
         Ok(code) => code,

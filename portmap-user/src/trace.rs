@@ -23,7 +23,11 @@ use aya::{
     maps::{Array, Map, MapData, MapError, MapInfo, RingBuf},
     programs::{ProgramError, ProgramInfo},
 };
-use portmap_common::{TraceEvent, TraceFilter, map_names, stat, trace_direction};
+use portmap_common::{
+    TraceEvent, TraceFilter, map_names,
+    reason::{NO_MAPPING, REASONS, Reason},
+    trace_direction,
+};
 use serde_json::{Value, json};
 
 use crate::{
@@ -264,109 +268,17 @@ impl Drop for Tracer {
     }
 }
 
-/// A decision as shown to people: a short tag and what it means.
-pub fn decision_label(reason: u32) -> (&'static str, &'static str) {
-    match reason {
-        stat::DNAT_NEW => ("translated-new", "new flow translated to the container"),
-        stat::DNAT => ("translated", "translated to the container"),
-        stat::REPLY => ("reply", "reply translated back to the host port"),
-        stat::SKIP_NOT_LOCAL => (
-            "skipped-not-local",
-            "mapped port, but the destination is not an address of this node (transit traffic)",
-        ),
-        stat::SKIP_NOT_SYN => (
-            "skipped-not-syn",
-            "mapped port, but not a flow start and no known flow (e.g. a flow older than the mapping)",
-        ),
-        stat::SKIP_FRAGMENT => ("skipped-fragment", "IP fragment, not translated"),
-        stat::SKIP_LOCAL_ORIGIN => (
-            "skipped-local-origin",
-            "reply to a flow the node itself opened from this port",
-        ),
-        stat::STALE_FLOW => (
-            "no-backend",
-            "the flow's mapping was deleted or now points elsewhere",
-        ),
-        stat::PASS_RECORDED => (
-            "local-origin",
-            "the node opened a flow from a mapped port; its replies will pass",
-        ),
-        stat::REWRITE_FAILED => ("rewrite-failed", "the packet could not be rewritten"),
-        stat::CT_INSERT_FAILED => (
-            "conntrack-full",
-            "the flow could not be recorded (conntrack map full?)",
-        ),
-        stat::FWD_DISABLED => (
-            "forwarding-disabled",
-            "mapped port, but IP forwarding is off on the node",
-        ),
-        stat::SOCK_TRANSLATED => (
-            "socket-translated",
-            "a connect()/sendmsg() on the node was pointed at the container",
-        ),
-        stat::SOCK_OTHER_NETNS => (
-            "socket-other-netns",
-            "loopback destination from another network namespace: left alone",
-        ),
-        stat::SOCK_NOT_LOCAL => (
-            "socket-not-local",
-            "a wildcard mapping's port on an address that is not the node's: left alone",
-        ),
-        stat::SOCK_NO_STORAGE => (
-            "socket-no-storage",
-            "no socket storage for the translation: left alone",
-        ),
-        stat::MASQ => (
-            "masqueraded",
-            "source set to the node, so the answer comes back through it (hairpin, masqAll)",
-        ),
-        stat::MASQ_NO_PORT => (
-            "masq-no-port",
-            "no free masquerade source port: translated without masquerade",
-        ),
-        stat::MASQ_NO_ADDR => (
-            "masq-no-address",
-            "the interface towards the container has no address to masquerade to",
-        ),
-        stat::UNMASQ => (
-            "unmasqueraded",
-            "answer of a masqueraded flow sent back to its client",
-        ),
-        stat::FAST_FORWARD => (
-            "fast-forward",
-            "fast path: handed straight to the container's interface",
-        ),
-        stat::FAST_REPLY => (
-            "fast-reply",
-            "fast path: answer handed straight to the interface towards its client",
-        ),
-        _ => (
-            stat::NAMES
-                .get(reason as usize)
-                .copied()
-                .unwrap_or("unknown"),
-            "",
-        ),
-    }
-}
-
-/// Tag and meaning of an event that counted nothing: an inbound packet for a
-/// port (the traced one) that no mapping publishes.
-pub const NO_MAPPING: (&str, &str) = (
-    "no-mapping",
-    "no mapping for this address, port and protocol: passed to the node untouched",
-);
-
-/// The decisions of an event, in reason order.
-pub fn decisions(event: &TraceEvent) -> Vec<(&'static str, &'static str)> {
-    let mut labels: Vec<_> = (0..stat::COUNT)
-        .filter(|reason| event.decisions & (1 << reason) != 0)
-        .map(decision_label)
+/// The decisions of an event, in reason order; [`NO_MAPPING`] alone when
+/// it counted nothing.
+pub fn decisions(event: &TraceEvent) -> Vec<&'static Reason> {
+    let mut reasons: Vec<_> = REASONS
+        .iter()
+        .filter(|reason| event.decisions & (1 << reason.id) != 0)
         .collect();
-    if labels.is_empty() {
-        labels.push(NO_MAPPING);
+    if reasons.is_empty() {
+        reasons.push(&NO_MAPPING);
     }
-    labels
+    reasons
 }
 
 fn endpoint(family: u8, addr: &[u32; 4], port_be: u16) -> String {
@@ -473,24 +385,20 @@ impl TraceRecord {
         if e.proto == portmap_common::PROTO_TCP {
             line.push_str(&format!(" [{}]", tcp_flags(e.flags)));
         }
-        let labels = decisions(e);
-        let tags: Vec<&str> = labels.iter().map(|(tag, _)| *tag).collect();
-        line.push_str(&format!(": {}", tags.join(", ")));
+        let reasons = decisions(e);
+        let labels: Vec<&str> = reasons.iter().map(|reason| reason.label).collect();
+        line.push_str(&format!(": {}", labels.join(", ")));
         if let Some(rewrite) = self.rewrite() {
             line.push_str(&format!(", {rewrite}"));
         }
-        if let Some((_, meaning)) = labels.first()
-            && !meaning.is_empty()
-        {
-            line.push_str(&format!(" ({meaning})"));
-        }
+        line.push_str(&format!(" ({})", reasons[0].meaning));
         line
     }
 
     /// The same as a JSON object, one per line with `--json`.
     pub fn to_json(&self) -> Value {
         let e = &self.event;
-        let labels = decisions(e);
+        let reasons = decisions(e);
         json!({
             "time": crate::logging::utc_timestamp(self.time),
             "interface": self.interface,
@@ -503,8 +411,8 @@ impl TraceRecord {
             "newTo": endpoint(e.family, &e.new_dst_addr_be, e.new_dport_be),
             "tcpFlags": if e.proto == portmap_common::PROTO_TCP { Value::from(tcp_flags(e.flags)) } else { Value::Null },
             "length": e.len,
-            "decisions": labels.iter().map(|(tag, _)| *tag).collect::<Vec<_>>(),
-            "meaning": labels.first().map(|(_, meaning)| *meaning).unwrap_or_default(),
+            "decisions": reasons.iter().map(|reason| reason.label).collect::<Vec<_>>(),
+            "meaning": reasons[0].meaning,
         })
     }
 }
@@ -513,6 +421,7 @@ impl TraceRecord {
 mod tests {
     use super::*;
     use crate::store::words_from_addr;
+    use portmap_common::stat;
     use std::time::UNIX_EPOCH;
 
     fn record(event: TraceEvent) -> TraceRecord {
@@ -590,15 +499,26 @@ mod tests {
             proto: 6,
             ..TraceEvent::default()
         };
-        assert_eq!(decisions(&event), vec![NO_MAPPING]);
+        assert_eq!(decisions(&event), vec![&NO_MAPPING]);
         assert!(record(event).line().contains(": no-mapping ("));
     }
 
     #[test]
-    fn every_reason_has_a_tag() {
-        for reason in 0..stat::COUNT {
-            let (tag, meaning) = decision_label(reason);
-            assert!(!tag.is_empty() && !meaning.is_empty(), "reason {reason}");
+    fn every_reason_shows_its_label_and_meaning() {
+        for reason in &REASONS {
+            let event = TraceEvent {
+                family: 4,
+                proto: 17,
+                decisions: 1 << reason.id,
+                ..TraceEvent::default()
+            };
+            assert_eq!(decisions(&event), vec![reason]);
+            let line = record(event).line();
+            assert!(
+                line.ends_with(&format!(": {} ({})", reason.label, reason.meaning)),
+                "{} shows as {line:?}",
+                reason.name
+            );
         }
     }
 

@@ -149,6 +149,7 @@ impl FakeNode {
             .arg(action)
             .env_remove("EPM_ACTION")
             .env_remove("EPM_PLUGIN_CONF")
+            .env_remove("EPM_CNI_NETWORK")
             .env_remove("CNI_COMMAND")
             .env("HOST_ROOT", self.root.path())
             .env("EPM_BINARY", plugin_bin());
@@ -542,6 +543,45 @@ fn the_lexically_first_config_is_chained() {
             ]
             .map(PathBuf::from),
             "{shell:?}"
+        );
+    }
+}
+
+#[test]
+fn epm_cni_network_chains_the_named_network_and_uninstall_restores_it() {
+    for shell in SHELLS {
+        let node = FakeNode::new();
+        let second = pretty(&bridge_list()).replace("mynet", "second");
+        node.write_config("10-kindnet.conflist", KINDNET);
+        node.write_config("20-second.conflist", &second);
+        let env = [("EPM_CNI_NETWORK", "second")];
+
+        node.run(shell, "install", &env)
+            .ok()
+            .says("20-second.conflist: chained");
+        assert_eq!(
+            fs::read_to_string(node.config("10-kindnet.conflist")).expect("read"),
+            KINDNET,
+            "{shell:?}: the lexically first configuration is not the one asked for"
+        );
+        let chained: Value = serde_json::from_str(
+            &fs::read_to_string(node.config("20-second.conflist")).expect("read"),
+        )
+        .expect("JSON");
+        assert!(
+            chained["plugins"]
+                .as_array()
+                .expect("plugins")
+                .iter()
+                .any(|p| p["type"] == "ebpf-portmap"),
+            "{shell:?}: {chained}"
+        );
+        node.run(shell, "ready", &env).ok();
+        node.run(shell, "uninstall", &env).ok();
+        assert_eq!(
+            fs::read_to_string(node.config("20-second.conflist")).expect("read"),
+            second,
+            "{shell:?}: restored byte for byte"
         );
     }
 }
@@ -960,13 +1000,26 @@ fn script_default(name: &str) -> String {
         .unwrap_or_else(|| panic!("install.sh has no default for {name}"))
 }
 
-/// `COPY src dest` lines of the Dockerfile, as (src, dest).
+/// `COPY src dest` lines of the Dockerfile, as (src, dest), with each
+/// `${NAME}` replaced by the default of its `ARG NAME=default` line.
 fn dockerfile_copies() -> Vec<(String, String)> {
-    read("deploy/Dockerfile")
+    let dockerfile = read("deploy/Dockerfile");
+    let defaults: Vec<(String, String)> = dockerfile
+        .lines()
+        .filter_map(|line| {
+            let (name, default) = line.strip_prefix("ARG ")?.split_once('=')?;
+            Some((format!("${{{name}}}"), default.to_owned()))
+        })
+        .collect();
+    dockerfile
         .lines()
         .filter_map(|line| {
             let mut words = line.strip_prefix("COPY ")?.split_whitespace();
-            Some((words.next()?.to_owned(), words.next()?.to_owned()))
+            let mut source = words.next()?.to_owned();
+            for (reference, default) in &defaults {
+                source = source.replace(reference, default);
+            }
+            Some((source, words.next()?.to_owned()))
         })
         .collect()
 }
@@ -1038,7 +1091,8 @@ fn manifest_dockerfile_and_script_agree() {
             .unwrap_or_else(|| panic!("the Dockerfile does not COPY {source}"))
     };
     let script_in_image = destination("deploy/install.sh");
-    let binary_source = "target/x86_64-unknown-linux-musl/release/ebpf-portmap";
+    // The binary as it ships (profile `dist`), as the README says.
+    let binary_source = "target/x86_64-unknown-linux-musl/dist/ebpf-portmap";
     assert_eq!(destination(binary_source), script_default("EPM_BINARY"));
     assert_eq!(container["command"], json!([script_in_image]));
     assert_eq!(

@@ -17,6 +17,8 @@
 //! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` as it ships and
 //!   the bench in release, run the benchmark against iptables portmap and the
 //!   direct path.
+//! - `dist`: setup, build the plugin as it ships, write the release tarball
+//!   `target/dist/ebpf-portmap-<version>-x86_64-linux.tar.gz` (see `dist.rs`).
 //! - `demo [-- <demo args>]`: setup, build `ebpf-portmap`, run the demo
 //!   (`cargo xtask demo -- --plugin portmap` runs it against upstream portmap).
 
@@ -29,6 +31,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod containerd;
+mod dist;
 mod podman;
 mod previous;
 mod vm;
@@ -139,6 +142,11 @@ enum Verb {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         test_args: Vec<String>,
     },
+    /// Setup, build ebpf-portmap as it ships (profile dist, static musl), then write the
+    /// release tarball target/dist/ebpf-portmap-<version>-x86_64-linux.tar.gz: the binary,
+    /// shell completions, man pages, deploy/ with the image tag set to the version, LICENSE
+    /// and SHA256SUMS.
+    Dist,
     /// Boot Debian kernels in QEMU (TCG) and run the integration tests inside:
     /// `cargo xtask vm-test [--kernel 6.1] [--kernel 6.12]`.
     VmTest(vm::VmTestArgs),
@@ -191,6 +199,7 @@ fn main() -> ExitCode {
         Verb::E2eContainerd { test_args } => {
             run_steps("e2e-containerd", containerd::steps(test_args))
         }
+        Verb::Dist => run_steps("dist", dist_steps()),
         Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),
         Verb::Demo { demo_args } => run_steps("demo", demo_steps(demo_args)),
         Verb::Bench { bench_args } => run_steps("bench", bench_steps(bench_args)),
@@ -230,6 +239,7 @@ fn setup_steps() -> Vec<Step<'static>> {
         Step::new("Debian packages", ensure_apt_packages),
         Step::new("nightly toolchain", ensure_nightly),
         Step::new("rust-src for nightly", ensure_rust_src),
+        Step::new("clippy and rustfmt", ensure_lint_components),
         Step::new("bpf-linker", ensure_bpf_linker),
         Step::new("musl target for the plugin", ensure_plugin_target),
         Step::new("bpffs mount", ensure_bpffs),
@@ -282,6 +292,17 @@ fn test_steps(
 ) -> Vec<Step<'_>> {
     vec![
         setup_step(),
+        Step::new("cargo fmt --all --check", || {
+            run(cargo().args(["fmt", "--all", "--check"]))
+        }),
+        Step::new(
+            "cargo clippy --all-targets -- -D warnings (default members)",
+            || run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])),
+        ),
+        Step::new(
+            "cargo +nightly clippy -p portmap-ebpf --target bpfel-unknown-none -- -D warnings",
+            clippy_ebpf,
+        ),
         build_plugin_step(),
         Step::new(
             format!(
@@ -323,10 +344,79 @@ fn test_steps(
                     .env("EPM_TEST_FAST_PATH", "1"))
             },
         ),
+        shipped_plugin_step(),
+        Step::new(
+            "release tarball: write it, then unpack and test it (cargo xtask dist)",
+            dist_and_test,
+        ),
         podman_step(skip_podman),
         containerd::test_step(skip_containerd),
         vm_step(skip_vm),
     ]
+}
+
+/// The eBPF crate only builds for its own target, with nightly and
+/// `build-std` (as portmap-user's build.rs builds it); clippy checks it
+/// there. The stable toolchain's variables are removed so nightly's own
+/// rustc and clippy-driver run.
+fn clippy_ebpf() -> Result<()> {
+    let mut command = Command::new("rustup");
+    command
+        .current_dir(workspace_root())
+        .args(["run", "nightly", "cargo", "clippy", "-p", "portmap-ebpf"])
+        .args([
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--release",
+        ])
+        .args(["--", "-D", "warnings"]);
+    for variable in [
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO",
+    ] {
+        command.env_remove(variable);
+    }
+    run(&mut command)
+}
+
+fn shipped_plugin_step() -> Step<'static> {
+    Step::new(
+        format!(
+            "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
+        ),
+        || run(&mut build_plugin(true)),
+    )
+}
+
+fn dist_steps() -> Vec<Step<'static>> {
+    vec![
+        setup_step(),
+        shipped_plugin_step(),
+        Step::new("write the release tarball", || dist::build().map(drop)),
+    ]
+}
+
+/// Writes the tarball, then runs `tests/tests/dist.rs` on it (which unpacks it
+/// into an empty folder and drives the unpacked binary). Those tests are
+/// `#[ignore]`d in a plain `cargo test`, which has no tarball.
+fn dist_and_test() -> Result<()> {
+    let tarball = dist::build()?;
+    run(cargo()
+        .args([
+            "test",
+            "-p",
+            "portmap-tests",
+            "--test",
+            "dist",
+            "--",
+            "--ignored",
+        ])
+        .env(dist::TARBALL_ENV, &tarball))
 }
 
 /// The podman end-to-end tests as a step of `test`, or a step saying why
@@ -415,12 +505,7 @@ fn demo_steps(demo_args: &[String]) -> Vec<Step<'_>> {
 fn bench_steps(bench_args: &[String]) -> Vec<Step<'_>> {
     vec![
         setup_step(),
-        Step::new(
-            format!(
-                "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
-            ),
-            || run(&mut build_plugin(true)),
-        ),
+        shipped_plugin_step(),
         Step::new("cargo build --release -p portmap-tests --bin bench", || {
             run(cargo().args([
                 "build",
@@ -515,19 +600,45 @@ fn ensure_nightly() -> Result<()> {
 }
 
 fn ensure_rust_src() -> Result<()> {
+    ensure_component(
+        "nightly",
+        "rust-src",
+        "the eBPF build uses -Z build-std=core",
+    )
+}
+
+/// The lint steps of `test`: clippy and rustfmt on the default toolchain,
+/// clippy on nightly for the eBPF crate (a minimal nightly has none).
+fn ensure_lint_components() -> Result<()> {
+    let default = capture(Command::new("rustup").args(["show", "active-toolchain"]))?;
+    let default = default
+        .split_whitespace()
+        .next()
+        .unwrap_or("stable")
+        .to_owned();
+    ensure_component(&default, "clippy", "the lint step")?;
+    ensure_component(&default, "rustfmt", "the format check")?;
+    ensure_component("nightly", "clippy", "the eBPF crate's lint step")
+}
+
+/// `rustup component add COMPONENT --toolchain TOOLCHAIN` unless installed.
+fn ensure_component(toolchain: &str, component: &str, why: &str) -> Result<()> {
     let installed = capture(Command::new("rustup").args([
         "component",
         "list",
         "--toolchain",
-        "nightly",
+        toolchain,
         "--installed",
     ]))?;
-    if installed.lines().any(|line| line.trim() == "rust-src") {
-        println!("setup: rust-src for nightly present, skipping");
+    if installed
+        .lines()
+        .any(|line| line.trim() == component || line.starts_with(&format!("{component}-")))
+    {
+        println!("setup: {component} for {toolchain} present, skipping");
         return Ok(());
     }
-    println!("setup: adding rust-src to nightly (the eBPF build uses -Z build-std=core) ...");
-    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    println!("setup: adding {component} to {toolchain} ({why}) ...");
+    run(Command::new("rustup").args(["component", "add", component, "--toolchain", toolchain]))
 }
 
 fn ensure_bpf_linker() -> Result<()> {

@@ -7,14 +7,18 @@ use std::{
 };
 
 use anyhow::Context;
-use portmap_user::chain::{self, DEFAULT_NET_DIR, Placement};
+use portmap_user::chain::{self, DEFAULT_NET_DIR, Placement, Selection};
 
 /// Chain ebpf-portmap into the CNI configuration the runtime uses, or
 /// take it out again.
 ///
-/// The runtime (containerd, CRI-O, kubelet) uses the lexically first
-/// *.conf, *.conflist or *.json file of the configuration directory.
-/// `install` puts an ebpf-portmap entry into that file in place of an
+/// Which file: containerd, kubelet and CRI-O without cni_default_network
+/// use the lexically first *.conf, *.conflist or *.json file of the
+/// configuration directory, and so does this command by default. Runtimes
+/// that pick a network by name (CRI-O's cni_default_network, podman,
+/// Nomad's `cni/<name>`) need --network NAME, which finds the file as
+/// libcni does (the first .conflist of that name, else the first .conf);
+/// --file PATH names the file outright. `install` puts an ebpf-portmap entry into that file in place of an
 /// upstream portmap entry (same position, its capabilities kept), or
 /// after the main plugin if there is none; a single-plugin .conf is turned
 /// into a .conflist. The file as the main plugin wrote it is kept as
@@ -28,6 +32,8 @@ use portmap_user::chain::{self, DEFAULT_NET_DIR, Placement};
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   ebpf-portmap chain install
+  ebpf-portmap chain install --network crio          (CRI-O with cni_default_network = \"crio\")
+  ebpf-portmap chain install --file /etc/cni/net.d/87-podman.conflist
   ebpf-portmap chain install --net-dir /host/etc/cni/net.d --entry '{\"hostPortListeners\":\"allow\"}'
   ebpf-portmap chain check || echo not chained
   ebpf-portmap chain remove
@@ -54,6 +60,23 @@ struct DirArgs {
     /// The runtime's CNI configuration directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_NET_DIR)]
     net_dir: PathBuf,
+    /// The configuration of the network with this "name" (for runtimes
+    /// that choose a network by name), not the lexically first file.
+    #[arg(long, value_name = "NAME", conflicts_with = "file")]
+    network: Option<String>,
+    /// This configuration file (its directory replaces --net-dir).
+    #[arg(long, value_name = "PATH", conflicts_with = "net_dir")]
+    file: Option<PathBuf>,
+}
+
+impl DirArgs {
+    fn selection(&self) -> Selection {
+        match (&self.network, &self.file) {
+            (Some(name), _) => Selection::Network(name.clone()),
+            (None, Some(file)) => Selection::File(file.clone()),
+            (None, None) => Selection::First,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -69,14 +92,14 @@ struct EntryArgs {
 pub fn run(args: &ChainArgs) -> anyhow::Result<ExitCode> {
     match &args.action {
         Action::Install(args) => install(args),
-        Action::Remove(args) => remove(&args.net_dir),
+        Action::Remove(args) => remove(args),
         Action::Check(args) => check(args),
     }
 }
 
 fn install(args: &EntryArgs) -> anyhow::Result<ExitCode> {
     let entry = chain::plugin_entry(args.entry.as_deref()).context("--entry")?;
-    let installed = chain::install(&args.dir.net_dir, &entry)?;
+    let installed = chain::install(&args.dir.net_dir, &args.dir.selection(), &entry)?;
     let plan = &installed.plan;
     if plan.is_unchanged() {
         println!(
@@ -112,8 +135,10 @@ fn position(plan: &chain::Plan) -> String {
     }
 }
 
-fn remove(net_dir: &Path) -> anyhow::Result<ExitCode> {
-    let removed = chain::remove(net_dir)?;
+fn remove(args: &DirArgs) -> anyhow::Result<ExitCode> {
+    let selection = args.selection();
+    let net_dir = selection.dir(&args.net_dir);
+    let removed = chain::remove(&args.net_dir, &selection)?;
     for (original, converted) in &removed.restored {
         match converted {
             Some(converted) => println!(
@@ -146,7 +171,7 @@ fn remove(net_dir: &Path) -> anyhow::Result<ExitCode> {
 
 fn check(args: &EntryArgs) -> anyhow::Result<ExitCode> {
     let entry = chain::plugin_entry(args.entry.as_deref()).context("--entry")?;
-    let plan = chain::plan(&args.dir.net_dir, &entry)?;
+    let plan = chain::plan(&args.dir.net_dir, &args.dir.selection(), &entry)?;
     if plan.is_unchanged() {
         println!("{}: {} chained", plan.target.display(), chain::PLUGIN_TYPE);
         Ok(ExitCode::SUCCESS)

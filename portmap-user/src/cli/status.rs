@@ -2,7 +2,10 @@
 
 use std::{path::PathBuf, process::ExitCode};
 
-use portmap_common::LAYOUT_VERSION;
+use portmap_common::{
+    LAYOUT_VERSION,
+    reason::{self, Kind},
+};
 use portmap_user::{
     config::DEFAULT_PIN_ROOT,
     inspect::{self, Status},
@@ -210,9 +213,9 @@ fn render(status: &Status, style: Style) -> String {
     out.push_str(&section("Counters since the maps were created"));
     let mut table = Table::new(&["REASON", "PACKETS"]);
     for (name, value) in &status.stats {
-        let colour = match (*name, *value) {
+        let colour = match (reason::by_name(name).map(|r| r.kind), *value) {
             (_, 0) => Colour::Dim,
-            ("rewrite_failed" | "ct_insert_failed", _) => Colour::Red,
+            (Some(Kind::Problem), _) => Colour::Red,
             _ => Colour::Plain,
         };
         table.row(vec![((*name).into(), colour), (value.to_string(), colour)]);

@@ -9,6 +9,7 @@ use std::{
 };
 
 use anyhow::Context;
+use portmap_common::reason::Kind;
 use portmap_user::{
     config::{DEFAULT_PIN_ROOT, Protocol},
     netlink,
@@ -93,18 +94,13 @@ fn catch_signals() {
     }
 }
 
+/// The colour of a traced packet: its first decision's kind (the reason
+/// order puts what was done to the packet first).
 fn colour_of(record: &TraceRecord) -> Colour {
-    let tags = trace::decisions(&record.event);
-    match tags.first().map(|(tag, _)| *tag) {
-        Some(
-            "translated-new" | "translated" | "reply" | "local-origin" | "masqueraded"
-            | "unmasqueraded" | "socket-translated",
-        ) => Colour::Green,
-        Some(
-            "no-mapping" | "no-backend" | "rewrite-failed" | "conntrack-full" | "masq-no-port"
-            | "masq-no-address" | "socket-no-storage",
-        ) => Colour::Red,
-        _ => Colour::Yellow,
+    match trace::decisions(&record.event)[0].kind {
+        Kind::Translated | Kind::Recorded => Colour::Green,
+        Kind::Skipped => Colour::Yellow,
+        Kind::Problem => Colour::Red,
     }
 }
 
@@ -183,4 +179,56 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use portmap_common::{
+        TraceEvent,
+        reason::{NO_MAPPING, REASONS},
+    };
+
+    use super::*;
+
+    fn record(decisions: u32) -> TraceRecord {
+        TraceRecord {
+            time: SystemTime::UNIX_EPOCH,
+            interface: "eth0".into(),
+            event: TraceEvent {
+                family: 4,
+                proto: 6,
+                decisions,
+                ..TraceEvent::default()
+            },
+        }
+    }
+
+    #[test]
+    fn every_reason_has_the_colour_of_its_kind() {
+        for reason in &REASONS {
+            let expected = match reason.kind {
+                Kind::Translated | Kind::Recorded => Colour::Green,
+                Kind::Skipped => Colour::Yellow,
+                Kind::Problem => Colour::Red,
+            };
+            assert_eq!(
+                colour_of(&record(1 << reason.id)),
+                expected,
+                "{} ({:?})",
+                reason.label,
+                reason.kind
+            );
+        }
+        assert_eq!(colour_of(&record(0)), Colour::Red, "{}", NO_MAPPING.label);
+    }
+
+    #[test]
+    fn fast_path_hand_overs_are_green_like_the_translations_they_carry() {
+        for label in ["fast-forward", "fast-reply"] {
+            let reason = REASONS.iter().find(|r| r.label == label).expect(label);
+            assert_eq!(colour_of(&record(1 << reason.id)), Colour::Green, "{label}");
+        }
+    }
 }

@@ -1,0 +1,402 @@
+//! Why the dataplane did what it did: every reason the programs count, in
+//! one table.
+//!
+//! A reason is a per-CPU counter in the `stats` map (its index is the ID)
+//! and a bit in [`TraceEvent::decisions`](crate::TraceEvent::decisions).
+//! `status` shows the counters by [`Reason::name`], `trace` shows
+//! [`Reason::label`] and [`Reason::meaning`], and both colour by
+//! [`Reason::kind`].
+//!
+//! Adding a reason: a constant in [`stat`] with the next ID, [`stat::COUNT`]
+//! one up, and its entry at the end of [`REASONS`]; then count it in the
+//! eBPF code (`maps::count(stat::...)`). The table's type and the checks
+//! below (at compile time and in the tests) refuse a table that misses a
+//! reason, lists one out of order or repeats a name or label.
+
+/// The reason IDs: the index of a counter in the `stats` map and of a bit
+/// in [`crate::TraceEvent::decisions`]. What each means is its entry in
+/// [`REASONS`](super::REASONS).
+pub mod stat {
+    pub const DNAT_NEW: u32 = 0;
+    pub const DNAT: u32 = 1;
+    pub const REPLY: u32 = 2;
+    pub const SKIP_NOT_LOCAL: u32 = 3;
+    pub const SKIP_NOT_SYN: u32 = 4;
+    pub const SKIP_FRAGMENT: u32 = 5;
+    pub const SKIP_LOCAL_ORIGIN: u32 = 6;
+    pub const STALE_FLOW: u32 = 7;
+    pub const PASS_RECORDED: u32 = 8;
+    pub const REWRITE_FAILED: u32 = 9;
+    pub const CT_INSERT_FAILED: u32 = 10;
+    pub const FWD_DISABLED: u32 = 11;
+    /// A socket hook pointed connect()/sendmsg() at a container.
+    pub const SOCK_TRANSLATED: u32 = 12;
+    /// A loopback destination from a socket of another network namespace
+    /// (a container's own 127.0.0.1): left alone.
+    pub const SOCK_OTHER_NETNS: u32 = 13;
+    /// A wildcard mapping's port on an address that is not the node's.
+    pub const SOCK_NOT_LOCAL: u32 = 14;
+    /// No socket storage for the translation: left alone.
+    pub const SOCK_NO_STORAGE: u32 = 15;
+    /// A new flow was masqueraded (hairpin, masqAll).
+    pub const MASQ: u32 = 16;
+    /// No free masquerade source port: translated without masquerade.
+    pub const MASQ_NO_PORT: u32 = 17;
+    /// The interface towards the container has no address to masquerade to.
+    pub const MASQ_NO_ADDR: u32 = 18;
+    /// Answer of a masqueraded flow sent back to its client.
+    pub const UNMASQ: u32 = 19;
+    /// A translated packet handed straight to the container (`fastPath`).
+    pub const FAST_FORWARD: u32 = 20;
+    /// An answer handed straight to the interface towards its client
+    /// (`fastPath`), where egress translates it back.
+    pub const FAST_REPLY: u32 = 21;
+    pub const COUNT: u32 = 22;
+
+    /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
+    pub const NAMES: [&str; COUNT as usize] = {
+        let mut names = [""; COUNT as usize];
+        let mut id = 0;
+        while id < names.len() {
+            names[id] = super::TABLE[id].name;
+            id += 1;
+        }
+        names
+    };
+}
+
+/// What a reason says about the packet, for colours and for a reader
+/// deciding whether to worry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Translated or handed on as its mapping asks.
+    Translated,
+    /// State recorded for the packets that follow; this one passes as it is.
+    Recorded,
+    /// Left alone on purpose: not traffic the mappings are for.
+    Skipped,
+    /// Not handled as its flow or mapping asks: something is missing, stale
+    /// or full. Worth a look.
+    Problem,
+}
+
+/// One reason: its ID and how people see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reason {
+    /// Index of its counter and of its bit in a trace event ([`stat`]).
+    pub id: u32,
+    /// Counter name (`status`, and the keys of its JSON `counters`):
+    /// snake_case, stable.
+    pub name: &'static str,
+    /// Tag in `trace` lines and JSON `decisions`: kebab-case, stable.
+    pub label: &'static str,
+    /// What it means, for people.
+    pub meaning: &'static str,
+    pub kind: Kind,
+}
+
+/// Every reason, in ID order.
+pub static REASONS: [Reason; stat::COUNT as usize] = TABLE;
+
+/// [`REASONS`] as a constant, for the compile-time checks.
+const TABLE: [Reason; stat::COUNT as usize] = [
+    Reason {
+        id: stat::DNAT_NEW,
+        name: "dnat_new",
+        label: "translated-new",
+        meaning: "new flow translated to the container",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::DNAT,
+        name: "dnat",
+        label: "translated",
+        meaning: "translated to the container",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::REPLY,
+        name: "reply",
+        label: "reply",
+        meaning: "reply translated back to the host port",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::SKIP_NOT_LOCAL,
+        name: "skip_not_local",
+        label: "skipped-not-local",
+        meaning: "mapped port, but the destination is not an address of this node (transit traffic)",
+        kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::SKIP_NOT_SYN,
+        name: "skip_not_syn",
+        label: "skipped-not-syn",
+        meaning: "mapped port, but not a flow start and no known flow (e.g. a flow older than the mapping)",
+        kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::SKIP_FRAGMENT,
+        name: "skip_fragment",
+        label: "skipped-fragment",
+        meaning: "IP fragment, not translated",
+        kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::SKIP_LOCAL_ORIGIN,
+        name: "skip_local_origin",
+        label: "skipped-local-origin",
+        meaning: "reply to a flow the node itself opened from this port",
+        kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::STALE_FLOW,
+        name: "stale_flow",
+        label: "no-backend",
+        meaning: "the flow's mapping was deleted or now points elsewhere",
+        kind: Kind::Problem,
+    },
+    Reason {
+        id: stat::PASS_RECORDED,
+        name: "pass_recorded",
+        label: "local-origin",
+        meaning: "the node opened a flow from a mapped port; its replies will pass",
+        kind: Kind::Recorded,
+    },
+    Reason {
+        id: stat::REWRITE_FAILED,
+        name: "rewrite_failed",
+        label: "rewrite-failed",
+        meaning: "the packet could not be rewritten",
+        kind: Kind::Problem,
+    },
+    Reason {
+        id: stat::CT_INSERT_FAILED,
+        name: "ct_insert_failed",
+        label: "conntrack-full",
+        meaning: "the flow could not be recorded (conntrack map full?)",
+        kind: Kind::Problem,
+    },
+    Reason {
+        id: stat::FWD_DISABLED,
+        name: "fwd_disabled",
+        label: "forwarding-disabled",
+        meaning: "mapped port, but IP forwarding is off on the node",
+        kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::SOCK_TRANSLATED,
+        name: "sock_translated",
+        label: "socket-translated",
+        meaning: "a connect()/sendmsg() on the node was pointed at the container",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::SOCK_OTHER_NETNS,
+        name: "sock_other_netns",
+        label: "socket-other-netns",
+        meaning: "loopback destination from another network namespace: left alone",
+        kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::SOCK_NOT_LOCAL,
+        name: "sock_not_local",
+        label: "socket-not-local",
+        meaning: "a wildcard mapping's port on an address that is not the node's: left alone",
+        kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::SOCK_NO_STORAGE,
+        name: "sock_no_storage",
+        label: "socket-no-storage",
+        meaning: "no socket storage for the translation: left alone",
+        kind: Kind::Problem,
+    },
+    Reason {
+        id: stat::MASQ,
+        name: "masq",
+        label: "masqueraded",
+        meaning: "source set to the node, so the answer comes back through it (hairpin, masqAll)",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::MASQ_NO_PORT,
+        name: "masq_no_port",
+        label: "masq-no-port",
+        meaning: "no free masquerade source port: translated without masquerade",
+        kind: Kind::Problem,
+    },
+    Reason {
+        id: stat::MASQ_NO_ADDR,
+        name: "masq_no_addr",
+        label: "masq-no-address",
+        meaning: "the interface towards the container has no address to masquerade to",
+        kind: Kind::Problem,
+    },
+    Reason {
+        id: stat::UNMASQ,
+        name: "unmasq",
+        label: "unmasqueraded",
+        meaning: "answer of a masqueraded flow sent back to its client",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::FAST_FORWARD,
+        name: "fast_forward",
+        label: "fast-forward",
+        meaning: "fast path: handed straight to the container's interface",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::FAST_REPLY,
+        name: "fast_reply",
+        label: "fast-reply",
+        meaning: "fast path: answer handed straight to the interface towards its client",
+        kind: Kind::Translated,
+    },
+];
+
+/// What `trace` shows for an event that counted nothing: an inbound packet
+/// for a port (the traced one) that no mapping publishes. Not a counter,
+/// so not in [`REASONS`]; its ID is [`stat::COUNT`], past every counter.
+pub static NO_MAPPING: Reason = Reason {
+    id: stat::COUNT,
+    name: "no_mapping",
+    label: "no-mapping",
+    meaning: "no mapping for this address, port and protocol: passed to the node untouched",
+    kind: Kind::Problem,
+};
+
+/// The reason with this ID, if there is one.
+pub fn reason(id: u32) -> Option<&'static Reason> {
+    REASONS.get(id as usize)
+}
+
+/// The reason with this counter name, if there is one.
+pub fn by_name(name: &str) -> Option<&'static Reason> {
+    REASONS.iter().find(|reason| reason.name == name)
+}
+
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+// The table in ID order, with no name or label twice (nor NO_MAPPING's
+// label): checked when the
+// crate is built, so neither side of the kernel boundary gets a broken one.
+const _: () = {
+    let mut i = 0;
+    while i < TABLE.len() {
+        assert!(
+            TABLE[i].id as usize == i,
+            "REASONS must list the reasons in ID order"
+        );
+        let mut j = i + 1;
+        while j < TABLE.len() {
+            assert!(
+                !same(TABLE[i].name, TABLE[j].name),
+                "two reasons with one name"
+            );
+            assert!(
+                !same(TABLE[i].label, TABLE[j].label),
+                "two reasons with one label"
+            );
+            j += 1;
+        }
+        assert!(
+            !same(TABLE[i].label, NO_MAPPING.label),
+            "a reason with the label of NO_MAPPING"
+        );
+        i += 1;
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::{collections::BTreeSet, vec::Vec};
+
+    use super::*;
+
+    /// The `pub const NAME: u32 = ID;` lines of `mod stat` in this file,
+    /// COUNT left out: the IDs the eBPF code can count.
+    fn declared_ids() -> Vec<(&'static str, u32)> {
+        let source = include_str!("reason.rs");
+        let body = &source[source.find("pub mod stat {").expect("mod stat")..];
+        let body = &body[..body.find("\n}").expect("end of mod stat")];
+        body.lines()
+            .filter_map(|line| {
+                let rest = line.trim().strip_prefix("pub const ")?;
+                let (name, id) = rest.split_once(": u32 = ")?;
+                let id = id.strip_suffix(';')?.parse().ok()?;
+                (name != "COUNT").then_some((name, id))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_declared_reason_has_its_table_entry() {
+        let declared = declared_ids();
+        assert_eq!(
+            declared.len(),
+            stat::COUNT as usize,
+            "stat declares {} reasons but COUNT is {}: bump COUNT and add the entry to REASONS",
+            declared.len(),
+            stat::COUNT
+        );
+        assert_eq!(REASONS.len(), stat::COUNT as usize);
+        for (name, id) in declared {
+            let entry =
+                reason(id).unwrap_or_else(|| panic!("stat::{name} = {id} has no entry in REASONS"));
+            assert_eq!(entry.id, id, "entry {id} of REASONS is for another reason");
+            assert_eq!(
+                entry.name.to_ascii_uppercase(),
+                name,
+                "stat::{name} and the name of entry {id} differ"
+            );
+        }
+    }
+
+    #[test]
+    fn ids_are_dense_and_names_and_labels_unique() {
+        let ids: Vec<u32> = REASONS.iter().map(|r| r.id).collect();
+        assert_eq!(
+            ids,
+            (0..stat::COUNT).collect::<Vec<_>>(),
+            "IDs in order, no gap"
+        );
+        let names: BTreeSet<_> = REASONS.iter().map(|r| r.name).collect();
+        let labels: BTreeSet<_> = REASONS.iter().map(|r| r.label).collect();
+        assert_eq!(names.len(), REASONS.len(), "a counter name repeats");
+        assert_eq!(labels.len(), REASONS.len(), "a trace label repeats");
+    }
+
+    #[test]
+    fn every_reason_reads_as_documented() {
+        for r in &REASONS {
+            assert!(
+                !r.name.is_empty() && r.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "name of {r:?}: snake_case"
+            );
+            assert!(
+                !r.label.is_empty() && r.label.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+                "label of {r:?}: kebab-case"
+            );
+            assert!(!r.meaning.is_empty(), "meaning of {r:?}");
+            assert_eq!(by_name(r.name), Some(r));
+            assert_eq!(stat::NAMES[r.id as usize], r.name);
+        }
+        assert_eq!(reason(stat::COUNT), None);
+    }
+}

@@ -1,0 +1,153 @@
+//! The fast path (`fastPath`): hands a translated packet straight to the
+//! container's interface, or a container's answer straight to the interface
+//! towards its client, skipping the node's routing, netfilter and bridge.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_REDIRECT},
+    helpers::{bpf_redirect, bpf_redirect_peer},
+    programs::TcContext,
+};
+use portmap_common::{
+    local::{iface_flags, node_flags},
+    stat,
+};
+
+use crate::{fib::fib_lookup_as_received, maps};
+
+/// What the fast path may do with the packet being handled: left in
+/// scratch by the flow decisions, taken by [`fast_path`] once their frames
+/// are gone.
+#[repr(u8)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// The normal path. Zero, so a fresh scratch entry holds a valid offer.
+    Nothing = 0,
+    /// Translated towards the container (its address in
+    /// `scratch.forward.nat_addr_be`, the owner in `scratch.owner_id`).
+    Forward = 1,
+    /// A container's answer that egress translates back (its tuple in
+    /// `scratch.reply_key`).
+    Reply = 2,
+}
+
+/// The fast path, for what the handling code left in scratch: sets
+/// `scratch.action` (OK, or REDIRECT when the packet was handed over) and
+/// clears the offer. One call site, after the handling frames are gone,
+/// so the verifier walks it once.
+#[inline(never)]
+pub fn fast_path(ctx: &TcContext) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    let offer = scratch.fast;
+    scratch.fast = Offer::Nothing;
+    scratch.action = TC_ACT_OK;
+    let taken = match offer {
+        Offer::Forward => fast_forward(ctx),
+        Offer::Reply => fast_reply(ctx),
+        Offer::Nothing => return,
+    };
+    // Taken again: both hand-overs read scratch themselves.
+    if let Some(scratch) = maps::scratch() {
+        scratch.action = taken;
+    }
+}
+
+/// Whether `fastPath` is on and the packet arrived from the containers'
+/// side (`true`) or from elsewhere (`false`); `None` without the fast path.
+#[inline(always)]
+pub fn fast_path_from_containers(ctx: &TcContext) -> Option<bool> {
+    let node = maps::node_config()?;
+    // masqAll rewrites the source on the way to the container, in egress
+    // of the container's interface: the hand-over would skip it.
+    if node.flags & node_flags::FAST_PATH == 0 || node.flags & node_flags::MASQ_ALL != 0 {
+        return None;
+    }
+    // SAFETY: reading a field of the context the program was handed.
+    let ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    Some(maps::iface(ifindex).is_some_and(|i| i.flags & iface_flags::CONTAINER_SIDE != 0))
+}
+
+/// The fast path towards a container: a packet from outside, translated,
+/// goes straight into the container's interface (`bpf_redirect_peer`),
+/// skipping the node's routing, netfilter and bridge. Only when the
+/// hand-over entry belongs to the owner of the mapping that translated it.
+/// Reads what existing_flow or new_flow left in scratch.
+#[inline(never)]
+pub fn fast_forward(ctx: &TcContext) -> i32 {
+    let pass = TC_ACT_OK;
+    // Hairpin flows (from the containers' side) stay on the normal path,
+    // where their masquerade is done.
+    if fast_path_from_containers(ctx) != Some(false) {
+        return pass;
+    }
+    let Some(scratch) = maps::scratch() else {
+        return pass;
+    };
+    let (family, container_be, owner_id) = (
+        scratch.forward_key.family,
+        scratch.forward.nat_addr_be,
+        scratch.owner_id,
+    );
+    let Some(peer) = maps::peer(family, &container_be) else {
+        return pass;
+    };
+    if peer.owner_id != owner_id {
+        return pass;
+    }
+    // The frame as the node's side of the link would send it: to the
+    // container's MAC, from the gateway's (adjacent fields, in this order).
+    // SAFETY: both MACs lie within `peer`, 12 bytes from offset 12.
+    let macs: [u8; 12] =
+        unsafe { core::ptr::read_unaligned((&raw const peer.container_mac).cast::<[u8; 12]>()) };
+    if ctx.store(0, &macs, 0).is_err() {
+        return pass;
+    }
+    // SAFETY: plain helper call; it only records where the skb goes.
+    let action = unsafe { bpf_redirect_peer(peer.ifindex, 0) } as i32;
+    if action == TC_ACT_REDIRECT {
+        maps::count(stat::FAST_FORWARD);
+    }
+    action
+}
+
+/// The fast path back: a container's answer goes straight to the egress of
+/// the interface towards its client (as the node's FIB says, with the
+/// neighbour it knows), where egress translates it back as usual. It skips
+/// the node's routing, netfilter and, on a bridge, nothing more. Anything
+/// the FIB does not answer plainly (no neighbour yet, too big, not
+/// forwarded) takes the normal path. Reads the tuple existing_flow left in
+/// scratch.
+#[inline(never)]
+pub fn fast_reply(ctx: &TcContext) -> i32 {
+    let pass = TC_ACT_OK;
+    if fast_path_from_containers(ctx) != Some(true) {
+        return pass;
+    }
+    let Some(scratch) = maps::scratch() else {
+        return pass;
+    };
+    let key = scratch.reply_key;
+    let params = &mut scratch.fib;
+    let ret = fib_lookup_as_received(
+        ctx,
+        params,
+        key.family,
+        key.proto,
+        (&key.src_addr_be, key.src_port_be),
+        (&key.dst_addr_be, key.dst_port_be),
+    );
+    // Only to an interface whose egress program translates the answer.
+    if ret != 0 || maps::iface(params.ifindex).is_none() {
+        return pass;
+    }
+    if ctx.store(0, &params.dmac, 0).is_err() || ctx.store(6, &params.smac, 0).is_err() {
+        return pass;
+    }
+    // SAFETY: plain helper call; it only records where the skb goes.
+    let action = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
+    if action == TC_ACT_REDIRECT {
+        maps::count(stat::FAST_REPLY);
+    }
+    action
+}

@@ -1,0 +1,126 @@
+//! FIB lookups: is a packet for the node, and where would routing send it.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_NOT_FWDED,
+        bpf_fib_lookup,
+    },
+    helpers::bpf_fib_lookup as fib_lookup,
+    programs::TcContext,
+};
+use portmap_common::FAMILY_V4;
+
+use crate::{maps, parse::Packet};
+
+pub enum Locality {
+    Local,
+    NotLocal,
+    ForwardingDisabled,
+}
+
+/// Whether the packet is addressed to the node itself (iptables'
+/// `--dst-type LOCAL`): transit traffic is never captured. The FIB answers
+/// "not forwarded" for local (and broadcast) destinations.
+#[inline(never)]
+pub fn local_destination(ctx: &TcContext, packet: &Packet) -> Locality {
+    // The 64-byte lookup struct lives in per-CPU scratch, not on the stack.
+    let Some(scratch) = maps::scratch() else {
+        return Locality::NotLocal;
+    };
+    let params = &mut scratch.fib;
+    let ret = fib_lookup_as_received(
+        ctx,
+        params,
+        packet.family,
+        packet.proto,
+        (&packet.src_be, packet.sport_be),
+        (&packet.dst_be, packet.dport_be),
+    );
+    match ret as u32 {
+        BPF_FIB_LKUP_RET_NOT_FWDED => Locality::Local,
+        BPF_FIB_LKUP_RET_FWD_DISABLED => Locality::ForwardingDisabled,
+        _ => Locality::NotLocal,
+    }
+}
+
+/// The FIB's answer for a packet `src` -> `dst` (address, port) as if
+/// received on the ingress interface: what routing would do with it.
+/// `tot_len` stays 0, so the kernel checks the MTU itself, GSO aware.
+#[inline(always)]
+pub fn fib_lookup_as_received(
+    ctx: &TcContext,
+    params: &mut bpf_fib_lookup,
+    family: u8,
+    proto: u8,
+    src: (&[u32; 4], u16),
+    dst: (&[u32; 4], u16),
+) -> i64 {
+    zero_fib_params(params);
+    params.family = if family == FAMILY_V4 { 2 } else { 10 };
+    params.l4_protocol = proto;
+    params.sport = src.1;
+    params.dport = dst.1;
+    // SAFETY: reading a field of the context the program was handed.
+    params.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    if family == FAMILY_V4 {
+        params.__bindgen_anon_3.ipv4_src = src.0[0];
+        params.__bindgen_anon_4.ipv4_dst = dst.0[0];
+    } else {
+        params.__bindgen_anon_3.ipv6_src = *src.0;
+        params.__bindgen_anon_4.ipv6_dst = *dst.0;
+    }
+    // SAFETY: params is a valid, fully initialised struct of the size passed.
+    unsafe {
+        fib_lookup(
+            ctx.skb.skb as *mut _,
+            params,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    }
+}
+
+/// The interface the kernel would send a packet for `dst_be` out of, as if
+/// it had arrived on the ingress interface; also when it does not know the
+/// neighbour yet. `None` without a route.
+#[inline(always)]
+pub fn output_interface(
+    ctx: &TcContext,
+    params: &mut bpf_fib_lookup,
+    family: u8,
+    dst_be: &[u32; 4],
+) -> Option<u32> {
+    zero_fib_params(params);
+    params.family = if family == FAMILY_V4 { 2 } else { 10 };
+    // SAFETY: reading a field of the context the program was handed.
+    params.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    if family == FAMILY_V4 {
+        params.__bindgen_anon_4.ipv4_dst = dst_be[0];
+    } else {
+        params.__bindgen_anon_4.ipv6_dst = *dst_be;
+    }
+    // SAFETY: params is a valid, fully initialised struct of the size passed.
+    let ret = unsafe {
+        fib_lookup(
+            ctx.skb.skb as *mut _,
+            params,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    (ret == 0 || ret as u32 == BPF_FIB_LKUP_RET_NO_NEIGH).then_some(params.ifindex)
+}
+
+/// Zeroes FIB lookup parameters word by word: `mem::zeroed()` becomes a
+/// call to memset, one more frame on the deepest call chain (over 512 bytes
+/// on 6.1).
+#[inline(always)]
+fn zero_fib_params(params: &mut bpf_fib_lookup) {
+    let words = params as *mut bpf_fib_lookup as *mut u64;
+    let mut i = 0;
+    while i < core::mem::size_of::<bpf_fib_lookup>() / 8 {
+        // SAFETY: within the 64-byte struct, which is 8-byte aligned.
+        unsafe { core::ptr::write_volatile(words.add(i), 0) };
+        i += 1;
+    }
+}

@@ -1,0 +1,282 @@
+//! Flow decisions: whether a packet follows a known flow, opens a new one
+//! by a mapping, or is left alone; and what egress restores or remembers.
+
+use aya_ebpf::programs::TcContext;
+use portmap_common::{CtEntry, CtKey, ct_kind, stat};
+
+use crate::{
+    counters::{self, Way},
+    ct,
+    fast::Offer,
+    fib::{Locality, local_destination},
+    maps::{self, Insert, find_mapping},
+    masq::{masquerade, wants_masquerade},
+    nat::{self, Side},
+    parse::Packet,
+};
+
+/// Decides an inbound packet: its known flow first, else a new flow by the
+/// mappings, then what follows a new flow (counting, masquerade, the
+/// fast-path offer).
+#[inline(always)]
+pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
+    if packet.fragment {
+        maps::count(stat::SKIP_FRAGMENT);
+        return;
+    }
+    let now = ct::now();
+    let opens = packet.opens_flow();
+    // A TCP SYN or SCTP INIT always starts over from the mappings; anything
+    // else follows its flow first.
+    if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet, now) {
+        return;
+    }
+    // Masquerading is decided after new_flow returns, not inside it: its
+    // frame would not fit on BPF's stack below new_flow's.
+    // What follows a new flow reads its state from scratch, after
+    // new_flow's frame is gone: stacked, the frames do not fit in 512 bytes.
+    if new_flow(ctx, packet, opens, now) {
+        translated_new_flow(ctx);
+        if wants_masquerade(ctx) {
+            masquerade(ctx);
+        }
+    }
+}
+
+/// Translates a packet of a known flow. Returns whether the packet is dealt
+/// with; `false` sends a UDP datagram of a stale flow on to `new_flow`.
+/// Not inlined: the hot path and `new_flow` get separate stack frames, which
+/// keeps the deepest call chain within BPF's 512-byte stack.
+#[inline(never)]
+pub fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
+    let key = ct::key_of(packet);
+    let Some(entry) = ct::lookup(&key, now) else {
+        return false;
+    };
+    // The container end of the flow, to check its mapping still holds: the
+    // new destination of a translated packet, the source of an answer to a
+    // masqueraded one.
+    let (container_be, container_port_be, done) = match entry.kind {
+        ct_kind::DNAT => (entry.nat_addr_be, entry.nat_port_be, stat::DNAT),
+        ct_kind::UNMASQ => (packet.src_be, packet.sport_be, stat::UNMASQ),
+        ct_kind::PASS => {
+            maps::count(stat::SKIP_LOCAL_ORIGIN);
+            return true;
+        }
+        ct_kind::REPLY => {
+            // A container answering a translated flow: egress translates
+            // it back; the fast path may take it there directly.
+            if let Some(scratch) = maps::scratch() {
+                scratch.reply_key = key;
+                scratch.fast = Offer::Reply;
+            }
+            return true;
+        }
+        _ => return true,
+    };
+    let Some(owner_id) = ct::still_mapped(&entry.mapping, &container_be, container_port_be) else {
+        maps::count(stat::STALE_FLOW);
+        // A UDP datagram is translated anew by the mapping as it is now;
+        // the rest of a stale TCP/SCTP flow passes untouched.
+        return entry.kind != ct_kind::DNAT || !packet.opens_flow();
+    };
+    // One rewrite call site for both kinds: each inlined copy costs the
+    // verifier a full walk of the checksum code.
+    if nat::rewrite(
+        ctx,
+        packet,
+        Side::Destination,
+        &entry.nat_addr_be,
+        entry.nat_port_be,
+    ) {
+        maps::count(done);
+        if entry.kind == ct_kind::DNAT {
+            counters::record(ctx, &entry.mapping, owner_id, Way::In);
+            if let Some(scratch) = maps::scratch() {
+                scratch.forward_key.family = packet.family;
+                scratch.forward.nat_addr_be = entry.nat_addr_be;
+                scratch.owner_id = owner_id;
+                scratch.fast = Offer::Forward;
+            }
+        }
+    } else {
+        maps::count(stat::REWRITE_FAILED);
+    }
+    true
+}
+
+/// A packet that may open a translated flow: find its mapping, check it is
+/// for the node, record both directions and translate. Not inlined: it has
+/// its own stack frame, so its buffers do not add to the hot path's.
+///
+/// Returns whether it translated a new flow (its entries are left in
+/// `scratch` for the counters and `masquerade`).
+#[inline(never)]
+pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> bool {
+    let key = ct::key_of(packet);
+    let Some((mapping_key, mapping)) =
+        find_mapping(packet.family, packet.proto, &packet.dst_be, packet.dport_be)
+    else {
+        return false;
+    };
+    if !opens {
+        maps::count(stat::SKIP_NOT_SYN);
+        return false;
+    }
+    match local_destination(ctx, packet) {
+        Locality::Local => {}
+        Locality::NotLocal => {
+            maps::count(stat::SKIP_NOT_LOCAL);
+            return false;
+        }
+        Locality::ForwardingDisabled => {
+            maps::count(stat::FWD_DISABLED);
+            return false;
+        }
+    }
+    // Both directions are built in per-CPU scratch space: on the stack
+    // they would not fit BPF's 512 bytes together with the caller's frame.
+    let Some(scratch) = maps::scratch() else {
+        return false;
+    };
+    scratch.forward_key = key;
+    scratch.forward = CtEntry {
+        nat_addr_be: mapping.container_addr_be,
+        nat_port_be: mapping.container_port_be,
+        kind: ct_kind::DNAT,
+        mapping: mapping_key,
+        last_seen_ns: now,
+        ..CtEntry::default()
+    };
+    scratch.reply = CtEntry {
+        nat_addr_be: packet.dst_be,
+        nat_port_be: packet.dport_be,
+        kind: ct_kind::REPLY,
+        mapping: mapping_key,
+        last_seen_ns: now,
+        ..CtEntry::default()
+    };
+    // The answer comes from the container to the client.
+    scratch.reply_key = CtKey {
+        src_addr_be: mapping.container_addr_be,
+        dst_addr_be: packet.src_be,
+        src_port_be: mapping.container_port_be,
+        dst_port_be: packet.sport_be,
+        proto: packet.proto,
+        family: packet.family,
+        _pad0: 0,
+    };
+    // Reply state first: a translated packet whose answer cannot be
+    // translated back would only confuse the client.
+    if maps::ct_put_pair(
+        (&scratch.reply_key, &scratch.reply),
+        Insert::Any,
+        (&scratch.forward_key, &scratch.forward),
+    )
+    .is_err()
+    {
+        maps::count(stat::CT_INSERT_FAILED);
+        return false;
+    }
+    scratch.owner_id = mapping.owner_id;
+    if nat::rewrite(
+        ctx,
+        packet,
+        Side::Destination,
+        &mapping.container_addr_be,
+        mapping.container_port_be,
+    ) {
+        maps::count(stat::DNAT_NEW);
+        true
+    } else {
+        maps::count(stat::REWRITE_FAILED);
+        false
+    }
+}
+
+/// Not inlined: with its frame inside the entry point's, the trace call
+/// after it does not fit BPF's stack (and bpf-linker crashes on it).
+#[inline(never)]
+pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
+    if packet.fragment {
+        return false;
+    }
+    let now = ct::now();
+    let key = ct::key_of(packet);
+    if let Some(entry) = ct::lookup(&key, now) {
+        // The container end of the flow: the destination of a masqueraded
+        // flow on its way to the container, the source of an answer.
+        let (container_be, container_port_be) = match entry.kind {
+            ct_kind::SNAT => (packet.dst_be, packet.dport_be),
+            ct_kind::REPLY => (packet.src_be, packet.sport_be),
+            _ => return false,
+        };
+        let Some(owner_id) = ct::still_mapped(&entry.mapping, &container_be, container_port_be)
+        else {
+            maps::count(stat::STALE_FLOW);
+            return false;
+        };
+        // One rewrite call site for both kinds (see existing_flow).
+        if nat::rewrite(
+            ctx,
+            packet,
+            Side::Source,
+            &entry.nat_addr_be,
+            entry.nat_port_be,
+        ) {
+            if entry.kind == ct_kind::REPLY {
+                maps::count(stat::REPLY);
+                // Counted by the caller from scratch, after this frame is
+                // gone: stacked, the frames exceed 512 bytes on 6.1.
+                if let Some(scratch) = maps::scratch() {
+                    scratch.forward.mapping = entry.mapping;
+                    scratch.owner_id = owner_id;
+                    return true;
+                }
+            }
+        } else {
+            maps::count(stat::REWRITE_FAILED);
+        }
+        return false;
+    }
+    // A flow leaving from a mapped host port that we did not translate: the
+    // node (or a masqueraded container) opened it. Remember it so its
+    // answers are never taken for new inbound traffic.
+    if find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some() {
+        let pass = CtEntry {
+            kind: ct_kind::PASS,
+            last_seen_ns: now,
+            ..CtEntry::default()
+        };
+        // Never over a translation: on a bridge the reply of a translated
+        // flow crosses a second egress hook (the bridge port) after the
+        // first rewrote it to the host port, and must stay translated.
+        if maps::ct_put_new(&ct::reversed(&key), &pass) {
+            maps::count(stat::PASS_RECORDED);
+        }
+    }
+    false
+}
+
+/// After new_flow translated a flow: counts it, and offers the packet to
+/// the fast path (masquerade withdraws the offer). Not inlined: in the
+/// entry point's frame these few lines cost stack the 6.1 verifier lacks.
+#[inline(never)]
+pub fn translated_new_flow(ctx: &TcContext) {
+    count_from_scratch(ctx, Way::In);
+    if let Some(scratch) = maps::scratch() {
+        scratch.fast = Offer::Forward;
+    }
+}
+
+/// Counts a translated packet on its mapping: the first of a new flow
+/// (`In`) or an answer (`Out`); new_flow or egress left the mapping and its
+/// owner in scratch.
+#[inline(always)]
+pub fn count_from_scratch(ctx: &TcContext, way: Way) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    let (mapping, owner_id) = (scratch.forward.mapping, scratch.owner_id);
+    counters::record(ctx, &mapping, owner_id, way);
+}

@@ -1,0 +1,79 @@
+//! `ebpf-portmap version`: what this binary is (version, the build ID of the
+//! embedded eBPF object, which names its pinned programs) and what the
+//! node's kernel offers it, for bug reports and version-skew checks.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use portmap_user::{
+    attach, config::DEFAULT_PIN_ROOT, features, inspect::kernel_release, pin::PinLayout,
+};
+use serde_json::json;
+
+use super::output::print;
+
+/// Print the version, the eBPF object's build ID and the kernel's features.
+///
+/// The build ID is the one `status` shows for pinned programs: when it
+/// differs from the pinned one, the next ADD replaces the programs in place.
+/// Each feature the tc programs need is asked of the running kernel (`yes`,
+/// `no`, or `unknown` without the privilege to ask).
+#[derive(clap::Args)]
+pub struct VersionArgs {
+    /// Pin root the plugin was configured with (`pinRoot`), for the attach
+    /// mode recorded there.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_ROOT)]
+    pin_root: PathBuf,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn answer(supported: Option<bool>) -> &'static str {
+    match supported {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "unknown",
+    }
+}
+
+pub fn run(args: &VersionArgs) -> anyhow::Result<ExitCode> {
+    let layout = PinLayout::new(&args.pin_root);
+    let build = format!("{:016x}", attach::build_id());
+    let kernel = kernel_release();
+    let mode = features::recorded_attach_mode(&layout).map(|mode| mode.as_str());
+    let probed: Vec<(&str, &str, &str)> = features::ESSENTIAL
+        .iter()
+        .map(|feature| {
+            (
+                feature.name,
+                feature.since,
+                answer(features::supported(feature.probe)),
+            )
+        })
+        .collect();
+    if args.json {
+        let features: Vec<_> = probed
+            .iter()
+            .map(|(name, since, supported)| json!({"name": name, "since": since, "supported": supported}))
+            .collect();
+        let document = json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "build": build,
+            "kernel": kernel,
+            "attachMode": mode,
+            "features": features,
+        });
+        print(&format!("{}\n", serde_json::to_string_pretty(&document)?));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut text = format!(
+        "ebpf-portmap {}\neBPF object build: {build}\nkernel: {kernel}\nattach mode: {}\nkernel features:\n",
+        env!("CARGO_PKG_VERSION"),
+        mode.unwrap_or("not recorded yet (the first ADD probes tcx, else clsact)"),
+    );
+    for (name, since, supported) in &probed {
+        text.push_str(&format!("  {supported:<7} {name} (Linux {since})\n"));
+    }
+    print(&text);
+    Ok(ExitCode::SUCCESS)
+}
