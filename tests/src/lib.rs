@@ -24,6 +24,7 @@ pub mod cgroup;
 pub mod cni;
 pub mod containerd;
 pub mod cri;
+pub mod image;
 pub mod naming;
 pub mod netns;
 pub mod plugins;

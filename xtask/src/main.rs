@@ -19,6 +19,8 @@
 //!   direct path.
 //! - `dist`: setup, build the plugin as it ships, write the release tarball
 //!   `target/dist/ebpf-portmap-<version>-x86_64-linux.tar.gz` (see `dist.rs`).
+//! - `image`: `dist`, then the installer image built from the tarball with
+//!   podman, saved as an OCI archive (see `image.rs`).
 //! - `demo [-- <demo args>]`: setup, build `ebpf-portmap`, run the demo
 //!   (`cargo xtask demo -- --plugin portmap` runs it against upstream portmap).
 
@@ -32,6 +34,7 @@ use clap::{Parser, Subcommand};
 
 mod containerd;
 mod dist;
+mod image;
 mod podman;
 mod previous;
 mod vm;
@@ -147,6 +150,10 @@ enum Verb {
     /// shell completions, man pages, deploy/ with the image tag set to the version, LICENSE
     /// and SHA256SUMS.
     Dist,
+    /// `dist`, then build the node installer image from the tarball with podman (a busybox
+    /// base made locally, no registry) and save it as target/dist/ebpf-portmap-<version>-image.tar
+    /// (an OCI archive for `podman load -i`, `docker load -i`, `kind load image-archive`).
+    Image,
     /// Boot Debian kernels in QEMU (TCG) and run the integration tests inside:
     /// `cargo xtask vm-test [--kernel 6.1] [--kernel 6.12]`.
     VmTest(vm::VmTestArgs),
@@ -200,6 +207,7 @@ fn main() -> ExitCode {
             run_steps("e2e-containerd", containerd::steps(test_args))
         }
         Verb::Dist => run_steps("dist", dist_steps()),
+        Verb::Image => run_steps("image", image_steps()),
         Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),
         Verb::Demo { demo_args } => run_steps("demo", demo_steps(demo_args)),
         Verb::Bench { bench_args } => run_steps("bench", bench_steps(bench_args)),
@@ -393,6 +401,19 @@ fn shipped_plugin_step() -> Step<'static> {
     )
 }
 
+fn image_steps() -> Vec<Step<'static>> {
+    vec![
+        setup_step(),
+        shipped_plugin_step(),
+        Step::new("release tarball, then the image from it (podman)", || {
+            let tarball = dist::build()?;
+            let archive = image::build(&tarball)?;
+            println!("image: wrote {}", archive.display());
+            Ok(())
+        }),
+    ]
+}
+
 fn dist_steps() -> Vec<Step<'static>> {
     vec![
         setup_step(),
@@ -422,7 +443,7 @@ fn dist_and_test() -> Result<()> {
 /// The podman end-to-end tests as a step of `test`, or a step saying why
 /// they are skipped.
 fn podman_step(skip_podman: bool) -> Step<'static> {
-    let name = "podman end to end, ebpf-portmap and upstream portmap (cargo xtask e2e-podman)";
+    let name = "podman end to end, ebpf-portmap and upstream portmap (cargo xtask e2e-podman), then the installer image";
     let reason = if skip_podman {
         Some("--skip-podman")
     } else if podman::skip_requested_by_env() {
@@ -435,7 +456,11 @@ fn podman_step(skip_podman: bool) -> Step<'static> {
             println!("xtask test: podman tests skipped ({reason})");
             Ok(())
         }),
-        None => Step::new(name, || podman::e2e_podman(&[])),
+        None => Step::new(name, || {
+            podman::e2e_podman(&[])?;
+            // The installer image runs under the same podman.
+            image::test(&dist::tarball_path())
+        }),
     }
 }
 
