@@ -1,6 +1,6 @@
 //! The documentation a newcomer reads: the README's first screen names an
-//! install recipe for every runtime, and no link in the README, CONTRIBUTING
-//! or docs/ points at a heading or a file that does not exist. Needs no root.
+//! install recipe for every runtime, and no link in the README, CONTRIBUTING,
+//! ARCHITECTURE or docs/ points at a heading or a file that does not exist. Needs no root.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -61,7 +61,11 @@ fn links(text: &str) -> Vec<String> {
 
 fn markdown_files() -> Vec<PathBuf> {
     let root = workspace_root();
-    let mut files = vec![root.join("README.md"), root.join("CONTRIBUTING.md")];
+    let mut files = vec![
+        root.join("README.md"),
+        root.join("CONTRIBUTING.md"),
+        root.join("ARCHITECTURE.md"),
+    ];
     for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
         let path = entry.expect("entry").path();
         if path.extension().is_some_and(|e| e == "md") {
