@@ -1,6 +1,6 @@
 //! Build, test, demo and bench driver: `cargo xtask <setup|test|demo|bench>`.
 //!
-//! Depends on std, anyhow and clap only, so it builds on a fresh machine
+//! Depends on pure-Rust crates only (anyhow, clap, serde_json), so it builds on a fresh machine
 //! before LLVM and bpf-linker are installed (`setup` installs them).
 //!
 //! - `setup`: idempotently installs the Debian packages, the nightly toolchain

@@ -12,7 +12,6 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 use super::cpio::Tree;
-use super::json::Json;
 
 /// Where the guest finds things.
 pub const GUEST_TESTS_DIR: &str = "/tests";
@@ -157,23 +156,39 @@ struct Artifact {
     executable: PathBuf,
 }
 
+/// The fields of a `cargo --message-format=json` line that name a built
+/// binary; other messages lack them and are skipped.
+#[derive(Debug, serde::Deserialize)]
+struct CargoMessage {
+    reason: String,
+    target: Option<CargoTarget>,
+    profile: Option<CargoProfile>,
+    executable: Option<PathBuf>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct CargoTarget {
+    kind: Vec<String>,
+    name: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct CargoProfile {
+    test: bool,
+}
+
 fn artifacts_from_messages(stdout: &str) -> Vec<Artifact> {
     stdout
         .lines()
-        .filter_map(Json::parse)
-        .filter(|m| m.get("reason").and_then(Json::as_str) == Some("compiler-artifact"))
+        .filter_map(|line| serde_json::from_str::<CargoMessage>(line).ok())
+        .filter(|m| m.reason == "compiler-artifact")
         .filter_map(|m| {
-            let target = m.get("target")?;
+            let target = m.target?;
             Some(Artifact {
-                kind: target
-                    .get("kind")?
-                    .as_array()?
-                    .first()?
-                    .as_str()?
-                    .to_owned(),
-                name: target.get("name")?.as_str()?.to_owned(),
-                test: m.get("profile")?.get("test")?.as_bool()?,
-                executable: PathBuf::from(m.get("executable")?.as_str()?),
+                kind: target.kind.into_iter().next()?,
+                name: target.name,
+                test: m.profile?.test,
+                executable: m.executable?,
             })
         })
         .collect()

@@ -22,7 +22,6 @@
 
 mod cpio;
 mod guest;
-mod json;
 mod kernel;
 mod qemu;
 
