@@ -20,6 +20,8 @@ use crate::{
 pub mod code {
     /// I/O failure (spec code).
     pub const IO: u32 = 5;
+    /// A concurrent DEL or GC removed the owner while ADD ran (spec code).
+    pub const TRY_AGAIN_LATER: u32 = 11;
     /// Invalid network configuration (spec code).
     pub const INVALID_CONFIG: u32 = 7;
     /// The plugin cannot serve ADD requests (spec code, STATUS).
@@ -76,7 +78,10 @@ pub enum PluginError {
 impl PluginError {
     fn code(&self) -> u32 {
         match self {
-            PluginError::Store(StoreError::Conflict { .. }) => code::PORT_CONFLICT,
+            PluginError::Store(StoreError::Conflict { .. } | StoreError::Overlap { .. }) => {
+                code::PORT_CONFLICT
+            }
+            PluginError::Store(StoreError::Removed { .. }) => code::TRY_AGAIN_LATER,
             PluginError::Store(StoreError::Capacity { .. } | StoreError::TooManySlots { .. }) => {
                 code::CAPACITY
             }
@@ -288,6 +293,7 @@ impl Dataplane {
         if !req.identity.is_empty() && maps.pods.is_none() {
             maps.pods = Some(crate::maps::create_pods(&layout)?);
         }
+        maps.prepare_claim(&layout)?;
         maps.claim(&req.owner, &req.identity, &translations)?;
         // Recorded whether or not `fastPath` is on now: it is a node-wide
         // switch, and containers added before it was turned on use it too.
@@ -395,6 +401,20 @@ impl Dataplane {
         };
         let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
         log::info!("GC {}: removed {removed:?}", req.conf.name);
+        // Mappings of any network whose owner record is gone: no DEL will
+        // ever remove them, so GC does after a grace period.
+        let orphans = maps.reclaim_orphans(&layout, store::ORPHAN_GRACE_SECS, store::now_unix())?;
+        for (id, count) in &orphans.reclaimed {
+            log::warn!(
+                "GC: reclaimed {count} mapping(s) of owner {id:016x}, whose record was gone"
+            );
+        }
+        for (id, first_seen) in &orphans.waiting {
+            log::warn!(
+                "GC: owner {id:016x} has mappings but no record (first seen at {first_seen}); reclaimed {}s after that",
+                store::ORPHAN_GRACE_SECS
+            );
+        }
         prune_counters(&layout, &maps);
         match maps.prune_pods() {
             Ok(0) => {}
