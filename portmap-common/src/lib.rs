@@ -202,6 +202,12 @@ pub const SPECIFIC_PORTS_CAPACITY: u32 = 65536 * 3 * 2;
 /// only, created like [`OWNER_PODS_MAP`].
 pub const ORPHANS_MAP: &str = "orphans_seen";
 
+/// Name of the map recording which network namespace owns a pin root (an
+/// array of one `u64`: the namespace cookie). Userspace only; pinned by the first ADD
+/// under the root, full, so whoever sees it sees the owner (portmap-user's
+/// scope.rs).
+pub const NETNS_OWNER_MAP: &str = "netns_owner";
+
 /// A host port of one protocol and family, whatever the address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -142,13 +142,19 @@ fn a_wildcard_and_a_specific_host_ip_on_one_port_exclude_each_other() {
 
     // Wildcard first: the specific address is part of it.
     world.add(&c, &wildcard);
-    let refused = world.runner.add(&world.list, &d.with_port_mappings(&specific));
+    let refused = world
+        .runner
+        .add(&world.list, &d.with_port_mappings(&specific));
     assert_eq!(
         code_of(&refused),
         Some(100),
         "a specific hostIP inside a held wildcard must conflict: {refused:?}"
     );
-    let message = refused.as_ref().unwrap_err().error_msg().unwrap_or_default();
+    let message = refused
+        .as_ref()
+        .unwrap_err()
+        .error_msg()
+        .unwrap_or_default();
     assert!(
         message.contains("198.18.0.1:8083/tcp") && message.contains("container c"),
         "the conflict names the port and the holder: {message}"
@@ -176,13 +182,19 @@ fn a_wildcard_and_a_specific_host_ip_on_one_port_exclude_each_other() {
 
     // Specific first: a wildcard would take its address.
     world.add(&d, &specific);
-    let refused = world.runner.add(&world.list, &c.with_port_mappings(&wildcard));
+    let refused = world
+        .runner
+        .add(&world.list, &c.with_port_mappings(&wildcard));
     assert_eq!(
         code_of(&refused),
         Some(100),
         "a wildcard over a held specific hostIP must conflict: {refused:?}"
     );
-    let message = refused.as_ref().unwrap_err().error_msg().unwrap_or_default();
+    let message = refused
+        .as_ref()
+        .unwrap_err()
+        .error_msg()
+        .unwrap_or_default();
     assert!(
         message.contains("0.0.0.0:8083/tcp") && message.contains("container d"),
         "the conflict names the port and the holder: {message}"
@@ -201,10 +213,17 @@ fn a_wildcard_and_a_specific_host_ip_on_one_port_exclude_each_other() {
     world.del(&d, &specific);
 
     // Inside one request: refused as invalid, naming both entries.
-    let both = [wildcard[0].clone(), PortMapping::tcp(8083, 81).on(IpAddr::V4(NODE_IP4))];
+    let both = [
+        wildcard[0].clone(),
+        PortMapping::tcp(8083, 81).on(IpAddr::V4(NODE_IP4)),
+    ];
     let refused = world.runner.add(&world.list, &c.with_port_mappings(&both));
     assert_eq!(code_of(&refused), Some(7), "{refused:?}");
-    let message = refused.as_ref().unwrap_err().error_msg().unwrap_or_default();
+    let message = refused
+        .as_ref()
+        .unwrap_err()
+        .error_msg()
+        .unwrap_or_default();
     assert!(
         message.contains("portMappings[1] overlaps runtimeConfig.portMappings[0]"),
         "{message}"
@@ -324,7 +343,11 @@ fn gc_racing_add_never_leaves_a_port_stuck() {
         let gc = spawn_gc(&world);
         let add = wait(add, "ADD");
         let gc = wait(gc, "GC");
-        assert!(gc.status.success(), "round {round}: GC failed: {}", text(&gc));
+        assert!(
+            gc.status.success(),
+            "round {round}: GC failed: {}",
+            text(&gc)
+        );
         // Exactly one of two states: the container's full set with its
         // owner and index (the ADD finished before the GC looked), or
         // nothing at all. Never mappings without an owner.
@@ -373,7 +396,10 @@ fn mappings_without_an_owner_are_reported_and_reclaimed() {
     bpftool_delete(&world, "owners", &id.to_le_bytes());
 
     let (healthy, problems) = status_problems(&world);
-    assert!(!healthy, "status must fail with orphaned mappings: {problems:#?}");
+    assert!(
+        !healthy,
+        "status must fail with orphaned mappings: {problems:#?}"
+    );
     let orphan = format!("2 mapping(s) of owner {id:016x}");
     assert!(
         problems
@@ -381,13 +407,17 @@ fn mappings_without_an_owner_are_reported_and_reclaimed() {
             .any(|p| p.contains(&orphan) && p.contains("gc --orphans")),
         "status names the orphans and the fix: {problems:#?}"
     );
-    let stuck = world.runner.add(&world.list, &heir.with_port_mappings(&mappings));
+    let stuck = world
+        .runner
+        .add(&world.list, &heir.with_port_mappings(&mappings));
     assert_eq!(code_of(&stuck), Some(100), "{stuck:?}");
     world.del(&heir, &mappings);
 
     // CNI GC (the runtime still lists the container) sees them first: it
     // records them and waits out its grace period.
-    let keep = [portmap_tests::GcAttachment::from(&lost.with_port_mappings(&mappings))];
+    let keep = [portmap_tests::GcAttachment::from(
+        &lost.with_port_mappings(&mappings),
+    )];
     world.runner.gc(&world.list, &keep).expect("CNI GC");
     assert_eq!(world.mapping_count(), 2, "inside the grace period");
     // The operator reclaims them at once.
@@ -423,7 +453,11 @@ fn a_port_range_of_2001_mappings_is_accepted_and_forwards() {
     // What `podman run -p 10000-12000:10000-12000` sends.
     let mappings: Vec<PortMapping> = (10000..=12000).map(|p| PortMapping::tcp(p, p)).collect();
     world.add(&web, &mappings);
-    assert_eq!(world.mapping_count(), 2 * 2001, "both families of every port");
+    assert_eq!(
+        world.mapping_count(),
+        2 * 2001,
+        "both families of every port"
+    );
     world.expect_answer(
         "a port inside the range",
         tcp_request(&world.node.ext, sock(NODE_IP4, 11000), "r", PROBE),
@@ -465,7 +499,11 @@ fn a_re_add_with_a_changed_set_only_needs_room_for_the_new_set() {
     again
         .add(&world)
         .unwrap_or_else(|e| panic!("re-ADD with a changed set: {e}\n{}", world.dump()));
-    assert_eq!(listed(&world), again.expected_hosts(), "exactly the new set");
+    assert_eq!(
+        listed(&world),
+        again.expected_hosts(),
+        "exactly the new set"
+    );
     again.check(&world).expect("CHECK of the new set");
     assert_eq!(
         entries(&world, "owner_slots").len(),
@@ -481,7 +519,9 @@ fn a_re_add_with_a_changed_set_only_needs_room_for_the_new_set() {
         2,
         (0..17).map(|i| PortMapping::tcp(9200 + i, 80)).collect(),
     );
-    let refused = huge.add(&world).expect_err("17 entries into maxMappings 16");
+    let refused = huge
+        .add(&world)
+        .expect_err("17 entries into maxMappings 16");
     assert!(refused.contains("maxMappings 16"), "{refused}");
     again.del(&world).expect("DEL");
     world.assert_clean("after DEL");
@@ -531,4 +571,181 @@ fn status_reports_a_mapping_deleted_behind_its_back() {
     );
     world.del(&web, &mappings);
     world.assert_clean("after DEL");
+}
+
+// --- item 7: one node per network namespace ---
+
+/// bridge + host-local + ebpf-portmap without `pinRoot`: the default root,
+/// shared by every node namespace on the kernel (the socket hooks still go
+/// to the test's own cgroup).
+fn default_root_world() -> World {
+    World::with(|name, pins, data| {
+        let list = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data);
+        let mut json = list.json().clone();
+        for plugin in json["plugins"].as_array_mut().expect("plugins") {
+            if plugin["type"] == "ebpf-portmap" {
+                plugin
+                    .as_object_mut()
+                    .expect("plugin object")
+                    .remove("pinRoot");
+            }
+        }
+        Conflist::from_json(json).expect("a well-formed conflist")
+    })
+}
+
+/// Removes the state a [`default_root_world`] made under the default root,
+/// also when the test fails.
+struct UninstallDefault<'a>(&'a World);
+
+impl Drop for UninstallDefault<'_> {
+    fn drop(&mut self) {
+        let out = self
+            .0
+            .node
+            .ns
+            .command(plugin_bin())
+            .args(["uninstall", "--force"])
+            .output();
+        if let Ok(out) = out
+            && !out.status.success()
+        {
+            eprintln!("uninstall under the default root: {}", text(&out));
+        }
+    }
+}
+
+/// `list --json` with the default root, in `world`'s node namespace.
+fn listed_default(world: &World) -> BTreeSet<(String, String)> {
+    let out = world
+        .node
+        .ns
+        .command(plugin_bin())
+        .args(["list", "--json"])
+        .output()
+        .expect("run list");
+    assert!(out.status.success(), "list: {}", text(&out));
+    let list: Value = serde_json::from_slice(&out.stdout).expect("list JSON");
+    list.as_array()
+        .expect("list is an array")
+        .iter()
+        .map(|r| {
+            (
+                r["host"].as_str().expect("host").to_owned(),
+                r["containerID"].as_str().expect("containerID").to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn two_node_namespaces_on_one_bpffs_keep_their_own_state() {
+    let a = default_root_world();
+    let b = default_root_world();
+    let _uninstall_b = UninstallDefault(&b);
+    let _uninstall_a = UninstallDefault(&a);
+    let web_a = a.node.add_container("web-a");
+    let web_b = b.node.add_container("web-b");
+    let _a_tcp = tcp_echo_server(&web_a.ns, 80, "web-a");
+    let _b_tcp = tcp_echo_server(&web_b.ns, 80, "web-b");
+    let mappings = [PortMapping::tcp(8080, 80)];
+    a.add(&web_a, &mappings);
+    // The same host port on another node: no conflict.
+    b.add(&web_b, &mappings);
+    for (world, who) in [(&a, "web-a"), (&b, "web-b")] {
+        world.expect_answer(
+            &format!("{who} on its own node"),
+            tcp_request(&world.node.ext, sock(NODE_IP4, 8080), "hi", PROBE),
+            &echo_reply(who, "hi"),
+        );
+    }
+    // ADDs on one node leave the other's attachments alone.
+    let more_a = a.node.add_container("more-a");
+    a.add(&more_a, &[PortMapping::tcp(8081, 80)]);
+    let more_b = b.node.add_container("more-b");
+    b.add(&more_b, &[PortMapping::tcp(8082, 80)]);
+    for (world, who) in [(&a, "web-a"), (&b, "web-b")] {
+        world.expect_answer(
+            &format!("{who} after ADDs on both nodes"),
+            tcp_request(&world.node.ext, sock(NODE_IP4, 8080), "again", PROBE),
+            &echo_reply(who, "again"),
+        );
+    }
+    // The operator verbs see the state of the namespace they run in.
+    let own = |id: &str, port: u16| {
+        BTreeSet::from([
+            ("0.0.0.0:8080/tcp".to_owned(), id.to_owned()),
+            ("[::]:8080/tcp".to_owned(), id.to_owned()),
+            (format!("0.0.0.0:{port}/tcp"), format!("more-{}", &id[4..])),
+            (format!("[::]:{port}/tcp"), format!("more-{}", &id[4..])),
+        ])
+    };
+    assert_eq!(listed_default(&a), own("web-a", 8081));
+    assert_eq!(listed_default(&b), own("web-b", 8082));
+
+    // Uninstalling one node's state leaves the other's running.
+    for (world, container, mappings) in [
+        (&b, &web_b, &mappings[..]),
+        (&b, &more_b, &[PortMapping::tcp(8082, 80)][..]),
+    ] {
+        world.del(container, mappings);
+    }
+    let out = b
+        .node
+        .ns
+        .command(plugin_bin())
+        .args(["uninstall"])
+        .output()
+        .expect("run uninstall");
+    assert!(out.status.success(), "uninstall on b: {}", text(&out));
+    a.expect_answer(
+        "web-a after b's uninstall",
+        tcp_request(&a.node.ext, sock(NODE_IP4, 8080), "still", PROBE),
+        &echo_reply("web-a", "still"),
+    );
+    a.del(&web_a, &mappings);
+    a.del(&more_a, &[PortMapping::tcp(8081, 80)]);
+}
+
+#[test]
+fn an_explicit_pin_root_of_another_namespace_is_refused() {
+    let first = World::bridge();
+    let second = World::with(|name, _pins, data| {
+        portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(first.pins.path()), data)
+    });
+    let web = first.node.add_container("web");
+    let _tcp = tcp_echo_server(&web.ns, 80, "web");
+    let mappings = [PortMapping::tcp(8080, 80)];
+    first.add(&web, &mappings);
+    let other = second.node.add_container("other");
+    let refused = second.runner.add(
+        &second.list,
+        &other.with_port_mappings(&[PortMapping::tcp(9090, 80)]),
+    );
+    assert_eq!(code_of(&refused), Some(7), "{refused:?}");
+    let message = refused
+        .as_ref()
+        .unwrap_err()
+        .error_msg()
+        .unwrap_or_default();
+    assert!(
+        message.contains("holds the state of another network namespace")
+            && message.contains(&first.pins.path().display().to_string()),
+        "the error names the pinRoot and why: {message}"
+    );
+    second.del(&other, &[PortMapping::tcp(9090, 80)]);
+    assert_eq!(
+        listed(&first),
+        BTreeSet::from([
+            ("0.0.0.0:8080/tcp".to_owned(), "web".to_owned()),
+            ("[::]:8080/tcp".to_owned(), "web".to_owned()),
+        ]),
+        "the refused ADD and its DEL changed nothing"
+    );
+    first.expect_answer(
+        "the owner's mapping",
+        tcp_request(&first.node.ext, sock(NODE_IP4, 8080), "x", PROBE),
+        &echo_reply("web", "x"),
+    );
+    first.del(&web, &mappings);
 }

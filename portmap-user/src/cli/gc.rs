@@ -7,7 +7,7 @@ use portmap_user::{
     config::{Attachment, DEFAULT_PIN_ROOT},
     counters, maps,
     maps::Maps,
-    pin::PinLayout,
+    scope::{self, Access},
     store::record_strings,
     uninstall,
 };
@@ -95,7 +95,7 @@ pub fn run(args: &GcArgs) -> anyhow::Result<ExitCode> {
             "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, --orphans, or --stale-links"
         );
     }
-    let layout = PinLayout::new(&args.pin_root);
+    let layout = scope::resolve(&args.pin_root, Access::Read)?;
     let mut maps = Maps::open(&layout).with_context(|| {
         format!(
             "no ebpf-portmap state under {} (nothing to collect)",

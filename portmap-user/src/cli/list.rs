@@ -7,7 +7,7 @@ use portmap_user::{
     config::DEFAULT_PIN_ROOT,
     inspect::{self, MappingRow},
     logging::utc_timestamp,
-    pin::PinLayout,
+    scope::{self, Access},
 };
 use serde_json::{Value, json};
 
@@ -144,7 +144,7 @@ fn table(rows: &[&MappingRow]) -> Table {
 }
 
 pub fn run(args: &ListArgs) -> anyhow::Result<std::process::ExitCode> {
-    let layout = PinLayout::new(&args.pin_root);
+    let layout = scope::resolve(&args.pin_root, Access::Read)?;
     let rows = inspect::mapping_rows(&layout).context("cannot list the mappings")?;
     let rows: Vec<&MappingRow> = rows.iter().filter(|row| wanted(args, row)).collect();
     if args.json {

@@ -10,7 +10,7 @@ use portmap_user::{
     config::DEFAULT_PIN_ROOT,
     inspect::{self, Status},
     logging::utc_timestamp,
-    pin::PinLayout,
+    scope::{self, Access},
 };
 use serde_json::{Value, json};
 
@@ -257,7 +257,7 @@ fn render(status: &Status, style: Style) -> String {
 }
 
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
-    let status = inspect::status(&PinLayout::new(&args.pin_root));
+    let status = inspect::status(&scope::resolve(&args.pin_root, Access::Read)?);
     if args.json {
         print(&format!(
             "{}\n",

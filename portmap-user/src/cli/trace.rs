@@ -13,7 +13,7 @@ use portmap_common::reason::Kind;
 use portmap_user::{
     config::{DEFAULT_PIN_ROOT, Protocol},
     netlink,
-    pin::PinLayout,
+    scope::{self, Access},
     trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
 };
 
@@ -105,7 +105,7 @@ fn colour_of(record: &TraceRecord) -> Colour {
 }
 
 pub fn run(args: &TraceArgs) -> anyhow::Result<ExitCode> {
-    let layout = PinLayout::new(&args.pin_root);
+    let layout = scope::resolve(&args.pin_root, Access::Read)?;
     if args.stop {
         let old = trace::clear_filter(&layout).context("cannot switch tracing off")?;
         if old.enabled != 0 {

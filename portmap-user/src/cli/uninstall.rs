@@ -3,7 +3,11 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context;
-use portmap_user::{config::DEFAULT_PIN_ROOT, pin::PinLayout, uninstall};
+use portmap_user::{
+    config::DEFAULT_PIN_ROOT,
+    scope::{self, Access},
+    uninstall,
+};
 
 /// Detach the programs and remove every pin, leaving the node as before the
 /// first ADD.
@@ -27,7 +31,7 @@ pub struct UninstallArgs {
 }
 
 pub fn run(args: &UninstallArgs) -> anyhow::Result<ExitCode> {
-    let layout = PinLayout::new(&args.pin_root);
+    let layout = scope::resolve(&args.pin_root, Access::Read)?;
     if !layout.versioned().exists() {
         println!("nothing installed under {}", args.pin_root.display());
         return Ok(ExitCode::SUCCESS);

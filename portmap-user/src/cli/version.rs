@@ -5,7 +5,11 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use portmap_user::{
-    attach, config::DEFAULT_PIN_ROOT, features, inspect::kernel_release, pin::PinLayout,
+    attach,
+    config::DEFAULT_PIN_ROOT,
+    features,
+    inspect::kernel_release,
+    scope::{self, Access},
 };
 use serde_json::json;
 
@@ -37,7 +41,7 @@ fn answer(supported: Option<bool>) -> &'static str {
 }
 
 pub fn run(args: &VersionArgs) -> anyhow::Result<ExitCode> {
-    let layout = PinLayout::new(&args.pin_root);
+    let layout = scope::resolve(&args.pin_root, Access::Read)?;
     let build = format!("{:016x}", attach::build_id());
     let kernel = kernel_release();
     let mode = features::recorded_attach_mode(&layout).map(|mode| mode.as_str());
