@@ -324,7 +324,7 @@ fn spawn_gc(world: &World) -> std::process::Child {
 #[test]
 fn gc_racing_add_never_leaves_a_port_stuck() {
     let world = World::plugin_only();
-    let mappings: Vec<PortMapping> = (0..150).map(|i| PortMapping::tcp(20000 + i, 80)).collect();
+    let mappings: Vec<PortMapping> = (0..600).map(|i| PortMapping::tcp(20000 + i, 80)).collect();
     // One ADD alone first: loads the programs, and tells how long an ADD
     // takes here, so the GCs below start across the whole of one.
     let solo = FakeContainer::new(&world, "solo", 0, mappings.clone());
