@@ -3,15 +3,41 @@
 //! Every step is one atomic map operation; nothing is read, modified and
 //! written back. The protocol, which stays correct when any process is
 //! killed at any point and when any number of plugins run at once:
-//! - ADD creates the owner record (`BPF_NOEXIST`), then for each mapping
-//!   first writes the owner's next index slot, then claims the mapping with
-//!   `BPF_NOEXIST`. Exactly one claimant of a host port wins; a loser rolls
-//!   back what it claimed in this call.
+//! - ADD creates the owner record (`BPF_NOEXIST`). A re-ADD first releases
+//!   what the new set drops and compacts the index to what it keeps (slot
+//!   `i` rewritten with a key from a slot `>= i`, the tail deleted from the
+//!   end: every held mapping stays findable at every step), so the new set
+//!   only has to fit on its own. Then for each mapping it first writes the
+//!   owner's next index slot, then claims the mapping with `BPF_NOEXIST`.
+//!   Exactly one claimant of a host port wins; a loser rolls back what it
+//!   claimed in this call.
+//! - A wildcard and a specific address of one port, protocol and family
+//!   exclude each other. Each claim writes its mapping first and looks for
+//!   the other kind second (a handshake: of two racing claims at least one
+//!   sees the other and rolls back). A specific claim records its port in
+//!   `specific_ports` before it writes, so a wildcard claim walks the
+//!   mappings map only for ports where a specific one may exist. Those
+//!   records are never removed: a remover cannot know that no specific
+//!   claim is between its record and its mapping (no count survives
+//!   without a lock), and a missing record would let a wildcard skip its
+//!   look.
+//! - ADD's last step checks that the owner record is still the one it
+//!   started with. DEL and GC mark the record dying (one update) before
+//!   they read the index, so either they read the ADD's complete index, or
+//!   the ADD sees the mark (or no record) and removes everything it wrote,
+//!   found by what it wrote, and fails with "try again". Without this a GC
+//!   that did not list a container whose ADD was running removed the owner
+//!   midway, and the ADD's later mappings belonged to nobody for ever.
 //! - DEL walks the owner's slots from the last to the first, deleting each
 //!   mapping that still names the owner and then the slot, and finally the
 //!   owner record. Interrupted, it leaves a contiguous prefix of slots that
 //!   the next DEL or GC finishes. Its cost depends on the owner's mappings
-//!   only, never on how many mappings the node has.
+//!   only, never on how many mappings the node has. An ADD of an owner
+//!   whose record a killed DEL left dying finishes that DEL first.
+//! - Mappings whose owner record is gone all the same (older builds, hand
+//!   edits) are found by one walk of the mappings map; GC reclaims them
+//!   after a grace period counted from its first sighting (`orphans_seen`),
+//!   `status` reports them.
 //! - Pod identity (CNI_ARGS) lives in its own map, `owner_pods`, keyed by
 //!   owner ID like `owners`. ADD writes it once the owner record is known
 //!   to be this owner's (so an ID collision never overwrites another
