@@ -365,7 +365,7 @@ fn gc_racing_add_never_leaves_a_port_stuck() {
             owners
         );
         assert!(
-            !(full && !add.status.success()),
+            add.status.success() || !full,
             "round {round}: a failed ADD left its mappings"
         );
         outcomes.insert((add.status.success(), full));
