@@ -86,17 +86,17 @@ fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, Scop
     // between our look and our claim.
     for _ in 0..2 {
         let base = PinLayout::new(root);
-        let layout = match owner(&base) {
-            Some(owner) if owner == ours => base,
-            Some(_) if shared => PinLayout::new(crate::pin::netns_root(root, ours)),
-            Some(owner) => {
+        let owner = owner(&base);
+        let layout = match place(owner, ours, shared) {
+            Place::Root => base,
+            Place::OwnDirectory => PinLayout::new(crate::pin::netns_root(root, ours)),
+            Place::Refused => {
                 return Err(ScopeError::InUse {
                     root: root.to_path_buf(),
-                    owner,
+                    owner: owner.unwrap_or_default(),
                     ours,
                 });
             }
-            None => base,
         };
         if access == Access::Read {
             return Ok(layout);
@@ -114,6 +114,26 @@ fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, Scop
         }
     }
     Ok(PinLayout::new(crate::pin::netns_root(root, ours)))
+}
+
+/// Where the state of namespace `ours` goes, given the owner of the root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// The root itself: ours, or nobody's yet.
+    Root,
+    /// `{root}/netns/{ours}`: the shared default root is another's.
+    OwnDirectory,
+    /// An explicit root of another namespace.
+    Refused,
+}
+
+fn place(owner: Option<u64>, ours: u64, shared: bool) -> Place {
+    match owner {
+        None => Place::Root,
+        Some(owner) if owner == ours => Place::Root,
+        Some(_) if shared => Place::OwnDirectory,
+        Some(_) => Place::Refused,
+    }
 }
 
 /// The namespace that owns the state under `layout`: its marker, else the
@@ -182,5 +202,46 @@ fn claim(layout: &PinLayout, ours: u64) -> Result<Option<u64>, ScopeError> {
             Ok(owner(layout))
         }
         Err(error) => Err(other(error.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_is_its_owners_and_the_default_one_is_shared_out() {
+        assert_eq!(place(None, 7, false), Place::Root, "nobody's yet");
+        assert_eq!(place(None, 7, true), Place::Root);
+        assert_eq!(place(Some(7), 7, false), Place::Root, "ours");
+        assert_eq!(place(Some(7), 7, true), Place::Root);
+        assert_eq!(
+            place(Some(9), 7, true),
+            Place::OwnDirectory,
+            "the default root of another namespace: our own directory under it"
+        );
+        assert_eq!(
+            place(Some(9), 7, false),
+            Place::Refused,
+            "an explicit root of another namespace"
+        );
+    }
+
+    #[test]
+    fn the_refusal_names_the_root_and_the_way_out() {
+        let error = ScopeError::InUse {
+            root: "/sys/fs/bpf/kind".into(),
+            owner: 0x10,
+            ours: 0x20,
+        };
+        let text = error.to_string();
+        assert!(
+            text.starts_with(
+                "pinRoot /sys/fs/bpf/kind holds the state of another network namespace (cookie 0x10, this one is 0x20)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("leave pinRoot unset"), "{text}");
+        assert!(text.contains("`rm -r /sys/fs/bpf/kind`"), "{text}");
     }
 }

@@ -85,6 +85,29 @@ const BPF_ANY: u64 = 0;
 const BPF_NOEXIST: u64 = 1;
 const BPF_EXIST: u64 = 2;
 
+/// One step of rewriting an owner's index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotStep {
+    Write(u32, MappingKey),
+    Delete(u32),
+}
+
+/// The steps that turn index `index` (slot 0 first) into `keep`, an ordered
+/// subsequence of it, in order: see [`Maps::compact_slots`] for why every
+/// prefix of them leaves each kept key in a contiguous run of slots.
+fn compaction(index: &[MappingKey], keep: &[MappingKey]) -> Vec<SlotStep> {
+    let mut steps = Vec::new();
+    for (slot, key) in keep.iter().enumerate() {
+        if index.get(slot) != Some(key) {
+            steps.push(SlotStep::Write(slot as u32, *key));
+        }
+    }
+    for slot in (keep.len()..index.len()).rev() {
+        steps.push(SlotStep::Delete(slot as u32));
+    }
+    steps
+}
+
 /// What [`Maps::reclaim_orphans`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct OrphanReclaim {
@@ -630,18 +653,17 @@ impl Maps {
         index: &[MappingKey],
         keep: &[MappingKey],
     ) -> Result<(), StoreError> {
-        for (slot, key) in keep.iter().enumerate() {
-            if index.get(slot) != Some(key) {
-                self.owner_slots
-                    .insert(slot_key(id, slot as u32), *key, BPF_ANY)
-                    .map_err(map_error("owner_slots", "update"))?;
-            }
-        }
-        for slot in (keep.len()..index.len()).rev() {
-            match self.owner_slots.remove(&slot_key(id, slot as u32)) {
-                Ok(()) => {}
-                Err(e) if is_errno(&e, libc::ENOENT) => {}
-                Err(e) => return Err(map_error("owner_slots", "delete")(e)),
+        for step in compaction(index, keep) {
+            match step {
+                SlotStep::Write(slot, key) => self
+                    .owner_slots
+                    .insert(slot_key(id, slot), key, BPF_ANY)
+                    .map_err(map_error("owner_slots", "update"))?,
+                SlotStep::Delete(slot) => match self.owner_slots.remove(&slot_key(id, slot)) {
+                    Ok(()) => {}
+                    Err(e) if is_errno(&e, libc::ENOENT) => {}
+                    Err(e) => return Err(map_error("owner_slots", "delete")(e)),
+                },
             }
         }
         Ok(())
@@ -1316,6 +1338,87 @@ mod tests {
             "no pod identity: the form from before"
         );
         assert_eq!(short_id("abc"), "abc");
+    }
+
+    fn port(port: u16) -> MappingKey {
+        MappingKey {
+            host_port_be: port.to_be(),
+            proto: PROTO_TCP,
+            family: FAMILY_V4,
+            ..MappingKey::default()
+        }
+    }
+
+    #[test]
+    fn compaction_never_loses_a_kept_key_at_any_step() {
+        let index: Vec<MappingKey> = (1..=8).map(port).collect();
+        // Every subsequence of the index (as kept by a re-ADD or a rollback).
+        for mask in 0u32..(1 << index.len()) {
+            let keep: Vec<MappingKey> = index
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, k)| *k)
+                .collect();
+            let steps = compaction(&index, &keep);
+            let mut slots: Vec<Option<MappingKey>> = index.iter().copied().map(Some).collect();
+            for (done, step) in steps.iter().enumerate() {
+                match *step {
+                    SlotStep::Write(slot, key) => slots[slot as usize] = Some(key),
+                    SlotStep::Delete(slot) => slots[slot as usize] = None,
+                }
+                // What DEL finds after a crash here: the contiguous prefix.
+                let found: Vec<MappingKey> = slots.iter().map_while(|s| *s).collect();
+                for key in &keep {
+                    assert!(
+                        found.contains(key),
+                        "keep {keep:?}: {key:?} unreachable after {} step(s)",
+                        done + 1
+                    );
+                }
+            }
+            let found: Vec<MappingKey> = slots.iter().map_while(|s| *s).collect();
+            assert_eq!(found, keep, "the index ends as exactly the kept keys");
+            assert!(slots[keep.len()..].iter().all(Option::is_none));
+        }
+    }
+
+    #[test]
+    fn orphans_wait_out_the_grace_period() {
+        assert!(!orphan_due(100, 100, ORPHAN_GRACE_SECS), "just seen");
+        assert!(!orphan_due(
+            100,
+            100 + ORPHAN_GRACE_SECS - 1,
+            ORPHAN_GRACE_SECS
+        ));
+        assert!(orphan_due(100, 100 + ORPHAN_GRACE_SECS, ORPHAN_GRACE_SECS));
+        assert!(orphan_due(100, 100, 0), "--min-age 0 reclaims at once");
+        assert!(!orphan_due(200, 100, 10), "a clock that went back waits");
+    }
+
+    #[test]
+    fn overlaps_name_both_keys_and_the_holder() {
+        let holder = Owner {
+            network: "podman".into(),
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+        };
+        let specific = MappingKey {
+            host_addr_be: words_from_addr("10.78.0.1".parse().unwrap()),
+            ..port(8083)
+        };
+        let error = StoreError::Overlap {
+            key: KeyDisplay(specific),
+            held: KeyDisplay(port(8083)),
+            holder: Box::new(HolderDisplay {
+                record: Some(Box::new(owner_record(&holder, 0))),
+                pod: PodIdentity::default(),
+            }),
+        };
+        assert_eq!(
+            error.to_string(),
+            "host port 10.78.0.1:8083/tcp overlaps 0.0.0.0:8083/tcp, already mapped by container c (network podman, interface eth0): a wildcard hostIP takes the port on every address of its family"
+        );
     }
 
     #[test]
