@@ -267,7 +267,12 @@ impl fmt::Display for HolderDisplay {
                     "container {container_id} (network {network}, interface {ifname})"
                 )
             }
-            None => write!(f, "another container (being removed right now)"),
+            // A DEL removes the mappings before the record, so this is
+            // either that moment or mappings left without an owner.
+            None => write!(
+                f,
+                "another container whose owner record is gone (being removed right now, or left behind: `ebpf-portmap gc --orphans` frees it)"
+            ),
         }
     }
 }
