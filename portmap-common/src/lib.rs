@@ -80,9 +80,20 @@ pub struct OwnerRecord {
     pub network_len: u16,
     pub container_id_len: u16,
     pub ifname_len: u16,
-    pub _pad0: u16,
+    /// [`owner_flags`]. Was padding (always 0) in builds before the flags, so
+    /// their records read as "no flag set".
+    pub flags: u16,
     /// Wall-clock seconds since the Unix epoch of the first ADD.
     pub created_unix: u64,
+}
+
+/// Bits of [`OwnerRecord::flags`].
+pub mod owner_flags {
+    /// A DEL or GC is removing this owner: set (one atomic update) before it
+    /// reads the owner's index, so an ADD of the same owner still running
+    /// sees it at its final check and removes what it wrote itself, instead
+    /// of leaving mappings that nobody owns (portmap-user's store.rs).
+    pub const DYING: u16 = 1;
 }
 
 impl Default for OwnerRecord {
@@ -94,7 +105,7 @@ impl Default for OwnerRecord {
             network_len: 0,
             container_id_len: 0,
             ifname_len: 0,
-            _pad0: 0,
+            flags: 0,
             created_unix: 0,
         }
     }
@@ -167,9 +178,54 @@ pub struct OwnerSlotKey {
     pub _pad0: u32,
 }
 
-/// Most index slots one owner may use (two families per requested mapping,
-/// plus room for re-ADDs that change the set).
-pub const MAX_SLOTS_PER_OWNER: u32 = 4096;
+/// Most index slots one owner may use: as many mappings as the largest
+/// mappings map holds (`maxMappings` at most 1048576), since one owner can
+/// never hold more. A re-ADD that changes the set compacts the index first,
+/// so slots count what the owner holds, never its history.
+pub const MAX_SLOTS_PER_OWNER: u32 = 1 << 20;
+
+/// Name of the map of (port, protocol, family) keys that a mapping with a
+/// specific host address was ever claimed on (key [`PortKey`], value a
+/// `u32` that is always 1). A wildcard claim looks for specific holders of
+/// its port only where this map has the port, so an ADD of wildcard
+/// mappings does not walk the mappings map. Userspace only, created like
+/// [`OWNER_PODS_MAP`]; entries are never removed (see store.rs for why).
+pub const SPECIFIC_PORTS_MAP: &str = "specific_ports";
+
+/// Most entries of [`SPECIFIC_PORTS_MAP`]: every port of every protocol and
+/// family.
+pub const SPECIFIC_PORTS_CAPACITY: u32 = 65536 * 3 * 2;
+
+/// Name of the map of owner IDs that `mappings` holds entries of although
+/// their owner record is gone (key the owner ID, value the Unix time a GC
+/// first saw them so). GC reclaims them after a grace period. Userspace
+/// only, created like [`OWNER_PODS_MAP`].
+pub const ORPHANS_MAP: &str = "orphans_seen";
+
+/// Name of the map recording which network namespace owns a pin root (an
+/// array of one `u64`: the namespace cookie). Userspace only; pinned by the first ADD
+/// under the root, full, so whoever sees it sees the owner (portmap-user's
+/// scope.rs).
+pub const NETNS_OWNER_MAP: &str = "netns_owner";
+
+/// A host port of one protocol and family, whatever the address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortKey {
+    pub host_port_be: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+impl PortKey {
+    pub fn of(key: &MappingKey) -> Self {
+        Self {
+            host_port_be: key.host_port_be,
+            proto: key.proto,
+            family: key.family,
+        }
+    }
+}
 
 /// Conntrack key: the tuple of a packet as it is seen on the wire at the hook.
 #[repr(C)]
@@ -328,6 +384,7 @@ const _: () = {
             == POD_NAMESPACE_LEN + POD_NAME_LEN + 4 * NOMAD_FIELD_LEN + 6 * 2 + 4
     );
     assert!(core::mem::size_of::<OwnerSlotKey>() == 16);
+    assert!(core::mem::size_of::<PortKey>() == 4);
     assert!(core::mem::size_of::<CtKey>() == 40);
     assert!(core::mem::size_of::<CtEntry>() == 56);
     assert!(core::mem::size_of::<CounterKey>() == 32);
@@ -348,6 +405,7 @@ mod pod {
     unsafe impl aya::Pod for OwnerRecord {}
     unsafe impl aya::Pod for PodRecord {}
     unsafe impl aya::Pod for OwnerSlotKey {}
+    unsafe impl aya::Pod for PortKey {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtEntry {}
     unsafe impl aya::Pod for CounterKey {}

@@ -136,7 +136,7 @@ fn attach_type(direction: Direction) -> TcAttachType {
     }
 }
 
-fn create_private_dir(path: &Path) -> Result<(), AttachError> {
+pub(crate) fn create_private_dir(path: &Path) -> Result<(), AttachError> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -169,7 +169,7 @@ pub fn check_bpffs(root: &Path) -> Result<(), AttachError> {
 
 /// A node without bpffs at /sys/fs/bpf gets it mounted, as the kernel docs
 /// and every eBPF dataplane expect; other roots must be on a bpffs already.
-fn mount_bpffs_if_missing(root: &Path) -> Result<(), AttachError> {
+pub(crate) fn mount_bpffs_if_missing(root: &Path) -> Result<(), AttachError> {
     const DEFAULT_MOUNT: &str = "/sys/fs/bpf";
     if check_bpffs(root).is_ok() || !root.starts_with(DEFAULT_MOUNT) {
         return check_bpffs(root);

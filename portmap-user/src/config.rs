@@ -28,11 +28,6 @@ pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/ebpf-portmap";
 /// Default of `logFile`: where the plugin logs its decisions.
 pub const DEFAULT_LOG_FILE: &str = "/var/log/ebpf-portmap.log";
 
-/// Most `portMappings` entries accepted in one request. Podman expands a port
-/// range into one entry per port, so this has to be generous; it exists so a
-/// runaway caller cannot make us build an unbounded plan.
-pub const MAX_MAPPINGS_PER_REQUEST: usize = 1024;
-
 /// Accepted range of `maxMappings` (capacity of the mappings map).
 pub const MAX_MAPPINGS_MIN: u32 = 16;
 pub const MAX_MAPPINGS_MAX: u32 = 1 << 20;
@@ -484,7 +479,9 @@ pub enum ConfigError {
     MaxMappingsOutOfRange { key: String, value: String },
     #[error("{key}: {value} is not one of \"refuse\" or \"allow\"")]
     InvalidListenerPolicy { key: String, value: String },
-    #[error("{key} has {count} entries, more than the {max} this plugin accepts in one request")]
+    #[error(
+        "{key} has {count} entries, more than the mappings map holds (maxMappings {max}); raise maxMappings or map fewer ports"
+    )]
     TooManyMappings {
         key: String,
         count: usize,
@@ -520,6 +517,19 @@ pub enum ConfigError {
         protocol: Protocol,
         host_port: u16,
         /// Human description of the shared address slot, e.g. "every local IPv4 address".
+        claim: String,
+    },
+    #[error(
+        "{list}[{specific}] overlaps {list}[{wildcard}]: {protocol} port {host_port} on {address} is part of {claim} that {list}[{wildcard}] claims; remove one or give them different ports"
+    )]
+    OverlappingMappings {
+        list: String,
+        wildcard: usize,
+        specific: usize,
+        protocol: Protocol,
+        host_port: u16,
+        address: IpAddr,
+        /// The wildcard's address slot, e.g. "every local IPv4 address".
         claim: String,
     },
     #[error("{key}: {value:?} is not an address in CIDR form such as \"10.0.0.2/24\"")]
@@ -571,6 +581,7 @@ impl ConfigError {
             | ConfigError::InvalidHostIp { .. }
             | ConfigError::UnusableHostIp { .. }
             | ConfigError::DuplicateMapping { .. }
+            | ConfigError::OverlappingMappings { .. }
             | ConfigError::InvalidCidr { .. }
             | ConfigError::NoContainerAddress { .. }
             | ConfigError::ContainerLacksFamily { .. } => code::INVALID_NETWORK_CONFIG,
@@ -884,7 +895,10 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
 
     let mut dropped = Vec::new();
     let (port_mappings, host_ip_keys) = tolerate(
-        parse_port_mappings(&fields.all("runtimeConfig")),
+        parse_port_mappings(
+            &fields.all("runtimeConfig"),
+            max_mappings.unwrap_or(portmap_common::capacity::MAPPINGS) as usize,
+        ),
         (Vec::new(), Vec::new()),
         strictness,
         &mut dropped,
@@ -1217,8 +1231,14 @@ fn parse_prev_result(found: &[Found<'_, RawValue>]) -> Result<Option<Value>, Con
 /// The validated mappings and, for each, the path of its `hostIP` key as
 /// written (for later messages). `runtime_configs` are the occurrences of
 /// runtimeConfig, which Go merges into one struct.
+///
+/// A request may hold as many entries as the mappings map holds (Podman
+/// expands `-p 10000-12000:10000-12000` into 2001 entries; upstream portmap
+/// has no limit); more could never be claimed, so they are refused before
+/// anything is parsed.
 fn parse_port_mappings(
     runtime_configs: &[Found<'_, RawValue>],
+    limit: usize,
 ) -> Result<(Vec<PortMapping>, Vec<String>), ConfigError> {
     let mut objects = Vec::with_capacity(runtime_configs.len());
     for occurrence in runtime_configs {
@@ -1253,11 +1273,11 @@ fn parse_port_mappings(
         }
     })?;
     // Checked before parsing so an oversized list costs nothing.
-    if list.len() > MAX_MAPPINGS_PER_REQUEST {
+    if list.len() > limit {
         return Err(ConfigError::TooManyMappings {
             key: list_key,
             count: list.len(),
-            max: MAX_MAPPINGS_PER_REQUEST,
+            max: limit,
         });
     }
     let mut mappings = Vec::with_capacity(list.len());
@@ -1272,7 +1292,7 @@ fn parse_port_mappings(
 }
 
 /// The path of a key of a mapping entry as written, built only for a
-/// message: a request may hold 1024 entries, and formatting every path up
+/// message: a request may hold thousands of entries, and formatting every path up
 /// front was most of the cost of parsing them.
 #[derive(Debug, Clone, Copy)]
 struct EntryKey<'a> {
@@ -1428,6 +1448,49 @@ fn reject_duplicates(list_key: &str, mappings: &[PortMapping]) -> Result<(), Con
                     second: index,
                     protocol: mapping.protocol,
                     host_port: mapping.host_port,
+                    claim: claim.to_string(),
+                });
+            }
+        }
+    }
+    reject_overlaps(list_key, mappings)
+}
+
+/// A wildcard hostIP and a specific one of its family on the same port and
+/// protocol overlap (as for bind()): refused inside one request like across
+/// requests (store.rs).
+fn reject_overlaps(list_key: &str, mappings: &[PortMapping]) -> Result<(), ConfigError> {
+    // (is IPv6, port, protocol) -> (first wildcard, first specific).
+    type Seen = (Option<(usize, HostClaim)>, Option<(usize, IpAddr)>);
+    let mut seen: HashMap<(bool, u16, Protocol), Seen> = HashMap::new();
+    for (index, mapping) in mappings.iter().enumerate() {
+        for claim in mapping.host_ip.claims().into_iter().flatten() {
+            let v6 = match claim {
+                HostClaim::EveryV4 => false,
+                HostClaim::EveryV6 => true,
+                HostClaim::Exact(addr) => addr.is_ipv6(),
+            };
+            let entry = seen
+                .entry((v6, mapping.host_port, mapping.protocol))
+                .or_default();
+            let (wildcard, specific) = match claim {
+                HostClaim::Exact(addr) => {
+                    entry.1.get_or_insert((index, addr));
+                    (entry.0, Some((index, addr)))
+                }
+                wildcard => {
+                    entry.0.get_or_insert((index, wildcard));
+                    (Some((index, wildcard)), entry.1)
+                }
+            };
+            if let (Some((wildcard, claim)), Some((specific, address))) = (wildcard, specific) {
+                return Err(ConfigError::OverlappingMappings {
+                    list: list_key.to_owned(),
+                    wildcard,
+                    specific,
+                    protocol: mapping.protocol,
+                    host_port: mapping.host_port,
+                    address,
                     claim: claim.to_string(),
                 });
             }
@@ -1598,10 +1661,18 @@ mod tests {
     }
 
     fn many_mappings(count: usize) -> String {
+        many_mappings_within(count, "")
+    }
+
+    /// `count` entries, with `extra` keys of the plugin (e.g. `maxMappings`).
+    fn many_mappings_within(count: usize, extra: &str) -> String {
         let entries: Vec<String> = (0..count)
             .map(|i| format!(r#"{{"hostPort":{},"containerPort":80}}"#, 10000 + i))
             .collect();
-        mappings(&entries.join(","))
+        with(&format!(
+            r#"{extra},"runtimeConfig":{{"portMappings":[{}]}}"#,
+            entries.join(",")
+        ))
     }
 
     enum Expect {
@@ -1764,9 +1835,16 @@ mod tests {
                 Valid(|conf| mapping_count(2)(conf)),
             ),
             (
-                "IPv4 wildcard next to a specific IPv4 address",
+                "IPv4 wildcard next to a specific IPv6 address",
                 mappings(
-                    r#"{"hostPort":80,"containerPort":80,"hostIP":"0.0.0.0"},{"hostPort":80,"containerPort":81,"hostIP":"192.0.2.2"}"#,
+                    r#"{"hostPort":80,"containerPort":80,"hostIP":"0.0.0.0"},{"hostPort":80,"containerPort":81,"hostIP":"2001:db8::2"}"#,
+                ),
+                Valid(|conf| mapping_count(2)(conf)),
+            ),
+            (
+                "wildcard next to a specific address of another protocol",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":80},{"hostPort":80,"containerPort":81,"hostIP":"192.0.2.2","protocol":"udp"}"#,
                 ),
                 Valid(|conf| mapping_count(2)(conf)),
             ),
@@ -1795,9 +1873,14 @@ mod tests {
                 Valid(|conf| mapping_count(0)(conf)),
             ),
             (
-                "exactly the mapping limit",
-                many_mappings(MAX_MAPPINGS_PER_REQUEST),
-                Valid(|conf| mapping_count(MAX_MAPPINGS_PER_REQUEST)(conf)),
+                "podman's -p 10000-12000:10000-12000",
+                many_mappings(2001),
+                Valid(|conf| mapping_count(2001)(conf)),
+            ),
+            (
+                "exactly maxMappings entries",
+                many_mappings_within(16, r#","maxMappings":16"#),
+                Valid(|conf| mapping_count(16)(conf)),
             ),
             (
                 "our own keys, valid",
@@ -1983,9 +2066,15 @@ mod tests {
                 ),
             ),
             (
-                "one over the mapping limit",
-                many_mappings(MAX_MAPPINGS_PER_REQUEST + 1),
-                Invalid(c, &["runtimeConfig.portMappings has 1025 entries", "1024"]),
+                "more entries than maxMappings",
+                many_mappings_within(17, r#","maxMappings":16"#),
+                Invalid(
+                    c,
+                    &[
+                        "runtimeConfig.portMappings has 17 entries",
+                        "maxMappings 16",
+                    ],
+                ),
             ),
             // --- invalid: ports ---
             (
@@ -2134,6 +2223,32 @@ mod tests {
                 Invalid(c, &["[0].hostIP: 255.255.255.255 is the broadcast address"]),
             ),
             // --- invalid: duplicates ---
+            (
+                "IPv4 wildcard next to a specific IPv4 address",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":80,"hostIP":"0.0.0.0"},{"hostPort":80,"containerPort":81,"hostIP":"192.0.2.2"}"#,
+                ),
+                Invalid(
+                    c,
+                    &[
+                        "runtimeConfig.portMappings[1] overlaps runtimeConfig.portMappings[0]",
+                        "tcp port 80 on 192.0.2.2 is part of every local IPv4 address",
+                    ],
+                ),
+            ),
+            (
+                "specific IPv6 address before every address",
+                mappings(
+                    r#"{"hostPort":80,"containerPort":81,"hostIP":"2001:db8::2"},{"hostPort":80,"containerPort":80}"#,
+                ),
+                Invalid(
+                    c,
+                    &[
+                        "runtimeConfig.portMappings[0] overlaps runtimeConfig.portMappings[1]",
+                        "every local IPv6 address",
+                    ],
+                ),
+            ),
             (
                 "same port twice on every address",
                 mappings(

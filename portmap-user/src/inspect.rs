@@ -51,6 +51,8 @@ pub enum InspectError {
     },
     #[error(transparent)]
     Counters(#[from] counters::CountersError),
+    #[error(transparent)]
+    Store(Box<crate::store::StoreError>),
 }
 
 fn read_error(map: &'static str) -> impl FnOnce(MapError) -> InspectError {
@@ -232,6 +234,86 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
     }
     rows.sort_by_key(MappingRow::sort_key);
     Ok(rows)
+}
+
+/// What differs between the owners' indexes (`owner_slots`) and the
+/// mappings map: what `status` reports as lost or stuck.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// Mappings whose owner record is gone, by owner ID: nobody's DEL
+    /// removes them, and ADDs of their ports fail.
+    pub orphans: Vec<(u64, Vec<MappingKey>)>,
+    /// Mappings an owner's index names that the mappings map lacks (deleted
+    /// behind the plugin's back) or that another owner holds: (owner, key,
+    /// holder).
+    pub missing: Vec<(String, MappingKey, Option<String>)>,
+    /// Mappings of an owner that its index does not name, so its DEL would
+    /// leave them behind: (owner, key).
+    pub unindexed: Vec<(String, MappingKey)>,
+}
+
+impl Ownership {
+    pub fn is_consistent(&self) -> bool {
+        self.orphans.is_empty() && self.missing.is_empty() && self.unindexed.is_empty()
+    }
+}
+
+/// `container/ifname (network N)` of an owner record.
+fn owner_label(record: &OwnerRecord) -> String {
+    let (network, container_id, ifname) = record_strings(record);
+    format!("{container_id}/{ifname} (network {network})")
+}
+
+/// Compares every owner's index with the mappings map: one walk of each
+/// owner's slots and one of the mappings. Read-only. An ADD or DEL running
+/// meanwhile can show up for a moment (a slot is written just before its
+/// mapping, and removed just after).
+pub fn ownership(layout: &PinLayout) -> Result<Ownership, InspectError> {
+    require_installed(layout)?;
+    let maps = Maps::open(layout)?;
+    let store_error = |source| InspectError::Store(Box::new(source));
+    let mut report = Ownership {
+        orphans: maps.orphans().map_err(store_error)?.into_iter().collect(),
+        ..Ownership::default()
+    };
+    let owners = maps.owners().map_err(store_error)?;
+    let labels: StdHashMap<u64, String> = owners
+        .iter()
+        .map(|(id, record)| (*id, owner_label(record)))
+        .collect();
+    let mut indexed = std::collections::HashSet::new();
+    for (id, _) in &owners {
+        for key in maps.owner_index(*id).map_err(store_error)? {
+            indexed.insert((*id, key));
+            match maps.mappings.get(&key, 0) {
+                Ok(value) if value.owner_id == *id => {}
+                Ok(value) => report.missing.push((
+                    labels[id].clone(),
+                    key,
+                    Some(
+                        labels
+                            .get(&value.owner_id)
+                            .cloned()
+                            .unwrap_or_else(|| format!("owner {:016x}", value.owner_id)),
+                    ),
+                )),
+                Err(_) => report.missing.push((labels[id].clone(), key, None)),
+            }
+        }
+    }
+    for entry in maps.mappings.iter() {
+        let (key, value) = entry.map_err(read_error("mappings"))?;
+        if let Some(label) = labels.get(&value.owner_id)
+            && !indexed.contains(&(value.owner_id, key))
+        {
+            report.unindexed.push((label.clone(), key));
+        }
+    }
+    report
+        .missing
+        .sort_by_key(|(owner, key, _)| (owner.clone(), *key));
+    report.unindexed.sort();
+    Ok(report)
 }
 
 /// How full one pinned map is.
@@ -530,6 +612,9 @@ pub struct Status {
     pub missing_maps: Vec<&'static str>,
     pub stats: Vec<(&'static str, u64)>,
     pub tracing: Option<TraceFilter>,
+    /// Where the owners' indexes and the mappings disagree (empty when
+    /// nothing is installed or the maps cannot be read).
+    pub ownership: Ownership,
     /// What is missing or degraded; `status` exits non-zero when not empty.
     pub problems: Vec<String>,
     /// Worth knowing, not a failure.
@@ -574,6 +659,14 @@ pub fn status(layout: &PinLayout) -> Status {
         missing_maps,
         stats: stats(layout),
         tracing,
+        ownership: if installed {
+            ownership(layout).unwrap_or_else(|error| {
+                log::warn!("ownership not checked: {error}");
+                Ownership::default()
+            })
+        } else {
+            Ownership::default()
+        },
         problems: Vec::new(),
         notes: Vec::new(),
     };
@@ -674,6 +767,32 @@ pub fn judge(status: &mut Status) {
             ));
         }
     }
+    for (id, keys) in &status.ownership.orphans {
+        problems.push(format!(
+            "{} mapping(s) of owner {id:016x} ({}) have no owner record: no DEL removes them and every ADD of these ports fails; `ebpf-portmap gc --orphans` reclaims them (CNI GC does {}s after first seeing them)",
+            keys.len(),
+            key_list(keys),
+            crate::store::ORPHAN_GRACE_SECS
+        ));
+    }
+    for (owner, key, holder) in &status.ownership.missing {
+        problems.push(match holder {
+            None => format!(
+                "mapping {} of {owner} is missing from the mappings map (deleted behind the plugin's back): its traffic is not forwarded; ADD the container again",
+                KeyDisplay(*key)
+            ),
+            Some(holder) => format!(
+                "mapping {} of {owner} is held by {holder}: its traffic goes there; DEL one of them and ADD the other again",
+                KeyDisplay(*key)
+            ),
+        });
+    }
+    for (owner, key) in &status.ownership.unindexed {
+        problems.push(format!(
+            "mapping {} of {owner} is not in its owner's index: a DEL of the owner leaves it behind; after that DEL, `ebpf-portmap gc --orphans` removes it",
+            KeyDisplay(*key)
+        ));
+    }
     for (name, value) in &status.stats {
         if *value > 0 && matches!(*name, "rewrite_failed" | "ct_insert_failed") {
             notes.push(format!(
@@ -683,6 +802,19 @@ pub fn judge(status: &mut Status) {
     }
     status.problems = problems;
     status.notes = notes;
+}
+
+/// Up to three keys, then how many more: for one-line problems.
+fn key_list(keys: &[MappingKey]) -> String {
+    let mut shown: Vec<String> = keys
+        .iter()
+        .take(3)
+        .map(|k| KeyDisplay(*k).to_string())
+        .collect();
+    if keys.len() > 3 {
+        shown.push(format!("and {} more", keys.len() - 3));
+    }
+    shown.join(", ")
 }
 
 #[cfg(test)]
@@ -775,6 +907,7 @@ mod tests {
             missing_maps: Vec::new(),
             stats: Vec::new(),
             tracing: Some(TraceFilter::default()),
+            ownership: Ownership::default(),
             problems: Vec::new(),
             notes: Vec::new(),
         }
@@ -856,6 +989,46 @@ mod tests {
         uninstalled.installed = false;
         uninstalled.tc.clear();
         assert!(judged(uninstalled).problems[0].starts_with("nothing is installed"));
+    }
+
+    #[test]
+    fn ownership_differences_are_problems() {
+        let key = |port: u16| MappingKey {
+            host_port_be: port.to_be(),
+            proto: 6,
+            family: 4,
+            ..MappingKey::default()
+        };
+        let mut status = healthy();
+        status.ownership = Ownership {
+            orphans: vec![(0xab, vec![key(1), key(2), key(3), key(4)])],
+            missing: vec![
+                ("c/eth0 (network n)".into(), key(5), None),
+                (
+                    "c/eth0 (network n)".into(),
+                    key(6),
+                    Some("d/eth0 (network n)".into()),
+                ),
+            ],
+            unindexed: vec![("d/eth0 (network n)".into(), key(7))],
+        };
+        let problems = judged(status).problems;
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert!(
+            problems[0].starts_with(
+                "4 mapping(s) of owner 00000000000000ab (0.0.0.0:1/tcp, 0.0.0.0:2/tcp, 0.0.0.0:3/tcp, and 1 more) have no owner record"
+            ),
+            "{problems:#?}"
+        );
+        assert!(problems[0].contains("gc --orphans"));
+        assert!(
+            problems[1].starts_with("mapping 0.0.0.0:5/tcp of c/eth0 (network n) is missing"),
+            "{problems:#?}"
+        );
+        assert!(problems[2].contains("is held by d/eth0 (network n)"));
+        assert!(
+            problems[3].contains("0.0.0.0:7/tcp of d/eth0 (network n) is not in its owner's index")
+        );
     }
 
     #[test]

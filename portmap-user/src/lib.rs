@@ -20,6 +20,7 @@ pub mod peers;
 pub mod pin;
 pub mod plugin;
 pub mod privilege;
+pub mod scope;
 pub mod store;
 pub mod trace;
 pub mod uninstall;

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap};
 use portmap_common::{
-    CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OWNER_PODS_MAP,
-    OwnerRecord, OwnerSlotKey, PodRecord, TraceFilter, capacity, map_names,
+    CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, ORPHANS_MAP,
+    OWNER_PODS_MAP, OwnerRecord, OwnerSlotKey, PodRecord, PortKey, SPECIFIC_PORTS_CAPACITY,
+    SPECIFIC_PORTS_MAP, TraceFilter, capacity, map_names,
 };
 
 use crate::pin::PinLayout;
@@ -52,6 +53,11 @@ pub struct Maps {
     /// Pod identity by owner ID; `None` until an ADD created it (pins made
     /// by a build before it have none, see [`create_pods`]).
     pub pods: Option<HashMap<MapData, u64, PodRecord>>,
+    /// Ports a specific host address was ever claimed on; `None` until the
+    /// first ADD of this build created it (see store.rs).
+    pub specific_ports: Option<HashMap<MapData, PortKey, u32>>,
+    /// When GC first saw each orphaned owner ID; `None` until a GC found one.
+    pub orphans: Option<HashMap<MapData, u64, u64>>,
 }
 
 pub fn open<T>(layout: &PinLayout, name: &str) -> Result<T, MapsError>
@@ -92,24 +98,59 @@ impl Maps {
             mappings: open(layout, map_names::MAPPINGS)?,
             owners: open(layout, map_names::OWNERS)?,
             owner_slots: open(layout, map_names::OWNER_SLOTS)?,
-            pods: open_pods(layout)?,
+            pods: open_user_map(layout, &PODS)?,
+            specific_ports: open_user_map(layout, &SPECIFIC_PORTS)?,
+            orphans: open_user_map(layout, &ORPHANS)?,
         })
     }
 }
 
-/// Key and value size of the pod map.
-const PODS_LAYOUT: (u32, u32) = (size_of::<u64>() as u32, size_of::<PodRecord>() as u32);
+/// A hash map that userspace creates (the eBPF object does not declare
+/// it): its pin name, key and value size and capacity.
+pub struct UserMap {
+    pub name: &'static str,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+}
 
-/// The pinned pod map if it exists (checked to have this build's layout).
-fn open_pods(layout: &PinLayout) -> Result<Option<HashMap<MapData, u64, PodRecord>>, MapsError> {
-    let path = layout.map(OWNER_PODS_MAP);
+/// Pod identity by owner ID.
+pub const PODS: UserMap = UserMap {
+    name: OWNER_PODS_MAP,
+    key_size: size_of::<u64>() as u32,
+    value_size: size_of::<PodRecord>() as u32,
+    max_entries: capacity::OWNERS,
+};
+
+/// Ports a specific host address was ever claimed on.
+pub const SPECIFIC_PORTS: UserMap = UserMap {
+    name: SPECIFIC_PORTS_MAP,
+    key_size: size_of::<PortKey>() as u32,
+    value_size: size_of::<u32>() as u32,
+    max_entries: SPECIFIC_PORTS_CAPACITY,
+};
+
+/// First sighting of each orphaned owner ID.
+pub const ORPHANS: UserMap = UserMap {
+    name: ORPHANS_MAP,
+    key_size: size_of::<u64>() as u32,
+    value_size: size_of::<u64>() as u32,
+    max_entries: capacity::OWNERS,
+};
+
+/// A pinned user map if it exists (checked to have this build's layout).
+pub fn open_user_map<K: aya::Pod, V: aya::Pod>(
+    layout: &PinLayout,
+    spec: &UserMap,
+) -> Result<Option<HashMap<MapData, K, V>>, MapsError> {
+    let path = layout.map(spec.name);
     let info = match aya::maps::MapInfo::from_pin(&path) {
         Ok(info) => info,
         Err(_) if !path.exists() => return Ok(None),
         Err(source) => return Err(MapsError::Open { path, source }),
     };
-    let (expected_key, expected_value) = PODS_LAYOUT;
-    if (info.key_size(), info.value_size()) != PODS_LAYOUT {
+    let (expected_key, expected_value) = (spec.key_size, spec.value_size);
+    if (info.key_size(), info.value_size()) != (expected_key, expected_value) {
         return Err(MapsError::Incompatible {
             path,
             key_size: info.key_size(),
@@ -118,27 +159,36 @@ fn open_pods(layout: &PinLayout) -> Result<Option<HashMap<MapData, u64, PodRecor
             expected_value,
         });
     }
-    open(layout, OWNER_PODS_MAP).map(Some)
+    open(layout, spec.name).map(Some)
 }
 
 /// Creates and pins the pod map unless it is pinned already, and opens it.
-///
-/// Created here, not by the eBPF loader: the programs never read it, and a
-/// node upgraded from a build without it must get it on the first ADD by
-/// this build, whatever the state of the programs. Safe against concurrent
-/// ADDs without the lock: pinning is an atomic create, the loser's map is
-/// dropped and the winner's opened.
 pub fn create_pods(layout: &PinLayout) -> Result<HashMap<MapData, u64, PodRecord>, MapsError> {
-    if let Some(pods) = open_pods(layout)? {
-        return Ok(pods);
+    create_user_map(layout, &PODS).map(|(map, _)| map)
+}
+
+/// Creates and pins a user map unless it is pinned already, and opens it;
+/// `true` when this call created it.
+///
+/// Created here, not by the eBPF loader: the programs never read these
+/// maps, and a node upgraded from a build without one must get it on the
+/// first ADD by this build, whatever the state of the programs. Safe
+/// against concurrent ADDs without the lock: pinning is an atomic create,
+/// the loser's map is dropped and the winner's opened.
+pub fn create_user_map<K: aya::Pod, V: aya::Pod>(
+    layout: &PinLayout,
+    spec: &UserMap,
+) -> Result<(HashMap<MapData, K, V>, bool), MapsError> {
+    if let Some(map) = open_user_map(layout, spec)? {
+        return Ok((map, false));
     }
-    let (key_size, value_size) = PODS_LAYOUT;
+    let name = spec.name;
     let definition = aya_obj::Map::Legacy(aya_obj::maps::LegacyMap {
         def: aya_obj::maps::bpf_map_def {
             map_type: aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_HASH as u32,
-            key_size,
-            value_size,
-            max_entries: capacity::OWNERS,
+            key_size: spec.key_size,
+            value_size: spec.value_size,
+            max_entries: spec.max_entries,
             map_flags: aya_obj::generated::BPF_F_NO_PREALLOC,
             id: 0,
             pinning: aya_obj::maps::PinningType::None,
@@ -149,27 +199,26 @@ pub fn create_pods(layout: &PinLayout) -> Result<HashMap<MapData, u64, PodRecord
         symbol_index: None,
         data: Vec::new(),
     });
-    let create = |source| MapsError::Create {
-        map: OWNER_PODS_MAP,
-        source,
-    };
-    let data = MapData::create(definition, OWNER_PODS_MAP, None).map_err(create)?;
-    match data.pin(layout.map(OWNER_PODS_MAP)) {
+    let create = |source| MapsError::Create { map: name, source };
+    let data = MapData::create(definition, name, None).map_err(create)?;
+    match data.pin(layout.map(name)) {
         Ok(()) => {
             let map = Map::from_map_data(data).map_err(create)?;
-            HashMap::try_from(map).map_err(create)
+            HashMap::try_from(map)
+                .map_err(create)
+                .map(|map| (map, true))
         }
         // Another ADD pinned one first: use that one.
         Err(aya::pin::PinError::SyscallError(error))
             if error.io_error.raw_os_error() == Some(libc::EEXIST) =>
         {
-            match open_pods(layout)? {
-                Some(pods) => Ok(pods),
-                None => open(layout, OWNER_PODS_MAP),
+            match open_user_map(layout, spec)? {
+                Some(map) => Ok((map, false)),
+                None => open(layout, name).map(|map| (map, false)),
             }
         }
         Err(error) => Err(create(MapError::PinError {
-            name: Some(OWNER_PODS_MAP.to_owned()),
+            name: Some(name.to_owned()),
             error,
         })),
     }

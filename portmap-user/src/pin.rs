@@ -8,6 +8,11 @@
 //! {root}/v{LAYOUT_VERSION}/links/if{ifindex}_{...}_clsact       program attached by clsact
 //! ```
 //! bpffs names may not contain dots, so builds are hex and interfaces go by index.
+//!
+//! `{root}` belongs to one network namespace (see `scope.rs`); under the
+//! default root, namespaces other than its owner use
+//! `{root}/netns/{cookie as 16 hex digits}` as theirs ([`netns_root`]), with
+//! the same layout inside.
 
 use std::path::{Path, PathBuf};
 
@@ -89,6 +94,12 @@ impl PinLayout {
     }
 }
 
+/// The root of the state of the network namespace with `cookie` under the
+/// shared default root (when another namespace owns the root itself).
+pub fn netns_root(root: &Path, cookie: u64) -> PathBuf {
+    root.join("netns").join(format!("{cookie:016x}"))
+}
+
 /// Parses a link pin file name back into (ifindex, direction, clsact).
 pub fn parse_link_name(name: &str) -> Option<(u32, Direction, bool)> {
     let rest = name.strip_prefix("if")?;
@@ -147,6 +158,21 @@ mod tests {
         assert_eq!(parse_link_name("if_x_ingress"), None);
         assert_eq!(parse_link_name("ifx_ingress"), None);
         assert_eq!(parse_link_name("if1_sideways"), None);
+    }
+
+    #[test]
+    fn every_namespace_has_its_own_root_under_the_default() {
+        let root = Path::new("/sys/fs/bpf/ebpf-portmap");
+        let a = PinLayout::new(netns_root(root, 0x1000_0000_0000_00ab));
+        assert_eq!(
+            a.map("mappings"),
+            PathBuf::from("/sys/fs/bpf/ebpf-portmap/netns/10000000000000ab/v1/maps/mappings")
+        );
+        assert_ne!(
+            a.lock_file(),
+            PinLayout::new(netns_root(root, 2)).lock_file()
+        );
+        assert_ne!(a.lock_file(), PinLayout::new(root).lock_file());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::{
     netlink::{self, NetlinkError, NodeAddress, Rtnl},
     peers,
     pin::PinLayout,
-    privilege,
+    privilege, scope,
     store::{self, StoreError, Translation},
 };
 
@@ -20,6 +20,8 @@ use crate::{
 pub mod code {
     /// I/O failure (spec code).
     pub const IO: u32 = 5;
+    /// A concurrent DEL or GC removed the owner while ADD ran (spec code).
+    pub const TRY_AGAIN_LATER: u32 = 11;
     /// Invalid network configuration (spec code).
     pub const INVALID_CONFIG: u32 = 7;
     /// The plugin cannot serve ADD requests (spec code, STATUS).
@@ -71,12 +73,17 @@ pub enum PluginError {
     Sockets(#[source] std::io::Error),
     #[error(transparent)]
     Local(#[from] local::LocalError),
+    #[error(transparent)]
+    Scope(#[from] scope::ScopeError),
 }
 
 impl PluginError {
     fn code(&self) -> u32 {
         match self {
-            PluginError::Store(StoreError::Conflict { .. }) => code::PORT_CONFLICT,
+            PluginError::Store(StoreError::Conflict { .. } | StoreError::Overlap { .. }) => {
+                code::PORT_CONFLICT
+            }
+            PluginError::Store(StoreError::Removed { .. }) => code::TRY_AGAIN_LATER,
             PluginError::Store(StoreError::Capacity { .. } | StoreError::TooManySlots { .. }) => {
                 code::CAPACITY
             }
@@ -91,6 +98,8 @@ impl PluginError {
             PluginError::Privilege { .. } => code::PRIVILEGE,
             PluginError::HostPortInUse { .. } => code::HOST_PORT_IN_USE,
             PluginError::Sockets(_) | PluginError::Local(_) => code::IO,
+            PluginError::Scope(scope::ScopeError::InUse { .. }) => code::INVALID_CONFIG,
+            PluginError::Scope(_) => code::IO,
         }
     }
 }
@@ -241,6 +250,21 @@ pub fn who(owner: &Owner, identity: &PodIdentity) -> String {
     }
 }
 
+/// The state of this network namespace under `root` for DEL and GC, or
+/// `None` when another namespace owns an explicit `root`: nothing of ours
+/// can be there (our ADD was refused), and a DEL after a refused ADD must
+/// succeed, or the runtime retries it for ever.
+fn own_state(root: &std::path::Path) -> Result<Option<PinLayout>, PluginError> {
+    match scope::resolve(root, scope::Access::Read) {
+        Ok(layout) => Ok(Some(layout)),
+        Err(error @ scope::ScopeError::InUse { .. }) => {
+            log::info!("nothing of this node to remove: {error}");
+            Ok(None)
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
 /// The plugin as the binary runs it.
 #[derive(Debug, Default)]
 pub struct Dataplane;
@@ -248,7 +272,7 @@ pub struct Dataplane;
 impl Dataplane {
     fn add(&self, req: &Request) -> Result<(), PluginError> {
         let translations = store::plan(&req.conf.port_mappings, &req.container);
-        let layout = PinLayout::new(&req.conf.pin_root);
+        let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
         // A container without mappings still needs the programs on its
         // host-side interface once the node has a dataplane: that is where
         // its hairpin connections to other containers' host ports start.
@@ -256,6 +280,8 @@ impl Dataplane {
             log::info!("ADD {}: no port mappings", who(&req.owner, &req.identity));
             return Ok(());
         }
+        // The root becomes this network namespace's before anything is made.
+        let layout = scope::resolve(&req.conf.pin_root, scope::Access::Claim)?;
         require_privilege()?;
         // One rtnetlink socket and one address dump serve every question below.
         let mut rtnl = Rtnl::open()?;
@@ -288,6 +314,7 @@ impl Dataplane {
         if !req.identity.is_empty() && maps.pods.is_none() {
             maps.pods = Some(crate::maps::create_pods(&layout)?);
         }
+        maps.prepare_claim(&layout)?;
         maps.claim(&req.owner, &req.identity, &translations)?;
         // Recorded whether or not `fastPath` is on now: it is a node-wide
         // switch, and containers added before it was turned on use it too.
@@ -320,7 +347,9 @@ impl Dataplane {
 
     fn del(&self, req: &Request) -> Result<(), PluginError> {
         require_privilege()?;
-        let layout = PinLayout::new(&req.conf.pin_root);
+        let Some(layout) = own_state(&req.conf.pin_root)? else {
+            return Ok(());
+        };
         let Some(mut maps) = Maps::open_existing(&layout)? else {
             // Nothing was ever added under this root: nothing to delete.
             return Ok(());
@@ -361,7 +390,7 @@ impl Dataplane {
         if translations.is_empty() {
             return Ok(());
         }
-        let layout = PinLayout::new(&req.conf.pin_root);
+        let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
         let mut rtnl = Rtnl::open()?;
         let addresses = if req.conf.interfaces.is_none()
             && req
@@ -389,12 +418,28 @@ impl Dataplane {
 
     fn gc(&self, req: &GcRequest) -> Result<(), PluginError> {
         require_privilege()?;
-        let layout = PinLayout::new(&req.conf.pin_root);
+        let Some(layout) = own_state(&req.conf.pin_root)? else {
+            return Ok(());
+        };
         let Some(mut maps) = Maps::open_existing(&layout)? else {
             return Ok(());
         };
         let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
         log::info!("GC {}: removed {removed:?}", req.conf.name);
+        // Mappings of any network whose owner record is gone: no DEL will
+        // ever remove them, so GC does after a grace period.
+        let orphans = maps.reclaim_orphans(&layout, store::ORPHAN_GRACE_SECS, store::now_unix())?;
+        for (id, count) in &orphans.reclaimed {
+            log::warn!(
+                "GC: reclaimed {count} mapping(s) of owner {id:016x}, whose record was gone"
+            );
+        }
+        for (id, first_seen) in &orphans.waiting {
+            log::warn!(
+                "GC: owner {id:016x} has mappings but no record (first seen at {first_seen}); reclaimed {}s after that",
+                store::ORPHAN_GRACE_SECS
+            );
+        }
         prune_counters(&layout, &maps);
         match maps.prune_pods() {
             Ok(0) => {}
@@ -453,7 +498,8 @@ impl Plugin for Dataplane {
     }
 
     fn status(&mut self, conf: &NetConf) -> Result<(), CniError> {
-        let layout = PinLayout::new(&conf.pin_root);
+        let layout = scope::resolve(&conf.pin_root, scope::Access::Read)
+            .map_err(|error| CniError::from_error(code::INVALID_CONFIG, &error))?;
         attach::probe(&layout).map_err(|error| CniError::from_error(code::NOT_AVAILABLE, &error))
     }
 }

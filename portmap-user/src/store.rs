@@ -3,15 +3,41 @@
 //! Every step is one atomic map operation; nothing is read, modified and
 //! written back. The protocol, which stays correct when any process is
 //! killed at any point and when any number of plugins run at once:
-//! - ADD creates the owner record (`BPF_NOEXIST`), then for each mapping
-//!   first writes the owner's next index slot, then claims the mapping with
-//!   `BPF_NOEXIST`. Exactly one claimant of a host port wins; a loser rolls
-//!   back what it claimed in this call.
+//! - ADD creates the owner record (`BPF_NOEXIST`). A re-ADD first releases
+//!   what the new set drops and compacts the index to what it keeps (slot
+//!   `i` rewritten with a key from a slot `>= i`, the tail deleted from the
+//!   end: every held mapping stays findable at every step), so the new set
+//!   only has to fit on its own. Then for each mapping it first writes the
+//!   owner's next index slot, then claims the mapping with `BPF_NOEXIST`.
+//!   Exactly one claimant of a host port wins; a loser rolls back what it
+//!   claimed in this call.
+//! - A wildcard and a specific address of one port, protocol and family
+//!   exclude each other. Each claim writes its mapping first and looks for
+//!   the other kind second (a handshake: of two racing claims at least one
+//!   sees the other and rolls back). A specific claim records its port in
+//!   `specific_ports` before it writes, so a wildcard claim walks the
+//!   mappings map only for ports where a specific one may exist. Those
+//!   records are never removed: a remover cannot know that no specific
+//!   claim is between its record and its mapping (no count survives
+//!   without a lock), and a missing record would let a wildcard skip its
+//!   look.
+//! - ADD's last step checks that the owner record is still the one it
+//!   started with. DEL and GC mark the record dying (one update) before
+//!   they read the index, so either they read the ADD's complete index, or
+//!   the ADD sees the mark (or no record) and removes everything it wrote,
+//!   found by what it wrote, and fails with "try again". Without this a GC
+//!   that did not list a container whose ADD was running removed the owner
+//!   midway, and the ADD's later mappings belonged to nobody for ever.
 //! - DEL walks the owner's slots from the last to the first, deleting each
 //!   mapping that still names the owner and then the slot, and finally the
 //!   owner record. Interrupted, it leaves a contiguous prefix of slots that
 //!   the next DEL or GC finishes. Its cost depends on the owner's mappings
-//!   only, never on how many mappings the node has.
+//!   only, never on how many mappings the node has. An ADD of an owner
+//!   whose record a killed DEL left dying finishes that DEL first.
+//! - Mappings whose owner record is gone all the same (older builds, hand
+//!   edits) are found by one walk of the mappings map; GC reclaims them
+//!   after a grace period counted from its first sighting (`orphans_seen`),
+//!   `status` reports them.
 //! - Pod identity (CNI_ARGS) lives in its own map, `owner_pods`, keyed by
 //!   owner ID like `owners`. ADD writes it once the owner record is known
 //!   to be this owner's (so an ID collision never overwrites another
@@ -30,6 +56,7 @@
 //! ADD that has an identity to record (`maps::create_pods`).
 
 use std::{
+    collections::BTreeMap,
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::{SystemTime, UNIX_EPOCH},
@@ -39,18 +66,67 @@ use aya::maps::MapError;
 use portmap_common::{
     FAMILY_V4, FAMILY_V6, MAX_SLOTS_PER_OWNER, MappingKey, MappingValue, NOMAD_FIELD_LEN,
     OWNER_IFNAME_LEN, OWNER_NAME_LEN, OwnerRecord, OwnerSlotKey, POD_NAME_LEN, POD_NAMESPACE_LEN,
-    PROTO_SCTP, PROTO_TCP, PROTO_UDP, PodRecord,
+    PROTO_SCTP, PROTO_TCP, PROTO_UDP, PodRecord, PortKey, SPECIFIC_PORTS_MAP, owner_flags,
 };
 
 use crate::{
-    config::{Attachment, ContainerAddrs, HostIp, Owner, PodIdentity, PortMapping},
+    config::{
+        Attachment, ContainerAddrs, HostIp, MAX_MAPPINGS_MAX, Owner, PodIdentity, PortMapping,
+    },
     hash::fnv1a64,
     maps::{Maps, is_errno},
+    pin::PinLayout,
 };
+
+// One owner may hold every entry of the largest mappings map.
+const _: () = assert!(MAX_MAPPINGS_MAX <= MAX_SLOTS_PER_OWNER);
 
 const BPF_ANY: u64 = 0;
 const BPF_NOEXIST: u64 = 1;
 const BPF_EXIST: u64 = 2;
+
+/// One step of rewriting an owner's index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotStep {
+    Write(u32, MappingKey),
+    Delete(u32),
+}
+
+/// The steps that turn index `index` (slot 0 first) into `keep`, an ordered
+/// subsequence of it, in order: see [`Maps::compact_slots`] for why every
+/// prefix of them leaves each kept key in a contiguous run of slots.
+fn compaction(index: &[MappingKey], keep: &[MappingKey]) -> Vec<SlotStep> {
+    let mut steps = Vec::new();
+    for (slot, key) in keep.iter().enumerate() {
+        if index.get(slot) != Some(key) {
+            steps.push(SlotStep::Write(slot as u32, *key));
+        }
+    }
+    for slot in (keep.len()..index.len()).rev() {
+        steps.push(SlotStep::Delete(slot as u32));
+    }
+    steps
+}
+
+/// What [`Maps::reclaim_orphans`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OrphanReclaim {
+    /// (owner ID, mappings removed).
+    pub reclaimed: Vec<(u64, usize)>,
+    /// (owner ID, Unix time first seen) of orphans still in their grace period.
+    pub waiting: Vec<(u64, u64)>,
+}
+
+/// Seconds CNI GC leaves an orphaned mapping alone after first seeing it.
+/// An orphan is legitimately there for the milliseconds an ADD needs to
+/// undo its writes after a concurrent GC removed its owner; a minute is
+/// far beyond that and still frees a stuck port soon.
+pub const ORPHAN_GRACE_SECS: u64 = 60;
+
+/// Whether an orphan first seen at `first_seen` may be reclaimed at `now`.
+pub fn orphan_due(first_seen: u64, now: u64, grace: u64) -> bool {
+    now.saturating_sub(first_seen) >= grace
+}
 
 /// One entry of the `mappings` map as an owner wants it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +155,18 @@ pub enum StoreError {
         /// Boxed: the holder's strings would make every Result of the plugin large.
         holder: Box<HolderDisplay>,
     },
+    #[error(
+        "host port {key} overlaps {held}, already mapped by {holder}: a wildcard hostIP takes the port on every address of its family"
+    )]
+    Overlap {
+        key: KeyDisplay,
+        held: KeyDisplay,
+        holder: Box<HolderDisplay>,
+    },
+    #[error(
+        "container {container_id} was removed by a concurrent DEL or GC while this ADD ran; nothing of this ADD is left, try again"
+    )]
+    Removed { container_id: String },
     #[error("the {map} map is full ({operation}); raise its capacity or remove unused containers")]
     Capacity {
         map: &'static str,
@@ -98,6 +186,12 @@ pub enum StoreError {
         operation: &'static str,
         #[source]
         source: MapError,
+    },
+    #[error("cannot open or create the {map} map")]
+    UserMap {
+        map: &'static str,
+        #[source]
+        source: Box<crate::maps::MapsError>,
     },
     #[error("mapping {key} is missing or not owned by {container_id}")]
     Missing {
@@ -173,7 +267,12 @@ impl fmt::Display for HolderDisplay {
                     "container {container_id} (network {network}, interface {ifname})"
                 )
             }
-            None => write!(f, "another container (being removed right now)"),
+            // A DEL removes the mappings before the record, so this is
+            // either that moment or mappings left without an owner.
+            None => write!(
+                f,
+                "another container whose owner record is gone (being removed right now, or left behind: `ebpf-portmap gc --orphans` frees it)"
+            ),
         }
     }
 }
@@ -283,7 +382,7 @@ pub fn owner_record(owner: &Owner, created_unix: u64) -> OwnerRecord {
         network_len,
         container_id_len,
         ifname_len,
-        _pad0: 0,
+        flags: 0,
         created_unix,
     }
 }
@@ -352,7 +451,7 @@ fn same_identity(a: &OwnerRecord, b: &OwnerRecord) -> bool {
     record_strings(a) == record_strings(b)
 }
 
-fn now_unix() -> u64 {
+pub fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -404,7 +503,9 @@ impl Maps {
     }
 
     /// Claims every translation for `owner`, all or nothing. Re-ADD by the
-    /// same owner is idempotent; a changed set replaces the old one.
+    /// same owner is idempotent; a changed set replaces the old one (what
+    /// the old set held and the new one does not is released first, so the
+    /// new set only has to fit on its own).
     pub fn claim(
         &mut self,
         owner: &Owner,
@@ -412,50 +513,165 @@ impl Maps {
         translations: &[Translation],
     ) -> Result<(), StoreError> {
         let id = owner_id(owner);
-        let record = owner_record(owner, now_unix());
-        let new_owner = match self.owners.insert(id, record, BPF_NOEXIST) {
-            Ok(()) => true,
-            Err(e) if is_errno(&e, libc::EEXIST) => {
-                let existing = self
-                    .owners
-                    .get(&id, 0)
-                    .map_err(map_error("owners", "lookup"))?;
-                if !same_identity(&existing, &record) {
-                    let (network, container_id, ifname) = record_strings(&existing);
-                    return Err(StoreError::OwnerCollision {
-                        owner_id: id,
-                        owner: format!("{}/{}/{}", owner.network, owner.container_id, owner.ifname),
-                        existing: format!("{network}/{container_id}/{ifname}"),
-                    });
-                }
-                false
-            }
-            Err(e) => return Err(map_error("owners", "insert")(e)),
-        };
+        let (new_owner, ours) = self.claim_owner(owner, id)?;
         self.record_pod(id, identity);
 
+        let existing = self.slots(id)?;
+        let kept: Vec<MappingKey> = existing
+            .iter()
+            .copied()
+            .filter(|key| translations.iter().any(|t| t.key == *key))
+            .collect();
+        if kept.len() != existing.len() {
+            for key in existing.iter().filter(|key| !kept.contains(key)) {
+                self.remove_mapping_if_owned(key, id)?;
+            }
+            self.compact_slots(id, &existing, &kept)?;
+        }
+
         let mut claimed = Vec::new();
-        match self.claim_all(owner, id, translations, &mut claimed) {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                // Roll back: a new owner leaves nothing behind at all; an
-                // existing one loses only what this call added.
-                let rollback = if new_owner {
-                    self.release_id(id).map(|_| ())
-                } else {
-                    claimed
-                        .iter()
-                        .try_for_each(|key| self.remove_mapping_if_owned(key, id))
-                };
-                if let Err(rollback_error) = rollback {
-                    log::error!(
-                        "rollback after failed ADD of {} left entries behind: {rollback_error}",
-                        owner.container_id
-                    );
-                }
-                Err(error)
+        let mut slots = kept.len() as u32;
+        let result = self
+            .mark_specific_ports(translations)
+            .and_then(|()| self.claim_all(owner, id, translations, &kept, &mut claimed, &mut slots))
+            .and_then(|()| self.check_overlaps(id, translations))
+            .and_then(|()| self.still_owner(owner, id, &ours));
+        let Err(error) = result else {
+            return Ok(());
+        };
+        // Roll back: a new owner leaves nothing behind at all; an existing
+        // one loses only what this call added; an owner that a DEL or GC
+        // removed meanwhile loses everything this call wrote, found by what
+        // it wrote (the remover may have read the index before we did).
+        let rollback = match error {
+            StoreError::Removed { .. } => self.forget_written(id, translations, slots),
+            _ if new_owner => self.release_id(id).map(|_| ()),
+            _ => claimed
+                .iter()
+                .try_for_each(|key| self.remove_mapping_if_owned(key, id))
+                .and_then(|()| {
+                    let index = self.slots(id)?;
+                    let mut held = Vec::with_capacity(index.len());
+                    for key in &index {
+                        if self.owned_by(key, id)? {
+                            held.push(*key);
+                        }
+                    }
+                    self.compact_slots(id, &index, &held)
+                }),
+        };
+        if let Err(rollback_error) = rollback {
+            log::error!(
+                "rollback after failed ADD of {} left entries behind: {rollback_error}",
+                owner.container_id
+            );
+        }
+        Err(error)
+    }
+
+    /// Creates the owner record, or finds this owner's. Returns whether it
+    /// is new and the record as it is now (for [`Self::still_owner`]).
+    fn claim_owner(&mut self, owner: &Owner, id: u64) -> Result<(bool, OwnerRecord), StoreError> {
+        let record = owner_record(owner, now_unix());
+        // Twice at most: once more after finishing a removal that a killed
+        // DEL or GC left half done.
+        for _ in 0..2 {
+            match self.owners.insert(id, record, BPF_NOEXIST) {
+                Ok(()) => return Ok((true, record)),
+                Err(e) if is_errno(&e, libc::EEXIST) => {}
+                Err(e) => return Err(map_error("owners", "insert")(e)),
+            }
+            let existing = match self.owners.get(&id, 0) {
+                Ok(existing) => existing,
+                Err(e) if is_errno(&e, libc::ENOENT) => continue,
+                Err(e) => return Err(map_error("owners", "lookup")(e)),
+            };
+            if !same_identity(&existing, &record) {
+                let (network, container_id, ifname) = record_strings(&existing);
+                return Err(StoreError::OwnerCollision {
+                    owner_id: id,
+                    owner: format!("{}/{}/{}", owner.network, owner.container_id, owner.ifname),
+                    existing: format!("{network}/{container_id}/{ifname}"),
+                });
+            }
+            if existing.flags & owner_flags::DYING == 0 {
+                return Ok((false, existing));
+            }
+            // A DEL or GC of this very owner is running or was killed: finish
+            // it (idempotent) and start afresh. Should it still be running,
+            // it may delete our new record, which `still_owner` then sees.
+            self.release_id(id)?;
+        }
+        Err(StoreError::Removed {
+            container_id: owner.container_id.clone(),
+        })
+    }
+
+    /// The last step of a claim: the owner record must still be the one the
+    /// claim started with. A DEL or GC marks a record dying before it reads
+    /// the index; so either it read our complete index (we got here first),
+    /// or we see the mark or the missing record here and undo our writes.
+    fn still_owner(&self, owner: &Owner, id: u64, ours: &OwnerRecord) -> Result<(), StoreError> {
+        match self.owners.get(&id, 0) {
+            Ok(record) if record == *ours => Ok(()),
+            Ok(_) => Err(StoreError::Removed {
+                container_id: owner.container_id.clone(),
+            }),
+            Err(e) if is_errno(&e, libc::ENOENT) => Err(StoreError::Removed {
+                container_id: owner.container_id.clone(),
+            }),
+            Err(e) => Err(map_error("owners", "lookup")(e)),
+        }
+    }
+
+    /// Undoes a claim whose owner was removed while it ran: every mapping
+    /// of `translations` still naming the owner, and index slots 0 to
+    /// `slots` (the remover deleted the others, maybe not these).
+    fn forget_written(
+        &mut self,
+        id: u64,
+        translations: &[Translation],
+        slots: u32,
+    ) -> Result<(), StoreError> {
+        for translation in translations {
+            self.remove_mapping_if_owned(&translation.key, id)?;
+        }
+        for slot in (0..slots).rev() {
+            match self.owner_slots.remove(&slot_key(id, slot)) {
+                Ok(()) => {}
+                Err(e) if is_errno(&e, libc::ENOENT) => {}
+                Err(e) => return Err(map_error("owner_slots", "delete")(e)),
             }
         }
+        Ok(())
+    }
+
+    /// Rewrites the index of `id` from `index` (what it holds now, slot 0
+    /// first) to `keep`, an ordered subsequence of it. Ascending: slot `i`
+    /// gets `keep[i]`, which sits at a slot `>= i` not yet overwritten, so
+    /// a crash at any point leaves every held mapping in a contiguous
+    /// prefix of slots (some maybe twice, which DEL tolerates). The tail is
+    /// deleted from the last slot down, keeping the prefix contiguous.
+    fn compact_slots(
+        &mut self,
+        id: u64,
+        index: &[MappingKey],
+        keep: &[MappingKey],
+    ) -> Result<(), StoreError> {
+        for step in compaction(index, keep) {
+            match step {
+                SlotStep::Write(slot, key) => self
+                    .owner_slots
+                    .insert(slot_key(id, slot), key, BPF_ANY)
+                    .map_err(map_error("owner_slots", "update"))?,
+                SlotStep::Delete(slot) => match self.owner_slots.remove(&slot_key(id, slot)) {
+                    Ok(()) => {}
+                    Err(e) if is_errno(&e, libc::ENOENT) => {}
+                    Err(e) => return Err(map_error("owner_slots", "delete")(e)),
+                },
+            }
+        }
+        Ok(())
     }
 
     fn claim_all(
@@ -463,14 +679,14 @@ impl Maps {
         owner: &Owner,
         id: u64,
         translations: &[Translation],
+        kept: &[MappingKey],
         claimed: &mut Vec<MappingKey>,
+        next_slot: &mut u32,
     ) -> Result<(), StoreError> {
-        let existing = self.slots(id)?;
-        let mut next_slot = existing.len() as u32;
         for translation in translations {
             let value = translation.value(id);
-            if !existing.contains(&translation.key) {
-                if next_slot >= MAX_SLOTS_PER_OWNER {
+            if !kept.contains(&translation.key) {
+                if *next_slot >= MAX_SLOTS_PER_OWNER {
                     let error = StoreError::TooManySlots {
                         container_id: owner.container_id.clone(),
                         max: MAX_SLOTS_PER_OWNER,
@@ -481,24 +697,16 @@ impl Maps {
                 // cannot find again after a crash.
                 if let Err(e) =
                     self.owner_slots
-                        .insert(slot_key(id, next_slot), translation.key, BPF_ANY)
+                        .insert(slot_key(id, *next_slot), translation.key, BPF_ANY)
                 {
                     return Err(map_error("owner_slots", "insert")(e));
                 }
-                next_slot += 1;
+                *next_slot += 1;
             }
             match self.claim_one(translation.key, value) {
                 Ok(true) => claimed.push(translation.key),
                 Ok(false) => {}
                 Err(e) => return Err(e),
-            }
-        }
-        // What an earlier ADD of this owner mapped and this one no longer asks for.
-        for key in existing {
-            if !translations.iter().any(|t| t.key == key)
-                && let Err(e) = self.remove_mapping_if_owned(&key, id)
-            {
-                return Err(e);
             }
         }
         Ok(())
@@ -604,6 +812,7 @@ impl Maps {
     }
 
     fn release_id(&mut self, id: u64) -> Result<usize, StoreError> {
+        self.mark_dying(id)?;
         let keys = self.slots(id)?;
         let mut removed = 0;
         for (slot, key) in keys.iter().enumerate().rev() {
@@ -635,6 +844,136 @@ impl Maps {
             Err(e) => return Err(map_error("owners", "delete")(e)),
         }
         Ok(removed)
+    }
+
+    /// Marks owner `id` dying (one atomic update) before its index is read,
+    /// so a concurrent ADD of it undoes its own writes (see `still_owner`).
+    fn mark_dying(&mut self, id: u64) -> Result<(), StoreError> {
+        let mut record = match self.owners.get(&id, 0) {
+            Ok(record) => record,
+            Err(e) if is_errno(&e, libc::ENOENT) => return Ok(()),
+            Err(e) => return Err(map_error("owners", "lookup")(e)),
+        };
+        if record.flags & owner_flags::DYING != 0 {
+            return Ok(());
+        }
+        record.flags |= owner_flags::DYING;
+        match self.owners.insert(id, record, BPF_EXIST) {
+            Ok(()) => Ok(()),
+            // Removed meanwhile: nothing left to mark.
+            Err(e) if is_errno(&e, libc::ENOENT) => Ok(()),
+            Err(e) => Err(map_error("owners", "update")(e)),
+        }
+    }
+
+    /// Opens the map of ports with specific claims, creating it on the first
+    /// ADD of this build. The build that creates it fills it from the
+    /// mappings already there (made by an older build), so no specific
+    /// mapping escapes a later wildcard's check.
+    fn specific_ports(&mut self, layout: &PinLayout) -> Result<(), StoreError> {
+        if self.specific_ports.is_some() {
+            return Ok(());
+        }
+        let (mut map, created) =
+            crate::maps::create_user_map::<PortKey, u32>(layout, &crate::maps::SPECIFIC_PORTS)
+                .map_err(|source| StoreError::UserMap {
+                    map: SPECIFIC_PORTS_MAP,
+                    source: Box::new(source),
+                })?;
+        if created {
+            for entry in self.mappings.iter() {
+                let (key, _) = entry.map_err(map_error("mappings", "iterate"))?;
+                if key.host_addr_be != [0; 4] {
+                    map.insert(PortKey::of(&key), 1, BPF_ANY)
+                        .map_err(map_error(SPECIFIC_PORTS_MAP, "insert"))?;
+                }
+            }
+        }
+        self.specific_ports = Some(map);
+        Ok(())
+    }
+
+    /// Prepares a claim: opens (or creates) the maps it needs beyond the
+    /// ones the eBPF object pins.
+    pub fn prepare_claim(&mut self, layout: &PinLayout) -> Result<(), StoreError> {
+        self.specific_ports(layout)
+    }
+
+    /// Records the port of every specific translation in `specific_ports`,
+    /// before any is claimed (the first half of the overlap handshake, see
+    /// [`Self::check_overlaps`]).
+    fn mark_specific_ports(&mut self, translations: &[Translation]) -> Result<(), StoreError> {
+        let Some(map) = self.specific_ports.as_mut() else {
+            return Ok(());
+        };
+        for translation in translations {
+            if translation.key.host_addr_be != [0; 4] {
+                map.insert(PortKey::of(&translation.key), 1, BPF_ANY)
+                    .map_err(map_error(SPECIFIC_PORTS_MAP, "insert"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A wildcard and a specific address on the same port, protocol and
+    /// family exclude each other, as bind() and kube-scheduler's NodePorts
+    /// filter treat them. Run after this claim's mappings are in the map:
+    /// each side writes first and looks for the other second, so of two
+    /// racing claims at least one sees the other (and rolls back; both may,
+    /// never neither). A specific claim looks up the family's wildcard key;
+    /// a wildcard claim walks the mappings map once, and only when a
+    /// specific address was ever claimed on one of its ports.
+    fn check_overlaps(&self, id: u64, translations: &[Translation]) -> Result<(), StoreError> {
+        let mut wildcard_ports = std::collections::BTreeMap::new();
+        for translation in translations {
+            let key = translation.key;
+            if key.host_addr_be == [0; 4] {
+                wildcard_ports.insert(PortKey::of(&key), key);
+                continue;
+            }
+            let wildcard = MappingKey {
+                host_addr_be: [0; 4],
+                ..key
+            };
+            match self.mappings.get(&wildcard, 0) {
+                Ok(value) if value.owner_id != id => {
+                    return Err(self.overlap(key, wildcard, value.owner_id));
+                }
+                Ok(_) => {}
+                Err(e) if is_errno(&e, libc::ENOENT) => {}
+                Err(e) => return Err(map_error("mappings", "lookup")(e)),
+            }
+        }
+        let marked = |port: &PortKey| match &self.specific_ports {
+            Some(map) => map.get(port, 0).is_ok(),
+            // No map (it could not be created): look everywhere.
+            None => true,
+        };
+        wildcard_ports.retain(|port, _| marked(port));
+        if wildcard_ports.is_empty() {
+            return Ok(());
+        }
+        for entry in self.mappings.iter() {
+            let (key, value) = entry.map_err(map_error("mappings", "iterate"))?;
+            if key.host_addr_be == [0; 4] || value.owner_id == id {
+                continue;
+            }
+            if let Some(wildcard) = wildcard_ports.get(&PortKey::of(&key)) {
+                return Err(self.overlap(*wildcard, key, value.owner_id));
+            }
+        }
+        Ok(())
+    }
+
+    fn overlap(&self, key: MappingKey, held: MappingKey, holder: u64) -> StoreError {
+        StoreError::Overlap {
+            key: KeyDisplay(key),
+            held: KeyDisplay(held),
+            holder: Box::new(HolderDisplay {
+                record: self.owners.get(&holder, 0).ok().map(Box::new),
+                pod: self.pod_of(holder),
+            }),
+        }
     }
 
     /// Checks that `owner` holds exactly the entries `translations` describe.
@@ -670,6 +1009,12 @@ impl Maps {
         self.slots(owner_id(owner))
     }
 
+    /// The index of owner `id`: the mapping keys of its slots, slot 0 first.
+    /// Read-only.
+    pub fn owner_index(&self, id: u64) -> Result<Vec<MappingKey>, StoreError> {
+        self.slots(id)
+    }
+
     /// Owner IDs that hold at least one mapping. Read-only; one walk of the
     /// mappings map.
     pub fn owners_with_mappings(&self) -> Result<std::collections::HashSet<u64>, StoreError> {
@@ -686,6 +1031,116 @@ impl Maps {
     /// it removed.
     pub fn remove_owner(&mut self, id: u64) -> Result<usize, StoreError> {
         self.release_id(id)
+    }
+
+    /// Mappings whose owner record is gone, by owner ID: nobody's DEL will
+    /// ever remove them, and every ADD of their ports fails. One walk of
+    /// the mappings map. Read-only.
+    pub fn orphans(&self) -> Result<BTreeMap<u64, Vec<MappingKey>>, StoreError> {
+        let mut known = std::collections::HashMap::new();
+        let mut orphans: BTreeMap<u64, Vec<MappingKey>> = BTreeMap::new();
+        for entry in self.mappings.iter() {
+            let (key, value) = entry.map_err(map_error("mappings", "iterate"))?;
+            let has_record = match known.get(&value.owner_id) {
+                Some(has) => *has,
+                None => {
+                    let has = match self.owners.get(&value.owner_id, 0) {
+                        Ok(_) => true,
+                        Err(e) if is_errno(&e, libc::ENOENT) => false,
+                        Err(e) => return Err(map_error("owners", "lookup")(e)),
+                    };
+                    known.insert(value.owner_id, has);
+                    has
+                }
+            };
+            if !has_record {
+                orphans.entry(value.owner_id).or_default().push(key);
+            }
+        }
+        Ok(orphans)
+    }
+
+    /// Reclaims orphaned mappings (see [`Self::orphans`]) first seen at
+    /// least `grace` seconds before `now`; records when the others were
+    /// first seen, in `orphans_seen`, for a later GC. The grace covers the
+    /// moments an orphan is legitimately there: an ADD undoing its writes
+    /// after a concurrent GC removed its owner. Returns what it reclaimed
+    /// (owner ID, mappings) and what it still waits for (owner ID, first
+    /// seen).
+    pub fn reclaim_orphans(
+        &mut self,
+        layout: &PinLayout,
+        grace: u64,
+        now: u64,
+    ) -> Result<OrphanReclaim, StoreError> {
+        let orphans = self.orphans()?;
+        let mut outcome = OrphanReclaim::default();
+        if orphans.is_empty() && self.orphans.is_none() {
+            return Ok(outcome);
+        }
+        if self.orphans.is_none() {
+            let (map, _) = crate::maps::create_user_map::<u64, u64>(layout, &crate::maps::ORPHANS)
+                .map_err(|source| StoreError::UserMap {
+                    map: portmap_common::ORPHANS_MAP,
+                    source: Box::new(source),
+                })?;
+            self.orphans = Some(map);
+        }
+        let seen_map = self.orphans.as_mut().expect("created above");
+        // Sightings of owners that are no longer orphaned: forget them.
+        let stale: Vec<u64> = seen_map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|id| !orphans.contains_key(id))
+            .collect();
+        for id in stale {
+            let _ = seen_map.remove(&id);
+        }
+        for (id, keys) in orphans {
+            let seen_map = self.orphans.as_mut().expect("created above");
+            let first_seen = match seen_map.get(&id, 0) {
+                Ok(first_seen) => first_seen,
+                Err(_) => {
+                    // BPF_NOEXIST: of two GCs seeing it first, the earlier time stays.
+                    let _ = seen_map.insert(id, now, BPF_NOEXIST);
+                    seen_map.get(&id, 0).unwrap_or(now)
+                }
+            };
+            if !orphan_due(first_seen, now, grace) {
+                outcome.waiting.push((id, first_seen));
+                continue;
+            }
+            let mut removed = 0;
+            for key in &keys {
+                // The record may be back (the container was added again):
+                // then these are its mappings, not orphans.
+                if self.owners.get(&id, 0).is_ok() {
+                    break;
+                }
+                if self.owned_by(key, id)? {
+                    match self.mappings.remove(key) {
+                        Ok(()) => removed += 1,
+                        Err(e) if is_errno(&e, libc::ENOENT) => {}
+                        Err(e) => return Err(map_error("mappings", "delete")(e)),
+                    }
+                }
+            }
+            if self.owners.get(&id, 0).is_err() {
+                // Whatever index and label the lost owner left go too.
+                let slots = self.slots(id)?.len() as u32;
+                for slot in (0..slots).rev() {
+                    let _ = self.owner_slots.remove(&slot_key(id, slot));
+                }
+                if let Some(pods) = self.pods.as_mut() {
+                    let _ = pods.remove(&id);
+                }
+            }
+            if let Some(seen_map) = self.orphans.as_mut() {
+                let _ = seen_map.remove(&id);
+            }
+            outcome.reclaimed.push((id, removed));
+        }
+        Ok(outcome)
     }
 
     /// GC (CNI 1.1): removes every owner of `network` that is not in `valid`.
@@ -888,6 +1343,87 @@ mod tests {
             "no pod identity: the form from before"
         );
         assert_eq!(short_id("abc"), "abc");
+    }
+
+    fn port(port: u16) -> MappingKey {
+        MappingKey {
+            host_port_be: port.to_be(),
+            proto: PROTO_TCP,
+            family: FAMILY_V4,
+            ..MappingKey::default()
+        }
+    }
+
+    #[test]
+    fn compaction_never_loses_a_kept_key_at_any_step() {
+        let index: Vec<MappingKey> = (1..=8).map(port).collect();
+        // Every subsequence of the index (as kept by a re-ADD or a rollback).
+        for mask in 0u32..(1 << index.len()) {
+            let keep: Vec<MappingKey> = index
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, k)| *k)
+                .collect();
+            let steps = compaction(&index, &keep);
+            let mut slots: Vec<Option<MappingKey>> = index.iter().copied().map(Some).collect();
+            for (done, step) in steps.iter().enumerate() {
+                match *step {
+                    SlotStep::Write(slot, key) => slots[slot as usize] = Some(key),
+                    SlotStep::Delete(slot) => slots[slot as usize] = None,
+                }
+                // What DEL finds after a crash here: the contiguous prefix.
+                let found: Vec<MappingKey> = slots.iter().map_while(|s| *s).collect();
+                for key in &keep {
+                    assert!(
+                        found.contains(key),
+                        "keep {keep:?}: {key:?} unreachable after {} step(s)",
+                        done + 1
+                    );
+                }
+            }
+            let found: Vec<MappingKey> = slots.iter().map_while(|s| *s).collect();
+            assert_eq!(found, keep, "the index ends as exactly the kept keys");
+            assert!(slots[keep.len()..].iter().all(Option::is_none));
+        }
+    }
+
+    #[test]
+    fn orphans_wait_out_the_grace_period() {
+        assert!(!orphan_due(100, 100, ORPHAN_GRACE_SECS), "just seen");
+        assert!(!orphan_due(
+            100,
+            100 + ORPHAN_GRACE_SECS - 1,
+            ORPHAN_GRACE_SECS
+        ));
+        assert!(orphan_due(100, 100 + ORPHAN_GRACE_SECS, ORPHAN_GRACE_SECS));
+        assert!(orphan_due(100, 100, 0), "--min-age 0 reclaims at once");
+        assert!(!orphan_due(200, 100, 10), "a clock that went back waits");
+    }
+
+    #[test]
+    fn overlaps_name_both_keys_and_the_holder() {
+        let holder = Owner {
+            network: "podman".into(),
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+        };
+        let specific = MappingKey {
+            host_addr_be: words_from_addr("10.78.0.1".parse().unwrap()),
+            ..port(8083)
+        };
+        let error = StoreError::Overlap {
+            key: KeyDisplay(specific),
+            held: KeyDisplay(port(8083)),
+            holder: Box::new(HolderDisplay {
+                record: Some(Box::new(owner_record(&holder, 0))),
+                pod: PodIdentity::default(),
+            }),
+        };
+        assert_eq!(
+            error.to_string(),
+            "host port 10.78.0.1:8083/tcp overlaps 0.0.0.0:8083/tcp, already mapped by container c (network podman, interface eth0): a wildcard hostIP takes the port on every address of its family"
+        );
     }
 
     #[test]

@@ -191,7 +191,7 @@ fn every_malformed_request_is_refused_cleanly_and_changes_nothing() {
     let before = snapshot(&world);
 
     let r = || Request::add(&world);
-    let many: Vec<Value> = (0..1025)
+    let many: Vec<Value> = (0..17)
         .map(|i| json!({"hostPort": 10000 + i, "containerPort": 80}))
         .collect();
     let huge = vec![b' '; (1 << 20) + 10];
@@ -269,7 +269,12 @@ fn every_malformed_request_is_refused_cleanly_and_changes_nothing() {
             7,
             &["8080"],
         ),
-        case("1025 mappings", r().mappings(Value::Array(many)), 7, &["1024"]),
+        case(
+            "more mappings than maxMappings",
+            r().mappings(Value::Array(many)).set("/maxMappings", json!(16)),
+            7,
+            &["17 entries", "maxMappings 16"],
+        ),
         // prevResult.
         case("no prevResult", r().remove("/prevResult"), 7, &["prevResult"]),
         case(

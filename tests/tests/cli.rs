@@ -30,19 +30,24 @@ fn run(args: &[&str], pins: &Path) -> Output {
         .unwrap_or_else(|e| panic!("running ebpf-portmap {args:?}: {e}"))
 }
 
-/// `ebpf-portmap <args> --pin-root <pins>` in the node's namespace, where
-/// the interfaces it reports on live.
-fn op(world: &World, args: &[&str]) -> Output {
-    world
-        .node
-        .ns
-        .command(plugin_bin())
+/// `ebpf-portmap <args>` in the node's namespace: a pin root holds the
+/// state of one network namespace, and the interfaces it reports on live
+/// there.
+fn in_node(world: &World, args: &[&str]) -> Command {
+    let mut command = world.node.ns.command(plugin_bin());
+    command
         .args(args)
-        .arg("--pin-root")
-        .arg(world.pins.path())
         .env_remove("CNI_COMMAND")
         .env_remove("EPM_PIN_ROOT")
-        .env_remove("NO_COLOR")
+        .env_remove("NO_COLOR");
+    command
+}
+
+/// `ebpf-portmap <args> --pin-root <pins>` in the node's namespace.
+fn op(world: &World, args: &[&str]) -> Output {
+    in_node(world, args)
+        .arg("--pin-root")
+        .arg(world.pins.path())
         .output()
         .unwrap_or_else(|e| panic!("running ebpf-portmap {args:?}: {e}"))
 }
@@ -262,7 +267,7 @@ fn wide_adds_columns_and_epm_pin_root_is_the_default() {
     let (world, _web) = published();
     let root = world.pins.path();
     let header = |args: &[&str]| {
-        let out = run(args, root);
+        let out = op(&world, args);
         assert_eq!(code(&out), Some(0), "{}", stderr(&out));
         stdout(&out).lines().next().unwrap_or_default().to_owned()
     };
@@ -274,7 +279,7 @@ fn wide_adds_columns_and_epm_pin_root_is_the_default() {
         "wide is the table plus columns: {wide}"
     );
 
-    let out = ebpf_portmap(&["list", "--json"])
+    let out = in_node(&world, &["list", "--json"])
         .env("EPM_PIN_ROOT", root)
         .output()
         .expect("running list");
@@ -285,7 +290,7 @@ fn wide_adds_columns_and_epm_pin_root_is_the_default() {
         "EPM_PIN_ROOT names the pin root (8080/tcp on IPv4 and IPv6)"
     );
     let empty = PinRoot::new();
-    let out = ebpf_portmap(&["list", "--json", "--pin-root"])
+    let out = in_node(&world, &["list", "--json", "--pin-root"])
         .arg(empty.path())
         .env("EPM_PIN_ROOT", root)
         .output()
@@ -302,10 +307,10 @@ fn colour_follows_the_flag_the_terminal_and_no_color() {
     let (world, _web) = published();
     let root = world.pins.path();
     let escapes = |out: &Output| stdout(out).contains("\x1b[");
-    assert!(escapes(&run(&["list", "--color", "always"], root)));
-    assert!(!escapes(&run(&["list", "--color", "never"], root)));
+    assert!(escapes(&op(&world, &["list", "--color", "always"])));
+    assert!(!escapes(&op(&world, &["list", "--color", "never"])));
     assert!(
-        !escapes(&run(&["list"], root)),
+        !escapes(&op(&world, &["list"])),
         "auto: no colour into a pipe"
     );
 
@@ -316,7 +321,7 @@ fn colour_follows_the_flag_the_terminal_and_no_color() {
             plugin_bin().display(),
             root.display()
         );
-        let mut script = Command::new("script");
+        let mut script = world.node.ns.command("script");
         script
             .args(["--quiet", "--return", "--command", &command, "/dev/null"])
             .env_remove("CNI_COMMAND")
@@ -337,7 +342,7 @@ fn colour_follows_the_flag_the_terminal_and_no_color() {
 #[test]
 fn list_watch_prints_one_json_document_per_refresh_into_a_pipe() {
     let (world, _web) = published();
-    let out = run(&["list", "--watch", "1", "--count", "2"], world.pins.path());
+    let out = op(&world, &["list", "--watch", "1", "--count", "2"]);
     assert_eq!(code(&out), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
     let lines: Vec<&str> = text.lines().collect();
@@ -346,6 +351,6 @@ fn list_watch_prints_one_json_document_per_refresh_into_a_pipe() {
         let list: Value = serde_json::from_str(line).expect("each line is a JSON document");
         assert_eq!(list[0]["hostPort"], 8080, "{list}");
     }
-    let out = run(&["list", "--count", "2"], world.pins.path());
+    let out = op(&world, &["list", "--count", "2"]);
     assert_eq!(code(&out), Some(2), "--count needs --watch");
 }

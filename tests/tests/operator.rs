@@ -909,11 +909,20 @@ fn every_pinned_map_dumps_with_named_fields() {
         );
     }
     for name in &names {
-        // Two maps bpftool cannot show with names: `sock_origin` is socket
+        // Maps bpftool cannot show with names: `sock_origin` is socket
         // storage, keyed by socket (the kernel has no key walk for it), and
-        // `features` is created by userspace without BTF (see
-        // portmap-user/src/features.rs), so it dumps in hex.
-        if name == "sock_origin" || name == "features" {
+        // `features` (portmap-user/src/features.rs), `netns_owner`
+        // (scope.rs), `specific_ports` and `orphans_seen` (store.rs) are
+        // created by userspace without BTF, so they dump in hex.
+        if [
+            "sock_origin",
+            "features",
+            "netns_owner",
+            "specific_ports",
+            "orphans_seen",
+        ]
+        .contains(&name.as_str())
+        {
             continue;
         }
         let entries = world.dump_map(name);

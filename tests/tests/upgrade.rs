@@ -99,6 +99,38 @@ fn mappings_of_the_previous_release_keep_working_after_an_in_place_upgrade() {
 
     // The upgrade; then a containerd pod ADDed by the new binary.
     install(&world, &plugin_bin());
+
+    // The old build recorded no owner namespace for its pins, but its node
+    // map names this node's: another node namespace pointed at the same
+    // pinRoot (two kind nodes on one bpffs) is refused before it touches
+    // them, and changes nothing.
+    let intruder_world = World::with(|name, _pins, data| {
+        portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(world.pins.path()), data)
+    });
+    let intruder = intruder_world.node.add_container("intruder");
+    let refused = intruder_world.runner.add(
+        &intruder_world.list,
+        &intruder.with_port_mappings(&[PortMapping::tcp(19090, 80)]),
+    );
+    let message = match &refused {
+        Err(failure) if failure.error_code() == Some(7) => {
+            failure.error_msg().unwrap_or_default().to_owned()
+        }
+        other => panic!(
+            "an ADD from another namespace on the old pins must be refused with code 7: {other:?}"
+        ),
+    };
+    assert!(
+        message.contains("holds the state of another network namespace"),
+        "{message}"
+    );
+    intruder_world.del(&intruder, &[PortMapping::tcp(19090, 80)]);
+    assert_eq!(
+        established
+            .request("between", PROBE)
+            .unwrap_or_else(|e| panic!("the refused intruder broke the flow: {e}")),
+        echo_reply("old", "between")
+    );
     let new = world.node.add_container("new");
     let _new_tcp = tcp_echo_server(&new.ns, 80, "new");
     let mut new_rt = new.attachment(json!({"portMappings": [
@@ -116,6 +148,10 @@ fn mappings_of_the_previous_release_keep_working_after_an_in_place_upgrade() {
     assert!(
         pods_map.exists(),
         "the new binary's ADD created the pod map"
+    );
+    assert!(
+        world.pins.path().join("v1/maps/netns_owner").exists(),
+        "the new binary's ADD kept the old pins as this namespace's (and recorded it)"
     );
 
     // Traffic to both: the connection opened before the upgrade, and new ones.

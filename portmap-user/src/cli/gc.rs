@@ -26,6 +26,11 @@ use crate::cli::{
 /// (left by an interrupted ADD or DEL) are removed, if they are older than
 /// --min-age (an ADD in progress holds none for a moment).
 ///
+/// With --orphans, mappings whose owner record is gone (no DEL will ever
+/// remove them; left by an ADD that raced a GC in builds before the fix, or
+/// by a record deleted by hand) are removed, once first seen at least
+/// --min-age seconds ago by a GC (CNI GC waits a minute).
+///
 /// With --stale-links, the pinned attachments of interfaces that no longer
 /// exist (the host ends of removed containers' veths) are unpinned.
 ///
@@ -35,7 +40,8 @@ use crate::cli::{
 #[command(after_help = "Examples:
   ebpf-portmap gc --network podman --keep 3f2a9c.../eth0 --keep 77b1e0.../eth0 --dry-run
   ebpf-portmap gc --network podman --keep-none
-  ebpf-portmap gc --empty-owners --stale-links")]
+  ebpf-portmap gc --empty-owners --stale-links
+  ebpf-portmap gc --orphans --min-age 0")]
 pub struct GcArgs {
     #[command(flatten)]
     pin: PinRootArg,
@@ -57,7 +63,11 @@ pub struct GcArgs {
     /// Remove owners (of any network) that hold no mapping.
     #[arg(long)]
     empty_owners: bool,
-    /// With --empty-owners: only owners added at least this many seconds ago.
+    /// Remove mappings whose owner record is gone.
+    #[arg(long)]
+    orphans: bool,
+    /// With --empty-owners: only owners added at least this many seconds
+    /// ago; with --orphans: only orphans a GC first saw this long ago.
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
     min_age: u64,
     /// Unpin the attachments of interfaces that no longer exist.
@@ -80,9 +90,9 @@ fn parse_attachment(text: &str) -> Result<Attachment, String> {
 }
 
 pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
-    if args.network.is_none() && !args.empty_owners && !args.stale_links {
+    if args.network.is_none() && !args.empty_owners && !args.stale_links && !args.orphans {
         bail!(
-            "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, or --stale-links"
+            "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, --orphans, or --stale-links"
         );
     }
     let root = &args.pin.pin_root;
@@ -140,6 +150,38 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         lines.push(format!("{verb} owner {owner}: {removed} mapping(s)"));
         owners.push(json!({"owner": owner, "mappings": removed}));
     }
+    let mut orphans = Vec::new();
+    if args.orphans {
+        if args.dry_run {
+            for (id, keys) in maps.orphans().context("reading the mappings")? {
+                lines.push(format!(
+                    "{verb} {} mapping(s) of owner {id:016x}, whose record is gone",
+                    keys.len()
+                ));
+                orphans.push(json!({"owner": format!("{id:016x}"), "mappings": keys.len()}));
+            }
+        } else {
+            let outcome = maps
+                .reclaim_orphans(&layout, args.min_age, now)
+                .context("reclaiming mappings without an owner")?;
+            for (id, count) in &outcome.reclaimed {
+                lines.push(format!(
+                    "{verb} {count} mapping(s) of owner {id:016x}, whose record was gone"
+                ));
+                orphans.push(json!({"owner": format!("{id:016x}"), "mappings": count}));
+            }
+            for (id, first_seen) in &outcome.waiting {
+                lines.push(format!(
+                    "kept the mappings of owner {id:016x}, whose record is gone: first seen {}s ago, less than --min-age {}",
+                    now.saturating_sub(*first_seen),
+                    args.min_age
+                ));
+            }
+            if outcome.reclaimed.is_empty() && outcome.waiting.is_empty() {
+                lines.push("no mapping without an owner".into());
+            }
+        }
+    }
     let mut pruned_counters = None;
     if !args.dry_run {
         match maps::counters(&layout) {
@@ -170,6 +212,7 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "pinRoot": root,
             "dryRun": args.dry_run,
             "owners": owners,
+            "orphans": orphans,
             "prunedCounters": pruned_counters,
             "staleLinks": stale_links,
         }));

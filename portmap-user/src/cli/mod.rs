@@ -9,7 +9,11 @@ use std::{
 };
 
 use aya::maps::MapData;
-use portmap_user::{attach, pin::PinLayout};
+use portmap_user::{
+    attach,
+    pin::PinLayout,
+    scope::{self, Access},
+};
 use serde_json::json;
 
 pub mod chain;
@@ -40,19 +44,26 @@ pub struct PinRootArg {
     pub pin_root: PathBuf,
 }
 
+/// The layout of this network namespace's state under `pin_root` (a pin
+/// root is shared by namespaces: see `scope`), after checking that it is on
+/// bpffs (else exit code 3).
+pub fn layout(pin_root: &Path) -> anyhow::Result<PinLayout> {
+    attach::check_bpffs(pin_root).map_err(|_| CannotInspect::NotBpffs {
+        path: pin_root.display().to_string(),
+    })?;
+    Ok(scope::resolve(pin_root, Access::Read)?)
+}
+
 /// The state under `pin_root`: `None` when nothing is installed there (no
 /// ADD ran yet, or it was uninstalled), an error when it cannot be looked at
-/// (no bpffs there, no permission), which is exit code 3.
-pub fn installed(pin_root: &Path) -> Result<Option<PinLayout>, CannotInspect> {
+/// (no bpffs there, no permission: exit code 3).
+pub fn installed(pin_root: &Path) -> anyhow::Result<Option<PinLayout>> {
     let shown = pin_root.display().to_string();
-    attach::check_bpffs(pin_root).map_err(|_| CannotInspect::NotBpffs {
-        path: shown.clone(),
-    })?;
-    let layout = PinLayout::new(pin_root);
+    let layout = layout(pin_root)?;
     match std::fs::metadata(layout.versioned()) {
         Ok(_) => {}
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(_) => return Err(CannotInspect::Denied { path: shown }),
+        Err(_) => return Err(CannotInspect::Denied { path: shown }.into()),
     }
     // Opening a pinned map is what every verb does first; without the
     // privilege the path lookup or BPF_OBJ_GET says so. A missing map is
@@ -60,7 +71,7 @@ pub fn installed(pin_root: &Path) -> Result<Option<PinLayout>, CannotInspect> {
     if let Err(error) = MapData::from_pin(layout.map(portmap_common::maps::MAPPINGS))
         && exit::is_denied_error(&error)
     {
-        return Err(CannotInspect::Denied { path: shown });
+        return Err(CannotInspect::Denied { path: shown }.into());
     }
     Ok(Some(layout))
 }
@@ -137,6 +148,9 @@ mod tests {
     #[test]
     fn a_pin_root_off_bpffs_cannot_be_inspected() {
         let error = installed(Path::new("/proc/self")).expect_err("procfs is not bpffs");
-        assert!(matches!(error, CannotInspect::NotBpffs { .. }), "{error}");
+        assert!(
+            matches!(error.downcast_ref(), Some(CannotInspect::NotBpffs { .. })),
+            "{error}"
+        );
     }
 }

@@ -9,12 +9,11 @@ use portmap_common::{
 use portmap_user::{
     inspect::{self, Status},
     logging::utc_timestamp,
-    pin::PinLayout,
 };
 use serde_json::{Value, json};
 
 use crate::cli::{
-    PinRootArg, installed,
+    PinRootArg, installed, layout,
     output::{Colour, OutputArgs, Style, Table, print, print_json},
 };
 
@@ -257,7 +256,7 @@ fn render(status: &Status, style: Style) -> String {
 pub fn run(args: &StatusArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     // Only to tell "cannot look" (exit 3) from "not installed" (a problem).
     installed(&args.pin.pin_root)?;
-    let status = inspect::status(&PinLayout::new(&args.pin.pin_root));
+    let status = inspect::status(&layout(&args.pin.pin_root)?);
     if out.json() {
         print_json(&status_json(&status));
     } else {

@@ -4,7 +4,12 @@
 
 use std::process::ExitCode;
 
-use portmap_user::{attach, features, inspect::kernel_release, pin::PinLayout};
+use portmap_user::{
+    attach, features,
+    inspect::kernel_release,
+    pin::PinLayout,
+    scope::{self, Access},
+};
 use serde_json::json;
 
 use super::{
@@ -34,7 +39,9 @@ fn answer(supported: Option<bool>) -> &'static str {
 }
 
 pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
-    let layout = PinLayout::new(&args.pin.pin_root);
+    // Not installed, or no bpffs: nothing recorded there, the rest still holds.
+    let layout = scope::resolve(&args.pin.pin_root, Access::Read)
+        .unwrap_or_else(|_| PinLayout::new(&args.pin.pin_root));
     let build = format!("{:016x}", attach::build_id());
     let kernel = kernel_release();
     let mode = features::recorded_attach_mode(&layout).map(|mode| mode.as_str());
