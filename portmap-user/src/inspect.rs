@@ -543,7 +543,8 @@ pub struct Status {
 /// or GC converges.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeDrift {
-    /// Interfaces that should carry the programs and do not: (name, index).
+    /// Interfaces that should carry the programs and have no attachment at
+    /// all: (name, index).
     pub unattached: Vec<(String, u32)>,
     /// Entries of the recorded `interfaces` that match no interface.
     pub unmatched: Vec<String>,
@@ -577,14 +578,11 @@ pub fn node_drift(layout: &PinLayout, tc: &[TcAttachment]) -> NodeDrift {
     drift.unmatched = selection.unmatched;
     let mut wanted = selection.uplinks;
     wanted.extend(local::container_side_indexes(layout));
-    let carrying = |index: u32| {
-        Direction::BOTH.iter().all(|&direction| {
-            tc.iter()
-                .any(|a| a.ifindex == index && a.direction == direction && a.attached)
-        })
-    };
+    // An interface with pins but a direction missing or inactive is judged
+    // by its attachments (see `judge`): here only those without any.
+    let recorded = |index: u32| tc.iter().any(|a| a.ifindex == index);
     for link in links.iter().filter(|l| wanted.contains(&l.index)) {
-        if !carrying(link.index) {
+        if !recorded(link.index) {
             drift.unattached.push((link.name.clone(), link.index));
         }
     }
