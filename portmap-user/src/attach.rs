@@ -319,13 +319,24 @@ pub fn ensure(
     cgroup: &Path,
     capacities: Capacities,
 ) -> Result<(), AttachError> {
-    if is_ready(layout, targets, cgroup) {
+    // Pins of interfaces gone (a removed container's veth, typically) are
+    // dropped on their own: that needs the lock, not the whole slow path.
+    let mut recorded = recorded_attachments(layout);
+    if recorded
+        .iter()
+        .any(|(ifindex, _)| !targets.live.contains(ifindex))
+    {
+        let _lock = lock(layout)?;
+        forget_interfaces_not_in(layout, targets.live);
+        recorded = recorded_attachments(layout);
+    }
+    if is_ready(layout, targets, &recorded, cgroup) {
         return Ok(());
     }
     mount_bpffs_if_missing(layout.root())?;
     let lock = lock(layout)?;
     // Someone may have finished the job while we waited.
-    if is_ready(layout, targets, cgroup) {
+    if is_ready(layout, targets, &recorded_attachments(layout), cgroup) {
         return Ok(());
     }
     for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
@@ -406,7 +417,14 @@ pub fn lock(layout: &PinLayout) -> Result<fs::File, AttachError> {
     Ok(lock)
 }
 
-fn is_ready(layout: &PinLayout, targets: Targets<'_>, cgroup: &Path) -> bool {
+/// Whether everything of `targets` is in place; `recorded` is what
+/// [`recorded_attachments`] says now.
+fn is_ready(
+    layout: &PinLayout,
+    targets: Targets<'_>,
+    recorded: &[(u32, Direction)],
+    cgroup: &Path,
+) -> bool {
     let hooks_ready = local::program_names::ALL.iter().all(|&program| {
         pinned_id(&layout.program(build_id(), program))
             .is_some_and(|id| cgroup::attached(layout, cgroup, program, id))
@@ -429,17 +447,13 @@ fn is_ready(layout: &PinLayout, targets: Targets<'_>, cgroup: &Path) -> bool {
         return false;
     }
     // The uplinks by their pins: an interface added or re-created since the
-    // last run has none, one that is gone left some.
-    let recorded = recorded_attachments(layout);
+    // last run has none.
     let pinned: std::collections::HashSet<(u32, Direction)> = recorded.iter().copied().collect();
-    recorded
-        .iter()
-        .all(|(ifindex, _)| targets.live.contains(ifindex))
-        && targets.uplinks.iter().all(|&ifindex| {
-            Direction::BOTH
-                .iter()
-                .all(|&direction| pinned.contains(&(ifindex, direction)))
-        })
+    targets.uplinks.iter().all(|&ifindex| {
+        Direction::BOTH
+            .iter()
+            .all(|&direction| pinned.contains(&(ifindex, direction)))
+    })
 }
 
 /// ID of the program pinned at `path`, whatever its type.
@@ -512,10 +526,12 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
 
 /// Unpins the attachments of interfaces that no longer exist (the host end
 /// of a removed container's veth, an uplink re-created under a new index):
-/// their links are defunct. `live` is every interface index the node has.
+/// their links are defunct. `live` is every interface index the node had
+/// at this run's link dump; an index missing there is asked about again,
+/// since a run with a newer dump may have attached an interface made since.
 fn forget_interfaces_not_in(layout: &PinLayout, live: &BTreeSet<u32>) {
     for (ifindex, direction) in recorded_attachments(layout) {
-        if !live.contains(&ifindex) {
+        if !live.contains(&ifindex) && netlink::interface_name(ifindex).is_none() {
             let _ = fs::remove_file(layout.tcx_link(ifindex, direction));
             let _ = fs::remove_file(layout.clsact_marker(ifindex, direction));
         }

@@ -288,11 +288,15 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
             .insert(index, config, 0)
             .map_err(map_error(map_names::IFACES))?;
     }
-    // Settings of interfaces that are gone: the map has room for 4096.
+    // Settings of interfaces that are gone: the map has room for 4096. An
+    // index missing from this run's dump is asked about again: a run with a
+    // newer dump may have recorded an interface made since.
     let stale: Vec<u32> = ifaces
         .keys()
         .filter_map(Result::ok)
-        .filter(|index| !wanted.live.contains(index))
+        .filter(|index| {
+            !wanted.live.contains(index) && crate::netlink::interface_name(*index).is_none()
+        })
         .collect();
     for index in stale {
         let _ = ifaces.remove(&index);
