@@ -148,7 +148,7 @@ fn create_private_dir(path: &Path) -> Result<(), AttachError> {
 }
 
 /// Whether `path` is on a bpffs (or below a directory that will be on one).
-fn check_bpffs(root: &Path) -> Result<(), AttachError> {
+pub fn check_bpffs(root: &Path) -> Result<(), AttachError> {
     const BPF_FS_MAGIC: i64 = 0xcafe4a11;
     let mut probe = root.to_path_buf();
     while !probe.exists() {

@@ -203,6 +203,13 @@ impl Chained {
     pub fn plugin_count(&self) -> usize {
         plugins(&self.list).map_or(0, <[Value]>::len)
     }
+
+    /// The entry's index in the list.
+    pub fn position(&self) -> usize {
+        match self.placement {
+            Placement::Replaced { index, .. } | Placement::Appended { index } => index,
+        }
+    }
 }
 
 /// The extension as Go's `filepath.Ext` sees it: after the last dot of the

@@ -102,15 +102,45 @@ impl Log for PluginLogger {
     fn flush(&self) {}
 }
 
+/// The log file is rotated once it reaches this size: it becomes
+/// `<logFile>.1` (replacing an older one) and a new file is started, so the
+/// log never takes more than twice this on the node.
+pub const LOG_ROTATE_BYTES: u64 = 16 * 1024 * 1024;
+
 fn open_log_file(path: &Path) -> std::io::Result<File> {
+    open_rotating(path, LOG_ROTATE_BYTES)
+}
+
+/// Opens `path` for appending, first rotating it if it holds `limit` bytes
+/// or more. Every plugin run opens the file anew, so rotating on open needs
+/// no long-lived writer; of several runs that find it full at once, only one
+/// renames it (each renames only the file it opened, checked by inode), and
+/// a run still writing to the renamed file finishes its lines there.
+fn open_rotating(path: &Path, limit: u64) -> std::io::Result<File> {
+    use std::os::unix::fs::MetadataExt;
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
     }
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o640)
-        .open(path)
+    let open = || {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o640)
+            .open(path)
+    };
+    let file = open()?;
+    let opened = file.metadata()?;
+    if opened.len() < limit {
+        return Ok(file);
+    }
+    let still_ours =
+        fs::metadata(path).is_ok_and(|now| now.ino() == opened.ino() && now.dev() == opened.dev());
+    if still_ours {
+        let mut rotated = path.as_os_str().to_owned();
+        rotated.push(".1");
+        fs::rename(path, rotated)?;
+    }
+    open()
 }
 
 /// Logging for a CNI invocation: to `log_file`, errors also to stderr.
@@ -296,6 +326,28 @@ impl<P: Plugin> Plugin for Logged<P> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_full_log_is_rotated_to_dot_one_and_a_new_one_started() {
+        let dir = std::env::temp_dir().join(format!("epm-log-rotate-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let path = dir.join("sub/plugin.log");
+        {
+            let mut file = open_rotating(&path, 64).expect("created with its directory");
+            file.write_all(&[b'x'; 63]).expect("write");
+        }
+        let mut file = open_rotating(&path, 64).expect("under the limit: appended");
+        file.write_all(b"y\n").expect("write");
+        drop(file);
+        assert_eq!(fs::metadata(&path).expect("log").len(), 65);
+        let mut file = open_rotating(&path, 64).expect("rotated");
+        file.write_all(b"new\n").expect("write");
+        drop(file);
+        let rotated = dir.join("sub/plugin.log.1");
+        assert_eq!(fs::metadata(&rotated).expect("the old log").len(), 65);
+        assert_eq!(fs::read(&path).expect("the new log"), b"new\n");
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn timestamps_are_utc_rfc3339() {

@@ -29,8 +29,11 @@ static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
     about = "eBPF hostPort mapping for CNI",
     long_about = "eBPF hostPort mapping for CNI.\n\nRun by a container runtime (CNI_COMMAND set), this is the CNI plugin; \
 run by a person, these commands show and manage the dataplane on this node. \
-They take --pin-root, the plugin's `pinRoot` (default /sys/fs/bpf/ebpf-portmap). \
-`chain` puts the plugin into the node's CNI configuration (what the Kubernetes installer runs).",
+They take --pin-root, the plugin's `pinRoot` (default $EPM_PIN_ROOT, else /sys/fs/bpf/ebpf-portmap), \
+and -o table|wide|json. \
+`chain` puts the plugin into the node's CNI configuration (what the Kubernetes installer runs).\n\n\
+Exit codes (every verb): 0 done or healthy; 1 a problem found or left (degraded, not chained, refused); \
+2 usage; 3 cannot inspect (no permission, no bpffs at the pin root).",
     after_help = "Examples:
   ebpf-portmap list                    every published port, its container and traffic
   ebpf-portmap status                  is the dataplane healthy? (exit 1 if not)
@@ -43,6 +46,8 @@ struct Args {
     /// Also log what the command does (to stderr).
     #[arg(long, short, global = true)]
     verbose: bool,
+    #[command(flatten)]
+    output: cli::output::OutputArgs,
     #[command(subcommand)]
     command: Verb,
 }
@@ -85,24 +90,25 @@ fn main() -> ExitCode {
     if std::env::var_os("CNI_COMMAND").is_some() {
         return run_plugin();
     }
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => return cli::usage_error(&error),
+    };
     logging::init_cli(args.verbose);
+    let out = &args.output;
     let result = match &args.command {
-        Verb::List(list) => cli::list::run(list),
-        Verb::Status(status) => cli::status::run(status),
-        Verb::Trace(trace) => cli::trace::run(trace),
-        Verb::Gc(gc) => cli::gc::run(gc),
-        Verb::Uninstall(uninstall) => cli::uninstall::run(uninstall),
-        Verb::Chain(chain) => cli::chain::run(chain),
-        Verb::Version(version) => cli::version::run(version),
+        Verb::List(list) => cli::list::run(list, out),
+        Verb::Status(status) => cli::status::run(status, out),
+        Verb::Trace(trace) => cli::trace::run(trace, out),
+        Verb::Gc(gc) => cli::gc::run(gc, out),
+        Verb::Uninstall(uninstall) => cli::uninstall::run(uninstall, out),
+        Verb::Chain(chain) => cli::chain::run(chain, out),
+        Verb::Version(version) => cli::version::run(version, out),
         Verb::Completions(completions) => cli::completions::run(completions, Args::command()),
         Verb::Man(man) => cli::man::run(man, Args::command()),
     };
     match result {
         Ok(code) => code,
-        Err(error) => {
-            eprintln!("ebpf-portmap: {error:#}");
-            ExitCode::FAILURE
-        }
+        Err(error) => cli::failed(&error, out),
     }
 }

@@ -22,6 +22,9 @@
 pub mod bpffs;
 pub mod cgroup;
 pub mod cni;
+pub mod containerd;
+pub mod cri;
+pub mod image;
 pub mod naming;
 pub mod netns;
 pub mod plugins;

@@ -472,7 +472,7 @@ pub fn container_info(json: &Value, network: &str) -> Option<ContainerInfo> {
 
 /// Copies `binary` to `rootfs/<at>` and every shared library `ldd` names to
 /// the same path inside `rootfs` (the loader included).
-fn install_binary(rootfs: &Path, binary: &Path, at: &Path) {
+pub fn install_binary(rootfs: &Path, binary: &Path, at: &Path) {
     let copy = |from: &Path, to: &Path| {
         let target = rootfs.join(to.strip_prefix("/").unwrap_or(to));
         if target.exists() {

@@ -430,26 +430,39 @@ fn status_reports_tcx_programs_fill_levels_and_counters() {
     );
     assert_eq!(map("stats")["entries"], Value::Null, "an array has no fill");
 
-    // The node-wide counters agree with the per-mapping ones.
-    let counters = &status["counters"];
-    let list = json_of(&world, &["list", "--json"]);
-    let sum = |key: &str| -> u64 {
+    // The node-wide counters agree with the per-mapping ones. The two are
+    // read one after the other while the connections' last segments (the
+    // client's final ACK) may still be on their way: read both again until
+    // they agree or BOUND runs out, then compare the last reading.
+    let sum = |list: &Value, key: &str| -> u64 {
         list.as_array()
             .expect("array")
             .iter()
             .map(|r| num(r, key))
             .sum()
     };
+    let deadline = Instant::now() + BOUND;
+    let (counters, list) = loop {
+        let counters = status_json(&world).1["counters"].clone();
+        let list = json_of(&world, &["list", "--json"]);
+        let agree = num(&counters, "dnat_new") + num(&counters, "dnat") == sum(&list, "packetsIn")
+            && num(&counters, "reply") == sum(&list, "packetsOut");
+        if agree || Instant::now() > deadline {
+            break (counters, list);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert!(
-        num(counters, "dnat_new") >= 2,
+        num(&counters, "dnat_new") >= 2,
         "a new flow per family: {counters:#}"
     );
     assert_eq!(
-        num(counters, "dnat_new") + num(counters, "dnat"),
-        sum("packetsIn")
+        num(&counters, "dnat_new") + num(&counters, "dnat"),
+        sum(&list, "packetsIn"),
+        "{counters:#} {list:#}"
     );
-    assert_eq!(num(counters, "reply"), sum("packetsOut"));
-    assert_eq!(num(counters, "rewrite_failed"), 0);
+    assert_eq!(num(&counters, "reply"), sum(&list, "packetsOut"));
+    assert_eq!(num(&counters, "rewrite_failed"), 0);
 
     // Human form: the same facts, plain in a pipe.
     let text = String::from_utf8(op(&world, &["status"]).stdout).expect("UTF-8");

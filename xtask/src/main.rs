@@ -9,14 +9,18 @@
 //! - `test [-- <cargo test args>]`: setup, build `ebpf-portmap`, validate the
 //!   Kubernetes manifests, run the tests (the traffic suites twice, the second
 //!   time with `fastPath`), then the podman end-to-end tests
-//!   (`--skip-podman`) and the VM tests (`--skip-vm`).
+//!   (`--skip-podman`), the containerd ones (`--skip-containerd`) and the
+//!   VM tests (`--skip-vm`).
 //! - `e2e-podman [-- <test args>]`: setup, build `ebpf-portmap`, install
 //!   podman, run podman with `ebpf-portmap` and with upstream `portmap`.
+//! - `e2e-containerd [-- <test args>]`: the same with containerd's CRI.
 //! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` as it ships and
 //!   the bench in release, run the benchmark against iptables portmap and the
 //!   direct path.
 //! - `dist`: setup, build the plugin as it ships, write the release tarball
 //!   `target/dist/ebpf-portmap-<version>-x86_64-linux.tar.gz` (see `dist.rs`).
+//! - `image`: `dist`, then the installer image built from the tarball with
+//!   podman, saved as an OCI archive (see `image.rs`).
 //! - `demo [-- <demo args>]`: setup, build `ebpf-portmap`, run the demo
 //!   (`cargo xtask demo -- --plugin portmap` runs it against upstream portmap).
 
@@ -28,7 +32,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod containerd;
 mod dist;
+mod image;
 mod podman;
 mod previous;
 mod vm;
@@ -107,7 +113,8 @@ enum Verb {
     /// API schemas, then `cargo test` with EBPF_PORTMAP_BIN set.
     /// Arguments after `--` go to `cargo test` (e.g. `-- -p portmap-tests -- --nocapture`).
     /// Then podman end to end (`e2e-podman`) unless `--skip-podman` or
-    /// EPM_SKIP_PODMAN=1, and the VM tests on Debian 6.1 and 6.12 kernels
+    /// EPM_SKIP_PODMAN=1, containerd end to end (`e2e-containerd`) unless
+    /// `--skip-containerd` or EPM_SKIP_CONTAINERD=1, and the VM tests on Debian 6.1 and 6.12 kernels
     /// (`vm-test`) unless `--skip-vm` or EPM_SKIP_VM=1.
     Test {
         /// Skip the VM tests on older kernels (also: EPM_SKIP_VM=1).
@@ -116,6 +123,9 @@ enum Verb {
         /// Skip the podman end-to-end tests (also: EPM_SKIP_PODMAN=1).
         #[arg(long)]
         skip_podman: bool,
+        /// Skip the containerd end-to-end tests (also: EPM_SKIP_CONTAINERD=1).
+        #[arg(long)]
+        skip_containerd: bool,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_test_args: Vec<String>,
     },
@@ -127,11 +137,23 @@ enum Verb {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         test_args: Vec<String>,
     },
+    /// Setup, build ebpf-portmap, install Debian's containerd and runc, then
+    /// drive containerd's CRI (in a test-owned network namespace) to run pods
+    /// with hostPorts through ebpf-portmap and through upstream portmap.
+    /// Arguments after `--` go to the test binary (e.g. `-- --nocapture`).
+    E2eContainerd {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        test_args: Vec<String>,
+    },
     /// Setup, build ebpf-portmap as it ships (profile dist, static musl), then write the
     /// release tarball target/dist/ebpf-portmap-<version>-x86_64-linux.tar.gz: the binary,
     /// shell completions, man pages, deploy/ with the image tag set to the version, LICENSE
     /// and SHA256SUMS.
     Dist,
+    /// `dist`, then build the node installer image from the tarball with podman (a busybox
+    /// base made locally, no registry) and save it as target/dist/ebpf-portmap-<version>-image.tar
+    /// (an OCI archive for `podman load -i`, `docker load -i`, `kind load image-archive`).
+    Image,
     /// Boot Debian kernels in QEMU (TCG) and run the integration tests inside:
     /// `cargo xtask vm-test [--kernel 6.1] [--kernel 6.12]`.
     VmTest(vm::VmTestArgs),
@@ -174,10 +196,18 @@ fn main() -> ExitCode {
         Verb::Test {
             skip_vm,
             skip_podman,
+            skip_containerd,
             cargo_test_args,
-        } => run_steps("test", test_steps(cargo_test_args, *skip_vm, *skip_podman)),
+        } => run_steps(
+            "test",
+            test_steps(cargo_test_args, *skip_vm, *skip_podman, *skip_containerd),
+        ),
         Verb::E2ePodman { test_args } => run_steps("e2e-podman", e2e_podman_steps(test_args)),
+        Verb::E2eContainerd { test_args } => {
+            run_steps("e2e-containerd", containerd::steps(test_args))
+        }
         Verb::Dist => run_steps("dist", dist_steps()),
+        Verb::Image => run_steps("image", image_steps()),
         Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),
         Verb::Demo { demo_args } => run_steps("demo", demo_steps(demo_args)),
         Verb::Bench { bench_args } => run_steps("bench", bench_steps(bench_args)),
@@ -262,7 +292,12 @@ fn build_plugin(shipped: bool) -> Command {
     command
 }
 
-fn test_steps(cargo_test_args: &[String], skip_vm: bool, skip_podman: bool) -> Vec<Step<'_>> {
+fn test_steps(
+    cargo_test_args: &[String],
+    skip_vm: bool,
+    skip_podman: bool,
+    skip_containerd: bool,
+) -> Vec<Step<'_>> {
     vec![
         setup_step(),
         Step::new("cargo fmt --all --check", || {
@@ -323,6 +358,7 @@ fn test_steps(cargo_test_args: &[String], skip_vm: bool, skip_podman: bool) -> V
             dist_and_test,
         ),
         podman_step(skip_podman),
+        containerd::test_step(skip_containerd),
         vm_step(skip_vm),
     ]
 }
@@ -365,6 +401,19 @@ fn shipped_plugin_step() -> Step<'static> {
     )
 }
 
+fn image_steps() -> Vec<Step<'static>> {
+    vec![
+        setup_step(),
+        shipped_plugin_step(),
+        Step::new("release tarball, then the image from it (podman)", || {
+            let tarball = dist::build()?;
+            let archive = image::build(&tarball)?;
+            println!("image: wrote {}", archive.display());
+            Ok(())
+        }),
+    ]
+}
+
 fn dist_steps() -> Vec<Step<'static>> {
     vec![
         setup_step(),
@@ -394,7 +443,7 @@ fn dist_and_test() -> Result<()> {
 /// The podman end-to-end tests as a step of `test`, or a step saying why
 /// they are skipped.
 fn podman_step(skip_podman: bool) -> Step<'static> {
-    let name = "podman end to end, ebpf-portmap and upstream portmap (cargo xtask e2e-podman)";
+    let name = "podman end to end, ebpf-portmap and upstream portmap (cargo xtask e2e-podman), then the installer image";
     let reason = if skip_podman {
         Some("--skip-podman")
     } else if podman::skip_requested_by_env() {
@@ -407,7 +456,11 @@ fn podman_step(skip_podman: bool) -> Step<'static> {
             println!("xtask test: podman tests skipped ({reason})");
             Ok(())
         }),
-        None => Step::new(name, || podman::e2e_podman(&[])),
+        None => Step::new(name, || {
+            podman::e2e_podman(&[])?;
+            // The installer image runs under the same podman.
+            image::test(&dist::tarball_path())
+        }),
     }
 }
 
@@ -889,6 +942,7 @@ mod tests {
             cargo_test_args,
             skip_vm: false,
             skip_podman: false,
+            skip_containerd: false,
         } = parse(&["test", "--", "-p", "portmap-tests", "--", "--nocapture"])
         else {
             panic!("not the test verb")
@@ -937,6 +991,7 @@ mod tests {
             skip_vm,
             skip_podman,
             cargo_test_args,
+            ..
         } = parse(&["test", "--skip-podman", "--skip-vm", "--", "-p", "x"])
         else {
             panic!("not the test verb")
@@ -953,6 +1008,41 @@ mod tests {
         };
         assert!(!skip_podman);
         assert_eq!(cargo_test_args, ["--skip-podman"]);
+    }
+
+    #[test]
+    fn skip_containerd_is_a_flag_before_the_cargo_arguments() {
+        let Verb::Test {
+            skip_containerd,
+            skip_podman,
+            cargo_test_args,
+            ..
+        } = parse(&["test", "--skip-containerd", "--", "-p", "x"])
+        else {
+            panic!("not the test verb")
+        };
+        assert!(skip_containerd && !skip_podman);
+        assert_eq!(cargo_test_args, ["-p", "x"]);
+        let Verb::Test {
+            skip_containerd,
+            cargo_test_args,
+            ..
+        } = parse(&["test", "--", "--skip-containerd"])
+        else {
+            panic!("not the test verb")
+        };
+        assert!(!skip_containerd);
+        assert_eq!(cargo_test_args, ["--skip-containerd"]);
+    }
+
+    #[test]
+    fn e2e_containerd_arguments_pass_through() {
+        let Verb::E2eContainerd { test_args } =
+            parse(&["e2e-containerd", "--", "--nocapture", "pods_are_named"])
+        else {
+            panic!("not the e2e-containerd verb")
+        };
+        assert_eq!(test_args, ["--nocapture", "pods_are_named"]);
     }
 
     #[test]

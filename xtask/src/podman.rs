@@ -38,7 +38,8 @@ pub fn skip_requested_by_env() -> bool {
 /// Installs what is missing, then runs the podman tests with the debug
 /// `ebpf-portmap` (built by the step before). `test_args` go to the test
 /// binary after `--ignored --test-threads=1` (e.g. `--nocapture`, a filter).
-pub fn e2e_podman(test_args: &[String]) -> Result<()> {
+/// Installs Debian's podman 4 and what the tests run with it, if missing.
+pub fn ensure_podman() -> Result<()> {
     crate::ensure_packages("podman", PODMAN_APT_PACKAGES)?;
     let version = crate::capture(Command::new("podman").arg("--version"))?;
     println!("podman: {}", version.trim());
@@ -48,6 +49,11 @@ pub fn e2e_podman(test_args: &[String]) -> Result<()> {
             version.trim()
         );
     }
+    Ok(())
+}
+
+pub fn e2e_podman(test_args: &[String]) -> Result<()> {
+    ensure_podman()?;
     crate::run(
         crate::cargo()
             .args([

@@ -8,6 +8,9 @@ use std::{
 
 use anyhow::Context;
 use portmap_user::chain::{self, DEFAULT_NET_DIR, Placement, Selection};
+use serde_json::{Value, json};
+
+use crate::cli::output::{OutputArgs, print, print_json};
 
 /// Chain ebpf-portmap into the CNI configuration the runtime uses, or
 /// take it out again.
@@ -89,25 +92,48 @@ struct EntryArgs {
     entry: Option<String>,
 }
 
-pub fn run(args: &ChainArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: &ChainArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     match &args.action {
-        Action::Install(args) => install(args),
-        Action::Remove(args) => remove(args),
-        Action::Check(args) => check(args),
+        Action::Install(args) => install(args, out),
+        Action::Remove(args) => remove(args, out),
+        Action::Check(args) => check(args, out),
     }
 }
 
-fn install(args: &EntryArgs) -> anyhow::Result<ExitCode> {
+/// Text lines, or with JSON output the one document.
+fn emit(out: &OutputArgs, lines: &[String], document: Value) {
+    if out.json() {
+        print_json(&document);
+    } else {
+        for line in lines {
+            print(&format!("{line}\n"));
+        }
+    }
+}
+
+fn install(args: &EntryArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let entry = chain::plugin_entry(args.entry.as_deref()).context("--entry")?;
     let installed = chain::install(&args.dir.net_dir, &args.dir.selection(), &entry)?;
     let plan = &installed.plan;
+    let mut document = json!({
+        "file": plan.target,
+        "source": plan.source,
+        "changed": !plan.is_unchanged(),
+        "position": plan.chained.position() + 1,
+        "plugins": plan.chained.plugin_count(),
+        "backup": installed.backup,
+    });
     if plan.is_unchanged() {
-        println!(
+        let line = format!(
             "{}: {} already chained",
             plan.target.display(),
             chain::PLUGIN_TYPE
         );
+        emit(out, &[line], document);
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Placement::Replaced { replaced, .. } = &plan.chained.placement {
+        document["replaced"] = json!(replaced);
     }
     let position = position(plan);
     let mut line = format!(
@@ -121,7 +147,7 @@ fn install(args: &EntryArgs) -> anyhow::Result<ExitCode> {
     if let Some(backup) = &installed.backup {
         line += &format!("; original kept as {}", file_name(backup));
     }
-    println!("{line}");
+    emit(out, &[line], document);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -135,26 +161,27 @@ fn position(plan: &chain::Plan) -> String {
     }
 }
 
-fn remove(args: &DirArgs) -> anyhow::Result<ExitCode> {
+fn remove(args: &DirArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let selection = args.selection();
     let net_dir = selection.dir(&args.net_dir);
     let removed = chain::remove(&args.net_dir, &selection)?;
+    let mut lines = Vec::new();
     for (original, converted) in &removed.restored {
-        match converted {
-            Some(converted) => println!(
+        lines.push(match converted {
+            Some(converted) => format!(
                 "{}: restored, {} removed",
                 original.display(),
                 file_name(converted)
             ),
-            None => println!("{}: restored", original.display()),
-        }
+            None => format!("{}: restored", original.display()),
+        });
     }
     for backup in &removed.stale {
-        println!(
+        lines.push(format!(
             "{}: dropped, the file it was taken from no longer names {}",
             backup.display(),
             chain::PLUGIN_TYPE
-        );
+        ));
     }
     for file in &removed.foreign {
         eprintln!(
@@ -164,24 +191,43 @@ fn remove(args: &DirArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if removed.restored.is_empty() && removed.stale.is_empty() {
-        println!("{}: nothing to restore", net_dir.display());
+        lines.push(format!("{}: nothing to restore", net_dir.display()));
     }
+    let restored: Vec<Value> = removed
+        .restored
+        .iter()
+        .map(|(original, converted)| json!({"file": original, "removed": converted}))
+        .collect();
+    emit(
+        out,
+        &lines,
+        json!({"restored": restored, "droppedBackups": removed.stale, "foreign": removed.foreign}),
+    );
     Ok(ExitCode::SUCCESS)
 }
 
-fn check(args: &EntryArgs) -> anyhow::Result<ExitCode> {
+fn check(args: &EntryArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let entry = chain::plugin_entry(args.entry.as_deref()).context("--entry")?;
     let plan = chain::plan(&args.dir.net_dir, &args.dir.selection(), &entry)?;
-    if plan.is_unchanged() {
-        println!("{}: {} chained", plan.target.display(), chain::PLUGIN_TYPE);
-        Ok(ExitCode::SUCCESS)
+    let chained = plan.is_unchanged();
+    let line = if chained {
+        format!("{}: {} chained", plan.target.display(), chain::PLUGIN_TYPE)
     } else {
-        println!(
+        format!(
             "{}: not chained as `chain install` would leave it",
             plan.source.display()
-        );
-        Ok(ExitCode::FAILURE)
-    }
+        )
+    };
+    emit(
+        out,
+        &[line],
+        json!({"file": plan.source, "chained": chained}),
+    );
+    Ok(if chained {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn file_name(path: &Path) -> String {

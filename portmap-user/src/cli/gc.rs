@@ -1,15 +1,16 @@
 //! `ebpf-portmap gc`: removes what containers that are gone left behind.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{process::ExitCode, time::Duration};
 
 use anyhow::{Context, bail};
 use portmap_user::{
-    config::{Attachment, DEFAULT_PIN_ROOT},
-    counters, maps,
-    maps::Maps,
-    pin::PinLayout,
-    store::record_strings,
-    uninstall,
+    config::Attachment, counters, maps, maps::Maps, store::record_strings, uninstall,
+};
+use serde_json::json;
+
+use crate::cli::{
+    PinRootArg, installed,
+    output::{OutputArgs, print, print_json},
 };
 
 /// Remove the mappings of containers that no longer exist.
@@ -36,9 +37,8 @@ use portmap_user::{
   ebpf-portmap gc --network podman --keep-none
   ebpf-portmap gc --empty-owners --stale-links")]
 pub struct GcArgs {
-    /// Pin root the plugin was configured with (`pinRoot`).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_ROOT)]
-    pin_root: PathBuf,
+    #[command(flatten)]
+    pin: PinRootArg,
     /// Remove owners of this network (the conflist's `name`) not kept.
     #[arg(long, value_name = "NAME", requires = "keep_list")]
     network: Option<String>,
@@ -79,24 +79,32 @@ fn parse_attachment(text: &str) -> Result<Attachment, String> {
     })
 }
 
-pub fn run(args: &GcArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     if args.network.is_none() && !args.empty_owners && !args.stale_links {
         bail!(
             "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, or --stale-links"
         );
     }
-    let layout = PinLayout::new(&args.pin_root);
-    let mut maps = Maps::open(&layout).with_context(|| {
-        format!(
-            "no ebpf-portmap state under {} (nothing to collect)",
-            args.pin_root.display()
-        )
-    })?;
+    let root = &args.pin.pin_root;
+    let Some(layout) = installed(root)? else {
+        if out.json() {
+            print_json(&json!({"installed": false, "pinRoot": root}));
+        } else {
+            print(&format!(
+                "nothing is installed under {}: nothing to collect\n",
+                root.display()
+            ));
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let mut maps = Maps::open(&layout)
+        .with_context(|| format!("cannot open the maps under {}", root.display()))?;
     let verb = if args.dry_run {
         "would remove"
     } else {
         "removed"
     };
+    let mut lines: Vec<String> = Vec::new();
     let mut doomed: Vec<(u64, String)> = Vec::new();
     let held = maps
         .owners_with_mappings()
@@ -119,35 +127,56 @@ pub fn run(args: &GcArgs) -> anyhow::Result<ExitCode> {
             doomed.push((id, format!("{container_id}/{ifname} (network {network})")));
         }
     }
+    let mut owners = Vec::new();
     for (id, owner) in &doomed {
         if args.dry_run {
-            println!("{verb} owner {owner}");
+            lines.push(format!("{verb} owner {owner}"));
+            owners.push(json!({"owner": owner}));
             continue;
         }
         let removed = maps
             .remove_owner(*id)
             .with_context(|| format!("removing owner {owner}"))?;
-        println!("{verb} owner {owner}: {removed} mapping(s)");
+        lines.push(format!("{verb} owner {owner}: {removed} mapping(s)"));
+        owners.push(json!({"owner": owner, "mappings": removed}));
     }
+    let mut pruned_counters = None;
     if !args.dry_run {
         match maps::counters(&layout) {
             Ok(mut map) => {
                 let pruned = counters::prune(&mut map, &maps.mappings)
                     .context("pruning the traffic counters")?;
-                println!("{verb} {} stale counter entr(y/ies)", pruned.len());
+                lines.push(format!("{verb} {} stale counter entr(y/ies)", pruned.len()));
+                pruned_counters = Some(pruned.len());
             }
             Err(error) => log::warn!("traffic counters not pruned: {error}"),
         }
     }
+    let mut stale_links = Vec::new();
     if args.stale_links {
         let stale = uninstall::remove_stale_links(&layout, args.dry_run)
             .context("removing stale attachment pins")?;
         for pin in &stale {
-            println!("{verb} stale attachment pin {}", pin.display());
+            lines.push(format!("{verb} stale attachment pin {}", pin.display()));
+            stale_links.push(pin.display().to_string());
         }
     }
     if doomed.is_empty() && (args.network.is_some() || args.empty_owners) {
-        println!("no owner to remove");
+        lines.push("no owner to remove".into());
+    }
+    if out.json() {
+        print_json(&json!({
+            "installed": true,
+            "pinRoot": root,
+            "dryRun": args.dry_run,
+            "owners": owners,
+            "prunedCounters": pruned_counters,
+            "staleLinks": stale_links,
+        }));
+    } else {
+        for line in lines {
+            print(&format!("{line}\n"));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

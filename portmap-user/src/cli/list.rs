@@ -1,17 +1,18 @@
 //! `ebpf-portmap list`: every mapping with its owner and traffic.
 
-use std::path::PathBuf;
+use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use portmap_user::{
-    config::DEFAULT_PIN_ROOT,
     inspect::{self, MappingRow},
     logging::utc_timestamp,
-    pin::PinLayout,
 };
 use serde_json::{Value, json};
 
-use crate::cli::output::{Colour, Style, Table, age_of, human_bytes, print, short_id};
+use crate::cli::{
+    PinRootArg, installed,
+    output::{Colour, OutputArgs, Style, Table, age_of, human_bytes, print, short_id},
+};
 
 /// List every port mapping on the node, with its owner and traffic.
 ///
@@ -30,11 +31,14 @@ use crate::cli::output::{Colour, Style, Table, age_of, human_bytes, print, short
 #[command(after_help = "Examples:
   ebpf-portmap list
   ebpf-portmap list --port 8080
-  ebpf-portmap list --container 3f2a --json | jq '.[].activeFlows'")]
+  ebpf-portmap list -o wide
+  ebpf-portmap list --container 3f2a -o json | jq '.[].activeFlows'
+  ebpf-portmap list --watch 1 --port 8080       counters refreshed every second
+
+On a node where nothing is installed the list is empty (`[]` in JSON), exit 0.")]
 pub struct ListArgs {
-    /// Pin root the plugin was configured with (`pinRoot`).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_ROOT)]
-    pin_root: PathBuf,
+    #[command(flatten)]
+    pin: PinRootArg,
     /// Only mappings of this host port.
     #[arg(long, value_name = "PORT")]
     port: Option<u16>,
@@ -44,9 +48,13 @@ pub struct ListArgs {
     /// Only mappings of this network (the conflist's `name`).
     #[arg(long, value_name = "NAME")]
     network: Option<String>,
-    /// Machine-readable output: a JSON array, one object per mapping.
-    #[arg(long)]
-    json: bool,
+    /// Show the list again every SECONDS (default 2): redrawn in place on a
+    /// terminal, one JSON document per line otherwise. Ctrl-C stops.
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
+    watch: Option<u64>,
+    /// With --watch: stop after this many refreshes.
+    #[arg(long, value_name = "N", requires = "watch")]
+    count: Option<u64>,
 }
 
 fn wanted(args: &ListArgs, row: &MappingRow) -> bool {
@@ -95,8 +103,8 @@ pub fn row_json(row: &MappingRow) -> Value {
     })
 }
 
-fn table(rows: &[&MappingRow]) -> Table {
-    let mut table = Table::new(&[
+fn table(rows: &[&MappingRow], wide: bool) -> Table {
+    let mut header = vec![
         "HOST",
         "CONTAINER",
         "OWNER",
@@ -107,7 +115,11 @@ fn table(rows: &[&MappingRow]) -> Table {
         "PACKETS IN/OUT",
         "BYTES IN/OUT",
         "FLOWS",
-    ]);
+    ];
+    if wide {
+        header.extend(["CONTAINER ID", "CREATED"]);
+    }
+    let mut table = Table::new(&header);
     for row in rows {
         let (network, container_id, ifname) = row.owner_strings();
         let c = &row.counters;
@@ -117,7 +129,7 @@ fn table(rows: &[&MappingRow]) -> Table {
         } else {
             Colour::Plain
         };
-        table.row(vec![
+        let mut cells = vec![
             (row.host(), Colour::Plain),
             (row.container(), Colour::Plain),
             (short_id(&container_id), Colour::Plain),
@@ -138,25 +150,73 @@ fn table(rows: &[&MappingRow]) -> Table {
                     Colour::Plain
                 },
             ),
-        ]);
+        ];
+        if wide {
+            cells.push((container_id.clone(), Colour::Plain));
+            cells.push((
+                row.created().map_or_else(|| "-".into(), utc_timestamp),
+                Colour::Plain,
+            ));
+        }
+        table.row(cells);
     }
     table
 }
 
-pub fn run(args: &ListArgs) -> anyhow::Result<std::process::ExitCode> {
-    let layout = PinLayout::new(&args.pin_root);
-    let rows = inspect::mapping_rows(&layout).context("cannot list the mappings")?;
-    let rows: Vec<&MappingRow> = rows.iter().filter(|row| wanted(args, row)).collect();
-    if args.json {
+/// The rows asked for; none when nothing is installed.
+fn rows(args: &ListArgs) -> anyhow::Result<Vec<MappingRow>> {
+    let Some(layout) = installed(&args.pin.pin_root)? else {
+        return Ok(Vec::new());
+    };
+    let mut rows = inspect::mapping_rows(&layout).context("cannot list the mappings")?;
+    rows.retain(|row| wanted(args, row));
+    Ok(rows)
+}
+
+fn render(args: &ListArgs, out: &OutputArgs, rows: &[MappingRow], style: Style) -> String {
+    let rows: Vec<&MappingRow> = rows.iter().collect();
+    if out.json() {
         let list: Vec<Value> = rows.iter().map(|row| row_json(row)).collect();
-        print(&format!("{}\n", serde_json::to_string_pretty(&list)?));
-        return Ok(std::process::ExitCode::SUCCESS);
+        // One document per line while watching, so a reader can split them.
+        let text = if args.watch.is_some() {
+            serde_json::to_string(&list)
+        } else {
+            serde_json::to_string_pretty(&list)
+        };
+        return format!("{}\n", text.expect("JSON serialises"));
     }
-    let style = Style::detect();
     if rows.is_empty() && style.terminal {
-        print("no port mappings\n");
-        return Ok(std::process::ExitCode::SUCCESS);
+        return "no port mappings\n".into();
     }
-    print(&table(&rows).render(style));
-    Ok(std::process::ExitCode::SUCCESS)
+    table(&rows, out.wide()).render(style)
+}
+
+pub fn run(args: &ListArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
+    let style = out.style();
+    let Some(interval) = args.watch else {
+        print(&render(args, out, &rows(args)?, style));
+        return Ok(ExitCode::SUCCESS);
+    };
+    // Into a pipe or a file a redrawn table makes no sense: JSON lines.
+    let json_lines = out.json() || !style.terminal;
+    let out = if json_lines && !out.json() {
+        &OutputArgs::json_only()
+    } else {
+        out
+    };
+    let mut refreshes = 0u64;
+    loop {
+        let text = render(args, out, &rows(args)?, style);
+        if json_lines {
+            print(&text);
+        } else {
+            // Home, clear the screen, then the table: redrawn in place.
+            print(&format!("\x1b[H\x1b[2J{text}"));
+        }
+        refreshes += 1;
+        if args.count.is_some_and(|count| refreshes >= count) {
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(Duration::from_secs(interval.max(1)));
+    }
 }

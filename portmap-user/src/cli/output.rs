@@ -39,11 +39,14 @@ pub struct Style {
 }
 
 impl Style {
-    pub fn detect() -> Style {
+    /// Alignment when stdout is a terminal; colour as `--color` says (with
+    /// `auto`, on a terminal unless `NO_COLOR` is set).
+    pub fn detect(colour: ColourChoice) -> Style {
         let terminal = std::io::stdout().is_terminal();
+        let no_colour = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
         Style {
             terminal,
-            colour: terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            colour: colour.wanted(terminal, no_colour),
         }
     }
 
@@ -54,6 +57,102 @@ impl Style {
             text.to_owned()
         }
     }
+}
+
+/// `--color`: when to colour the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColourChoice {
+    /// On a terminal, unless NO_COLOR is set.
+    Auto,
+    /// Always, also into a pipe (for `less -R`).
+    Always,
+    /// Never.
+    Never,
+}
+
+impl ColourChoice {
+    pub fn wanted(self, terminal: bool, no_colour_env: bool) -> bool {
+        match self {
+            ColourChoice::Auto => terminal && !no_colour_env,
+            ColourChoice::Always => true,
+            ColourChoice::Never => false,
+        }
+    }
+}
+
+/// `-o`: how a verb prints its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned columns on a terminal, tab-separated text in a pipe.
+    #[default]
+    Table,
+    /// The table with more columns (where the verb has more to show).
+    Wide,
+    /// One JSON document (a stream of them for `trace` and `list --watch`);
+    /// errors too are a JSON object on stdout.
+    Json,
+}
+
+/// The output options every verb takes (global: before or after the verb).
+#[derive(Debug, Clone, clap::Args)]
+pub struct OutputArgs {
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_enum,
+        value_name = "FORMAT",
+        default_value = "table",
+        global = true
+    )]
+    format: Format,
+    /// The same as `-o json`.
+    #[arg(long, global = true)]
+    json: bool,
+    /// When to colour the output (NO_COLOR in the environment turns `auto` off).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHEN",
+        default_value = "auto",
+        global = true
+    )]
+    color: ColourChoice,
+}
+
+impl OutputArgs {
+    /// JSON with colour off: what `list --watch` writes into a pipe.
+    pub fn json_only() -> OutputArgs {
+        OutputArgs {
+            format: Format::Json,
+            json: true,
+            color: ColourChoice::Never,
+        }
+    }
+
+    pub fn format(&self) -> Format {
+        if self.json { Format::Json } else { self.format }
+    }
+
+    pub fn json(&self) -> bool {
+        self.format() == Format::Json
+    }
+
+    pub fn wide(&self) -> bool {
+        self.format() == Format::Wide
+    }
+
+    pub fn style(&self) -> Style {
+        Style::detect(self.color)
+    }
+}
+
+/// Prints `value` as pretty JSON with a final newline.
+pub fn print_json(value: &serde_json::Value) {
+    print(&format!(
+        "{}\n",
+        serde_json::to_string_pretty(value).expect("a JSON value serialises")
+    ));
 }
 
 /// A table: a header and rows of cells, each cell with a colour.
@@ -75,14 +174,23 @@ impl Table {
         self.rows.push(cells);
     }
 
-    /// Aligned with colours on a terminal; tab-separated otherwise.
+    /// Aligned on a terminal, tab-separated otherwise; coloured as `style`
+    /// says (`--color always` colours the tab-separated form too).
     pub fn render(&self, style: Style) -> String {
         let mut out = String::new();
         if !style.terminal {
-            out.push_str(&self.header.join("\t"));
+            let header: Vec<String> = self
+                .header
+                .iter()
+                .map(|h| style.paint(Colour::Bold, h))
+                .collect();
+            out.push_str(&header.join("\t"));
             out.push('\n');
             for row in &self.rows {
-                let cells: Vec<&str> = row.iter().map(|(text, _)| text.as_str()).collect();
+                let cells: Vec<String> = row
+                    .iter()
+                    .map(|(text, colour)| style.paint(*colour, text))
+                    .collect();
                 out.push_str(&cells.join("\t"));
                 out.push('\n');
             }
@@ -194,6 +302,18 @@ mod tests {
     }
 
     #[test]
+    fn colour_always_paints_the_tab_separated_form() {
+        let always = Style {
+            terminal: false,
+            colour: true,
+        };
+        assert_eq!(
+            table().render(always),
+            "\x1b[1mHOST\x1b[0m\t\x1b[1mFLOWS\x1b[0m\n0.0.0.0:8080/tcp\t\x1b[32m1\x1b[0m\n"
+        );
+    }
+
+    #[test]
     fn terminal_output_is_aligned_and_coloured() {
         let out = table().render(TERMINAL);
         assert_eq!(
@@ -208,6 +328,24 @@ mod tests {
             table().render(uncoloured),
             "HOST              FLOWS\n0.0.0.0:8080/tcp  1\n"
         );
+    }
+
+    #[test]
+    fn colour_follows_the_flag_then_the_terminal_and_no_color() {
+        assert!(ColourChoice::Auto.wanted(true, false));
+        assert!(
+            !ColourChoice::Auto.wanted(true, true),
+            "NO_COLOR turns auto off"
+        );
+        assert!(
+            !ColourChoice::Auto.wanted(false, false),
+            "no colour into a pipe"
+        );
+        assert!(
+            ColourChoice::Always.wanted(false, true),
+            "an explicit flag wins"
+        );
+        assert!(!ColourChoice::Never.wanted(true, false));
     }
 
     #[test]

@@ -1,20 +1,22 @@
 //! `ebpf-portmap status`: is the dataplane on this node whole and healthy?
 
-use std::{path::PathBuf, process::ExitCode};
+use std::process::ExitCode;
 
 use portmap_common::{
     LAYOUT_VERSION,
     reason::{self, Kind},
 };
 use portmap_user::{
-    config::DEFAULT_PIN_ROOT,
     inspect::{self, Status},
     logging::utc_timestamp,
     pin::PinLayout,
 };
 use serde_json::{Value, json};
 
-use crate::cli::output::{Colour, Style, Table, print};
+use crate::cli::{
+    PinRootArg, installed,
+    output::{Colour, OutputArgs, Style, Table, print, print_json},
+};
 
 /// Show the state of the dataplane on this node; exit 1 if anything is
 /// missing or degraded.
@@ -32,17 +34,13 @@ use crate::cli::output::{Colour, Style, Table, print};
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   ebpf-portmap status
-  ebpf-portmap status --json | jq '.interfaces'
+  ebpf-portmap status -o json | jq '.interfaces'
   ebpf-portmap status >/dev/null || echo degraded
 
-Exit status: 0 healthy, 1 missing or degraded (the problems are listed).")]
+Exit status: 0 healthy, 1 missing or degraded (the problems are listed), 3 cannot inspect.")]
 pub struct StatusArgs {
-    /// Pin root the plugin was configured with (`pinRoot`).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_ROOT)]
-    pin_root: PathBuf,
-    /// Machine-readable output.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    pin: PinRootArg,
 }
 
 pub fn status_json(status: &Status) -> Value {
@@ -268,15 +266,14 @@ fn render(status: &Status, style: Style) -> String {
     out
 }
 
-pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
-    let status = inspect::status(&PinLayout::new(&args.pin_root));
-    if args.json {
-        print(&format!(
-            "{}\n",
-            serde_json::to_string_pretty(&status_json(&status))?
-        ));
+pub fn run(args: &StatusArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
+    // Only to tell "cannot look" (exit 3) from "not installed" (a problem).
+    installed(&args.pin.pin_root)?;
+    let status = inspect::status(&PinLayout::new(&args.pin.pin_root));
+    if out.json() {
+        print_json(&status_json(&status));
     } else {
-        print(&render(&status, Style::detect()));
+        print(&render(&status, out.style()));
     }
     Ok(if status.problems.is_empty() {
         ExitCode::SUCCESS

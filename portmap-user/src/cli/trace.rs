@@ -2,7 +2,6 @@
 
 use std::{
     collections::HashMap,
-    path::PathBuf,
     process::ExitCode,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
@@ -11,13 +10,15 @@ use std::{
 use anyhow::Context;
 use portmap_common::reason::Kind;
 use portmap_user::{
-    config::{DEFAULT_PIN_ROOT, Protocol},
+    config::Protocol,
     netlink,
-    pin::PinLayout,
     trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
 };
 
-use crate::cli::output::{Colour, Style, print};
+use crate::cli::{
+    PinRootArg, installed,
+    output::{Colour, OutputArgs, print},
+};
 
 /// Show, live, what the dataplane decides for each packet.
 ///
@@ -37,12 +38,14 @@ use crate::cli::output::{Colour, Style, print};
 #[command(after_help = "Examples:
   ebpf-portmap trace --port 8080
   ebpf-portmap trace --port 53 --proto udp --count 10
-  ebpf-portmap trace --json --timeout 30 > trace.jsonl
-  ebpf-portmap trace --stop          # switch off tracing left on by a killed trace")]
+  ebpf-portmap trace -o json --timeout 30 > trace.jsonl
+  ebpf-portmap trace --stop          # switch off tracing left on by a killed trace
+
+With -o json: one JSON object per line. On a node where nothing is installed,
+one line says so (exit 1).")]
 pub struct TraceArgs {
-    /// Pin root the plugin was configured with (`pinRoot`).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_ROOT)]
-    pin_root: PathBuf,
+    #[command(flatten)]
+    pin: PinRootArg,
     /// Only packets with this port at either end, before or after
     /// translation (a host port or a container port).
     #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
@@ -56,14 +59,11 @@ pub struct TraceArgs {
     /// Stop after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<u64>,
-    /// One JSON object per line.
-    #[arg(long)]
-    json: bool,
     /// Take over from another running trace.
     #[arg(long)]
     force: bool,
     /// Switch tracing off (after a trace was killed) and exit.
-    #[arg(long, conflicts_with_all = ["port", "proto", "count", "timeout", "json", "force"])]
+    #[arg(long, conflicts_with_all = ["port", "proto", "count", "timeout", "force"])]
     stop: bool,
 }
 
@@ -104,8 +104,14 @@ fn colour_of(record: &TraceRecord) -> Colour {
     }
 }
 
-pub fn run(args: &TraceArgs) -> anyhow::Result<ExitCode> {
-    let layout = PinLayout::new(&args.pin_root);
+pub fn run(args: &TraceArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
+    let Some(layout) = installed(&args.pin.pin_root)? else {
+        eprintln!(
+            "ebpf-portmap: nothing is installed under {}: no traffic to trace until the first ADD",
+            args.pin.pin_root.display()
+        );
+        return Ok(ExitCode::FAILURE);
+    };
     if args.stop {
         let old = trace::clear_filter(&layout).context("cannot switch tracing off")?;
         if old.enabled != 0 {
@@ -127,7 +133,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<ExitCode> {
     };
     eprintln!("tracing {what} (Ctrl-C to stop)");
 
-    let style = Style::detect();
+    let style = out.style();
     let clock = Clock::now();
     let deadline = args
         .timeout
@@ -159,7 +165,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<ExitCode> {
                 interface,
                 event,
             };
-            if args.json {
+            if out.json() {
                 print(&format!("{}\n", record.to_json()));
             } else {
                 print(&format!(

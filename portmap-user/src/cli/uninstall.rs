@@ -1,9 +1,15 @@
 //! `ebpf-portmap uninstall`: takes the dataplane off the node.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::process::ExitCode;
 
 use anyhow::Context;
-use portmap_user::{config::DEFAULT_PIN_ROOT, pin::PinLayout, uninstall};
+use portmap_user::uninstall;
+use serde_json::json;
+
+use crate::cli::{
+    PinRootArg, installed,
+    output::{OutputArgs, print, print_json},
+};
 
 /// Detach the programs and remove every pin, leaving the node as before the
 /// first ADD.
@@ -17,32 +23,52 @@ use portmap_user::{config::DEFAULT_PIN_ROOT, pin::PinLayout, uninstall};
   ebpf-portmap uninstall
   ebpf-portmap uninstall --pin-root /sys/fs/bpf/ebpf-portmap --force")]
 pub struct UninstallArgs {
-    /// Pin root the plugin was configured with (`pinRoot`).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_ROOT)]
-    pin_root: PathBuf,
+    #[command(flatten)]
+    pin: PinRootArg,
     /// Uninstall even though containers still have mappings (their host
     /// ports stop working at once).
     #[arg(long)]
     force: bool,
 }
 
-pub fn run(args: &UninstallArgs) -> anyhow::Result<ExitCode> {
-    let layout = PinLayout::new(&args.pin_root);
-    if !layout.versioned().exists() {
-        println!("nothing installed under {}", args.pin_root.display());
+pub fn run(args: &UninstallArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
+    let root = &args.pin.pin_root;
+    let Some(layout) = installed(root)? else {
+        if out.json() {
+            print_json(
+                &json!({"installed": false, "pinRoot": root, "detached": [], "removed": 0, "failures": []}),
+            );
+        } else {
+            print(&format!("nothing installed under {}\n", root.display()));
+        }
         return Ok(ExitCode::SUCCESS);
-    }
+    };
     let report = uninstall::uninstall(&layout, args.force).context("cannot uninstall")?;
-    for what in &report.detached {
-        println!("detached {what}");
-    }
-    println!("removed {} pin(s) and directories", report.removed.len());
-    if report.failures.is_empty() {
-        Ok(ExitCode::SUCCESS)
+    let failures: Vec<String> = report.failures.iter().map(ToString::to_string).collect();
+    if out.json() {
+        let detached: Vec<String> = report.detached.iter().map(ToString::to_string).collect();
+        print_json(&json!({
+            "installed": true,
+            "pinRoot": root,
+            "detached": detached,
+            "removed": report.removed.len(),
+            "failures": failures,
+        }));
     } else {
-        for failure in &report.failures {
+        for what in &report.detached {
+            print(&format!("detached {what}\n"));
+        }
+        print(&format!(
+            "removed {} pin(s) and directories\n",
+            report.removed.len()
+        ));
+        for failure in &failures {
             eprintln!("ebpf-portmap: {failure}");
         }
-        Ok(ExitCode::FAILURE)
     }
+    Ok(if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

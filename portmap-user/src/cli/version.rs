@@ -2,14 +2,15 @@
 //! embedded eBPF object, which names its pinned programs) and what the
 //! node's kernel offers it, for bug reports and version-skew checks.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::process::ExitCode;
 
-use portmap_user::{
-    attach, config::DEFAULT_PIN_ROOT, features, inspect::kernel_release, pin::PinLayout,
-};
+use portmap_user::{attach, features, inspect::kernel_release, pin::PinLayout};
 use serde_json::json;
 
-use super::output::print;
+use super::{
+    PinRootArg,
+    output::{OutputArgs, print, print_json},
+};
 
 /// Print the version, the eBPF object's build ID and the kernel's features.
 ///
@@ -19,13 +20,9 @@ use super::output::print;
 /// `no`, or `unknown` without the privilege to ask).
 #[derive(clap::Args)]
 pub struct VersionArgs {
-    /// Pin root the plugin was configured with (`pinRoot`), for the attach
-    /// mode recorded there.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_ROOT)]
-    pin_root: PathBuf,
-    /// One JSON object instead of text.
-    #[arg(long)]
-    json: bool,
+    /// For the attach mode recorded there.
+    #[command(flatten)]
+    pin: PinRootArg,
 }
 
 fn answer(supported: Option<bool>) -> &'static str {
@@ -36,8 +33,8 @@ fn answer(supported: Option<bool>) -> &'static str {
     }
 }
 
-pub fn run(args: &VersionArgs) -> anyhow::Result<ExitCode> {
-    let layout = PinLayout::new(&args.pin_root);
+pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
+    let layout = PinLayout::new(&args.pin.pin_root);
     let build = format!("{:016x}", attach::build_id());
     let kernel = kernel_release();
     let mode = features::recorded_attach_mode(&layout).map(|mode| mode.as_str());
@@ -51,7 +48,7 @@ pub fn run(args: &VersionArgs) -> anyhow::Result<ExitCode> {
             )
         })
         .collect();
-    if args.json {
+    if out.json() {
         let features: Vec<_> = probed
             .iter()
             .map(|(name, since, supported)| json!({"name": name, "since": since, "supported": supported}))
@@ -63,7 +60,7 @@ pub fn run(args: &VersionArgs) -> anyhow::Result<ExitCode> {
             "attachMode": mode,
             "features": features,
         });
-        print(&format!("{}\n", serde_json::to_string_pretty(&document)?));
+        print_json(&document);
         return Ok(ExitCode::SUCCESS);
     }
     let mut text = format!(

@@ -1,0 +1,1664 @@
+//! Debian's containerd (1.6, with its CRI plugin) confined to a test's node
+//! network namespace, driven through the CRI like a kubelet drives it.
+//!
+//! What [`Containerd::start`] sets up, all of it removed on drop:
+//! - a directory `<tmp>/<prefix>-ctrd-<pid>-<n>` holding containerd's
+//!   `config.toml`, its root, state, `opt` and runc root, its gRPC socket,
+//!   the CNI config directory with the one conflist, the CNI bin directory,
+//!   the image and the pods' logs;
+//! - in that bin directory, one shell shim per plugin (`bridge`,
+//!   `host-local`, `loopback`, `portmap`, `ebpf-portmap`) that records what
+//!   containerd sent (the `CNI_*` environment, stdin) and how the plugin
+//!   answered (exit code, stdout, stderr) under `calls/`, then returns
+//!   exactly that answer. The real binaries are copies in `real/`, so
+//!   nothing can ever write through to `/usr/lib/cni`;
+//! - a holder process (`sleep`) in the node's network namespace and in a
+//!   private mount namespace (`unshare --propagation slave`: mounts of the
+//!   machine still reach it, none of its own leave it) with its own tmpfs
+//!   on `/run` and `/dev/shm`, bind mounts of the test directory over
+//!   `/var/lib` (containerd, runc, libcni's cache, host-local's leases) and
+//!   `/var/log` (ebpf-portmap's default log), and a private bpffs on
+//!   `/sys/fs/bpf` (ebpf-portmap's default pin root). containerd runs in
+//!   both namespaces of the holder (`nsenter`), so the conflist needs no
+//!   key but the ones a user writes, and nothing lands on the machine;
+//! - a cgroup `/<prefix>-ctrd-<pid>-<n>` in every hierarchy: the pods'
+//!   `cgroup_parent`; in cgroup2 also its children `containerd` (the daemon
+//!   and its shims) and `hooks` (ebpf-portmap's `cgroupPath`, where the
+//!   tests' node-side clients run: socket hooks at the root of the hierarchy
+//!   would see every process of the machine).
+//!
+//! Drop stops and removes every pod through the CRI (so the CNI DELs run),
+//! uninstalls ebpf-portmap from the private pin root, stops containerd
+//! (SIGTERM, then SIGKILL), kills whatever is left in the private mount
+//! namespace (found by comparing `/proc/<pid>/ns/mnt`, never by name), the
+//! holder, and removes the cgroups and the directory. A run killed outright
+//! leaves the cgroup with a dead creator pid: the next run's
+//! [`crate::naming::reap_stale`] kills what is in it (the daemon, its shims,
+//! the pods) and removes it; the holder and containerd get SIGKILL when
+//! their creator thread dies (`PR_SET_PDEATHSIG`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::cri::{
+    ContainerConfig, ContainerMetadata, CriClient, CriError, ImageSpec, LinuxPodSandboxConfig,
+    PodSandboxConfig, PodSandboxMetadata, Protocol,
+};
+use crate::netns::NetNs;
+use crate::plugins::{PLUGIN_TYPE, UPSTREAM_PLUGIN_DIR, plugin_bin};
+use crate::tmp::TempDir;
+use crate::topology::{BRIDGE_NAME, POD_SUBNET4, POD_SUBNET6, PortMapping};
+
+/// The image [`Containerd::start`] imports: the pods' sandbox image (its
+/// entrypoint is a static `pause`) and the image of every app container.
+pub const IMAGE: &str = "localhost/epm-ctrd:1";
+/// Where the image has the test's connection tester.
+pub const IMAGE_PROBE: &str = "/usr/local/bin/probe";
+/// The busybox the app runs (`sh`, `httpd`).
+pub const BUSYBOX: &str = "/bin/busybox";
+/// The CNI network (the conflist's `name`).
+pub const NETWORK: &str = "epm-ctrd";
+/// The Kubernetes namespace of every pod.
+pub const POD_NAMESPACE: &str = "e2e";
+/// The conflist's file in the CNI config directory.
+pub const CONFLIST_FILE: &str = "10-epm-ctrd.conflist";
+/// The upstream plugin's `type`.
+pub const UPSTREAM_TYPE: &str = "portmap";
+/// The plugins the bin directory offers: the chain, and `loopback`, which
+/// the CRI plugin runs for every pod's `lo`.
+const REFERENCE_PLUGINS: [&str; 4] = ["bridge", "host-local", "loopback", UPSTREAM_TYPE];
+/// How long containerd may take to serve the CRI, or to load a new conflist.
+const READY: Duration = Duration::from_secs(30);
+/// The `kind` in the names of the directory and the cgroup.
+const KIND: &str = "ctrd";
+/// The cgroup2 children of the test cgroup (see the module docs).
+const DAEMON_CGROUP: &str = "containerd";
+const HOOKS_CGROUP: &str = "hooks";
+/// A 10-line `pause` for the sandbox: sleeps until a signal, exits on TERM/INT.
+const PAUSE_C: &str = r#"#include <signal.h>
+#include <unistd.h>
+
+static void stop(int sig) { (void)sig; _exit(0); }
+
+int main(void) {
+    signal(SIGTERM, stop);
+    signal(SIGINT, stop);
+    for (;;) pause();
+}
+"#;
+
+/// A pod the test started: its sandbox, its app container, its addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    pub name: String,
+    pub sandbox_id: String,
+    pub container_id: String,
+    pub ipv4: Ipv4Addr,
+    pub ipv6: Ipv6Addr,
+}
+
+/// One plugin execution as a shim recorded it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CniCall {
+    /// The plugin's file name (`bridge`, `ebpf-portmap`, ...).
+    pub plugin: String,
+    pub command: String,
+    pub container_id: String,
+    /// `CNI_NETNS` (empty on the DEL that RemovePodSandbox sends).
+    pub netns: String,
+    pub ifname: String,
+    /// `CNI_ARGS` as sent (`K8S_POD_NAMESPACE=...;...`).
+    pub args: String,
+    /// The network configuration on stdin (`Null` if it was not JSON).
+    pub config: Value,
+    /// `None` while the plugin runs (or if it was killed).
+    pub exit_code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CniCall {
+    /// Whether the configuration carried a `prevResult`.
+    pub fn has_prev_result(&self) -> bool {
+        self.config.get("prevResult").is_some_and(|v| !v.is_null())
+    }
+
+    /// The value of `key` in `CNI_ARGS`.
+    pub fn cni_arg(&self, key: &str) -> Option<&str> {
+        self.args
+            .split(';')
+            .filter_map(|pair| pair.split_once('='))
+            .find_map(|(k, v)| (k == key).then_some(v))
+    }
+
+    /// `runtimeConfig.portMappings` as sent.
+    pub fn port_mappings(&self) -> &Value {
+        &self.config["runtimeConfig"]["portMappings"]
+    }
+
+    /// One line for failure messages.
+    pub fn summary(&self) -> String {
+        let code = self
+            .exit_code
+            .map_or_else(|| "running".to_owned(), |c| format!("exit {c}"));
+        let mut line = format!(
+            "{} {} {} netns={:?} prevResult={} {code}",
+            self.plugin,
+            self.command,
+            short(&self.container_id),
+            self.netns,
+            self.has_prev_result()
+        );
+        if self.exit_code != Some(0) && self.exit_code.is_some() {
+            let _ = write!(line, ": {}", self.error_message());
+        }
+        line
+    }
+
+    /// The `msg` of the CNI error result the plugin printed (else its
+    /// stdout, then its stderr, on one line).
+    pub fn error_message(&self) -> String {
+        let result: Value = serde_json::from_str(&self.stdout).unwrap_or(Value::Null);
+        match result["msg"].as_str() {
+            Some(msg) => msg.trim().to_owned(),
+            None if !self.stdout.trim().is_empty() => {
+                self.stdout.split_whitespace().collect::<Vec<_>>().join(" ")
+            }
+            None => self.stderr.split_whitespace().collect::<Vec<_>>().join(" "),
+        }
+    }
+}
+
+/// The first 12 characters of an ID, as tools show it.
+pub fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+/// A containerd confined to a node namespace (see the module docs).
+#[derive(Debug)]
+pub struct Containerd {
+    client: Option<CriClient>,
+    daemon: Option<Child>,
+    holder: Child,
+    /// `mnt:[inode]` of the holder's mount namespace.
+    mount_ns: String,
+    /// The directory's name: also the name of the test cgroup.
+    name: String,
+    /// What a fresh bpffs holds before anything is pinned (the kernel's
+    /// `maps.debug` and `progs.debug` where bpf_preload is built in).
+    fresh_bpffs: Vec<PathBuf>,
+    dir: TempDir,
+}
+
+impl Containerd {
+    /// Sets everything up (see the module docs) with a conflist whose
+    /// port-mapping plugin is `port_plugin_type` (`ebpf-portmap` or
+    /// `portmap`), starts containerd inside `node` and imports the image
+    /// (with `probe`, the test's connection tester, in it). Call it from the
+    /// test's own thread: the holder and the daemon are killed when the
+    /// thread that started them exits.
+    ///
+    /// # Panics
+    /// If any step fails; whatever was already set up is removed.
+    pub fn start(node: &NetNs, port_plugin_type: &str, probe: &Path) -> Containerd {
+        let dir = TempDir::new(KIND);
+        let root = dir.path().to_path_buf();
+        let name = root
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("a harness temp dir has a UTF-8 name")
+            .to_owned();
+        for sub in [
+            "net.d", "bin", "real", "calls", "root", "state", "opt", "runc", "var-lib", "var-log",
+            "logs", "image",
+        ] {
+            create_dir(&root.join(sub));
+        }
+        let holder = spawn_holder(node, &root);
+        let mount_ns = mount_ns_of(holder.id());
+        let mut containerd = Containerd {
+            client: None,
+            daemon: None,
+            holder,
+            mount_ns,
+            name,
+            fresh_bpffs: Vec::new(),
+            dir,
+        };
+        containerd.fresh_bpffs = containerd.bpffs_files();
+        // From here on, drop removes the cgroups (and what runs in them).
+        let cgroup2 = crate::cgroup::cgroup2_mount().join(&containerd.name);
+        create_dir(&cgroup2.join(DAEMON_CGROUP));
+        create_dir(&cgroup2.join(HOOKS_CGROUP));
+        assert!(
+            !containerd.mount_ns.is_empty(),
+            "reading the holder's mount namespace"
+        );
+        containerd.install_plugins();
+        containerd.write_conflist(port_plugin_type);
+        write_file(&root.join("config.toml"), &config_toml(&root));
+        let image = containerd.build_image(probe);
+        containerd.start_daemon();
+        containerd.import_image(&image);
+        containerd.wait_network_ready();
+        containerd
+    }
+
+    /// The test directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The CRI client.
+    pub fn cri(&self) -> &CriClient {
+        self.client
+            .as_ref()
+            .expect("the CRI client lives until teardown")
+    }
+
+    /// The cgroup2 directory ebpf-portmap's socket hooks attach to
+    /// (`cgroupPath`): node-side clients must run in it.
+    pub fn hooks_cgroup(&self) -> PathBuf {
+        crate::cgroup::cgroup2_mount()
+            .join(&self.name)
+            .join(HOOKS_CGROUP)
+    }
+
+    /// `cgroup_parent` of every pod.
+    pub fn cgroup_parent(&self) -> String {
+        format!("/{}", self.name)
+    }
+
+    /// The conflist for `port_plugin_type` (see [`conflist`]).
+    pub fn conflist(&self, port_plugin_type: &str) -> Value {
+        conflist(port_plugin_type, &self.hooks_cgroup())
+    }
+
+    /// Replaces the conflist on disk (atomically, as a config manager
+    /// would) with one whose port-mapping plugin is `port_plugin_type`, and
+    /// waits until containerd has loaded it: every CNI call from then on,
+    /// DEL of older pods included, goes to that plugin.
+    ///
+    /// # Panics
+    /// If containerd does not load it within 30 s.
+    pub fn switch_port_plugin(&self, port_plugin_type: &str) {
+        self.write_conflist(port_plugin_type);
+        let deadline = Instant::now() + READY;
+        loop {
+            let loaded = self.loaded_plugin_types();
+            if loaded
+                .as_ref()
+                .is_ok_and(|types| types.iter().any(|t| t == port_plugin_type))
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not load the conflist with {port_plugin_type} within {READY:?}: loaded {loaded:?}\n{}",
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The plugin types of the networks containerd has loaded, as its
+    /// verbose CRI `Status` reports them (`cniconfig`).
+    pub fn loaded_plugin_types(&self) -> Result<Vec<String>, String> {
+        let status = self.cri().status(true).map_err(|e| e.to_string())?;
+        let text = status
+            .info
+            .get("cniconfig")
+            .ok_or_else(|| format!("no cniconfig in {:?}", status.info.keys()))?;
+        let config: Value = serde_json::from_str(text).map_err(|e| format!("{e}: {text}"))?;
+        Ok(loaded_plugin_types(&config))
+    }
+
+    /// Runs a pod the way the kubelet does: RunPodSandbox with `ports` as
+    /// its port mappings (containerd runs the CNI ADD), then CreateContainer
+    /// and StartContainer of an app serving HTTP on 80 (the body is `name`)
+    /// and the UDP echo on 53 (answers are prefixed with `name`).
+    pub fn run_pod(&self, name: &str, ports: &[PortMapping]) -> Result<Pod, CriError> {
+        static UID: AtomicU64 = AtomicU64::new(0);
+        let uid = format!("{name}-uid-{}", UID.fetch_add(1, Ordering::Relaxed));
+        let sandbox = sandbox_config(
+            name,
+            &uid,
+            &self.dir.path().join("logs").join(&uid),
+            &self.cgroup_parent(),
+            ports,
+        );
+        let sandbox_id = self.cri().run_pod_sandbox(sandbox.clone())?;
+        let container_id =
+            self.cri()
+                .create_container(&sandbox_id, app_config(name), sandbox.clone())?;
+        self.cri().start_container(&container_id)?;
+        let status = self.cri().pod_sandbox_status(&sandbox_id)?;
+        let ips = pod_ips(&status);
+        let ipv4 = ips.iter().find_map(|ip| match ip {
+            IpAddr::V4(ip) => Some(*ip),
+            IpAddr::V6(_) => None,
+        });
+        let ipv6 = ips.iter().find_map(|ip| match ip {
+            IpAddr::V6(ip) => Some(*ip),
+            IpAddr::V4(_) => None,
+        });
+        let (Some(ipv4), Some(ipv6)) = (ipv4, ipv6) else {
+            panic!(
+                "pod {name} ({sandbox_id}) must have an address of each family on the dual-stack network: {status:?}\n{}",
+                self.diagnostics()
+            );
+        };
+        Ok(Pod {
+            name: name.to_owned(),
+            sandbox_id,
+            container_id,
+            ipv4,
+            ipv6,
+        })
+    }
+
+    /// Every plugin execution recorded so far, oldest first.
+    pub fn calls(&self) -> Vec<CniCall> {
+        read_calls(&self.dir.path().join("calls"))
+    }
+
+    /// The executions of `plugin` running `command` for `sandbox_id`.
+    pub fn calls_of(&self, plugin: &str, command: &str, sandbox_id: &str) -> Vec<CniCall> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.plugin == plugin && c.command == command && c.container_id == sandbox_id)
+            .collect()
+    }
+
+    /// A command run in the node's network namespace and the private mount
+    /// namespace (where containerd runs and ebpf-portmap's pins live).
+    pub fn node_command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--target={}", self.holder.id()))
+            .args(["--mount", "--net"])
+            .arg(format!("--wd={}", self.dir.path().display()))
+            .arg("--")
+            .arg(program)
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// `ebpf-portmap args...` on the node, as an operator runs it there.
+    pub fn operator(&self, args: &[&str]) -> Output {
+        self.node_command(plugin_bin())
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("running ebpf-portmap {}: {e}", args.join(" ")))
+    }
+
+    /// `ebpf-portmap <verb> --json` on the node; the verb must succeed.
+    pub fn operator_json(&self, verb: &str) -> Value {
+        let out = self.operator(&[verb, "--json"]);
+        assert!(
+            out.status.success(),
+            "ebpf-portmap {verb} --json ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "ebpf-portmap {verb} --json printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    /// `<path>` as the node's mount namespace sees it (through the holder's
+    /// `/proc/<pid>/root`).
+    pub fn node_path(&self, path: &str) -> PathBuf {
+        Path::new(&format!("/proc/{}/root", self.holder.id())).join(path.trim_start_matches('/'))
+    }
+
+    /// Every pin on the node's private bpffs, relative to it, sorted: the
+    /// files that were not there when it was mounted.
+    pub fn pins(&self) -> Vec<PathBuf> {
+        let mut pins = self.bpffs_files();
+        pins.retain(|file| !self.fresh_bpffs.contains(file));
+        pins
+    }
+
+    fn bpffs_files(&self) -> Vec<PathBuf> {
+        let root = self.node_path(crate::bpffs::BPFFS_MOUNT);
+        let mut files = Vec::new();
+        walk_files(&root, &root, &mut files);
+        files.sort();
+        files
+    }
+
+    /// ebpf-portmap's log (its default `logFile`, in the private `/var/log`).
+    pub fn plugin_log(&self) -> String {
+        std::fs::read_to_string(self.node_path("/var/log/ebpf-portmap.log")).unwrap_or_default()
+    }
+
+    /// Processes in the private mount namespace other than the holder:
+    /// `(pid, comm)`.
+    pub fn processes(&self) -> Vec<(i32, String)> {
+        let holder = i32::try_from(self.holder.id()).unwrap_or_default();
+        processes_in_mount_ns(&self.mount_ns)
+            .into_iter()
+            .filter(|pid| *pid != holder)
+            .map(|pid| {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                (pid, comm.trim().to_owned())
+            })
+            .collect()
+    }
+
+    /// Cgroups of pods still under the test cgroup, in any hierarchy.
+    pub fn pod_cgroups(&self) -> Vec<PathBuf> {
+        let mut left = Vec::new();
+        for hierarchy in crate::cgroup::hierarchies() {
+            let Ok(entries) = std::fs::read_dir(hierarchy.join(&self.name)) else {
+                continue;
+            };
+            left.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .filter(|e| e.file_name() != DAEMON_CGROUP && e.file_name() != HOOKS_CGROUP)
+                    .map(|e| e.path()),
+            );
+        }
+        left.sort();
+        left
+    }
+
+    /// Stops containerd: SIGTERM, then SIGKILL after 10 s. Its exit status
+    /// (`None` if it was stopped before).
+    pub fn stop_daemon(&mut self) -> Option<ExitStatus> {
+        self.client = None;
+        let mut daemon = self.daemon.take()?;
+        let pid = i32::try_from(daemon.id()).unwrap_or_default();
+        // SAFETY: signalling the child we started; no memory involved.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = daemon.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("harness: containerd did not stop on SIGTERM within 10 s; killing it");
+        let _ = daemon.kill();
+        daemon.wait().ok()
+    }
+
+    /// Best-effort state for failure messages: sandboxes, the calls, the
+    /// tails of containerd's and ebpf-portmap's logs. Never panics.
+    pub fn diagnostics(&self) -> String {
+        let mut report = String::from("--- CRI sandboxes\n");
+        match self.client.as_ref().map(CriClient::list_pod_sandboxes) {
+            Some(Ok(pods)) => {
+                for pod in pods {
+                    let name = pod.metadata.map(|m| m.name).unwrap_or_default();
+                    let _ = writeln!(report, "{} {name} state={}", pod.id, pod.state);
+                }
+            }
+            Some(Err(e)) => {
+                let _ = writeln!(report, "{e}");
+            }
+            None => report.push_str("(containerd stopped)\n"),
+        }
+        report.push_str("--- CNI calls (oldest first)\n");
+        for call in self.calls() {
+            let _ = writeln!(report, "{}", call.summary());
+        }
+        for (title, text) in [
+            (
+                "containerd log",
+                std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default(),
+            ),
+            ("ebpf-portmap log", self.plugin_log()),
+        ] {
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(25)..];
+            let _ = writeln!(report, "--- {title} (last {})", tail.len());
+            for line in tail {
+                report.push_str(line);
+                report.push('\n');
+            }
+        }
+        report
+    }
+
+    // ---- setup --------------------------------------------------------------
+
+    /// Copies the real plugins into `real/` and writes a recording shim for
+    /// each into `bin/`.
+    fn install_plugins(&self) {
+        let root = self.dir.path();
+        let mut plugins: Vec<(String, PathBuf)> = REFERENCE_PLUGINS
+            .iter()
+            .map(|name| (name.to_string(), Path::new(UPSTREAM_PLUGIN_DIR).join(name)))
+            .collect();
+        plugins.push((PLUGIN_TYPE.to_owned(), plugin_bin()));
+        for (name, source) in plugins {
+            let real = root.join("real").join(&name);
+            std::fs::copy(&source, &real).unwrap_or_else(|e| {
+                panic!(
+                    "copying {} to {}: {e} (`cargo xtask e2e-containerd` installs and builds what is missing)",
+                    source.display(),
+                    real.display()
+                )
+            });
+            let shim = root.join("bin").join(&name);
+            write_file(&shim, &shim_script(&name, &real, &root.join("calls")));
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("chmod {}: {e}", shim.display()));
+        }
+    }
+
+    fn write_conflist(&self, port_plugin_type: &str) {
+        let text = serde_json::to_string_pretty(&self.conflist(port_plugin_type))
+            .expect("a Value always serialises");
+        // Written aside and renamed: containerd watches the directory and
+        // must never read half a file.
+        let net_d = self.dir.path().join("net.d");
+        let staged = net_d.join(".conflist.tmp");
+        write_file(&staged, &text);
+        let target = net_d.join(CONFLIST_FILE);
+        std::fs::rename(&staged, &target).unwrap_or_else(|e| {
+            panic!("renaming {} to {}: {e}", staged.display(), target.display())
+        });
+    }
+
+    /// Builds the image as an OCI image-layout archive (one uncompressed
+    /// layer: a static `pause` compiled here, busybox, `probe` with its
+    /// shared libraries); returns the archive's path.
+    fn build_image(&self, probe: &Path) -> PathBuf {
+        let image = self.dir.path().join("image");
+        let rootfs = image.join("rootfs");
+        crate::podman::install_binary(&rootfs, Path::new(BUSYBOX), Path::new(BUSYBOX));
+        for applet in ["sh", "httpd", "mkdir"] {
+            let link = rootfs.join("bin").join(applet);
+            std::os::unix::fs::symlink("busybox", &link)
+                .unwrap_or_else(|e| panic!("linking {}: {e}", link.display()));
+        }
+        crate::podman::install_binary(&rootfs, probe, Path::new(IMAGE_PROBE));
+        let source = image.join("pause.c");
+        write_file(&source, PAUSE_C);
+        run_tool(
+            Command::new("gcc")
+                .args(["-static", "-Os", "-o"])
+                .arg(rootfs.join("pause"))
+                .arg(&source),
+        );
+        let layout = image.join("layout");
+        let blobs = layout.join("blobs/sha256");
+        create_dir(&blobs);
+        let layer = image.join("layer.tar");
+        run_tool(
+            Command::new("tar")
+                .arg("-C")
+                .arg(&rootfs)
+                .args(["--numeric-owner", "-cf"])
+                .arg(&layer)
+                .arg("."),
+        );
+        let layer_digest = sha256_file(&layer);
+        let layer_size = file_size(&layer);
+        std::fs::rename(&layer, blobs.join(&layer_digest)).expect("moving the layer blob");
+        let config = image_config(&layer_digest);
+        let (config_digest, config_size) = add_blob(&blobs, &config);
+        let manifest = image_manifest(&config_digest, config_size, &layer_digest, layer_size);
+        let (manifest_digest, manifest_size) = add_blob(&blobs, &manifest);
+        write_file(
+            &layout.join("index.json"),
+            &image_index(IMAGE, &manifest_digest, manifest_size).to_string(),
+        );
+        write_file(
+            &layout.join("oci-layout"),
+            r#"{"imageLayoutVersion":"1.0.0"}"#,
+        );
+        let archive = image.join("image.tar");
+        run_tool(
+            Command::new("tar")
+                .arg("-C")
+                .arg(&layout)
+                .arg("-cf")
+                .arg(&archive)
+                .args(["oci-layout", "index.json", "blobs"]),
+        );
+        archive
+    }
+
+    /// Starts containerd in the holder's namespaces and waits until it
+    /// serves the CRI.
+    fn start_daemon(&mut self) {
+        let root = self.dir.path().to_path_buf();
+        let log = std::fs::File::create(root.join("containerd.log"))
+            .unwrap_or_else(|e| panic!("creating containerd.log: {e}"));
+        let log_err = log.try_clone().expect("cloning a file handle");
+        let mut command = self.node_command("containerd");
+        command
+            .arg("--config")
+            .arg(root.join("config.toml"))
+            .stdout(log)
+            .stderr(log_err);
+        let procs = crate::cgroup::cgroup2_mount()
+            .join(&self.name)
+            .join(DAEMON_CGROUP)
+            .join("cgroup.procs");
+        // SAFETY: between fork and exec only prctl and std's open/write/close
+        // on a path built before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                std::fs::write(&procs, b"0")?;
+                die_with_parent()
+            });
+        }
+        self.daemon = Some(
+            command
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting containerd: {e}")),
+        );
+        let socket = root.join("containerd.sock");
+        let deadline = Instant::now() + READY;
+        let mut last = String::from("no socket yet");
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(status))) = self.daemon.as_mut().map(Child::try_wait) {
+                panic!(
+                    "containerd exited at start ({status})\n{}",
+                    self.diagnostics()
+                );
+            }
+            if socket.exists() {
+                match CriClient::connect(&socket).and_then(|c| c.version().map(|v| (c, v))) {
+                    Ok((client, version)) => {
+                        eprintln!(
+                            "harness: {} {} serves CRI {} at {}",
+                            version.runtime_name,
+                            version.runtime_version,
+                            version.runtime_api_version,
+                            socket.display()
+                        );
+                        self.client = Some(client);
+                        return;
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "containerd did not serve the CRI within {READY:?}: {last}\n{}",
+            self.diagnostics()
+        );
+    }
+
+    fn import_image(&self, archive: &Path) {
+        let socket = self.dir.path().join("containerd.sock");
+        run_tool(
+            Command::new("ctr")
+                .arg("--address")
+                .arg(&socket)
+                .args(["--namespace", "k8s.io", "images", "import"])
+                .arg(archive),
+        );
+    }
+
+    /// Waits until the CRI reports `NetworkReady` (the conflist is loaded).
+    fn wait_network_ready(&self) {
+        let deadline = Instant::now() + READY;
+        loop {
+            let status = self.cri().status(false);
+            let ready = status.as_ref().is_ok_and(|s| {
+                s.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.r#type == "NetworkReady" && c.status)
+                })
+            });
+            if ready {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "containerd's network is not ready after {READY:?}: {status:?}\n{}",
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // Removing the pods runs their CNI DELs while plugins, pins and
+        // namespaces still exist; the test has checked what it needed.
+        if let Some(client) = &self.client {
+            match client.list_pod_sandboxes() {
+                Ok(pods) => {
+                    for pod in pods {
+                        let outcome = client
+                            .stop_pod_sandbox(&pod.id)
+                            .and_then(|()| client.remove_pod_sandbox(&pod.id));
+                        if let Err(e) = outcome {
+                            eprintln!("harness: removing pod {} at teardown: {e}", pod.id);
+                        }
+                    }
+                }
+                Err(e) => eprintln!("harness: listing pods at teardown: {e}"),
+            }
+        }
+        if self
+            .node_path(&format!("{}/ebpf-portmap", crate::bpffs::BPFFS_MOUNT))
+            .exists()
+        {
+            let out = self.operator(&["uninstall", "--force"]);
+            if !out.status.success() {
+                eprintln!(
+                    "harness: ebpf-portmap uninstall at teardown ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+        }
+        self.stop_daemon();
+        for (pid, comm) in self.processes() {
+            eprintln!(
+                "harness: killing process {pid} ({comm}) left in containerd's mount namespace"
+            );
+            crate::cgroup::kill(pid);
+        }
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+        for hierarchy in crate::cgroup::hierarchies() {
+            crate::cgroup::remove_tree(&hierarchy.join(&self.name));
+        }
+    }
+}
+
+// ---- pure parts -------------------------------------------------------------
+
+/// The conflist a user drops in: `bridge` + dual-stack `host-local` + the
+/// port-mapping plugin with only the `portMappings` capability. ebpf-portmap
+/// also gets `cgroupPath` (its default, the root of the cgroup2 hierarchy,
+/// would hook every process of the machine); everything else is left to the
+/// defaults, which the private mount namespace keeps on the node.
+pub fn conflist(port_plugin_type: &str, hooks_cgroup: &Path) -> Value {
+    let mut port_plugin =
+        json!({ "type": port_plugin_type, "capabilities": { "portMappings": true } });
+    if port_plugin_type == PLUGIN_TYPE {
+        port_plugin["cgroupPath"] = Value::from(hooks_cgroup.to_string_lossy().into_owned());
+    }
+    json!({
+        "cniVersion": "1.0.0",
+        "name": NETWORK,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE_NAME,
+                "isGateway": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{ "subnet": POD_SUBNET4 }], [{ "subnet": POD_SUBNET6 }]],
+                    "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }],
+                },
+            },
+            port_plugin,
+        ]
+    })
+}
+
+/// containerd's `config.toml` (version 2) with everything under `root`.
+pub fn config_toml(root: &Path) -> String {
+    let path = |sub: &str| toml_string(&root.join(sub));
+    format!(
+        r#"version = 2
+root = {root_dir}
+state = {state}
+# Snapshotters and tracing this test does not use: quieter, faster start.
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = {socket}
+
+[ttrpc]
+  address = {ttrpc}
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = {opt}
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{IMAGE}"
+  netns_mounts_under_state_dir = true
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  tolerate_missing_hugetlb_controller = true
+  disable_hugetlb_controller = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = {bin}
+  conf_dir = {net_d}
+  max_conf_num = 1
+
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  BinaryName = "/usr/sbin/runc"
+  Root = {runc}
+"#,
+        root_dir = path("root"),
+        state = path("state"),
+        socket = path("containerd.sock"),
+        ttrpc = path("containerd.sock.ttrpc"),
+        opt = path("opt"),
+        bin = path("bin"),
+        net_d = path("net.d"),
+        runc = path("runc"),
+    )
+}
+
+/// A path as a TOML basic string (harness paths need no escapes; refuse any).
+fn toml_string(path: &Path) -> String {
+    let text = path
+        .to_str()
+        .unwrap_or_else(|| panic!("{} is not UTF-8", path.display()));
+    assert!(
+        !text.contains(['"', '\\']) && !text.chars().any(char::is_control),
+        "{text} needs escaping in TOML"
+    );
+    format!("\"{text}\"")
+}
+
+/// The plugin types of every network in containerd's verbose `cniconfig`
+/// (go-cni's `ConfigResult`: `Networks[].Config.Plugins[].Network.type`).
+pub fn loaded_plugin_types(cniconfig: &Value) -> Vec<String> {
+    cniconfig["Networks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|network| {
+            network["Config"]["Plugins"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|plugin| plugin["Network"]["type"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The sandbox of pod `name` as the kubelet would describe it.
+pub fn sandbox_config(
+    name: &str,
+    uid: &str,
+    log_directory: &Path,
+    cgroup_parent: &str,
+    ports: &[PortMapping],
+) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+            namespace: POD_NAMESPACE.to_owned(),
+            attempt: 0,
+        }),
+        hostname: name.to_owned(),
+        log_directory: log_directory.to_string_lossy().into_owned(),
+        port_mappings: ports.iter().map(cri_port_mapping).collect(),
+        labels: [("app".to_owned(), name.to_owned())].into(),
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: cgroup_parent.to_owned(),
+        }),
+    }
+}
+
+/// A port mapping as the kubelet puts it in a sandbox config.
+pub fn cri_port_mapping(port: &PortMapping) -> crate::cri::PortMapping {
+    let protocol = match port.protocol.as_str() {
+        "tcp" => Protocol::Tcp,
+        "udp" => Protocol::Udp,
+        "sctp" => Protocol::Sctp,
+        other => panic!("no CRI protocol {other:?}"),
+    };
+    crate::cri::PortMapping {
+        protocol: protocol as i32,
+        container_port: i32::from(port.container_port),
+        host_port: i32::from(port.host_port),
+        host_ip: port.host_ip.map(|ip| ip.to_string()).unwrap_or_default(),
+    }
+}
+
+/// The app container of pod `name`: httpd on 80 (body `name`, in the
+/// background), the UDP echo on 53 as the main process.
+pub fn app_config(name: &str) -> ContainerConfig {
+    assert!(
+        !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+        "pod name {name:?}: letters, digits and dashes only (it goes into a shell line)"
+    );
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: "app".to_owned(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: IMAGE.to_owned(),
+        }),
+        command: vec!["/bin/sh".to_owned(), "-c".to_owned()],
+        args: vec![format!(
+            "mkdir -p /www && echo {name} > /www/index.html && httpd -p 80 -h /www && exec {IMAGE_PROBE} udp-echo-server 53 {name}"
+        )],
+        log_path: "app.log".to_owned(),
+    }
+}
+
+/// Every address the CRI reports for a sandbox.
+pub fn pod_ips(status: &crate::cri::PodSandboxStatus) -> Vec<IpAddr> {
+    let Some(network) = &status.network else {
+        return Vec::new();
+    };
+    std::iter::once(network.ip.as_str())
+        .chain(network.additional_ips.iter().map(|ip| ip.ip.as_str()))
+        .filter_map(|ip| ip.parse().ok())
+        .collect()
+}
+
+/// The image's config: amd64/arm64 Linux, `pause` as the entrypoint.
+fn image_config(layer_digest: &str) -> Value {
+    json!({
+        "architecture": oci_architecture(),
+        "os": "linux",
+        "config": { "Entrypoint": ["/pause"], "WorkingDir": "/" },
+        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
+    })
+}
+
+fn image_manifest(
+    config_digest: &str,
+    config_size: u64,
+    layer_digest: &str,
+    layer_size: u64,
+) -> Value {
+    json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": format!("sha256:{config_digest}"),
+            "size": config_size,
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar",
+            "digest": format!("sha256:{layer_digest}"),
+            "size": layer_size,
+        }],
+    })
+}
+
+/// `index.json`: the manifest, named `name` for containerd's import.
+fn image_index(name: &str, manifest_digest: &str, manifest_size: u64) -> Value {
+    let tag = name.rsplit_once(':').map_or("latest", |(_, tag)| tag);
+    json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": format!("sha256:{manifest_digest}"),
+            "size": manifest_size,
+            "annotations": {
+                "io.containerd.image.name": name,
+                "org.opencontainers.image.ref.name": tag,
+            },
+            "platform": { "architecture": oci_architecture(), "os": "linux" },
+        }],
+    })
+}
+
+/// The OCI name of this machine's architecture.
+fn oci_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// The shim for plugin `name`: records the call under `calls` as
+/// `<ns-timestamp>-<pid>-<name>.{env,stdin,stdout,stderr,rc}` (`rc` last:
+/// a call without it has not finished), runs `real` with the same stdin and
+/// arguments and gives containerd its stdout, stderr and exit code.
+pub fn shim_script(name: &str, real: &Path, calls: &Path) -> String {
+    let quote = |path: &Path| {
+        let text = path
+            .to_str()
+            .unwrap_or_else(|| panic!("{} is not UTF-8", path.display()));
+        assert!(!text.contains('\''), "{text} contains a single quote");
+        format!("'{text}'")
+    };
+    assert!(
+        name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+        "plugin name {name:?}"
+    );
+    format!(
+        r#"#!/bin/sh
+# Records one CNI call for the containerd end-to-end test, then runs the plugin.
+rec={calls}/$(date +%s%N)-$$-{name}
+cat > "$rec.stdin"
+{{
+  printf 'CNI_COMMAND=%s\n' "$CNI_COMMAND"
+  printf 'CNI_CONTAINERID=%s\n' "$CNI_CONTAINERID"
+  printf 'CNI_NETNS=%s\n' "$CNI_NETNS"
+  printf 'CNI_IFNAME=%s\n' "$CNI_IFNAME"
+  printf 'CNI_ARGS=%s\n' "$CNI_ARGS"
+}} > "$rec.env"
+{real} "$@" < "$rec.stdin" > "$rec.stdout" 2> "$rec.stderr"
+rc=$?
+cat "$rec.stdout"
+cat "$rec.stderr" >&2
+echo "$rc" > "$rec.rc"
+exit "$rc"
+"#,
+        calls = quote(calls),
+        real = quote(real),
+    )
+}
+
+/// Reads every call the shims recorded in `dir`, oldest first.
+pub fn read_calls(dir: &Path) -> Vec<CniCall> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut records: Vec<((u128, u32), String, PathBuf)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let file = entry.file_name().into_string().ok()?;
+            let stem = file.strip_suffix(".env")?;
+            let mut parts = stem.splitn(3, '-');
+            let at: u128 = parts.next()?.parse().ok()?;
+            let pid: u32 = parts.next()?.parse().ok()?;
+            let plugin = parts.next()?.to_owned();
+            Some(((at, pid), plugin, dir.join(stem)))
+        })
+        .collect();
+    records.sort();
+    records
+        .into_iter()
+        .map(|(_, plugin, stem)| {
+            let read =
+                |ext: &str| std::fs::read_to_string(stem.with_extension(ext)).unwrap_or_default();
+            parse_call(
+                plugin,
+                &read("env"),
+                &read("stdin"),
+                &read("rc"),
+                read("stdout"),
+                read("stderr"),
+            )
+        })
+        .collect()
+}
+
+/// One recorded call from its files' contents.
+pub fn parse_call(
+    plugin: String,
+    env: &str,
+    stdin: &str,
+    rc: &str,
+    stdout: String,
+    stderr: String,
+) -> CniCall {
+    let vars: BTreeMap<&str, &str> = env.lines().filter_map(|l| l.split_once('=')).collect();
+    let var = |key: &str| vars.get(key).copied().unwrap_or_default().to_owned();
+    CniCall {
+        plugin,
+        command: var("CNI_COMMAND"),
+        container_id: var("CNI_CONTAINERID"),
+        netns: var("CNI_NETNS"),
+        ifname: var("CNI_IFNAME"),
+        args: var("CNI_ARGS"),
+        config: serde_json::from_str(stdin).unwrap_or(Value::Null),
+        exit_code: rc.trim().parse().ok(),
+        stdout,
+        stderr,
+    }
+}
+
+/// The script the holder runs in its new mount namespace; `cgroup2` is the
+/// cgroup2 mount the harness uses.
+fn holder_script(root: &Path, cgroup2: &Path) -> String {
+    let mut script = String::from("set -e\n");
+    script.push_str("mount -t tmpfs -o mode=0755 epm-ctrd-run /run\n");
+    script.push_str("mount -t tmpfs -o mode=1777 epm-ctrd-shm /dev/shm\n");
+    for (source, target) in [("var-lib", "/var/lib"), ("var-log", "/var/log")] {
+        let _ = writeln!(
+            script,
+            "mount --bind '{}' {target}",
+            root.join(source).display()
+        );
+    }
+    let _ = writeln!(
+        script,
+        "mount -t bpf epm-ctrd-bpf {}",
+        crate::bpffs::BPFFS_MOUNT
+    );
+    // The harness's cgroup2 mount, if it lives under /run (a machine without
+    // one), would be hidden by the new tmpfs: mount the hierarchy again.
+    if cgroup2.starts_with("/run") {
+        let _ = writeln!(
+            script,
+            "mkdir -p '{0}' && mount -t cgroup2 none '{0}'",
+            cgroup2.display()
+        );
+    }
+    script.push_str("echo ready\nexec sleep infinity\n");
+    script
+}
+
+/// Starts the holder in `node` and waits until its mounts are in place.
+fn spawn_holder(node: &NetNs, root: &Path) -> Child {
+    let text = root.to_string_lossy();
+    assert!(!text.contains('\''), "{text} contains a single quote");
+    let mut command = node.command("unshare");
+    command
+        .args(["--mount", "--propagation", "slave", "--", "/bin/sh", "-c"])
+        .arg(holder_script(root, crate::cgroup::cgroup2_mount()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+    unsafe {
+        command.pre_exec(die_with_parent);
+    }
+    let mut holder = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting unshare in netns {}: {e}", node.name()));
+    let mut line = String::new();
+    let stdout = holder.stdout.take().expect("stdout is piped");
+    let _ = BufReader::new(stdout).read_line(&mut line);
+    if line.trim() != "ready" {
+        let _ = holder.kill();
+        let out = holder.wait_with_output();
+        panic!(
+            "the private mount namespace for containerd could not be set up: {:?}",
+            out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        );
+    }
+    holder
+}
+
+/// `PR_SET_PDEATHSIG(SIGKILL)`, for a `pre_exec` hook.
+fn die_with_parent() -> std::io::Result<()> {
+    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn mount_ns_of(pid: u32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+        .map(|link| link.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Pids of the processes in the mount namespace `mount_ns` (`mnt:[inode]`).
+fn processes_in_mount_ns(mount_ns: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+                .is_ok_and(|link| link.to_string_lossy() == mount_ns)
+        })
+        .collect()
+}
+
+fn walk_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            walk_files(root, &path, out);
+        } else if let Ok(relative) = path.strip_prefix(root) {
+            out.push(relative.to_path_buf());
+        }
+    }
+}
+
+fn create_dir(path: &Path) {
+    std::fs::create_dir_all(path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+}
+
+fn write_file(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}
+
+fn file_size(path: &Path) -> u64 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("stat {}: {e}", path.display()))
+        .len()
+}
+
+/// Runs a tool that must succeed; its stdout.
+fn run_tool(command: &mut Command) -> String {
+    let shown = format!("{command:?}");
+    let out = command
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("starting {shown}: {e}"));
+    assert!(
+        out.status.success(),
+        "{shown} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The hex SHA-256 of a file (`sha256sum`, coreutils).
+fn sha256_file(path: &Path) -> String {
+    let out = run_tool(Command::new("sha256sum").arg(path));
+    let digest = out.split_whitespace().next().unwrap_or_default().to_owned();
+    assert!(
+        digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+        "sha256sum printed {out:?}"
+    );
+    digest
+}
+
+/// Writes `value` as a blob: its digest and size.
+fn add_blob(blobs: &Path, value: &Value) -> (String, u64) {
+    let staged = blobs.join("staged");
+    write_file(&staged, &value.to_string());
+    let digest = sha256_file(&staged);
+    let size = file_size(&staged);
+    std::fs::rename(&staged, blobs.join(&digest)).expect("naming a blob by its digest");
+    (digest, size)
+}
+
+/// What the machine outside the test's namespaces looks like: the root
+/// network namespace (links, addresses, routes, firewall rules) and the
+/// places a runtime or a plugin would write to if it escaped its
+/// confinement. Compared before and after a test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootState {
+    pub network: BTreeMap<String, String>,
+    /// Whether each path exists.
+    pub paths: BTreeMap<&'static str, bool>,
+    /// Mounts in the root mount namespace that name containerd, CNI or a
+    /// path of this harness's kind.
+    pub mounts: Vec<String>,
+}
+
+/// Paths a runtime, libcni, runc or ebpf-portmap write to by default.
+const ROOT_PATHS: [&str; 10] = [
+    "/run/containerd",
+    "/var/lib/containerd",
+    "/run/runc",
+    "/var/lib/cni",
+    "/run/cni",
+    "/etc/cni/net.d",
+    "/opt/cni/bin",
+    "/var/log/ebpf-portmap.log",
+    "/run/ebpf-portmap",
+    "/sys/fs/bpf/ebpf-portmap",
+];
+
+impl RootState {
+    /// Captures the state (the test process runs in the root namespaces).
+    pub fn capture() -> RootState {
+        let mut network = BTreeMap::new();
+        for args in [
+            &["ip", "-o", "link", "show"][..],
+            &["ip", "-o", "addr", "show"],
+            &["ip", "route", "show", "table", "all"],
+            &["ip", "-6", "route", "show", "table", "all"],
+            &["iptables", "-t", "nat", "-S"],
+            &["iptables", "-t", "filter", "-S"],
+            &["ip6tables", "-t", "nat", "-S"],
+            &["ip6tables", "-t", "filter", "-S"],
+        ] {
+            let out = Command::new(args[0]).args(&args[1..]).output();
+            let text = match out {
+                Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
+                Err(e) => format!("(could not run: {e})"),
+            };
+            network.insert(args.join(" "), without_lifetimes(&text));
+        }
+        let paths = ROOT_PATHS
+            .iter()
+            .map(|path| (*path, Path::new(path).exists()))
+            .collect();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let marker = format!("{}-{KIND}-", crate::naming::name_prefix());
+        let mounts = mountinfo
+            .lines()
+            .filter(|l| {
+                l.contains("containerd")
+                    || l.contains("/cni")
+                    || l.contains(&marker)
+                    || l.contains("epm-ctrd")
+            })
+            .map(str::to_owned)
+            .collect();
+        RootState {
+            network,
+            paths,
+            mounts,
+        }
+    }
+
+    /// What differs from `before`, one line per difference.
+    pub fn differences(&self, before: &RootState) -> Vec<String> {
+        let mut found = Vec::new();
+        for (what, text) in &self.network {
+            if before.network.get(what) != Some(text) {
+                found.push(format!(
+                    "`{what}` changed:\nbefore:\n{}\nafter:\n{text}",
+                    before.network.get(what).map_or("", String::as_str)
+                ));
+            }
+        }
+        for (path, exists) in &self.paths {
+            if before.paths.get(path) != Some(exists) {
+                found.push(format!(
+                    "{path}: existed {:?}, now {exists}",
+                    before.paths.get(path)
+                ));
+            }
+        }
+        if self.mounts != before.mounts {
+            found.push(format!(
+                "root mounts changed:\nbefore:\n{}\nafter:\n{}",
+                before.mounts.join("\n"),
+                self.mounts.join("\n")
+            ));
+        }
+        found
+    }
+}
+
+/// `ip` output without the counting-down lifetimes of dynamic addresses
+/// and routes (`valid_lft 86390sec`, `expires 1799sec`).
+fn without_lifetimes(text: &str) -> String {
+    text.lines()
+        .map(|line| {
+            let mut words = Vec::new();
+            let mut skip_next = false;
+            for word in line.split_whitespace() {
+                if skip_next {
+                    skip_next = false;
+                    continue;
+                }
+                if matches!(word, "valid_lft" | "preferred_lft" | "expires") {
+                    skip_next = true;
+                    continue;
+                }
+                words.push(word);
+            }
+            words.join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conflists_are_the_minimal_drop_in() {
+        let hooks = Path::new("/sys/fs/cgroup/unified/ct-ctrd-1-2/hooks");
+        let ours = conflist("ebpf-portmap", hooks);
+        assert_eq!(ours["name"], NETWORK);
+        assert_eq!(ours["plugins"][0]["type"], "bridge");
+        assert_eq!(ours["plugins"][0]["ipam"]["type"], "host-local");
+        assert_eq!(
+            ours["plugins"][0]["ipam"]["ranges"],
+            json!([[{ "subnet": "10.244.0.0/24" }], [{ "subnet": "fd44::/64" }]])
+        );
+        assert_eq!(
+            ours["plugins"][1],
+            json!({
+                "type": "ebpf-portmap",
+                "capabilities": { "portMappings": true },
+                "cgroupPath": "/sys/fs/cgroup/unified/ct-ctrd-1-2/hooks",
+            })
+        );
+        let upstream = conflist("portmap", hooks);
+        assert_eq!(
+            upstream["plugins"][1],
+            json!({ "type": "portmap", "capabilities": { "portMappings": true } })
+        );
+        assert_eq!(upstream["plugins"][0], ours["plugins"][0]);
+    }
+
+    #[test]
+    fn containerd_config_keeps_everything_under_the_test_dir() {
+        let toml = config_toml(Path::new("/tmp/c"));
+        for line in [
+            "root = \"/tmp/c/root\"",
+            "state = \"/tmp/c/state\"",
+            "  address = \"/tmp/c/containerd.sock\"",
+            "  address = \"/tmp/c/containerd.sock.ttrpc\"",
+            "  path = \"/tmp/c/opt\"",
+            "  bin_dir = \"/tmp/c/bin\"",
+            "  conf_dir = \"/tmp/c/net.d\"",
+            "  max_conf_num = 1",
+            "  netns_mounts_under_state_dir = true",
+            "  sandbox_image = \"localhost/epm-ctrd:1\"",
+            "  SystemdCgroup = false",
+            "  Root = \"/tmp/c/runc\"",
+        ] {
+            assert!(toml.lines().any(|l| l == line), "{line:?} missing:\n{toml}");
+        }
+    }
+
+    #[test]
+    fn loaded_plugin_types_come_from_cniconfig() {
+        let cniconfig = json!({
+            "PluginDirs": ["/tmp/c/bin"],
+            "Networks": [
+                { "Config": { "Name": "cni-loopback", "Plugins": [{ "Network": { "type": "loopback" } }] }, "IFName": "lo" },
+                { "Config": { "Name": "epm-ctrd", "Plugins": [
+                    { "Network": { "type": "bridge" } },
+                    { "Network": { "type": "ebpf-portmap" } },
+                ] }, "IFName": "eth0" },
+            ]
+        });
+        assert_eq!(
+            loaded_plugin_types(&cniconfig),
+            ["loopback", "bridge", "ebpf-portmap"]
+        );
+        assert!(loaded_plugin_types(&Value::Null).is_empty());
+    }
+
+    #[test]
+    fn sandbox_configs_carry_the_ports_as_the_kubelet_sends_them() {
+        let config = sandbox_config(
+            "web",
+            "web-uid-0",
+            Path::new("/tmp/c/logs/web-uid-0"),
+            "/ct-ctrd-1-2",
+            &[
+                PortMapping::tcp(8080, 80),
+                PortMapping::udp(8053, 53).on("198.18.0.11".parse().unwrap()),
+            ],
+        );
+        let metadata = config.metadata.as_ref().unwrap();
+        assert_eq!(
+            (metadata.name.as_str(), metadata.namespace.as_str()),
+            ("web", POD_NAMESPACE)
+        );
+        assert_eq!(config.linux.unwrap().cgroup_parent, "/ct-ctrd-1-2");
+        assert_eq!(
+            config.port_mappings,
+            [
+                crate::cri::PortMapping {
+                    protocol: Protocol::Tcp as i32,
+                    container_port: 80,
+                    host_port: 8080,
+                    host_ip: String::new(),
+                },
+                crate::cri::PortMapping {
+                    protocol: Protocol::Udp as i32,
+                    container_port: 53,
+                    host_port: 8053,
+                    host_ip: "198.18.0.11".into(),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "letters, digits and dashes")]
+    fn pod_names_never_reach_the_shell_unchecked() {
+        app_config("a;b");
+    }
+
+    #[test]
+    fn shims_record_then_answer_as_the_plugin() {
+        let script = shim_script(
+            "ebpf-portmap",
+            Path::new("/tmp/c/real/ebpf-portmap"),
+            Path::new("/tmp/c/calls"),
+        );
+        assert!(script.starts_with("#!/bin/sh\n"));
+        assert!(
+            script.contains("rec='/tmp/c/calls'/$(date +%s%N)-$$-ebpf-portmap\n"),
+            "{script}"
+        );
+        assert!(
+            script.contains(
+                "'/tmp/c/real/ebpf-portmap' \"$@\" < \"$rec.stdin\" > \"$rec.stdout\" 2> \"$rec.stderr\"\n"
+            ),
+            "{script}"
+        );
+        assert!(script.ends_with("echo \"$rc\" > \"$rec.rc\"\nexit \"$rc\"\n"));
+    }
+
+    #[test]
+    fn recorded_calls_parse() {
+        let call = parse_call(
+            "ebpf-portmap".into(),
+            "CNI_COMMAND=DEL\nCNI_CONTAINERID=abc\nCNI_NETNS=\nCNI_IFNAME=eth0\nCNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME=web\n",
+            r#"{"type":"ebpf-portmap","runtimeConfig":{"portMappings":[{"HostPort":8080}]}}"#,
+            "0\n",
+            String::new(),
+            String::new(),
+        );
+        assert_eq!(call.command, "DEL");
+        assert_eq!(call.container_id, "abc");
+        assert_eq!(call.netns, "");
+        assert_eq!(call.exit_code, Some(0));
+        assert!(!call.has_prev_result());
+        assert_eq!(call.cni_arg("K8S_POD_NAME"), Some("web"));
+        assert_eq!(call.cni_arg("K8S_POD_UID"), None);
+        assert_eq!(call.port_mappings()[0]["HostPort"], 8080);
+        let running = parse_call(
+            "bridge".into(),
+            "",
+            "not json",
+            "",
+            String::new(),
+            String::new(),
+        );
+        assert_eq!((running.exit_code, running.config), (None, Value::Null));
+    }
+
+    #[test]
+    fn calls_are_read_in_the_order_they_started() {
+        let dir = TempDir::new("ctrd-unit");
+        for (stem, command) in [
+            ("1700000000000000002-10-ebpf-portmap", "DEL"),
+            ("1700000000000000001-11-bridge", "ADD"),
+        ] {
+            write_file(
+                &dir.path().join(format!("{stem}.env")),
+                &format!("CNI_COMMAND={command}\n"),
+            );
+            write_file(&dir.path().join(format!("{stem}.rc")), "0\n");
+        }
+        write_file(&dir.path().join("unrelated.txt"), "");
+        let calls = read_calls(dir.path());
+        let seen: Vec<(&str, &str)> = calls
+            .iter()
+            .map(|c| (c.plugin.as_str(), c.command.as_str()))
+            .collect();
+        assert_eq!(seen, [("bridge", "ADD"), ("ebpf-portmap", "DEL")]);
+    }
+
+    #[test]
+    fn holder_mounts_private_state_and_bpffs() {
+        let script = holder_script(Path::new("/tmp/c"), Path::new("/sys/fs/cgroup/unified"));
+        assert!(script.starts_with("set -e\n"));
+        assert!(script.contains("mount -t tmpfs -o mode=0755 epm-ctrd-run /run\n"));
+        assert!(script.contains("mount --bind '/tmp/c/var-lib' /var/lib\n"));
+        assert!(script.contains("mount --bind '/tmp/c/var-log' /var/log\n"));
+        assert!(script.contains("mount -t bpf epm-ctrd-bpf /sys/fs/bpf\n"));
+        assert!(!script.contains("cgroup2"), "{script}");
+        assert!(script.ends_with("echo ready\nexec sleep infinity\n"));
+    }
+
+    #[test]
+    fn image_documents_reference_each_other() {
+        let index = image_index(IMAGE, "ab", 12);
+        assert_eq!(
+            index["manifests"][0]["annotations"]["io.containerd.image.name"],
+            IMAGE
+        );
+        assert_eq!(
+            index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
+            "1"
+        );
+        assert_eq!(index["manifests"][0]["digest"], "sha256:ab");
+        let manifest = image_manifest("cd", 3, "ef", 4);
+        assert_eq!(manifest["config"]["digest"], "sha256:cd");
+        assert_eq!(manifest["layers"][0]["digest"], "sha256:ef");
+        assert_eq!(manifest["layers"][0]["size"], 4);
+        let config = image_config("ef");
+        assert_eq!(config["rootfs"]["diff_ids"][0], "sha256:ef");
+        assert_eq!(config["config"]["Entrypoint"][0], "/pause");
+    }
+
+    #[test]
+    fn lifetimes_do_not_count_as_changes() {
+        assert_eq!(
+            without_lifetimes(
+                "2: eth0    inet 10.0.0.5/24 brd 10.0.0.255 scope global dynamic eth0\\       valid_lft 86390sec preferred_lft 86390sec"
+            ),
+            "2: eth0 inet 10.0.0.5/24 brd 10.0.0.255 scope global dynamic eth0\\"
+        );
+        assert_eq!(
+            without_lifetimes("fe80::/64 dev eth0 proto ra metric 100 expires 1799sec pref medium"),
+            "fe80::/64 dev eth0 proto ra metric 100 pref medium"
+        );
+    }
+}
