@@ -293,21 +293,50 @@ pub struct Capacities {
     pub conntrack: Option<u32>,
 }
 
+/// The interfaces one run wants to carry the programs, and the node's
+/// interfaces as the run's link dump saw them.
+#[derive(Debug, Clone, Copy)]
+pub struct Targets<'a> {
+    /// Checked in the kernel on every run, and failing to attach fails the
+    /// run: the request's own container-facing interfaces.
+    pub required: &'a BTreeSet<u32>,
+    /// Checked by their pins only (one directory read for all of them),
+    /// attached when a pin is missing; a failure is logged, not fatal (an
+    /// interface may vanish between the dump and the attach): the uplinks.
+    pub uplinks: &'a BTreeSet<u32>,
+    /// Index of every interface the node has: pins of any other index are
+    /// of interfaces that are gone (deleted, or re-created under a new index).
+    pub live: &'a BTreeSet<u32>,
+}
+
 /// Makes sure this build's programs are loaded and attached to every
-/// interface in `interfaces`, both directions. Cheap when they already are.
+/// interface of `targets`, both directions, and drops the pins of
+/// interfaces that are gone. Cheap when all is in place: a few read-only
+/// syscalls and one read of the links directory, no lock.
 pub fn ensure(
     layout: &PinLayout,
-    interfaces: &BTreeSet<u32>,
+    targets: Targets<'_>,
     cgroup: &Path,
     capacities: Capacities,
 ) -> Result<(), AttachError> {
-    if is_ready(layout, interfaces, cgroup) {
+    // Pins of interfaces gone (a removed container's veth, typically) are
+    // dropped on their own: that needs the lock, not the whole slow path.
+    let mut recorded = recorded_attachments(layout);
+    if recorded
+        .iter()
+        .any(|(ifindex, _)| !targets.live.contains(ifindex))
+    {
+        let _lock = lock(layout)?;
+        forget_interfaces_not_in(layout, targets.live);
+        recorded = recorded_attachments(layout);
+    }
+    if is_ready(layout, targets, &recorded, cgroup) {
         return Ok(());
     }
     mount_bpffs_if_missing(layout.root())?;
     let lock = lock(layout)?;
     // Someone may have finished the job while we waited.
-    if is_ready(layout, interfaces, cgroup) {
+    if is_ready(layout, targets, &recorded_attachments(layout), cgroup) {
         return Ok(());
     }
     for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
@@ -324,17 +353,26 @@ pub fn ensure(
             });
         }
     };
-    for &ifindex in interfaces {
+    // An interface that is gone takes its pins with it; its index is never
+    // handed out again soon (the kernel allocates them cyclically).
+    forget_interfaces_not_in(layout, targets.live);
+    for &ifindex in targets.required {
         for direction in Direction::BOTH {
             attach_one(layout, ifindex, direction, mode)?;
         }
     }
-    // Interfaces attached by earlier ADDs (other containers' veths, after
+    for &ifindex in targets.uplinks.difference(targets.required) {
+        for direction in Direction::BOTH {
+            if let Err(error) = attach_one(layout, ifindex, direction, mode) {
+                log::warn!("attaching to interface {ifindex}: {error}");
+            }
+        }
+    }
+    // Interfaces attached by earlier runs (other containers' veths, after
     // an upgrade): this build's programs go there too, or the old ones keep
-    // running. An interface that is gone takes its pin with it.
-    forget_gone_interfaces(layout);
+    // running.
     for (ifindex, direction) in recorded_attachments(layout) {
-        if interfaces.contains(&ifindex) {
+        if targets.required.contains(&ifindex) || targets.uplinks.contains(&ifindex) {
             continue;
         }
         if let Err(error) = attach_one(layout, ifindex, direction, mode) {
@@ -379,22 +417,43 @@ pub fn lock(layout: &PinLayout) -> Result<fs::File, AttachError> {
     Ok(lock)
 }
 
-fn is_ready(layout: &PinLayout, interfaces: &BTreeSet<u32>, cgroup: &Path) -> bool {
+/// Whether everything of `targets` is in place; `recorded` is what
+/// [`recorded_attachments`] says now.
+fn is_ready(
+    layout: &PinLayout,
+    targets: Targets<'_>,
+    recorded: &[(u32, Direction)],
+    cgroup: &Path,
+) -> bool {
     let hooks_ready = local::program_names::ALL.iter().all(|&program| {
         pinned_id(&layout.program(build_id(), program))
             .is_some_and(|id| cgroup::attached(layout, cgroup, program, id))
     });
-    hooks_ready
-        && Direction::BOTH.iter().all(|&direction| {
-            // The ID only: opening the program as a SchedClassifier would
-            // make aya probe the kernel's features (a dozen BPF loads).
-            let Some(id) = pinned_id(&layout.program(build_id(), program_name(direction))) else {
-                return false;
-            };
-            interfaces
-                .iter()
-                .all(|&ifindex| attached(layout, ifindex, direction, id))
-        })
+    if !hooks_ready {
+        return false;
+    }
+    let required_ready = Direction::BOTH.iter().all(|&direction| {
+        // The ID only: opening the program as a SchedClassifier would
+        // make aya probe the kernel's features (a dozen BPF loads).
+        let Some(id) = pinned_id(&layout.program(build_id(), program_name(direction))) else {
+            return false;
+        };
+        targets
+            .required
+            .iter()
+            .all(|&ifindex| attached(layout, ifindex, direction, id))
+    });
+    if !required_ready {
+        return false;
+    }
+    // The uplinks by their pins: an interface added or re-created since the
+    // last run has none.
+    let pinned: std::collections::HashSet<(u32, Direction)> = recorded.iter().copied().collect();
+    targets.uplinks.iter().all(|&ifindex| {
+        Direction::BOTH
+            .iter()
+            .all(|&direction| pinned.contains(&(ifindex, direction)))
+    })
 }
 
 /// ID of the program pinned at `path`, whatever its type.
@@ -466,11 +525,13 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
 }
 
 /// Unpins the attachments of interfaces that no longer exist (the host end
-/// of a removed container's veth): their links are defunct, and the index
-/// may be given to a new interface.
-pub fn forget_gone_interfaces(layout: &PinLayout) {
+/// of a removed container's veth, an uplink re-created under a new index):
+/// their links are defunct. `live` is every interface index the node had
+/// at this run's link dump; an index missing there is asked about again,
+/// since a run with a newer dump may have attached an interface made since.
+fn forget_interfaces_not_in(layout: &PinLayout, live: &BTreeSet<u32>) {
     for (ifindex, direction) in recorded_attachments(layout) {
-        if netlink::interface_name(ifindex).is_none() {
+        if !live.contains(&ifindex) && netlink::interface_name(ifindex).is_none() {
             let _ = fs::remove_file(layout.tcx_link(ifindex, direction));
             let _ = fs::remove_file(layout.clsact_marker(ifindex, direction));
         }

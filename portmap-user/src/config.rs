@@ -298,7 +298,8 @@ pub struct NetConf {
     pub plugin_type: String,
     /// `pinRoot`: absolute path, default [`DEFAULT_PIN_ROOT`].
     pub pin_root: PathBuf,
-    /// `interfaces`: explicit list of node interfaces to attach ingress programs to.
+    /// `interfaces`: names or shell-style patterns (`eth*`) of the node
+    /// interfaces to attach to instead of the default (every up interface).
     pub interfaces: Option<Vec<String>>,
     /// `conntrackSize`: entries in the conntrack map.
     pub conntrack_size: Option<u32>,
@@ -454,6 +455,15 @@ pub enum ConfigError {
         value: String,
         reason: IfnameError,
     },
+    #[error(
+        "{key}: {value:?} is not a valid interface pattern; use names and shell-style wildcards such as \"eth*\" or \"bond0.*\""
+    )]
+    InvalidInterfacePattern {
+        key: String,
+        value: String,
+        #[source]
+        source: glob::PatternError,
+    },
     #[error("{key} must list at least one interface; remove the key to use the default")]
     EmptyInterfaceList { key: String },
     #[error("{key}[{second}] repeats {name:?} from {key}[{first}]; list each interface once")]
@@ -567,6 +577,7 @@ impl ConfigError {
             | ConfigError::InvalidNetworkName { .. }
             | ConfigError::InvalidPinRoot { .. }
             | ConfigError::InvalidInterfaceName { .. }
+            | ConfigError::InvalidInterfacePattern { .. }
             | ConfigError::EmptyInterfaceList { .. }
             | ConfigError::DuplicateInterface { .. }
             | ConfigError::ConntrackSizeOutOfRange { .. }
@@ -1029,6 +1040,11 @@ fn parse_interfaces(value: Option<Given>) -> Result<Option<Vec<String>>, ConfigE
             value: name.to_owned(),
             reason,
         })?;
+        glob::Pattern::new(name).map_err(|source| ConfigError::InvalidInterfacePattern {
+            key: format!("{key}[{index}]"),
+            value: name.to_owned(),
+            source,
+        })?;
         if let Some(first) = seen.insert(name, index) {
             return Err(ConfigError::DuplicateInterface {
                 key,
@@ -1427,6 +1443,12 @@ fn parse_host_ip(value: Option<EntryField<'_>>) -> Result<HostIp, ConfigError> {
         )),
         addr if addr.is_multicast() => Err(unusable(
             "is a multicast address, which is never a connection's destination",
+        )),
+        IpAddr::V4(v4) if v4.is_link_local() => Err(unusable(
+            "is link-local (169.254.0.0/16): the kernel does not route such an address beyond its link, so a translated flow to it cannot work; use a routable node address or leave hostIP empty",
+        )),
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Err(unusable(
+            "is link-local (fe80::/10): the kernel does not route such an address beyond its link, so a translated flow to it cannot work; use a routable node address or leave hostIP empty",
         )),
         addr => Ok(HostIp::Addr(addr)),
     }
@@ -1885,13 +1907,19 @@ mod tests {
             (
                 "our own keys, valid",
                 with(
-                    r#","pinRoot":"/run/bpf/pm","interfaces":["eth0","bond0.100"],"conntrackSize":65536"#,
+                    r#","pinRoot":"/run/bpf/pm","interfaces":["eth0","bond0.100","en*"],"conntrackSize":65536"#,
                 ),
                 Valid(|conf| {
                     assert_eq!(conf.pin_root, PathBuf::from("/run/bpf/pm"), "pinRoot");
                     assert_eq!(
                         conf.interfaces.as_deref(),
-                        Some(&["eth0".to_string(), "bond0.100".to_string()][..]),
+                        Some(
+                            &[
+                                "eth0".to_string(),
+                                "bond0.100".to_string(),
+                                "en*".to_string()
+                            ][..]
+                        ),
                         "interfaces"
                     );
                     assert_eq!(conf.conntrack_size, Some(65536), "conntrackSize");
@@ -2218,6 +2246,22 @@ mod tests {
                 ),
             ),
             (
+                "hostIP link-local IPv4",
+                mappings(r#"{"hostPort":80,"containerPort":80,"hostIP":"169.254.10.1"}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].hostIP: 169.254.10.1 is link-local"],
+                ),
+            ),
+            (
+                "hostIP link-local IPv6",
+                mappings(r#"{"hostPort":80,"containerPort":80,"hostIP":"fe80::1"}"#),
+                Invalid(
+                    c,
+                    &["runtimeConfig.portMappings[0].hostIP: fe80::1 is link-local"],
+                ),
+            ),
+            (
                 "hostIP broadcast",
                 mappings(r#"{"hostPort":80,"containerPort":80,"hostIP":"255.255.255.255"}"#),
                 Invalid(c, &["[0].hostIP: 255.255.255.255 is the broadcast address"]),
@@ -2356,6 +2400,14 @@ mod tests {
                 "interface name not a string",
                 with(r#","interfaces":["eth0",1]"#),
                 Invalid(c, &["interfaces[1]: expected a string, found a number"]),
+            ),
+            (
+                "interface pattern with an unclosed class",
+                with(r#","interfaces":["eth*","eth[0"]"#),
+                Invalid(
+                    c,
+                    &["interfaces[1]: \"eth[0\" is not a valid interface pattern"],
+                ),
             ),
             (
                 "interface listed twice",

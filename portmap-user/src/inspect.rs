@@ -27,7 +27,7 @@ use portmap_common::{
 use crate::{
     attach::{self, AttachMode},
     config::PodIdentity,
-    counters,
+    counters, local,
     maps::{self, Maps, MapsError},
     netlink,
     pin::{Direction, PinLayout, parse_link_name},
@@ -607,6 +607,8 @@ pub struct Status {
     pub mode: Option<AttachMode>,
     pub programs: Vec<PinnedProgram>,
     pub tc: Vec<TcAttachment>,
+    /// How the node differs from what the plugin's runs set up.
+    pub drift: NodeDrift,
     pub other_links: Vec<OtherLink>,
     pub maps: Vec<MapFill>,
     pub missing_maps: Vec<&'static str>,
@@ -619,6 +621,91 @@ pub struct Status {
     pub problems: Vec<String>,
     /// Worth knowing, not a failure.
     pub notes: Vec<String>,
+}
+
+/// Where the node has moved on since the plugin's last run: between runs
+/// nobody follows it (the node agent's job), and the next ADD, DEL, CHECK
+/// or GC converges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeDrift {
+    /// Interfaces that should carry the programs and have no attachment at
+    /// all: (name, index).
+    pub unattached: Vec<(String, u32)>,
+    /// Entries of the recorded `interfaces` that match no interface.
+    pub unmatched: Vec<String>,
+    /// Node addresses the socket hooks do not know as the node's.
+    pub unsynced: Vec<IpAddr>,
+    /// Addresses the socket hooks take for the node's that it no longer has.
+    pub stale: Vec<IpAddr>,
+    /// Mappings whose hostIP is no address of the node (`198.18.0.9:80/tcp`).
+    pub absent_host_ips: Vec<String>,
+    /// Why the node's interfaces and addresses could not be read.
+    pub unreadable: Option<String>,
+}
+
+/// Compares the node's interfaces and addresses (one link and one address
+/// dump) with the attachments `tc`, the synced addresses and the mappings.
+/// The interfaces that should carry the programs follow the plugin's rule
+/// ([`netlink::select_uplinks`] with the recorded `interfaces`) plus the
+/// live interfaces recorded as container-facing.
+pub fn node_drift(layout: &PinLayout, tc: &[TcAttachment]) -> NodeDrift {
+    let mut drift = NodeDrift::default();
+    let read = netlink::Rtnl::open().and_then(|mut rtnl| Ok((rtnl.links()?, rtnl.addresses()?)));
+    let (links, addresses) = match read {
+        Ok(found) => found,
+        Err(error) => {
+            drift.unreadable = Some(error.to_string());
+            return drift;
+        }
+    };
+    let patterns = local::recorded_interfaces(layout);
+    let selection = netlink::select_uplinks(&links, patterns.as_deref());
+    drift.unmatched = selection.unmatched;
+    let mut wanted = selection.uplinks;
+    wanted.extend(local::container_side_indexes(layout));
+    // An interface with pins but a direction missing or inactive is judged
+    // by its attachments (see `judge`): here only those without any.
+    let recorded = |index: u32| tc.iter().any(|a| a.ifindex == index);
+    for link in links.iter().filter(|l| wanted.contains(&l.index)) {
+        if !recorded(link.index) {
+            drift.unattached.push((link.name.clone(), link.index));
+        }
+    }
+    let own: std::collections::BTreeSet<IpAddr> = addresses
+        .iter()
+        .filter_map(netlink::NodeAddress::own)
+        .collect();
+    // Link-local addresses come and go with every veth (and no hostIP can
+    // name one): not worth a report.
+    let routable = |addr: &&IpAddr| match addr {
+        IpAddr::V4(v4) => !v4.is_link_local(),
+        IpAddr::V6(v6) => !v6.is_unicast_link_local(),
+    };
+    if let Some(synced) = local::synced_addresses(layout) {
+        let own: std::collections::BTreeSet<IpAddr> =
+            own.iter().filter(routable).copied().collect();
+        let synced: std::collections::BTreeSet<IpAddr> =
+            synced.iter().filter(routable).copied().collect();
+        drift.unsynced = own.difference(&synced).copied().collect();
+        drift.stale = synced.difference(&own).copied().collect();
+    }
+    if let Ok(mappings) = maps::open::<
+        aya::maps::HashMap<aya::maps::MapData, MappingKey, MappingValue>,
+    >(layout, map_names::MAPPINGS)
+    {
+        for key in mappings.keys().filter_map(Result::ok) {
+            if key.host_addr_be == [0; 4] {
+                continue;
+            }
+            let addr = addr_from_words(key.family, &key.host_addr_be);
+            if !own.contains(&addr) {
+                drift.absent_host_ips.push(KeyDisplay(key).to_string());
+            }
+        }
+        drift.absent_host_ips.sort();
+        drift.absent_host_ips.dedup();
+    }
+    drift
 }
 
 /// `uname -r`.
@@ -645,6 +732,11 @@ pub fn status(layout: &PinLayout) -> Status {
     };
     let programs = pinned_programs(layout);
     let (tc, other_links) = attachments(layout);
+    let drift = if installed {
+        node_drift(layout, &tc)
+    } else {
+        NodeDrift::default()
+    };
     let tracing = trace::current_filter(layout).ok();
     let mut status = Status {
         root: layout.root().to_path_buf(),
@@ -654,6 +746,7 @@ pub fn status(layout: &PinLayout) -> Status {
         mode: attach::attach_mode(layout),
         programs,
         tc,
+        drift,
         other_links,
         maps,
         missing_maps,
@@ -737,9 +830,10 @@ pub fn judge(status: &mut Status) {
     }
     if gone > 0 {
         notes.push(format!(
-            "{gone} interface(s) with pinned attachments no longer exist (removed containers): harmless; `ebpf-portmap gc --stale-links` removes the pins"
+            "{gone} interface(s) with pinned attachments no longer exist (removed containers, re-created interfaces): harmless; `ebpf-portmap gc --stale-links` removes the pins"
         ));
     }
+    judge_drift(&status.drift, &mut problems, &mut notes);
     for map in &status.maps {
         if let Some(percent) = map.percent()
             && percent >= FILL_WARNING_PERCENT
@@ -815,6 +909,41 @@ fn key_list(keys: &[MappingKey]) -> String {
         shown.push(format!("and {} more", keys.len() - 3));
     }
     shown.join(", ")
+}
+
+/// The problems and notes of [`NodeDrift`]: each problem with its fix.
+fn judge_drift(drift: &NodeDrift, problems: &mut Vec<String>, notes: &mut Vec<String>) {
+    const NEXT_RUN: &str = "the next CNI ADD, DEL, CHECK or GC on this node does it (start or stop any container with a port mapping)";
+    for (name, index) in &drift.unattached {
+        problems.push(format!(
+            "{name} (index {index}) does not carry the programs (added or re-created since the last plugin run), so host ports get no traffic there: {NEXT_RUN}"
+        ));
+    }
+    for entry in &drift.unmatched {
+        notes.push(format!(
+            "`interfaces` entry {entry:?} matches no interface of this node; skipped"
+        ));
+    }
+    for addr in &drift.unsynced {
+        problems.push(format!(
+            "node address {addr} is not known to the socket hooks (added since the last plugin run), so node connections to it are not translated: {NEXT_RUN}"
+        ));
+    }
+    for addr in &drift.stale {
+        notes.push(format!(
+            "{addr} is still taken for a node address but the node no longer has it (node connections to it are translated as if it were): {NEXT_RUN}"
+        ));
+    }
+    for mapping in &drift.absent_host_ips {
+        notes.push(format!(
+            "mapping {mapping}: its hostIP is not an address of this node (yet), so it sees no traffic until the address exists here"
+        ));
+    }
+    if let Some(error) = &drift.unreadable {
+        problems.push(format!(
+            "cannot read the node's interfaces and addresses ({error}); run status as root in the node's network namespace"
+        ));
+    }
 }
 
 #[cfg(test)]
@@ -896,6 +1025,7 @@ mod tests {
             mode: Some(AttachMode::Tcx),
             programs: vec![program("portmap_ingress"), program("portmap_egress")],
             tc: vec![tc(Direction::Ingress), tc(Direction::Egress)],
+            drift: NodeDrift::default(),
             other_links: Vec::new(),
             maps: vec![MapFill {
                 name: "mappings".into(),
@@ -1029,6 +1159,35 @@ mod tests {
         assert!(
             problems[3].contains("0.0.0.0:7/tcp of d/eth0 (network n) is not in its owner's index")
         );
+    }
+
+    #[test]
+    fn the_node_moving_on_is_a_problem_with_its_fix() {
+        let mut drifted = healthy();
+        drifted.drift = NodeDrift {
+            unattached: vec![("eth2".into(), 9)],
+            unmatched: vec!["bond0.*".into()],
+            unsynced: vec!["198.18.0.77".parse().unwrap()],
+            stale: vec!["198.18.0.66".parse().unwrap()],
+            absent_host_ips: vec!["198.18.0.99:8080/tcp".into()],
+            unreadable: None,
+        };
+        let drifted = judged(drifted);
+        assert_eq!(drifted.problems.len(), 2, "{:?}", drifted.problems);
+        assert!(drifted.problems[0].starts_with("eth2 (index 9) does not carry the programs"));
+        assert!(drifted.problems[1].starts_with("node address 198.18.0.77 is not known"));
+        for problem in &drifted.problems {
+            assert!(
+                problem.contains("the next CNI ADD, DEL, CHECK or GC"),
+                "{problem}"
+            );
+        }
+        // A pattern for other nodes, an address gone (harmless until the
+        // next run) and a VIP not here (yet) are expected.
+        assert_eq!(drifted.notes.len(), 3, "{:?}", drifted.notes);
+        assert!(drifted.notes[0].contains("\"bond0.*\" matches no interface"));
+        assert!(drifted.notes[1].starts_with("198.18.0.66 is still taken"));
+        assert!(drifted.notes[2].starts_with("mapping 198.18.0.99:8080/tcp: its hostIP"));
     }
 
     #[test]

@@ -1,14 +1,19 @@
 //! Node state for the socket hooks and the hairpin: the node's network
 //! namespace cookie and flags, the node's own addresses, and the settings of
-//! each interface the tc programs run on. Every ADD computes what the state
-//! should be, so it follows the node as containers and addresses come and
-//! go, but writes it only when that differs from what the last write
-//! recorded: [`NodeConfig::sync_hash`] holds a hash of everything the last
-//! sync wrote, and is written last, in the same map update as the node's
-//! settings. A sync that has to write takes the pin root's lock, so two
-//! writers never interleave (which could leave one's addresses under the
-//! other's hash); an interrupted one leaves the old hash, and the next ADD
-//! writes again.
+//! each interface the tc programs run on. Every plugin run (ADD, DEL, CHECK,
+//! GC) computes what the state should be, so it follows the node as
+//! containers, interfaces and addresses come and go, but writes it only
+//! when that differs from what the last write recorded:
+//! [`NodeConfig::sync_hash`] holds a hash of everything the last sync wrote,
+//! and is written last, in the same map update as the node's settings. A
+//! sync that has to write takes the pin root's lock, so two writers never
+//! interleave (which could leave one's addresses under the other's hash); an
+//! interrupted one leaves the old hash, and the next run writes again.
+//!
+//! The `interfaces` the last run was configured with are recorded next to
+//! the lock file (`{lock}.interfaces`, one entry a line; no file: the
+//! default), so that `status` judges the attachments by the same rule as
+//! the plugin: bpffs holds no regular files.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -29,7 +34,7 @@ use crate::{
     maps::{MapsError, open},
     netlink::NodeAddress,
     pin::PinLayout,
-    store::words_from_addr,
+    store::{addr_from_words, words_from_addr},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +45,8 @@ pub enum LocalError {
     Lock(#[from] AttachError),
     #[error("cannot read the network namespace cookie (SO_NETNS_COOKIE needs Linux 5.14)")]
     Cookie(#[source] io::Error),
+    #[error("cannot record the configured interfaces next to the lock file")]
+    Record(#[source] io::Error),
     #[error("updating the {map} map failed")]
     Map {
         map: &'static str,
@@ -101,6 +108,37 @@ pub struct NodeState {
     pub container_side: BTreeSet<u32>,
     /// Every interface the tc programs run on.
     pub attached: BTreeSet<u32>,
+    /// Index of every interface of the node: settings of other indexes are
+    /// of interfaces that are gone.
+    pub live: BTreeSet<u32>,
+    /// The `interfaces` key of the configuration (`None`: the default).
+    pub interfaces: Option<Vec<String>>,
+}
+
+/// Where the `interfaces` of the last sync are recorded.
+pub fn interfaces_record(layout: &PinLayout) -> std::path::PathBuf {
+    layout.lock_file().with_extension("interfaces")
+}
+
+/// The `interfaces` the last sync recorded: `None` for the default (or a
+/// node no sync of this build has run on).
+pub fn recorded_interfaces(layout: &PinLayout) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(interfaces_record(layout)).ok()?;
+    Some(text.lines().map(str::to_owned).collect())
+}
+
+/// Records `interfaces` atomically (a whole new file renamed over the old).
+fn record_interfaces(layout: &PinLayout, interfaces: Option<&[String]>) -> io::Result<()> {
+    let path = interfaces_record(layout);
+    let Some(interfaces) = interfaces else {
+        return match std::fs::remove_file(&path) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+            _ => Ok(()),
+        };
+    };
+    let temporary = path.with_extension("interfaces-new");
+    std::fs::write(&temporary, interfaces.join("\n"))?;
+    std::fs::rename(&temporary, &path)
 }
 
 /// The node state an ADD wants, in the maps' terms.
@@ -111,6 +149,8 @@ struct Wanted {
     /// Settings of each attached interface; the container-side flag as this
     /// request sees it (a flag set earlier is kept when written).
     ifaces: BTreeMap<u32, IfaceConfig>,
+    live: BTreeSet<u32>,
+    interfaces: Option<Vec<String>>,
 }
 
 impl Wanted {
@@ -165,6 +205,8 @@ impl Wanted {
             },
             local_addrs: addresses.iter().map(|(_, a)| addr_key(*a)).collect(),
             ifaces,
+            live: state.live.clone(),
+            interfaces: state.interfaces.clone(),
         };
         wanted.node.sync_hash = wanted.hash();
         wanted
@@ -189,6 +231,19 @@ impl Wanted {
             bytes.extend_from_slice(&config.flags.to_ne_bytes());
             for word in config.addr6_be {
                 bytes.extend_from_slice(&word.to_ne_bytes());
+            }
+        }
+        for index in &self.live {
+            bytes.extend_from_slice(&index.to_ne_bytes());
+        }
+        // Entries are interface names or patterns: no NUL in them.
+        match &self.interfaces {
+            None => bytes.push(0),
+            Some(list) => {
+                for entry in list {
+                    bytes.push(1);
+                    bytes.extend_from_slice(entry.as_bytes());
+                }
             }
         }
         let hash = fnv1a64(&bytes);
@@ -233,10 +288,50 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
             .insert(index, config, 0)
             .map_err(map_error(map_names::IFACES))?;
     }
+    // Settings of interfaces that are gone: the map has room for 4096. An
+    // index missing from this run's dump is asked about again: a run with a
+    // newer dump may have recorded an interface made since.
+    let stale: Vec<u32> = ifaces
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|index| {
+            !wanted.live.contains(index) && crate::netlink::interface_name(*index).is_none()
+        })
+        .collect();
+    for index in stale {
+        let _ = ifaces.remove(&index);
+    }
+    record_interfaces(layout, wanted.interfaces.as_deref()).map_err(LocalError::Record)?;
     // Last: the hash says the state above is complete.
     node.set(0, wanted.node, 0)
         .map_err(map_error(map_names::NODE))?;
     Ok(())
+}
+
+/// The addresses the last sync wrote as the node's (`None` when the map
+/// cannot be read: not installed).
+pub fn synced_addresses(layout: &PinLayout) -> Option<BTreeSet<IpAddr>> {
+    let local: HashMap<MapData, LocalAddrKey, u8> = open(layout, map_names::LOCAL_ADDRS).ok()?;
+    Some(
+        local
+            .keys()
+            .filter_map(Result::ok)
+            .map(|key| addr_from_words(key.family, &key.addr_be))
+            .collect(),
+    )
+}
+
+/// Interfaces recorded as container-facing by earlier runs.
+pub fn container_side_indexes(layout: &PinLayout) -> BTreeSet<u32> {
+    let Ok(ifaces) = open::<HashMap<MapData, u32, IfaceConfig>>(layout, map_names::IFACES) else {
+        return BTreeSet::new();
+    };
+    ifaces
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, config)| config.flags & iface_flags::CONTAINER_SIDE != 0)
+        .map(|(index, _)| index)
+        .collect()
 }
 
 #[cfg(test)]
@@ -262,6 +357,8 @@ mod tests {
             ],
             container_side: BTreeSet::from([4]),
             attached: BTreeSet::from([2, 4]),
+            live: BTreeSet::from([1, 2, 4]),
+            interfaces: None,
         }
     }
 
@@ -290,7 +387,16 @@ mod tests {
         assert_eq!(base, Wanted::of(&state(), 7).node.sync_hash, "stable");
         /// What changed, and how.
         type Change = (&'static str, fn(&mut NodeState));
-        let changed: [Change; 6] = [
+        let changed: [Change; 9] = [
+            ("an interface gone", |s| {
+                s.live.remove(&1);
+            }),
+            ("interfaces configured", |s| {
+                s.interfaces = Some(vec!["eth*".into()]);
+            }),
+            ("interfaces configured otherwise", |s| {
+                s.interfaces = Some(vec!["eth".into(), "*".into()]);
+            }),
             ("an address gone", |s| {
                 s.addresses.pop();
             }),

@@ -1,12 +1,10 @@
 //! The few facts about the node's network the plugin needs, read over
-//! rtnetlink in the namespace the plugin runs in: which interfaces carry the
-//! default routes, the node's addresses, and whether an interface is a
-//! bridge port.
+//! rtnetlink in the namespace the plugin runs in: the node's interfaces
+//! (name, index, up, loopback, bridge or bond port) and its addresses.
 //!
-//! One [`Rtnl`] socket answers every question of a request: a CNI ADD asks
-//! one route dump, one address dump (both families each) and one link
-//! request per host-side interface, instead of a socket and a dump per
-//! question and family.
+//! One [`Rtnl`] socket answers every question of a request: a CNI run asks
+//! one link dump and one address dump (both families each), instead of a
+//! socket and a dump per question and family.
 
 use std::{collections::BTreeSet, io, net::IpAddr};
 
@@ -15,10 +13,9 @@ use netlink_packet_core::{
     NetlinkMessage, NetlinkPayload, NlasIterator, parse_ip, parse_u32,
 };
 use netlink_packet_route::{
-    AddressFamily, RouteNetlinkMessage,
+    RouteNetlinkMessage,
     address::{AddressHeader, AddressMessage},
     link::{LinkAttribute, LinkExtentMask, LinkHeader, LinkMessage},
-    route::{RouteHeader, RouteMessage, RouteType},
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
@@ -29,16 +26,15 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 mod wire {
     pub const RTM_NEWLINK: u16 = 16;
     pub const RTM_NEWADDR: u16 = 20;
-    pub const RTM_NEWROUTE: u16 = 24;
-    /// `struct ifinfomsg`, `struct ifaddrmsg`, `struct rtmsg`.
+    /// `struct ifinfomsg`, `struct ifaddrmsg`.
     pub const LINK_HEADER_LEN: usize = 16;
     pub const ADDRESS_HEADER_LEN: usize = 8;
-    pub const ROUTE_HEADER_LEN: usize = 12;
+    pub const IFLA_IFNAME: u16 = 3;
     pub const IFLA_MASTER: u16 = 10;
+    /// Offset of `ifi_flags` in `struct ifinfomsg`.
+    pub const LINK_FLAGS_OFFSET: usize = 8;
     pub const IFA_ADDRESS: u16 = 1;
     pub const IFA_LOCAL: u16 = 2;
-    pub const RTA_OIF: u16 = 4;
-    pub const RTA_MULTIPATH: u16 = 9;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +88,19 @@ impl NodeAddress {
 pub struct LinkFacts {
     pub index: u32,
     /// Enslaved to a bridge (or another controller).
+    pub has_controller: bool,
+}
+
+/// One interface of the node as a link dump reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    /// Administratively up (`IFF_UP`).
+    pub up: bool,
+    /// `IFF_LOOPBACK`.
+    pub loopback: bool,
+    /// Enslaved to a bridge, a bond or another controller.
     pub has_controller: bool,
 }
 
@@ -170,24 +179,6 @@ impl Rtnl {
         }
     }
 
-    /// Interfaces that carry a default route (IPv4 or IPv6, any table the
-    /// kernel dumps), including every next hop of a multipath route.
-    pub fn default_route_interfaces(&mut self) -> Result<BTreeSet<u32>, NetlinkError> {
-        let mut interfaces = BTreeSet::new();
-        // AF_UNSPEC: one dump of every family's routes.
-        self.exchange(
-            RouteNetlinkMessage::GetRoute(RouteMessage::default()),
-            true,
-            |kind, payload| {
-                if kind == wire::RTM_NEWROUTE {
-                    default_route_interfaces_of(payload, &mut interfaces)?;
-                }
-                Ok(())
-            },
-        )?;
-        Ok(interfaces)
-    }
-
     /// Every address of the node, both families.
     pub fn addresses(&mut self) -> Result<Vec<NodeAddress>, NetlinkError> {
         let mut found = Vec::new();
@@ -197,6 +188,25 @@ impl Rtnl {
             |kind, payload| {
                 if kind == wire::RTM_NEWADDR {
                     found.push(node_address(payload)?);
+                }
+                Ok(())
+            },
+        )?;
+        Ok(found)
+    }
+
+    /// Every interface of the node, in one dump (statistics left out: they
+    /// are most of a link message).
+    pub fn links(&mut self) -> Result<Vec<Link>, NetlinkError> {
+        let mut request = LinkMessage::default();
+        request.attributes = vec![LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats])];
+        let mut found = Vec::new();
+        self.exchange(
+            RouteNetlinkMessage::GetLink(request),
+            true,
+            |kind, payload| {
+                if kind == wire::RTM_NEWLINK {
+                    found.push(link(payload)?);
                 }
                 Ok(())
             },
@@ -241,54 +251,6 @@ fn attributes(
     Ok(NlasIterator::new(rest).map_while(Result::ok))
 }
 
-/// Adds the outgoing interfaces of `payload` (an `RTM_NEWROUTE`) if it is a
-/// unicast default route of IPv4 or IPv6; other routes are not decoded.
-fn default_route_interfaces_of(
-    payload: &[u8],
-    interfaces: &mut BTreeSet<u32>,
-) -> Result<(), NetlinkError> {
-    let header = RouteHeader::parse(payload).map_err(|_| NetlinkError::Decode)?;
-    // An AF_UNSPEC dump also has the multicast routing families.
-    if !matches!(
-        header.address_family,
-        AddressFamily::Inet | AddressFamily::Inet6
-    ) || header.destination_prefix_length != 0
-        || header.kind != RouteType::Unicast
-    {
-        return Ok(());
-    }
-    for nla in attributes(payload, wire::ROUTE_HEADER_LEN)? {
-        match nla.kind() {
-            wire::RTA_OIF => {
-                interfaces.insert(parse_u32(nla.value()).map_err(|_| NetlinkError::Decode)?);
-            }
-            wire::RTA_MULTIPATH => interfaces.extend(next_hop_interfaces(nla.value())),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Interface index of every next hop in an `RTA_MULTIPATH` value: a
-/// sequence of `struct rtnexthop { u16 rtnh_len; u8 rtnh_flags; u8
-/// rtnh_hops; s32 rtnh_ifindex; }`, each followed by its own attributes
-/// (which need not be decoded, whatever their encapsulation).
-fn next_hop_interfaces(mut value: &[u8]) -> Vec<u32> {
-    const RTNH_HEADER_LEN: usize = 8;
-    let mut interfaces = Vec::new();
-    while value.len() >= RTNH_HEADER_LEN {
-        let length = usize::from(u16::from_ne_bytes([value[0], value[1]]));
-        let ifindex = u32::from_ne_bytes([value[4], value[5], value[6], value[7]]);
-        if length < RTNH_HEADER_LEN {
-            break;
-        }
-        interfaces.push(ifindex);
-        // RTNH_ALIGN: 4 bytes.
-        value = value.get(length.div_ceil(4) * 4..).unwrap_or_default();
-    }
-    interfaces
-}
-
 /// The interface and addresses of `payload`, an `RTM_NEWADDR`.
 fn node_address(payload: &[u8]) -> Result<NodeAddress, NetlinkError> {
     let header = AddressHeader::parse(payload).map_err(|_| NetlinkError::Decode)?;
@@ -323,6 +285,78 @@ fn link_facts(payload: &[u8]) -> Result<LinkFacts, NetlinkError> {
     })
 }
 
+/// Name, index, flags and controller of `payload`, an `RTM_NEWLINK`.
+fn link(payload: &[u8]) -> Result<Link, NetlinkError> {
+    let facts = link_facts(payload)?;
+    let flags = payload
+        .get(wire::LINK_FLAGS_OFFSET..wire::LINK_FLAGS_OFFSET + 4)
+        .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .ok_or(NetlinkError::Decode)?;
+    let mut name = String::new();
+    for nla in attributes(payload, wire::LINK_HEADER_LEN)? {
+        if nla.kind() == wire::IFLA_IFNAME {
+            let value = nla.value();
+            let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+            name = String::from_utf8_lossy(&value[..end]).into_owned();
+        }
+    }
+    Ok(Link {
+        index: facts.index,
+        name,
+        up: flags & libc::IFF_UP as u32 != 0,
+        loopback: flags & libc::IFF_LOOPBACK as u32 != 0,
+        has_controller: facts.has_controller,
+    })
+}
+
+/// The interfaces where traffic to the node can arrive from outside, and
+/// the `interfaces` entries that matched nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    pub uplinks: BTreeSet<u32>,
+    pub unmatched: Vec<String>,
+}
+
+/// Chooses the uplinks among `links`. By default every interface that is
+/// up, not loopback and not a port of a bridge or bond (its controller's
+/// own hooks see the traffic, and running the programs twice per packet only
+/// costs), whether or not it carries a default route: uplinks, bonds, VLANs,
+/// second NICs, tunnels. With `patterns` (the `interfaces` key: names or
+/// shell-style patterns), every interface whose name matches one of them,
+/// in whatever state, ports included: the operator asked for it by name.
+/// Container-facing interfaces are not told apart here: they carry the
+/// programs too (the hairpin), and are added from prevResult in any case.
+pub fn select_uplinks(links: &[Link], patterns: Option<&[String]>) -> Selection {
+    let Some(patterns) = patterns else {
+        return Selection {
+            uplinks: links
+                .iter()
+                .filter(|l| l.up && !l.loopback && !l.has_controller)
+                .map(|l| l.index)
+                .collect(),
+            unmatched: Vec::new(),
+        };
+    };
+    let mut selection = Selection::default();
+    for text in patterns {
+        // Validated when the configuration was parsed; a literal otherwise.
+        let pattern = glob::Pattern::new(text).ok();
+        let matches = |name: &str| match &pattern {
+            Some(pattern) => pattern.matches(name),
+            None => name == text,
+        };
+        let mut any = false;
+        for link in links.iter().filter(|l| matches(&l.name)) {
+            any = true;
+            selection.uplinks.insert(link.index);
+        }
+        if !any {
+            selection.unmatched.push(text.clone());
+        }
+    }
+    selection
+}
+
 /// Index of the interface that holds `address` (as its local address or
 /// its address), if any does.
 pub fn interface_with_address(addresses: &[NodeAddress], address: IpAddr) -> Option<u32> {
@@ -355,7 +389,7 @@ pub fn interface_index(name: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use netlink_packet_core::Emitable;
-    use netlink_packet_route::address::AddressAttribute;
+    use netlink_packet_route::{AddressFamily, address::AddressAttribute};
 
     use super::*;
 
@@ -364,62 +398,6 @@ mod tests {
         let mut bytes = vec![0; message.buffer_len()];
         message.emit(&mut bytes);
         bytes
-    }
-
-    fn route(family: AddressFamily, prefix: u8, kind: RouteType, oif: u32) -> Vec<u8> {
-        let mut route = RouteMessage::default();
-        route.header.address_family = family;
-        route.header.destination_prefix_length = prefix;
-        route.header.kind = kind;
-        route
-            .attributes
-            .push(netlink_packet_route::route::RouteAttribute::Table(254));
-        route
-            .attributes
-            .push(netlink_packet_route::route::RouteAttribute::Oif(oif));
-        wire_bytes(&route)
-    }
-
-    #[test]
-    fn default_routes_of_both_families_only() {
-        let mut interfaces = BTreeSet::new();
-        for payload in [
-            route(AddressFamily::Inet, 0, RouteType::Unicast, 2),
-            route(AddressFamily::Inet6, 0, RouteType::Unicast, 3),
-            route(AddressFamily::Inet, 24, RouteType::Unicast, 4),
-            route(AddressFamily::Inet, 0, RouteType::Local, 5),
-            route(AddressFamily::from(128), 0, RouteType::Unicast, 6),
-        ] {
-            default_route_interfaces_of(&payload, &mut interfaces).unwrap();
-        }
-        assert_eq!(
-            interfaces,
-            BTreeSet::from([2, 3]),
-            "unicast /0 routes of IPv4 and IPv6; no prefixes, local routes or multicast families"
-        );
-    }
-
-    #[test]
-    fn every_next_hop_of_a_multipath_default_route() {
-        use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteNextHop};
-        let hop = |index: u32, gateway: &str| {
-            let mut hop = RouteNextHop::default();
-            hop.interface_index = index;
-            hop.attributes = vec![RouteAttribute::Gateway(RouteAddress::Inet(
-                gateway.parse().unwrap(),
-            ))];
-            hop
-        };
-        let mut route = RouteMessage::default();
-        route.header.address_family = AddressFamily::Inet;
-        route.header.kind = RouteType::Unicast;
-        route.attributes = vec![RouteAttribute::MultiPath(vec![
-            hop(11, "192.0.2.1"),
-            hop(12, "198.51.100.1"),
-        ])];
-        let mut interfaces = BTreeSet::new();
-        default_route_interfaces_of(&wire_bytes(&route), &mut interfaces).unwrap();
-        assert_eq!(interfaces, BTreeSet::from([11, 12]));
     }
 
     #[test]
@@ -440,6 +418,81 @@ mod tests {
         );
         port.attributes.pop();
         assert!(!link_facts(&wire_bytes(&port)).unwrap().has_controller);
+    }
+
+    #[test]
+    fn a_dumped_link_tells_name_flags_and_controller() {
+        use netlink_packet_route::link::LinkFlags;
+        let mut message = LinkMessage::default();
+        message.header.index = 3;
+        message.header.flags = LinkFlags::Up | LinkFlags::Running;
+        message.attributes = vec![
+            LinkAttribute::IfName("bond0.100".into()),
+            LinkAttribute::Controller(2),
+        ];
+        assert_eq!(
+            link(&wire_bytes(&message)).unwrap(),
+            Link {
+                index: 3,
+                name: "bond0.100".into(),
+                up: true,
+                loopback: false,
+                has_controller: true,
+            }
+        );
+        message.header.flags = LinkFlags::Loopback;
+        message.attributes = vec![LinkAttribute::IfName("lo".into())];
+        let lo = link(&wire_bytes(&message)).unwrap();
+        assert!(lo.loopback && !lo.up && !lo.has_controller, "{lo:?}");
+    }
+
+    fn test_link(index: u32, name: &str, up: bool) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            up,
+            loopback: name == "lo",
+            has_controller: name.starts_with("veth"),
+        }
+    }
+
+    fn node_links() -> Vec<Link> {
+        vec![
+            test_link(1, "lo", true),
+            test_link(2, "eth0", true),
+            test_link(3, "eth1", true),
+            test_link(4, "bond0", true),
+            test_link(5, "bond0.100", true),
+            test_link(6, "eth2", false),
+            test_link(7, "cni0", true),
+            test_link(8, "veth1234", true),
+            test_link(9, "wg0", true),
+        ]
+    }
+
+    #[test]
+    fn by_default_every_up_interface_but_loopback_and_ports() {
+        let selection = select_uplinks(&node_links(), None);
+        assert_eq!(selection.uplinks, BTreeSet::from([2, 3, 4, 5, 7, 9]));
+        assert!(selection.unmatched.is_empty());
+    }
+
+    #[test]
+    fn patterns_narrow_and_unmatched_ones_are_reported() {
+        let patterns: Vec<String> = ["eth*", "bond0.*", "ens5", "veth1234", "team[0-9]"]
+            .map(String::from)
+            .into();
+        let selection = select_uplinks(&node_links(), Some(&patterns));
+        assert_eq!(
+            selection.uplinks,
+            BTreeSet::from([2, 3, 5, 6, 8]),
+            "matches by name whatever the state, a port named explicitly included"
+        );
+        assert_eq!(selection.unmatched, ["ens5", "team[0-9]"]);
+        let none: Vec<String> = vec!["nic*".into()];
+        let selection = select_uplinks(&node_links(), Some(&none));
+        assert!(selection.uplinks.is_empty());
+        assert_eq!(selection.unmatched, ["nic*"]);
     }
 
     #[test]

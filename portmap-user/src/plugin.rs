@@ -3,13 +3,13 @@
 use std::collections::BTreeSet;
 
 use crate::{
-    attach::{self, AttachError, Capacities},
+    attach::{self, AttachError, Capacities, Targets},
     cgroup,
     cni::{CniError, GcRequest, Plugin, Request},
     config::{self, HostIp, ListenerPolicy, NetConf, Owner, PodIdentity},
     counters, listeners, local,
     maps::{Maps, MapsError},
-    netlink::{self, NetlinkError, NodeAddress, Rtnl},
+    netlink::{self, Link, NetlinkError, NodeAddress, Rtnl},
     peers,
     pin::PinLayout,
     privilege, scope,
@@ -50,12 +50,11 @@ pub enum PluginError {
     Maps(#[from] MapsError),
     #[error("cannot read the node's interfaces and routes")]
     Netlink(#[from] NetlinkError),
-    #[error("interface {name} listed in `interfaces` does not exist on the node")]
-    UnknownInterface { name: String },
     #[error(
-        "no interface to attach to: the node has no default route and no mapping names a local hostIP; list them in `interfaces`"
+        "no interface of this node matches `interfaces` ({}); list interfaces it has, or patterns such as \"eth*\", or remove the key to attach to every up interface",
+        patterns.join(", ")
     )]
-    NoInterfaces,
+    NoMatchingInterfaces { patterns: Vec<String> },
     #[error("the eBPF programs are not attached to interface index {index}")]
     NotAttached { index: u32 },
     #[error("ebpf-portmap needs {} to load and attach its programs; run it as root", missing.join(" and "))]
@@ -92,9 +91,7 @@ impl PluginError {
             }
             PluginError::Store(_) | PluginError::Maps(_) | PluginError::Netlink(_) => code::IO,
             PluginError::Attach(_) => code::DATAPLANE,
-            PluginError::UnknownInterface { .. } | PluginError::NoInterfaces => {
-                code::INVALID_CONFIG
-            }
+            PluginError::NoMatchingInterfaces { .. } => code::INVALID_CONFIG,
             PluginError::Privilege { .. } => code::PRIVILEGE,
             PluginError::HostPortInUse { .. } => code::HOST_PORT_IN_USE,
             PluginError::Sockets(_) | PluginError::Local(_) => code::IO,
@@ -110,41 +107,119 @@ impl From<PluginError> for CniError {
     }
 }
 
-/// The interfaces whose traffic is translated: the configured list, or by
-/// default those carrying the node's default routes plus any holding a
-/// hostIP that a mapping names (looked up in `addresses`, the node's).
-pub fn target_interfaces(
-    rtnl: &mut Rtnl,
-    addresses: &[NodeAddress],
-    conf: &NetConf,
-) -> Result<BTreeSet<u32>, PluginError> {
-    if let Some(names) = &conf.interfaces {
-        return names
-            .iter()
-            .map(|name| {
-                netlink::interface_index(name)
-                    .ok_or_else(|| PluginError::UnknownInterface { name: name.clone() })
-            })
-            .collect();
+/// What one run sees of the node: its interfaces and addresses, and which
+/// interfaces should carry the programs.
+pub struct NodeView {
+    pub links: Vec<Link>,
+    pub addresses: Vec<NodeAddress>,
+    /// Where traffic from outside arrives ([`netlink::select_uplinks`]).
+    pub uplinks: BTreeSet<u32>,
+    /// This request's container-facing interfaces (prevResult).
+    pub container_side: BTreeSet<u32>,
+}
+
+impl NodeView {
+    /// One link dump and one address dump. `interfaces` entries that match
+    /// nothing are skipped with a warning; none matching at all is an error
+    /// (the configuration names another node's interfaces).
+    pub fn read(rtnl: &mut Rtnl, conf: &NetConf) -> Result<NodeView, PluginError> {
+        let links = rtnl.links()?;
+        let addresses = rtnl.addresses()?;
+        let selection = netlink::select_uplinks(&links, conf.interfaces.as_deref());
+        if let Some(patterns) = &conf.interfaces
+            && selection.uplinks.is_empty()
+        {
+            return Err(PluginError::NoMatchingInterfaces {
+                patterns: patterns.clone(),
+            });
+        }
+        for entry in &selection.unmatched {
+            log::warn!("`interfaces` entry {entry:?} matches no interface of this node; skipped");
+        }
+        let container_side = container_side_interfaces(&links, conf);
+        Ok(NodeView {
+            links,
+            addresses,
+            uplinks: selection.uplinks,
+            container_side,
+        })
     }
-    let mut interfaces = rtnl.default_route_interfaces()?;
+
+    /// Every interface that should carry the programs.
+    pub fn targets(&self) -> BTreeSet<u32> {
+        self.uplinks.union(&self.container_side).copied().collect()
+    }
+}
+
+/// Brings the attachments and the node state (addresses, interface
+/// settings) in line with the node as `node` saw it: every plugin run does
+/// it, so an interface added or re-created and an address added since the
+/// last run are taken up by whatever CNI call comes next.
+fn reconcile(layout: &PinLayout, conf: &NetConf, node: &NodeView) -> Result<(), PluginError> {
+    let capacities = Capacities {
+        mappings: conf.max_mappings,
+        conntrack: conf.conntrack_size,
+    };
+    let cgroup = cgroup::target(conf.cgroup_path.as_deref()).map_err(AttachError::from)?;
+    let live: BTreeSet<u32> = node.links.iter().map(|l| l.index).collect();
+    attach::ensure(
+        layout,
+        Targets {
+            required: &node.container_side,
+            uplinks: &node.uplinks,
+            live: &live,
+        },
+        &cgroup,
+        capacities,
+    )?;
+    local::sync(
+        layout,
+        &local::NodeState {
+            snat: conf.snat,
+            masq_all: conf.masq_all,
+            fast_path: conf.fast_path,
+            addresses: node.addresses.clone(),
+            container_side: node.container_side.clone(),
+            attached: node.targets(),
+            live,
+            interfaces: conf.interfaces.clone(),
+        },
+    )?;
+    Ok(())
+}
+
+/// The reconciliation of a run that is not an ADD (DEL, GC): its failure
+/// is logged, never the verb's, which has done its own work already.
+fn reconcile_after(verb: &str, layout: &PinLayout, conf: &NetConf) {
+    let outcome = Rtnl::open()
+        .map_err(PluginError::from)
+        .and_then(|mut rtnl| NodeView::read(&mut rtnl, conf))
+        .and_then(|mut node| {
+            // The interfaces of the container going away need nothing.
+            node.container_side.clear();
+            reconcile(layout, conf, &node)
+        });
+    if let Err(error) = outcome {
+        log::warn!(
+            "{verb}: the attachments and node addresses were not brought up to date: {error}"
+        );
+    }
+}
+
+/// Logs the mappings whose hostIP the node does not have (yet): accepted,
+/// since such addresses appear later (a VIP moving to this node), but they
+/// see no traffic until then.
+fn warn_absent_host_ips(conf: &NetConf, addresses: &[NodeAddress]) {
     for mapping in &conf.port_mappings {
-        if let HostIp::Addr(addr) = mapping.host_ip {
-            match netlink::interface_with_address(addresses, addr) {
-                Some(index) => {
-                    interfaces.insert(index);
-                }
-                None => log::warn!(
-                    "hostIP {addr} of host port {} is not an address of this node; the mapping will see no traffic until it is",
-                    mapping.host_port
-                ),
-            }
+        if let HostIp::Addr(addr) = mapping.host_ip
+            && netlink::interface_with_address(addresses, addr).is_none()
+        {
+            log::warn!(
+                "hostIP {addr} of host port {} is not an address of this node (yet): the mapping sees no traffic until the address exists here",
+                mapping.host_port
+            );
         }
     }
-    if interfaces.is_empty() {
-        return Err(PluginError::NoInterfaces);
-    }
-    Ok(interfaces)
 }
 
 fn require_privilege() -> Result<(), PluginError> {
@@ -220,8 +295,10 @@ fn check_node_listeners(
 
 /// The node-side interfaces of the container's network, as the interface
 /// plugin reported them in prevResult (entries without a sandbox: the
-/// bridge and the host end of the veth): the hairpin path starts there.
-pub fn container_side_interfaces(rtnl: &mut Rtnl, conf: &NetConf) -> BTreeSet<u32> {
+/// bridge and the host end of the veth), found in the node's `links`: the
+/// hairpin path starts there. These are the container-facing interfaces;
+/// their settings record it, so later runs keep treating them so.
+pub fn container_side_interfaces(links: &[Link], conf: &NetConf) -> BTreeSet<u32> {
     let Some(prev_result) = conf.prev_result.as_ref() else {
         return BTreeSet::new();
     };
@@ -229,14 +306,12 @@ pub fn container_side_interfaces(rtnl: &mut Rtnl, conf: &NetConf) -> BTreeSet<u3
         .iter()
         .filter(|i| !i.in_sandbox())
         .filter_map(|i| i.name)
-        .filter_map(|name| match rtnl.link(name) {
-            // A bridge's ports are left out: everything between the
-            // containers and the node crosses the bridge device's own hooks,
-            // and running the programs twice per packet only costs.
-            Ok(link) => link.filter(|l| !l.has_controller).map(|l| l.index),
-            // Unknown whether it is a port: attach (the programs cope).
-            Err(_) => netlink::interface_index(name),
-        })
+        .filter_map(|name| links.iter().find(|l| l.name == name))
+        // A bridge's ports are left out: everything between the containers
+        // and the node crosses the bridge device's own hooks, and running
+        // the programs twice per packet only costs.
+        .filter(|l| !l.has_controller)
+        .map(|l| l.index)
         .collect()
 }
 
@@ -283,29 +358,12 @@ impl Dataplane {
         // The root becomes this network namespace's before anything is made.
         let layout = scope::resolve(&req.conf.pin_root, scope::Access::Claim)?;
         require_privilege()?;
-        // One rtnetlink socket and one address dump serve every question below.
+        // One rtnetlink socket, one link and one address dump serve every
+        // question below.
         let mut rtnl = Rtnl::open()?;
-        let container_side = container_side_interfaces(&mut rtnl, &req.conf);
-        let addresses = rtnl.addresses()?;
-        let mut interfaces = target_interfaces(&mut rtnl, &addresses, &req.conf)?;
-        interfaces.extend(&container_side);
-        let capacities = Capacities {
-            mappings: req.conf.max_mappings,
-            conntrack: req.conf.conntrack_size,
-        };
-        let cgroup = cgroup::target(req.conf.cgroup_path.as_deref()).map_err(AttachError::from)?;
-        attach::ensure(&layout, &interfaces, &cgroup, capacities)?;
-        local::sync(
-            &layout,
-            &local::NodeState {
-                snat: req.conf.snat,
-                masq_all: req.conf.masq_all,
-                fast_path: req.conf.fast_path,
-                addresses,
-                container_side,
-                attached: interfaces,
-            },
-        )?;
+        let node = NodeView::read(&mut rtnl, &req.conf)?;
+        warn_absent_host_ips(&req.conf, &node.addresses);
+        reconcile(&layout, &req.conf, &node)?;
         let mut maps = Maps::open(&layout)?;
         if translations.is_empty() {
             return Ok(());
@@ -320,9 +378,9 @@ impl Dataplane {
         // switch, and containers added before it was turned on use it too.
         match req.conf.prev_result.as_ref().and_then(|prev| {
             peers::handover(prev, &req.owner.ifname, |name| {
-                rtnl.link(name)
-                    .ok()
-                    .flatten()
+                node.links
+                    .iter()
+                    .find(|l| l.name == name)
                     .map(|l| (l.index, l.has_controller))
             })
         }) {
@@ -380,34 +438,32 @@ impl Dataplane {
         );
         forget_counters(&layout, store::owner_id(&req.owner), &owned);
         // Earlier containers' veths are gone by now (this one's goes after
-        // us, in the interface plugin's DEL): drop their dead link pins.
-        attach::forget_gone_interfaces(&layout);
+        // us, in the interface plugin's DEL): their dead link pins go too.
+        reconcile_after("DEL", &layout, &req.conf);
         Ok(())
     }
 
     fn check(&self, req: &Request) -> Result<(), PluginError> {
         let translations = store::plan(&req.conf.port_mappings, &req.container);
+        let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
+        let installed = layout.map(portmap_common::map_names::OWNERS).exists();
+        if translations.is_empty() && !installed {
+            return Ok(());
+        }
+        require_privilege()?;
+        let mut rtnl = Rtnl::open()?;
+        let node = NodeView::read(&mut rtnl, &req.conf)?;
+        if installed && let Err(error) = reconcile(&layout, &req.conf, &node) {
+            // What it could not attach is reported below.
+            log::warn!("CHECK: the attachments were not brought up to date: {error}");
+        }
         if translations.is_empty() {
             return Ok(());
         }
-        let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
-        let mut rtnl = Rtnl::open()?;
-        let addresses = if req.conf.interfaces.is_none()
-            && req
-                .conf
-                .port_mappings
-                .iter()
-                .any(|m| m.host_ip.specific().is_some())
-        {
-            rtnl.addresses()?
-        } else {
-            Vec::new()
-        };
-        let mut interfaces = target_interfaces(&mut rtnl, &addresses, &req.conf)?;
-        interfaces.extend(container_side_interfaces(&mut rtnl, &req.conf));
-        if let Some(&index) = interfaces
-            .iter()
-            .find(|&&index| !attach::is_attached(&layout, index))
+        if let Some(index) = node
+            .targets()
+            .into_iter()
+            .find(|&index| !attach::is_attached(&layout, index))
         {
             return Err(PluginError::NotAttached { index });
         }
@@ -450,6 +506,7 @@ impl Dataplane {
         if pruned > 0 {
             log::info!("GC: {pruned} stale fast-path entr(y/ies) removed");
         }
+        reconcile_after("GC", &layout, &req.conf);
         Ok(())
     }
 }

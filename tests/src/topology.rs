@@ -171,6 +171,146 @@ impl Node {
         }
     }
 
+    /// Removes the node's default routes (IPv4 and IPv6), leaving only its
+    /// connected routes: a lab or air-gapped node, or one whose routes live
+    /// in another table. `ext` and `far` still reach it on their subnets.
+    pub fn remove_default_routes(&self) {
+        self.ns.ip(&["route", "del", "default"]);
+        self.ns.ip(&["-6", "route", "del", "default"]);
+    }
+
+    /// Deletes the uplink `eth0` and makes it again under the same name
+    /// (a NIC reset, a bond rebuilt, a VLAN re-created): same addresses and
+    /// routes, a new interface index. Returns the old and the new index.
+    pub fn recreate_uplink(&self) -> (u32, u32) {
+        let before = self.ifindex(NODE_UPLINK);
+        // The peer in `ext` goes with it.
+        self.ns.ip(&["link", "del", NODE_UPLINK]);
+        self.ns.ip(&[
+            "link",
+            "add",
+            NODE_UPLINK,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            self.ext.name(),
+        ]);
+        for cidr in [
+            format!("{NODE_IP4}/24"),
+            format!("{NODE_IP4_SECONDARY}/24"),
+            format!("{NODE_IP6}/64"),
+            format!("{NODE_IP6_SECONDARY}/64"),
+        ] {
+            add_addr(&self.ns, NODE_UPLINK, &cidr);
+        }
+        add_addr(&self.ext, "eth0", &format!("{EXT_IP4}/24"));
+        add_addr(&self.ext, "eth0", &format!("{EXT_IP6}/64"));
+        self.ns.ip(&["link", "set", NODE_UPLINK, "up"]);
+        self.ext.ip(&["link", "set", "eth0", "up"]);
+        let v4 = EXT_IP4.to_string();
+        let v6 = EXT_IP6.to_string();
+        self.ns
+            .ip(&["route", "add", "default", "via", &v4, "dev", NODE_UPLINK]);
+        self.ns.ip(&[
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            &v6,
+            "dev",
+            NODE_UPLINK,
+        ]);
+        let node4 = NODE_IP4.to_string();
+        let node6 = NODE_IP6.to_string();
+        self.ext.ip(&["route", "add", "default", "via", &node4]);
+        self.ext
+            .ip(&["-6", "route", "add", "default", "via", &node6]);
+        (before, self.ifindex(NODE_UPLINK))
+    }
+
+    /// A new client namespace behind a new node interface `ifname` (a veth,
+    /// added after the node was built: a second NIC plugged in later),
+    /// `node_cidr` on the node's side and `peer_cidr` on the client's, no
+    /// route beyond the shared subnet. Removed on drop.
+    pub fn add_side_link(&self, ifname: &str, node_cidr: &str, peer_cidr: &str) -> NetNs {
+        let side = NetNs::new("side");
+        disable_dad(&side);
+        self.ns.ip(&[
+            "link",
+            "add",
+            ifname,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            side.name(),
+        ]);
+        add_addr(&self.ns, ifname, node_cidr);
+        add_addr(&side, "eth0", peer_cidr);
+        self.ns.ip(&["link", "set", ifname, "up"]);
+        side.ip(&["link", "set", "eth0", "up"]);
+        side
+    }
+
+    /// A VXLAN tunnel `vxlan{id}` between the node and `far` over `eth1`,
+    /// with `node_cidr` and `far_cidr` inside: a tunnel interface without a
+    /// default route (VXLAN rather than a VLAN: it needs no kernel module
+    /// beyond what every test kernel has). Returns the node side's name.
+    pub fn add_far_tunnel(&self, id: u32, node_cidr: &str, far_cidr: &str) -> String {
+        let name = format!("vxlan{id}");
+        let id = id.to_string();
+        for (ns, local, remote, dev) in [
+            (&self.ns, NODE_FAR_IP4, FAR_IP4, NODE_FAR_LINK),
+            (&self.far, FAR_IP4, NODE_FAR_IP4, "eth0"),
+        ] {
+            ns.ip(&[
+                "link",
+                "add",
+                &name,
+                "type",
+                "vxlan",
+                "id",
+                &id,
+                "local",
+                &local.to_string(),
+                "remote",
+                &remote.to_string(),
+                "dstport",
+                "4789",
+                "dev",
+                dev,
+            ]);
+        }
+        add_addr(&self.ns, &name, node_cidr);
+        add_addr(&self.far, &name, far_cidr);
+        self.ns.ip(&["link", "set", &name, "up"]);
+        self.far.ip(&["link", "set", &name, "up"]);
+        name
+    }
+
+    /// Adds `cidr` to the node's interface `dev` (a VIP arriving, an
+    /// address assigned after the containers started).
+    pub fn add_address(&self, dev: &str, cidr: &str) {
+        add_addr(&self.ns, dev, cidr);
+    }
+
+    /// Index of the node's interface `name`.
+    pub fn ifindex(&self, name: &str) -> u32 {
+        // Not /sys/class/net: sysfs shows the namespace that mounted it.
+        let shown: Value = serde_json::from_str(&self.ns.ip(&["-j", "link", "show", name]))
+            .unwrap_or_else(|e| panic!("ip -j link show {name}: {e}"));
+        shown[0]["ifindex"]
+            .as_u64()
+            .and_then(|index| u32::try_from(index).ok())
+            .unwrap_or_else(|| panic!("no ifindex for {name}: {shown}"))
+    }
+
     /// A per-world directory for plugin state (host-local's `dataDir`), so
     /// nothing lands in /var/lib/cni.
     pub fn data_dir(&self) -> &Path {

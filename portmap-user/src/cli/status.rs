@@ -27,7 +27,9 @@ use crate::cli::{
 /// the maps were created (translations, and why packets were skipped or
 /// dropped). Then the problems: a missing map or program, an interface with
 /// a direction not attached, a pinned attachment the kernel no longer runs,
-/// a map 90% full, tracing left on by a dead `trace`.
+/// an interface that should carry the programs and does not (added or
+/// re-created since the last plugin run), a node address the socket hooks
+/// do not know yet, a map 90% full, tracing left on by a dead `trace`.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   ebpf-portmap status
@@ -61,6 +63,16 @@ pub fn status_json(status: &Status) -> Value {
             "programID": a.program_id,
             "attached": a.attached,
         })).collect::<Vec<_>>(),
+        "drift": json!({
+            "unattachedInterfaces": status.drift.unattached.iter().map(|(name, index)| json!({
+                "interface": name,
+                "ifindex": index,
+            })).collect::<Vec<_>>(),
+            "unmatchedInterfaces": status.drift.unmatched,
+            "unsyncedAddresses": status.drift.unsynced,
+            "staleAddresses": status.drift.stale,
+            "absentHostIPs": status.drift.absent_host_ips,
+        }),
         "otherLinks": status.other_links.iter().map(|l| json!({
             "pin": l.pin,
             "type": l.link_type,

@@ -80,6 +80,10 @@ pub const GUEST_TESTS: &[GuestTest] = &[
         args: &["--test-threads=1"],
     },
     GuestTest {
+        name: "node_shapes",
+        args: &["--test-threads=1"],
+    },
+    GuestTest {
         name: "plugin",
         args: &[
             "--test-threads=1",

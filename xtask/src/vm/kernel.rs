@@ -13,8 +13,16 @@ use anyhow::{Context, Result, bail};
 /// Modules the tests need that Debian builds as modules: veth pairs for
 /// every namespace link, the bridge plugin's bridge, clsact (in
 /// `sch_ingress`) and `cls_bpf` for the clsact attachment, `nf_tables` so
-/// `iptables-save` (nft backend) can show that no NAT rule exists.
-pub const WANTED_MODULES: &[&str] = &["veth", "bridge", "sch_ingress", "cls_bpf", "nf_tables"];
+/// `iptables-save` (nft backend) can show that no NAT rule exists, `vxlan`
+/// for the tunnel uplink of the `node_shapes` tests.
+pub const WANTED_MODULES: &[&str] = &[
+    "veth",
+    "bridge",
+    "sch_ingress",
+    "cls_bpf",
+    "nf_tables",
+    "vxlan",
+];
 
 /// A kernel series the VM tests run, e.g. `6.1`.
 #[derive(Debug, Clone, PartialEq, Eq)]
