@@ -175,9 +175,13 @@ pub fn create_pods(layout: &PinLayout) -> Result<HashMap<MapData, u64, PodRecord
     }
 }
 
-/// Conntrack, opened only by the verbs that look at flows.
-pub fn conntrack(layout: &PinLayout) -> Result<HashMap<MapData, CtKey, CtEntry>, MapsError> {
-    open(layout, map_names::CONNTRACK)
+/// A conntrack table (`map_names::CONNTRACK`, `CONNTRACK_CLOSED` or
+/// `CONNTRACK_OTHER`), opened only by the verbs that look at flows.
+pub fn conntrack(
+    layout: &PinLayout,
+    table: &'static str,
+) -> Result<HashMap<MapData, CtKey, CtEntry>, MapsError> {
+    open(layout, table)
 }
 
 /// Per-CPU counters by reason.
