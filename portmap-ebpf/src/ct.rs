@@ -228,11 +228,13 @@ fn move_to_closed(key: &CtKey, now: u64) {
 }
 
 /// Whether a socket of the node owns the tuple of this TCP packet: an
-/// established, request or time-wait socket for exactly it, or a listener
-/// its SYN would reach. Such a packet is the node's (a flow the node
-/// opened from a mapped port, or a service of its own) and is never
-/// re-translated. Looked up in the network namespace of the interface the
-/// packet arrived on, the node's.
+/// established, request or time-wait socket for exactly it. Such a packet
+/// is the node's (a flow the node opened from a mapped port) and is never
+/// re-translated. A listener on the port owns no tuple (a runtime's port
+/// holder, or a node service the mapping shadows: its SYNs went to the
+/// container, so it has no flow a mid-flow segment could belong to).
+/// Looked up in the network namespace of the interface the packet arrived
+/// on, the node's.
 ///
 /// Not inlined: the socket reference the verifier tracks stays inside it.
 #[inline(never)]
@@ -270,7 +272,12 @@ pub fn node_socket_owns(ctx: &TcContext, packet: &Packet) -> bool {
     if sock.is_null() {
         return false;
     }
-    // SAFETY: a socket the lookup returned, released once.
+    // SAFETY: a socket the lookup returned (its common part: `state` may be
+    // read), released once.
+    let listening = unsafe { (*sock).state } == TCP_LISTEN;
     unsafe { bpf_sk_release(sock.cast()) };
-    true
+    !listening
 }
+
+/// `TCP_LISTEN` of the kernel's TCP states.
+const TCP_LISTEN: u32 = 10;

@@ -1079,15 +1079,22 @@ fn a_mid_flow_packet_a_node_socket_owns_is_never_recovered() {
     in_node_namespace(|ifindex| {
         let mut dp = Dataplane::load(ifindex);
         dp.map(None, false, 9090, TCP, CONTAINER_V4.into(), 90);
-        let segment = Flow {
+        // A connection of the node's on the mapped port 9090 (from a client
+        // of its own: the namespace has no other host). Its segments to
+        // 9090 are that socket's.
+        let listener = std::net::TcpListener::bind((NODE_V4, 9090)).expect("listen on 9090");
+        let peer = std::net::TcpStream::connect((NODE_V4, 9090)).expect("connect");
+        let _accepted = listener.accept().expect("accept");
+        let peer_port = peer.local_addr().expect("local address").port();
+        let node_flow = Flow {
+            src: NODE_V4.into(),
+            dst: NODE_V4.into(),
+            sport: peer_port,
             dport: 9090,
-            ..client_flow(ACK)
+            proto: TCP,
+            flags: ACK,
         };
-        // A socket of the node on the mapped port (here a listener: the
-        // lookup finds the socket the segment would reach).
-        let _listener =
-            std::net::TcpListener::bind((NODE_V4, 9090)).expect("listen on the node's 9090");
-        let input = packet(&segment, b"the node's");
+        let input = packet(&node_flow, b"the node's");
         assert_eq!(dp.ingress(&input), input, "the node's flow is left alone");
         assert_eq!(dp.stat(stat::SKIP_NODE_SOCKET), 1);
         assert_eq!(dp.stat(stat::CT_RECOVERED), 0);
@@ -1096,13 +1103,18 @@ fn a_mid_flow_packet_a_node_socket_owns_is_never_recovered() {
             vec![],
             "nothing recorded"
         );
-        drop(_listener);
-        // The socket gone, the same segment is recovered: the lookup, not
-        // the port, decided.
+        // The listener on the mapped port (as a runtime's port holder) owns
+        // no tuple: a client's lost flow to the same port is recovered.
+        let client = Flow {
+            dport: 9090,
+            ..client_flow(ACK)
+        };
         assert_eq!(
-            inspect(&dp.ingress(&input)),
-            seen(CLIENT_V4.into(), 40000, CONTAINER_V4.into(), 90)
+            inspect(&dp.ingress(&packet(&client, b"lost flow"))),
+            seen(CLIENT_V4.into(), 40000, CONTAINER_V4.into(), 90),
+            "a listener does not own the client's tuple"
         );
         assert_eq!(dp.stat(stat::CT_RECOVERED), 1);
+        assert_eq!(dp.stat(stat::SKIP_NODE_SOCKET), 1);
     });
 }
