@@ -103,7 +103,7 @@ fn assert_still_answers(world: &World, session: &mut TcpSession, when: &str) {
     match session.request("after", PROBE) {
         Ok(answer) => assert_eq!(answer, echo_reply("web", "after"), "{when}"),
         Err(e) => panic!(
-            "{when}: the idle connection was lost: {e}\ncounters: {:#}\n{}",
+            "{when}: the idle connection was lost: {e} ({e:?})\ncounters: {:#}\n{}",
             counters(world),
             world.dump()
         ),
