@@ -37,7 +37,7 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     // What follows a new flow reads its state from scratch, after
     // new_flow's frame is gone: stacked, the frames do not fit in 512 bytes.
     if new_flow(ctx, packet, opens, now) {
-        translated_new_flow(ctx);
+        translated_new_flow(ctx, !opens);
         if wants_masquerade(ctx) {
             masquerade(ctx);
         }
@@ -232,11 +232,6 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> 
         &mapping.container_addr_be,
         mapping.container_port_be,
     ) {
-        maps::count(if opens {
-            stat::DNAT_NEW
-        } else {
-            stat::CT_RECOVERED
-        });
         true
     } else {
         maps::count(stat::REWRITE_FAILED);
@@ -316,11 +311,19 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     false
 }
 
-/// After new_flow translated a flow: counts it, and offers the packet to
-/// the fast path (masquerade withdraws the offer). Not inlined: in the
-/// entry point's frame these few lines cost stack the 6.1 verifier lacks.
+/// After new_flow translated a flow (a new one, or a `recovered` one, see
+/// new_flow): counts it, and offers the packet to the fast path (masquerade
+/// withdraws the offer). Not inlined: in the entry point's frame these few
+/// lines cost stack the 6.1 verifier lacks. The reason is counted here, not
+/// in new_flow, whose frame has no room left for it on 6.1 (which rounds
+/// every frame up to 32 bytes).
 #[inline(never)]
-pub fn translated_new_flow(ctx: &TcContext) {
+pub fn translated_new_flow(ctx: &TcContext, recovered: bool) {
+    maps::count(if recovered {
+        stat::CT_RECOVERED
+    } else {
+        stat::DNAT_NEW
+    });
     count_from_scratch(ctx, Way::In);
     if let Some(scratch) = maps::scratch() {
         scratch.fast = Offer::Forward;

@@ -1051,7 +1051,7 @@ fn a_mid_flow_packet_of_a_lost_flow_is_translated_again_by_its_mapping() {
             "no node socket owns the tuple: recovered"
         );
         assert_eq!(dp.stat(stat::CT_RECOVERED), 1);
-        assert_eq!(dp.stat(stat::DNAT_NEW), 0);
+        assert_eq!(dp.stat(stat::DNAT_NEW), 0, "recovered, not new");
         assert_eq!(dp.stat(stat::SKIP_NOT_SYN), 0);
         assert_eq!(tcp_states(&dp), vec![0, 0], "recorded again, established");
         assert_eq!(
