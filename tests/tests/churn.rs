@@ -188,8 +188,33 @@ fn pass_line(from: &mut TcpStream, to: &TcpStream, line: &str) -> String {
 /// socket's); the node's connection from the mapped port, when the far
 /// end speaks first, is left to the node (its socket owns its tuple),
 /// never handed to the container.
+/// Room for `n` more open files: the held connections have both ends in
+/// this process (a VM's init leaves the limit at 1024).
+fn allow_open_files(n: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a struct we own.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        if limit.rlim_cur >= n {
+            return;
+        }
+        limit.rlim_cur = n;
+        limit.rlim_max = limit.rlim_max.max(n);
+        assert_eq!(
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit),
+            0,
+            "raising the open-file limit to {n}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 #[test]
 fn evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes() {
+    allow_open_files(4 * TABLE + 1024);
     let world = small_table_world();
     let web = serve_web(&world);
     let mut idle = idle_session(&world);
