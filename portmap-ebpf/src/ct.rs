@@ -53,11 +53,11 @@ pub fn reversed(key: &CtKey) -> CtKey {
     }
 }
 
-/// A live entry for `key`, copied out and refreshed if it is due, and the
-/// table it is in. A TCP flow is looked for among the open flows first,
-/// then among the closed ones.
+/// A live entry for `key`, copied out and refreshed if it is due. A TCP
+/// flow is looked for among the open flows first, then among the closed
+/// ones.
 #[inline(always)]
-pub fn lookup(key: &CtKey, now: u64) -> Option<(CtEntry, Table)> {
+pub fn lookup(key: &CtKey, now: u64) -> Option<CtEntry> {
     // One copy of the entry whichever table it is in: the callers' frames
     // have no room for two.
     let first = Table::for_proto(key.proto);
@@ -84,7 +84,7 @@ pub fn lookup(key: &CtKey, now: u64) -> Option<(CtEntry, Table)> {
     if !closed && age > ct_timeout::REFRESH {
         unsafe { (*entry).last_seen_ns = now };
     }
-    Some((copy, table))
+    Some(copy)
 }
 
 /// The owner of the mapping a flow was translated by, if that mapping still
@@ -108,68 +108,41 @@ pub fn still_mapped(
     }
 }
 
-/// Whether a packet of an open TCP flow, with `tcp_state`, changes that
-/// state (so [`track_tcp`] has something to do): a FIN or RST, or the
-/// first packet without SYN.
+/// Whether a TCP packet of a flow whose entry has `tcp_state` may change
+/// that state (so [`track_tcp`] has something to do): a FIN or RST, or the
+/// first packet without SYN. The flow decision only notes it
+/// (`scratch.track`); the entry point calls [`track_tcp`] once that
+/// decision's frame is gone: stacked on it, the state tracking does not
+/// fit BPF's 512 bytes (6.1 rounds every frame up to 32 bytes).
 #[inline(always)]
-pub fn changes_tcp_state(packet: &Packet, table: Table, tcp_state: u8) -> bool {
-    table == Table::Open
-        && packet.proto == PROTO_TCP
+pub fn note_tcp_change(packet: &Packet, tcp_state: u8) {
+    if packet.proto == PROTO_TCP
         && (packet.flags & (TCP_FIN | TCP_RST) != 0
             || (tcp_state & tcp_state::SYN_ONLY != 0 && packet.flags & TCP_SYN == 0))
+        && let Some(scratch) = maps::scratch()
+    {
+        scratch.track = true;
+    }
 }
 
-/// Remembers a packet of an open TCP flow that changes its state (see
-/// [`changes_tcp_state`]) for [`track_tcp`], which the entry point calls
-/// once the frame of the flow decision is gone: stacked on it, the state
-/// tracking does not fit BPF's 512 bytes. `key` is the packet's entry,
-/// `entry` its value; the other direction's entry is keyed by the
-/// reversed tuple of the packet as translated: `rewrites_destination`
-/// says which end `nat_addr`/`nat_port` replace (DNAT and UNMASQ entries,
-/// on ingress: the destination; REPLY and SNAT, on egress: the source).
-#[inline(always)]
-pub fn note_tcp_change(key: &CtKey, entry: &CtEntry, flags: u8, rewrites_destination: bool) {
-    let Some(scratch) = maps::scratch() else {
-        return;
-    };
-    scratch.track_key = *key;
-    scratch.pair_key = if rewrites_destination {
-        CtKey {
-            src_addr_be: entry.nat_addr_be,
-            dst_addr_be: key.src_addr_be,
-            src_port_be: entry.nat_port_be,
-            dst_port_be: key.src_port_be,
-            proto: key.proto,
-            family: key.family,
-            _pad0: 0,
-        }
-    } else {
-        CtKey {
-            src_addr_be: key.dst_addr_be,
-            dst_addr_be: entry.nat_addr_be,
-            src_port_be: key.dst_port_be,
-            dst_port_be: entry.nat_port_be,
-            proto: key.proto,
-            family: key.family,
-            _pad0: 0,
-        }
-    };
-    scratch.track_flags = flags;
-    scratch.track = true;
-}
-
-/// Follows a TCP flow's state on the packet [`note_tcp_change`] noted, if
-/// any: the end of the handshake, a FIN, a RST. A flow closed by FIN both
-/// ways or by RST leaves the open table for the closed one, both
-/// directions at once; there it lingers for its last ACK and
-/// retransmissions and is the first to go when space runs short, instead
-/// of pushing an idle live flow out of the open table (an LRU evicts by
-/// use, not by our timestamps).
+/// Follows a TCP flow's state on the packet the flow decision noted (see
+/// [`note_tcp_change`]), if any: the end of the handshake, a FIN, a RST.
+/// A flow closed by FIN both ways or by RST leaves the open table for the
+/// closed one, both directions at once; there it lingers for its last ACK
+/// and retransmissions and is the first to go when space runs short,
+/// instead of pushing an idle live flow out of the open table (an LRU
+/// evicts by use, not by our timestamps). A flow already closed has no
+/// open entry and is left as it is.
 ///
-/// Not inlined, with its state in scratch: one walk of it per entry
-/// point, on top of the entry point's frame only.
+/// The other direction's entry is keyed by the reversed tuple of the
+/// packet as translated: `rewrites_destination` says which end the
+/// entry's `nat_addr`/`nat_port` replace (DNAT and UNMASQ entries, on
+/// ingress: the destination; REPLY and SNAT, on egress: the source).
+///
+/// Not inlined: one walk of it per entry point, on top of the entry
+/// point's frame only.
 #[inline(never)]
-pub fn track_tcp() {
+pub fn track_tcp(packet: &Packet, rewrites_destination: bool) {
     let Some(scratch) = maps::scratch() else {
         return;
     };
@@ -177,12 +150,35 @@ pub fn track_tcp() {
         return;
     }
     scratch.track = false;
-    let (key, pair, flags) = (scratch.track_key, scratch.pair_key, scratch.track_flags);
+    let key = key_of(packet);
+    let Some(entry) = maps::ct_get(Table::Open, &key) else {
+        return;
+    };
+    // SAFETY: fields of a live map value, read once.
+    let (nat_addr_be, nat_port_be) = unsafe { ((*entry).nat_addr_be, (*entry).nat_port_be) };
+    let pair = if rewrites_destination {
+        CtKey {
+            src_addr_be: nat_addr_be,
+            dst_addr_be: key.src_addr_be,
+            src_port_be: nat_port_be,
+            dst_port_be: key.src_port_be,
+            ..key
+        }
+    } else {
+        CtKey {
+            src_addr_be: key.dst_addr_be,
+            dst_addr_be: nat_addr_be,
+            src_port_be: key.dst_port_be,
+            dst_port_be: nat_port_be,
+            ..key
+        }
+    };
+    let flags = packet.flags;
     let closes = if flags & TCP_RST != 0 {
         true
     } else if flags & TCP_FIN != 0 {
         set_state(&key, tcp_state::FIN, tcp_state::SYN_ONLY);
-        // SAFETY: one byte of a map value, read once (see `lookup_in`).
+        // SAFETY: one byte of a map value, read once (see `lookup`).
         maps::ct_get(Table::Open, &pair)
             .is_some_and(|entry| unsafe { (*entry).tcp_state } & tcp_state::FIN != 0)
     } else {

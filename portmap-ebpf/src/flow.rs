@@ -29,7 +29,7 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     // A TCP SYN or SCTP INIT always starts over from the mappings; anything
     // else follows its flow first.
     if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet, now) {
-        ct::track_tcp();
+        ct::track_tcp(packet, true);
         return;
     }
     // Masquerading is decided after new_flow returns, not inside it: its
@@ -51,7 +51,7 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
 #[inline(never)]
 pub fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
     let key = ct::key_of(packet);
-    let Some((entry, table)) = ct::lookup(&key, now) else {
+    let Some(entry) = ct::lookup(&key, now) else {
         return false;
     };
     // The container end of the flow, to check its mapping still holds: the
@@ -81,9 +81,7 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
         // the rest of a stale TCP/SCTP flow passes untouched.
         return entry.kind != ct_kind::DNAT || !packet.opens_flow();
     };
-    if ct::changes_tcp_state(packet, table, entry.tcp_state) {
-        ct::note_tcp_change(&key, &entry, packet.flags, true);
-    }
+    ct::note_tcp_change(packet, entry.tcp_state);
     // One rewrite call site for both kinds: each inlined copy costs the
     // verifier a full walk of the checksum code.
     if nat::rewrite(
@@ -248,7 +246,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     }
     let now = ct::now();
     let key = ct::key_of(packet);
-    if let Some((entry, table)) = ct::lookup(&key, now) {
+    if let Some(entry) = ct::lookup(&key, now) {
         // The container end of the flow: the destination of a masqueraded
         // flow on its way to the container, the source of an answer.
         let (container_be, container_port_be) = match entry.kind {
@@ -261,9 +259,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
             maps::count(stat::STALE_FLOW);
             return false;
         };
-        if ct::changes_tcp_state(packet, table, entry.tcp_state) {
-            ct::note_tcp_change(&key, &entry, packet.flags, false);
-        }
+        ct::note_tcp_change(packet, entry.tcp_state);
         // One rewrite call site for both kinds (see existing_flow).
         if nat::rewrite(
             ctx,

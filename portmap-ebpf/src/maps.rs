@@ -163,13 +163,9 @@ pub struct Scratch {
     pub fast: Offer,
     /// The ingress program's tc action for this packet.
     pub action: i32,
-    /// A packet that changes the TCP state of its flow, left by
-    /// `ct::note_tcp_change` for `ct::track_tcp`: set, the entry it
-    /// followed, the other direction's, and its TCP flags.
+    /// Set by `ct::note_tcp_change` when the packet may change the TCP
+    /// state of its flow, for `ct::track_tcp`.
     pub track: bool,
-    pub track_flags: u8,
-    pub track_key: CtKey,
-    pub pair_key: CtKey,
     /// `ct::track_tcp`'s room for an entry on its way to the closed table.
     pub moved: CtEntry,
     /// `ct::node_socket_owns`'s `bpf_sock_tuple` (the IPv6 layout holds

@@ -49,7 +49,7 @@ fn try_egress(ctx: &mut TcContext) -> Option<()> {
         flow::count_from_scratch(ctx, Way::Out);
     }
     // After egress's frame is gone (see `ct::note_tcp_change`).
-    ct::track_tcp();
+    ct::track_tcp(&packet, false);
     trace::end_if_tracing(ctx, trace_direction::EGRESS);
     Some(())
 }
