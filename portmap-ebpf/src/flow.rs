@@ -37,7 +37,7 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     // What follows a new flow reads its state from scratch, after
     // new_flow's frame is gone: stacked, the frames do not fit in 512 bytes.
     if new_flow(ctx, packet, opens, now) {
-        translated_new_flow(ctx, !opens);
+        translated_new_flow(ctx);
         if wants_masquerade(ctx) {
             masquerade(ctx);
         }
@@ -307,19 +307,26 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     false
 }
 
-/// After new_flow translated a flow (a new one, or a `recovered` one, see
+/// After new_flow translated a flow (a new one, or a recovered one, see
 /// new_flow): counts it, and offers the packet to the fast path (masquerade
 /// withdraws the offer). Not inlined: in the entry point's frame these few
 /// lines cost stack the 6.1 verifier lacks. The reason is counted here, not
 /// in new_flow, whose frame has no room left for it on 6.1 (which rounds
-/// every frame up to 32 bytes).
+/// every frame up to 32 bytes); which one, from the entry new_flow left in
+/// scratch: a recovered flow is a TCP flow past its SYN. (Passing the
+/// caller's `opens` down as an argument counted recoveries for new flows
+/// on 6.1, correct on 6.12.)
 #[inline(never)]
-pub fn translated_new_flow(ctx: &TcContext, recovered: bool) {
-    maps::count(if recovered {
-        stat::CT_RECOVERED
-    } else {
-        stat::DNAT_NEW
-    });
+pub fn translated_new_flow(ctx: &TcContext) {
+    if let Some(scratch) = maps::scratch() {
+        let recovered = scratch.forward_key.proto == PROTO_TCP
+            && scratch.forward.tcp_state & tcp_state::SYN_ONLY == 0;
+        maps::count(if recovered {
+            stat::CT_RECOVERED
+        } else {
+            stat::DNAT_NEW
+        });
+    }
     count_from_scratch(ctx, Way::In);
     if let Some(scratch) = maps::scratch() {
         scratch.fast = Offer::Forward;
