@@ -22,8 +22,8 @@ pub const LAYOUT_VERSION: u32 = 1;
 /// The names of [`maps`] under the path portmap-user reads them from.
 pub mod map_names {
     pub use crate::maps::{
-        CONNTRACK, COUNTERS, MAPPINGS, OWNER_SLOTS, OWNERS, PINNED as ALL, STATS, TRACE_EVENTS,
-        TRACE_FILTER,
+        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_OTHER, COUNTERS, MAPPINGS, OWNER_SLOTS, OWNERS,
+        PINNED as ALL, STATS, TRACE_EVENTS, TRACE_FILTER,
     };
 }
 
@@ -257,13 +257,28 @@ pub mod ct_kind {
     pub const UNMASQ: u8 = 5;
 }
 
+/// What a TCP conntrack entry has seen of its flow ([`CtEntry::tcp_state`]),
+/// one bit each. Zero is an established flow: entries written by builds
+/// that did not track TCP state (this byte was padding, always zero) read
+/// as established, so an upgrade keeps their flows as they were.
+pub mod tcp_state {
+    /// Only the SYN so far: the client has not completed the handshake.
+    /// Written on both entries of a new flow; the client's first packet
+    /// without SYN clears it on both.
+    pub const SYN_ONLY: u8 = 1;
+    /// This entry's direction sent a FIN. When the other direction's
+    /// entry has it too, the flow is closed.
+    pub const FIN: u8 = 2;
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtEntry {
     pub nat_addr_be: [u32; 4],
     pub nat_port_be: u16,
     pub kind: u8,
-    pub _pad0: u8,
+    /// [`tcp_state`] bits (TCP entries of the `conntrack` map only).
+    pub tcp_state: u8,
     pub _pad1: u32,
     /// The mapping this flow was translated by, re-checked on every packet so
     /// a deleted or re-pointed mapping never forwards stale traffic.
@@ -276,19 +291,31 @@ pub struct CtEntry {
 /// Idle timeouts of conntrack entries, in nanoseconds.
 pub mod ct_timeout {
     const SEC: u64 = 1_000_000_000;
+    /// An established TCP flow.
     pub const TCP: u64 = 6 * 3600 * SEC;
+    /// A TCP flow that has seen only its SYN (a scan, a flood, a backend
+    /// that never answers): as long as nf_conntrack's SYN_SENT and
+    /// Cilium's SYN timeout allow, not hours.
+    pub const TCP_SYN_ONLY: u64 = 60 * SEC;
+    /// A closed TCP flow (FIN both ways, or RST) in `conntrack_closed`:
+    /// long enough for the last ACK and retransmitted FINs (Cilium uses
+    /// 10 s, nf_conntrack 10 s for CLOSE).
+    pub const TCP_CLOSED: u64 = 10 * SEC;
     pub const SCTP: u64 = 6 * 3600 * SEC;
     pub const UDP: u64 = 120 * SEC;
     /// How stale `last_seen_ns` may get before a packet refreshes it.
     pub const REFRESH: u64 = SEC;
 
-    /// How long a flow of IP protocol `proto` may idle before its entries
-    /// no longer count: what the programs enforce and `list` reports.
+    /// How long a flow of IP protocol `proto` whose entry is in the
+    /// `conntrack` or `conntrack_other` map, with `tcp_state`, may idle
+    /// before its entries no longer count: what the programs enforce and
+    /// `list` reports.
     #[inline(always)]
-    pub const fn for_proto(proto: u8) -> u64 {
+    pub const fn for_entry(proto: u8, tcp_state: u8) -> u64 {
         match proto {
             super::PROTO_UDP => UDP,
             super::PROTO_SCTP => SCTP,
+            _ if tcp_state & super::tcp_state::SYN_ONLY != 0 => TCP_SYN_ONLY,
             _ => TCP,
         }
     }

@@ -12,8 +12,20 @@ pub const MAPPINGS: &str = "mappings";
 pub const OWNERS: &str = "owners";
 /// Owner -> the mappings it claimed ([`crate::OwnerSlotKey`] -> [`crate::MappingKey`]).
 pub const OWNER_SLOTS: &str = "owner_slots";
-/// Our connection tracking ([`crate::CtKey`] -> [`crate::CtEntry`]).
+/// Our connection tracking of open TCP flows ([`crate::CtKey`] ->
+/// [`crate::CtEntry`]). Three LRU tables, so that no churn of one kind can
+/// evict the flows of another: open TCP flows here (the name of the one
+/// table of earlier builds, whose TCP entries carry on), closed TCP flows
+/// in [`CONNTRACK_CLOSED`] for their last packets, every other protocol in
+/// [`CONNTRACK_OTHER`].
 pub const CONNTRACK: &str = "conntrack";
+/// TCP flows that closed (FIN both ways, or RST), moved out of
+/// [`CONNTRACK`] so that dead flows never push live ones out of it; kept
+/// for [`crate::ct_timeout::TCP_CLOSED`] or until newer closed flows evict
+/// them.
+pub const CONNTRACK_CLOSED: &str = "conntrack_close";
+/// UDP and SCTP flows (same key and value as [`CONNTRACK`]).
+pub const CONNTRACK_OTHER: &str = "conntrack_other";
 /// Per-CPU counters by reason (see [`crate::reason`]).
 pub const STATS: &str = "stats";
 /// Per-mapping traffic counters ([`crate::CounterKey`] -> [`crate::MappingCounters`]).
@@ -46,11 +58,13 @@ pub const COUNTER_SCRATCH: &str = "counter_scratch";
 pub const TRACE_SCRATCH: &str = "trace_scratch";
 
 /// Every pinned map of the translation itself.
-pub const PINNED: [&str; 7] = [
+pub const PINNED: [&str; 9] = [
     MAPPINGS,
     OWNERS,
     OWNER_SLOTS,
     CONNTRACK,
+    CONNTRACK_CLOSED,
+    CONNTRACK_OTHER,
     STATS,
     COUNTERS,
     TRACE_FILTER,
@@ -69,8 +83,25 @@ pub mod capacity {
     pub const OWNERS: u32 = 16384;
     /// Index slots that point from an owner to its mappings.
     pub const OWNER_SLOTS: u32 = 131072;
-    /// Conntrack entries (two per translated flow).
+    /// Conntrack entries (two per translated flow), of open TCP flows; as
+    /// many again for other protocols (`conntrack_other`).
     pub const CONNTRACK: u32 = 262144;
+    /// Entries of closed TCP flows: a quarter of [`CONNTRACK`], at least
+    /// [`CONNTRACK_CLOSED_MIN`] (see [`conntrack_closed`]).
+    pub const CONNTRACK_CLOSED: u32 = conntrack_closed(CONNTRACK);
+    pub const CONNTRACK_CLOSED_MIN: u32 = 1024;
+
+    /// Size of `conntrack_close` for a `conntrack` of `size` entries: closed
+    /// flows are needed for seconds only, and evicting an old one costs at
+    /// most a retransmitted FIN (which recovery translates anyway).
+    pub const fn conntrack_closed(size: u32) -> u32 {
+        let quarter = size / 4;
+        if quarter < CONNTRACK_CLOSED_MIN {
+            CONNTRACK_CLOSED_MIN
+        } else {
+            quarter
+        }
+    }
     /// Per-mapping traffic counters: one per (mapping, owner), so as many as
     /// there are mappings. Allocated on first use, not up front.
     pub const COUNTERS: u32 = MAPPINGS;

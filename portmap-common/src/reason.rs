@@ -51,7 +51,17 @@ pub mod stat {
     /// An answer handed straight to the interface towards its client
     /// (`fastPath`), where egress translates it back.
     pub const FAST_REPLY: u32 = 21;
-    pub const COUNT: u32 = 22;
+    /// A TCP flow closed (FIN both ways, or RST): its entries moved to the
+    /// closed-flow table, out of the way of live flows.
+    pub const CT_CLOSED: u32 = 22;
+    /// A mid-flow TCP packet to a mapped port whose flow entry was lost
+    /// (evicted), and whose tuple no node socket owns: translated again by
+    /// the mapping, and its flow recorded anew.
+    pub const CT_RECOVERED: u32 = 23;
+    /// A mid-flow TCP packet to a mapped port with no flow entry whose
+    /// tuple a node socket owns: the node's, left alone.
+    pub const SKIP_NODE_SOCKET: u32 = 24;
+    pub const COUNT: u32 = 25;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -132,7 +142,7 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         id: stat::SKIP_NOT_SYN,
         name: "skip_not_syn",
         label: "skipped-not-syn",
-        meaning: "mapped port, but not a flow start and no known flow (e.g. a flow older than the mapping)",
+        meaning: "mapped port, but not a flow start and no known flow, and not recoverable (e.g. a SYN-ACK, a RST)",
         kind: Kind::Skipped,
     },
     Reason {
@@ -253,6 +263,27 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         label: "fast-reply",
         meaning: "fast path: answer handed straight to the interface towards its client",
         kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::CT_CLOSED,
+        name: "ct_closed",
+        label: "flow-closed",
+        meaning: "TCP flow closed (FIN both ways or RST): moved to the closed-flow table",
+        kind: Kind::Recorded,
+    },
+    Reason {
+        id: stat::CT_RECOVERED,
+        name: "ct_recovered",
+        label: "translated-recovered",
+        meaning: "mid-flow packet of a flow whose entry was lost, no node socket owns it: translated by the mapping again",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::SKIP_NODE_SOCKET,
+        name: "skip_node_socket",
+        label: "skipped-node-socket",
+        meaning: "mid-flow packet to a mapped port with no flow entry, owned by a node socket: left to the node",
+        kind: Kind::Skipped,
     },
 ];
 

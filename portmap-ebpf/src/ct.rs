@@ -1,10 +1,20 @@
 //! Tuples, timeouts and the checks that decide whether a conntrack entry
-//! still holds.
+//! still holds; the TCP states that move a closed flow out of the way of
+//! live ones; and whether a node socket owns a tuple.
 
-use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
-use portmap_common::{CtEntry, CtKey, MappingKey, ct_timeout};
+use aya_ebpf::{
+    bindings::{BPF_F_CURRENT_NETNS, bpf_sock_tuple},
+    helpers::{bpf_ktime_get_coarse_ns, bpf_sk_release, bpf_skc_lookup_tcp},
+    programs::TcContext,
+};
+use portmap_common::{
+    CtEntry, CtKey, FAMILY_V4, MappingKey, PROTO_TCP, ct_timeout, stat, tcp_state,
+};
 
-use crate::{maps, parse::Packet};
+use crate::{
+    maps::{self, Table},
+    parse::{Packet, TCP_FIN, TCP_RST, TCP_SYN},
+};
 
 /// CLOCK_MONOTONIC at tick resolution: what flow ages need (timeouts of
 /// minutes, a refresh every second), and far cheaper per packet than the
@@ -43,18 +53,35 @@ pub fn reversed(key: &CtKey) -> CtKey {
     }
 }
 
-/// A live entry for `key`, copied out, and refreshed if it is due.
+/// A live entry for `key`, copied out and refreshed if it is due. A TCP
+/// flow is looked for among the open flows first, then among the closed
+/// ones.
 #[inline(always)]
 pub fn lookup(key: &CtKey, now: u64) -> Option<CtEntry> {
-    let entry = maps::ct_get(key)?;
+    // One copy of the entry whichever table it is in: the callers' frames
+    // have no room for two.
+    let first = Table::for_proto(key.proto);
+    let (entry, table) = match maps::ct_get(first, key) {
+        Some(entry) => (entry, first),
+        None if first == Table::Open => (maps::ct_get(Table::Closed, key)?, Table::Closed),
+        None => return None,
+    };
     // SAFETY: pointer from a successful lookup; the LRU may recycle it at
     // any time, so it is read once and written with a single store.
     let copy = unsafe { *entry };
     let age = now.saturating_sub(copy.last_seen_ns);
-    if age > ct_timeout::for_proto(key.proto) {
+    // A closed flow is never refreshed: it lingers for its last packets
+    // only, counted from the close.
+    let closed = table == Table::Closed;
+    let timeout = if closed {
+        ct_timeout::TCP_CLOSED
+    } else {
+        ct_timeout::for_entry(key.proto, copy.tcp_state)
+    };
+    if age > timeout {
         return None;
     }
-    if age > ct_timeout::REFRESH {
+    if !closed && age > ct_timeout::REFRESH {
         unsafe { (*entry).last_seen_ns = now };
     }
     Some(copy)
@@ -80,3 +107,174 @@ pub fn still_mapped(
         _ => None,
     }
 }
+
+/// Whether a TCP packet of a flow whose entry has `tcp_state` may change
+/// that state (so [`track_tcp`] has something to do): a FIN or RST, or the
+/// first packet without SYN. The flow decision only notes it
+/// (`scratch.track`); the entry point calls [`track_tcp`] once that
+/// decision's frame is gone: stacked on it, the state tracking does not
+/// fit BPF's 512 bytes (6.1 rounds every frame up to 32 bytes).
+#[inline(always)]
+pub fn note_tcp_change(packet: &Packet, tcp_state: u8) {
+    if packet.proto == PROTO_TCP
+        && (packet.flags & (TCP_FIN | TCP_RST) != 0
+            || (tcp_state & tcp_state::SYN_ONLY != 0 && packet.flags & TCP_SYN == 0))
+        && let Some(scratch) = maps::scratch()
+    {
+        scratch.track = true;
+    }
+}
+
+/// Follows a TCP flow's state on the packet the flow decision noted (see
+/// [`note_tcp_change`]), if any: the end of the handshake, a FIN, a RST.
+/// A flow closed by FIN both ways or by RST leaves the open table for the
+/// closed one, both directions at once; there it lingers for its last ACK
+/// and retransmissions and is the first to go when space runs short,
+/// instead of pushing an idle live flow out of the open table (an LRU
+/// evicts by use, not by our timestamps). A flow already closed has no
+/// open entry and is left as it is.
+///
+/// The other direction's entry is keyed by the reversed tuple of the
+/// packet as translated: `rewrites_destination` says which end the
+/// entry's `nat_addr`/`nat_port` replace (DNAT and UNMASQ entries, on
+/// ingress: the destination; REPLY and SNAT, on egress: the source).
+///
+/// Not inlined: one walk of it per entry point, on top of the entry
+/// point's frame only.
+#[inline(never)]
+pub fn track_tcp(packet: &Packet, rewrites_destination: bool) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    if !scratch.track {
+        return;
+    }
+    scratch.track = false;
+    let key = key_of(packet);
+    let Some(entry) = maps::ct_get(Table::Open, &key) else {
+        return;
+    };
+    // SAFETY: fields of a live map value, read once.
+    let (nat_addr_be, nat_port_be) = unsafe { ((*entry).nat_addr_be, (*entry).nat_port_be) };
+    let pair = if rewrites_destination {
+        CtKey {
+            src_addr_be: nat_addr_be,
+            dst_addr_be: key.src_addr_be,
+            src_port_be: nat_port_be,
+            dst_port_be: key.src_port_be,
+            ..key
+        }
+    } else {
+        CtKey {
+            src_addr_be: key.dst_addr_be,
+            dst_addr_be: nat_addr_be,
+            src_port_be: key.dst_port_be,
+            dst_port_be: nat_port_be,
+            ..key
+        }
+    };
+    let flags = packet.flags;
+    let closes = if flags & TCP_RST != 0 {
+        true
+    } else if flags & TCP_FIN != 0 {
+        set_state(&key, tcp_state::FIN, tcp_state::SYN_ONLY);
+        // SAFETY: one byte of a map value, read once (see `lookup`).
+        maps::ct_get(Table::Open, &pair)
+            .is_some_and(|entry| unsafe { (*entry).tcp_state } & tcp_state::FIN != 0)
+    } else {
+        // The first packet without SYN: the handshake is done, both ways.
+        set_state(&key, 0, tcp_state::SYN_ONLY);
+        set_state(&pair, 0, tcp_state::SYN_ONLY);
+        false
+    };
+    if closes {
+        let now = now();
+        move_to_closed(&key, now);
+        move_to_closed(&pair, now);
+        maps::count(stat::CT_CLOSED);
+    }
+}
+
+/// Sets `set` and clears `clear` in the state of the open entry of `key`.
+#[inline(always)]
+fn set_state(key: &CtKey, set: u8, clear: u8) {
+    if let Some(entry) = maps::ct_get(Table::Open, key) {
+        // SAFETY: a live map value; one byte, one store.
+        unsafe { (*entry).tcp_state = ((*entry).tcp_state & !clear) | set };
+    }
+}
+
+/// Moves the open entry of `key` to the closed table, stamped `now` (the
+/// start of its linger).
+#[inline(always)]
+fn move_to_closed(key: &CtKey, now: u64) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    let Some(entry) = maps::ct_get(Table::Open, key) else {
+        return;
+    };
+    // SAFETY: copied out at once (see `lookup_in`).
+    scratch.moved = unsafe { *entry };
+    scratch.moved.last_seen_ns = now;
+    // Removed from the open table even if the closed one refuses it: a
+    // closed flow must not hold a place among the live ones.
+    let _ = maps::ct_put(Table::Closed, key, &scratch.moved);
+    maps::ct_remove(Table::Open, key);
+}
+
+/// Whether a socket of the node owns the tuple of this TCP packet: an
+/// established, request or time-wait socket for exactly it. Such a packet
+/// is the node's (a flow the node opened from a mapped port) and is never
+/// re-translated. A listener on the port owns no tuple (a runtime's port
+/// holder, or a node service the mapping shadows: its SYNs went to the
+/// container, so it has no flow a mid-flow segment could belong to).
+/// Looked up in the network namespace of the interface the packet arrived
+/// on, the node's.
+///
+/// Inlined: on 6.1, which rounds every frame up to 32 bytes, one more call
+/// level under new_flow does not fit the 512-byte stack.
+#[inline(always)]
+pub fn node_socket_owns(ctx: &TcContext, packet: &Packet) -> bool {
+    let Some(scratch) = maps::scratch() else {
+        // Without room for the tuple, the safe answer: the node's.
+        return true;
+    };
+    // struct bpf_sock_tuple: addresses, then source and destination port
+    // (network order, in that order in memory).
+    let ports = u32::from(packet.sport_be) | (u32::from(packet.dport_be) << 16);
+    let tuple = &mut scratch.sock_tuple;
+    let size = if packet.family == FAMILY_V4 {
+        tuple[0] = packet.src_be[0];
+        tuple[1] = packet.dst_be[0];
+        tuple[2] = ports;
+        12
+    } else {
+        tuple[..4].copy_from_slice(&packet.src_be);
+        tuple[4..8].copy_from_slice(&packet.dst_be);
+        tuple[8] = ports;
+        36
+    };
+    // SAFETY: the context is the program's skb; the tuple is `size`
+    // readable bytes of a map value; a socket found is released below.
+    let sock = unsafe {
+        bpf_skc_lookup_tcp(
+            ctx.skb.skb.cast(),
+            tuple.as_mut_ptr().cast::<bpf_sock_tuple>(),
+            size,
+            BPF_F_CURRENT_NETNS as i64 as u64,
+            0,
+        )
+    };
+    if sock.is_null() {
+        return false;
+    }
+    // SAFETY: a socket the lookup returned (its common part: `state` may be
+    // read), released once.
+    let listening = unsafe { (*sock).state } == TCP_LISTEN;
+    unsafe { bpf_sk_release(sock.cast()) };
+    !listening
+}
+
+/// `TCP_LISTEN` of the kernel's TCP states.
+const TCP_LISTEN: u32 = 10;

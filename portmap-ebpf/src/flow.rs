@@ -2,17 +2,17 @@
 //! by a mapping, or is left alone; and what egress restores or remembers.
 
 use aya_ebpf::programs::TcContext;
-use portmap_common::{CtEntry, CtKey, ct_kind, stat};
+use portmap_common::{CtEntry, CtKey, PROTO_TCP, ct_kind, stat, tcp_state};
 
 use crate::{
     counters::{self, Way},
     ct,
     fast::Offer,
     fib::{Locality, local_destination},
-    maps::{self, Insert, find_mapping},
+    maps::{self, Insert, Table, find_mapping},
     masq::{masquerade, wants_masquerade},
     nat::{self, Side},
-    parse::Packet,
+    parse::{Packet, TCP_ACK, TCP_RST, TCP_SYN},
 };
 
 /// Decides an inbound packet: its known flow first, else a new flow by the
@@ -29,6 +29,7 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     // A TCP SYN or SCTP INIT always starts over from the mappings; anything
     // else follows its flow first.
     if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet, now) {
+        ct::track_tcp(packet, true);
         return;
     }
     // Masquerading is decided after new_flow returns, not inside it: its
@@ -80,6 +81,7 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
         // the rest of a stale TCP/SCTP flow passes untouched.
         return entry.kind != ct_kind::DNAT || !packet.opens_flow();
     };
+    ct::note_tcp_change(packet, entry.tcp_state);
     // One rewrite call site for both kinds: each inlined copy costs the
     // verifier a full walk of the checksum code.
     if nat::rewrite(
@@ -105,22 +107,52 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
     true
 }
 
+/// Whether a packet that does not open a flow, has no entry and is for a
+/// mapped port may be translated as the rest of a translated flow whose
+/// entries were lost (see `new_flow`): a plain mid-flow TCP segment (ACK
+/// set, neither SYN nor RST: a SYN-ACK answers a SYN someone on the node
+/// sent, a RST ends a flow) whose tuple no node socket owns. Counts why
+/// not. Not inlined: new_flow's frame has no byte to spare (the 6.1
+/// verifier's 512-byte limit on the stacked frames).
+#[inline(never)]
+fn may_recover(ctx: &TcContext, packet: &Packet) -> bool {
+    if packet.proto != PROTO_TCP || packet.flags & (TCP_SYN | TCP_RST | TCP_ACK) != TCP_ACK {
+        maps::count(stat::SKIP_NOT_SYN);
+        return false;
+    }
+    if ct::node_socket_owns(ctx, packet) {
+        maps::count(stat::SKIP_NODE_SOCKET);
+        return false;
+    }
+    true
+}
+
 /// A packet that may open a translated flow: find its mapping, check it is
 /// for the node, record both directions and translate. Not inlined: it has
 /// its own stack frame, so its buffers do not add to the hot path's.
 ///
-/// Returns whether it translated a new flow (its entries are left in
+/// Recovery: a mid-flow TCP packet to a mapped port with no entry (its
+/// flow was evicted from a full table, or is older than the pins) is
+/// translated by the mapping as it is now, and its flow recorded again, if
+/// no socket of the node owns its tuple. A host port has one backend, so
+/// the mapping names the container the flow was translated to, unless the
+/// mapping changed since, and then that container answers with a RST, as
+/// the node would have. Flows the node opened from a mapped port are
+/// never taken: their sockets own their tuples (and their pass entries
+/// come first). A recovered flow that was masqueraded gets a new
+/// masquerade port, which its container does not know: it is reset, as
+/// before.
+///
+/// Returns whether it translated a flow (its entries are left in
 /// `scratch` for the counters and `masquerade`).
 #[inline(never)]
 pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> bool {
-    let key = ct::key_of(packet);
     let Some((mapping_key, mapping)) =
         find_mapping(packet.family, packet.proto, &packet.dst_be, packet.dport_be)
     else {
         return false;
     };
-    if !opens {
-        maps::count(stat::SKIP_NOT_SYN);
+    if !opens && !may_recover(ctx, packet) {
         return false;
     }
     match local_destination(ctx, packet) {
@@ -134,16 +166,26 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> 
             return false;
         }
     }
+    // A new TCP flow has only its SYN; a recovered one is established
+    // (ACK set). Read from the packet, not from `opens`: keeping that alive
+    // to here costs a stack slot new_flow does not have.
+    let syn_only = if packet.proto == PROTO_TCP && packet.flags & TCP_ACK == 0 {
+        tcp_state::SYN_ONLY
+    } else {
+        0
+    };
     // Both directions are built in per-CPU scratch space: on the stack
     // they would not fit BPF's 512 bytes together with the caller's frame.
     let Some(scratch) = maps::scratch() else {
         return false;
     };
-    scratch.forward_key = key;
+    // Built in place: a copy on this frame would not fit (see may_recover).
+    scratch.forward_key = ct::key_of(packet);
     scratch.forward = CtEntry {
         nat_addr_be: mapping.container_addr_be,
         nat_port_be: mapping.container_port_be,
         kind: ct_kind::DNAT,
+        tcp_state: syn_only,
         mapping: mapping_key,
         last_seen_ns: now,
         ..CtEntry::default()
@@ -152,6 +194,7 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> 
         nat_addr_be: packet.dst_be,
         nat_port_be: packet.dport_be,
         kind: ct_kind::REPLY,
+        tcp_state: syn_only,
         mapping: mapping_key,
         last_seen_ns: now,
         ..CtEntry::default()
@@ -169,6 +212,7 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> 
     // Reply state first: a translated packet whose answer cannot be
     // translated back would only confuse the client.
     if maps::ct_put_pair(
+        Table::for_proto(packet.proto),
         (&scratch.reply_key, &scratch.reply),
         Insert::Any,
         (&scratch.forward_key, &scratch.forward),
@@ -186,7 +230,6 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> 
         &mapping.container_addr_be,
         mapping.container_port_be,
     ) {
-        maps::count(stat::DNAT_NEW);
         true
     } else {
         maps::count(stat::REWRITE_FAILED);
@@ -216,6 +259,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
             maps::count(stat::STALE_FLOW);
             return false;
         };
+        ct::note_tcp_change(packet, entry.tcp_state);
         // One rewrite call site for both kinds (see existing_flow).
         if nat::rewrite(
             ctx,
@@ -250,19 +294,39 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
         };
         // Never over a translation: on a bridge the reply of a translated
         // flow crosses a second egress hook (the bridge port) after the
-        // first rewrote it to the host port, and must stay translated.
-        if maps::ct_put_new(&ct::reversed(&key), &pass) {
+        // first rewrote it to the host port, and must stay translated; a
+        // closed translated flow is in the closed table, not here.
+        let answer = ct::reversed(&key);
+        let table = Table::for_proto(packet.proto);
+        if (table != Table::Open || maps::ct_get(Table::Closed, &answer).is_none())
+            && maps::ct_put_new(table, &answer, &pass)
+        {
             maps::count(stat::PASS_RECORDED);
         }
     }
     false
 }
 
-/// After new_flow translated a flow: counts it, and offers the packet to
-/// the fast path (masquerade withdraws the offer). Not inlined: in the
-/// entry point's frame these few lines cost stack the 6.1 verifier lacks.
+/// After new_flow translated a flow (a new one, or a recovered one, see
+/// new_flow): counts it, and offers the packet to the fast path (masquerade
+/// withdraws the offer). Not inlined: in the entry point's frame these few
+/// lines cost stack the 6.1 verifier lacks. The reason is counted here, not
+/// in new_flow, whose frame has no room left for it on 6.1 (which rounds
+/// every frame up to 32 bytes); which one, from the entry new_flow left in
+/// scratch: a recovered flow is a TCP flow past its SYN. (Passing the
+/// caller's `opens` down as an argument counted recoveries for new flows
+/// on 6.1, correct on 6.12.)
 #[inline(never)]
 pub fn translated_new_flow(ctx: &TcContext) {
+    if let Some(scratch) = maps::scratch() {
+        let recovered = scratch.forward_key.proto == PROTO_TCP
+            && scratch.forward.tcp_state & tcp_state::SYN_ONLY == 0;
+        maps::count(if recovered {
+            stat::CT_RECOVERED
+        } else {
+            stat::DNAT_NEW
+        });
+    }
     count_from_scratch(ctx, Way::In);
     if let Some(scratch) = maps::scratch() {
         scratch.fast = Offer::Forward;

@@ -19,7 +19,7 @@ use aya_ebpf::{
 };
 use portmap_common::{
     CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OwnerRecord,
-    OwnerSlotKey, TraceEvent, TraceFilter, capacity, stat,
+    OwnerSlotKey, PROTO_TCP, TraceEvent, TraceFilter, capacity, stat,
 };
 
 use crate::{fast::Offer, parse};
@@ -45,10 +45,47 @@ pub static OWNER_SLOTS: HashMap<
     NO_PREALLOC,
 > = HashMap::new();
 
-/// Our own connection tracking: two entries per translated flow, plus pass
-/// entries for flows opened from a mapped port by the node or a container.
+/// Our own connection tracking: two entries per translated flow (four
+/// when masqueraded), plus pass entries for flows opened from a mapped
+/// port by the node or a container. Three LRU tables (see
+/// `portmap_common::maps::CONNTRACK`): open TCP flows, closed TCP flows,
+/// everything else. An LRU evicts what was used least recently whatever
+/// our timestamps say, so dead flows must not stay in the table of live
+/// ones: a flow that closes is moved to `CONNTRACK_CLOSED`, where only
+/// other closed flows compete with it, and UDP churn has its own table.
 #[btf_map(name = "conntrack")]
 static CONNTRACK: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> = LruHashMap::new();
+
+#[btf_map(name = "conntrack_close")]
+static CONNTRACK_CLOSED: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK_CLOSED as usize }> =
+    LruHashMap::new();
+
+#[btf_map(name = "conntrack_other")]
+static CONNTRACK_OTHER: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
+    LruHashMap::new();
+
+/// Which conntrack table an entry lives in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// TCP flows that have not closed.
+    Open,
+    /// TCP flows that closed, for their last packets.
+    Closed,
+    /// UDP and SCTP flows.
+    Other,
+}
+
+impl Table {
+    /// Where a new flow of IP protocol `proto` is recorded.
+    #[inline(always)]
+    pub fn for_proto(proto: u8) -> Table {
+        if proto == PROTO_TCP {
+            Table::Open
+        } else {
+            Table::Other
+        }
+    }
+}
 
 /// Counters by reason, see `portmap_common::stat`.
 #[btf_map(name = "stats")]
@@ -126,6 +163,14 @@ pub struct Scratch {
     pub fast: Offer,
     /// The ingress program's tc action for this packet.
     pub action: i32,
+    /// Set by `ct::note_tcp_change` when the packet may change the TCP
+    /// state of its flow, for `ct::track_tcp`.
+    pub track: bool,
+    /// `ct::track_tcp`'s room for an entry on its way to the closed table.
+    pub moved: CtEntry,
+    /// `ct::node_socket_owns`'s `bpf_sock_tuple` (the IPv6 layout holds
+    /// either family).
+    pub sock_tuple: [u32; 9],
 }
 
 #[btf_map(name = "scratch")]
@@ -199,22 +244,48 @@ pub fn find_mapping(
     mapping(&key).map(|value| (key, value))
 }
 
-#[inline(always)]
-pub fn ct_get(key: &CtKey) -> Option<*mut CtEntry> {
-    CONNTRACK.get_ptr_mut(key)
+/// `$map.$call` on the map of `$table` (the three differ in capacity, so
+/// in type).
+macro_rules! on_table {
+    ($table:expr, $map:ident => $call:expr) => {
+        match $table {
+            Table::Open => {
+                let $map = &CONNTRACK;
+                $call
+            }
+            Table::Closed => {
+                let $map = &CONNTRACK_CLOSED;
+                $call
+            }
+            Table::Other => {
+                let $map = &CONNTRACK_OTHER;
+                $call
+            }
+        }
+    };
 }
 
 #[inline(always)]
-pub fn ct_put(key: &CtKey, entry: &CtEntry) -> bool {
-    CONNTRACK.insert(key, entry, 0).is_ok()
+pub fn ct_get(table: Table, key: &CtKey) -> Option<*mut CtEntry> {
+    on_table!(table, map => map.get_ptr_mut(key))
+}
+
+#[inline(always)]
+pub fn ct_put(table: Table, key: &CtKey, entry: &CtEntry) -> bool {
+    on_table!(table, map => map.insert(key, entry, 0).is_ok())
 }
 
 /// Inserts only if `key` is free (BPF_NOEXIST).
 #[inline(always)]
-pub fn ct_put_new(key: &CtKey, entry: &CtEntry) -> bool {
-    CONNTRACK
-        .insert(key, entry, aya_ebpf::bindings::BPF_NOEXIST as u64)
-        .is_ok()
+pub fn ct_put_new(table: Table, key: &CtKey, entry: &CtEntry) -> bool {
+    let flags = aya_ebpf::bindings::BPF_NOEXIST as u64;
+    on_table!(table, map => map.insert(key, entry, flags).is_ok())
+}
+
+#[inline(always)]
+pub fn ct_remove(table: Table, key: &CtKey) {
+    // A failed removal means the entry is gone already.
+    on_table!(table, map => { let _ = map.remove(key); })
 }
 
 /// How the first entry of [`ct_put_pair`] is written.
@@ -235,31 +306,32 @@ pub enum PairFailed {
     Second,
 }
 
-/// Records two directions of a flow, or neither: `first` as `how` says,
-/// then `second` over whatever is there. When `second` fails, `first` is
-/// removed again, so no half-recorded flow matches later packets (or holds
-/// a masquerade port) until it idles out. An entry that `first` replaced
-/// is not brought back: it was this same tuple's, and the packet at hand
-/// starts its flow over.
+/// Records two directions of a flow in `table`, or neither: `first` as
+/// `how` says, then `second` over whatever is there. When `second` fails,
+/// `first` is removed again, so no half-recorded flow matches later
+/// packets (or holds a masquerade port) until it idles out. An entry that
+/// `first` replaced is not brought back: it was this same tuple's, and the
+/// packet at hand starts its flow over.
 #[inline(always)]
 pub fn ct_put_pair(
+    table: Table,
     first: (&CtKey, &CtEntry),
     how: Insert,
     second: (&CtKey, &CtEntry),
 ) -> Result<(), PairFailed> {
     let written = match how {
-        Insert::Any => ct_put(first.0, first.1),
-        Insert::IfFree => ct_put_new(first.0, first.1),
+        Insert::Any => ct_put(table, first.0, first.1),
+        Insert::IfFree => ct_put_new(table, first.0, first.1),
     };
     if !written {
         return Err(PairFailed::First);
     }
-    if ct_put(second.0, second.1) {
+    if ct_put(table, second.0, second.1) {
         return Ok(());
     }
     // A failed removal leaves what was there before this change: the entry
     // idles out, or the LRU evicts it.
-    let _ = CONNTRACK.remove(first.0);
+    ct_remove(table, first.0);
     Err(PairFailed::Second)
 }
 

@@ -98,6 +98,7 @@ pub fn masquerade(ctx: &TcContext) {
         // IfFree: a port in use by another masqueraded flow to the same
         // container port is not taken over.
         match maps::ct_put_pair(
+            maps::Table::for_proto(client.proto),
             (&scratch.reply_key, &scratch.reply),
             Insert::IfFree,
             (&scratch.forward_key, &scratch.forward),

@@ -62,11 +62,15 @@ fn try_rewrite(
         Side::Source => (packet.src_be, packet.sport_be),
         Side::Destination => (packet.dst_be, packet.dport_be),
     };
-    // SCTP checksum must be read before anything changes.
+    // SCTP checksum must be read before anything changes. A plain value,
+    // zero when there is none, not an Option: LLVM tests an Option's tag
+    // by re-reading the protocol, which the verifier cannot tie to this
+    // test, so it walks the "SCTP" branch with the value never written
+    // (whatever the stack slot held before: a pointer, which it rejects).
     let sctp_csum = if packet.proto == PROTO_SCTP {
-        Some(ctx.load::<u32>(packet.l4_off + 8)?)
+        ctx.load::<u32>(packet.l4_off + 8)?
     } else {
-        None
+        0
     };
     let csum = l4_csum(packet);
 
@@ -112,11 +116,12 @@ fn try_rewrite(
         ctx.store(port_off, &port_be, 0)?;
         if let Some((csum_off, flags)) = csum {
             ctx.l4_csum_replace(csum_off, old_port as u64, port_be as u64, flags | 2)?;
-        } else if let Some(old_csum) = sctp_csum
+        } else if packet.proto == PROTO_SCTP
             // Zero: the CRC is left to offload (CHECKSUM_PARTIAL) and
             // will be computed over the rewritten packet; do not touch it.
-            && old_csum != 0
+            && sctp_csum != 0
         {
+            let old_csum = sctp_csum;
             let old_ports = ports_bytes(packet.sport_be, packet.dport_be);
             let new_ports = match side {
                 Side::Source => ports_bytes(port_be, packet.dport_be),

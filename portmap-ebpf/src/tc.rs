@@ -4,7 +4,7 @@
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 use portmap_common::trace_direction;
 
-use crate::{counters::Way, fast, flow, maps, parse, trace};
+use crate::{counters::Way, ct, fast, flow, maps, parse, trace};
 
 /// Translates traffic that arrives at a node interface for a mapped
 /// (hostIP, hostPort, protocol) to the owning container.
@@ -48,6 +48,8 @@ fn try_egress(ctx: &mut TcContext) -> Option<()> {
     if flow::egress(ctx, &packet) {
         flow::count_from_scratch(ctx, Way::Out);
     }
+    // After egress's frame is gone (see `ct::note_tcp_change`).
+    ct::track_tcp(&packet, false);
     trace::end_if_tracing(ctx, trace_direction::EGRESS);
     Some(())
 }

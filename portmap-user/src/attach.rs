@@ -473,6 +473,7 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
         return Ok(());
     }
     check_pinned_layouts(layout)?;
+    let migration = Migration::prepare(layout);
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
         .iter()
         .chain(local::map_names::ALL.iter())
@@ -484,6 +485,11 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
     }
     if let Some(size) = capacities.conntrack {
         loader.map_max_entries(map_names::CONNTRACK, size);
+        loader.map_max_entries(map_names::CONNTRACK_OTHER, size);
+        loader.map_max_entries(
+            map_names::CONNTRACK_CLOSED,
+            portmap_common::capacity::conntrack_closed(size),
+        );
     }
     if let Some(size) = capacities.mappings {
         loader.map_max_entries(map_names::MAPPINGS, size);
@@ -498,6 +504,7 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
     let mut ebpf: Ebpf = loader
         .load(OBJECT)
         .map_err(|e| AttachError::Load(Box::new(e)))?;
+    migration.finish(&mut ebpf);
     for name in all_programs() {
         let fail = |source: ProgramError| AttachError::Program {
             program: name,
@@ -522,6 +529,114 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
         })?;
     }
     Ok(())
+}
+
+/// What a load carries over from pins made by an earlier build, so that an
+/// upgrade in place keeps its flows and counters:
+/// - builds before the split conntrack kept every protocol in `conntrack`;
+///   its TCP entries stay there (same layout: the TCP state byte was
+///   padding, zero, which reads as established), the UDP and SCTP entries
+///   are copied to `conntrack_other` when that map is created. The old
+///   programs run on until their links are updated, reading `conntrack`;
+///   the copies left there idle out.
+/// - a `stats` map with fewer counters than this build has reasons is
+///   replaced (the programs would not count the new ones), its values
+///   copied over. The old programs keep the old map until replaced.
+///
+/// Best effort: what cannot be carried over is logged, and the load goes
+/// on (a UDP datagram without its flow is translated anew by its mapping).
+struct Migration {
+    split_conntrack: bool,
+    stats: Option<Vec<aya::maps::PerCpuValues<u64>>>,
+}
+
+impl Migration {
+    fn prepare(layout: &PinLayout) -> Migration {
+        let split_conntrack = layout.map(map_names::CONNTRACK).exists()
+            && !layout.map(map_names::CONNTRACK_OTHER).exists();
+        let stats = Self::take_short_stats(layout);
+        Migration {
+            split_conntrack,
+            stats,
+        }
+    }
+
+    /// The values of a pinned `stats` map that is too short, whose pin is
+    /// removed so the load creates a full one.
+    fn take_short_stats(layout: &PinLayout) -> Option<Vec<aya::maps::PerCpuValues<u64>>> {
+        let path = layout.map(map_names::STATS);
+        let info = aya::maps::MapInfo::from_pin(&path).ok()?;
+        if info.max_entries() >= portmap_common::stat::COUNT {
+            return None;
+        }
+        let values = match crate::maps::stats(layout) {
+            Ok(stats) => (0..info.max_entries())
+                .filter_map(|reason| stats.get(&reason, 0).ok())
+                .collect(),
+            Err(error) => {
+                log::warn!("reading the counters of {}: {error}", path.display());
+                Vec::new()
+            }
+        };
+        if let Err(error) = fs::remove_file(&path) {
+            log::warn!("replacing {}: {error}", path.display());
+            return None;
+        }
+        log::info!(
+            "{} had {} counters, this build counts {}: replaced",
+            path.display(),
+            info.max_entries(),
+            portmap_common::stat::COUNT
+        );
+        Some(values)
+    }
+
+    fn finish(self, ebpf: &mut Ebpf) {
+        if self.split_conntrack {
+            Self::copy_other_protocols(ebpf);
+        }
+        if let Some(values) = self.stats {
+            let stats = ebpf
+                .map_mut(map_names::STATS)
+                .and_then(|map| aya::maps::PerCpuArray::<_, u64>::try_from(map).ok());
+            if let Some(mut stats) = stats {
+                for (reason, value) in values.into_iter().enumerate() {
+                    if let Err(error) = stats.set(reason as u32, value, 0) {
+                        log::warn!("carrying over counter {reason}: {error}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn copy_other_protocols(ebpf: &mut Ebpf) {
+        use portmap_common::{CtEntry, CtKey, PROTO_TCP};
+        let entries: Vec<(CtKey, CtEntry)> = match ebpf
+            .map(map_names::CONNTRACK)
+            .map(aya::maps::HashMap::<_, CtKey, CtEntry>::try_from)
+        {
+            Some(Ok(conntrack)) => conntrack
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(key, _)| key.proto != PROTO_TCP)
+                .collect(),
+            _ => return,
+        };
+        let Some(Ok(mut other)) = ebpf
+            .map_mut(map_names::CONNTRACK_OTHER)
+            .map(aya::maps::HashMap::<_, CtKey, CtEntry>::try_from)
+        else {
+            return;
+        };
+        let mut copied = 0usize;
+        for (key, entry) in &entries {
+            match other.insert(key, entry, 0) {
+                Ok(()) => copied += 1,
+                Err(error) => log::warn!("copying a conntrack entry: {error}"),
+            }
+        }
+        log::info!("conntrack split: {copied} UDP/SCTP entries copied to conntrack_other");
+    }
 }
 
 /// Unpins the attachments of interfaces that no longer exist (the host end
@@ -571,7 +686,9 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
             size(size_of::<OwnerSlotKey>()),
             size(size_of::<MappingKey>()),
         ),
-        map_names::CONNTRACK => (size(size_of::<CtKey>()), size(size_of::<CtEntry>())),
+        map_names::CONNTRACK | map_names::CONNTRACK_CLOSED | map_names::CONNTRACK_OTHER => {
+            (size(size_of::<CtKey>()), size(size_of::<CtEntry>()))
+        }
         map_names::STATS => (4, 8),
         local::map_names::NODE => (4, size(size_of::<local::NodeConfig>())),
         local::map_names::LOCAL_ADDRS => (size(size_of::<local::LocalAddrKey>()), 1),

@@ -74,10 +74,11 @@ pub fn monotonic_ns() -> u64 {
 /// translated to.
 pub type FlowTarget = (MappingKey, [u32; 4], u16);
 
-/// Live translated flows by target: DNAT entries of our conntrack that have
-/// not idled past their protocol's timeout at `now_ns`. The dataplane does
-/// not follow TCP FIN/RST, so a closed TCP connection counts until it idles
-/// out (6 h) or the LRU map evicts it.
+/// Live translated flows by target: DNAT entries of the open-flow tables
+/// (`conntrack`, `conntrack_other`) that have not idled past their timeout
+/// at `now_ns`. A TCP flow that closed (FIN both ways, or RST) has left
+/// those tables for `conntrack_close` and no longer counts; one that saw
+/// only its SYN counts for a minute.
 pub fn live_flows(
     entries: impl IntoIterator<Item = (CtKey, CtEntry)>,
     now_ns: u64,
@@ -85,7 +86,8 @@ pub fn live_flows(
     let mut flows = StdHashMap::new();
     for (key, entry) in entries {
         if entry.kind != ct_kind::DNAT
-            || now_ns.saturating_sub(entry.last_seen_ns) > ct_timeout::for_proto(key.proto)
+            || now_ns.saturating_sub(entry.last_seen_ns)
+                > ct_timeout::for_entry(key.proto, entry.tcp_state)
         {
             continue;
         }
@@ -200,16 +202,16 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
     require_installed(layout)?;
     let maps = Maps::open(layout)?;
     let counters_map = maps::counters(layout).ok();
-    let flows = match maps::conntrack(layout) {
-        Ok(conntrack) => {
-            let entries: Vec<(CtKey, CtEntry)> = conntrack
-                .iter()
-                .collect::<Result<_, _>>()
-                .map_err(read_error("conntrack"))?;
-            live_flows(entries, monotonic_ns())
+    // A table missing (pins of an older build) has no flows.
+    let mut entries: Vec<(CtKey, CtEntry)> = Vec::new();
+    for table in [map_names::CONNTRACK, map_names::CONNTRACK_OTHER] {
+        if let Ok(conntrack) = maps::conntrack(layout, table) {
+            for entry in conntrack.iter() {
+                entries.push(entry.map_err(read_error(table))?);
+            }
         }
-        Err(_) => StdHashMap::new(),
-    };
+    }
+    let flows = live_flows(entries, monotonic_ns());
     let mut rows = Vec::new();
     for entry in maps.mappings.iter() {
         let (key, value) = entry.map_err(read_error("mappings"))?;
@@ -989,6 +991,14 @@ mod tests {
             (ct_key(6, 5), ct_entry(ct_kind::DNAT, 80, now - 7 * hour)),
             // UDP idles out after two minutes.
             (ct_key(17, 6), ct_entry(ct_kind::DNAT, 53, now - hour)),
+            // A TCP flow with only its SYN, after a minute.
+            (
+                ct_key(6, 8),
+                CtEntry {
+                    tcp_state: portmap_common::tcp_state::SYN_ONLY,
+                    ..ct_entry(ct_kind::DNAT, 80, now - 61_000_000_000)
+                },
+            ),
             // Another container port: another target.
             (ct_key(6, 7), ct_entry(ct_kind::DNAT, 81, now)),
         ];

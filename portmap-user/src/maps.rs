@@ -224,9 +224,13 @@ pub fn create_user_map<K: aya::Pod, V: aya::Pod>(
     }
 }
 
-/// Conntrack, opened only by the verbs that look at flows.
-pub fn conntrack(layout: &PinLayout) -> Result<HashMap<MapData, CtKey, CtEntry>, MapsError> {
-    open(layout, map_names::CONNTRACK)
+/// A conntrack table (`map_names::CONNTRACK`, `CONNTRACK_CLOSED` or
+/// `CONNTRACK_OTHER`), opened only by the verbs that look at flows.
+pub fn conntrack(
+    layout: &PinLayout,
+    table: &'static str,
+) -> Result<HashMap<MapData, CtKey, CtEntry>, MapsError> {
+    open(layout, table)
 }
 
 /// Per-CPU counters by reason.

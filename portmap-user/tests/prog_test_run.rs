@@ -17,7 +17,7 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use portmap_common::{
-    MappingKey, MappingValue,
+    CtEntry, CtKey, MappingKey, MappingValue,
     local::{self, NodeConfig, Peer, PeerKey},
     map_names, program_names, stat,
 };
@@ -40,7 +40,9 @@ const REDIRECT: u32 = 7;
 const TCP: u8 = 6;
 const UDP: u8 = 17;
 const SCTP: u8 = 132;
+const FIN: u8 = 0x01;
 const SYN: u8 = 0x02;
+const RST: u8 = 0x04;
 const ACK: u8 = 0x10;
 
 /// Runs `test` on a new thread in a new network namespace with a "node"
@@ -102,6 +104,11 @@ impl Dataplane {
         let mut loader = EbpfLoader::new();
         if let Some(size) = conntrack_size {
             loader.map_max_entries(map_names::CONNTRACK, size);
+            loader.map_max_entries(map_names::CONNTRACK_OTHER, size);
+            loader.map_max_entries(
+                map_names::CONNTRACK_CLOSED,
+                portmap_common::capacity::conntrack_closed(size),
+            );
         }
         let mut ebpf = loader.load(OBJECT).expect("load the eBPF object");
         for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
@@ -158,6 +165,14 @@ impl Dataplane {
         for key in keys {
             mappings.remove(&key).expect("remove mapping");
         }
+    }
+
+    /// Every entry of the conntrack table `name`.
+    fn conntrack(&self, name: &str) -> Vec<(CtKey, CtEntry)> {
+        let table: HashMap<&MapData, CtKey, CtEntry> =
+            HashMap::try_from(self.ebpf.map(name).expect("conntrack table"))
+                .expect("typed conntrack table");
+        table.iter().map(|entry| entry.expect("entry")).collect()
     }
 
     fn stat(&self, reason: u32) -> u64 {
@@ -839,5 +854,267 @@ fn fast_path_follows_only_the_mapping_owners_handover() {
             assert_eq!(inspect(&out), seen(CLIENT_V4.into(), 40002, container, 80));
         }
         assert_eq!(dp.stat(stat::FAST_FORWARD), 2);
+    });
+}
+
+// ---- TCP state: closing, recovery ----------------------------------------------
+
+/// The client's flow to the node's 8080, mapped to the container's 80.
+fn client_flow(flags: u8) -> Flow {
+    Flow {
+        src: CLIENT_V4.into(),
+        dst: NODE_V4.into(),
+        sport: 40000,
+        dport: 8080,
+        proto: TCP,
+        flags,
+    }
+}
+
+/// The container's answer to [`client_flow`], as it leaves towards egress.
+fn container_flow(flags: u8) -> Flow {
+    Flow {
+        src: CONTAINER_V4.into(),
+        dst: CLIENT_V4.into(),
+        sport: 80,
+        dport: 40000,
+        proto: TCP,
+        flags,
+    }
+}
+
+fn translated_in() -> Seen {
+    seen(CLIENT_V4.into(), 40000, CONTAINER_V4.into(), 80)
+}
+
+fn translated_out() -> Seen {
+    seen(NODE_V4.into(), 8080, CLIENT_V4.into(), 40000)
+}
+
+fn tcp_states(dp: &Dataplane) -> Vec<u8> {
+    let mut states: Vec<(u8, u8)> = dp
+        .conntrack(map_names::CONNTRACK)
+        .into_iter()
+        .map(|(_, entry)| (entry.kind, entry.tcp_state))
+        .collect();
+    states.sort();
+    states.into_iter().map(|(_, state)| state).collect()
+}
+
+#[test]
+fn a_new_flow_is_syn_only_until_the_handshake_completes() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        dp.map(None, false, 5353, UDP, CONTAINER_V4.into(), 53);
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&client_flow(SYN), b""))),
+            translated_in()
+        );
+        let syn_only = portmap_common::tcp_state::SYN_ONLY;
+        assert_eq!(
+            tcp_states(&dp),
+            vec![syn_only, syn_only],
+            "both entries of a flow with only its SYN (DNAT, REPLY)"
+        );
+        assert_eq!(
+            inspect(&dp.egress(&packet(&container_flow(SYN | ACK), b""))),
+            translated_out()
+        );
+        assert_eq!(
+            tcp_states(&dp),
+            vec![syn_only, syn_only],
+            "a SYN-ACK is not the end of the handshake"
+        );
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&client_flow(ACK), b""))),
+            translated_in()
+        );
+        assert_eq!(
+            tcp_states(&dp),
+            vec![0, 0],
+            "the client's ACK establishes both directions"
+        );
+        // UDP lives in its own table: its churn cannot evict TCP flows.
+        let datagram = Flow {
+            dport: 5353,
+            proto: UDP,
+            flags: 0,
+            ..client_flow(0)
+        };
+        dp.ingress(&packet(&datagram, b"q"));
+        assert_eq!(dp.conntrack(map_names::CONNTRACK).len(), 2, "TCP only");
+        let other = dp.conntrack(map_names::CONNTRACK_OTHER);
+        assert_eq!(other.len(), 2, "the UDP flow's two entries: {other:?}");
+        assert!(other.iter().all(|(key, _)| key.proto == UDP));
+    });
+}
+
+#[test]
+fn fin_both_ways_moves_the_flow_to_the_closed_table_and_its_last_ack_still_passes() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        dp.ingress(&packet(&client_flow(SYN), b""));
+        dp.egress(&packet(&container_flow(SYN | ACK), b""));
+        dp.ingress(&packet(&client_flow(ACK), b"request"));
+        // The client closes first; one FIN is a half-close, the flow lives.
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&client_flow(FIN | ACK), b""))),
+            translated_in()
+        );
+        assert_eq!(
+            dp.conntrack(map_names::CONNTRACK).len(),
+            2,
+            "half-closed is open"
+        );
+        assert_eq!(dp.stat(stat::CT_CLOSED), 0);
+        assert_eq!(
+            inspect(&dp.egress(&packet(&container_flow(ACK), b"late answer"))),
+            translated_out(),
+            "a half-closed flow still answers"
+        );
+        // The container's FIN closes it: both entries move.
+        assert_eq!(
+            inspect(&dp.egress(&packet(&container_flow(FIN | ACK), b""))),
+            translated_out()
+        );
+        assert_eq!(dp.stat(stat::CT_CLOSED), 1);
+        assert_eq!(
+            dp.conntrack(map_names::CONNTRACK),
+            vec![],
+            "a closed flow holds no place among the open ones"
+        );
+        let closed = dp.conntrack(map_names::CONNTRACK_CLOSED);
+        assert_eq!(closed.len(), 2, "both directions linger: {closed:?}");
+        // The last ACK and a retransmitted FIN follow the closed flow.
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&client_flow(ACK), b""))),
+            translated_in()
+        );
+        assert_eq!(
+            inspect(&dp.egress(&packet(&container_flow(FIN | ACK), b""))),
+            translated_out()
+        );
+        assert_eq!(dp.stat(stat::CT_RECOVERED), 0, "followed, not recovered");
+        // The client's port reused: a new flow, open again.
+        dp.ingress(&packet(&client_flow(SYN), b""));
+        assert_eq!(dp.conntrack(map_names::CONNTRACK).len(), 2);
+        assert_eq!(dp.stat(stat::DNAT_NEW), 2);
+    });
+}
+
+#[test]
+fn a_rst_from_either_end_closes_the_flow() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        // The container refuses (RST to the SYN).
+        dp.ingress(&packet(&client_flow(SYN), b""));
+        assert_eq!(
+            inspect(&dp.egress(&packet(&container_flow(RST | ACK), b""))),
+            translated_out(),
+            "the RST reaches the client translated"
+        );
+        assert_eq!(dp.stat(stat::CT_CLOSED), 1);
+        assert_eq!(dp.conntrack(map_names::CONNTRACK), vec![]);
+        assert_eq!(dp.conntrack(map_names::CONNTRACK_CLOSED).len(), 2);
+        // The client resets an established flow.
+        let other_port = |flow: Flow| Flow {
+            sport: 40001,
+            ..flow
+        };
+        let reply = |flow: Flow| Flow {
+            dport: 40001,
+            ..flow
+        };
+        dp.ingress(&packet(&other_port(client_flow(SYN)), b""));
+        dp.egress(&packet(&reply(container_flow(SYN | ACK)), b""));
+        dp.ingress(&packet(&other_port(client_flow(ACK)), b""));
+        assert_eq!(dp.conntrack(map_names::CONNTRACK).len(), 2);
+        dp.ingress(&packet(&other_port(client_flow(RST)), b""));
+        assert_eq!(dp.stat(stat::CT_CLOSED), 2);
+        assert_eq!(dp.conntrack(map_names::CONNTRACK), vec![]);
+        assert_eq!(dp.conntrack(map_names::CONNTRACK_CLOSED).len(), 4);
+    });
+}
+
+#[test]
+fn a_mid_flow_packet_of_a_lost_flow_is_translated_again_by_its_mapping() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        // No entry at all (as after an eviction): the client's next segment.
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&client_flow(ACK), b"after eviction"))),
+            translated_in(),
+            "no node socket owns the tuple: recovered"
+        );
+        assert_eq!(dp.stat(stat::CT_RECOVERED), 1);
+        assert_eq!(dp.stat(stat::DNAT_NEW), 0, "recovered, not new");
+        assert_eq!(dp.stat(stat::SKIP_NOT_SYN), 0);
+        assert_eq!(tcp_states(&dp), vec![0, 0], "recorded again, established");
+        assert_eq!(
+            inspect(&dp.egress(&packet(&container_flow(ACK), b"answer"))),
+            translated_out(),
+            "and its answers are translated back"
+        );
+        // Neither a SYN-ACK (the node's own SYN answered) nor a RST is
+        // taken for the rest of a lost flow.
+        let fresh = |flags| Flow {
+            sport: 40002,
+            ..client_flow(flags)
+        };
+        for flags in [SYN | ACK, RST, RST | ACK] {
+            let input = packet(&fresh(flags), b"");
+            assert_eq!(dp.ingress(&input), input, "flags {flags:#x} pass untouched");
+        }
+        assert_eq!(dp.stat(stat::SKIP_NOT_SYN), 3);
+        assert_eq!(dp.stat(stat::CT_RECOVERED), 1);
+    });
+}
+
+#[test]
+fn a_mid_flow_packet_a_node_socket_owns_is_never_recovered() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 9090, TCP, CONTAINER_V4.into(), 90);
+        // A connection of the node's on the mapped port 9090 (from a client
+        // of its own: the namespace has no other host). Its segments to
+        // 9090 are that socket's.
+        let listener = std::net::TcpListener::bind((NODE_V4, 9090)).expect("listen on 9090");
+        let peer = std::net::TcpStream::connect((NODE_V4, 9090)).expect("connect");
+        let _accepted = listener.accept().expect("accept");
+        let peer_port = peer.local_addr().expect("local address").port();
+        let node_flow = Flow {
+            src: NODE_V4.into(),
+            dst: NODE_V4.into(),
+            sport: peer_port,
+            dport: 9090,
+            proto: TCP,
+            flags: ACK,
+        };
+        let input = packet(&node_flow, b"the node's");
+        assert_eq!(dp.ingress(&input), input, "the node's flow is left alone");
+        assert_eq!(dp.stat(stat::SKIP_NODE_SOCKET), 1);
+        assert_eq!(dp.stat(stat::CT_RECOVERED), 0);
+        assert_eq!(
+            dp.conntrack(map_names::CONNTRACK),
+            vec![],
+            "nothing recorded"
+        );
+        // The listener on the mapped port (as a runtime's port holder) owns
+        // no tuple: a client's lost flow to the same port is recovered.
+        let client = Flow {
+            dport: 9090,
+            ..client_flow(ACK)
+        };
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&client, b"lost flow"))),
+            seen(CLIENT_V4.into(), 40000, CONTAINER_V4.into(), 90),
+            "a listener does not own the client's tuple"
+        );
+        assert_eq!(dp.stat(stat::CT_RECOVERED), 1);
+        assert_eq!(dp.stat(stat::SKIP_NODE_SOCKET), 1);
     });
 }

@@ -96,6 +96,12 @@ fn mappings_of_the_previous_release_keep_working_after_an_in_place_upgrade() {
             .expect("request before the upgrade"),
         echo_reply("old", "before")
     );
+    // A UDP flow in the previous release's single conntrack table.
+    world.expect_answer(
+        "old container, UDP before the upgrade",
+        udp_request(&world.node.ext, sock(NODE_IP4, 5353), "early", PROBE),
+        &echo_reply("old", "early"),
+    );
 
     // The upgrade; then a containerd pod ADDed by the new binary.
     install(&world, &plugin_bin());
@@ -153,6 +159,14 @@ fn mappings_of_the_previous_release_keep_working_after_an_in_place_upgrade() {
         world.pins.path().join("v1/maps/netns_owner").exists(),
         "the new binary's ADD kept the old pins as this namespace's (and recorded it)"
     );
+    // The conntrack split: the UDP flow of the single table was carried
+    // over into the table of other protocols (the TCP entries stay where
+    // they are, the connection below shows it).
+    let other = world.dump_map("conntrack_other");
+    assert!(
+        other.as_array().is_some_and(|entries| entries.len() >= 2),
+        "the previous release's UDP flow (two entries) was copied: {other:#}"
+    );
 
     // Traffic to both: the connection opened before the upgrade, and new ones.
     assert_eq!(
@@ -178,6 +192,17 @@ fn mappings_of_the_previous_release_keep_working_after_an_in_place_upgrade() {
             &echo_reply("new", "hi"),
         );
     }
+
+    // The counters grew to this build's reasons: the closed connections
+    // above were counted (a `stats` map of the previous length would have
+    // no slot for them).
+    let status = portmap_tests::world::operator_json(&world.node.ns, world.pins.path(), "status");
+    assert!(
+        status["counters"]["ct_closed"]
+            .as_u64()
+            .is_some_and(|n| n > 0),
+        "closes counted after the upgrade: {status:#}"
+    );
 
     // The new binary shows the old owner (no pod known) and the new pod.
     let list = world.list();

@@ -1,0 +1,261 @@
+//! Conntrack under churn (issue #16): with a small `conntrackSize`, flows
+//! that come and go must not push out the idle ones that stay, and a live
+//! flow whose entries were pushed out anyway is recovered, never reset,
+//! while the node's own flows from a mapped port stay the node's. Real
+//! traffic from the external client, through the reference bridge chain.
+//! Needs root.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+
+use portmap_tests::PortMapping;
+use portmap_tests::topology::{EXT_IP4, NODE_IP4};
+use portmap_tests::traffic::{
+    TcpSession, echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
+};
+use portmap_tests::world::{PROBE, World, sock};
+use serde_json::Value;
+
+/// The smallest table the plugin accepts: churn of a few thousand flows is
+/// four times it.
+const TABLE: u64 = 1024;
+const CHURN: u64 = 4 * TABLE;
+
+/// A bridge world whose ebpf-portmap entry has `conntrackSize` [`TABLE`].
+fn small_table_world() -> World {
+    World::with(|name, pins, data| {
+        let list = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data);
+        let mut json = list.json().clone();
+        json["plugins"][1]["conntrackSize"] = Value::from(TABLE);
+        portmap_tests::Conflist::from_json(json).expect("conflist")
+    })
+}
+
+/// The dataplane's counters by reason, as `status --json` reports them.
+/// Its exit status is not checked: a conntrack table filled by churn is a
+/// problem `status` reports (and exits non-zero for), on purpose here.
+fn counters(world: &World) -> Value {
+    let out = world
+        .node
+        .ns
+        .command(portmap_tests::plugin_bin())
+        .args(["status", "--json", "--pin-root"])
+        .arg(world.pins.path())
+        .output()
+        .expect("run ebpf-portmap status");
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "ebpf-portmap status --json is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    status["counters"].clone()
+}
+
+fn count(counters: &Value, reason: &str) -> u64 {
+    counters[reason]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {reason}: {counters:#}"))
+}
+
+/// A container `web` with a TCP echo server on 80 and a UDP one on 53,
+/// mapped from the node's 8080/TCP and 5353/UDP.
+struct Web {
+    _tcp: portmap_tests::traffic::ServerHandle,
+    _udp: portmap_tests::traffic::ServerHandle,
+}
+
+fn serve_web(world: &World) -> Web {
+    let web = world.node.add_container("web");
+    let servers = Web {
+        _tcp: tcp_echo_server(&web.ns, 80, "web"),
+        _udp: udp_echo_server(&web.ns, 53, "web"),
+    };
+    world.add(
+        &web,
+        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
+    );
+    servers
+}
+
+/// An idle connection from the external client, after one exchange.
+fn idle_session(world: &World) -> TcpSession {
+    let mut session = tcp_connect(&world.node.ext, sock(NODE_IP4, 8080), PROBE)
+        .unwrap_or_else(|e| panic!("connect: {e}\n{}", world.dump()));
+    assert_eq!(
+        session.request("before", PROBE).expect("first request"),
+        echo_reply("web", "before")
+    );
+    session
+}
+
+/// `n` short TCP connections from the external client, one after another,
+/// each a full exchange and close; every one must be answered.
+fn tcp_churn(world: &World, n: u64) {
+    for i in 0..n {
+        let answer = tcp_request(&world.node.ext, sock(NODE_IP4, 8080), "churn", PROBE)
+            .unwrap_or_else(|e| panic!("short connection {i} of {n}: {e}\n{}", world.dump()));
+        assert_eq!(answer, echo_reply("web", "churn"), "short connection {i}");
+    }
+}
+
+fn assert_still_answers(world: &World, session: &mut TcpSession, when: &str) {
+    match session.request("after", PROBE) {
+        Ok(answer) => assert_eq!(answer, echo_reply("web", "after"), "{when}"),
+        Err(e) => panic!(
+            "{when}: the idle connection was lost: {e} ({e:?})\ncounters: {:#}\n{}",
+            counters(world),
+            world.dump()
+        ),
+    }
+}
+
+#[test]
+fn an_idle_connection_survives_tcp_churn_of_four_times_the_table() {
+    let world = small_table_world();
+    let _web = serve_web(&world);
+    let mut idle = idle_session(&world);
+    tcp_churn(&world, CHURN);
+    assert_still_answers(&world, &mut idle, "after TCP churn");
+    let counters = counters(&world);
+    assert!(
+        count(&counters, "ct_closed") >= CHURN,
+        "every short connection closed and left the open table: {counters:#}"
+    );
+    // Nothing live was pushed out: no packet went without its flow.
+    assert_eq!(count(&counters, "skip_not_syn"), 0, "{counters:#}");
+    assert_eq!(count(&counters, "ct_recovered"), 0, "{counters:#}");
+    assert!(count(&counters, "dnat_new") > CHURN, "{counters:#}");
+}
+
+#[test]
+fn an_idle_connection_survives_udp_churn_of_four_times_the_table() {
+    let world = small_table_world();
+    let _web = serve_web(&world);
+    let mut idle = idle_session(&world);
+    // Each request from a socket of its own: a new flow each.
+    for i in 0..CHURN {
+        let answer = udp_request(&world.node.ext, sock(NODE_IP4, 5353), "churn", PROBE)
+            .unwrap_or_else(|e| panic!("datagram {i} of {CHURN}: {e}\n{}", world.dump()));
+        assert_eq!(answer, echo_reply("web", "churn"), "datagram {i}");
+    }
+    assert_still_answers(&world, &mut idle, "after UDP churn");
+    let counters = counters(&world);
+    // Source ports are reused now and then (a datagram of a known flow):
+    // still far more new flows than the table holds.
+    assert!(
+        count(&counters, "dnat_new") > 2 * TABLE,
+        "the churn went through the table: {counters:#}"
+    );
+    assert_eq!(count(&counters, "skip_not_syn"), 0, "{counters:#}");
+    assert_eq!(count(&counters, "ct_recovered"), 0, "{counters:#}");
+}
+
+/// A connection the node opens from the mapped port 8080 to a listener of
+/// the external client on 9000: (the node's end, the client's end).
+fn node_flow_from_mapped_port(world: &World) -> (TcpStream, TcpStream) {
+    let listener = world
+        .node
+        .ext
+        .run(|| std::net::TcpListener::bind((EXT_IP4, 9000)))
+        .unwrap_or_else(|e| panic!("listen on the external client's 9000: {e}"));
+    let node_end = world.node.ns.run(|| {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        socket.bind(&SocketAddr::from((NODE_IP4, 8080)).into())?;
+        socket.connect_timeout(&SocketAddr::from((EXT_IP4, 9000)).into(), PROBE)?;
+        Ok::<TcpStream, std::io::Error>(socket.into())
+    });
+    let node_end = node_end.unwrap_or_else(|e| panic!("the node connects from 8080: {e}"));
+    let (ext_end, _) = listener.accept().expect("accept the node's connection");
+    (node_end, ext_end)
+}
+
+/// Sends `line` on `from` and reads it on `to`.
+fn pass_line(from: &mut TcpStream, to: &TcpStream, line: &str) -> String {
+    to.set_read_timeout(Some(PROBE)).expect("timeout");
+    from.write_all(format!("{line}\n").as_bytes())
+        .unwrap_or_else(|e| panic!("sending {line:?}: {e}"));
+    let mut got = String::new();
+    BufReader::new(to)
+        .read_line(&mut got)
+        .unwrap_or_else(|e| panic!("receiving {line:?}: {e}"));
+    got.trim_end_matches('\n').to_owned()
+}
+
+/// More flows open at once than the table holds: the LRU must push out
+/// live entries, the idle connection's and the node's among them. The
+/// idle connection is recovered by its mapping (its tuple is no node
+/// socket's); the node's connection from the mapped port, when the far
+/// end speaks first, is left to the node (its socket owns its tuple),
+/// never handed to the container.
+/// Room for `n` more open files: the held connections have both ends in
+/// this process (a VM's init leaves the limit at 1024).
+fn allow_open_files(n: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a struct we own.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        if limit.rlim_cur >= n {
+            return;
+        }
+        limit.rlim_cur = n;
+        limit.rlim_max = limit.rlim_max.max(n);
+        assert_eq!(
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit),
+            0,
+            "raising the open-file limit to {n}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+#[test]
+fn evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes() {
+    allow_open_files(4 * TABLE + 1024);
+    let world = small_table_world();
+    let web = serve_web(&world);
+    let mut idle = idle_session(&world);
+    let (mut node_end, mut ext_end) = node_flow_from_mapped_port(&world);
+    assert_eq!(pass_line(&mut node_end, &ext_end, "hello"), "hello");
+    assert_eq!(pass_line(&mut ext_end, &node_end, "welcome"), "welcome");
+    // Two entries per flow: as many open flows as the table has entries
+    // fill it twice over.
+    let held: Vec<TcpSession> = (0..TABLE)
+        .map(|i| {
+            let mut session = tcp_connect(&world.node.ext, sock(NODE_IP4, 8080), PROBE)
+                .unwrap_or_else(|e| panic!("held connection {i}: {e}\n{}", world.dump()));
+            assert_eq!(
+                session.request("held", PROBE).expect("held request"),
+                echo_reply("web", "held")
+            );
+            session
+        })
+        .collect();
+    // The far end speaks first: its segment arrives with no entry left.
+    assert_eq!(
+        pass_line(&mut ext_end, &node_end, "pushed"),
+        "pushed",
+        "the node's own connection from the mapped port must stay the node's"
+    );
+    assert_still_answers(&world, &mut idle, "after its entries were pushed out");
+    let counters = counters(&world);
+    assert!(
+        count(&counters, "ct_recovered") >= 1,
+        "the idle connection came back by recovery: {counters:#}"
+    );
+    assert!(
+        count(&counters, "skip_node_socket") >= 1,
+        "the node's connection was recognised by its socket: {counters:#}"
+    );
+    // New connections keep working with the table full of live flows.
+    tcp_churn(&world, 16);
+    drop(held);
+    let peers: Vec<IpAddr> = web._tcp.peers().iter().map(SocketAddr::ip).collect();
+    assert!(
+        peers.iter().all(|ip| *ip == IpAddr::V4(EXT_IP4)),
+        "only the external client reached the container: {peers:?}"
+    );
+}
