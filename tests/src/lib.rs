@@ -29,6 +29,7 @@ pub mod naming;
 pub mod netns;
 pub mod plugins;
 pub mod podman;
+pub mod release;
 pub mod tmp;
 pub mod topology;
 pub mod traffic;

@@ -11,9 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use portmap_tests::tmp::TempDir;
+use portmap_tests::release::Release;
 
-const TARBALL_ENV: &str = "EPM_DIST_TARBALL";
 const SHELLS: &[(&str, &str)] = &[
     ("bash", "completions/ebpf-portmap.bash"),
     ("zsh", "completions/_ebpf-portmap"),
@@ -32,14 +31,14 @@ const VERBS: &[&str] = &[
     "man",
 ];
 
-struct Unpacked {
-    _dir: TempDir,
-    /// The tarball's top folder, `ebpf-portmap-<version>-<arch>-linux`.
-    root: PathBuf,
-    version: String,
+/// What the tests do with an unpacked release.
+trait Unpacked {
+    fn binary(&self) -> PathBuf;
+    fn run(&self, args: &[&str]) -> Output;
+    fn read(&self, relative: &str) -> Vec<u8>;
 }
 
-impl Unpacked {
+impl Unpacked for Release {
     fn binary(&self) -> PathBuf {
         self.root.join("ebpf-portmap")
     }
@@ -66,56 +65,6 @@ impl Unpacked {
     }
 }
 
-/// The tarball unpacked into a fresh folder.
-fn unpacked() -> Unpacked {
-    let Some(tarball) = std::env::var_os(TARBALL_ENV).filter(|t| !t.is_empty()) else {
-        panic!(
-            "{TARBALL_ENV} is not set: run `cargo xtask dist`, then these tests with it naming the tarball"
-        );
-    };
-    let tarball = PathBuf::from(tarball);
-    let file_name = tarball
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("a tarball file name");
-    let top = file_name
-        .strip_suffix(".tar.gz")
-        .unwrap_or_else(|| panic!("{file_name} does not end in .tar.gz"));
-    let version = top
-        .strip_prefix("ebpf-portmap-")
-        .and_then(|rest| rest.split('-').next())
-        .unwrap_or_else(|| panic!("{top} is not ebpf-portmap-<version>-<arch>-linux"))
-        .to_owned();
-    let dir = TempDir::new("dist");
-    let status = Command::new("tar")
-        .arg("-xzf")
-        .arg(&tarball)
-        .arg("-C")
-        .arg(dir.path())
-        .status()
-        .expect("running tar");
-    assert!(
-        status.success(),
-        "unpacking {}: {status}",
-        tarball.display()
-    );
-    let entries: Vec<String> = std::fs::read_dir(dir.path())
-        .expect("reading the unpack folder")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(
-        entries,
-        [top],
-        "the tarball must unpack into one folder named like itself"
-    );
-    let root = dir.path().join(top);
-    Unpacked {
-        _dir: dir,
-        root,
-        version,
-    }
-}
-
 fn stdout(output: &Output) -> String {
     String::from_utf8(output.stdout.clone()).expect("UTF-8 output")
 }
@@ -123,7 +72,7 @@ fn stdout(output: &Output) -> String {
 #[test]
 #[ignore = "needs the release tarball: cargo xtask test runs it"]
 fn the_checksums_cover_every_file_and_match() {
-    let release = unpacked();
+    let release = Release::from_env();
     let check = Command::new("sha256sum")
         .args(["--check", "--strict", "SHA256SUMS"])
         .current_dir(&release.root)
@@ -181,7 +130,7 @@ fn files_below(root: &Path, dir: &Path) -> Vec<String> {
 #[test]
 #[ignore = "needs the release tarball: cargo xtask test runs it"]
 fn the_binary_is_static_and_says_its_version() {
-    let release = unpacked();
+    let release = Release::from_env();
     let headers = Command::new("readelf")
         .args(["--program-headers", "--wide"])
         .arg(release.binary())
@@ -211,7 +160,7 @@ fn the_binary_is_static_and_says_its_version() {
 #[test]
 #[ignore = "needs the release tarball: cargo xtask test runs it"]
 fn completions_are_shipped_and_match_the_binary() {
-    let release = unpacked();
+    let release = Release::from_env();
     for (shell, file) in SHELLS {
         let generated = release.run(&["completions", shell]).stdout;
         assert_eq!(
@@ -238,7 +187,7 @@ fn completions_are_shipped_and_match_the_binary() {
 #[test]
 #[ignore = "needs the release tarball: cargo xtask test runs it"]
 fn man_pages_are_shipped_for_the_binary_and_every_verb() {
-    let release = unpacked();
+    let release = Release::from_env();
     let main = release.run(&["man"]).stdout;
     assert_eq!(main, release.read("man/man1/ebpf-portmap.1"));
     let text = String::from_utf8(main).expect("UTF-8");
@@ -259,7 +208,7 @@ fn man_pages_are_shipped_for_the_binary_and_every_verb() {
 #[test]
 #[ignore = "needs the release tarball: cargo xtask test runs it"]
 fn the_manifest_names_the_released_image() {
-    let release = unpacked();
+    let release = Release::from_env();
     let manifest = String::from_utf8(release.read("deploy/daemonset.yaml")).expect("UTF-8");
     let image = format!("image: ebpf-portmap:{}", release.version);
     assert!(
@@ -275,7 +224,7 @@ fn the_manifest_names_the_released_image() {
 #[test]
 #[ignore = "needs the release tarball: cargo xtask test runs it"]
 fn the_unpacked_binary_publishes_a_port_end_to_end() {
-    let release = unpacked();
+    let release = Release::from_env();
     // The demo: bridge + host-local + the plugin, ADD, TCP and UDP from an
     // external namespace over IPv4 and IPv6, DEL, nothing left.
     let demo = Command::new(env!("CARGO_BIN_EXE_demo"))

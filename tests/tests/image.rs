@@ -11,15 +11,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use portmap_tests::cni::Conflist;
 use portmap_tests::podman::Podman;
+use portmap_tests::release::Release;
 use portmap_tests::tmp::TempDir;
 use portmap_tests::{NetNs, image};
 use serde_json::{Value, json};
 
-const TARBALL_ENV: &str = "EPM_DIST_TARBALL";
 /// Where the DaemonSet mounts the node (`HOST_ROOT` in the manifest).
 const HOST_ROOT: &str = "/host";
 const BRIDGE: &str = r#"{
@@ -31,45 +30,6 @@ const BRIDGE: &str = r#"{
   ]
 }
 "#;
-
-struct Release {
-    _dir: TempDir,
-    root: PathBuf,
-    version: String,
-}
-
-fn release() -> Release {
-    let tarball = std::env::var_os(TARBALL_ENV)
-        .filter(|t| !t.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("{TARBALL_ENV} is not set: run it through cargo xtask test"));
-    let name = tarball
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_suffix(".tar.gz"))
-        .expect("ebpf-portmap-<version>-<arch>-linux.tar.gz")
-        .to_owned();
-    let version = name
-        .strip_prefix("ebpf-portmap-")
-        .and_then(|rest| rest.split('-').next())
-        .expect("a version in the tarball's name")
-        .to_owned();
-    let dir = TempDir::new("image-release");
-    let status = Command::new("tar")
-        .arg("-xzf")
-        .arg(&tarball)
-        .arg("-C")
-        .arg(dir.path())
-        .status()
-        .expect("running tar");
-    assert!(status.success(), "unpacking {}", tarball.display());
-    let root = dir.path().join(&name);
-    Release {
-        _dir: dir,
-        root,
-        version,
-    }
-}
 
 /// Every file below `dir` with its bytes, by path relative to `dir`.
 fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
@@ -92,7 +52,7 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 #[test]
 #[ignore = "needs podman and the release tarball: cargo xtask test runs it"]
 fn the_image_installs_and_uninstalls_with_no_capabilities_and_a_read_only_root() {
-    let release = release();
+    let release = Release::from_env();
     let node = NetNs::new("image");
     let conflist = Conflist::from_json(json!({
         "cniVersion": "1.0.0",

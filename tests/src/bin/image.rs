@@ -5,11 +5,12 @@
 //! in the machine's image store. Needs root.
 
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 use clap::Parser;
 use portmap_tests::cni::Conflist;
 use portmap_tests::podman::Podman;
+use portmap_tests::release::Release;
 use portmap_tests::tmp::TempDir;
 use portmap_tests::{NetNs, image};
 
@@ -26,27 +27,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let name = args
-        .tarball
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_suffix(".tar.gz"))
-        .expect("a tarball named ebpf-portmap-<version>-<arch>-linux.tar.gz")
-        .to_owned();
-    let version = name
-        .strip_prefix("ebpf-portmap-")
-        .and_then(|rest| rest.split('-').next())
-        .expect("ebpf-portmap-<version>-...")
-        .to_owned();
-    let unpacked = TempDir::new("image-release");
-    let status = Command::new("tar")
-        .arg("-xzf")
-        .arg(&args.tarball)
-        .arg("-C")
-        .arg(unpacked.path())
-        .status()
-        .expect("running tar");
-    assert!(status.success(), "unpacking {}", args.tarball.display());
+    let release = Release::unpack(&args.tarball);
     let node = NetNs::new("image");
     // No container of this podman joins a network: an empty list will do.
     let conflist = Conflist::from_json(serde_json::json!({
@@ -57,7 +38,7 @@ fn main() -> ExitCode {
     .expect("a conflist");
     let plugins = TempDir::new("image-plugins");
     let podman = Podman::start(&node, plugins.path(), &conflist);
-    let tag = image::build(&podman, &unpacked.path().join(&name), &version);
+    let tag = image::build(&podman, &release.root, &release.version);
     let _ = std::fs::remove_file(&args.out);
     let out = args.out.to_string_lossy().into_owned();
     match podman.run(&["save", "--format", "oci-archive", "--output", &out, &tag]) {
