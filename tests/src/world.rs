@@ -203,6 +203,23 @@ impl World {
     }
 
     /// `ebpf-portmap list --json` as an operator runs it on the node.
+    /// `ebpf-portmap <args> --pin-root <pins>` as an operator runs it in the
+    /// node namespace (a pin root is the state of one network namespace),
+    /// with none of the environment a plugin or another pin root would see.
+    pub fn operator(&self, args: &[&str]) -> std::process::Output {
+        self.node
+            .ns
+            .command(plugin_bin())
+            .args(args)
+            .arg("--pin-root")
+            .arg(self.pins.path())
+            .env_remove("CNI_COMMAND")
+            .env_remove("EPM_PIN_ROOT")
+            .env_remove("NO_COLOR")
+            .output()
+            .unwrap_or_else(|e| panic!("run ebpf-portmap {args:?}: {e}"))
+    }
+
     pub fn list(&self) -> Value {
         operator_json(&self.node.ns, self.pins.path(), "list")
     }
@@ -219,9 +236,9 @@ impl World {
                         .map(|e| {
                             let total: u64 = e["values"]
                                 .as_array()
-                                .map(|v| v.iter().map(|c| number(&c["value"])).sum())
+                                .map(|v| v.iter().map(|c| bpftool_number(&c["value"])).sum())
                                 .unwrap_or_default();
-                            format!("{}={total}", number(&e["key"]))
+                            format!("{}={total}", bpftool_number(&e["key"]))
                         })
                         .collect()
                 })
@@ -256,7 +273,7 @@ impl World {
 }
 
 /// A number as bpftool prints it: plain with BTF, else little-endian hex bytes.
-fn number(value: &Value) -> u64 {
+pub fn bpftool_number(value: &Value) -> u64 {
     if let Some(n) = value.as_u64() {
         return n;
     }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use portmap_tests::cni::{CniCommand, gc_plugin_config};
 use portmap_tests::topology::{NODE_IP4, NODE_IP6};
 use portmap_tests::traffic::{echo_reply, tcp_connect, tcp_echo_server, tcp_request};
-use portmap_tests::world::{FakeContainer, PROBE, World, sock};
+use portmap_tests::world::{FakeContainer, PROBE, World, bpftool_number, sock};
 use portmap_tests::{Conflist, PortMapping, plugin_bin};
 use serde_json::{Value, json};
 
@@ -28,15 +28,7 @@ const BOUND: Duration = Duration::from_secs(60);
 
 /// Runs `ebpf-portmap <args> --pin-root <root>` in the node namespace.
 fn op(world: &World, args: &[&str]) -> Output {
-    world
-        .node
-        .ns
-        .command(plugin_bin())
-        .args(args)
-        .arg("--pin-root")
-        .arg(world.pins.path())
-        .output()
-        .unwrap_or_else(|e| panic!("run ebpf-portmap {args:?}: {e}"))
+    world.operator(args)
 }
 
 fn text(out: &Output) -> String {
@@ -102,22 +94,6 @@ fn wildcard_v4_key(port: u16, proto: u8) -> Vec<u8> {
     key.extend_from_slice(&port.to_be_bytes());
     key.extend_from_slice(&[proto, 4]);
     key
-}
-
-/// A number as bpftool prints it: plain with BTF, else little-endian hex bytes.
-fn number(value: &Value) -> u64 {
-    if let Some(n) = value.as_u64() {
-        return n;
-    }
-    value.as_array().map_or(0, |bytes| {
-        bytes.iter().rev().fold(0, |acc, b| {
-            let byte = b
-                .as_str()
-                .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
-                .unwrap_or(0);
-            (acc << 8) | byte
-        })
-    })
 }
 
 fn entries(world: &World, map: &str) -> Vec<Value> {
@@ -392,7 +368,7 @@ fn mappings_without_an_owner_are_reported_and_reclaimed() {
     // The owner record vanishes, as it did when a GC raced the ADD.
     let owners = entries(&world, "owners");
     assert_eq!(owners.len(), 1, "{owners:#?}");
-    let id = number(&owners[0]["key"]);
+    let id = bpftool_number(&owners[0]["key"]);
     bpftool_delete(&world, "owners", &id.to_le_bytes());
 
     let (healthy, problems) = status_problems(&world);

@@ -45,11 +45,7 @@ fn in_node(world: &World, args: &[&str]) -> Command {
 
 /// `ebpf-portmap <args> --pin-root <pins>` in the node's namespace.
 fn op(world: &World, args: &[&str]) -> Output {
-    in_node(world, args)
-        .arg("--pin-root")
-        .arg(world.pins.path())
-        .output()
-        .unwrap_or_else(|e| panic!("running ebpf-portmap {args:?}: {e}"))
+    world.operator(args)
 }
 
 fn stdout(out: &Output) -> String {

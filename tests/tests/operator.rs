@@ -30,15 +30,7 @@ const BOUND: Duration = Duration::from_secs(20);
 
 /// Runs `ebpf-portmap <args> --pin-root <root>` in the node namespace.
 fn op(world: &World, args: &[&str]) -> Output {
-    world
-        .node
-        .ns
-        .command(plugin_bin())
-        .args(args)
-        .arg("--pin-root")
-        .arg(world.pins.path())
-        .output()
-        .unwrap_or_else(|e| panic!("run ebpf-portmap {args:?}: {e}"))
+    world.operator(args)
 }
 
 fn op_ok(world: &World, args: &[&str]) -> String {
