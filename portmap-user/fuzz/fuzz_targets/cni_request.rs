@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use portmap_user::cni::{self, CniError, GcRequest, Plugin, Request};
-use portmap_user::config::{self, NetConf};
+use portmap_user::cni::netconf::{self, NetConf};
 
 struct AcceptAll;
 

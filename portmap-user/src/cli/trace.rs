@@ -10,9 +10,9 @@ use std::{
 use anyhow::Context;
 use portmap_common::reason::Kind;
 use portmap_user::{
-    config::Protocol,
-    netlink,
-    trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
+    cni::netconf::Protocol,
+    dataplane::trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
+    node::netlink,
 };
 
 use crate::cli::{

@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::cni::code;
-use crate::json_keys::{self, Field, Found, Object, Resolved};
+use crate::cni::json_keys::{self, Field, Found, Object, Resolved};
 
 /// CNI spec versions this plugin speaks. 0.1.0/0.2.0 are left out: their results
 /// have no `interfaces` list, so the sandbox interface cannot be identified.

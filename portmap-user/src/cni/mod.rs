@@ -6,6 +6,9 @@
 //! fake plugin and no kernel. Logs go through `log`, never to stdout: stdout is
 //! the CNI result.
 
+pub mod json_keys;
+pub mod netconf;
+
 use std::any::Any;
 use std::fmt;
 use std::io::{Read, Write};
@@ -14,8 +17,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::config::{
-    self, Attachment, ConfigError, ContainerAddrs, IdentifierError, IfnameError, NetConf, Owner,
+use crate::cni::netconf::{
+    Attachment, ConfigError, ContainerAddrs, IdentifierError, IfnameError, NetConf, Owner,
     PodIdentity, SUPPORTED_VERSIONS,
 };
 use portmap_common::{NOMAD_FIELD_LEN, POD_NAME_LEN, POD_NAMESPACE_LEN};
@@ -333,10 +336,10 @@ fn add(
     plugin: &mut dyn Plugin,
 ) -> Result<Value, CniError> {
     let attachment = AttachmentEnv::from_env(env, Command::Add)?;
-    let conf = config::parse_netconf(stdin)?;
+    let conf = netconf::parse_netconf(stdin)?;
     let prev_result = conf.prev_result.clone().ok_or(RequestError::NotChained)?;
-    let container = config::container_addrs(&prev_result, &attachment.ifname)?;
-    config::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
+    let container = netconf::container_addrs(&prev_result, &attachment.ifname)?;
+    netconf::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
 
     let cni_version = conf.cni_version.clone();
     plugin.add(&attachment.into_request(conf, container))?;
@@ -358,7 +361,7 @@ fn del(
     plugin: &mut dyn Plugin,
 ) -> Result<(), CniError> {
     let attachment = AttachmentEnv::from_env(env, Command::Del)?;
-    let (conf, dropped) = config::parse_netconf_for_teardown(stdin)?;
+    let (conf, dropped) = netconf::parse_netconf_for_teardown(stdin)?;
     for error in &dropped {
         log::warn!("DEL ignores part of the configuration: {error}");
     }
@@ -366,7 +369,7 @@ fn del(
     // help the plugin when the runtime still has them.
     let container = match &conf.prev_result {
         None => ContainerAddrs::default(),
-        Some(prev_result) => config::container_addrs(prev_result, &attachment.ifname)
+        Some(prev_result) => netconf::container_addrs(prev_result, &attachment.ifname)
             .unwrap_or_else(|error| {
                 log::warn!("DEL ignores prevResult: {error}");
                 ContainerAddrs::default()
@@ -381,16 +384,16 @@ fn check(
     plugin: &mut dyn Plugin,
 ) -> Result<(), CniError> {
     let attachment = AttachmentEnv::from_env(env, Command::Check)?;
-    let conf = config::parse_netconf(stdin)?;
+    let conf = netconf::parse_netconf(stdin)?;
     require_version(&conf, Command::Check, CHECK_MIN_VERSION)?;
     let prev_result = conf.prev_result.as_ref().ok_or(RequestError::NotChained)?;
-    let container = config::container_addrs(prev_result, &attachment.ifname)?;
-    config::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
+    let container = netconf::container_addrs(prev_result, &attachment.ifname)?;
+    netconf::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
     plugin.check(&attachment.into_request(conf, container))
 }
 
 fn gc(stdin: &[u8], plugin: &mut dyn Plugin) -> Result<(), CniError> {
-    let (conf, dropped) = config::parse_netconf_for_teardown(stdin)?;
+    let (conf, dropped) = netconf::parse_netconf_for_teardown(stdin)?;
     require_version(&conf, Command::Gc, GC_STATUS_MIN_VERSION)?;
     for error in &dropped {
         log::warn!("GC ignores part of the configuration: {error}");
@@ -400,7 +403,7 @@ fn gc(stdin: &[u8], plugin: &mut dyn Plugin) -> Result<(), CniError> {
 }
 
 fn status(stdin: &[u8], plugin: &mut dyn Plugin) -> Result<(), CniError> {
-    let conf = config::parse_netconf(stdin)?;
+    let conf = netconf::parse_netconf(stdin)?;
     require_version(&conf, Command::Status, GC_STATUS_MIN_VERSION)?;
     plugin.status(&conf)
 }
@@ -410,7 +413,7 @@ fn require_version(
     command: Command,
     minimum: &'static str,
 ) -> Result<(), RequestError> {
-    if config::version_at_least(&conf.cni_version, minimum) {
+    if netconf::version_at_least(&conf.cni_version, minimum) {
         Ok(())
     } else {
         Err(RequestError::VersionTooOld {
@@ -438,14 +441,14 @@ impl AttachmentEnv {
             |name: &'static str| env(name).ok_or(RequestError::MissingEnv { name, command });
 
         let container_id = required("CNI_CONTAINERID")?;
-        if let Err(reason) = config::validate_identifier(&container_id) {
+        if let Err(reason) = netconf::validate_identifier(&container_id) {
             return Err(RequestError::InvalidContainerId {
                 value: container_id,
                 reason,
             });
         }
         let ifname = required("CNI_IFNAME")?;
-        if let Err(reason) = config::validate_ifname(&ifname) {
+        if let Err(reason) = netconf::validate_ifname(&ifname) {
             return Err(RequestError::InvalidIfname {
                 value: ifname,
                 reason,
@@ -622,7 +625,7 @@ fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>, RequestError> {
 /// anything else. Used for VERSION and for answering errors in the caller's
 /// version.
 fn supported_version_in(stdin: &[u8]) -> Option<&'static str> {
-    let version = config::cni_version_of(stdin)?;
+    let version = netconf::cni_version_of(stdin)?;
     SUPPORTED_VERSIONS
         .iter()
         .copied()
@@ -672,7 +675,7 @@ fn source_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{HostIp, PortMapping, Protocol};
+    use crate::cni::netconf::{HostIp, PortMapping, Protocol};
     use std::collections::HashMap;
 
     /// What the fake plugin was asked to do.
@@ -1595,7 +1598,7 @@ mod tests {
             "Display shows code, msg and details"
         );
 
-        let from_config: CniError = config::parse_netconf(b"[").unwrap_err().into();
+        let from_config: CniError = netconf::parse_netconf(b"[").unwrap_err().into();
         assert_eq!(
             from_config.code,
             code::DECODING_FAILURE,

@@ -17,10 +17,10 @@ use portmap_common::{
 use serde_json::Value;
 
 use crate::{
-    config::{self, ContainerAddrs},
-    maps::{MapsError, open},
-    pin::PinLayout,
-    store::words_from_addr,
+    cni::netconf::{self, ContainerAddrs},
+    dataplane::maps::{MapsError, open},
+    dataplane::ownership::words_from_addr,
+    dataplane::pin::PinLayout,
 };
 
 /// Where a container's packets are handed over (a [`Peer`] without owner).
@@ -100,7 +100,7 @@ fn driver(name: &str) -> Option<String> {
 }
 
 /// The hand-over of the container interface `ifname`, from prevResult's
-/// interfaces (keys matched like upstream, see [`config::prev_interfaces`]):
+/// interfaces (keys matched like upstream, see [`netconf::prev_interfaces`]):
 /// its MAC, and the host end of its veth (a bridge port, whose
 /// bridge is the gateway; or the only host-side interface, ptp-style).
 /// `None` when the main plugin gave the container no veth (macvlan, ipvlan,
@@ -112,7 +112,7 @@ pub fn handover(
     ifname: &str,
     mut link: impl FnMut(&str) -> Option<(u32, bool)>,
 ) -> Option<Handover> {
-    let interfaces = config::prev_interfaces(prev_result);
+    let interfaces = netconf::prev_interfaces(prev_result);
     let container = interfaces
         .iter()
         .find(|i| i.in_sandbox() && i.name == Some(ifname))?;
