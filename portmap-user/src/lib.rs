@@ -16,6 +16,7 @@
 pub mod cni;
 pub mod dataplane;
 pub mod logging;
+pub mod model;
 pub mod node;
 pub mod ops;
 pub mod verbs;

@@ -210,8 +210,8 @@ pub fn describe_mappings(conf: &NetConf) -> String {
                 Some(std::net::IpAddr::V6(addr)) => format!("[{addr}]"),
                 Some(addr) => addr.to_string(),
                 None => match m.host_ip {
-                    crate::cni::netconf::HostIp::AnyV4 => "0.0.0.0".into(),
-                    crate::cni::netconf::HostIp::AnyV6 => "[::]".into(),
+                    crate::model::HostIp::AnyV4 => "0.0.0.0".into(),
+                    crate::model::HostIp::AnyV6 => "[::]".into(),
                     _ => "*".into(),
                 },
             };
@@ -400,7 +400,7 @@ mod tests {
         .expect("valid config");
         let mut req = Request {
             conf,
-            owner: crate::cni::netconf::Owner {
+            owner: crate::model::Owner {
                 network: "k8s".into(),
                 container_id: "3a1b".into(),
                 ifname: "eth0".into(),

@@ -4,8 +4,8 @@ use std::{process::ExitCode, time::Duration};
 
 use anyhow::{Context, bail};
 use portmap_user::{
-    cni::netconf::Attachment, dataplane::counters, dataplane::maps, dataplane::maps::Maps,
-    dataplane::ownership::record_strings, ops::uninstall,
+    dataplane::counters, dataplane::maps, dataplane::maps::Maps,
+    dataplane::ownership::record_strings, model::Attachment, ops::uninstall,
 };
 use serde_json::json;
 

@@ -39,7 +39,7 @@ pub struct PinRootArg {
         long,
         value_name = "DIR",
         env = "EPM_PIN_ROOT",
-        default_value = portmap_user::cni::netconf::DEFAULT_PIN_ROOT
+        default_value = portmap_user::model::DEFAULT_PIN_ROOT
     )]
     pub pin_root: PathBuf,
 }

@@ -10,8 +10,8 @@ use std::{
 use anyhow::Context;
 use portmap_common::reason::Kind;
 use portmap_user::{
-    cni::netconf::Protocol,
     dataplane::trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
+    model::Protocol,
     node::netlink,
 };
 

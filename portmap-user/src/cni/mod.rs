@@ -17,10 +17,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::cni::netconf::{
-    Attachment, ConfigError, ContainerAddrs, IdentifierError, IfnameError, NetConf, Owner,
-    PodIdentity, SUPPORTED_VERSIONS,
-};
+use crate::cni::netconf::{ConfigError, IdentifierError, IfnameError, NetConf, SUPPORTED_VERSIONS};
+use crate::model::{Attachment, ContainerAddrs, Owner, PodIdentity};
 use portmap_common::{NOMAD_FIELD_LEN, POD_NAME_LEN, POD_NAMESPACE_LEN};
 
 /// Error codes defined by the CNI spec ("Error" section); 100+ are ours to use.
@@ -675,7 +673,7 @@ fn source_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cni::netconf::{HostIp, PortMapping, Protocol};
+    use crate::model::{HostIp, PortMapping, Protocol};
     use std::collections::HashMap;
 
     /// What the fake plugin was asked to do.

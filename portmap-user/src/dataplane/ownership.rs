@@ -69,10 +69,10 @@ use portmap_common::{
     PROTO_SCTP, PROTO_TCP, PROTO_UDP, PodRecord, PortKey, SPECIFIC_PORTS_MAP, owner_flags,
 };
 
+use crate::model::{
+    Attachment, ContainerAddrs, HostIp, MAX_MAPPINGS_MAX, Owner, PodIdentity, PortMapping,
+};
 use crate::{
-    cni::netconf::{
-        Attachment, ContainerAddrs, HostIp, MAX_MAPPINGS_MAX, Owner, PodIdentity, PortMapping,
-    },
     dataplane::hash::fnv1a64,
     dataplane::maps::{Maps, is_errno},
     dataplane::pin::PinLayout,
@@ -1176,7 +1176,7 @@ impl Maps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cni::netconf::Protocol;
+    use crate::model::Protocol;
 
     fn mapping(
         host_ip: HostIp,

@@ -16,8 +16,9 @@ use portmap_common::{
 };
 use serde_json::Value;
 
+use crate::model::ContainerAddrs;
 use crate::{
-    cni::netconf::{self, ContainerAddrs},
+    cni::netconf::{self},
     dataplane::maps::{MapsError, open},
     dataplane::ownership::words_from_addr,
     dataplane::pin::PinLayout,

@@ -36,7 +36,8 @@ use std::{
 use aya::maps::{Array, Map, MapData};
 use portmap_common::{NETNS_OWNER_MAP, local::NodeConfig};
 
-use crate::{cni::netconf::DEFAULT_PIN_ROOT, dataplane::node_state, dataplane::pin::PinLayout};
+use crate::model::DEFAULT_PIN_ROOT;
+use crate::{dataplane::node_state, dataplane::pin::PinLayout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScopeError {

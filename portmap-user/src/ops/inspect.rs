@@ -24,8 +24,8 @@ use portmap_common::{
     ct_kind, ct_timeout, map_names, stat,
 };
 
+use crate::model::PodIdentity;
 use crate::{
-    cni::netconf::PodIdentity,
     dataplane::attach::{self, AttachMode},
     dataplane::counters,
     dataplane::maps::{self, Maps, MapsError},

@@ -2,8 +2,9 @@
 
 use std::collections::BTreeSet;
 
+use crate::model::{HostIp, Owner, PodIdentity};
 use crate::{
-    cni::netconf::{self, HostIp, ListenerPolicy, NetConf, Owner, PodIdentity},
+    cni::netconf::{self, ListenerPolicy, NetConf},
     cni::{CniError, GcRequest, Plugin, Request},
     dataplane::attach::{self, AttachError, Capacities, Targets},
     dataplane::cgroup,
