@@ -407,6 +407,7 @@ mod tests {
             },
             netns: None,
             container: Default::default(),
+            interfaces: Vec::new(),
             identity: Default::default(),
         };
         assert_eq!(attachment(&req), "container=3a1b ifname=eth0 network=k8s");

@@ -152,6 +152,25 @@ pub struct ContainerAddrs {
     pub v6: Option<Ipv6Addr>,
 }
 
+/// One entry of prevResult's `interfaces`, read leniently: what is missing or
+/// of the wrong type is `None` (`cni::prev_result` checks what must be right
+/// on the way to the container's addresses).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrevInterface {
+    pub name: Option<String>,
+    pub mac: Option<String>,
+    pub sandbox: Option<String>,
+}
+
+impl PrevInterface {
+    /// Whether this is the container's side (a non-empty `sandbox`).
+    pub fn in_sandbox(&self) -> bool {
+        self.sandbox
+            .as_ref()
+            .is_some_and(|sandbox| !sandbox.is_empty())
+    }
+}
+
 /// Identity that owns map entries. All three parts are needed: "ADD A, ADD B,
 /// DEL A" must never remove B's entries.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -8,6 +8,7 @@
 
 pub mod json_keys;
 pub mod netconf;
+pub mod prev_result;
 
 use std::any::Any;
 use std::fmt;
@@ -18,7 +19,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::cni::netconf::{ConfigError, IdentifierError, IfnameError, NetConf, SUPPORTED_VERSIONS};
-use crate::model::{Attachment, ContainerAddrs, Owner, PodIdentity};
+use crate::cni::prev_result::PrevResult;
+use crate::model::{Attachment, ContainerAddrs, Owner, PodIdentity, PrevInterface};
 use portmap_common::{NOMAD_FIELD_LEN, POD_NAME_LEN, POD_NAMESPACE_LEN};
 
 /// Error codes defined by the CNI spec ("Error" section); 100+ are ours to use.
@@ -232,6 +234,8 @@ pub struct Request {
     pub netns: Option<PathBuf>,
     /// Container addresses from `prevResult`; empty on a DEL without one.
     pub container: ContainerAddrs,
+    /// prevResult's interfaces (the container's and the node-side ones).
+    pub interfaces: Vec<PrevInterface>,
     /// Who the container is, from `CNI_ARGS` (empty when the runtime says
     /// nothing; Nomad sends nothing on DEL).
     pub identity: PodIdentity,
@@ -336,11 +340,11 @@ fn add(
     let attachment = AttachmentEnv::from_env(env, Command::Add)?;
     let conf = netconf::parse_netconf(stdin)?;
     let prev_result = conf.prev_result.clone().ok_or(RequestError::NotChained)?;
-    let container = netconf::container_addrs(&prev_result, &attachment.ifname)?;
-    netconf::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
+    let prev = PrevResult::parse(&prev_result, &attachment.ifname)?;
+    netconf::check_mappings_reachable(&conf, &prev.container, &attachment.ifname)?;
 
     let cni_version = conf.cni_version.clone();
-    plugin.add(&attachment.into_request(conf, container))?;
+    plugin.add(&attachment.into_request(conf, prev))?;
 
     // A chained plugin that changes nothing echoes prevResult. libcni hands us
     // the previous plugin's result already in the list's cniVersion, so no
@@ -365,15 +369,17 @@ fn del(
     }
     // Entries are found by owner, so DEL works without addresses; they only
     // help the plugin when the runtime still has them.
-    let container = match &conf.prev_result {
-        None => ContainerAddrs::default(),
-        Some(prev_result) => netconf::container_addrs(prev_result, &attachment.ifname)
-            .unwrap_or_else(|error| {
-                log::warn!("DEL ignores prevResult: {error}");
-                ContainerAddrs::default()
-            }),
+    let prev = match &conf.prev_result {
+        None => PrevResult::default(),
+        Some(prev_result) => {
+            let (prev, error) = PrevResult::parse_for_teardown(prev_result, &attachment.ifname);
+            if let Some(error) = error {
+                log::warn!("DEL ignores prevResult's addresses: {error}");
+            }
+            prev
+        }
     };
-    plugin.del(&attachment.into_request(conf, container))
+    plugin.del(&attachment.into_request(conf, prev))
 }
 
 fn check(
@@ -385,9 +391,9 @@ fn check(
     let conf = netconf::parse_netconf(stdin)?;
     require_version(&conf, Command::Check, CHECK_MIN_VERSION)?;
     let prev_result = conf.prev_result.as_ref().ok_or(RequestError::NotChained)?;
-    let container = netconf::container_addrs(prev_result, &attachment.ifname)?;
-    netconf::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
-    plugin.check(&attachment.into_request(conf, container))
+    let prev = PrevResult::parse(prev_result, &attachment.ifname)?;
+    netconf::check_mappings_reachable(&conf, &prev.container, &attachment.ifname)?;
+    plugin.check(&attachment.into_request(conf, prev))
 }
 
 fn gc(stdin: &[u8], plugin: &mut dyn Plugin) -> Result<(), CniError> {
@@ -496,7 +502,7 @@ impl AttachmentEnv {
         })
     }
 
-    fn into_request(self, conf: NetConf, container: ContainerAddrs) -> Request {
+    fn into_request(self, conf: NetConf, prev: PrevResult) -> Request {
         Request {
             owner: Owner {
                 network: conf.name.clone(),
@@ -505,7 +511,8 @@ impl AttachmentEnv {
             },
             conf,
             netns: self.netns,
-            container,
+            container: prev.container,
+            interfaces: prev.interfaces,
             identity: self.identity,
         }
     }

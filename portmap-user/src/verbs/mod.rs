@@ -2,9 +2,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::model::{HostIp, Owner, PodIdentity};
+use crate::model::{HostIp, Owner, PodIdentity, PrevInterface};
 use crate::{
-    cni::netconf::{self, ListenerPolicy, NetConf},
+    cni::netconf::{ListenerPolicy, NetConf},
     cni::{CniError, GcRequest, Plugin, Request},
     dataplane::attach::{self, AttachError, Capacities, Targets},
     dataplane::cgroup,
@@ -126,7 +126,11 @@ impl NodeView {
     /// One link dump and one address dump. `interfaces` entries that match
     /// nothing are skipped with a warning; none matching at all is an error
     /// (the configuration names another node's interfaces).
-    pub fn read(rtnl: &mut Rtnl, conf: &NetConf) -> Result<NodeView, PluginError> {
+    pub fn read(
+        rtnl: &mut Rtnl,
+        conf: &NetConf,
+        interfaces: &[PrevInterface],
+    ) -> Result<NodeView, PluginError> {
         let links = rtnl.links()?;
         let addresses = rtnl.addresses()?;
         let selection = netlink::select_uplinks(&links, conf.interfaces.as_deref());
@@ -140,7 +144,7 @@ impl NodeView {
         for entry in &selection.unmatched {
             log::warn!("`interfaces` entry {entry:?} matches no interface of this node; skipped");
         }
-        let container_side = container_side_interfaces(&links, conf);
+        let container_side = container_side_interfaces(&links, interfaces);
         Ok(NodeView {
             links,
             addresses,
@@ -197,12 +201,9 @@ fn reconcile(layout: &PinLayout, conf: &NetConf, node: &NodeView) -> Result<(), 
 fn reconcile_after(verb: &str, layout: &PinLayout, conf: &NetConf) {
     let outcome = Rtnl::open()
         .map_err(PluginError::from)
-        .and_then(|mut rtnl| NodeView::read(&mut rtnl, conf))
-        .and_then(|mut node| {
-            // The interfaces of the container going away need nothing.
-            node.container_side.clear();
-            reconcile(layout, conf, &node)
-        });
+        // The interfaces of the container going away need nothing.
+        .and_then(|mut rtnl| NodeView::read(&mut rtnl, conf, &[]))
+        .and_then(|node| reconcile(layout, conf, &node));
     if let Err(error) = outcome {
         log::warn!(
             "{verb}: the attachments and node addresses were not brought up to date: {error}"
@@ -302,14 +303,11 @@ fn check_node_listeners(
 /// bridge and the host end of the veth), found in the node's `links`: the
 /// hairpin path starts there. These are the container-facing interfaces;
 /// their settings record it, so later runs keep treating them so.
-pub fn container_side_interfaces(links: &[Link], conf: &NetConf) -> BTreeSet<u32> {
-    let Some(prev_result) = conf.prev_result.as_ref() else {
-        return BTreeSet::new();
-    };
-    netconf::prev_interfaces(prev_result)
+pub fn container_side_interfaces(links: &[Link], interfaces: &[PrevInterface]) -> BTreeSet<u32> {
+    interfaces
         .iter()
         .filter(|i| !i.in_sandbox())
-        .filter_map(|i| i.name)
+        .filter_map(|i| i.name.as_deref())
         .filter_map(|name| links.iter().find(|l| l.name == name))
         // A bridge's ports are left out: everything between the containers
         // and the node crosses the bridge device's own hooks, and running
@@ -365,7 +363,7 @@ impl Dataplane {
         // One rtnetlink socket, one link and one address dump serve every
         // question below.
         let mut rtnl = Rtnl::open()?;
-        let node = NodeView::read(&mut rtnl, &req.conf)?;
+        let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
         warn_absent_host_ips(&req.conf, &node.addresses);
         reconcile(&layout, &req.conf, &node)?;
         let mut maps = Maps::open(&layout)?;
@@ -380,13 +378,11 @@ impl Dataplane {
         maps.claim(&req.owner, &req.identity, &translations)?;
         // Recorded whether or not `fastPath` is on now: it is a node-wide
         // switch, and containers added before it was turned on use it too.
-        match req.conf.prev_result.as_ref().and_then(|prev| {
-            peers::handover(prev, &req.owner.ifname, |name| {
-                node.links
-                    .iter()
-                    .find(|l| l.name == name)
-                    .map(|l| (l.index, l.has_controller))
-            })
+        match peers::handover(&req.interfaces, &req.owner.ifname, |name| {
+            node.links
+                .iter()
+                .find(|l| l.name == name)
+                .map(|l| (l.index, l.has_controller))
         }) {
             Some(handover) => peers::record(
                 &layout,
@@ -456,7 +452,7 @@ impl Dataplane {
         }
         require_privilege()?;
         let mut rtnl = Rtnl::open()?;
-        let node = NodeView::read(&mut rtnl, &req.conf)?;
+        let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
         if installed && let Err(error) = reconcile(&layout, &req.conf, &node) {
             // What it could not attach is reported below.
             log::warn!("CHECK: the attachments were not brought up to date: {error}");
