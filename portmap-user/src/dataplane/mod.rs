@@ -17,3 +17,4 @@ pub mod peers;
 pub mod pin;
 pub mod scope;
 pub mod trace;
+pub mod verb_stats;

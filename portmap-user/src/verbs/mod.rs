@@ -20,6 +20,8 @@ use crate::{
     node::privilege,
 };
 
+pub mod recorded;
+
 /// Plugin-specific CNI error codes (the spec leaves 100 and up to plugins).
 pub mod code {
     /// I/O failure (spec code).
