@@ -22,8 +22,19 @@ use serde_json::Value;
 /// What the issue asks of the agent: an event taken up within a second.
 const RECONCILE_WITHIN: Duration = Duration::from_secs(1);
 
+/// Held by the 32-way ADD/DEL test and the one that checks the one-second
+/// bound: on a two-core machine, the first starves the second of CPU.
+static ALONE: Mutex<()> = Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Polls a hostPort from `client` until it answers as `id`'s echo server,
-/// at most until `started + within`: the time it took, from `started`.
+/// at most until `started + within`: the time it took, from `started`
+/// (an answer after the deadline is a failure too).
 fn answers_within(
     client: &NetNs,
     target: SocketAddr,
@@ -31,17 +42,49 @@ fn answers_within(
     started: Instant,
     within: Duration,
 ) -> Result<Duration, String> {
+    // Every failed probe, with when it ended: what a failure reports.
+    let mut tries = Vec::new();
     loop {
-        let last = match tcp_request(client, target, "probe", Duration::from_millis(200)) {
-            Ok(reply) if reply == echo_reply(id, "probe") => return Ok(started.elapsed()),
-            Ok(other) => format!("answer {other:?}"),
-            Err(error) => error.to_string(),
+        let attempt = match tcp_request(client, target, "probe", Duration::from_millis(200)) {
+            Ok(reply) if reply == echo_reply(id, "probe") => Ok(()),
+            Ok(other) => Err(format!("answer {other:?}")),
+            Err(error) => Err(error.to_string()),
         };
-        if started.elapsed() >= within {
+        let elapsed = started.elapsed();
+        match attempt {
+            Ok(()) if elapsed <= within => return Ok(elapsed),
+            Ok(()) => {
+                return Err(format!(
+                    "{target} answered only after {elapsed:?}; before: {tries:#?}"
+                ));
+            }
+            Err(error) => tries.push(format!("{elapsed:?}: {error}")),
+        }
+        if elapsed >= within {
             return Err(format!(
-                "{target} did not answer within {within:?} (last: {last})"
+                "{target} did not answer within {within:?}: {tries:#?}"
             ));
         }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until the kernel reports `ifname` in `ns` operationally up. A new
+/// veth's carrier is taken up by the kernel's link watcher, batched up to a
+/// second later; until then the device drops what it sends (ARP too). The
+/// agent is woken by that event as well; what is measured is its part.
+fn wait_carrier(ns: &NetNs, ifname: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = ns.exec("ip", &["-j", "link", "show", "dev", ifname]);
+        let links: Value = serde_json::from_str(&out).unwrap_or_default();
+        if links[0]["operstate"] == "UP" {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ifname} not up within 5 s: {out}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -123,7 +166,9 @@ fn prometheus_scrapes_the_agent_and_sees_a_mappings_traffic() {
         .wait_for(replies, Duration::from_secs(5), |v| v >= SENT as f64)
         .unwrap_or_else(|last| panic!("{replies}: {last:?}"));
 
-    let checks: [(&str, fn(f64) -> bool); 5] = [
+    /// A query and what its value must be.
+    type Check = (&'static str, fn(f64) -> bool);
+    let checks: [Check; 5] = [
         (
             r#"count(ebpf_portmap_build_info{build_id=~"[0-9a-f]{16}",attach_mode=~"tcx|clsact",kernel!=""})"#,
             |v| v == 1.0,
@@ -152,6 +197,7 @@ fn prometheus_scrapes_the_agent_and_sees_a_mappings_traffic() {
 
 #[test]
 fn the_agent_attaches_recreated_and_added_uplinks_within_a_second() {
+    let _alone = alone();
     let world = World::bridge();
     let _web = serving(&world, "reconcile", 8080);
     let agent = Agent::start(&world);
@@ -159,8 +205,12 @@ fn the_agent_attaches_recreated_and_added_uplinks_within_a_second() {
     let target = sock(NODE_IP4, 8080);
 
     // No CNI call from here on: only the agent can attach the new links.
-    let started = Instant::now();
+    // The delays count from when the node's side is complete (the
+    // harness's `ip` commands done): traffic cannot pass before that.
     let (old, new) = world.node.recreate_uplink();
+    wait_carrier(&world.node.ns, NODE_UPLINK);
+    wait_carrier(&world.node.ext, "eth0");
+    let started = Instant::now();
     assert_ne!(old, new, "the kernel gives the new eth0 another index");
     let delay = answers_within(
         &world.node.ext,
@@ -176,13 +226,15 @@ fn the_agent_attaches_recreated_and_added_uplinks_within_a_second() {
             agent.log_text()
         )
     });
-    eprintln!("re-created uplink: the hostPort answers {delay:?} after the re-creation began");
+    eprintln!("re-created uplink: the hostPort answers {delay:?} after it was made");
     agent.wait_ready(RECONCILE_WITHIN, "after the re-created uplink");
 
-    let started = Instant::now();
     let side = world
         .node
         .add_side_link("eth2", "198.20.0.1/24", "198.20.0.2/24");
+    wait_carrier(&world.node.ns, "eth2");
+    wait_carrier(&side, "eth0");
+    let started = Instant::now();
     let side_target = sock(Ipv4Addr::new(198, 20, 0, 1), 8080);
     let delay = answers_within(&side, side_target, "reconcile", started, RECONCILE_WITHIN)
         .unwrap_or_else(|e| panic!("second uplink: {e}\n{}\n{}", world.dump(), agent.log_text()));
@@ -358,6 +410,7 @@ fn killing_the_agent_under_traffic_leaves_the_dataplane_forwarding() {
 fn the_agent_and_32_parallel_add_del_for_30_seconds() {
     const WORKERS: u32 = 32;
     const RUN: Duration = Duration::from_secs(30);
+    let _alone = alone();
     let world = World::plugin_only();
     // GC every second, so the agent's node GC and passes race the verbs.
     let agent = Agent::start_with(&world, &["--gc-interval", "1"]);
