@@ -72,6 +72,16 @@ impl Agent {
 
     /// [`Agent::start`] with extra arguments.
     pub fn start_with(world: &World, args: &[&str]) -> Agent {
+        Agent::spawn(world, None, args)
+    }
+
+    /// [`Agent::start`] with only the capabilities `caps` (setpriv's
+    /// spelling, e.g. `bpf,net_admin`): the bounding set of a root process.
+    pub fn start_confined(world: &World, caps: &str) -> Agent {
+        Agent::spawn(world, Some(caps), &[])
+    }
+
+    fn spawn(world: &World, caps: Option<&str>, args: &[&str]) -> Agent {
         let conf = world.node.data_dir().join("10-agent.conflist");
         std::fs::write(&conf, world.list.json().to_string()).expect("write the agent's conflist");
         let log = world.node.data_dir().join("agent.log");
@@ -80,10 +90,22 @@ impl Agent {
             .append(true)
             .open(&log)
             .expect("agent log file");
-        let child = world
-            .node
-            .ns
-            .command(agent_bin())
+        let mut command = match caps {
+            None => world.node.ns.command(agent_bin()),
+            Some(caps) => {
+                let bounding = caps
+                    .split(',')
+                    .map(|cap| format!(",+{cap}"))
+                    .collect::<String>();
+                let mut command = world.node.ns.command("/usr/bin/setpriv");
+                command
+                    .arg(format!("--bounding-set=-all{bounding}"))
+                    .args(["--inh-caps=-all", "--no-new-privs", "--"])
+                    .arg(agent_bin());
+                command
+            }
+        };
+        let child = command
             .args(["--verbose", "--listen", AGENT_LISTEN, "--cni-conf"])
             .arg(&conf)
             .args(args)

@@ -547,3 +547,52 @@ fn sigterm_stops_the_agent_cleanly() {
         agent.log_text()
     );
 }
+
+#[test]
+fn the_daemonsets_capabilities_are_enough_and_perfmon_is_needed() {
+    // A fresh node: the confined agent loads, pins and attaches everything.
+    let world = World::bridge();
+    let agent = Agent::start_confined(&world, "bpf,net_admin,perfmon");
+    agent.wait_ready(
+        Duration::from_secs(20),
+        "confined to BPF, NET_ADMIN, PERFMON",
+    );
+    let (_web, _server) = serving(&world, "confined", 8080);
+    world.node.recreate_uplink();
+    wait_carrier(&world.node.ns, NODE_UPLINK);
+    wait_carrier(&world.node.ext, "eth0");
+    answers_within(
+        &world.node.ext,
+        sock(NODE_IP4, 8080),
+        "confined",
+        Instant::now(),
+        RECONCILE_WITHIN,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "confined agent, re-created uplink: {e}\n{}",
+            agent.log_text()
+        )
+    });
+    drop(agent);
+
+    let bare = World::bridge();
+    let agent = Agent::start_confined(&bare, "bpf,net_admin");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let problems = loop {
+        match agent.readiness() {
+            Err(problems) if agent.log_text().contains("reconciliation failed") => break problems,
+            Ok(()) => panic!("ready without PERFMON:\n{}", agent.log_text()),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Err(problems) => panic!(
+                "no failed pass without PERFMON: {problems}\n{}",
+                agent.log_text()
+            ),
+        }
+    };
+    assert!(
+        problems.contains("the last reconciliation failed"),
+        "/readyz must say why: {problems}"
+    );
+    eprintln!("without PERFMON, /readyz says: {problems}");
+}

@@ -233,8 +233,10 @@ fn attached(layout: &PinLayout, ifindex: u32, direction: Direction, want: u32) -
 /// IDs of the programs on the tcx hook of `ifindex` in `direction`, in this
 /// network namespace: one `BPF_PROG_QUERY` by interface index. (aya's
 /// `query_tcx` wants the interface's name and opens every program it
-/// finds: two name lookups and three syscalls per program, on every ADD.)
-fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32>> {
+/// finds: two name lookups and three syscalls per program, on every ADD,
+/// and opening a program by ID needs CAP_SYS_ADMIN, which the node agent
+/// does without.)
+pub fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32>> {
     /// `union bpf_attr` as `BPF_PROG_QUERY` reads it (include/uapi/linux/bpf.h).
     #[repr(C)]
     struct ProgQuery {
