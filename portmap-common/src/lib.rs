@@ -424,6 +424,14 @@ const _: () = {
 
 // ---- Node agent (issue #17): kept apart from the schema above. ----
 
+/// Trace events the programs could not emit because the ring buffer was
+/// full (the tracer reads too slowly): a pinned per-CPU array of one `u64`,
+/// declared in the object next to `trace_events` (portmap-ebpf's trace.rs)
+/// and kept out of [`maps::PINNED`], so `status` does not call pins of a
+/// build without it incomplete. `trace` reports it as lost events, the
+/// agent exports it.
+pub const TRACE_LOST_MAP: &str = "trace_lost";
+
 /// What the short-lived plugin records about its own runs, for the node
 /// agent to export: outcome counts and latency histograms of each CNI verb.
 /// Userspace only (the programs never see it): an `BPF_F_MMAPABLE` array of

@@ -596,3 +596,81 @@ fn the_daemonsets_capabilities_are_enough_and_perfmon_is_needed() {
     );
     eprintln!("without PERFMON, /readyz says: {problems}");
 }
+
+#[test]
+fn a_stalled_tracer_is_told_it_lost_events_and_the_agent_counts_them() {
+    use std::io::{BufRead, BufReader};
+    let world = World::bridge();
+    let web = world.node.add_container("lost");
+    let _server = udp_echo_server(&web.ns, 5353, "lost");
+    world.add(&web, &[PortMapping::udp(8053, 5353)]);
+    let agent = Agent::start(&world);
+    let lost = |exposition: &str| sample(exposition, "ebpf_portmap_trace_events_lost_total", &[]);
+    assert_eq!(
+        lost(&agent.metrics()),
+        Some(0.0),
+        "nothing lost before anyone traces"
+    );
+
+    let mut tracer = world
+        .node
+        .ns
+        .command(portmap_tests::plugin_bin())
+        .args(["trace", "--json", "--pin-root"])
+        .arg(world.pins.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start ebpf-portmap trace");
+    let mut stderr = BufReader::new(tracer.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    stderr
+        .read_line(&mut line)
+        .expect("the tracer's first line");
+    assert!(line.starts_with("tracing"), "{line}");
+    // The tracer stops reading; the ring buffer (about 2700 events) fills.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(tracer.id() as libc::pid_t, libc::SIGSTOP) };
+    let target = sock(NODE_IP4, 8053);
+    world.node.ext.run(|| {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+        for n in 0..6000u32 {
+            let _ = socket.send_to(&n.to_be_bytes(), target);
+        }
+    });
+    // SAFETY: as above.
+    unsafe { libc::kill(tracer.id() as libc::pid_t, libc::SIGCONT) };
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in stderr.lines().map_while(Result::ok) {
+            let lost = line.starts_with("lost ");
+            text.push_str(&line);
+            text.push('\n');
+            if lost {
+                break;
+            }
+        }
+        text
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !reader.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: as above; SIGINT switches tracing off cleanly.
+    unsafe { libc::kill(tracer.id() as libc::pid_t, libc::SIGINT) };
+    let _ = tracer.wait();
+    let said = reader.join().expect("stderr reader");
+    let exposition = agent.metrics();
+    assert!(
+        said.lines().any(|l| l.starts_with("lost ")),
+        "the tracer must say it lost events: {said:?}; the agent counts {:?} lost, {:?} translated",
+        lost(&exposition),
+        sample(
+            &exposition,
+            "ebpf_portmap_datapath_decisions_total",
+            &[("reason", "dnat")]
+        )
+    );
+    let counted = lost(&agent.metrics()).unwrap_or(0.0);
+    assert!(counted > 0.0, "the agent must count the lost events");
+}

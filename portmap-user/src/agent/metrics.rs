@@ -26,6 +26,7 @@ use crate::{
         attach,
         maps::{self},
         pin::{Direction, PinLayout},
+        trace,
         verb_stats::{VerbRecord, VerbStats, records},
     },
     ops::inspect::{self, MapFill, MappingRow, TcAttachment},
@@ -44,6 +45,8 @@ pub struct Snapshot {
     pub flows: BTreeMap<&'static str, u64>,
     pub attachments: Vec<TcAttachment>,
     pub verbs: Vec<VerbRecord>,
+    /// Trace events lost to a full ring buffer (`None`: not counted).
+    pub trace_lost: Option<u64>,
     pub passes_ok: u64,
     pub passes_failed: u64,
     pub gc_runs: u64,
@@ -104,6 +107,7 @@ impl Snapshot {
         snapshot.maps = inspect::map_fills(layout).0;
         snapshot.flows = flows_by_protocol(layout);
         snapshot.attachments = inspect::attachments(layout).0;
+        snapshot.trace_lost = trace::lost_events(layout);
         snapshot.verbs = match VerbStats::open(layout) {
             Ok(Some(stats)) => records(&stats.snapshot()),
             Ok(None) => records(&vec![0; verb_stats::SLOTS]),
@@ -333,6 +337,16 @@ impl Collector for Snapshot {
                     )
                 })
                 .collect::<Vec<_>>(),
+        )?;
+        counter_family(
+            e,
+            "ebpf_portmap_trace_events_lost",
+            "Trace events the programs could not emit, the ring buffer being full (a tracer reading too slowly)",
+            None,
+            &self
+                .trace_lost
+                .map(|lost| vec![(vec![], lost)])
+                .unwrap_or_default(),
         )?;
         counter_family(
             e,

@@ -481,6 +481,7 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
         .iter()
         .chain(local::map_names::ALL.iter())
+        .chain([portmap_common::TRACE_LOST_MAP].iter())
         .map(|&name| (name, layout.map(name)))
         .collect();
     let mut loader = EbpfLoader::new();
@@ -693,7 +694,7 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
         map_names::CONNTRACK | map_names::CONNTRACK_CLOSED | map_names::CONNTRACK_OTHER => {
             (size(size_of::<CtKey>()), size(size_of::<CtEntry>()))
         }
-        map_names::STATS => (4, 8),
+        map_names::STATS | portmap_common::TRACE_LOST_MAP => (4, 8),
         local::map_names::NODE => (4, size(size_of::<local::NodeConfig>())),
         local::map_names::LOCAL_ADDRS => (size(size_of::<local::LocalAddrKey>()), 1),
         local::map_names::IFACES => (4, size(size_of::<local::IfaceConfig>())),
@@ -714,7 +715,11 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
 /// A pinned map is reused as it is (aya does no layout check), so one left
 /// by a build with another layout must be refused, never misread.
 fn check_pinned_layouts(layout: &PinLayout) -> Result<(), AttachError> {
-    for name in map_names::ALL.into_iter().chain(local::map_names::ALL) {
+    for name in map_names::ALL
+        .into_iter()
+        .chain(local::map_names::ALL)
+        .chain([portmap_common::TRACE_LOST_MAP])
+    {
         let path = layout.map(name);
         let Ok(info) = aya::maps::MapInfo::from_pin(&path) else {
             continue;
