@@ -20,7 +20,9 @@ use crate::{
 
 /// Records the outcome of one run under `pin_root` (best effort).
 fn record(pin_root: &Path, verb: usize, result: &Result<(), CniError>, took: Duration) {
-    let Ok(layout) = scope::resolve(pin_root, scope::Access::Read) else {
+    // Where the verb found this namespace's state; a verb that never
+    // looked (a request refused before) has nothing to count into.
+    let Some(layout) = scope::last_resolved(pin_root) else {
         return;
     };
     // Nothing installed (never an ADD here, or uninstalled): nothing to
