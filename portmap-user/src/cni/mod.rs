@@ -6,6 +6,7 @@
 //! fake plugin and no kernel. Logs go through `log`, never to stdout: stdout is
 //! the CNI result.
 
+pub mod error;
 pub mod json_keys;
 pub mod netconf;
 pub mod prev_result;
@@ -18,26 +19,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+pub use crate::cni::error::CniError;
+use crate::cni::error::code;
 use crate::cni::netconf::{ConfigError, IdentifierError, IfnameError, NetConf, SUPPORTED_VERSIONS};
 use crate::cni::prev_result::PrevResult;
 use crate::model::{Attachment, ContainerAddrs, Owner, PodIdentity, PrevInterface};
 use portmap_common::{NOMAD_FIELD_LEN, POD_NAME_LEN, POD_NAMESPACE_LEN};
-
-/// Error codes defined by the CNI spec ("Error" section); 100+ are ours to use.
-pub mod code {
-    pub const INCOMPATIBLE_VERSION: u32 = 1;
-    pub const UNSUPPORTED_FIELD: u32 = 2;
-    pub const UNKNOWN_CONTAINER: u32 = 3;
-    pub const INVALID_ENVIRONMENT_VARIABLES: u32 = 4;
-    pub const IO_FAILURE: u32 = 5;
-    pub const DECODING_FAILURE: u32 = 6;
-    pub const INVALID_NETWORK_CONFIG: u32 = 7;
-    pub const TRY_AGAIN_LATER: u32 = 11;
-    pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
-    pub const PLUGIN_NOT_AVAILABLE_LIMITED_CONNECTIVITY: u32 = 51;
-    /// What libcni's `ErrInternal` uses for "the plugin has a bug".
-    pub const INTERNAL: u32 = 999;
-}
 
 /// Most bytes read from stdin. Real configurations are a few KiB (1024
 /// mappings are ~100 KiB); the bound keeps a runaway caller from making us
@@ -95,53 +82,6 @@ impl fmt::Display for Command {
         f.write_str(self.as_str())
     }
 }
-
-/// The error object of the CNI spec. Built only at this boundary: the rest of
-/// the library uses typed errors.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct CniError {
-    pub code: u32,
-    pub msg: String,
-    pub details: String,
-}
-
-impl CniError {
-    pub fn new(code: u32, msg: impl Into<String>, details: impl Into<String>) -> Self {
-        CniError {
-            code,
-            msg: msg.into(),
-            details: details.into(),
-        }
-    }
-
-    /// The spec's error document: `{"cniVersion", "code", "msg", "details"}`.
-    pub fn to_json(&self, cni_version: &str) -> Value {
-        json!({
-            "cniVersion": cni_version,
-            "code": self.code,
-            "msg": self.msg,
-            "details": self.details,
-        })
-    }
-
-    /// Builds a CNI error from a typed one: `msg` is its message, `details` the
-    /// messages of its sources (so nothing is printed twice).
-    pub fn from_error(code: u32, error: &dyn std::error::Error) -> Self {
-        CniError::new(code, error.to_string(), source_chain(error))
-    }
-}
-
-impl fmt::Display for CniError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CNI error {}: {}", self.code, self.msg)?;
-        if !self.details.is_empty() {
-            write!(f, " ({})", self.details)?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for CniError {}
 
 impl From<ConfigError> for CniError {
     fn from(error: ConfigError) -> Self {
@@ -664,17 +604,6 @@ fn panic_error(payload: &(dyn Any + Send)) -> CniError {
         "ebpf-portmap hit an internal error (a bug); please report it with the plugin's log",
         details,
     )
-}
-
-/// Messages of `error`'s sources, outermost first, joined with ": ".
-fn source_chain(error: &dyn std::error::Error) -> String {
-    let mut chain = Vec::new();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        chain.push(cause.to_string());
-        source = cause.source();
-    }
-    chain.join(": ")
 }
 
 #[cfg(test)]

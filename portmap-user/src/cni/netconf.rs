@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::cni::code;
+use crate::cni::error::code;
 use crate::cni::json_keys::{self, Field, Found, Object, Resolved};
 use crate::model::{
     Attachment, CONNTRACK_SIZE_MAX, CONNTRACK_SIZE_MIN, ContainerAddrs, DEFAULT_PIN_ROOT,

@@ -235,7 +235,7 @@ fn optional_array<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cni::code;
+    use crate::cni::error::code;
 
     #[test]
     fn prev_interfaces_fold_keys_and_skip_what_is_not_an_object() {

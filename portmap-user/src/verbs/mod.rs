@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 
 use crate::model::{HostIp, Owner, PodIdentity, PrevInterface};
 use crate::{
+    cni::error::code,
     cni::netconf::{ListenerPolicy, NetConf},
     cni::{CniError, GcRequest, Plugin, Request},
     dataplane::attach::{self, AttachError, Capacities, Targets},
@@ -19,30 +20,6 @@ use crate::{
     node::netlink::{self, Link, NetlinkError, NodeAddress, Rtnl},
     node::privilege,
 };
-
-/// Plugin-specific CNI error codes (the spec leaves 100 and up to plugins).
-pub mod code {
-    /// I/O failure (spec code).
-    pub const IO: u32 = 5;
-    /// A concurrent DEL or GC removed the owner while ADD ran (spec code).
-    pub const TRY_AGAIN_LATER: u32 = 11;
-    /// Invalid network configuration (spec code).
-    pub const INVALID_CONFIG: u32 = 7;
-    /// The plugin cannot serve ADD requests (spec code, STATUS).
-    pub const NOT_AVAILABLE: u32 = 50;
-    /// Another owner holds the requested host port.
-    pub const PORT_CONFLICT: u32 = 100;
-    /// A map is full.
-    pub const CAPACITY: u32 = 101;
-    /// The eBPF programs could not be loaded or attached.
-    pub const DATAPLANE: u32 = 102;
-    /// CHECK found an entry missing or different.
-    pub const CHECK_FAILED: u32 = 103;
-    /// The plugin lacks the capabilities it needs.
-    pub const PRIVILEGE: u32 = 104;
-    /// A node process already listens on the requested host port.
-    pub const HOST_PORT_IN_USE: u32 = 105;
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
@@ -93,14 +70,16 @@ impl PluginError {
             PluginError::Store(StoreError::Missing { .. }) | PluginError::NotAttached { .. } => {
                 code::CHECK_FAILED
             }
-            PluginError::Store(_) | PluginError::Maps(_) | PluginError::Netlink(_) => code::IO,
+            PluginError::Store(_) | PluginError::Maps(_) | PluginError::Netlink(_) => {
+                code::IO_FAILURE
+            }
             PluginError::Attach(_) => code::DATAPLANE,
-            PluginError::NoMatchingInterfaces { .. } => code::INVALID_CONFIG,
+            PluginError::NoMatchingInterfaces { .. } => code::INVALID_NETWORK_CONFIG,
             PluginError::Privilege { .. } => code::PRIVILEGE,
             PluginError::HostPortInUse { .. } => code::HOST_PORT_IN_USE,
-            PluginError::Sockets(_) | PluginError::Local(_) => code::IO,
-            PluginError::Scope(scope::ScopeError::InUse { .. }) => code::INVALID_CONFIG,
-            PluginError::Scope(_) => code::IO,
+            PluginError::Sockets(_) | PluginError::Local(_) => code::IO_FAILURE,
+            PluginError::Scope(scope::ScopeError::InUse { .. }) => code::INVALID_NETWORK_CONFIG,
+            PluginError::Scope(_) => code::IO_FAILURE,
         }
     }
 }
@@ -557,7 +536,8 @@ impl Plugin for Dataplane {
 
     fn status(&mut self, conf: &NetConf) -> Result<(), CniError> {
         let layout = scope::resolve(&conf.pin_root, scope::Access::Read)
-            .map_err(|error| CniError::from_error(code::INVALID_CONFIG, &error))?;
-        attach::probe(&layout).map_err(|error| CniError::from_error(code::NOT_AVAILABLE, &error))
+            .map_err(|error| CniError::from_error(code::INVALID_NETWORK_CONFIG, &error))?;
+        attach::probe(&layout)
+            .map_err(|error| CniError::from_error(code::PLUGIN_NOT_AVAILABLE, &error))
     }
 }
