@@ -18,7 +18,7 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use portmap_common::{MappingKey, MappingValue, map_names, program_names};
-use portmap_user::{dataplane::attach::OBJECT, dataplane::ownership::words_from_addr};
+use portmap_user::{dataplane::object::OBJECT, dataplane::ownership::words_from_addr};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);

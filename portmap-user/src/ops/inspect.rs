@@ -26,10 +26,12 @@ use portmap_common::{
 
 use crate::model::PodIdentity;
 use crate::{
-    dataplane::attach::{self, AttachMode},
+    dataplane::attach,
     dataplane::counters,
+    dataplane::features::AttachMode,
     dataplane::maps::{self, Maps, MapsError},
     dataplane::node_state,
+    dataplane::object::build_id,
     dataplane::ownership::{KeyDisplay, addr_from_words, protocol_name, record_strings},
     dataplane::pin::{Direction, PinLayout, parse_link_name},
     dataplane::trace,
@@ -468,7 +470,7 @@ pub struct PinnedProgram {
 }
 
 pub fn pinned_programs(layout: &PinLayout) -> Vec<PinnedProgram> {
-    let current = format!("{:016x}", attach::build_id());
+    let current = format!("{:016x}", build_id());
     let mut programs = Vec::new();
     let Ok(entries) = fs::read_dir(layout.progs_dir()) else {
         return programs;
@@ -745,7 +747,7 @@ pub fn status(layout: &PinLayout) -> Status {
         root: layout.root().to_path_buf(),
         installed,
         kernel: kernel_release(),
-        build: format!("{:016x}", attach::build_id()),
+        build: format!("{:016x}", build_id()),
         mode: attach::attach_mode(layout),
         programs,
         tc,
