@@ -51,6 +51,7 @@ fn in_node_namespace<T: Send + 'static>(test: impl FnOnce(u32) -> T + Send + 'st
     std::thread::spawn(move || {
         // SAFETY: affects only this thread.
         assert_eq!(
+            // SAFETY: unshare takes no pointers; the test thread gets its own netns.
             unsafe { libc::unshare(libc::CLONE_NEWNET) },
             0,
             "unshare(CLONE_NEWNET) needs root: {}",

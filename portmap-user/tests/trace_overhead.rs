@@ -28,6 +28,7 @@ fn in_namespace<T: Send + 'static>(f: impl FnOnce(u32) -> T + Send + 'static) ->
     std::thread::spawn(move || {
         // SAFETY: affects only this thread.
         assert_eq!(
+            // SAFETY: unshare takes no pointers; the test thread gets its own netns.
             unsafe { libc::unshare(libc::CLONE_NEWNET) },
             0,
             "needs root"

@@ -119,8 +119,7 @@ pub fn build() -> Result<PathBuf> {
             .args(["log", "-1", "--format=%ct"])
             .current_dir(&root),
     )
-    .map(|time| time.trim().to_owned())
-    .unwrap_or_else(|_| "0".to_owned());
+    .map_or_else(|_| "0".to_owned(), |time| time.trim().to_owned());
     run(Command::new("tar")
         .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner"])
         .arg(format!("--mtime=@{mtime}"))

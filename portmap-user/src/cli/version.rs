@@ -45,7 +45,8 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|_| PinLayout::new(&args.pin.pin_root));
     let build = format!("{:016x}", object::build_id());
     let kernel = kernel_release();
-    let mode = features::recorded_attach_mode(&layout).map(|mode| mode.as_str());
+    let mode = features::recorded_attach_mode(&layout)
+        .map(portmap_user::dataplane::features::AttachMode::as_str);
     let probed: Vec<(&str, &str, &str)> = features::ESSENTIAL
         .iter()
         .map(|feature| {

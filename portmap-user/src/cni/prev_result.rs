@@ -264,9 +264,10 @@ mod tests {
     }
 
     fn addrs(prev: serde_json::Value, ifname: &str) -> ContainerAddrs {
-        PrevResult::parse(&prev, ifname)
-            .map(|prev| prev.container)
-            .unwrap_or_else(|error| panic!("prevResult {prev} must parse: {error}"))
+        PrevResult::parse(&prev, ifname).map_or_else(
+            |error| panic!("prevResult {prev} must parse: {error}"),
+            |prev| prev.container,
+        )
     }
 
     #[test]

@@ -197,7 +197,7 @@ fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32>> {
         libc::syscall(
             libc::SYS_bpf,
             BPF_PROG_QUERY,
-            &mut attr as *mut ProgQuery,
+            &raw mut attr,
             std::mem::size_of::<ProgQuery>(),
         )
     };

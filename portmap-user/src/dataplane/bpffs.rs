@@ -42,9 +42,10 @@ pub fn check_bpffs(root: &Path) -> Result<(), BpffsError> {
         }
     }
     let c_path = std::ffi::CString::new(probe.as_os_str().as_encoded_bytes()).unwrap_or_default();
-    // SAFETY: statfs with a valid path and an out struct.
+    // SAFETY: statfs is plain old data; all zeroes is a valid value.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } == 0;
+    // SAFETY: statfs with a valid NUL-terminated path and an out struct.
+    let ok = unsafe { libc::statfs(c_path.as_ptr(), &raw mut stat) } == 0;
     if ok && stat.f_type as i64 == BPF_FS_MAGIC {
         Ok(())
     } else {

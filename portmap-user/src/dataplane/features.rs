@@ -249,7 +249,7 @@ pub fn probe_tcx(program: &SchedClassifier) -> Result<bool, FeatureError> {
         libc::syscall(
             libc::SYS_bpf,
             BPF_LINK_CREATE,
-            &attr as *const LinkCreate,
+            &raw const attr,
             std::mem::size_of::<LinkCreate>(),
         )
     };

@@ -78,8 +78,8 @@ pub fn netns_cookie() -> Result<u64, LocalError> {
             socket.as_raw_fd(),
             libc::SOL_SOCKET,
             SO_NETNS_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
+            (&raw mut cookie).cast(),
+            &raw mut len,
         )
     };
     if rc != 0 {
@@ -405,7 +405,7 @@ mod tests {
                     index: 5,
                     local: None,
                     address: Some("fe80::5".parse().unwrap()),
-                })
+                });
             }),
             ("snat off", |s| s.snat = false),
             ("masqAll on", |s| s.masq_all = true),

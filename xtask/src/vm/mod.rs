@@ -140,7 +140,10 @@ struct Outcome {
 pub fn vm_test(args: &VmTestArgs) -> Result<()> {
     let started = Instant::now();
     let kernels: Vec<String> = if args.kernels.is_empty() {
-        DEFAULT_KERNELS.iter().map(|k| k.to_string()).collect()
+        DEFAULT_KERNELS
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect()
     } else {
         args.kernels.clone()
     };

@@ -43,7 +43,7 @@ fn mapping_count(expected: usize) -> impl Fn(&NetConf) {
             conf.port_mappings.len(),
             expected,
             "mapping count of {conf:?}"
-        )
+        );
     }
 }
 
@@ -265,7 +265,7 @@ fn parse_netconf_table() {
                     conf.log_file,
                     PathBuf::from(DEFAULT_LOG_FILE),
                     "default logFile"
-                )
+                );
             }),
         ),
         (
@@ -276,7 +276,7 @@ fn parse_netconf_table() {
                     conf.log_file,
                     PathBuf::from("/var/log/cni/portmap.log"),
                     "logFile"
-                )
+                );
             }),
         ),
         (
