@@ -9,6 +9,7 @@
 pub mod error;
 pub mod json_keys;
 pub mod netconf;
+pub mod port_mappings;
 pub mod prev_result;
 
 use std::any::Any;
@@ -281,7 +282,7 @@ fn add(
     let conf = netconf::parse_netconf(stdin)?;
     let prev_result = conf.prev_result.clone().ok_or(RequestError::NotChained)?;
     let prev = PrevResult::parse(&prev_result, &attachment.ifname)?;
-    netconf::check_mappings_reachable(&conf, &prev.container, &attachment.ifname)?;
+    port_mappings::check_mappings_reachable(&conf, &prev.container, &attachment.ifname)?;
 
     let cni_version = conf.cni_version.clone();
     plugin.add(&attachment.into_request(conf, prev))?;
@@ -332,7 +333,7 @@ fn check(
     require_version(&conf, Command::Check, CHECK_MIN_VERSION)?;
     let prev_result = conf.prev_result.as_ref().ok_or(RequestError::NotChained)?;
     let prev = PrevResult::parse(prev_result, &attachment.ifname)?;
-    netconf::check_mappings_reachable(&conf, &prev.container, &attachment.ifname)?;
+    port_mappings::check_mappings_reachable(&conf, &prev.container, &attachment.ifname)?;
     plugin.check(&attachment.into_request(conf, prev))
 }
 

@@ -1,6 +1,8 @@
 //! Unit tests of the parent module.
 
 use super::*;
+use crate::cni::port_mappings::check_mappings_reachable;
+use crate::model::ContainerAddrs;
 
 /// A config with the required keys plus `extra` (which starts with a comma).
 fn with(extra: &str) -> String {
@@ -1296,80 +1298,4 @@ fn ifnames_follow_the_kernel_rule() {
         Err(IfnameError::ForbiddenChar { ch: '\u{a0}' }),
         "0xa0 byte inside UTF-8"
     );
-}
-
-fn mapping(host_ip: HostIp) -> PortMapping {
-    PortMapping {
-        host_ip,
-        host_port: 8080,
-        container_port: 80,
-        protocol: Protocol::Tcp,
-    }
-}
-
-/// The reachability check with the keys a camelCase configuration has.
-fn reachable(
-    mappings: &[PortMapping],
-    container: &ContainerAddrs,
-    ifname: &str,
-) -> Result<(), ConfigError> {
-    mappings_reachable(
-        mappings,
-        |index| format!("{MAPPINGS_KEY}[{index}].hostIP"),
-        container,
-        ifname,
-    )
-}
-
-#[test]
-fn mappings_need_a_container_address_of_their_family() {
-    let v4_only = ContainerAddrs {
-        v4: Some("10.0.0.2".parse().unwrap()),
-        v6: None,
-    };
-    let v6_only = ContainerAddrs {
-        v4: None,
-        v6: Some("fd00::2".parse().unwrap()),
-    };
-    let none = ContainerAddrs::default();
-
-    assert!(
-        reachable(&[], &none, "eth0").is_ok(),
-        "no mappings need no address"
-    );
-    let error = reachable(&[mapping(HostIp::Any)], &none, "eth0").expect_err("no address");
-    assert!(
-        matches!(error, ConfigError::NoContainerAddress { .. }),
-        "{error}"
-    );
-    assert!(
-        error.to_string().contains("\"eth0\""),
-        "{error} should name the interface"
-    );
-
-    assert!(
-        reachable(&[mapping(HostIp::Any)], &v6_only, "eth0").is_ok(),
-        "Any works with one family"
-    );
-    assert!(
-        reachable(&[mapping(HostIp::AnyV6)], &v6_only, "eth0").is_ok(),
-        ":: works with an IPv6 container"
-    );
-
-    let explicit_v4 = mapping(HostIp::Addr("1.2.3.4".parse().unwrap()));
-    let error = reachable(&[mapping(HostIp::Any), explicit_v4], &v6_only, "eth0")
-        .expect_err("IPv4 hostIP with an IPv6-only container");
-    assert_eq!(
-        error.cni_code(),
-        code::INVALID_NETWORK_CONFIG,
-        "family mismatch is an invalid config"
-    );
-    let message = error.to_string();
-    assert!(
-        message.contains("runtimeConfig.portMappings[1].hostIP: 1.2.3.4 is IPv4")
-            && message.contains("no IPv4 address"),
-        "message must name the entry and the missing family: {message}"
-    );
-    let error = reachable(&[mapping(HostIp::AnyV6)], &v4_only, "eth0").expect_err(":: needs IPv6");
-    assert!(error.to_string().contains("IPv6"), "{error}");
 }
