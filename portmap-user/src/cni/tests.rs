@@ -1,8 +1,11 @@
 //! Unit tests of the parent module.
 
 use super::*;
+use crate::cni::env::{CniArgsWarning, parse_cni_args};
 use crate::model::{HostIp, PortMapping, Protocol};
+use portmap_common::POD_NAME_LEN;
 use std::collections::HashMap;
+use std::path::Path;
 
 /// What the fake plugin was asked to do.
 #[derive(Debug, Clone)]
