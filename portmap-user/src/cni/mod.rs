@@ -8,6 +8,7 @@
 
 pub mod env;
 pub mod error;
+pub mod json;
 pub mod json_keys;
 pub mod netconf;
 pub mod port_mappings;
@@ -24,7 +25,8 @@ use crate::cni::env::{AttachmentEnv, Command, RequestError, read_stdin};
 pub use crate::cni::error::CniError;
 use crate::cni::error::code;
 use crate::cni::netconf::{ConfigError, NetConf, SUPPORTED_VERSIONS};
-use crate::cni::prev_result::PrevResult;
+use crate::cni::port_mappings::MappingError;
+use crate::cni::prev_result::{PrevResult, PrevResultError};
 use crate::model::{Attachment, ContainerAddrs, Owner, PodIdentity, PrevInterface};
 
 /// Most bytes read from stdin. Real configurations are a few KiB (1024
@@ -42,6 +44,18 @@ const GC_STATUS_MIN_VERSION: &str = "1.1.0";
 
 impl From<ConfigError> for CniError {
     fn from(error: ConfigError) -> Self {
+        CniError::from_error(error.cni_code(), &error)
+    }
+}
+
+impl From<MappingError> for CniError {
+    fn from(error: MappingError) -> Self {
+        CniError::from_error(error.cni_code(), &error)
+    }
+}
+
+impl From<PrevResultError> for CniError {
+    fn from(error: PrevResultError) -> Self {
         CniError::from_error(error.cni_code(), &error)
     }
 }

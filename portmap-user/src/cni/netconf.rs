@@ -7,18 +7,20 @@
 //! so that every error can name the exact key and list index the user must fix.
 
 use std::collections::HashMap;
-use std::net::{AddrParseError, IpAddr};
 use std::path::{Path, PathBuf};
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::cni::error::code;
+use crate::cni::json::{
+    Integer, ShapeError, integer, json_kind, key_path, object, raw_to_value, wrong_type,
+};
 use crate::cni::json_keys::{self, Field, Found, Object, Resolved};
-use crate::cni::port_mappings;
+use crate::cni::port_mappings::{self, MappingError};
 use crate::model::{
-    Attachment, CONNTRACK_SIZE_MAX, CONNTRACK_SIZE_MIN, DEFAULT_PIN_ROOT, HostIp, MAX_MAPPINGS_MAX,
-    MAX_MAPPINGS_MIN, PortMapping, Protocol,
+    Attachment, CONNTRACK_SIZE_MAX, CONNTRACK_SIZE_MIN, DEFAULT_PIN_ROOT, MAX_MAPPINGS_MAX,
+    MAX_MAPPINGS_MIN, PortMapping,
 };
 
 /// CNI spec versions this plugin speaks. 0.1.0/0.2.0 are left out: their results
@@ -167,14 +169,14 @@ pub fn validate_ifname(name: &str) -> Result<(), IfnameError> {
     }
 }
 
-/// Everything that can be wrong with the configuration on stdin.
+/// What can be wrong with the configuration's own keys; a bad value's shape
+/// ([`ShapeError`]) and a bad port mapping ([`MappingError`]) have their own.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("the network configuration on stdin is not valid JSON")]
-    InvalidJson {
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    #[error(transparent)]
+    Mapping(#[from] MappingError),
     #[error("the network configuration on stdin must be a JSON object, found {found}")]
     NotAnObject { found: &'static str },
     #[error("cniVersion is missing; set it to one of {}", SUPPORTED_VERSIONS.join(", "))]
@@ -188,18 +190,6 @@ pub enum ConfigError {
         /// The value as JSON text, so a non-string shows as what it is.
         version: String,
     },
-    #[error("{field} is missing")]
-    MissingField { field: String },
-    #[error("{key} must not be empty")]
-    EmptyField { key: String },
-    #[error("{key}: expected {expected}, found {found}")]
-    WrongType {
-        key: String,
-        expected: &'static str,
-        found: &'static str,
-    },
-    #[error("{key}: {value} is not an integer")]
-    NotAnInteger { key: String, value: String },
     #[error("{key}: {value:?} is not a valid network name: {reason}")]
     InvalidNetworkName {
         key: String,
@@ -254,92 +244,19 @@ pub enum ConfigError {
     MaxMappingsOutOfRange { key: String, value: String },
     #[error("{key}: {value} is not one of \"refuse\" or \"allow\"")]
     InvalidListenerPolicy { key: String, value: String },
-    #[error(
-        "{key} has {count} entries, more than the mappings map holds (maxMappings {max}); raise maxMappings or map fewer ports"
-    )]
-    TooManyMappings {
-        key: String,
-        count: usize,
-        max: usize,
-    },
-    #[error("{key}: {value} is out of range 1-65535")]
-    PortOutOfRange { key: String, value: String },
-    #[error("{key}: {protocol:?} is not supported; use tcp, udp or sctp")]
-    UnknownProtocol { key: String, protocol: String },
-    #[error(
-        "{key}: {value:?} is not an IP address; give an IPv4 or IPv6 address, \"0.0.0.0\", \"::\", or leave it empty for every local address"
-    )]
-    InvalidHostIp {
-        key: String,
-        value: String,
-        #[source]
-        source: AddrParseError,
-    },
-    #[error("{key}: {address} {reason}")]
-    UnusableHostIp {
-        key: String,
-        address: IpAddr,
-        reason: &'static str,
-    },
-    #[error(
-        "{list}[{second}] duplicates {list}[{first}]: both claim {protocol} port {host_port} on {claim}; remove one or give them different hostIP values"
-    )]
-    DuplicateMapping {
-        /// The mappings list's path as the configuration spells it.
-        list: String,
-        first: usize,
-        second: usize,
-        protocol: Protocol,
-        host_port: u16,
-        /// Human description of the shared address slot, e.g. "every local IPv4 address".
-        claim: String,
-    },
-    #[error(
-        "{list}[{specific}] overlaps {list}[{wildcard}]: {protocol} port {host_port} on {address} is part of {claim} that {list}[{wildcard}] claims; remove one or give them different ports"
-    )]
-    OverlappingMappings {
-        list: String,
-        wildcard: usize,
-        specific: usize,
-        protocol: Protocol,
-        host_port: u16,
-        address: IpAddr,
-        /// The wildcard's address slot, e.g. "every local IPv4 address".
-        claim: String,
-    },
-    #[error("{key}: {value:?} is not an address in CIDR form such as \"10.0.0.2/24\"")]
-    InvalidCidr { key: String, value: String },
-    #[error(
-        "prevResult has no IPv4 or IPv6 address for sandbox interface {ifname:?}, so there is nothing to forward ports to; chain ebpf-portmap after a plugin that assigns the container an address"
-    )]
-    NoContainerAddress { ifname: String },
-    #[error(
-        "{key}: {host_ip} is {family} but interface {ifname:?} has no {family} address in prevResult; use a hostIP of the container's family or leave hostIP empty"
-    )]
-    ContainerLacksFamily {
-        /// The mapping's hostIP key as the configuration spells it.
-        key: String,
-        host_ip: HostIp,
-        family: &'static str,
-        ifname: String,
-    },
 }
 
 impl ConfigError {
     /// The CNI spec error code for this error.
     pub fn cni_code(&self) -> u32 {
         match self {
-            ConfigError::InvalidJson { .. } | ConfigError::NotAnObject { .. } => {
-                code::DECODING_FAILURE
-            }
+            ConfigError::Shape(error) => error.cni_code(),
+            ConfigError::Mapping(error) => error.cni_code(),
+            ConfigError::NotAnObject { .. } => code::DECODING_FAILURE,
             ConfigError::MissingVersion | ConfigError::UnsupportedVersion { .. } => {
                 code::INCOMPATIBLE_VERSION
             }
-            ConfigError::MissingField { .. }
-            | ConfigError::EmptyField { .. }
-            | ConfigError::WrongType { .. }
-            | ConfigError::NotAnInteger { .. }
-            | ConfigError::InvalidNetworkName { .. }
+            ConfigError::InvalidNetworkName { .. }
             | ConfigError::InvalidPinRoot { .. }
             | ConfigError::InvalidInterfaceName { .. }
             | ConfigError::InvalidInterfacePattern { .. }
@@ -350,17 +267,7 @@ impl ConfigError {
             | ConfigError::MaxMappingsOutOfRange { .. }
             | ConfigError::NotABool { .. }
             | ConfigError::InvalidCgroupPath { .. }
-            | ConfigError::InvalidListenerPolicy { .. }
-            | ConfigError::TooManyMappings { .. }
-            | ConfigError::PortOutOfRange { .. }
-            | ConfigError::UnknownProtocol { .. }
-            | ConfigError::InvalidHostIp { .. }
-            | ConfigError::UnusableHostIp { .. }
-            | ConfigError::DuplicateMapping { .. }
-            | ConfigError::OverlappingMappings { .. }
-            | ConfigError::InvalidCidr { .. }
-            | ConfigError::NoContainerAddress { .. }
-            | ConfigError::ContainerLacksFamily { .. } => code::INVALID_NETWORK_CONFIG,
+            | ConfigError::InvalidListenerPolicy { .. } => code::INVALID_NETWORK_CONFIG,
         }
     }
 }
@@ -432,15 +339,6 @@ struct Given {
     value: Value,
 }
 
-/// `parent.key` (or `key` at the root).
-pub(super) fn key_path(parent: &str, key: &str) -> String {
-    if parent.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{parent}.{key}")
-    }
-}
-
 /// The value of a found key, parsed.
 fn given(found: Option<Found<'_, RawValue>>, parent: &str) -> Result<Option<Given>, ConfigError> {
     found
@@ -453,21 +351,6 @@ fn given(found: Option<Found<'_, RawValue>>, parent: &str) -> Result<Option<Give
         .transpose()
 }
 
-pub(super) fn raw_to_value(raw: &RawValue) -> Result<Value, ConfigError> {
-    // Only numbers beyond f64 fail here: the text was checked as JSON already.
-    serde_json::from_str(raw.get()).map_err(|source| ConfigError::InvalidJson { source })
-}
-
-/// An object of the configuration, or the error naming `key` when the value
-/// is something else.
-pub(super) fn object<'a>(key: &str, raw: &'a RawValue) -> Result<Object<'a>, ConfigError> {
-    Object::parse(raw.get()).map_err(|_| ConfigError::WrongType {
-        key: key.to_owned(),
-        expected: "an object",
-        found: json_keys::kind_of(raw),
-    })
-}
-
 /// The configuration on stdin as an object, keys in document order.
 fn root_object(stdin: &[u8]) -> Result<Object<'_>, ConfigError> {
     match serde_json::from_slice::<Object<'_>>(stdin) {
@@ -476,7 +359,7 @@ fn root_object(stdin: &[u8]) -> Result<Object<'_>, ConfigError> {
             Ok(other) => Err(ConfigError::NotAnObject {
                 found: json_kind(&other),
             }),
-            Err(_) => Err(ConfigError::InvalidJson { source }),
+            Err(_) => Err(ShapeError::InvalidJson { source }.into()),
         },
     }
 }
@@ -501,7 +384,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
     })?;
     let (type_key, plugin_type) = required_string(value("type")?, "type")?;
     if plugin_type.is_empty() {
-        return Err(ConfigError::EmptyField { key: type_key });
+        return Err(ShapeError::EmptyField { key: type_key }.into());
     }
     let pin_root = parse_pin_root(value("pinRoot")?)?;
     let interfaces = parse_interfaces(value("interfaces")?)?;
@@ -520,7 +403,8 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
         port_mappings::parse_port_mappings(
             &fields.all("runtimeConfig"),
             max_mappings.unwrap_or(portmap_common::capacity::MAPPINGS) as usize,
-        ),
+        )
+        .map_err(ConfigError::from),
         (Vec::new(), Vec::new()),
         strictness,
         &mut dropped,
@@ -815,7 +699,7 @@ fn parse_valid_attachments(
     };
     let key = found.key;
     let list = serde_json::from_str::<Vec<&RawValue>>(found.value.get()).map_err(|_| {
-        ConfigError::WrongType {
+        ShapeError::WrongType {
             key: key.to_owned(),
             expected: "an array of {\"containerID\", \"ifname\"} objects",
             found: json_keys::kind_of(found.value),
@@ -849,34 +733,10 @@ fn parse_prev_result(found: &[Found<'_, RawValue>]) -> Result<Option<Value>, Con
     for occurrence in found {
         match raw_to_value(occurrence.value)? {
             Value::Object(object) => merged.get_or_insert_with(Map::new).extend(object),
-            other => return Err(wrong_type(occurrence.key, "an object", &other)),
+            other => return Err(wrong_type(occurrence.key, "an object", &other).into()),
         }
     }
     Ok(merged.map(Value::Object))
-}
-
-pub(super) enum Integer {
-    Unsigned(u64),
-    /// Any negative integer: every caller rejects them, only the message differs.
-    Negative,
-}
-
-/// A JSON integer. Floats (even 80.0) are refused: the CNI types are integers
-/// and a fraction is a sign the value was computed wrongly.
-pub(super) fn integer(key: &str, value: &Value) -> Result<Integer, ConfigError> {
-    let Value::Number(number) = value else {
-        return Err(wrong_type(key, "an integer", value));
-    };
-    if let Some(unsigned) = number.as_u64() {
-        Ok(Integer::Unsigned(unsigned))
-    } else if number.is_i64() {
-        Ok(Integer::Negative)
-    } else {
-        Err(ConfigError::NotAnInteger {
-            key: key.to_owned(),
-            value: number.to_string(),
-        })
-    }
 }
 
 /// A required string: (its key path as written, the string). `missing_key`
@@ -886,42 +746,15 @@ fn required_string(
     missing_key: &str,
 ) -> Result<(String, String), ConfigError> {
     match value {
-        None => Err(ConfigError::MissingField {
+        None => Err(ShapeError::MissingField {
             field: missing_key.to_owned(),
-        }),
+        }
+        .into()),
         Some(Given {
             key,
             value: Value::String(text),
         }) => Ok((key, text)),
-        Some(Given { key, value }) => Err(wrong_type(&key, "a string", &value)),
-    }
-}
-
-pub(super) fn expect_object<'a>(
-    key: &str,
-    value: &'a Value,
-) -> Result<&'a Map<String, Value>, ConfigError> {
-    value
-        .as_object()
-        .ok_or_else(|| wrong_type(key, "an object", value))
-}
-
-pub(super) fn wrong_type(key: &str, expected: &'static str, found: &Value) -> ConfigError {
-    ConfigError::WrongType {
-        key: key.to_owned(),
-        expected,
-        found: json_kind(found),
-    }
-}
-
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+        Some(Given { key, value }) => Err(wrong_type(&key, "a string", &value).into()),
     }
 }
 

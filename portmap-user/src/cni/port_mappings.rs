@@ -6,15 +6,102 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{AddrParseError, IpAddr};
 
 use serde_json::value::RawValue;
 
+use crate::cni::error::code;
+use crate::cni::json::{Integer, ShapeError, integer, object, raw_to_value};
 use crate::cni::json_keys::{self, Field, Found, Object};
-use crate::cni::netconf::{ConfigError, Integer, NetConf, integer, object, raw_to_value};
+use crate::cni::netconf::NetConf;
 use crate::model::{ContainerAddrs, HostClaim, HostIp, PortMapping, Protocol};
 
 const MAPPINGS_KEY: &str = "runtimeConfig.portMappings";
+
+/// What can be wrong with `runtimeConfig.portMappings`, or with a mapping
+/// against the container's addresses.
+#[derive(Debug, thiserror::Error)]
+pub enum MappingError {
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    #[error(
+        "{key} has {count} entries, more than the mappings map holds (maxMappings {max}); raise maxMappings or map fewer ports"
+    )]
+    TooManyMappings {
+        key: String,
+        count: usize,
+        max: usize,
+    },
+    #[error("{key}: {value} is out of range 1-65535")]
+    PortOutOfRange { key: String, value: String },
+    #[error("{key}: {protocol:?} is not supported; use tcp, udp or sctp")]
+    UnknownProtocol { key: String, protocol: String },
+    #[error(
+        "{key}: {value:?} is not an IP address; give an IPv4 or IPv6 address, \"0.0.0.0\", \"::\", or leave it empty for every local address"
+    )]
+    InvalidHostIp {
+        key: String,
+        value: String,
+        #[source]
+        source: AddrParseError,
+    },
+    #[error("{key}: {address} {reason}")]
+    UnusableHostIp {
+        key: String,
+        address: IpAddr,
+        reason: &'static str,
+    },
+    #[error(
+        "{list}[{second}] duplicates {list}[{first}]: both claim {protocol} port {host_port} on {claim}; remove one or give them different hostIP values"
+    )]
+    DuplicateMapping {
+        /// The mappings list's path as the configuration spells it.
+        list: String,
+        first: usize,
+        second: usize,
+        protocol: Protocol,
+        host_port: u16,
+        /// Human description of the shared address slot, e.g. "every local IPv4 address".
+        claim: String,
+    },
+    #[error(
+        "{list}[{specific}] overlaps {list}[{wildcard}]: {protocol} port {host_port} on {address} is part of {claim} that {list}[{wildcard}] claims; remove one or give them different ports"
+    )]
+    OverlappingMappings {
+        list: String,
+        wildcard: usize,
+        specific: usize,
+        protocol: Protocol,
+        host_port: u16,
+        address: IpAddr,
+        /// The wildcard's address slot, e.g. "every local IPv4 address".
+        claim: String,
+    },
+    #[error(
+        "prevResult has no IPv4 or IPv6 address for sandbox interface {ifname:?}, so there is nothing to forward ports to; chain ebpf-portmap after a plugin that assigns the container an address"
+    )]
+    NoContainerAddress { ifname: String },
+    #[error(
+        "{key}: {host_ip} is {family} but interface {ifname:?} has no {family} address in prevResult; use a hostIP of the container's family or leave hostIP empty"
+    )]
+    ContainerLacksFamily {
+        /// The mapping's hostIP key as the configuration spells it.
+        key: String,
+        host_ip: HostIp,
+        family: &'static str,
+        ifname: String,
+    },
+}
+
+impl MappingError {
+    /// The CNI spec error code for this error.
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            MappingError::Shape(error) => error.cni_code(),
+            _ => code::INVALID_NETWORK_CONFIG,
+        }
+    }
+}
 
 /// Checks that every mapping can reach the container: if there are mappings the
 /// container needs an address, and a mapping pinned to one family (an explicit
@@ -25,7 +112,7 @@ pub fn check_mappings_reachable(
     conf: &NetConf,
     container: &ContainerAddrs,
     ifname: &str,
-) -> Result<(), ConfigError> {
+) -> Result<(), MappingError> {
     mappings_reachable(
         &conf.port_mappings,
         |index| {
@@ -45,12 +132,12 @@ fn mappings_reachable(
     host_ip_key: impl Fn(usize) -> String,
     container: &ContainerAddrs,
     ifname: &str,
-) -> Result<(), ConfigError> {
+) -> Result<(), MappingError> {
     if mappings.is_empty() {
         return Ok(());
     }
     if container.v4.is_none() && container.v6.is_none() {
-        return Err(ConfigError::NoContainerAddress {
+        return Err(MappingError::NoContainerAddress {
             ifname: ifname.to_owned(),
         });
     }
@@ -61,7 +148,7 @@ fn mappings_reachable(
             HostIp::AnyV6 | HostIp::Addr(IpAddr::V6(_)) => container.v6.is_none().then_some("IPv6"),
         };
         if let Some(family) = missing_family {
-            return Err(ConfigError::ContainerLacksFamily {
+            return Err(MappingError::ContainerLacksFamily {
                 key: host_ip_key(index),
                 host_ip: mapping.host_ip,
                 family,
@@ -94,7 +181,7 @@ const MAPPING_FIELDS: &[Field] = &[
 pub(super) fn parse_port_mappings(
     runtime_configs: &[Found<'_, RawValue>],
     limit: usize,
-) -> Result<(Vec<PortMapping>, Vec<String>), ConfigError> {
+) -> Result<(Vec<PortMapping>, Vec<String>), MappingError> {
     let mut objects = Vec::with_capacity(runtime_configs.len());
     for occurrence in runtime_configs {
         objects.push((occurrence.key, object(occurrence.key, occurrence.value)?));
@@ -121,7 +208,7 @@ pub(super) fn parse_port_mappings(
         .map_or("runtimeConfig", |(parent, _, _)| *parent);
     let list_key = format!("{parent}.{}", found.key);
     let list = serde_json::from_str::<Vec<&RawValue>>(found.value.get()).map_err(|_| {
-        ConfigError::WrongType {
+        ShapeError::WrongType {
             key: list_key.clone(),
             expected: "an array",
             found: json_keys::kind_of(found.value),
@@ -129,7 +216,7 @@ pub(super) fn parse_port_mappings(
     })?;
     // Checked before parsing so an oversized list costs nothing.
     if list.len() > limit {
-        return Err(ConfigError::TooManyMappings {
+        return Err(MappingError::TooManyMappings {
             key: list_key,
             count: list.len(),
             max: limit,
@@ -174,12 +261,13 @@ fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
     serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
 }
 
-fn raw_wrong_type(key: EntryKey<'_>, expected: &'static str, raw: &RawValue) -> ConfigError {
-    ConfigError::WrongType {
+fn raw_wrong_type(key: EntryKey<'_>, expected: &'static str, raw: &RawValue) -> MappingError {
+    ShapeError::WrongType {
         key: key.to_string(),
         expected,
         found: json_keys::kind_of(raw),
     }
+    .into()
 }
 
 /// One mapping entry, and the path of its `hostIP` key (empty when hostIP is
@@ -188,7 +276,7 @@ fn parse_port_mapping(
     list: &str,
     index: usize,
     entry: &RawValue,
-) -> Result<(PortMapping, String), ConfigError> {
+) -> Result<(PortMapping, String), MappingError> {
     let at = |key| EntryKey { list, index, key };
     let entry =
         Object::parse(entry.get()).map_err(|_| raw_wrong_type(at(""), "an object", entry))?;
@@ -211,14 +299,15 @@ fn parse_port_mapping(
 }
 
 /// A port (1-65535); `missing` names the key when it is absent.
-fn parse_port(value: Option<EntryField<'_>>, missing: EntryKey<'_>) -> Result<u16, ConfigError> {
+fn parse_port(value: Option<EntryField<'_>>, missing: EntryKey<'_>) -> Result<u16, MappingError> {
     let Some((key, raw)) = value else {
-        return Err(ConfigError::MissingField {
+        return Err(ShapeError::MissingField {
             field: missing.to_string(),
-        });
+        }
+        .into());
     };
     let value = raw_to_value(raw)?;
-    let out_of_range = || ConfigError::PortOutOfRange {
+    let out_of_range = || MappingError::PortOutOfRange {
         key: key.to_string(),
         value: value.to_string(),
     };
@@ -233,7 +322,7 @@ fn parse_port(value: Option<EntryField<'_>>, missing: EntryKey<'_>) -> Result<u1
     }
 }
 
-fn parse_protocol(value: Option<EntryField<'_>>) -> Result<Protocol, ConfigError> {
+fn parse_protocol(value: Option<EntryField<'_>>) -> Result<Protocol, MappingError> {
     let Some((key, raw)) = value else {
         return Ok(Protocol::Tcp);
     };
@@ -243,13 +332,13 @@ fn parse_protocol(value: Option<EntryField<'_>>) -> Result<Protocol, ConfigError
     if name.is_empty() {
         return Ok(Protocol::Tcp);
     }
-    Protocol::from_name(&name).ok_or_else(|| ConfigError::UnknownProtocol {
+    Protocol::from_name(&name).ok_or_else(|| MappingError::UnknownProtocol {
         key: key.to_string(),
         protocol: name.into_owned(),
     })
 }
 
-fn parse_host_ip(value: Option<EntryField<'_>>) -> Result<HostIp, ConfigError> {
+fn parse_host_ip(value: Option<EntryField<'_>>) -> Result<HostIp, MappingError> {
     let Some((key, raw)) = value else {
         return Ok(HostIp::Any);
     };
@@ -261,7 +350,7 @@ fn parse_host_ip(value: Option<EntryField<'_>>) -> Result<HostIp, ConfigError> {
     }
     let address = text
         .parse::<IpAddr>()
-        .map_err(|source| ConfigError::InvalidHostIp {
+        .map_err(|source| MappingError::InvalidHostIp {
             key: key.to_string(),
             value: text.clone().into_owned(),
             source,
@@ -269,7 +358,7 @@ fn parse_host_ip(value: Option<EntryField<'_>>) -> Result<HostIp, ConfigError> {
         // ::ffff:a.b.c.d is how some callers spell an IPv4 address; the packets
         // we match are plain IPv4.
         .to_canonical();
-    let unusable = |reason| ConfigError::UnusableHostIp {
+    let unusable = |reason| MappingError::UnusableHostIp {
         key: key.to_string(),
         address,
         reason,
@@ -296,14 +385,14 @@ fn parse_host_ip(value: Option<EntryField<'_>>) -> Result<HostIp, ConfigError> {
 /// Two entries collide when, for the same protocol and host port, they claim
 /// the same family wildcard or the same exact address. A wildcard and an exact
 /// address of the same family may coexist: the exact one is more specific.
-fn reject_duplicates(list_key: &str, mappings: &[PortMapping]) -> Result<(), ConfigError> {
+fn reject_duplicates(list_key: &str, mappings: &[PortMapping]) -> Result<(), MappingError> {
     let mut claimed: HashMap<(HostClaim, u16, Protocol), usize> =
         HashMap::with_capacity(mappings.len() * 2);
     for (index, mapping) in mappings.iter().enumerate() {
         for claim in mapping.host_ip.claims().into_iter().flatten() {
             if let Some(first) = claimed.insert((claim, mapping.host_port, mapping.protocol), index)
             {
-                return Err(ConfigError::DuplicateMapping {
+                return Err(MappingError::DuplicateMapping {
                     list: list_key.to_owned(),
                     first,
                     second: index,
@@ -320,7 +409,7 @@ fn reject_duplicates(list_key: &str, mappings: &[PortMapping]) -> Result<(), Con
 /// A wildcard hostIP and a specific one of its family on the same port and
 /// protocol overlap (as for bind()): refused inside one request like across
 /// requests (store.rs).
-fn reject_overlaps(list_key: &str, mappings: &[PortMapping]) -> Result<(), ConfigError> {
+fn reject_overlaps(list_key: &str, mappings: &[PortMapping]) -> Result<(), MappingError> {
     // (is IPv6, port, protocol) -> (first wildcard, first specific).
     type Seen = (Option<(usize, HostClaim)>, Option<(usize, IpAddr)>);
     let mut seen: HashMap<(bool, u16, Protocol), Seen> = HashMap::new();
@@ -345,7 +434,7 @@ fn reject_overlaps(list_key: &str, mappings: &[PortMapping]) -> Result<(), Confi
                 }
             };
             if let (Some((wildcard, claim)), Some((specific, address))) = (wildcard, specific) {
-                return Err(ConfigError::OverlappingMappings {
+                return Err(MappingError::OverlappingMappings {
                     list: list_key.to_owned(),
                     wildcard,
                     specific,
@@ -363,7 +452,6 @@ fn reject_overlaps(list_key: &str, mappings: &[PortMapping]) -> Result<(), Confi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cni::error::code;
 
     fn mapping(host_ip: HostIp) -> PortMapping {
         PortMapping {
@@ -379,7 +467,7 @@ mod tests {
         mappings: &[PortMapping],
         container: &ContainerAddrs,
         ifname: &str,
-    ) -> Result<(), ConfigError> {
+    ) -> Result<(), MappingError> {
         mappings_reachable(
             mappings,
             |index| format!("{MAPPINGS_KEY}[{index}].hostIP"),
@@ -406,7 +494,7 @@ mod tests {
         );
         let error = reachable(&[mapping(HostIp::Any)], &none, "eth0").expect_err("no address");
         assert!(
-            matches!(error, ConfigError::NoContainerAddress { .. }),
+            matches!(error, MappingError::NoContainerAddress { .. }),
             "{error}"
         );
         assert!(

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::cni::port_mappings::check_mappings_reachable;
-use crate::model::ContainerAddrs;
+use crate::model::{ContainerAddrs, HostIp, Protocol};
 
 /// A config with the required keys plus `extra` (which starts with a comma).
 fn with(extra: &str) -> String {

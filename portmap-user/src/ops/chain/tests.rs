@@ -1,6 +1,7 @@
 //! Unit tests of the parent module.
 
 use super::*;
+use crate::cni::json::ShapeError;
 
 fn object(value: Value) -> Map<String, Value> {
     match value {
@@ -287,7 +288,7 @@ fn the_chained_entry_is_checked_with_the_plugins_parser() {
     let chained = chain_list(&nameless, &entry()).expect("chained");
     assert!(matches!(
         validate_entry(&chained),
-        Err(ConfigError::MissingField { .. })
+        Err(ConfigError::Shape(ShapeError::MissingField { .. }))
     ));
 
     let relative = plugin_entry(Some(r#"{"pinRoot": "bpf/pm"}"#)).expect("keys");
