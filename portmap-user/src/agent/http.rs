@@ -57,7 +57,7 @@ pub fn readiness_problems(shared: &Shared) -> Vec<String> {
     if let Some(error) = shared
         .last_error
         .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone()
     {
         problems.push(format!("the last reconciliation failed: {error}"));

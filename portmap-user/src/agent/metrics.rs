@@ -25,6 +25,7 @@ use crate::{
     dataplane::{
         attach,
         maps::{self},
+        object,
         pin::{Direction, PinLayout},
         trace,
         verb_stats::{VerbRecord, VerbStats, records},
@@ -194,7 +195,7 @@ impl Collector for Snapshot {
         {
             let labels: Labels = vec![
                 ("version", env!("CARGO_PKG_VERSION").to_owned()),
-                ("build_id", format!("{:016x}", attach::build_id())),
+                ("build_id", format!("{:016x}", object::build_id())),
                 ("kernel", self.kernel.clone()),
                 ("attach_mode", self.attach_mode.clone()),
             ];
@@ -465,7 +466,7 @@ pub fn render(snapshot: Snapshot, format: Format) -> Result<String, std::fmt::Er
     match format {
         Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, &registry)?,
         Format::Prometheus => {
-            prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)?
+            prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)?;
         }
     }
     Ok(text)

@@ -33,7 +33,10 @@ use crate::{
     },
     node::netlink::Rtnl,
     ops::inspect,
-    verbs::{self, NodeView},
+    verbs::{
+        self,
+        interfaces::{NodeView, reconcile},
+    },
 };
 
 /// What the worker and the event loop share.
@@ -90,7 +93,7 @@ impl Shared {
         if let Some(layout) = self
             .layout
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
         {
             return Ok(layout);
@@ -120,7 +123,7 @@ fn pass(shared: &Shared) -> Result<PinLayout, AgentError> {
     // No container's interfaces: the agent acts for none (the same view a
     // DEL or GC run has).
     let node = NodeView::read(&mut rtnl, &conf, &[])?;
-    verbs::reconcile(&layout, &conf, &node)?;
+    reconcile(&layout, &conf, &node)?;
     Ok(layout)
 }
 
@@ -195,17 +198,26 @@ pub fn run(shared: Arc<Shared>, wake: Receiver<()>, timing: Timing) {
             match pass(&shared) {
                 Ok(layout) => {
                     shared.passes_ok.fetch_add(1, Ordering::Relaxed);
-                    let mut last = shared.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut last = shared
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     if last.take().is_some() {
                         log::info!("reconciliation succeeds again");
                     }
-                    *shared.layout.lock().unwrap_or_else(|e| e.into_inner()) = Some(layout);
+                    *shared
+                        .layout
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(layout);
                     log::debug!("reconciled in {:?}", start.elapsed());
                 }
                 Err(error) => {
                     shared.passes_failed.fetch_add(1, Ordering::Relaxed);
                     let text = error.to_string();
-                    let mut last = shared.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut last = shared
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     // Logged when it changes, not every second.
                     if last.as_deref() != Some(text.as_str()) {
                         log::warn!("reconciliation failed: {}", super::chain_of(&error));

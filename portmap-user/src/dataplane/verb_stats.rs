@@ -177,8 +177,8 @@ impl VerbStats {
 
     /// Records one run of `verb` (index into [`VERBS`]).
     pub fn record(&self, verb: usize, code: u32, took: Duration) {
-        let micros = took.as_micros().min(u64::MAX as u128) as u64;
-        let nanos = took.as_nanos().min(u64::MAX as u128) as u64;
+        let micros = took.as_micros().min(u128::from(u64::MAX)) as u64;
+        let nanos = took.as_nanos().min(u128::from(u64::MAX)) as u64;
         self.slot(verb_stats::code_slot(verb, code))
             .fetch_add(1, Ordering::Relaxed);
         self.slot(verb_stats::bucket_slot(verb, micros))

@@ -1,0 +1,56 @@
+//! GC: remove what no attachment in the runtime's keep-list owns, and
+//! orphans past their grace period.
+
+use super::*;
+
+pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
+    require_privilege()?;
+    let Some(layout) = own_state(&req.conf.pin_root)? else {
+        return Ok(());
+    };
+    let Some(mut maps) = Maps::open_existing(&layout)? else {
+        return Ok(());
+    };
+    let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
+    log::info!("GC {}: removed {removed:?}", req.conf.name);
+    collect_node_garbage("GC", &layout, &mut maps)?;
+    reconcile_after("GC", &layout, &req.conf);
+    Ok(())
+}
+
+/// The part of GC that needs no word from the runtime: mappings whose owner
+/// record is gone (after their grace period), counters of mappings gone,
+/// pod records without an owner, stale fast-path entries. GC runs it, and
+/// the node agent on its timer; `verb` names the caller in log lines.
+pub fn collect_node_garbage(
+    verb: &str,
+    layout: &PinLayout,
+    maps: &mut Maps,
+) -> Result<(), PluginError> {
+    // Mappings of any network whose owner record is gone: no DEL will
+    // ever remove them, so GC does after a grace period.
+    let orphans =
+        maps.reclaim_orphans(layout, ownership::ORPHAN_GRACE_SECS, ownership::now_unix())?;
+    for (id, count) in &orphans.reclaimed {
+        log::warn!(
+            "{verb}: reclaimed {count} mapping(s) of owner {id:016x}, whose record was gone"
+        );
+    }
+    for (id, first_seen) in &orphans.waiting {
+        log::warn!(
+            "{verb}: owner {id:016x} has mappings but no record (first seen at {first_seen}); reclaimed {}s after that",
+            ownership::ORPHAN_GRACE_SECS
+        );
+    }
+    prune_counters(layout, maps);
+    match maps.prune_pods() {
+        Ok(0) => {}
+        Ok(pruned) => log::info!("{verb}: {pruned} pod record(s) without an owner removed"),
+        Err(error) => log::warn!("{verb}: pod records not pruned: {error}"),
+    }
+    let pruned = peers::prune(layout, |owner| maps.owners.get(&owner, 0).is_ok());
+    if pruned > 0 {
+        log::info!("{verb}: {pruned} stale fast-path entr(y/ies) removed");
+    }
+    Ok(())
+}
