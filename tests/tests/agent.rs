@@ -246,6 +246,8 @@ fn the_agent_attaches_recreated_and_added_uplinks_within_a_second() {
     // and /healthz stays up (the agent is waiting, not stuck).
     let lock = hold_pin_root_lock(world.pins.path());
     let (_, newest) = world.node.recreate_uplink();
+    wait_carrier(&world.node.ns, NODE_UPLINK);
+    wait_carrier(&world.node.ext, "eth0");
     let gap = Instant::now() + Duration::from_secs(5);
     let problems = loop {
         match agent.readiness() {
