@@ -18,8 +18,19 @@
 //! separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
 //! or two; the targets of the sections left out are SKIP.
 
-#[path = "../bench/mod.rs"]
-mod bench;
+// The parts: timed plugin runs, control-plane batches, load generators, the
+// measured worlds, map memory, upstream's iptables state, statistics, the
+// targets and the report.
+mod control;
+mod invoke;
+mod iptables;
+mod load;
+mod memory;
+mod report;
+mod results;
+mod stats;
+mod svg;
+mod world;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -30,17 +41,16 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::control::{Batch, deal, run_batch, run_interleaved};
+use crate::invoke::Timed;
+use crate::load::Test;
 use anyhow::{Context, bail};
-use bench::control::{Batch, deal, run_batch, run_interleaved};
-use bench::invoke::Timed;
-use bench::load::{self, Test};
-use bench::memory;
-use bench::report;
-use bench::results::{
+
+use crate::results::{
     ControlCell, DataCell, MemoryRow, Prefill, Results, ScaleCell, Scope, Status, Verb, judge,
     size_label,
 };
-use bench::world::{
+use crate::world::{
     BenchWorld, FILL_CONTAINER_PORT, Flavor, OP_PORT_BASE, PREFILL_PORT_BASE, PROBE_FILL_HOST_PORT,
 };
 use clap::Parser;
@@ -994,7 +1004,7 @@ fn prefill_synthetic(world: &BenchWorld, fill: &mut Fill, size: usize) -> Result
         let new = PREFILL_PORT_BASE as usize + (first + k) * MAPPINGS_PER_PREFILL + offset;
         u16::try_from(new).unwrap_or(p)
     };
-    bench::iptables::synthesize(
+    iptables::synthesize(
         &world.node.ns,
         &prefill_id(template),
         &format!("pf-copy{first}-"),
@@ -1191,7 +1201,7 @@ fn prefill_upstream(
         size,
         method,
         seconds: started.elapsed().as_secs_f64(),
-        nat_rules: Some(bench::iptables::nat_rule_count(&upstream.node.ns)),
+        nat_rules: Some(iptables::nat_rule_count(&upstream.node.ns)),
         skipped: outcome.as_ref().err().cloned(),
     });
     outcome
@@ -1291,19 +1301,14 @@ fn one_more_container(
 fn scale_p50(results: &Results, flavor: Flavor, size: usize) -> String {
     results
         .scale_cell(flavor, size, Verb::Add)
-        .and_then(|c| {
-            bench::stats::median(&bench::results::pct_per_rep(
-                &c.reps,
-                bench::stats::Pct::P50,
-            ))
-        })
+        .and_then(|c| stats::median(&results::pct_per_rep(&c.reps, stats::Pct::P50)))
         .map_or("n/a".into(), |v| format!("{v:.2}"))
 }
 
 fn scale_ratio(results: &Results, flavor: Flavor, size: usize) -> String {
     results
         .scale_cell(flavor, size, Verb::Add)
-        .and_then(|c| bench::stats::median(&c.ratio_to_empty(bench::stats::Pct::P50)))
+        .and_then(|c| stats::median(&c.ratio_to_empty(stats::Pct::P50)))
         .map_or("n/a".into(), |v| format!("{v:.2}"))
 }
 
@@ -1392,7 +1397,7 @@ fn dataplane(
                         .iter()
                         .find(|c| c.test == test && c.path == flavor)
                         .and_then(|c| c.reps.last())
-                        .map_or("-".into(), |r| bench::svg::short(r.rate))
+                        .map_or("-".into(), |r| svg::short(r.rate))
                 };
                 format!(
                     "{} {}/{}/{}/{}",
