@@ -3,7 +3,7 @@
 //! Also hashes the object into `PORTMAP_BUILD_ID` (see `attach::build_id`), so
 //! the plugin does not hash half a megabyte on every run.
 
-#[path = "src/hash.rs"]
+#[path = "src/dataplane/hash.rs"]
 mod hash;
 
 fn main() -> aya_build::Result<()> {

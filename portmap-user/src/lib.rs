@@ -1,26 +1,22 @@
 //! ebpf-portmap userspace: the CNI plugin, the operator CLI and the code that
 //! loads, attaches and updates the eBPF dataplane.
+//!
+//! Layers, with dependencies running one way (see ARCHITECTURE.md):
+//! - [`cni`]: the CNI protocol only (environment, network configuration,
+//!   port mappings, prevResult, error codes); no BPF, no netlink.
+//! - [`verbs`]: what ADD, DEL, CHECK, GC and STATUS do (the `cni::Plugin`
+//!   implementation), on top of `dataplane` and `node`.
+//! - [`dataplane`]: every read or write of pinned BPF state: pin layout, load,
+//!   attach, features, maps, ownership of ports.
+//! - [`node`]: read-only facts about the host: links and addresses, listening
+//!   sockets, privileges.
+//! - [`ops`]: the operator library (inspect, uninstall, chain) that `cli/`
+//!   prints.
 
-pub mod attach;
-pub mod cgroup;
-pub mod chain;
 pub mod cni;
-pub mod config;
-pub mod counters;
-pub mod features;
-pub mod hash;
-pub mod inspect;
-pub mod json_keys;
-pub mod listeners;
-pub mod local;
+pub mod dataplane;
 pub mod logging;
-pub mod maps;
-pub mod netlink;
-pub mod peers;
-pub mod pin;
-pub mod plugin;
-pub mod privilege;
-pub mod scope;
-pub mod store;
-pub mod trace;
-pub mod uninstall;
+pub mod model;
+pub mod node;
+pub mod ops;
+pub mod verbs;

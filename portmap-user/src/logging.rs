@@ -24,8 +24,8 @@ use std::{
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
 use crate::{
+    cni::netconf::NetConf,
     cni::{CniError, GcRequest, Plugin, Request},
-    config::NetConf,
 };
 
 /// Where the plugin logs when `logFile` is not set.
@@ -210,8 +210,8 @@ pub fn describe_mappings(conf: &NetConf) -> String {
                 Some(std::net::IpAddr::V6(addr)) => format!("[{addr}]"),
                 Some(addr) => addr.to_string(),
                 None => match m.host_ip {
-                    crate::config::HostIp::AnyV4 => "0.0.0.0".into(),
-                    crate::config::HostIp::AnyV6 => "[::]".into(),
+                    crate::model::HostIp::AnyV4 => "0.0.0.0".into(),
+                    crate::model::HostIp::AnyV6 => "[::]".into(),
                     _ => "*".into(),
                 },
             };
@@ -379,7 +379,7 @@ mod tests {
 
     #[test]
     fn mappings_are_described_compactly() {
-        let conf = crate::config::parse_netconf(
+        let conf = crate::cni::netconf::parse_netconf(
             br#"{"cniVersion":"1.0.0","name":"net","type":"ebpf-portmap","runtimeConfig":{"portMappings":[
                 {"hostPort":8080,"containerPort":80},
                 {"hostPort":53,"containerPort":53,"protocol":"udp","hostIP":"198.18.0.11"},
@@ -394,19 +394,20 @@ mod tests {
 
     #[test]
     fn attachments_name_the_pod_when_cni_args_did() {
-        let conf = crate::config::parse_netconf(
+        let conf = crate::cni::netconf::parse_netconf(
             br#"{"cniVersion":"1.0.0","name":"k8s","type":"ebpf-portmap"}"#,
         )
         .expect("valid config");
         let mut req = Request {
             conf,
-            owner: crate::config::Owner {
+            owner: crate::model::Owner {
                 network: "k8s".into(),
                 container_id: "3a1b".into(),
                 ifname: "eth0".into(),
             },
             netns: None,
             container: Default::default(),
+            interfaces: Vec::new(),
             identity: Default::default(),
         };
         assert_eq!(attachment(&req), "container=3a1b ifname=eth0 network=k8s");

@@ -8,9 +8,10 @@ use std::{
 
 use clap::{CommandFactory, Parser, Subcommand};
 use portmap_user::{
-    cni, config,
+    cni,
+    cni::netconf,
     logging::{self, Logged},
-    plugin::Dataplane,
+    verbs::Dataplane,
 };
 
 mod cli;
@@ -74,7 +75,7 @@ fn run_plugin() -> ExitCode {
     let _ = (&mut stdin)
         .take(cni::MAX_STDIN_BYTES as u64 + 1)
         .read_to_end(&mut head);
-    logging::init_plugin(&config::log_file_of(&head));
+    logging::init_plugin(&netconf::log_file_of(&head));
     let mut input = Cursor::new(head).chain(stdin);
     let env = |name: &str| std::env::var(name).ok();
     let code = cni::run(

@@ -10,7 +10,7 @@ use portmap_common::{
     maps::{self, capacity},
     stat,
 };
-use portmap_user::attach::OBJECT;
+use portmap_user::dataplane::attach::OBJECT;
 
 /// The kernel's `max_entries` of a map of the loaded object.
 fn max_entries(map: &Map) -> u32 {

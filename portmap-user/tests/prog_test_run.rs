@@ -21,7 +21,7 @@ use portmap_common::{
     local::{self, NodeConfig, Peer, PeerKey},
     map_names, program_names, stat,
 };
-use portmap_user::{attach::OBJECT, store::words_from_addr};
+use portmap_user::{dataplane::attach::OBJECT, dataplane::ownership::words_from_addr};
 
 const NODE_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const NODE_V6: Ipv6Addr = Ipv6Addr::new(0xfd18, 0, 0, 0, 0, 0, 0, 1);
@@ -82,7 +82,7 @@ fn in_node_namespace<T: Send + 'static>(test: impl FnOnce(u32) -> T + Send + 'st
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let ifindex = portmap_user::netlink::interface_index("node0").expect("node0 exists");
+        let ifindex = portmap_user::node::netlink::interface_index("node0").expect("node0 exists");
         test(ifindex)
     })
     .join()

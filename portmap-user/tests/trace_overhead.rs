@@ -18,7 +18,7 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use portmap_common::{MappingKey, MappingValue, map_names, program_names};
-use portmap_user::{attach::OBJECT, store::words_from_addr};
+use portmap_user::{dataplane::attach::OBJECT, dataplane::ownership::words_from_addr};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -47,7 +47,7 @@ fn in_namespace<T: Send + 'static>(f: impl FnOnce(u32) -> T + Send + 'static) ->
                 .success();
             assert!(ok, "ip {args}");
         }
-        f(portmap_user::netlink::interface_index("node0").expect("node0"))
+        f(portmap_user::node::netlink::interface_index("node0").expect("node0"))
     })
     .join()
     .unwrap_or_else(|p| std::panic::resume_unwind(p))

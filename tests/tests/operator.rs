@@ -904,7 +904,7 @@ fn every_pinned_map_dumps_with_named_fields() {
     for name in &names {
         // Maps bpftool cannot show with names: `sock_origin` is socket
         // storage, keyed by socket (the kernel has no key walk for it), and
-        // `features` (portmap-user/src/features.rs), `netns_owner`
+        // `features` (portmap-user/src/dataplane/features.rs), `netns_owner`
         // (scope.rs), `specific_ports` and `orphans_seen` (store.rs) are
         // created by userspace without BTF, so they dump in hex.
         if [

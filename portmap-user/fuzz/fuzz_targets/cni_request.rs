@@ -7,7 +7,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use portmap_user::cni::{self, CniError, GcRequest, Plugin, Request};
-use portmap_user::config::{self, NetConf};
+use portmap_user::cni::netconf::{self, NetConf};
+use portmap_user::cni::prev_result::PrevResult;
 
 struct AcceptAll;
 
@@ -68,11 +69,12 @@ fuzz_target!(|data: &[u8]| {
         assert!(doc["code"].as_u64().is_some(), "error without code: {doc}");
     }
     // The parsers on their own, with no environment in the way.
-    if let Ok(conf) = config::parse_netconf(stdin)
-        && let Some(prev) = &conf.prev_result
+    let _ = netconf::parse_netconf(stdin);
+    if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(stdin)
+        && let Some(prev) = doc.get("prevResult")
     {
-        let _ = config::container_addrs(prev, "eth0");
-        let _ = config::prev_interfaces(prev);
+        let _ = PrevResult::parse(prev, "eth0");
+        let _ = PrevResult::parse_for_teardown(prev, "eth0");
     }
     let _ = cni::parse_cni_args(&env_text);
 });

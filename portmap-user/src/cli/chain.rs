@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::Context;
-use portmap_user::chain::{self, DEFAULT_NET_DIR, Placement, Selection};
+use portmap_user::ops::chain::{self, DEFAULT_NET_DIR, Placement, Selection};
 use serde_json::{Value, json};
 
 use crate::cli::output::{OutputArgs, print, print_json};

@@ -4,7 +4,8 @@ use std::{process::ExitCode, time::Duration};
 
 use anyhow::{Context, bail};
 use portmap_user::{
-    config::Attachment, counters, maps, maps::Maps, store::record_strings, uninstall,
+    dataplane::counters, dataplane::maps, dataplane::maps::Maps,
+    dataplane::ownership::record_strings, model::Attachment, ops::uninstall,
 };
 use serde_json::json;
 

@@ -4,8 +4,8 @@ use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use portmap_user::{
-    inspect::{self, MappingRow},
     logging::utc_timestamp,
+    ops::inspect::{self, MappingRow},
 };
 use serde_json::{Value, json};
 

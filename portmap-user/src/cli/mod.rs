@@ -10,9 +10,9 @@ use std::{
 
 use aya::maps::MapData;
 use portmap_user::{
-    attach,
-    pin::PinLayout,
-    scope::{self, Access},
+    dataplane::attach,
+    dataplane::pin::PinLayout,
+    dataplane::scope::{self, Access},
 };
 use serde_json::json;
 
@@ -39,7 +39,7 @@ pub struct PinRootArg {
         long,
         value_name = "DIR",
         env = "EPM_PIN_ROOT",
-        default_value = portmap_user::config::DEFAULT_PIN_ROOT
+        default_value = portmap_user::model::DEFAULT_PIN_ROOT
     )]
     pub pin_root: PathBuf,
 }

@@ -7,8 +7,8 @@ use portmap_common::{
     reason::{self, Kind},
 };
 use portmap_user::{
-    inspect::{self, Status},
     logging::utc_timestamp,
+    ops::inspect::{self, Status},
 };
 use serde_json::{Value, json};
 

@@ -10,9 +10,9 @@ use std::{
 use anyhow::Context;
 use portmap_common::reason::Kind;
 use portmap_user::{
-    config::Protocol,
-    netlink,
-    trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
+    dataplane::trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
+    model::Protocol,
+    node::netlink,
 };
 
 use crate::cli::{

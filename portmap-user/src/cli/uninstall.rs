@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use portmap_user::uninstall;
+use portmap_user::ops::uninstall;
 use serde_json::json;
 
 use crate::cli::{

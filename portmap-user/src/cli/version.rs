@@ -5,10 +5,11 @@
 use std::process::ExitCode;
 
 use portmap_user::{
-    attach, features,
-    inspect::kernel_release,
-    pin::PinLayout,
-    scope::{self, Access},
+    dataplane::attach,
+    dataplane::features,
+    dataplane::pin::PinLayout,
+    dataplane::scope::{self, Access},
+    ops::inspect::kernel_release,
 };
 use serde_json::json;
 

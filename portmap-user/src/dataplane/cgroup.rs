@@ -16,7 +16,7 @@ use aya::programs::{
 };
 use portmap_common::local::program_names;
 
-use crate::{hash::fnv1a64, pin::PinLayout};
+use crate::{dataplane::hash::fnv1a64, dataplane::pin::PinLayout};
 
 /// Where the plugin mounts cgroup2 on a node that has none (cgroup v1 only).
 pub const PRIVATE_MOUNT: &str = "/run/ebpf-portmap/cgroup2";
@@ -83,7 +83,8 @@ pub fn target(configured: Option<&Path>) -> Result<PathBuf, CgroupError> {
         return Ok(path);
     }
     fs::create_dir_all(PRIVATE_MOUNT).map_err(CgroupError::Mount)?;
-    crate::attach::mount_fs("cgroup2", Path::new(PRIVATE_MOUNT)).map_err(CgroupError::Mount)?;
+    crate::dataplane::attach::mount_fs("cgroup2", Path::new(PRIVATE_MOUNT))
+        .map_err(CgroupError::Mount)?;
     Ok(PathBuf::from(PRIVATE_MOUNT))
 }
 

@@ -32,8 +32,8 @@ use aya::{
 };
 
 use crate::{
-    attach::{AttachError, AttachMode},
-    pin::PinLayout,
+    dataplane::attach::{AttachError, AttachMode},
+    dataplane::pin::PinLayout,
 };
 
 /// Pinned under `maps/` as `features`, so `uninstall` removes it with the maps.

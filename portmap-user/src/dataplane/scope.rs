@@ -36,7 +36,8 @@ use std::{
 use aya::maps::{Array, Map, MapData};
 use portmap_common::{NETNS_OWNER_MAP, local::NodeConfig};
 
-use crate::{config::DEFAULT_PIN_ROOT, local, pin::PinLayout};
+use crate::model::DEFAULT_PIN_ROOT;
+use crate::{dataplane::node_state, dataplane::pin::PinLayout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScopeError {
@@ -49,7 +50,7 @@ pub enum ScopeError {
         ours: u64,
     },
     #[error(transparent)]
-    Bpffs(Box<crate::attach::AttachError>),
+    Bpffs(Box<crate::dataplane::attach::AttachError>),
     #[error("cannot record this network namespace as the owner of {path}")]
     Claim {
         path: PathBuf,
@@ -74,7 +75,7 @@ pub enum Access {
 /// before namespaces were told apart (ADD fails there anyway, on the
 /// node-local hooks' need of the cookie).
 pub fn resolve(root: &Path, access: Access) -> Result<PinLayout, ScopeError> {
-    let Ok(ours) = local::netns_cookie() else {
+    let Ok(ours) = node_state::netns_cookie() else {
         return Ok(PinLayout::new(root));
     };
     resolve_for(root, ours, access)
@@ -89,7 +90,7 @@ fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, Scop
         let owner = owner(&base);
         let layout = match place(owner, ours, shared) {
             Place::Root => base,
-            Place::OwnDirectory => PinLayout::new(crate::pin::netns_root(root, ours)),
+            Place::OwnDirectory => PinLayout::new(crate::dataplane::pin::netns_root(root, ours)),
             Place::Refused => {
                 return Err(ScopeError::InUse {
                     root: root.to_path_buf(),
@@ -113,7 +114,9 @@ fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, Scop
             _ => return Ok(layout),
         }
     }
-    Ok(PinLayout::new(crate::pin::netns_root(root, ours)))
+    Ok(PinLayout::new(crate::dataplane::pin::netns_root(
+        root, ours,
+    )))
 }
 
 /// Where the state of namespace `ours` goes, given the owner of the root.
@@ -167,8 +170,8 @@ fn claim(layout: &PinLayout, ours: u64) -> Result<Option<u64>, ScopeError> {
     };
     // Before anything is made: a node without bpffs at /sys/fs/bpf gets it
     // mounted (as ADD always did), and the directory made private.
-    crate::attach::mount_bpffs_if_missing(layout.root())
-        .and_then(|()| crate::attach::create_private_dir(&layout.maps_dir()))
+    crate::dataplane::attach::mount_bpffs_if_missing(layout.root())
+        .and_then(|()| crate::dataplane::attach::create_private_dir(&layout.maps_dir()))
         .map_err(|error| ScopeError::Bpffs(Box::new(error)))?;
     let definition = aya_obj::Map::Legacy(aya_obj::maps::LegacyMap {
         def: aya_obj::maps::bpf_map_def {

@@ -11,7 +11,7 @@
 use aya::maps::{HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues};
 use portmap_common::{CounterKey, MappingCounters, MappingKey, MappingValue};
 
-use crate::maps::is_errno;
+use crate::dataplane::maps::is_errno;
 
 pub type CountersMap = PerCpuHashMap<MapData, CounterKey, MappingCounters>;
 

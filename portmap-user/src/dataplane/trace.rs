@@ -31,9 +31,9 @@ use portmap_common::{
 use serde_json::{Value, json};
 
 use crate::{
-    maps::{self, MapsError},
-    pin::PinLayout,
-    store::{addr_from_words, protocol_name},
+    dataplane::maps::{self, MapsError},
+    dataplane::ownership::{addr_from_words, protocol_name},
+    dataplane::pin::PinLayout,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -420,7 +420,7 @@ impl TraceRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::words_from_addr;
+    use crate::dataplane::ownership::words_from_addr;
     use portmap_common::stat;
     use std::time::UNIX_EPOCH;
 

@@ -6,6 +6,10 @@
 //! fake plugin and no kernel. Logs go through `log`, never to stdout: stdout is
 //! the CNI result.
 
+pub mod json_keys;
+pub mod netconf;
+pub mod prev_result;
+
 use std::any::Any;
 use std::fmt;
 use std::io::{Read, Write};
@@ -14,10 +18,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::config::{
-    self, Attachment, ConfigError, ContainerAddrs, IdentifierError, IfnameError, NetConf, Owner,
-    PodIdentity, SUPPORTED_VERSIONS,
-};
+use crate::cni::netconf::{ConfigError, IdentifierError, IfnameError, NetConf, SUPPORTED_VERSIONS};
+use crate::cni::prev_result::PrevResult;
+use crate::model::{Attachment, ContainerAddrs, Owner, PodIdentity, PrevInterface};
 use portmap_common::{NOMAD_FIELD_LEN, POD_NAME_LEN, POD_NAMESPACE_LEN};
 
 /// Error codes defined by the CNI spec ("Error" section); 100+ are ours to use.
@@ -231,6 +234,8 @@ pub struct Request {
     pub netns: Option<PathBuf>,
     /// Container addresses from `prevResult`; empty on a DEL without one.
     pub container: ContainerAddrs,
+    /// prevResult's interfaces (the container's and the node-side ones).
+    pub interfaces: Vec<PrevInterface>,
     /// Who the container is, from `CNI_ARGS` (empty when the runtime says
     /// nothing; Nomad sends nothing on DEL).
     pub identity: PodIdentity,
@@ -333,13 +338,13 @@ fn add(
     plugin: &mut dyn Plugin,
 ) -> Result<Value, CniError> {
     let attachment = AttachmentEnv::from_env(env, Command::Add)?;
-    let conf = config::parse_netconf(stdin)?;
+    let conf = netconf::parse_netconf(stdin)?;
     let prev_result = conf.prev_result.clone().ok_or(RequestError::NotChained)?;
-    let container = config::container_addrs(&prev_result, &attachment.ifname)?;
-    config::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
+    let prev = PrevResult::parse(&prev_result, &attachment.ifname)?;
+    netconf::check_mappings_reachable(&conf, &prev.container, &attachment.ifname)?;
 
     let cni_version = conf.cni_version.clone();
-    plugin.add(&attachment.into_request(conf, container))?;
+    plugin.add(&attachment.into_request(conf, prev))?;
 
     // A chained plugin that changes nothing echoes prevResult. libcni hands us
     // the previous plugin's result already in the list's cniVersion, so no
@@ -358,21 +363,23 @@ fn del(
     plugin: &mut dyn Plugin,
 ) -> Result<(), CniError> {
     let attachment = AttachmentEnv::from_env(env, Command::Del)?;
-    let (conf, dropped) = config::parse_netconf_for_teardown(stdin)?;
+    let (conf, dropped) = netconf::parse_netconf_for_teardown(stdin)?;
     for error in &dropped {
         log::warn!("DEL ignores part of the configuration: {error}");
     }
     // Entries are found by owner, so DEL works without addresses; they only
     // help the plugin when the runtime still has them.
-    let container = match &conf.prev_result {
-        None => ContainerAddrs::default(),
-        Some(prev_result) => config::container_addrs(prev_result, &attachment.ifname)
-            .unwrap_or_else(|error| {
-                log::warn!("DEL ignores prevResult: {error}");
-                ContainerAddrs::default()
-            }),
+    let prev = match &conf.prev_result {
+        None => PrevResult::default(),
+        Some(prev_result) => {
+            let (prev, error) = PrevResult::parse_for_teardown(prev_result, &attachment.ifname);
+            if let Some(error) = error {
+                log::warn!("DEL ignores prevResult's addresses: {error}");
+            }
+            prev
+        }
     };
-    plugin.del(&attachment.into_request(conf, container))
+    plugin.del(&attachment.into_request(conf, prev))
 }
 
 fn check(
@@ -381,16 +388,16 @@ fn check(
     plugin: &mut dyn Plugin,
 ) -> Result<(), CniError> {
     let attachment = AttachmentEnv::from_env(env, Command::Check)?;
-    let conf = config::parse_netconf(stdin)?;
+    let conf = netconf::parse_netconf(stdin)?;
     require_version(&conf, Command::Check, CHECK_MIN_VERSION)?;
     let prev_result = conf.prev_result.as_ref().ok_or(RequestError::NotChained)?;
-    let container = config::container_addrs(prev_result, &attachment.ifname)?;
-    config::check_mappings_reachable(&conf, &container, &attachment.ifname)?;
-    plugin.check(&attachment.into_request(conf, container))
+    let prev = PrevResult::parse(prev_result, &attachment.ifname)?;
+    netconf::check_mappings_reachable(&conf, &prev.container, &attachment.ifname)?;
+    plugin.check(&attachment.into_request(conf, prev))
 }
 
 fn gc(stdin: &[u8], plugin: &mut dyn Plugin) -> Result<(), CniError> {
-    let (conf, dropped) = config::parse_netconf_for_teardown(stdin)?;
+    let (conf, dropped) = netconf::parse_netconf_for_teardown(stdin)?;
     require_version(&conf, Command::Gc, GC_STATUS_MIN_VERSION)?;
     for error in &dropped {
         log::warn!("GC ignores part of the configuration: {error}");
@@ -400,7 +407,7 @@ fn gc(stdin: &[u8], plugin: &mut dyn Plugin) -> Result<(), CniError> {
 }
 
 fn status(stdin: &[u8], plugin: &mut dyn Plugin) -> Result<(), CniError> {
-    let conf = config::parse_netconf(stdin)?;
+    let conf = netconf::parse_netconf(stdin)?;
     require_version(&conf, Command::Status, GC_STATUS_MIN_VERSION)?;
     plugin.status(&conf)
 }
@@ -410,7 +417,7 @@ fn require_version(
     command: Command,
     minimum: &'static str,
 ) -> Result<(), RequestError> {
-    if config::version_at_least(&conf.cni_version, minimum) {
+    if netconf::version_at_least(&conf.cni_version, minimum) {
         Ok(())
     } else {
         Err(RequestError::VersionTooOld {
@@ -438,14 +445,14 @@ impl AttachmentEnv {
             |name: &'static str| env(name).ok_or(RequestError::MissingEnv { name, command });
 
         let container_id = required("CNI_CONTAINERID")?;
-        if let Err(reason) = config::validate_identifier(&container_id) {
+        if let Err(reason) = netconf::validate_identifier(&container_id) {
             return Err(RequestError::InvalidContainerId {
                 value: container_id,
                 reason,
             });
         }
         let ifname = required("CNI_IFNAME")?;
-        if let Err(reason) = config::validate_ifname(&ifname) {
+        if let Err(reason) = netconf::validate_ifname(&ifname) {
             return Err(RequestError::InvalidIfname {
                 value: ifname,
                 reason,
@@ -495,7 +502,7 @@ impl AttachmentEnv {
         })
     }
 
-    fn into_request(self, conf: NetConf, container: ContainerAddrs) -> Request {
+    fn into_request(self, conf: NetConf, prev: PrevResult) -> Request {
         Request {
             owner: Owner {
                 network: conf.name.clone(),
@@ -504,7 +511,8 @@ impl AttachmentEnv {
             },
             conf,
             netns: self.netns,
-            container,
+            container: prev.container,
+            interfaces: prev.interfaces,
             identity: self.identity,
         }
     }
@@ -622,7 +630,7 @@ fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>, RequestError> {
 /// anything else. Used for VERSION and for answering errors in the caller's
 /// version.
 fn supported_version_in(stdin: &[u8]) -> Option<&'static str> {
-    let version = config::cni_version_of(stdin)?;
+    let version = netconf::cni_version_of(stdin)?;
     SUPPORTED_VERSIONS
         .iter()
         .copied()
@@ -672,7 +680,7 @@ fn source_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{HostIp, PortMapping, Protocol};
+    use crate::model::{HostIp, PortMapping, Protocol};
     use std::collections::HashMap;
 
     /// What the fake plugin was asked to do.
@@ -1595,7 +1603,7 @@ mod tests {
             "Display shows code, msg and details"
         );
 
-        let from_config: CniError = config::parse_netconf(b"[").unwrap_err().into();
+        let from_config: CniError = netconf::parse_netconf(b"[").unwrap_err().into();
         assert_eq!(
             from_config.code,
             code::DECODING_FAILURE,

@@ -25,10 +25,10 @@ use std::{
 use aya::programs::links::PinnedLink;
 
 use crate::{
-    attach,
-    maps::Maps,
-    netlink,
-    pin::{PinLayout, parse_link_name},
+    dataplane::attach,
+    dataplane::maps::Maps,
+    dataplane::pin::{PinLayout, parse_link_name},
+    node::netlink,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -24,15 +24,16 @@ use portmap_common::{
     ct_kind, ct_timeout, map_names, stat,
 };
 
+use crate::model::PodIdentity;
 use crate::{
-    attach::{self, AttachMode},
-    config::PodIdentity,
-    counters, local,
-    maps::{self, Maps, MapsError},
-    netlink,
-    pin::{Direction, PinLayout, parse_link_name},
-    store::{KeyDisplay, addr_from_words, protocol_name, record_strings},
-    trace,
+    dataplane::attach::{self, AttachMode},
+    dataplane::counters,
+    dataplane::maps::{self, Maps, MapsError},
+    dataplane::node_state,
+    dataplane::ownership::{KeyDisplay, addr_from_words, protocol_name, record_strings},
+    dataplane::pin::{Direction, PinLayout, parse_link_name},
+    dataplane::trace,
+    node::netlink,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +53,7 @@ pub enum InspectError {
     #[error(transparent)]
     Counters(#[from] counters::CountersError),
     #[error(transparent)]
-    Store(Box<crate::store::StoreError>),
+    Store(Box<crate::dataplane::ownership::StoreError>),
 }
 
 fn read_error(map: &'static str) -> impl FnOnce(MapError) -> InspectError {
@@ -660,11 +661,11 @@ pub fn node_drift(layout: &PinLayout, tc: &[TcAttachment]) -> NodeDrift {
             return drift;
         }
     };
-    let patterns = local::recorded_interfaces(layout);
+    let patterns = node_state::recorded_interfaces(layout);
     let selection = netlink::select_uplinks(&links, patterns.as_deref());
     drift.unmatched = selection.unmatched;
     let mut wanted = selection.uplinks;
-    wanted.extend(local::container_side_indexes(layout));
+    wanted.extend(node_state::container_side_indexes(layout));
     // An interface with pins but a direction missing or inactive is judged
     // by its attachments (see `judge`): here only those without any.
     let recorded = |index: u32| tc.iter().any(|a| a.ifindex == index);
@@ -683,7 +684,7 @@ pub fn node_drift(layout: &PinLayout, tc: &[TcAttachment]) -> NodeDrift {
         IpAddr::V4(v4) => !v4.is_link_local(),
         IpAddr::V6(v6) => !v6.is_unicast_link_local(),
     };
-    if let Some(synced) = local::synced_addresses(layout) {
+    if let Some(synced) = node_state::synced_addresses(layout) {
         let own: std::collections::BTreeSet<IpAddr> =
             own.iter().filter(routable).copied().collect();
         let synced: std::collections::BTreeSet<IpAddr> =
@@ -868,7 +869,7 @@ pub fn judge(status: &mut Status) {
             "{} mapping(s) of owner {id:016x} ({}) have no owner record: no DEL removes them and every ADD of these ports fails; `ebpf-portmap gc --orphans` reclaims them (CNI GC does {}s after first seeing them)",
             keys.len(),
             key_list(keys),
-            crate::store::ORPHAN_GRACE_SECS
+            crate::dataplane::ownership::ORPHAN_GRACE_SECS
         ));
     }
     for (owner, key, holder) in &status.ownership.missing {

@@ -2,18 +2,22 @@
 
 use std::collections::BTreeSet;
 
+use crate::model::{HostIp, Owner, PodIdentity, PrevInterface};
 use crate::{
-    attach::{self, AttachError, Capacities, Targets},
-    cgroup,
+    cni::netconf::{ListenerPolicy, NetConf},
     cni::{CniError, GcRequest, Plugin, Request},
-    config::{self, HostIp, ListenerPolicy, NetConf, Owner, PodIdentity},
-    counters, listeners, local,
-    maps::{Maps, MapsError},
-    netlink::{self, Link, NetlinkError, NodeAddress, Rtnl},
-    peers,
-    pin::PinLayout,
-    privilege, scope,
-    store::{self, StoreError, Translation},
+    dataplane::attach::{self, AttachError, Capacities, Targets},
+    dataplane::cgroup,
+    dataplane::counters,
+    dataplane::maps::{Maps, MapsError},
+    dataplane::node_state,
+    dataplane::ownership::{self, StoreError, Translation},
+    dataplane::peers,
+    dataplane::pin::PinLayout,
+    dataplane::scope,
+    node::listeners,
+    node::netlink::{self, Link, NetlinkError, NodeAddress, Rtnl},
+    node::privilege,
 };
 
 /// Plugin-specific CNI error codes (the spec leaves 100 and up to plugins).
@@ -71,7 +75,7 @@ pub enum PluginError {
     #[error("cannot read the node's sockets")]
     Sockets(#[source] std::io::Error),
     #[error(transparent)]
-    Local(#[from] local::LocalError),
+    Local(#[from] node_state::LocalError),
     #[error(transparent)]
     Scope(#[from] scope::ScopeError),
 }
@@ -122,7 +126,11 @@ impl NodeView {
     /// One link dump and one address dump. `interfaces` entries that match
     /// nothing are skipped with a warning; none matching at all is an error
     /// (the configuration names another node's interfaces).
-    pub fn read(rtnl: &mut Rtnl, conf: &NetConf) -> Result<NodeView, PluginError> {
+    pub fn read(
+        rtnl: &mut Rtnl,
+        conf: &NetConf,
+        interfaces: &[PrevInterface],
+    ) -> Result<NodeView, PluginError> {
         let links = rtnl.links()?;
         let addresses = rtnl.addresses()?;
         let selection = netlink::select_uplinks(&links, conf.interfaces.as_deref());
@@ -136,7 +144,7 @@ impl NodeView {
         for entry in &selection.unmatched {
             log::warn!("`interfaces` entry {entry:?} matches no interface of this node; skipped");
         }
-        let container_side = container_side_interfaces(&links, conf);
+        let container_side = container_side_interfaces(&links, interfaces);
         Ok(NodeView {
             links,
             addresses,
@@ -172,9 +180,9 @@ fn reconcile(layout: &PinLayout, conf: &NetConf, node: &NodeView) -> Result<(), 
         &cgroup,
         capacities,
     )?;
-    local::sync(
+    node_state::sync(
         layout,
-        &local::NodeState {
+        &node_state::NodeState {
             snat: conf.snat,
             masq_all: conf.masq_all,
             fast_path: conf.fast_path,
@@ -193,12 +201,9 @@ fn reconcile(layout: &PinLayout, conf: &NetConf, node: &NodeView) -> Result<(), 
 fn reconcile_after(verb: &str, layout: &PinLayout, conf: &NetConf) {
     let outcome = Rtnl::open()
         .map_err(PluginError::from)
-        .and_then(|mut rtnl| NodeView::read(&mut rtnl, conf))
-        .and_then(|mut node| {
-            // The interfaces of the container going away need nothing.
-            node.container_side.clear();
-            reconcile(layout, conf, &node)
-        });
+        // The interfaces of the container going away need nothing.
+        .and_then(|mut rtnl| NodeView::read(&mut rtnl, conf, &[]))
+        .and_then(|node| reconcile(layout, conf, &node));
     if let Err(error) = outcome {
         log::warn!(
             "{verb}: the attachments and node addresses were not brought up to date: {error}"
@@ -239,7 +244,7 @@ fn check_node_listeners(
     translations: &[Translation],
     policy: ListenerPolicy,
 ) -> Result<(), PluginError> {
-    let own = store::owner_id(owner);
+    let own = ownership::owner_id(owner);
     let mut seen = BTreeSet::new();
     // Each socket table is read once per ADD, whatever the number of mappings.
     let mut tables: std::collections::BTreeMap<u8, Vec<listeners::Listener>> = Default::default();
@@ -253,7 +258,7 @@ fn check_node_listeners(
             continue;
         }
         let host = (key.host_addr_be != [0; 4])
-            .then(|| store::addr_from_words(key.family, &key.host_addr_be));
+            .then(|| ownership::addr_from_words(key.family, &key.host_addr_be));
         let v6 = key.family == portmap_common::FAMILY_V6;
         let table = match tables.entry(key.proto) {
             std::collections::btree_map::Entry::Occupied(table) => table.into_mut(),
@@ -280,7 +285,7 @@ fn check_node_listeners(
             };
             let error = PluginError::HostPortInUse {
                 port,
-                protocol: store::protocol_name(key.proto),
+                protocol: ownership::protocol_name(key.proto),
                 addr: listener.addr,
                 holders,
             };
@@ -298,14 +303,11 @@ fn check_node_listeners(
 /// bridge and the host end of the veth), found in the node's `links`: the
 /// hairpin path starts there. These are the container-facing interfaces;
 /// their settings record it, so later runs keep treating them so.
-pub fn container_side_interfaces(links: &[Link], conf: &NetConf) -> BTreeSet<u32> {
-    let Some(prev_result) = conf.prev_result.as_ref() else {
-        return BTreeSet::new();
-    };
-    config::prev_interfaces(prev_result)
+pub fn container_side_interfaces(links: &[Link], interfaces: &[PrevInterface]) -> BTreeSet<u32> {
+    interfaces
         .iter()
         .filter(|i| !i.in_sandbox())
-        .filter_map(|i| i.name)
+        .filter_map(|i| i.name.as_deref())
         .filter_map(|name| links.iter().find(|l| l.name == name))
         // A bridge's ports are left out: everything between the containers
         // and the node crosses the bridge device's own hooks, and running
@@ -346,7 +348,7 @@ pub struct Dataplane;
 
 impl Dataplane {
     fn add(&self, req: &Request) -> Result<(), PluginError> {
-        let translations = store::plan(&req.conf.port_mappings, &req.container);
+        let translations = ownership::plan(&req.conf.port_mappings, &req.container);
         let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
         // A container without mappings still needs the programs on its
         // host-side interface once the node has a dataplane: that is where
@@ -361,7 +363,7 @@ impl Dataplane {
         // One rtnetlink socket, one link and one address dump serve every
         // question below.
         let mut rtnl = Rtnl::open()?;
-        let node = NodeView::read(&mut rtnl, &req.conf)?;
+        let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
         warn_absent_host_ips(&req.conf, &node.addresses);
         reconcile(&layout, &req.conf, &node)?;
         let mut maps = Maps::open(&layout)?;
@@ -370,23 +372,21 @@ impl Dataplane {
         }
         check_node_listeners(&maps, &req.owner, &translations, req.conf.listener_policy)?;
         if !req.identity.is_empty() && maps.pods.is_none() {
-            maps.pods = Some(crate::maps::create_pods(&layout)?);
+            maps.pods = Some(crate::dataplane::maps::create_pods(&layout)?);
         }
         maps.prepare_claim(&layout)?;
         maps.claim(&req.owner, &req.identity, &translations)?;
         // Recorded whether or not `fastPath` is on now: it is a node-wide
         // switch, and containers added before it was turned on use it too.
-        match req.conf.prev_result.as_ref().and_then(|prev| {
-            peers::handover(prev, &req.owner.ifname, |name| {
-                node.links
-                    .iter()
-                    .find(|l| l.name == name)
-                    .map(|l| (l.index, l.has_controller))
-            })
+        match peers::handover(&req.interfaces, &req.owner.ifname, |name| {
+            node.links
+                .iter()
+                .find(|l| l.name == name)
+                .map(|l| (l.index, l.has_controller))
         }) {
             Some(handover) => peers::record(
                 &layout,
-                store::owner_id(&req.owner),
+                ownership::owner_id(&req.owner),
                 &req.container,
                 &handover,
             )?,
@@ -415,7 +415,7 @@ impl Dataplane {
         // Read before release empties the index: the counters to drop, and
         // the container addresses whose fast-path entries go too.
         let owned = maps.owned_keys(&req.owner).unwrap_or_default();
-        let owner_id = store::owner_id(&req.owner);
+        let owner_id = ownership::owner_id(&req.owner);
         // What ADD recorded; CNI_ARGS for owners it has none for (Nomad
         // sends none on DEL, containerd sends the same as on ADD).
         let recorded = maps.pod_of(owner_id);
@@ -436,7 +436,7 @@ impl Dataplane {
             "DEL {}: {removed} mapping(s) removed",
             who(&req.owner, identity)
         );
-        forget_counters(&layout, store::owner_id(&req.owner), &owned);
+        forget_counters(&layout, ownership::owner_id(&req.owner), &owned);
         // Earlier containers' veths are gone by now (this one's goes after
         // us, in the interface plugin's DEL): their dead link pins go too.
         reconcile_after("DEL", &layout, &req.conf);
@@ -444,7 +444,7 @@ impl Dataplane {
     }
 
     fn check(&self, req: &Request) -> Result<(), PluginError> {
-        let translations = store::plan(&req.conf.port_mappings, &req.container);
+        let translations = ownership::plan(&req.conf.port_mappings, &req.container);
         let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
         let installed = layout.map(portmap_common::map_names::OWNERS).exists();
         if translations.is_empty() && !installed {
@@ -452,7 +452,7 @@ impl Dataplane {
         }
         require_privilege()?;
         let mut rtnl = Rtnl::open()?;
-        let node = NodeView::read(&mut rtnl, &req.conf)?;
+        let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
         if installed && let Err(error) = reconcile(&layout, &req.conf, &node) {
             // What it could not attach is reported below.
             log::warn!("CHECK: the attachments were not brought up to date: {error}");
@@ -484,7 +484,8 @@ impl Dataplane {
         log::info!("GC {}: removed {removed:?}", req.conf.name);
         // Mappings of any network whose owner record is gone: no DEL will
         // ever remove them, so GC does after a grace period.
-        let orphans = maps.reclaim_orphans(&layout, store::ORPHAN_GRACE_SECS, store::now_unix())?;
+        let orphans =
+            maps.reclaim_orphans(&layout, ownership::ORPHAN_GRACE_SECS, ownership::now_unix())?;
         for (id, count) in &orphans.reclaimed {
             log::warn!(
                 "GC: reclaimed {count} mapping(s) of owner {id:016x}, whose record was gone"
@@ -493,7 +494,7 @@ impl Dataplane {
         for (id, first_seen) in &orphans.waiting {
             log::warn!(
                 "GC: owner {id:016x} has mappings but no record (first seen at {first_seen}); reclaimed {}s after that",
-                store::ORPHAN_GRACE_SECS
+                ownership::ORPHAN_GRACE_SECS
             );
         }
         prune_counters(&layout, &maps);
@@ -515,7 +516,7 @@ impl Dataplane {
 /// entry costs memory only (a new owner counts under another key), and GC
 /// prunes it later.
 fn forget_counters(layout: &PinLayout, owner_id: u64, keys: &[portmap_common::MappingKey]) {
-    let result = crate::maps::counters(layout)
+    let result = crate::dataplane::maps::counters(layout)
         .map_err(|e| e.to_string())
         .and_then(|mut map| counters::forget(&mut map, owner_id, keys).map_err(|e| e.to_string()));
     if let Err(error) = result {
@@ -525,7 +526,7 @@ fn forget_counters(layout: &PinLayout, owner_id: u64, keys: &[portmap_common::Ma
 
 /// Drops the traffic counters of mappings that no longer exist (best effort).
 fn prune_counters(layout: &PinLayout, maps: &Maps) {
-    let result = crate::maps::counters(layout)
+    let result = crate::dataplane::maps::counters(layout)
         .map_err(|e| e.to_string())
         .and_then(|mut map| counters::prune(&mut map, &maps.mappings).map_err(|e| e.to_string()));
     match result {

@@ -36,7 +36,7 @@ use std::{
 
 use serde_json::{Map, Value, json};
 
-use crate::config::{self, ConfigError};
+use crate::cni::netconf::{self, ConfigError};
 
 /// The plugin's `type`.
 pub const PLUGIN_TYPE: &str = "ebpf-portmap";
@@ -412,7 +412,7 @@ pub fn validate_entry(chained: &Chained) -> Result<(), ConfigError> {
         }
     }
     let bytes = serde_json::to_vec(&Value::Object(stdin)).expect("a JSON map serialises");
-    config::parse_netconf(&bytes).map(drop)
+    netconf::parse_netconf(&bytes).map(drop)
 }
 
 /// The file a chained configuration is written to: a `.conflist` stays

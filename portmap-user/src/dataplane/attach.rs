@@ -27,8 +27,10 @@ use aya::{
 use portmap_common::{local, map_names, program_names};
 
 use crate::{
-    cgroup, features, netlink,
-    pin::{Direction, PinLayout},
+    dataplane::cgroup,
+    dataplane::features,
+    dataplane::pin::{Direction, PinLayout},
+    node::netlink,
 };
 
 /// The eBPF object, built by build.rs and embedded so that installing the
@@ -69,7 +71,7 @@ impl AttachMode {
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
     #[error(transparent)]
-    Feature(#[from] crate::features::FeatureError),
+    Feature(#[from] crate::dataplane::features::FeatureError),
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
     #[error("cannot create {path}")]
@@ -569,7 +571,7 @@ impl Migration {
         if info.max_entries() >= portmap_common::stat::COUNT {
             return None;
         }
-        let values = match crate::maps::stats(layout) {
+        let values = match crate::dataplane::maps::stats(layout) {
             Ok(stats) => (0..info.max_entries())
                 .filter_map(|reason| stats.get(&reason, 0).ok())
                 .collect(),
@@ -660,7 +662,7 @@ fn recorded_attachments(layout: &PinLayout) -> Vec<(u32, Direction)> {
     };
     entries
         .flatten()
-        .filter_map(|e| crate::pin::parse_link_name(&e.file_name().to_string_lossy()))
+        .filter_map(|e| crate::dataplane::pin::parse_link_name(&e.file_name().to_string_lossy()))
         .map(|(ifindex, direction, _)| (ifindex, direction))
         .collect()
 }
@@ -923,7 +925,7 @@ pub fn attach_mode(layout: &PinLayout) -> Option<AttachMode> {
     let mut mode = None;
     for entry in entries.flatten() {
         if let Some((_, _, clsact)) =
-            crate::pin::parse_link_name(&entry.file_name().to_string_lossy())
+            crate::dataplane::pin::parse_link_name(&entry.file_name().to_string_lossy())
         {
             mode = Some(if clsact {
                 AttachMode::Clsact
@@ -956,6 +958,6 @@ mod tests {
 
     #[test]
     fn build_id_is_the_hash_of_the_embedded_object() {
-        assert_eq!(build_id(), crate::hash::fnv1a64(OBJECT));
+        assert_eq!(build_id(), crate::dataplane::hash::fnv1a64(OBJECT));
     }
 }

@@ -11,7 +11,7 @@ use portmap_common::{
     SPECIFIC_PORTS_MAP, TraceFilter, capacity, map_names,
 };
 
-use crate::pin::PinLayout;
+use crate::dataplane::pin::PinLayout;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
@@ -238,14 +238,14 @@ pub fn stats(layout: &PinLayout) -> Result<PerCpuArray<MapData, u64>, MapsError>
     open(layout, map_names::STATS)
 }
 
-/// Per-mapping traffic counters, see [`crate::counters`].
+/// Per-mapping traffic counters, see [`crate::dataplane::counters`].
 pub fn counters(
     layout: &PinLayout,
 ) -> Result<PerCpuHashMap<MapData, CounterKey, MappingCounters>, MapsError> {
     open(layout, map_names::COUNTERS)
 }
 
-/// What `ebpf-portmap trace` asks the programs for, see [`crate::trace`].
+/// What `ebpf-portmap trace` asks the programs for, see [`crate::dataplane::trace`].
 pub fn trace_filter(layout: &PinLayout) -> Result<Array<MapData, TraceFilter>, MapsError> {
     open(layout, map_names::TRACE_FILTER)
 }

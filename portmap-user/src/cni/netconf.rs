@@ -9,28 +9,25 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{AddrParseError, IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{AddrParseError, IpAddr};
 use std::path::{Path, PathBuf};
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::cni::code;
-use crate::json_keys::{self, Field, Found, Object, Resolved};
+use crate::cni::json_keys::{self, Field, Found, Object, Resolved};
+use crate::model::{
+    Attachment, CONNTRACK_SIZE_MAX, CONNTRACK_SIZE_MIN, ContainerAddrs, DEFAULT_PIN_ROOT,
+    HostClaim, HostIp, MAX_MAPPINGS_MAX, MAX_MAPPINGS_MIN, PortMapping, Protocol,
+};
 
 /// CNI spec versions this plugin speaks. 0.1.0/0.2.0 are left out: their results
 /// have no `interfaces` list, so the sandbox interface cannot be identified.
 pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
-/// Where maps and links are pinned when the config has no `pinRoot`.
-pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/ebpf-portmap";
-
 /// Default of `logFile`: where the plugin logs its decisions.
 pub const DEFAULT_LOG_FILE: &str = "/var/log/ebpf-portmap.log";
-
-/// Accepted range of `maxMappings` (capacity of the mappings map).
-pub const MAX_MAPPINGS_MIN: u32 = 16;
-pub const MAX_MAPPINGS_MAX: u32 = 1 << 20;
 
 /// What ADD does when a node process already listens on a requested host
 /// port (`hostPortListeners`).
@@ -45,12 +42,6 @@ pub enum ListenerPolicy {
     Allow,
 }
 
-/// Smallest accepted `conntrackSize` (entries in the conntrack map).
-pub const CONNTRACK_SIZE_MIN: u32 = 1024;
-/// Largest accepted `conntrackSize`; beyond this the map's memory cost is
-/// almost certainly a typo.
-pub const CONNTRACK_SIZE_MAX: u32 = 16 * 1024 * 1024;
-
 /// Longest interface name the kernel accepts: `IFNAMSIZ` (16) minus the NUL.
 pub const MAX_IFNAME_LEN: usize = 15;
 
@@ -62,231 +53,6 @@ pub const VALID_ATTACHMENTS_KEY: &str = "cni.dev/valid-attachments";
 pub const LEGACY_ATTACHMENTS_KEY: &str = "cni.dev/attachments";
 
 const MAPPINGS_KEY: &str = "runtimeConfig.portMappings";
-
-/// Transport protocol of a port mapping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Protocol {
-    /// IANA protocol number, as found in the IP header (`IPPROTO_*`).
-    pub fn number(self) -> u8 {
-        match self {
-            Protocol::Tcp => 6,
-            Protocol::Udp => 17,
-            Protocol::Sctp => 132,
-        }
-    }
-
-    /// Lower-case name, as written in CNI `portMappings`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Sctp => "sctp",
-        }
-    }
-
-    /// Parses a protocol name case-insensitively (runtimes send "tcp" as well
-    /// as Kubernetes' "TCP").
-    pub fn from_name(name: &str) -> Option<Protocol> {
-        [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
-            .into_iter()
-            .find(|protocol| protocol.as_str().eq_ignore_ascii_case(name))
-    }
-}
-
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// hostIP as the user gave it. Absent = every local address of both families;
-/// 0.0.0.0 = every local IPv4 address only; :: = every local IPv6 address only
-/// (upstream portmap semantics); anything else = exactly that address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum HostIp {
-    Any,
-    AnyV4,
-    AnyV6,
-    Addr(IpAddr),
-}
-
-impl HostIp {
-    /// Whether traffic to an IPv4 host address can match this mapping.
-    pub fn allows_v4(&self) -> bool {
-        matches!(
-            self,
-            HostIp::Any | HostIp::AnyV4 | HostIp::Addr(IpAddr::V4(_))
-        )
-    }
-
-    /// Whether traffic to an IPv6 host address can match this mapping.
-    pub fn allows_v6(&self) -> bool {
-        matches!(
-            self,
-            HostIp::Any | HostIp::AnyV6 | HostIp::Addr(IpAddr::V6(_))
-        )
-    }
-
-    /// The one address this mapping is limited to, if it is not a wildcard.
-    pub fn specific(&self) -> Option<IpAddr> {
-        match self {
-            HostIp::Addr(addr) => Some(*addr),
-            HostIp::Any | HostIp::AnyV4 | HostIp::AnyV6 => None,
-        }
-    }
-
-    /// The (family wildcard or exact address) slots this hostIP occupies; two
-    /// mappings with the same port and protocol collide when they share one.
-    fn claims(&self) -> [Option<HostClaim>; 2] {
-        match self {
-            HostIp::Any => [Some(HostClaim::EveryV4), Some(HostClaim::EveryV6)],
-            HostIp::AnyV4 => [Some(HostClaim::EveryV4), None],
-            HostIp::AnyV6 => [Some(HostClaim::EveryV6), None],
-            HostIp::Addr(addr) => [Some(HostClaim::Exact(*addr)), None],
-        }
-    }
-}
-
-impl fmt::Display for HostIp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HostIp::Any => f.write_str("every local address"),
-            HostIp::AnyV4 => f.write_str("0.0.0.0"),
-            HostIp::AnyV6 => f.write_str("::"),
-            HostIp::Addr(addr) => write!(f, "{addr}"),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum HostClaim {
-    EveryV4,
-    EveryV6,
-    Exact(IpAddr),
-}
-
-impl fmt::Display for HostClaim {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HostClaim::EveryV4 => f.write_str("every local IPv4 address"),
-            HostClaim::EveryV6 => f.write_str("every local IPv6 address"),
-            HostClaim::Exact(addr) => write!(f, "{addr}"),
-        }
-    }
-}
-
-/// One validated `runtimeConfig.portMappings` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PortMapping {
-    pub host_ip: HostIp,
-    pub host_port: u16,
-    pub container_port: u16,
-    pub protocol: Protocol,
-}
-
-/// The container's addresses on the attached interface, from `prevResult`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ContainerAddrs {
-    pub v4: Option<Ipv4Addr>,
-    pub v6: Option<Ipv6Addr>,
-}
-
-/// Identity that owns map entries. All three parts are needed: "ADD A, ADD B,
-/// DEL A" must never remove B's entries.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Owner {
-    pub network: String,
-    pub container_id: String,
-    pub ifname: String,
-}
-
-/// Who a container is to its orchestrator, from `CNI_ARGS`: a Kubernetes
-/// pod (containerd, CRI-O) or a Nomad allocation. Every part is optional:
-/// podman and plain CNI tools send none of it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodIdentity {
-    /// `K8S_POD_NAMESPACE`.
-    pub pod_namespace: Option<String>,
-    /// `K8S_POD_NAME`.
-    pub pod_name: Option<String>,
-    /// `NOMAD_ALLOC_ID`.
-    pub nomad_alloc_id: Option<String>,
-    /// `NOMAD_NAMESPACE`.
-    pub nomad_namespace: Option<String>,
-    /// `NOMAD_JOB_ID`.
-    pub nomad_job: Option<String>,
-    /// `NOMAD_GROUP_NAME`.
-    pub nomad_group: Option<String>,
-}
-
-impl PodIdentity {
-    pub fn is_empty(&self) -> bool {
-        *self == PodIdentity::default()
-    }
-
-    /// `namespace/name` of a Kubernetes pod, or `nomad:namespace/job/group`
-    /// of a Nomad allocation (parts it lacks are `-`); `None` when nothing
-    /// is known.
-    pub fn label(&self) -> Option<String> {
-        let part = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".into());
-        if self.pod_namespace.is_some() || self.pod_name.is_some() {
-            Some(format!(
-                "{}/{}",
-                part(&self.pod_namespace),
-                part(&self.pod_name)
-            ))
-        } else if self.nomad_alloc_id.is_some()
-            || self.nomad_job.is_some()
-            || self.nomad_group.is_some()
-        {
-            Some(format!(
-                "nomad:{}/{}/{}",
-                part(&self.nomad_namespace),
-                part(&self.nomad_job),
-                part(&self.nomad_group)
-            ))
-        } else {
-            None
-        }
-    }
-}
-
-impl fmt::Display for PodIdentity {
-    /// "pod default/web-7f9c", "Nomad allocation 5e0c… (job default/web, group api)".
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_empty() {
-            return f.write_str("no known pod");
-        }
-        if self.pod_namespace.is_some() || self.pod_name.is_some() {
-            return write!(f, "pod {}", self.label().unwrap_or_default());
-        }
-        let part = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".into());
-        match &self.nomad_alloc_id {
-            Some(alloc) => write!(f, "Nomad allocation {alloc}")?,
-            None => f.write_str("Nomad allocation")?,
-        }
-        write!(
-            f,
-            " (job {}/{}, group {})",
-            part(&self.nomad_namespace),
-            part(&self.nomad_job),
-            part(&self.nomad_group)
-        )
-    }
-}
-
-/// One entry of the GC keep-list.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attachment {
-    pub container_id: String,
-    pub ifname: String,
-}
 
 /// The validated network configuration handed to this plugin.
 #[derive(Debug, Clone)]
@@ -329,7 +95,9 @@ pub struct NetConf {
     /// the mapping has no specific hostIP).
     pub host_ip_keys: Vec<String>,
     /// Raw `prevResult` (always a JSON object when present), echoed by ADD.
-    pub prev_result: Option<Value>,
+    /// Only `cni` reads it: the verbs get it parsed
+    /// ([`crate::cni::prev_result::PrevResult`]).
+    pub(in crate::cni) prev_result: Option<Value>,
     /// GC only: `cni.dev/valid-attachments`.
     pub valid_attachments: Option<Vec<Attachment>>,
 }
@@ -634,90 +402,6 @@ pub fn version_at_least(version: &str, minimum: &str) -> bool {
         _ => false,
     }
 }
-
-/// From prevResult: the first IPv4 and first IPv6 address of the sandbox
-/// interface named `ifname`. An ip entry counts when it has no "interface"
-/// index, or when the index points at an interface whose name == ifname and
-/// whose "sandbox" is non-empty (upstream portmap's rule). Addresses are CIDR
-/// strings ("10.0.0.2/24"). Keys are matched like upstream matches them
-/// ([`json_keys`]).
-///
-/// An index that points past the `interfaces` list, or is negative, does not
-/// point at our interface and so does not count.
-pub fn container_addrs(prev_result: &Value, ifname: &str) -> Result<ContainerAddrs, ConfigError> {
-    let prev = expect_object("prevResult", prev_result)?;
-    let fields = json_keys::resolve_sorted(PREV_RESULT_FIELDS, prev);
-    let interfaces = optional_array(fields.get("interfaces"), "prevResult")?;
-    let ips = optional_array(fields.get("ips"), "prevResult")?;
-
-    let mut addrs = ContainerAddrs::default();
-    for (index, ip) in ips.1.iter().enumerate() {
-        let key = format!("prevResult.{}[{index}]", ips.0);
-        let ip = expect_object(&key, ip)?;
-        let ip = json_keys::resolve_sorted(IP_FIELDS, ip);
-        if !ip_is_on_sandbox_interface(&ip, &key, interfaces, ifname)? {
-            continue;
-        }
-        let (address_key, address) = required_str(ip.get("address"), &key, "address")?;
-        // 0.3.x entries also carry "version"; the address itself is authoritative.
-        match parse_cidr_address(address).ok_or_else(|| ConfigError::InvalidCidr {
-            key: address_key,
-            value: address.to_owned(),
-        })? {
-            IpAddr::V4(v4) => {
-                addrs.v4.get_or_insert(v4);
-            }
-            IpAddr::V6(v6) => {
-                addrs.v6.get_or_insert(v6);
-            }
-        }
-    }
-    Ok(addrs)
-}
-
-/// One entry of prevResult's `interfaces`, read leniently: what is missing or
-/// of the wrong type is `None` (callers that need strictness use
-/// [`container_addrs`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PrevInterface<'a> {
-    pub name: Option<&'a str>,
-    pub mac: Option<&'a str>,
-    pub sandbox: Option<&'a str>,
-}
-
-impl PrevInterface<'_> {
-    /// Whether this is the container's side (a non-empty `sandbox`).
-    pub fn in_sandbox(&self) -> bool {
-        self.sandbox.is_some_and(|sandbox| !sandbox.is_empty())
-    }
-}
-
-/// prevResult's `interfaces`, keys matched like upstream matches them.
-/// Entries that are not objects are skipped.
-pub fn prev_interfaces(prev_result: &Value) -> Vec<PrevInterface<'_>> {
-    let Some(prev) = prev_result.as_object() else {
-        return Vec::new();
-    };
-    let fields = json_keys::resolve_sorted(PREV_RESULT_FIELDS, prev);
-    let Some(Value::Array(interfaces)) = fields.get("interfaces").map(|found| found.value) else {
-        return Vec::new();
-    };
-    interfaces
-        .iter()
-        .filter_map(Value::as_object)
-        .map(|interface| {
-            let fields = json_keys::resolve_sorted(INTERFACE_FIELDS, interface);
-            let text = |name| fields.get(name).and_then(|found| found.value.as_str());
-            PrevInterface {
-                name: text("name"),
-                mac: text("mac"),
-                sandbox: text("sandbox"),
-            }
-        })
-        .collect()
-}
-
-/// Checks that every mapping can reach the container: if there are mappings the
 /// container needs an address, and a mapping pinned to one family (an explicit
 /// address, "0.0.0.0" or "::") needs a container address of that family.
 /// Upstream portmap silently skipped such mappings; a port that never opens is
@@ -806,13 +490,6 @@ const MAPPING_FIELDS: &[Field] = &[
     Field::scalar("hostIP"),
 ];
 const ATTACHMENT_FIELDS: &[Field] = &[Field::scalar("containerID"), Field::scalar("ifname")];
-const PREV_RESULT_FIELDS: &[Field] = &[Field::nullable("interfaces"), Field::nullable("ips")];
-const INTERFACE_FIELDS: &[Field] = &[
-    Field::scalar("name"),
-    Field::scalar("mac"),
-    Field::scalar("sandbox"),
-];
-const IP_FIELDS: &[Field] = &[Field::nullable("interface"), Field::scalar("address")];
 
 /// A value from the configuration with its key path as the user spelled it.
 #[derive(Debug)]
@@ -822,7 +499,7 @@ struct Given {
 }
 
 /// `parent.key` (or `key` at the root).
-fn key_path(parent: &str, key: &str) -> String {
+pub(super) fn key_path(parent: &str, key: &str) -> String {
     if parent.is_empty() {
         key.to_owned()
     } else {
@@ -1521,54 +1198,7 @@ fn reject_overlaps(list_key: &str, mappings: &[PortMapping]) -> Result<(), Confi
     Ok(())
 }
 
-fn ip_is_on_sandbox_interface(
-    ip: &Resolved<'_, Value>,
-    key: &str,
-    interfaces: (&str, &[Value]),
-    ifname: &str,
-) -> Result<bool, ConfigError> {
-    let Some(index) = ip.get("interface") else {
-        return Ok(true);
-    };
-    let index_key = key_path(key, index.key);
-    let index = match integer(&index_key, index.value)? {
-        Integer::Unsigned(index) => index,
-        Integer::Negative => return Ok(false),
-    };
-    let Some(interface) = usize::try_from(index)
-        .ok()
-        .and_then(|index| interfaces.1.get(index))
-    else {
-        return Ok(false);
-    };
-    let interface_key = format!("prevResult.{}[{index}]", interfaces.0);
-    let interface = expect_object(&interface_key, interface)?;
-    let interface = json_keys::resolve_sorted(INTERFACE_FIELDS, interface);
-    let (_, name) = required_str(interface.get("name"), &interface_key, "name")?;
-    let sandbox = match interface.get("sandbox") {
-        None => "",
-        Some(sandbox) => sandbox.value.as_str().ok_or_else(|| {
-            wrong_type(
-                &key_path(&interface_key, sandbox.key),
-                "a string",
-                sandbox.value,
-            )
-        })?,
-    };
-    // An empty sandbox marks a host-side interface (bridge, host veth end).
-    Ok(name == ifname && !sandbox.is_empty())
-}
-
-/// The address part of "10.0.0.2/24"; the prefix must be valid for the family.
-fn parse_cidr_address(cidr: &str) -> Option<IpAddr> {
-    let (address, prefix) = cidr.split_once('/')?;
-    let address = address.parse::<IpAddr>().ok()?.to_canonical();
-    let prefix = prefix.parse::<u8>().ok()?;
-    let max_prefix = if address.is_ipv4() { 32 } else { 128 };
-    (prefix <= max_prefix).then_some(address)
-}
-
-enum Integer {
+pub(super) enum Integer {
     Unsigned(u64),
     /// Any negative integer: every caller rejects them, only the message differs.
     Negative,
@@ -1576,7 +1206,7 @@ enum Integer {
 
 /// A JSON integer. Floats (even 80.0) are refused: the CNI types are integers
 /// and a fraction is a sign the value was computed wrongly.
-fn integer(key: &str, value: &Value) -> Result<Integer, ConfigError> {
+pub(super) fn integer(key: &str, value: &Value) -> Result<Integer, ConfigError> {
     let Value::Number(number) = value else {
         return Err(wrong_type(key, "an integer", value));
     };
@@ -1610,44 +1240,16 @@ fn required_string(
     }
 }
 
-/// A required string of prevResult: (its key path as written, the string).
-fn required_str<'a>(
-    found: Option<Found<'a, Value>>,
-    parent: &str,
-    name: &str,
-) -> Result<(String, &'a str), ConfigError> {
-    let found = found.ok_or_else(|| ConfigError::MissingField {
-        field: key_path(parent, name),
-    })?;
-    let key = key_path(parent, found.key);
-    match found.value.as_str() {
-        Some(text) => Ok((key, text)),
-        None => Err(wrong_type(&key, "a string", found.value)),
-    }
-}
-
-/// An optional array of prevResult: (its key as written, the entries).
-fn optional_array<'a>(
-    found: Option<Found<'a, Value>>,
-    parent: &str,
-) -> Result<(&'a str, &'a [Value]), ConfigError> {
-    match found {
-        None => Ok(("", &[])),
-        Some(Found {
-            key,
-            value: Value::Array(list),
-        }) => Ok((key, list)),
-        Some(Found { key, value }) => Err(wrong_type(&key_path(parent, key), "an array", value)),
-    }
-}
-
-fn expect_object<'a>(key: &str, value: &'a Value) -> Result<&'a Map<String, Value>, ConfigError> {
+pub(super) fn expect_object<'a>(
+    key: &str,
+    value: &'a Value,
+) -> Result<&'a Map<String, Value>, ConfigError> {
     value
         .as_object()
         .ok_or_else(|| wrong_type(key, "an object", value))
 }
 
-fn wrong_type(key: &str, expected: &'static str, found: &Value) -> ConfigError {
+pub(super) fn wrong_type(key: &str, expected: &'static str, found: &Value) -> ConfigError {
     ConfigError::WrongType {
         key: key.to_owned(),
         expected,
@@ -2615,7 +2217,10 @@ mod tests {
                 ifname: "eth0".into()
             }])
         );
-        let addrs = container_addrs(conf.prev_result.as_ref().unwrap(), "eth0").unwrap();
+        let addrs =
+            crate::cni::prev_result::PrevResult::parse(conf.prev_result.as_ref().unwrap(), "eth0")
+                .unwrap()
+                .container;
         assert_eq!(
             addrs.v4,
             Some("10.0.0.2".parse().unwrap()),
@@ -2686,32 +2291,6 @@ mod tests {
                 .starts_with("runtimeConfig.portMappings[0].HostIP: fd00::1 is IPv6"),
             "{error}"
         );
-    }
-
-    #[test]
-    fn prev_interfaces_fold_keys_and_skip_what_is_not_an_object() {
-        let prev = serde_json::json!({"Interfaces": [
-            {"Name": "cni0", "MAC": "0a:00:00:00:00:01"},
-            7,
-            {"name": "eth0", "mac": "0a:00:00:00:00:02", "SANDBOX": "/run/netns/x"}
-        ]});
-        let interfaces = prev_interfaces(&prev);
-        assert_eq!(
-            interfaces,
-            vec![
-                PrevInterface {
-                    name: Some("cni0"),
-                    mac: Some("0a:00:00:00:00:01"),
-                    sandbox: None
-                },
-                PrevInterface {
-                    name: Some("eth0"),
-                    mac: Some("0a:00:00:00:00:02"),
-                    sandbox: Some("/run/netns/x")
-                },
-            ]
-        );
-        assert!(!interfaces[0].in_sandbox() && interfaces[1].in_sandbox());
     }
 
     #[test]
@@ -2992,184 +2571,6 @@ mod tests {
             Err(IfnameError::ForbiddenChar { ch: '\u{a0}' }),
             "0xa0 byte inside UTF-8"
         );
-    }
-
-    fn addrs(prev: serde_json::Value, ifname: &str) -> ContainerAddrs {
-        container_addrs(&prev, ifname)
-            .unwrap_or_else(|error| panic!("prevResult {prev} must parse: {error}"))
-    }
-
-    #[test]
-    fn prev_result_0_3_1_style_with_version() {
-        let prev = serde_json::json!({
-            "cniVersion": "0.3.1",
-            "interfaces": [
-                {"name": "cni0", "mac": "aa:bb:cc:dd:ee:ff"},
-                {"name": "veth1234", "mac": "aa:bb:cc:dd:ee:00"},
-                {"name": "eth0", "mac": "aa:bb:cc:dd:ee:01", "sandbox": "/var/run/netns/c1"}
-            ],
-            "ips": [
-                {"version": "4", "interface": 2, "address": "10.88.0.5/16", "gateway": "10.88.0.1"},
-                {"version": "6", "interface": 2, "address": "fd00::5/64", "gateway": "fd00::1"}
-            ]
-        });
-        assert_eq!(
-            addrs(prev, "eth0"),
-            ContainerAddrs {
-                v4: Some("10.88.0.5".parse().unwrap()),
-                v6: Some("fd00::5".parse().unwrap())
-            },
-            "both families of the sandbox interface must be found"
-        );
-    }
-
-    #[test]
-    fn prev_result_1_0_0_style() {
-        let prev = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "interfaces": [{"name": "eth0", "sandbox": "/proc/42/ns/net"}],
-            "ips": [{"interface": 0, "address": "10.1.2.3/24"}],
-            "routes": [{"dst": "0.0.0.0/0"}],
-            "dns": {}
-        });
-        assert_eq!(
-            addrs(prev, "eth0"),
-            ContainerAddrs {
-                v4: Some("10.1.2.3".parse().unwrap()),
-                v6: None
-            },
-            "1.0.0 result: IPv4 of the sandbox interface"
-        );
-    }
-
-    #[test]
-    fn prev_result_ips_without_interface_count() {
-        let prev = serde_json::json!({"ips": [{"address": "2001:db8::7/64"}]});
-        assert_eq!(
-            addrs(prev, "eth0"),
-            ContainerAddrs {
-                v4: None,
-                v6: Some("2001:db8::7".parse().unwrap())
-            },
-            "an ip without interface index counts"
-        );
-    }
-
-    #[test]
-    fn prev_result_host_side_interfaces_are_skipped() {
-        let prev = serde_json::json!({
-            "interfaces": [
-                {"name": "eth0"},
-                {"name": "eth0", "sandbox": ""},
-                {"name": "eth0", "sandbox": "/var/run/netns/c1"}
-            ],
-            "ips": [
-                {"interface": 0, "address": "192.0.2.1/24"},
-                {"interface": 1, "address": "192.0.2.2/24"},
-                {"interface": 2, "address": "192.0.2.3/24"}
-            ]
-        });
-        assert_eq!(
-            addrs(prev, "eth0").v4,
-            Some("192.0.2.3".parse().unwrap()),
-            "interfaces without a sandbox are host side, even with the same name"
-        );
-    }
-
-    #[test]
-    fn prev_result_first_address_of_each_family_wins() {
-        let prev = serde_json::json!({
-            "interfaces": [{"name": "eth0", "sandbox": "/x"}],
-            "ips": [
-                {"interface": 0, "address": "fd00::1/64"},
-                {"interface": 0, "address": "10.0.0.1/24"},
-                {"interface": 0, "address": "10.0.0.2/24"},
-                {"interface": 0, "address": "fd00::2/64"}
-            ]
-        });
-        assert_eq!(
-            addrs(prev, "eth0"),
-            ContainerAddrs {
-                v4: Some("10.0.0.1".parse().unwrap()),
-                v6: Some("fd00::1".parse().unwrap())
-            },
-            "the first address of each family must win"
-        );
-    }
-
-    #[test]
-    fn prev_result_no_matching_interface() {
-        let prev = serde_json::json!({
-            "interfaces": [{"name": "eth0", "sandbox": "/x"}, {"name": "net1", "sandbox": "/x"}],
-            "ips": [
-                {"interface": 0, "address": "10.0.0.1/24"},
-                {"interface": 7, "address": "10.0.0.7/24"},
-                {"interface": -1, "address": "10.0.0.8/24"}
-            ]
-        });
-        assert_eq!(
-            addrs(prev.clone(), "net1"),
-            ContainerAddrs::default(),
-            "net1 has no addresses"
-        );
-        assert_eq!(
-            addrs(prev, "eth9"),
-            ContainerAddrs::default(),
-            "out-of-range and negative indexes do not point at our interface"
-        );
-        assert_eq!(
-            addrs(serde_json::json!({}), "eth0"),
-            ContainerAddrs::default(),
-            "no ips at all"
-        );
-    }
-
-    #[test]
-    fn prev_result_malformed_entries_name_the_key() {
-        let cases = [
-            (serde_json::json!([]), "prevResult: expected an object"),
-            (
-                serde_json::json!({"ips": {}}),
-                "prevResult.ips: expected an array",
-            ),
-            (
-                serde_json::json!({"interfaces": 3}),
-                "prevResult.interfaces: expected an array",
-            ),
-            (
-                serde_json::json!({"ips": [{"address": "10.0.0.1"}]}),
-                "prevResult.ips[0].address: \"10.0.0.1\" is not an address in CIDR form",
-            ),
-            (
-                serde_json::json!({"ips": [{"address": "10.0.0.1/33"}]}),
-                "prevResult.ips[0].address",
-            ),
-            (
-                serde_json::json!({"ips": [{}]}),
-                "prevResult.ips[0].address is missing",
-            ),
-            (
-                serde_json::json!({"ips": [{"interface": "0", "address": "10.0.0.1/8"}]}),
-                "prevResult.ips[0].interface: expected an integer",
-            ),
-            (
-                serde_json::json!({"ips": [{"interface": 0.5, "address": "10.0.0.1/8"}]}),
-                "prevResult.ips[0].interface: 0.5 is not an integer",
-            ),
-            (
-                serde_json::json!({"interfaces": [{"sandbox": "/x"}], "ips": [{"interface": 0, "address": "10.0.0.1/8"}]}),
-                "prevResult.interfaces[0].name is missing",
-            ),
-        ];
-        for (prev, needle) in cases {
-            let error =
-                container_addrs(&prev, "eth0").expect_err(&format!("{prev} must be rejected"));
-            assert_eq!(error.cni_code(), code::INVALID_NETWORK_CONFIG, "{error}");
-            assert!(
-                error.to_string().contains(needle),
-                "{error} should mention {needle:?}"
-            );
-        }
     }
 
     fn mapping(host_ip: HostIp) -> PortMapping {

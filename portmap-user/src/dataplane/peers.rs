@@ -9,18 +9,16 @@
 
 use std::{collections::BTreeSet, io, net::IpAddr, os::fd::FromRawFd};
 
+use crate::model::{ContainerAddrs, PrevInterface};
+use crate::{
+    dataplane::maps::{MapsError, open},
+    dataplane::ownership::words_from_addr,
+    dataplane::pin::PinLayout,
+};
 use aya::maps::{HashMap, MapData};
 use portmap_common::{
     FAMILY_V4, FAMILY_V6,
     local::{Peer, PeerKey, map_names},
-};
-use serde_json::Value;
-
-use crate::{
-    config::{self, ContainerAddrs},
-    maps::{MapsError, open},
-    pin::PinLayout,
-    store::words_from_addr,
 };
 
 /// Where a container's packets are handed over (a [`Peer`] without owner).
@@ -100,7 +98,7 @@ fn driver(name: &str) -> Option<String> {
 }
 
 /// The hand-over of the container interface `ifname`, from prevResult's
-/// interfaces (keys matched like upstream, see [`config::prev_interfaces`]):
+/// interfaces (keys matched like upstream, read by `cni::prev_result`):
 /// its MAC, and the host end of its veth (a bridge port, whose
 /// bridge is the gateway; or the only host-side interface, ptp-style).
 /// `None` when the main plugin gave the container no veth (macvlan, ipvlan,
@@ -108,24 +106,28 @@ fn driver(name: &str) -> Option<String> {
 ///
 /// `link` answers (index, is a bridge port) for a host interface name.
 pub fn handover(
-    prev_result: &Value,
+    interfaces: &[PrevInterface],
     ifname: &str,
     mut link: impl FnMut(&str) -> Option<(u32, bool)>,
 ) -> Option<Handover> {
-    let interfaces = config::prev_interfaces(prev_result);
     let container = interfaces
         .iter()
-        .find(|i| i.in_sandbox() && i.name == Some(ifname))?;
-    let container_mac = parse_mac(container.mac?)?;
+        .find(|i| i.in_sandbox() && i.name.as_deref() == Some(ifname))?;
+    let container_mac = parse_mac(container.mac.as_deref()?)?;
     // (name, index, mac as reported, is a bridge port) of the host-side
     // interfaces.
     let host: Vec<(String, u32, Option<[u8; 6]>, bool)> = interfaces
         .iter()
         .filter(|i| !i.in_sandbox())
         .filter_map(|i| {
-            let name = i.name?;
+            let name = i.name.as_deref()?;
             let (index, port) = link(name)?;
-            Some((name.to_owned(), index, i.mac.and_then(parse_mac), port))
+            Some((
+                name.to_owned(),
+                index,
+                i.mac.as_deref().and_then(parse_mac),
+                port,
+            ))
         })
         .collect();
     let (veth, gateway) = match host.iter().find(|h| h.3) {
@@ -238,10 +240,15 @@ mod tests {
 
     #[test]
     fn no_handover_without_a_sandbox_interface_of_that_name() {
-        let prev = serde_json::json!({"interfaces": [
-            {"name": "cni0", "mac": "0a:00:00:00:00:01"},
-            {"name": "eth0", "mac": "0a:00:00:00:00:02", "sandbox": "/run/netns/x"}
-        ]});
-        assert_eq!(handover(&prev, "eth1", |_| Some((1, false))), None);
+        let interface = |name: &str, mac: &str, sandbox: Option<&str>| PrevInterface {
+            name: Some(name.into()),
+            mac: Some(mac.into()),
+            sandbox: sandbox.map(str::to_owned),
+        };
+        let interfaces = [
+            interface("cni0", "0a:00:00:00:00:01", None),
+            interface("eth0", "0a:00:00:00:00:02", Some("/run/netns/x")),
+        ];
+        assert_eq!(handover(&interfaces, "eth1", |_| Some((1, false))), None);
     }
 }

@@ -69,13 +69,13 @@ use portmap_common::{
     PROTO_SCTP, PROTO_TCP, PROTO_UDP, PodRecord, PortKey, SPECIFIC_PORTS_MAP, owner_flags,
 };
 
+use crate::model::{
+    Attachment, ContainerAddrs, HostIp, MAX_MAPPINGS_MAX, Owner, PodIdentity, PortMapping,
+};
 use crate::{
-    config::{
-        Attachment, ContainerAddrs, HostIp, MAX_MAPPINGS_MAX, Owner, PodIdentity, PortMapping,
-    },
-    hash::fnv1a64,
-    maps::{Maps, is_errno},
-    pin::PinLayout,
+    dataplane::hash::fnv1a64,
+    dataplane::maps::{Maps, is_errno},
+    dataplane::pin::PinLayout,
 };
 
 // One owner may hold every entry of the largest mappings map.
@@ -191,7 +191,7 @@ pub enum StoreError {
     UserMap {
         map: &'static str,
         #[source]
-        source: Box<crate::maps::MapsError>,
+        source: Box<crate::dataplane::maps::MapsError>,
     },
     #[error("mapping {key} is missing or not owned by {container_id}")]
     Missing {
@@ -874,12 +874,14 @@ impl Maps {
         if self.specific_ports.is_some() {
             return Ok(());
         }
-        let (mut map, created) =
-            crate::maps::create_user_map::<PortKey, u32>(layout, &crate::maps::SPECIFIC_PORTS)
-                .map_err(|source| StoreError::UserMap {
-                    map: SPECIFIC_PORTS_MAP,
-                    source: Box::new(source),
-                })?;
+        let (mut map, created) = crate::dataplane::maps::create_user_map::<PortKey, u32>(
+            layout,
+            &crate::dataplane::maps::SPECIFIC_PORTS,
+        )
+        .map_err(|source| StoreError::UserMap {
+            map: SPECIFIC_PORTS_MAP,
+            source: Box::new(source),
+        })?;
         if created {
             for entry in self.mappings.iter() {
                 let (key, _) = entry.map_err(map_error("mappings", "iterate"))?;
@@ -1079,11 +1081,14 @@ impl Maps {
             return Ok(outcome);
         }
         if self.orphans.is_none() {
-            let (map, _) = crate::maps::create_user_map::<u64, u64>(layout, &crate::maps::ORPHANS)
-                .map_err(|source| StoreError::UserMap {
-                    map: portmap_common::ORPHANS_MAP,
-                    source: Box::new(source),
-                })?;
+            let (map, _) = crate::dataplane::maps::create_user_map::<u64, u64>(
+                layout,
+                &crate::dataplane::maps::ORPHANS,
+            )
+            .map_err(|source| StoreError::UserMap {
+                map: portmap_common::ORPHANS_MAP,
+                source: Box::new(source),
+            })?;
             self.orphans = Some(map);
         }
         let seen_map = self.orphans.as_mut().expect("created above");
@@ -1171,7 +1176,7 @@ impl Maps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Protocol;
+    use crate::model::Protocol;
 
     fn mapping(
         host_ip: HostIp,

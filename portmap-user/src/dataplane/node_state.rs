@@ -29,12 +29,12 @@ use portmap_common::{
 };
 
 use crate::{
-    attach::{self, AttachError},
-    hash::fnv1a64,
-    maps::{MapsError, open},
-    netlink::NodeAddress,
-    pin::PinLayout,
-    store::{addr_from_words, words_from_addr},
+    dataplane::attach::{self, AttachError},
+    dataplane::hash::fnv1a64,
+    dataplane::maps::{MapsError, open},
+    dataplane::ownership::{addr_from_words, words_from_addr},
+    dataplane::pin::PinLayout,
+    node::netlink::NodeAddress,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -295,7 +295,7 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
         .keys()
         .filter_map(Result::ok)
         .filter(|index| {
-            !wanted.live.contains(index) && crate::netlink::interface_name(*index).is_none()
+            !wanted.live.contains(index) && crate::node::netlink::interface_name(*index).is_none()
         })
         .collect();
     for index in stale {

@@ -1,0 +1,7 @@
+//! The operator library behind the CLI verbs: reading the installed state
+//! ([`inspect`]), removing it ([`uninstall`]) and putting the plugin into a
+//! node's CNI configuration ([`chain`]). `cli/` only prints what these return.
+
+pub mod chain;
+pub mod inspect;
+pub mod uninstall;
