@@ -22,8 +22,8 @@ pub const LAYOUT_VERSION: u32 = 1;
 /// The names of [`maps`] under the path portmap-user reads them from.
 pub mod map_names {
     pub use crate::maps::{
-        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_OTHER, COUNTERS, MAPPINGS, OWNER_SLOTS, OWNERS,
-        PINNED as ALL, STATS, TRACE_EVENTS, TRACE_FILTER,
+        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_OTHER, COUNTERS, MAPPED_PORTS, MAPPINGS,
+        OWNER_SLOTS, OWNERS, PINNED as ALL, STATS, TRACE_EVENTS, TRACE_FILTER,
     };
 }
 
@@ -225,6 +225,33 @@ impl PortKey {
             family: key.family,
         }
     }
+}
+
+/// What a port is to a mapping, in `mapped_ports`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PortRole {
+    /// The host port: what a client dials.
+    Host = 0,
+    /// The container port: what the container answers from.
+    Container = 1,
+}
+
+/// Word and bit of port `port_be` of IP protocol `proto` in `role` in the
+/// `mapped_ports` bit array; `None` for a protocol no mapping has. By the
+/// port's value as it is in memory (network order): any one-to-one index
+/// serves, and this one needs no byte swap in the programs.
+#[inline(always)]
+pub const fn mapped_port_bit(role: PortRole, proto: u8, port_be: u16) -> Option<(u32, u64)> {
+    let slot = match proto {
+        PROTO_TCP => 0,
+        PROTO_UDP => 1,
+        PROTO_SCTP => 2,
+        _ => return None,
+    };
+    let row = role as u32 * 3 + slot;
+    let port = port_be as u32;
+    Some(((row << 10) | (port >> 6), 1 << (port & 63)))
 }
 
 /// Conntrack key: the tuple of a packet as it is seen on the wire at the hook.

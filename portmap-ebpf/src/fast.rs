@@ -12,7 +12,7 @@ use portmap_common::{
     stat,
 };
 
-use crate::{fib::fib_lookup_as_received, maps};
+use crate::{fib::fib_lookup_as_received, maps, masq::wants_masquerade, tc};
 
 /// What the fast path may do with the packet being handled: left in
 /// scratch by the flow decisions, taken by [`fast_path`] once their frames
@@ -43,7 +43,16 @@ pub fn fast_path(ctx: &TcContext) {
     scratch.fast = Offer::Nothing;
     scratch.action = TC_ACT_OK;
     let taken = match offer {
-        Offer::Forward => fast_forward(ctx),
+        Offer::Forward => {
+            let action = fast_forward(ctx);
+            // On the normal path, unmasqueraded: the next egress hook
+            // has nothing to do (masquerade leaves no offer for a new
+            // flow; a known flow's is decided by the node's settings).
+            if action != TC_ACT_REDIRECT && !wants_masquerade(ctx) {
+                tc::mark_translated(ctx);
+            }
+            action
+        }
         Offer::Reply => fast_reply(ctx),
         Offer::Nothing => return,
     };

@@ -2,7 +2,7 @@
 //! by a mapping, or is left alone; and what egress restores or remembers.
 
 use aya_ebpf::programs::TcContext;
-use portmap_common::{CtEntry, CtKey, PROTO_TCP, ct_kind, stat, tcp_state};
+use portmap_common::{CtEntry, CtKey, PROTO_TCP, PortRole, ct_kind, stat, tcp_state};
 
 use crate::{
     counters::{self, Way},
@@ -24,19 +24,23 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
         maps::count(stat::SKIP_FRAGMENT);
         return;
     }
-    let now = ct::now();
     let opens = packet.opens_flow();
     // A TCP SYN or SCTP INIT always starts over from the mappings; anything
     // else follows its flow first.
-    if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet, now) {
+    if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet) {
         ct::track_tcp(packet, true);
+        return;
+    }
+    // Only a packet for a host port opens a flow (ingress also takes in
+    // the answers of containers, for their known flows only).
+    if !maps::port_is(PortRole::Host, packet.proto, packet.dport_be) {
         return;
     }
     // Masquerading is decided after new_flow returns, not inside it: its
     // frame would not fit on BPF's stack below new_flow's.
     // What follows a new flow reads its state from scratch, after
     // new_flow's frame is gone: stacked, the frames do not fit in 512 bytes.
-    if new_flow(ctx, packet, opens, now) {
+    if new_flow(ctx, packet, opens) {
         translated_new_flow(ctx);
         if wants_masquerade(ctx) {
             masquerade(ctx);
@@ -49,9 +53,9 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
 /// Not inlined: the hot path and `new_flow` get separate stack frames, which
 /// keeps the deepest call chain within BPF's 512-byte stack.
 #[inline(never)]
-pub fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
+pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
     let key = ct::key_of(packet);
-    let Some(entry) = ct::lookup(&key, now) else {
+    let Some(entry) = ct::lookup(&key) else {
         return false;
     };
     // The container end of the flow, to check its mapping still holds: the
@@ -146,7 +150,7 @@ fn may_recover(ctx: &TcContext, packet: &Packet) -> bool {
 /// Returns whether it translated a flow (its entries are left in
 /// `scratch` for the counters and `masquerade`).
 #[inline(never)]
-pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> bool {
+pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
     let Some((mapping_key, mapping)) =
         find_mapping(packet.family, packet.proto, &packet.dst_be, packet.dport_be)
     else {
@@ -179,6 +183,8 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> 
     let Some(scratch) = maps::scratch() else {
         return false;
     };
+    // Read here, where a flow is known to start, not for every packet.
+    let now = ct::now();
     // Built in place: a copy on this frame would not fit (see may_recover).
     scratch.forward_key = ct::key_of(packet);
     scratch.forward = CtEntry {
@@ -244,9 +250,8 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     if packet.fragment {
         return false;
     }
-    let now = ct::now();
     let key = ct::key_of(packet);
-    if let Some(entry) = ct::lookup(&key, now) {
+    if let Some(entry) = ct::lookup(&key) {
         // The container end of the flow: the destination of a masqueraded
         // flow on its way to the container, the source of an answer.
         let (container_be, container_port_be) = match entry.kind {
@@ -289,7 +294,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     if find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some() {
         let pass = CtEntry {
             kind: ct_kind::PASS,
-            last_seen_ns: now,
+            last_seen_ns: ct::now(),
             ..CtEntry::default()
         };
         // Never over a translation: on a bridge the reply of a translated

@@ -22,7 +22,7 @@ use aya::{
     programs::{CgroupSockAddr, ProgramInfo, SchedClassifier, TestRun, TestRunOptions},
 };
 use portmap_common::{MappingKey, MappingValue, local, map_names, program_names};
-use portmap_user::dataplane::{attach::OBJECT, ownership::words_from_addr};
+use portmap_user::dataplane::{attach::OBJECT, maps::MappedPorts, ownership::words_from_addr};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -114,6 +114,13 @@ fn load() -> Ebpf {
         ..MappingValue::default()
     };
     mappings.insert(key, value, 0).expect("insert mapping");
+    // As ADD does (the programs leave packets of unmarked ports alone).
+    let Some(aya::maps::Map::Array(ports)) = ebpf.map(map_names::MAPPED_PORTS) else {
+        panic!("no mapped_ports array in the object");
+    };
+    MappedPorts::of(ports)
+        .expect("map mapped_ports")
+        .mark(&key, &value);
     ebpf
 }
 
