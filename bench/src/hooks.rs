@@ -40,10 +40,10 @@ pub fn connect_loop(target: SocketAddr, duration: Duration) -> std::io::Result<u
 
 /// The connect() rate (calls/s) of a child process in `node`'s network
 /// namespace, in cgroup `cgroup` (whose `cgroup.procs` it writes itself
-/// before it runs anything) or in the bench's own cgroup, pinned to `cpu`.
+/// before it runs anything), pinned to `cpu`.
 pub fn connect_rate(
     node: &NsHandle,
-    cgroup: Option<&Path>,
+    cgroup: &Path,
     target: SocketAddr,
     duration: Duration,
     cpu: Option<usize>,
@@ -58,25 +58,23 @@ pub fn connect_rate(
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if let Some(cgroup) = cgroup {
-        let procs = CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes())
-            .map_err(|e| format!("cgroup path: {e}"))?;
-        // SAFETY: between fork and exec only open/write/close, with no
-        // allocation (the path is prepared above).
-        unsafe {
-            command.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if written != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+    let procs = CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes())
+        .map_err(|e| format!("cgroup path: {e}"))?;
+    // SAFETY: between fork and exec only open/write/close, with no
+    // allocation (the path is prepared above).
+    unsafe {
+        command.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if written != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
     if let Some(cpu) = cpu {
         // SAFETY: sched_setaffinity on the child itself, no allocation.

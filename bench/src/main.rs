@@ -1102,7 +1102,8 @@ const UNRELATED_REMOTE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(EXT_IP
 
 /// What the programs cost beyond the rates, in the ebpf-portmap world with
 /// the probe mappings in place: the connect() rate of a node process with
-/// the socket hooks and without (interleaved, `reps` pairs), then, with the
+/// the socket hooks and without (in a sibling cgroup; interleaved, `reps`
+/// pairs), then, with the
 /// kernel's BPF statistics on, each program's ns/run under one run of each
 /// load (statistics are off for the rate pairs: they would tax the hooked
 /// side only).
@@ -1111,6 +1112,14 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
         return;
     };
     let cgroup = portmap_tests::cgroup::cgroup_for_pin_root(pins.path());
+    // The side without hooks in a sibling cgroup of the hooked one: the
+    // same parent, so the same CPU weight and limits.
+    let bare = portmap_tests::cgroup::TestCgroup::create(cgroup.with_file_name(format!(
+        "{}-bare",
+        cgroup
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    )));
     let node = world.node.ns.handle();
     if cgroup.join("cgroup.procs").exists() {
         for rep in 0..plan.reps {
@@ -1122,7 +1131,11 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
             let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
             let mut failed = None;
             for side in order {
-                let within = (side == 0).then_some(cgroup.as_path());
+                let within = if side == 0 {
+                    cgroup.as_path()
+                } else {
+                    bare.path()
+                };
                 match hooks::connect_rate(&node, within, UNRELATED_REMOTE, plan.duration, plan.cpu)
                 {
                     Ok(rate) => pair[side] = rate,
@@ -1191,7 +1204,7 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
     let before = hooks::run_times(&progs);
     if let Err(e) = hooks::connect_rate(
         &node,
-        Some(cgroup.as_path()),
+        cgroup.as_path(),
         UNRELATED_REMOTE,
         plan.duration,
         plan.cpu,

@@ -9,8 +9,8 @@ use super::UNRELATED_REMOTE as UNRELATED;
 use super::load::Test;
 use super::memory::{self, MapInfo};
 use super::results::{
-    Results, Scope, Status, TargetRow, Verb, cpu_per_rep, failures, ops_per_s_per_rep, pct_per_rep,
-    size_label,
+    REPORTED, Results, Scope, Status, TargetRow, Verb, cpu_per_rep, failures, ops_per_s_per_rep,
+    pct_per_rep, size_label,
 };
 use super::stats::{MinMedian, Pct};
 use super::svg::BarChart;
@@ -206,6 +206,9 @@ fn fmt_rate(test: Test, value: f64) -> String {
 }
 
 fn target_measured(row: &TargetRow) -> String {
+    if row.unit == REPORTED {
+        return row.detail.clone();
+    }
     match row.summary() {
         None => "not measured".to_owned(),
         Some(s) if row.unit == "x" => format!("{:.2}x (min {:.2}x)", s.median, s.min),
@@ -214,6 +217,9 @@ fn target_measured(row: &TargetRow) -> String {
 }
 
 fn target_threshold(row: &TargetRow) -> String {
+    if row.unit == REPORTED {
+        return "reported".into();
+    }
     if row.unit == "x" {
         format!("{} {}x", row.compare.symbol(), row.threshold)
     } else {

@@ -334,6 +334,10 @@ fn ratio_target(
     }
 }
 
+/// The unit of a target row that is reported, not judged (its detail
+/// says where the numbers are).
+pub const REPORTED: &str = "reported";
+
 /// A label for a prefilled size.
 pub fn size_label(size: usize) -> String {
     match size {
@@ -517,15 +521,15 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
         compare: Compare::AtMost,
         threshold: 0.0,
         values: Vec::new(),
-        unit: "ns/run",
+        unit: REPORTED,
         status: Status::Skip,
         stretch: false,
         detail: if results.program_costs.is_empty() {
             "not measured in this run".into()
         } else {
-            "reported in its own table; a program serves every interface it is attached to, so the \
-             uplink established case alone is judged from BPF_PROG_TEST_RUN (portmap-user/tests/program_cost.rs) \
-             against the build before issue 16"
+            "in the table of what the programs cost; a program's runs on every interface are summed, so \
+             the uplink established case alone is judged by BPF_PROG_TEST_RUN \
+             (portmap-user/tests/program_cost.rs) against the build before issue 16"
                 .into()
         },
     });
