@@ -2,7 +2,11 @@
 //! mapping concerns, decide (see `flow`), offer to the fast path, trace.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
-use portmap_common::{PortRole, trace_direction};
+use portmap_common::{
+    PortRole,
+    local::{MASQ_PORT_MIN, node_flags},
+    trace_direction,
+};
 
 use crate::{counters::Way, ct, fast, flow, maps, parse, trace};
 
@@ -33,14 +37,15 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
     trace::begin(&packet);
     // Inbound, a packet of ours is for a host port (a new or known
     // translated flow, the answer to a node-opened flow from a mapped port,
-    // a lost flow to recover) or from a container port (a container's
-    // answer, its masquerade undone here). Any other has no flow of ours
-    // and opens none: it leaves after two array loads (a fragment has no
-    // ports to judge by and is counted in `ingress`). Still traced: a
-    // tracer watching a port with no mapping sees what arrives there.
+    // a lost flow to recover) or a container's answer that ingress has a
+    // use for (see `answer_matters`). Any other has no flow of ours and
+    // opens none: it leaves after two array loads (a fragment has no ports
+    // to judge by and is counted in `ingress`). Still traced: a tracer
+    // watching a port with no mapping sees what arrives there.
     let concerned = packet.fragment
         || maps::port_is(PortRole::Host, packet.proto, packet.dport_be)
-        || maps::port_is(PortRole::Container, packet.proto, packet.sport_be);
+        || (maps::port_is(PortRole::Container, packet.proto, packet.sport_be)
+            && answer_matters(packet.dport_be));
     if concerned {
         flow::ingress(ctx, &packet);
         fast::fast_path(ctx);
@@ -52,6 +57,21 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
     // Likewise the action: read back from scratch, one value the verifier
     // does not know, not one state per way it was decided.
     maps::scratch().map(|scratch| scratch.action)
+}
+
+/// Whether ingress has a use for a packet from a container port to
+/// `dport_be`: a masquerade port (the answer to a masqueraded flow, whose
+/// destination ingress restores), or any answer when `fastPath` is on
+/// (ingress hands it to the client's interface). Otherwise the answer of
+/// a translated flow is egress's to translate back, and looking up its
+/// entry here would only find that out: the bridge-side ingress hook of
+/// the default configuration skips the lookup for every answer.
+/// Not inlined: a call's result is one unknown value to the verifier,
+/// where the inlined branches doubled the states it walks in `ingress`.
+#[inline(never)]
+fn answer_matters(dport_be: u16) -> bool {
+    u16::from_be(dport_be) >= MASQ_PORT_MIN
+        || maps::node_config().is_some_and(|node| node.flags & node_flags::FAST_PATH != 0)
 }
 
 /// Egress never redirects or drops: `None` only for a packet it does not

@@ -13,6 +13,11 @@
 //! A packet that a run rewrites is run once per syscall (the kernel times
 //! the run alone, and the median of many is printed); one left as it is,
 //! a thousand times per syscall.
+//!
+//! With `EPM_COMPARE_OBJECT=path/to/other/object` (e.g. the build before a
+//! change: `target/bpfel-unknown-none/release/portmap` of that tree), both
+//! objects are measured, their runs interleaved round by round so that
+//! the load of a shared machine falls on both alike, side by side.
 
 use std::{net::Ipv4Addr, process::Command};
 
@@ -81,8 +86,8 @@ fn tcp_frame(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8) ->
     p
 }
 
-fn load() -> Ebpf {
-    let mut ebpf = EbpfLoader::new().load(OBJECT).expect("load object");
+fn load(object: &[u8]) -> Ebpf {
+    let mut ebpf = EbpfLoader::new().load(object).expect("load object");
     for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
         let program: &mut SchedClassifier = ebpf
             .program_mut(name)
@@ -114,13 +119,13 @@ fn load() -> Ebpf {
         ..MappingValue::default()
     };
     mappings.insert(key, value, 0).expect("insert mapping");
-    // As ADD does (the programs leave packets of unmarked ports alone).
-    let Some(aya::maps::Map::Array(ports)) = ebpf.map(map_names::MAPPED_PORTS) else {
-        panic!("no mapped_ports array in the object");
-    };
-    MappedPorts::of(ports)
-        .expect("map mapped_ports")
-        .mark(&key, &value);
+    // As ADD does (the programs leave packets of unmarked ports alone);
+    // an object from before the port filter has no such array.
+    if let Some(aya::maps::Map::Array(ports)) = ebpf.map(map_names::MAPPED_PORTS) {
+        MappedPorts::of(ports)
+            .expect("map mapped_ports")
+            .mark(&key, &value);
+    }
     ebpf
 }
 
@@ -147,15 +152,57 @@ fn run(ebpf: &Ebpf, program: &str, ifindex: u32, packet: &[u8], repeat: u32) -> 
     (result.duration.as_nanos() as f64, out)
 }
 
-/// Median nanoseconds per run: of 20 000 single runs, or of 301 batches of
-/// 1000 runs when the program leaves the packet as it is.
-fn median_ns(ebpf: &Ebpf, program: &str, ifindex: u32, packet: &[u8], rewritten: bool) -> f64 {
+/// Median nanoseconds per run of each object: of 20 000 single runs, or of
+/// 301 batches of 1000 runs when the program leaves the packet as it is;
+/// the objects take turns run by run.
+fn median_ns(
+    objects: &[Ebpf],
+    program: &str,
+    ifindex: u32,
+    packet: &[u8],
+    rewritten: bool,
+) -> Vec<f64> {
     let (rounds, repeat) = if rewritten { (20_000, 1) } else { (301, 1000) };
-    let mut samples: Vec<f64> = (0..rounds)
-        .map(|_| run(ebpf, program, ifindex, packet, repeat).0)
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
+    let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); objects.len()];
+    for _ in 0..rounds {
+        for (ebpf, samples) in objects.iter().zip(&mut samples) {
+            samples.push(run(ebpf, program, ifindex, packet, repeat).0);
+        }
+    }
+    samples
+        .into_iter()
+        .map(|mut samples| {
+            samples.sort_by(f64::total_cmp);
+            samples[samples.len() / 2]
+        })
+        .collect()
+}
+
+/// An object file's bytes at an 8-byte boundary, as the ELF parser wants
+/// them (`include_bytes_aligned!` does this for the embedded one).
+struct Aligned {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl Aligned {
+    fn copy_of(bytes: &[u8]) -> Aligned {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        for (word, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
+            let mut buf = [0u8; 8];
+            buf[..chunk.len()].copy_from_slice(chunk);
+            *word = u64::from_ne_bytes(buf);
+        }
+        Aligned {
+            words,
+            len: bytes.len(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `words` holds at least `len` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+    }
 }
 
 fn size_line(name: &str, info: &ProgramInfo) -> String {
@@ -170,31 +217,48 @@ fn size_line(name: &str, info: &ProgramInfo) -> String {
 #[test]
 #[ignore = "a measurement, not a check: run by hand with --ignored --nocapture"]
 fn program_cost() {
-    in_namespace(|ifindex| {
-        let ebpf = load();
-        let mut lines = Vec::new();
-        for name in [program_names::TC_INGRESS, program_names::TC_EGRESS]
-            .into_iter()
-            .chain(local::program_names::ALL)
-        {
-            let info = ebpf.program(name).expect("program").info().expect("info");
-            lines.push(size_line(name, &info));
+    let other = std::env::var_os("EPM_COMPARE_OBJECT").map(|path| {
+        std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.to_string_lossy()))
+    });
+    in_namespace(move |ifindex| {
+        let other = other.map(|bytes| Aligned::copy_of(&bytes));
+        let mut objects = vec![load(OBJECT)];
+        let mut labels = vec!["this build"];
+        if let Some(other) = &other {
+            objects.push(load(other.bytes()));
+            labels.push("EPM_COMPARE_OBJECT");
         }
+        let mut lines = Vec::new();
+        for (ebpf, label) in objects.iter().zip(&labels) {
+            lines.push(format!("sizes, {label}:"));
+            for name in [program_names::TC_INGRESS, program_names::TC_EGRESS]
+                .into_iter()
+                .chain(local::program_names::ALL)
+            {
+                let info = ebpf.program(name).expect("program").info().expect("info");
+                lines.push(size_line(name, &info));
+            }
+        }
+        lines.push(format!("ns/run (median): {}", labels.join(" | ")));
         // An established flow: SYN, then the handshake's ACK (clears the
         // SYN-only state); the next ACKs are what is timed.
         let syn = tcp_frame(CLIENT, 40001, NODE, HOST_PORT, SYN);
         let ack = tcp_frame(CLIENT, 40001, NODE, HOST_PORT, ACK);
-        for packet in [&syn, &ack] {
-            let (_, out) = run(&ebpf, program_names::TC_INGRESS, ifindex, packet, 1);
-            assert_eq!(out[30..34], CONTAINER.octets(), "translated on ingress");
+        for ebpf in &objects {
+            for packet in [&syn, &ack] {
+                let (_, out) = run(ebpf, program_names::TC_INGRESS, ifindex, packet, 1);
+                assert_eq!(out[30..34], CONTAINER.octets(), "translated on ingress");
+            }
         }
         // The packet as ingress left it, on its way into the bridge.
         let dnated = tcp_frame(CLIENT, 40001, CONTAINER, CONTAINER_PORT, ACK);
         // The container's answer, as it enters the bridge and leaves the
         // uplink.
         let answer = tcp_frame(CONTAINER, CONTAINER_PORT, CLIENT, 40001, ACK);
-        let (_, out) = run(&ebpf, program_names::TC_EGRESS, ifindex, &answer, 1);
-        assert_eq!(out[26..30], NODE.octets(), "answer translated on egress");
+        for ebpf in &objects {
+            let (_, out) = run(ebpf, program_names::TC_EGRESS, ifindex, &answer, 1);
+            assert_eq!(out[26..30], NODE.octets(), "answer translated on egress");
+        }
         // For the node, no mapping: an SSH session.
         let unrelated_in = tcp_frame(CLIENT, 40002, NODE, 22, ACK);
         let unrelated_out = tcp_frame(NODE, 22, CLIENT, 40002, ACK);
@@ -252,8 +316,11 @@ fn program_cost() {
             ),
         ];
         for (label, program, packet, rewritten) in cases {
-            let ns = median_ns(&ebpf, program, ifindex, packet, rewritten);
-            lines.push(format!("{label:<32} {ns:7.1} ns/run"));
+            let ns: Vec<String> = median_ns(&objects, program, ifindex, packet, rewritten)
+                .iter()
+                .map(|ns| format!("{ns:7.1}"))
+                .collect();
+            lines.push(format!("{label:<32} {} ns/run", ns.join(" | ")));
         }
         for line in lines {
             println!("{line}");
