@@ -306,13 +306,27 @@ pub struct CtEntry {
     pub kind: u8,
     /// [`tcp_state`] bits (TCP entries of the `conntrack` map only).
     pub tcp_state: u8,
-    pub _pad1: u32,
+    /// [`ct_flags`] bits (DNAT entries). Was padding (always 0) in builds
+    /// before the flags, whose entries read as "not known".
+    pub flags: u32,
     /// The mapping this flow was translated by, re-checked on every packet so
     /// a deleted or re-pointed mapping never forwards stale traffic.
     pub mapping: MappingKey,
     pub _pad2: u32,
     /// `bpf_ktime_get_ns` of the last packet (refreshed at most once a second).
     pub last_seen_ns: u64,
+}
+
+/// What a DNAT entry knows of its flow ([`CtEntry::flags`]), set when the
+/// flow is translated. An entry with neither bit (written by an earlier
+/// build) is judged by the node's settings as they are now.
+pub mod ct_flags {
+    /// Not masqueraded: egress has nothing to do with the flow's packets
+    /// towards the container, and the next egress hook skips them.
+    pub const DIRECT: u32 = 1;
+    /// Masqueraded: egress rewrites the source of its packets towards the
+    /// container.
+    pub const MASQUERADED: u32 = 2;
 }
 
 /// Idle timeouts of conntrack entries, in nanoseconds.

@@ -8,6 +8,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use portmap_common::{
+    ct_flags,
     local::{iface_flags, node_flags},
     stat,
 };
@@ -40,15 +41,15 @@ pub fn fast_path(ctx: &TcContext) {
         return;
     };
     let offer = scratch.fast;
+    let flow_flags = scratch.forward.flags;
     scratch.fast = Offer::Nothing;
     scratch.action = TC_ACT_OK;
     let taken = match offer {
         Offer::Forward => {
             let action = fast_forward(ctx);
             // On the normal path, unmasqueraded: the next egress hook
-            // has nothing to do (masquerade leaves no offer for a new
-            // flow; a known flow's is decided by the node's settings).
-            if action != TC_ACT_REDIRECT && !wants_masquerade(ctx) {
+            // has nothing to do.
+            if action != TC_ACT_REDIRECT && not_masqueraded(ctx, flow_flags) {
                 tc::mark_translated(ctx);
             }
             action
@@ -59,6 +60,21 @@ pub fn fast_path(ctx: &TcContext) {
     // Taken again: both hand-overs read scratch themselves.
     if let Some(scratch) = maps::scratch() {
         scratch.action = taken;
+    }
+}
+
+/// Whether the flow of the translated packet is not masqueraded: as its
+/// DNAT entry recorded (`flags`, left in scratch by the flow decision), or,
+/// for an entry of an earlier build, as the node's settings say now
+/// (masquerade leaves no offer for a new flow, so this is a known flow's).
+#[inline(always)]
+fn not_masqueraded(ctx: &TcContext, flags: u32) -> bool {
+    if flags & ct_flags::DIRECT != 0 {
+        true
+    } else if flags & ct_flags::MASQUERADED != 0 {
+        false
+    } else {
+        !wants_masquerade(ctx)
     }
 }
 

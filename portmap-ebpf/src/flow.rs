@@ -2,7 +2,7 @@
 //! by a mapping, or is left alone; and what egress restores or remembers.
 
 use aya_ebpf::programs::TcContext;
-use portmap_common::{CtEntry, CtKey, PROTO_TCP, PortRole, ct_kind, stat, tcp_state};
+use portmap_common::{CtEntry, CtKey, PROTO_TCP, PortRole, ct_flags, ct_kind, stat, tcp_state};
 
 use crate::{
     counters::{self, Way},
@@ -43,7 +43,10 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     if new_flow(ctx, packet, opens) {
         translated_new_flow(ctx);
         if wants_masquerade(ctx) {
+            remember_masquerade(ct_flags::MASQUERADED);
             masquerade(ctx);
+        } else {
+            remember_masquerade(ct_flags::DIRECT);
         }
     }
 }
@@ -101,6 +104,7 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
             if let Some(scratch) = maps::scratch() {
                 scratch.forward_key.family = packet.family;
                 scratch.forward.nat_addr_be = entry.nat_addr_be;
+                scratch.forward.flags = entry.flags;
                 scratch.owner_id = owner_id;
                 scratch.fast = Offer::Forward;
             }
@@ -335,6 +339,24 @@ pub fn translated_new_flow(ctx: &TcContext) {
     count_from_scratch(ctx, Way::In);
     if let Some(scratch) = maps::scratch() {
         scratch.fast = Offer::Forward;
+    }
+}
+
+/// Records in the DNAT entry of the new flow in scratch whether it is
+/// masqueraded (`flag`, one of [`ct_flags`]), so that its later packets
+/// know without the node's settings and the interface (see
+/// `fast::fast_path`); and in scratch, for this packet. Not inlined: one
+/// walk for both call sites.
+#[inline(never)]
+fn remember_masquerade(flag: u32) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    scratch.forward.flags = flag;
+    let table = Table::for_proto(scratch.forward_key.proto);
+    if let Some(entry) = maps::ct_get(table, &scratch.forward_key) {
+        // SAFETY: a live map value; one word, one store.
+        unsafe { (*entry).flags = flag };
     }
 }
 

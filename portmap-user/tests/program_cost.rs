@@ -265,7 +265,15 @@ fn program_cost() {
         // A pod talking to a far host through the node, and the answer.
         let pod_out = tcp_frame(POD, 40003, FAR, 80, ACK);
         let pod_back = tcp_frame(FAR, 80, POD, 40003, ACK);
-        let cases: [(&str, &str, &[u8], bool); 8] = [
+        let cases: [(&str, &str, &[u8], bool); 9] = [
+            // What a single timed run costs beyond the program: the floor
+            // under the cases timed one run per syscall.
+            (
+                "ingress, unrelated, single runs",
+                program_names::TC_INGRESS,
+                &unrelated_in,
+                true,
+            ),
             (
                 "uplink ingress, established",
                 program_names::TC_INGRESS,
