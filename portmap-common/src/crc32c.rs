@@ -55,7 +55,7 @@ pub fn zero_bytes_operator(bytes: u16) -> u32 {
     let mut k = 0;
     while k < 16 {
         let multiplied = mul(result, ZERO_BYTES_POW2[k]);
-        let take = 0u32.wrapping_sub(((bytes >> k) & 1) as u32);
+        let take = 0u32.wrapping_sub(u32::from((bytes >> k) & 1));
         result = (multiplied & take) | (result & !take);
         k += 1;
     }
@@ -99,7 +99,7 @@ mod tests {
     fn crc32c(data: &[u8]) -> u32 {
         let mut crc = !0u32;
         for &byte in data {
-            crc ^= byte as u32;
+            crc ^= u32::from(byte);
             for _ in 0..8 {
                 crc = if crc & 1 != 0 {
                     (crc >> 1) ^ POLY

@@ -466,18 +466,27 @@ const _: () = {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
-    // SAFETY: all of these are repr(C), made of integers and integer arrays,
-    // with every padding byte an explicit field.
-    unsafe impl aya::Pod for MappingKey {}
-    unsafe impl aya::Pod for MappingValue {}
-    unsafe impl aya::Pod for OwnerRecord {}
-    unsafe impl aya::Pod for PodRecord {}
-    unsafe impl aya::Pod for OwnerSlotKey {}
-    unsafe impl aya::Pod for PortKey {}
-    unsafe impl aya::Pod for CtKey {}
-    unsafe impl aya::Pod for CtEntry {}
-    unsafe impl aya::Pod for CounterKey {}
-    unsafe impl aya::Pod for MappingCounters {}
-    unsafe impl aya::Pod for TraceFilter {}
-    unsafe impl aya::Pod for TraceEvent {}
+
+    macro_rules! pod {
+        ($($ty:ty),* $(,)?) => {$(
+            // SAFETY: all of these are repr(C), made of integers and integer arrays,
+            // with every padding byte an explicit field.
+            unsafe impl aya::Pod for $ty {}
+        )*};
+    }
+
+    pod!(
+        MappingKey,
+        MappingValue,
+        OwnerRecord,
+        PodRecord,
+        OwnerSlotKey,
+        PortKey,
+        CtKey,
+        CtEntry,
+        CounterKey,
+        MappingCounters,
+        TraceFilter,
+        TraceEvent,
+    );
 }

@@ -140,10 +140,13 @@ const _: () = {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
-    // SAFETY: repr(C) integers and arrays with explicit padding fields.
-    unsafe impl aya::Pod for NodeConfig {}
-    unsafe impl aya::Pod for LocalAddrKey {}
-    unsafe impl aya::Pod for IfaceConfig {}
-    unsafe impl aya::Pod for SockOrigin {}
-    unsafe impl aya::Pod for Peer {}
+
+    macro_rules! pod {
+        ($($ty:ty),* $(,)?) => {$(
+            // SAFETY: repr(C) integers and arrays with explicit padding fields.
+            unsafe impl aya::Pod for $ty {}
+        )*};
+    }
+
+    pod!(NodeConfig, LocalAddrKey, IfaceConfig, SockOrigin, Peer,);
 }

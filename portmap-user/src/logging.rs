@@ -411,12 +411,13 @@ mod tests {
             identity: Default::default(),
         };
         assert_eq!(attachment(&req), "container=3a1b ifname=eth0 network=k8s");
-        req.identity = crate::cni::parse_cni_args("K8S_POD_NAME=web;K8S_POD_NAMESPACE=default").0;
+        req.identity =
+            crate::cni::env::parse_cni_args("K8S_POD_NAME=web;K8S_POD_NAMESPACE=default").0;
         assert_eq!(
             attachment(&req),
             "container=3a1b ifname=eth0 network=k8s pod=default/web"
         );
-        req.identity = crate::cni::parse_cni_args("NOMAD_ALLOC_ID=5e0c;NOMAD_JOB_ID=web").0;
+        req.identity = crate::cni::env::parse_cni_args("NOMAD_ALLOC_ID=5e0c;NOMAD_JOB_ID=web").0;
         assert_eq!(
             attachment(&req),
             "container=3a1b ifname=eth0 network=k8s pod=nomad:-/web/- alloc=5e0c"

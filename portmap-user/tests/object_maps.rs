@@ -10,19 +10,19 @@ use portmap_common::{
     maps::{self, capacity},
     stat,
 };
-use portmap_user::dataplane::attach::OBJECT;
+use portmap_user::dataplane::object::OBJECT;
 
 /// The kernel's `max_entries` of a map of the loaded object.
 fn max_entries(map: &Map) -> u32 {
-    let data = match map {
-        Map::Array(data)
-        | Map::HashMap(data)
-        | Map::LruHashMap(data)
-        | Map::PerCpuArray(data)
-        | Map::PerCpuHashMap(data)
-        | Map::RingBuf(data)
-        | Map::SkStorage(data) => data,
-        _ => panic!("a map type the object does not use"),
+    let (Map::Array(data)
+    | Map::HashMap(data)
+    | Map::LruHashMap(data)
+    | Map::PerCpuArray(data)
+    | Map::PerCpuHashMap(data)
+    | Map::RingBuf(data)
+    | Map::SkStorage(data)) = map
+    else {
+        panic!("a map type the object does not use")
     };
     data.info().expect("map info").max_entries()
 }

@@ -21,7 +21,7 @@ use portmap_common::{
     local::{self, NodeConfig, Peer, PeerKey},
     map_names, program_names, stat,
 };
-use portmap_user::dataplane::{attach::OBJECT, maps::MappedPorts, ownership::words_from_addr};
+use portmap_user::dataplane::{maps::MappedPorts, object::OBJECT, ownership::words_from_addr};
 
 const NODE_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const NODE_V6: Ipv6Addr = Ipv6Addr::new(0xfd18, 0, 0, 0, 0, 0, 0, 1);
@@ -51,6 +51,7 @@ fn in_node_namespace<T: Send + 'static>(test: impl FnOnce(u32) -> T + Send + 'st
     std::thread::spawn(move || {
         // SAFETY: affects only this thread.
         assert_eq!(
+            // SAFETY: unshare takes no pointers; the test thread gets its own netns.
             unsafe { libc::unshare(libc::CLONE_NEWNET) },
             0,
             "unshare(CLONE_NEWNET) needs root: {}",

@@ -27,7 +27,7 @@ use aya::{
     programs::{CgroupSockAddr, ProgramInfo, SchedClassifier, TestRun, TestRunOptions},
 };
 use portmap_common::{MappingKey, MappingValue, local, map_names, program_names};
-use portmap_user::dataplane::{attach::OBJECT, maps::MappedPorts, ownership::words_from_addr};
+use portmap_user::dataplane::{maps::MappedPorts, object::OBJECT, ownership::words_from_addr};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);

@@ -18,7 +18,7 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use portmap_common::{MappingKey, MappingValue, map_names, program_names};
-use portmap_user::dataplane::{attach::OBJECT, maps::MappedPorts, ownership::words_from_addr};
+use portmap_user::dataplane::{maps::MappedPorts, object::OBJECT, ownership::words_from_addr};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -28,6 +28,7 @@ fn in_namespace<T: Send + 'static>(f: impl FnOnce(u32) -> T + Send + 'static) ->
     std::thread::spawn(move || {
         // SAFETY: affects only this thread.
         assert_eq!(
+            // SAFETY: unshare takes no pointers; the test thread gets its own netns.
             unsafe { libc::unshare(libc::CLONE_NEWNET) },
             0,
             "needs root"

@@ -15,7 +15,7 @@ use std::process::Command;
 
 use anyhow::Result;
 
-use crate::Step;
+use crate::plan::Step;
 
 /// Debian packages the containerd tests need on top of `setup`'s:
 /// containerd and runc, the reference plugins (bridge, host-local,
@@ -46,11 +46,11 @@ pub fn skip_requested_by_env() -> bool {
 /// `ebpf-portmap` (built by the step before). `test_args` go to the test
 /// binary after `--ignored --test-threads=1` (e.g. `--nocapture`, a filter).
 pub fn e2e_containerd(test_args: &[String]) -> Result<()> {
-    crate::ensure_packages("containerd", CONTAINERD_APT_PACKAGES)?;
-    let version = crate::capture(Command::new("containerd").arg("--version"))?;
+    crate::setup::ensure_packages("containerd", CONTAINERD_APT_PACKAGES)?;
+    let version = crate::cmd::capture(Command::new("containerd").arg("--version"))?;
     println!("containerd: {}", version.trim());
-    crate::run(
-        crate::cargo()
+    crate::cmd::run(
+        crate::cmd::cargo()
             .args([
                 "test",
                 "-p",
@@ -64,7 +64,7 @@ pub fn e2e_containerd(test_args: &[String]) -> Result<()> {
                 "--test-threads=1",
             ])
             .args(test_args)
-            .env(crate::PLUGIN_BIN_ENV, crate::plugin_bin()),
+            .env(crate::PLUGIN_BIN_ENV, crate::cmd::plugin_bin()),
     )
 }
 
@@ -91,8 +91,8 @@ pub fn test_step(skip: bool) -> Step<'static> {
 /// The steps of `cargo xtask e2e-containerd`.
 pub fn steps(test_args: &[String]) -> Vec<Step<'_>> {
     vec![
-        crate::setup_step(),
-        crate::build_plugin_step(),
+        crate::setup::setup_step(),
+        crate::plan::build_plugin_step(),
         Step::new(
             "containerd end to end: ebpf-portmap, then upstream portmap",
             move || e2e_containerd(test_args),

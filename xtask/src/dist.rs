@@ -25,7 +25,10 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{PLUGIN_BIN, PLUGIN_TARGET, capture, plugin_target, run, shipped_plugin_bin};
+use crate::{
+    PLUGIN_BIN, PLUGIN_TARGET, cmd::capture, cmd::run, cmd::shipped_plugin_bin,
+    setup::plugin_target,
+};
 
 /// The image the manifest names in the repository; the tarball's copy names
 /// the version instead.
@@ -52,7 +55,7 @@ pub fn release_name() -> String {
 
 /// Where [`build`] writes the tarball.
 pub fn tarball_path() -> PathBuf {
-    crate::target_dir()
+    crate::cmd::target_dir()
         .join("dist")
         .join(format!("{}.tar.gz", release_name()))
 }
@@ -65,7 +68,7 @@ pub fn build() -> Result<PathBuf> {
             "the release binary must be static: install the {PLUGIN_TARGET} target (`cargo xtask setup` does)"
         );
     }
-    let dist = crate::target_dir().join("dist");
+    let dist = crate::cmd::target_dir().join("dist");
     let name = release_name();
     let stage = dist.join(&name);
     if stage.exists() {
@@ -89,7 +92,7 @@ pub fn build() -> Result<PathBuf> {
         .arg(&man)
         .stdout(std::process::Stdio::null()))?;
 
-    let root = crate::workspace_root();
+    let root = crate::cmd::workspace_root();
     let deploy = stage.join("deploy");
     fs::create_dir_all(&deploy)?;
     for file in DEPLOY_FILES {
@@ -119,8 +122,7 @@ pub fn build() -> Result<PathBuf> {
             .args(["log", "-1", "--format=%ct"])
             .current_dir(&root),
     )
-    .map(|time| time.trim().to_owned())
-    .unwrap_or_else(|_| "0".to_owned());
+    .map_or_else(|_| "0".to_owned(), |time| time.trim().to_owned());
     run(Command::new("tar")
         .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner"])
         .arg(format!("--mtime=@{mtime}"))

@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::{cargo, dist, podman, run};
+use crate::{cmd::cargo, cmd::run, dist, podman};
 
 /// Where [`build`] writes the archive.
 pub fn archive_path() -> PathBuf {
-    crate::target_dir().join("dist").join(format!(
+    crate::cmd::target_dir().join("dist").join(format!(
         "ebpf-portmap-{}-image.tar",
         env!("CARGO_PKG_VERSION")
     ))

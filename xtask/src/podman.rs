@@ -40,8 +40,8 @@ pub fn skip_requested_by_env() -> bool {
 /// binary after `--ignored --test-threads=1` (e.g. `--nocapture`, a filter).
 /// Installs Debian's podman 4 and what the tests run with it, if missing.
 pub fn ensure_podman() -> Result<()> {
-    crate::ensure_packages("podman", PODMAN_APT_PACKAGES)?;
-    let version = crate::capture(Command::new("podman").arg("--version"))?;
+    crate::setup::ensure_packages("podman", PODMAN_APT_PACKAGES)?;
+    let version = crate::cmd::capture(Command::new("podman").arg("--version"))?;
     println!("podman: {}", version.trim());
     if !version.contains("version 4.") {
         bail!(
@@ -54,8 +54,8 @@ pub fn ensure_podman() -> Result<()> {
 
 pub fn e2e_podman(test_args: &[String]) -> Result<()> {
     ensure_podman()?;
-    crate::run(
-        crate::cargo()
+    crate::cmd::run(
+        crate::cmd::cargo()
             .args([
                 "test",
                 "-p",
@@ -69,6 +69,6 @@ pub fn e2e_podman(test_args: &[String]) -> Result<()> {
                 "--test-threads=1",
             ])
             .args(test_args)
-            .env(crate::PLUGIN_BIN_ENV, crate::plugin_bin()),
+            .env(crate::PLUGIN_BIN_ENV, crate::cmd::plugin_bin()),
     )
 }

@@ -13,6 +13,10 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
+use crate::cmd::{cargo, run, target_dir, workspace_root};
+use crate::setup::plugin_target;
+use crate::{PLUGIN_BIN, PLUGIN_PACKAGE};
+
 /// The previous release: main at the last commit before the owner record
 /// gained pod identity.
 pub const COMMIT: &str = "df8d2050781763f11a17d004e48d2b346c1851c9";
@@ -26,21 +30,21 @@ pub const REQUIRED_ENV: &str = "EPM_REQUIRE_PREVIOUS_BIN";
 
 /// `target/previous/{commit}`: the exported tree and its build.
 fn root() -> PathBuf {
-    super::target_dir().join("previous").join(COMMIT)
+    target_dir().join("previous").join(COMMIT)
 }
 
 /// The binary [`build`] produces.
 pub fn bin() -> PathBuf {
     let mut dir = root().join("target");
-    if let Some(target) = super::plugin_target() {
+    if let Some(target) = plugin_target() {
         dir.push(target);
     }
-    dir.join("debug").join(super::PLUGIN_BIN)
+    dir.join("debug").join(PLUGIN_BIN)
 }
 
 /// Exports the previous release (once) and builds its plugin.
 pub fn build() -> Result<()> {
-    let workspace = super::workspace_root();
+    let workspace = workspace_root();
     let present = Command::new("git")
         .args(["cat-file", "-e", &format!("{COMMIT}^{{commit}}")])
         .current_dir(&workspace)
@@ -65,32 +69,28 @@ pub fn build() -> Result<()> {
         std::fs::create_dir_all(&source)
             .with_context(|| format!("creating {}", source.display()))?;
         let archive = root().join("src.tar");
-        super::run(
-            Command::new("git")
-                .args(["archive", "--format=tar", "-o"])
-                .arg(&archive)
-                .arg(COMMIT)
-                .current_dir(&workspace),
-        )?;
-        super::run(
-            Command::new("tar")
-                .arg("-xf")
-                .arg(&archive)
-                .arg("-C")
-                .arg(&source),
-        )?;
+        run(Command::new("git")
+            .args(["archive", "--format=tar", "-o"])
+            .arg(&archive)
+            .arg(COMMIT)
+            .current_dir(&workspace))?;
+        run(Command::new("tar")
+            .arg("-xf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&source))?;
         let _ = std::fs::remove_file(&archive);
         std::fs::write(&marker, COMMIT).with_context(|| format!("writing {}", marker.display()))?;
     }
-    let mut build = super::cargo();
+    let mut build = cargo();
     build
         .current_dir(&source)
-        .args(["build", "--locked", "-p", super::PLUGIN_PACKAGE])
+        .args(["build", "--locked", "-p", PLUGIN_PACKAGE])
         .env("CARGO_TARGET_DIR", root().join("target"));
-    if let Some(target) = super::plugin_target() {
+    if let Some(target) = plugin_target() {
         build.args(["--target", target]);
     }
-    super::run(&mut build)?;
+    run(&mut build)?;
     if !bin().exists() {
         bail!("building {COMMIT} did not produce {}", bin().display());
     }

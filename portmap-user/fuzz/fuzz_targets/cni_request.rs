@@ -76,5 +76,5 @@ fuzz_target!(|data: &[u8]| {
         let _ = PrevResult::parse(prev, "eth0");
         let _ = PrevResult::parse_for_teardown(prev, "eth0");
     }
-    let _ = cni::parse_cni_args(&env_text);
+    let _ = cni::env::parse_cni_args(&env_text);
 });

@@ -35,7 +35,9 @@ pub fn run(args: &ManArgs, command: clap::Command) -> anyhow::Result<ExitCode> {
         None => render(&command)?,
         Some(verb) => {
             let Some(sub) = command.find_subcommand(verb) else {
-                let verbs: Vec<&str> = visible_verbs(&command).map(|s| s.get_name()).collect();
+                let verbs: Vec<&str> = visible_verbs(&command)
+                    .map(clap::Command::get_name)
+                    .collect();
                 bail!("no verb {verb:?}; the verbs are: {}", verbs.join(", "));
             };
             render(&verb_command(&command, sub))?

@@ -10,7 +10,7 @@ use std::{
 
 use aya::maps::MapData;
 use portmap_user::{
-    dataplane::attach,
+    dataplane::bpffs,
     dataplane::pin::PinLayout,
     dataplane::scope::{self, Access},
 };
@@ -48,7 +48,7 @@ pub struct PinRootArg {
 /// root is shared by namespaces: see `scope`), after checking that it is on
 /// bpffs (else exit code 3).
 pub fn layout(pin_root: &Path) -> anyhow::Result<PinLayout> {
-    attach::check_bpffs(pin_root).map_err(|_| CannotInspect::NotBpffs {
+    bpffs::check_bpffs(pin_root).map_err(|_| CannotInspect::NotBpffs {
         path: pin_root.display().to_string(),
     })?;
     Ok(scope::resolve(pin_root, Access::Read)?)

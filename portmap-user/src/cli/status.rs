@@ -53,7 +53,7 @@ pub fn status_json(status: &Status) -> Value {
         "pinRoot": status.root,
         "layoutVersion": LAYOUT_VERSION,
         "installed": status.installed,
-        "attachMode": status.mode.map(|m| m.as_str()),
+        "attachMode": status.mode.map(portmap_user::dataplane::features::AttachMode::as_str),
         "interfaces": status.tc.iter().map(|a| json!({
             "ifindex": a.ifindex,
             "interface": a.interface,

@@ -5,8 +5,8 @@
 use std::process::ExitCode;
 
 use portmap_user::{
-    dataplane::attach,
     dataplane::features,
+    dataplane::object,
     dataplane::pin::PinLayout,
     dataplane::scope::{self, Access},
     ops::inspect::kernel_release,
@@ -43,9 +43,10 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     // Not installed, or no bpffs: nothing recorded there, the rest still holds.
     let layout = scope::resolve(&args.pin.pin_root, Access::Read)
         .unwrap_or_else(|_| PinLayout::new(&args.pin.pin_root));
-    let build = format!("{:016x}", attach::build_id());
+    let build = format!("{:016x}", object::build_id());
     let kernel = kernel_release();
-    let mode = features::recorded_attach_mode(&layout).map(|mode| mode.as_str());
+    let mode = features::recorded_attach_mode(&layout)
+        .map(portmap_user::dataplane::features::AttachMode::as_str);
     let probed: Vec<(&str, &str, &str)> = features::ESSENTIAL
         .iter()
         .map(|feature| {

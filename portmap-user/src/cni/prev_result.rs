@@ -7,9 +7,29 @@ use std::net::IpAddr;
 
 use serde_json::Value;
 
+use crate::cni::error::code;
+use crate::cni::json::{Integer, ShapeError, expect_object, integer, key_path, wrong_type};
 use crate::cni::json_keys::{self, Field, Found, Resolved};
-use crate::cni::netconf::{ConfigError, Integer, expect_object, integer, key_path, wrong_type};
 use crate::model::{ContainerAddrs, PrevInterface};
+
+/// What can be wrong with prevResult on the way to the container's addresses.
+#[derive(Debug, thiserror::Error)]
+pub enum PrevResultError {
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    #[error("{key}: {value:?} is not an address in CIDR form such as \"10.0.0.2/24\"")]
+    InvalidCidr { key: String, value: String },
+}
+
+impl PrevResultError {
+    /// The CNI spec error code for this error.
+    pub fn cni_code(&self) -> u32 {
+        match self {
+            PrevResultError::Shape(error) => error.cni_code(),
+            PrevResultError::InvalidCidr { .. } => code::INVALID_NETWORK_CONFIG,
+        }
+    }
+}
 
 /// prevResult as this plugin reads it, parsed once when the request is built
 /// (the runtime's JSON never goes past `cni`).
@@ -27,7 +47,7 @@ impl PrevResult {
     /// Parses `prev_result` for the sandbox interface `ifname`, strictly: a
     /// malformed entry on the way to the container's addresses fails (ADD,
     /// CHECK).
-    pub fn parse(prev_result: &Value, ifname: &str) -> Result<PrevResult, ConfigError> {
+    pub fn parse(prev_result: &Value, ifname: &str) -> Result<PrevResult, PrevResultError> {
         let (interfaces, container) = read(prev_result, ifname);
         Ok(PrevResult {
             container: container?,
@@ -42,7 +62,7 @@ impl PrevResult {
     pub fn parse_for_teardown(
         prev_result: &Value,
         ifname: &str,
-    ) -> (PrevResult, Option<ConfigError>) {
+    ) -> (PrevResult, Option<PrevResultError>) {
         let (interfaces, container) = read(prev_result, ifname);
         match container {
             Ok(container) => (
@@ -68,11 +88,11 @@ impl PrevResult {
 fn read(
     prev_result: &Value,
     ifname: &str,
-) -> (Vec<PrevInterface>, Result<ContainerAddrs, ConfigError>) {
+) -> (Vec<PrevInterface>, Result<ContainerAddrs, PrevResultError>) {
     let Some(prev) = prev_result.as_object() else {
         return (
             Vec::new(),
-            Err(wrong_type("prevResult", "an object", prev_result)),
+            Err(wrong_type("prevResult", "an object", prev_result).into()),
         );
     };
     let fields = json_keys::resolve_sorted(PREV_RESULT_FIELDS, prev);
@@ -96,7 +116,7 @@ fn read(
 fn container_addrs(
     fields: &Resolved<'_, Value>,
     ifname: &str,
-) -> Result<ContainerAddrs, ConfigError> {
+) -> Result<ContainerAddrs, PrevResultError> {
     let interfaces = optional_array(fields.get("interfaces"), "prevResult")?;
     let ips = optional_array(fields.get("ips"), "prevResult")?;
     let mut addrs = ContainerAddrs::default();
@@ -109,7 +129,7 @@ fn container_addrs(
         }
         let (address_key, address) = required_str(ip.get("address"), &key, "address")?;
         // 0.3.x entries also carry "version"; the address itself is authoritative.
-        match parse_cidr_address(address).ok_or_else(|| ConfigError::InvalidCidr {
+        match parse_cidr_address(address).ok_or_else(|| PrevResultError::InvalidCidr {
             key: address_key,
             value: address.to_owned(),
         })? {
@@ -159,7 +179,7 @@ fn ip_is_on_sandbox_interface(
     key: &str,
     interfaces: (&str, &[Value]),
     ifname: &str,
-) -> Result<bool, ConfigError> {
+) -> Result<bool, PrevResultError> {
     let Some(index) = ip.get("interface") else {
         return Ok(true);
     };
@@ -206,14 +226,14 @@ fn required_str<'a>(
     found: Option<Found<'a, Value>>,
     parent: &str,
     name: &str,
-) -> Result<(String, &'a str), ConfigError> {
-    let found = found.ok_or_else(|| ConfigError::MissingField {
+) -> Result<(String, &'a str), PrevResultError> {
+    let found = found.ok_or_else(|| ShapeError::MissingField {
         field: key_path(parent, name),
     })?;
     let key = key_path(parent, found.key);
     match found.value.as_str() {
         Some(text) => Ok((key, text)),
-        None => Err(wrong_type(&key, "a string", found.value)),
+        None => Err(wrong_type(&key, "a string", found.value).into()),
     }
 }
 
@@ -221,21 +241,22 @@ fn required_str<'a>(
 fn optional_array<'a>(
     found: Option<Found<'a, Value>>,
     parent: &str,
-) -> Result<(&'a str, &'a [Value]), ConfigError> {
+) -> Result<(&'a str, &'a [Value]), PrevResultError> {
     match found {
         None => Ok(("", &[])),
         Some(Found {
             key,
             value: Value::Array(list),
         }) => Ok((key, list)),
-        Some(Found { key, value }) => Err(wrong_type(&key_path(parent, key), "an array", value)),
+        Some(Found { key, value }) => {
+            Err(wrong_type(&key_path(parent, key), "an array", value).into())
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cni::code;
 
     #[test]
     fn prev_interfaces_fold_keys_and_skip_what_is_not_an_object() {
@@ -264,9 +285,10 @@ mod tests {
     }
 
     fn addrs(prev: serde_json::Value, ifname: &str) -> ContainerAddrs {
-        PrevResult::parse(&prev, ifname)
-            .map(|prev| prev.container)
-            .unwrap_or_else(|error| panic!("prevResult {prev} must parse: {error}"))
+        PrevResult::parse(&prev, ifname).map_or_else(
+            |error| panic!("prevResult {prev} must parse: {error}"),
+            |prev| prev.container,
+        )
     }
 
     #[test]

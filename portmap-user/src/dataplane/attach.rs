@@ -12,7 +12,6 @@
 use std::{
     collections::BTreeSet,
     fs, io,
-    os::{fd::AsRawFd, unix::fs::DirBuilderExt},
     path::{Path, PathBuf},
 };
 
@@ -27,46 +26,19 @@ use aya::{
 use portmap_common::{local, map_names, program_names};
 
 use crate::{
+    dataplane::bpffs::{BpffsError, check_bpffs, create_private_dir, mount_bpffs_if_missing},
     dataplane::cgroup,
-    dataplane::features,
+    dataplane::features::{self, AttachMode},
+    dataplane::lock::{LockError, lock},
+    dataplane::object::{OBJECT, build_id},
     dataplane::pin::{Direction, PinLayout},
     node::netlink,
 };
-
-/// The eBPF object, built by build.rs and embedded so that installing the
-/// plugin is copying one file.
-pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/portmap"));
-
-/// Identifies this build's programs; part of their pin names. The FNV-1a
-/// of [`OBJECT`], computed by build.rs: hashing 0.5 MB at run time cost
-/// every ADD about half a millisecond.
-pub fn build_id() -> u64 {
-    const ID: u64 = match u64::from_str_radix(env!("PORTMAP_BUILD_ID"), 16) {
-        Ok(id) => id,
-        Err(_) => panic!("build.rs sets PORTMAP_BUILD_ID to 16 hex digits"),
-    };
-    ID
-}
 
 /// Priority and handle of our filters when attached through clsact
 /// (kernels without tcx): fixed, so a new build replaces them in place.
 const CLSACT_PRIORITY: u16 = 0xc0de;
 const CLSACT_HANDLE: TcHandle = TcHandle::new(0, 0xbeef);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttachMode {
-    Tcx,
-    Clsact,
-}
-
-impl AttachMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttachMode::Tcx => "tcx",
-            AttachMode::Clsact => "clsact",
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
@@ -74,17 +46,19 @@ pub enum AttachError {
     Feature(#[from] crate::dataplane::features::FeatureError),
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
-    #[error("cannot create {path}")]
-    CreateDir {
-        path: PathBuf,
+    #[error(transparent)]
+    Bpffs(#[from] BpffsError),
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(
+        "this kernel lacks {feature}, which ebpf-portmap needs (Linux {since} or later has it)"
+    )]
+    MissingFeature {
+        feature: &'static str,
+        since: &'static str,
+        /// The load failure that sent us looking.
         #[source]
-        source: io::Error,
-    },
-    #[error("cannot lock {path}")]
-    Lock {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
+        cause: Box<AttachError>,
     },
     #[error("cannot load the eBPF object")]
     Load(#[source] Box<EbpfError>),
@@ -120,8 +94,22 @@ pub enum AttachError {
     },
     #[error("interface index {index} does not exist")]
     NoInterface { index: u32 },
-    #[error("bpffs is not mounted at {path}; mount it with `mount -t bpf bpf /sys/fs/bpf`")]
-    NoBpffs { path: PathBuf },
+}
+
+/// A load failure, explained by the missing feature when the kernel lacks
+/// one; any other error is returned as it is.
+fn explain_load_failure(error: AttachError) -> AttachError {
+    if !matches!(error, AttachError::Load(_) | AttachError::Program { .. }) {
+        return error;
+    }
+    match features::first_missing(features::supported) {
+        Some(feature) => AttachError::MissingFeature {
+            feature: feature.name,
+            since: feature.since,
+            cause: Box::new(error),
+        },
+        None => error,
+    }
 }
 
 fn program_name(direction: Direction) -> &'static str {
@@ -135,74 +123,6 @@ fn attach_type(direction: Direction) -> TcAttachType {
     match direction {
         Direction::Ingress => TcAttachType::Ingress,
         Direction::Egress => TcAttachType::Egress,
-    }
-}
-
-pub(crate) fn create_private_dir(path: &Path) -> Result<(), AttachError> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
-        .map_err(|source| AttachError::CreateDir {
-            path: path.to_owned(),
-            source,
-        })
-}
-
-/// Whether `path` is on a bpffs (or below a directory that will be on one).
-pub fn check_bpffs(root: &Path) -> Result<(), AttachError> {
-    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
-    let mut probe = root.to_path_buf();
-    while !probe.exists() {
-        if !probe.pop() {
-            break;
-        }
-    }
-    let c_path = std::ffi::CString::new(probe.as_os_str().as_encoded_bytes()).unwrap_or_default();
-    // SAFETY: statfs with a valid path and an out struct.
-    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } == 0;
-    if ok && stat.f_type as i64 == BPF_FS_MAGIC {
-        Ok(())
-    } else {
-        Err(AttachError::NoBpffs { path: probe })
-    }
-}
-
-/// A node without bpffs at /sys/fs/bpf gets it mounted, as the kernel docs
-/// and every eBPF dataplane expect; other roots must be on a bpffs already.
-pub(crate) fn mount_bpffs_if_missing(root: &Path) -> Result<(), AttachError> {
-    const DEFAULT_MOUNT: &str = "/sys/fs/bpf";
-    if check_bpffs(root).is_ok() || !root.starts_with(DEFAULT_MOUNT) {
-        return check_bpffs(root);
-    }
-    if let Err(error) = mount_fs("bpf", Path::new(DEFAULT_MOUNT)) {
-        log::warn!("mounting bpffs at {DEFAULT_MOUNT}: {error}");
-    }
-    check_bpffs(root)
-}
-
-/// mount(2) of a pseudo filesystem (`fstype`, no device, no options).
-pub(crate) fn mount_fs(fstype: &str, target: &Path) -> io::Result<()> {
-    let c = |s: &[u8]| std::ffi::CString::new(s).unwrap_or_default();
-    let (fstype, target) = (
-        c(fstype.as_bytes()),
-        c(target.as_os_str().as_encoded_bytes()),
-    );
-    // SAFETY: valid NUL-terminated strings, no data argument.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 
@@ -277,7 +197,7 @@ fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32>> {
         libc::syscall(
             libc::SYS_bpf,
             BPF_PROG_QUERY,
-            &mut attr as *mut ProgQuery,
+            &raw mut attr,
             std::mem::size_of::<ProgQuery>(),
         )
     };
@@ -344,7 +264,7 @@ pub fn ensure(
     for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
         create_private_dir(&dir)?;
     }
-    load_and_pin(layout, capacities).map_err(features::explain_load_failure)?;
+    load_and_pin(layout, capacities).map_err(explain_load_failure)?;
     // Probed once per pin root (then read from the record): tcx or clsact.
     let mode = match pinned_program(layout, Direction::Ingress) {
         Some(program) => features::attach_mode(layout, &program)?,
@@ -390,33 +310,6 @@ pub fn ensure(
     remove_other_builds(layout);
     drop(lock);
     Ok(())
-}
-
-/// Takes the pin root's lock (an `flock`, waiting for it), which serialises
-/// loads, attachments and node-state writes; released when the returned
-/// file is dropped, or by the kernel if the holder dies.
-pub fn lock(layout: &PinLayout) -> Result<fs::File, AttachError> {
-    let lock_path = layout.lock_file();
-    if let Some(dir) = lock_path.parent() {
-        create_private_dir(dir)?;
-    }
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|source| AttachError::Lock {
-            path: lock_path.clone(),
-            source,
-        })?;
-    // SAFETY: flock on an fd we own; released when `lock` is closed.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(AttachError::Lock {
-            path: lock_path,
-            source: io::Error::last_os_error(),
-        });
-    }
-    Ok(lock)
 }
 
 /// Whether everything of `targets` is in place; `recorded` is what
@@ -917,7 +810,7 @@ pub fn is_attached(layout: &PinLayout, ifindex: u32) -> bool {
 /// STATUS: can this node serve ADD? bpffs must be mounted, and the programs
 /// must be loaded already or load now (verified, then dropped).
 pub fn probe(layout: &PinLayout) -> Result<(), AttachError> {
-    probe_load(layout).map_err(features::explain_load_failure)
+    probe_load(layout).map_err(explain_load_failure)
 }
 
 fn probe_load(layout: &PinLayout) -> Result<(), AttachError> {
@@ -992,6 +885,24 @@ pub fn detach_clsact(interface: &str, direction: Direction) -> Result<(), Progra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_missing_feature_message_names_feature_and_kernel() {
+        let fib = features::ESSENTIAL
+            .iter()
+            .find(|f| f.name.contains("bpf_fib_lookup"))
+            .unwrap();
+        let error = AttachError::MissingFeature {
+            feature: fib.name,
+            since: fib.since,
+            cause: Box::new(AttachError::NoInterface { index: 1 }),
+        };
+        let text = error.to_string();
+        assert!(
+            text.contains("bpf_fib_lookup") && text.contains("Linux 4.18 or later"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn build_id_is_the_hash_of_the_embedded_object() {

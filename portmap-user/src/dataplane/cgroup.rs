@@ -83,7 +83,7 @@ pub fn target(configured: Option<&Path>) -> Result<PathBuf, CgroupError> {
         return Ok(path);
     }
     fs::create_dir_all(PRIVATE_MOUNT).map_err(CgroupError::Mount)?;
-    crate::dataplane::attach::mount_fs("cgroup2", Path::new(PRIVATE_MOUNT))
+    crate::dataplane::bpffs::mount_fs("cgroup2", Path::new(PRIVATE_MOUNT))
         .map_err(CgroupError::Mount)?;
     Ok(PathBuf::from(PRIVATE_MOUNT))
 }

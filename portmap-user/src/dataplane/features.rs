@@ -31,13 +31,28 @@ use aya::{
     sys::{BpfHelper, is_helper_supported, is_map_supported, is_program_supported},
 };
 
-use crate::{
-    dataplane::attach::{AttachError, AttachMode},
-    dataplane::pin::PinLayout,
-};
+use crate::dataplane::pin::PinLayout;
 
 /// Pinned under `maps/` as `features`, so `uninstall` removes it with the maps.
 pub const RECORD: &str = "features";
+
+/// How the tc programs are attached on this node: tcx links (Linux 6.6) or
+/// filters on the clsact qdisc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachMode {
+    Tcx,
+    Clsact,
+}
+
+impl AttachMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachMode::Tcx => "tcx",
+            AttachMode::Clsact => "clsact",
+        }
+    }
+}
+
 /// Index of the attach-mode entry in the record.
 pub const ATTACH_MODE: u32 = 0;
 pub const MODE_TCX: u32 = 1;
@@ -53,16 +68,6 @@ const ENOTSUPP: i32 = 524;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FeatureError {
-    #[error(
-        "this kernel lacks {feature}, which ebpf-portmap needs (Linux {since} or later has it)"
-    )]
-    Missing {
-        feature: &'static str,
-        since: &'static str,
-        /// The load failure that sent us looking.
-        #[source]
-        cause: Box<AttachError>,
-    },
     #[error(
         "this kernel has neither tcx (Linux 6.6) nor the clsact qdisc (Linux 4.5, CONFIG_NET_SCH_INGRESS, module sch_ingress): no way to attach tc programs to {interface}"
     )]
@@ -203,22 +208,6 @@ pub fn first_missing(supported: impl Fn(Probe) -> Option<bool>) -> Option<&'stat
         .find(|feature| supported(feature.probe) == Some(false))
 }
 
-/// A load failure, explained by the missing feature when the kernel lacks
-/// one; any other error is returned as it is.
-pub fn explain_load_failure(error: AttachError) -> AttachError {
-    if !matches!(error, AttachError::Load(_) | AttachError::Program { .. }) {
-        return error;
-    }
-    match first_missing(supported) {
-        Some(feature) => AttachError::Feature(FeatureError::Missing {
-            feature: feature.name,
-            since: feature.since,
-            cause: Box::new(error),
-        }),
-        None => error,
-    }
-}
-
 /// What `BPF_LINK_CREATE` for tcx with no target interface answers: a
 /// kernel with tcx looks the interface up and says ENODEV; one without
 /// refuses the attach type (EINVAL, or ENOTSUPP/EOPNOTSUPP). Nothing is
@@ -260,7 +249,7 @@ pub fn probe_tcx(program: &SchedClassifier) -> Result<bool, FeatureError> {
         libc::syscall(
             libc::SYS_bpf,
             BPF_LINK_CREATE,
-            &attr as *const LinkCreate,
+            &raw const attr,
             std::mem::size_of::<LinkCreate>(),
         )
     };
@@ -302,7 +291,7 @@ pub fn recorded_attach_mode(layout: &PinLayout) -> Option<AttachMode> {
 pub fn attach_mode(
     layout: &PinLayout,
     program: &SchedClassifier,
-) -> Result<AttachMode, AttachError> {
+) -> Result<AttachMode, FeatureError> {
     if let Some(mode) = recorded_attach_mode(layout) {
         return Ok(mode);
     }
@@ -312,11 +301,9 @@ pub fn attach_mode(
         AttachMode::Clsact
     };
     let path = layout.map(RECORD);
-    let record_error = |source: io::Error| {
-        AttachError::Feature(FeatureError::Record {
-            path: path.clone(),
-            source,
-        })
+    let record_error = |source: io::Error| FeatureError::Record {
+        path: path.clone(),
+        source,
     };
     let mut record = Array::<MapData, u32>::create(RECORD_ENTRIES, 0)
         .map_err(|e| record_error(io::Error::other(e.to_string())))?;
@@ -334,7 +321,7 @@ pub fn attach_mode(
 
 /// Adds the clsact qdisc `interface` needs (one already there is fine);
 /// a kernel without it is named as such.
-pub fn ensure_clsact(interface: &str) -> Result<(), AttachError> {
+pub fn ensure_clsact(interface: &str) -> Result<(), FeatureError> {
     let error = match aya::programs::tc::qdisc_add_clsact(interface) {
         Ok(()) | Err(TcError::AlreadyAttached) => return Ok(()),
         Err(error) => error,
@@ -345,7 +332,7 @@ pub fn ensure_clsact(interface: &str) -> Result<(), AttachError> {
         _ => None,
     };
     let interface = interface.to_owned();
-    Err(AttachError::Feature(match errno {
+    Err(match errno {
         Some(libc::EEXIST) => return Ok(()),
         // "Specified qdisc kind is unknown": no sch_ingress.
         Some(libc::ENOENT | libc::EOPNOTSUPP) => FeatureError::NoTcHook {
@@ -356,7 +343,7 @@ pub fn ensure_clsact(interface: &str) -> Result<(), AttachError> {
             interface,
             source: error,
         },
-    }))
+    })
 }
 
 #[cfg(test)]
@@ -400,24 +387,6 @@ mod tests {
         })
         .expect("two missing");
         assert_eq!(no_lru.since, "4.10", "the oldest missing one comes first");
-    }
-
-    #[test]
-    fn the_missing_feature_message_names_feature_and_kernel() {
-        let fib = ESSENTIAL
-            .iter()
-            .find(|f| f.name.contains("bpf_fib_lookup"))
-            .unwrap();
-        let error = FeatureError::Missing {
-            feature: fib.name,
-            since: fib.since,
-            cause: Box::new(AttachError::NoInterface { index: 1 }),
-        };
-        let text = error.to_string();
-        assert!(
-            text.contains("bpf_fib_lookup") && text.contains("Linux 4.18 or later"),
-            "{text}"
-        );
     }
 
     #[test]

@@ -29,8 +29,8 @@ use portmap_common::{
 };
 
 use crate::{
-    dataplane::attach::{self, AttachError},
     dataplane::hash::fnv1a64,
+    dataplane::lock::{self, LockError},
     dataplane::maps::{MapsError, open},
     dataplane::ownership::{addr_from_words, words_from_addr},
     dataplane::pin::PinLayout,
@@ -42,7 +42,7 @@ pub enum LocalError {
     #[error(transparent)]
     Maps(#[from] MapsError),
     #[error(transparent)]
-    Lock(#[from] AttachError),
+    Lock(#[from] LockError),
     #[error("cannot read the network namespace cookie (SO_NETNS_COOKIE needs Linux 5.14)")]
     Cookie(#[source] io::Error),
     #[error("cannot record the configured interfaces next to the lock file")]
@@ -78,8 +78,8 @@ pub fn netns_cookie() -> Result<u64, LocalError> {
             socket.as_raw_fd(),
             libc::SOL_SOCKET,
             SO_NETNS_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
+            (&raw mut cookie).cast(),
+            &raw mut len,
         )
     };
     if rc != 0 {
@@ -259,7 +259,7 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
     if node.get(&0, 0).is_ok_and(|current| current == wanted.node) {
         return Ok(());
     }
-    let _lock = attach::lock(layout)?;
+    let _lock = lock::lock(layout)?;
 
     let mut local: HashMap<MapData, LocalAddrKey, u8> = open(layout, map_names::LOCAL_ADDRS)?;
     let present: Vec<LocalAddrKey> = local.keys().filter_map(Result::ok).collect();
@@ -405,7 +405,7 @@ mod tests {
                     index: 5,
                     local: None,
                     address: Some("fe80::5".parse().unwrap()),
-                })
+                });
             }),
             ("snat off", |s| s.snat = false),
             ("masqAll on", |s| s.masq_all = true),

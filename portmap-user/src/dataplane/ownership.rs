@@ -884,7 +884,7 @@ impl Maps {
             source: Box::new(source),
         })?;
         if created {
-            for entry in self.mappings.iter() {
+            for entry in &self.mappings {
                 let (key, _) = entry.map_err(map_error("mappings", "iterate"))?;
                 if key.host_addr_be != [0; 4] {
                     map.insert(PortKey::of(&key), 1, BPF_ANY)
@@ -966,7 +966,7 @@ impl Maps {
         if wildcard_ports.is_empty() {
             return Ok(());
         }
-        for entry in self.mappings.iter() {
+        for entry in &self.mappings {
             let (key, value) = entry.map_err(map_error("mappings", "iterate"))?;
             if key.host_addr_be == [0; 4] || value.owner_id == id {
                 continue;
@@ -1032,7 +1032,7 @@ impl Maps {
     /// mappings map.
     pub fn owners_with_mappings(&self) -> Result<std::collections::HashSet<u64>, StoreError> {
         let mut held = std::collections::HashSet::new();
-        for entry in self.mappings.iter() {
+        for entry in &self.mappings {
             let (_, value) = entry.map_err(map_error("mappings", "iterate"))?;
             held.insert(value.owner_id);
         }
@@ -1052,7 +1052,7 @@ impl Maps {
     pub fn orphans(&self) -> Result<BTreeMap<u64, Vec<MappingKey>>, StoreError> {
         let mut known = std::collections::HashMap::new();
         let mut orphans: BTreeMap<u64, Vec<MappingKey>> = BTreeMap::new();
-        for entry in self.mappings.iter() {
+        for entry in &self.mappings {
             let (key, value) = entry.map_err(map_error("mappings", "iterate"))?;
             let has_record = match known.get(&value.owner_id) {
                 Some(has) => *has,

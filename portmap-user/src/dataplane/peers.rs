@@ -69,7 +69,7 @@ fn driver(name: &str) -> Option<String> {
     };
     let mut request = IfReq {
         name: [0; libc::IFNAMSIZ],
-        data: &mut info,
+        data: &raw mut info,
         _pad: [0; 16],
     };
     request.name[..name.len()].copy_from_slice(name.as_bytes());

@@ -50,7 +50,7 @@ pub enum ScopeError {
         ours: u64,
     },
     #[error(transparent)]
-    Bpffs(Box<crate::dataplane::attach::AttachError>),
+    Bpffs(#[from] crate::dataplane::bpffs::BpffsError),
     #[error("cannot record this network namespace as the owner of {path}")]
     Claim {
         path: PathBuf,
@@ -170,9 +170,9 @@ fn claim(layout: &PinLayout, ours: u64) -> Result<Option<u64>, ScopeError> {
     };
     // Before anything is made: a node without bpffs at /sys/fs/bpf gets it
     // mounted (as ADD always did), and the directory made private.
-    crate::dataplane::attach::mount_bpffs_if_missing(layout.root())
-        .and_then(|()| crate::dataplane::attach::create_private_dir(&layout.maps_dir()))
-        .map_err(|error| ScopeError::Bpffs(Box::new(error)))?;
+    crate::dataplane::bpffs::mount_bpffs_if_missing(layout.root())
+        .and_then(|()| crate::dataplane::bpffs::create_private_dir(&layout.maps_dir()))
+        .map_err(ScopeError::Bpffs)?;
     let definition = aya_obj::Map::Legacy(aya_obj::maps::LegacyMap {
         def: aya_obj::maps::bpf_map_def {
             // An array: `status` judges hash maps by fill, and this one is

@@ -317,7 +317,7 @@ impl Clock {
             tv_nsec: 0,
         };
         // SAFETY: valid out pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
         let monotonic = Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
         Clock {
             wall_at_boot: SystemTime::now() - monotonic,

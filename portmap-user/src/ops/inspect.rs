@@ -26,10 +26,12 @@ use portmap_common::{
 
 use crate::model::PodIdentity;
 use crate::{
-    dataplane::attach::{self, AttachMode},
+    dataplane::attach,
     dataplane::counters,
+    dataplane::features::AttachMode,
     dataplane::maps::{self, Maps, MapsError},
     dataplane::node_state,
+    dataplane::object::build_id,
     dataplane::ownership::{KeyDisplay, addr_from_words, protocol_name, record_strings},
     dataplane::pin::{Direction, PinLayout, parse_link_name},
     dataplane::trace,
@@ -67,7 +69,7 @@ pub fn monotonic_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -160,13 +162,16 @@ impl MappingRow {
     /// (network, container ID, ifname); the owner ID in hex when the record
     /// is missing.
     pub fn owner_strings(&self) -> (String, String, String) {
-        self.owner.as_ref().map(record_strings).unwrap_or_else(|| {
-            (
-                "?".into(),
-                format!("{:016x}", self.value.owner_id),
-                "?".into(),
-            )
-        })
+        self.owner.as_ref().map_or_else(
+            || {
+                (
+                    "?".into(),
+                    format!("{:016x}", self.value.owner_id),
+                    "?".into(),
+                )
+            },
+            record_strings,
+        )
     }
 
     pub fn created(&self) -> Option<SystemTime> {
@@ -207,14 +212,14 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
     let mut entries: Vec<(CtKey, CtEntry)> = Vec::new();
     for table in [map_names::CONNTRACK, map_names::CONNTRACK_OTHER] {
         if let Ok(conntrack) = maps::conntrack(layout, table) {
-            for entry in conntrack.iter() {
+            for entry in &conntrack {
                 entries.push(entry.map_err(read_error(table))?);
             }
         }
     }
     let flows = live_flows(entries, monotonic_ns());
     let mut rows = Vec::new();
-    for entry in maps.mappings.iter() {
+    for entry in &maps.mappings {
         let (key, value) = entry.map_err(read_error("mappings"))?;
         let owner = maps.owners.get(&value.owner_id, 0).ok();
         let pod = maps.pod_of(value.owner_id);
@@ -304,7 +309,7 @@ pub fn ownership(layout: &PinLayout) -> Result<Ownership, InspectError> {
             }
         }
     }
-    for entry in maps.mappings.iter() {
+    for entry in &maps.mappings {
         let (key, value) = entry.map_err(read_error("mappings"))?;
         if let Some(label) = labels.get(&value.owner_id)
             && !indexed.contains(&(value.owner_id, key))
@@ -374,7 +379,7 @@ fn count_keys(fd: std::os::fd::BorrowedFd<'_>, key_size: u32) -> Option<u64> {
             libc::syscall(
                 libc::SYS_bpf,
                 BPF_MAP_GET_NEXT_KEY,
-                &mut attr as *mut Attr,
+                &raw mut attr,
                 std::mem::size_of::<Attr>() as u32,
             )
         };
@@ -468,7 +473,7 @@ pub struct PinnedProgram {
 }
 
 pub fn pinned_programs(layout: &PinLayout) -> Vec<PinnedProgram> {
-    let current = format!("{:016x}", attach::build_id());
+    let current = format!("{:016x}", build_id());
     let mut programs = Vec::new();
     let Ok(entries) = fs::read_dir(layout.progs_dir()) else {
         return programs;
@@ -542,8 +547,9 @@ pub fn attachments(layout: &PinLayout) -> (Vec<TcAttachment>, Vec<OtherLink>) {
                         .and_then(|link| FdLink::from(link).info().ok());
                     (
                         AttachMode::Tcx,
-                        info.as_ref().map(|i| i.id()),
-                        info.as_ref().map(|i| i.program_id()),
+                        info.as_ref().map(aya::programs::links::LinkInfo::id),
+                        info.as_ref()
+                            .map(aya::programs::links::LinkInfo::program_id),
                     )
                 };
                 let attached = match (&interface, program_id, mode) {
@@ -574,8 +580,10 @@ pub fn attachments(layout: &PinLayout) -> (Vec<TcAttachment>, Vec<OtherLink>) {
                         .as_ref()
                         .and_then(|i| i.link_type().ok())
                         .map_or_else(|| "unknown".into(), |t| format!("{t:?}").to_lowercase()),
-                    link_id: info.as_ref().map(|i| i.id()),
-                    program_id: info.as_ref().map(|i| i.program_id()),
+                    link_id: info.as_ref().map(aya::programs::links::LinkInfo::id),
+                    program_id: info
+                        .as_ref()
+                        .map(aya::programs::links::LinkInfo::program_id),
                 });
             }
         }
@@ -716,7 +724,7 @@ pub fn kernel_release() -> String {
     // SAFETY: an all-zero utsname is valid; uname fills it.
     let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
     // SAFETY: valid out pointer.
-    if unsafe { libc::uname(&mut uts) } != 0 {
+    if unsafe { libc::uname(&raw mut uts) } != 0 {
         return "unknown".into();
     }
     // SAFETY: uname NUL-terminates the field.
@@ -745,7 +753,7 @@ pub fn status(layout: &PinLayout) -> Status {
         root: layout.root().to_path_buf(),
         installed,
         kernel: kernel_release(),
-        build: format!("{:016x}", attach::build_id()),
+        build: format!("{:016x}", build_id()),
         mode: attach::attach_mode(layout),
         programs,
         tc,

@@ -139,7 +139,7 @@ impl Tree {
                     let mut file = File::open(source)
                         .with_context(|| format!("opening {}", source.display()))?;
                     let size = file.metadata()?.len();
-                    writer.entry(path, S_IFREG | mode, (0, 0), &mut file, size)?
+                    writer.entry(path, S_IFREG | mode, (0, 0), &mut file, size)?;
                 }
                 Node::Symlink { target } => writer.entry(
                     path,
@@ -149,7 +149,7 @@ impl Tree {
                     target.len() as u64,
                 )?,
                 Node::CharDevice { major, minor, mode } => {
-                    writer.entry(path, S_IFCHR | mode, (*major, *minor), &mut io::empty(), 0)?
+                    writer.entry(path, S_IFCHR | mode, (*major, *minor), &mut io::empty(), 0)?;
                 }
             }
         }
@@ -259,7 +259,7 @@ mod tests {
     fn archive(tree: &Tree) -> Vec<u8> {
         let dir = std::env::temp_dir().join(format!("xtask-cpio-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let out = dir.join(format!("{:p}.cpio", tree));
+        let out = dir.join(format!("{tree:p}.cpio"));
         tree.write(&out).unwrap();
         let bytes = std::fs::read(&out).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();

@@ -113,7 +113,7 @@ pub struct Artifacts {
 /// reuses what `cargo test` just built) and reads their paths from cargo's
 /// JSON messages.
 pub fn build_artifacts(tests: &[&GuestTest]) -> Result<Artifacts> {
-    let mut command = crate::cargo();
+    let mut command = crate::cmd::cargo();
     command.args([
         "test",
         "--no-run",
@@ -123,7 +123,7 @@ pub fn build_artifacts(tests: &[&GuestTest]) -> Result<Artifacts> {
         "-p",
         "portmap-tests",
     ]);
-    println!("+ {}", crate::show(&command));
+    println!("+ {}", crate::cmd::show(&command));
     let out = command
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -254,7 +254,7 @@ fn add_elf(tree: &mut Tree, guest: &str, host: &Path) -> Result<()> {
 /// DWARF the guest never reads (panics still name the test and message).
 fn stripped(host: &Path, stage: &Path, name: &str) -> Result<PathBuf> {
     let out = stage.join(name);
-    crate::run(
+    crate::cmd::run(
         Command::new("objcopy")
             .arg("--strip-debug")
             .arg(host)

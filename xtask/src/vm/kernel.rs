@@ -116,8 +116,11 @@ pub fn natural_cmp(a: &str, b: &str) -> Ordering {
 pub fn resolve_package(series: &Series) -> Result<String> {
     let search = || -> Result<Vec<String>> {
         let pattern = format!("^linux-image-{}\\.{}\\.", series.major, series.minor);
-        let out =
-            crate::capture(Command::new("apt-cache").args(["search", "--names-only", &pattern]))?;
+        let out = crate::cmd::capture(Command::new("apt-cache").args([
+            "search",
+            "--names-only",
+            &pattern,
+        ]))?;
         let mut found: Vec<String> = out
             .lines()
             .filter_map(|line| line.split_whitespace().next())
@@ -130,7 +133,7 @@ pub fn resolve_package(series: &Series) -> Result<String> {
     let mut found = search()?;
     if found.is_empty() {
         println!("vm: apt knows no linux-image-{series}.* package; running apt-get update ...");
-        crate::run(crate::apt_get().arg("update"))?;
+        crate::cmd::run(crate::setup::apt_get().arg("update"))?;
         found = search()?;
     }
     match found.pop() {
@@ -162,8 +165,8 @@ pub fn fetch(package: &str, cache: &Path) -> Result<Kernel> {
         }
         None => {
             println!("vm: {package}: apt-get download ...");
-            crate::run(
-                crate::apt_get()
+            crate::cmd::run(
+                crate::setup::apt_get()
                     .current_dir(&debs)
                     .args(["download", package]),
             )?;
@@ -180,9 +183,9 @@ pub fn fetch(package: &str, cache: &Path) -> Result<Kernel> {
                 .with_context(|| format!("removing {}", root.display()))?;
         }
         std::fs::create_dir_all(&root)?;
-        crate::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+        crate::cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
         let release = only_entry(&root.join("lib/modules"))?;
-        crate::run(Command::new("depmod").arg("-b").arg(&root).arg(&release))?;
+        crate::cmd::run(Command::new("depmod").arg("-b").arg(&root).arg(&release))?;
         std::fs::write(&stamp, b"")?;
     }
     let release = only_entry(&root.join("lib/modules"))?;

@@ -94,14 +94,14 @@ pub fn skip_requested_by_env() -> bool {
 }
 
 fn vm_dir() -> PathBuf {
-    crate::target_dir().join("vm")
+    crate::cmd::target_dir().join("vm")
 }
 
 fn ensure_vm_packages() -> Result<()> {
     let missing: Vec<&str> = VM_APT_PACKAGES
         .iter()
         .copied()
-        .filter(|p| !crate::dpkg_installed(p))
+        .filter(|p| !crate::setup::dpkg_installed(p))
         .collect();
     if missing.is_empty() {
         println!(
@@ -111,16 +111,16 @@ fn ensure_vm_packages() -> Result<()> {
         return Ok(());
     }
     println!("vm: installing {} ...", missing.join(" "));
-    if crate::run(
-        crate::apt_get()
+    if crate::cmd::run(
+        crate::setup::apt_get()
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing),
     )
     .is_err()
     {
-        crate::run(crate::apt_get().arg("update"))?;
-        crate::run(
-            crate::apt_get()
+        crate::cmd::run(crate::setup::apt_get().arg("update"))?;
+        crate::cmd::run(
+            crate::setup::apt_get()
                 .args(["install", "-y", "--no-install-recommends"])
                 .args(&missing),
         )?;
@@ -140,7 +140,10 @@ struct Outcome {
 pub fn vm_test(args: &VmTestArgs) -> Result<()> {
     let started = Instant::now();
     let kernels: Vec<String> = if args.kernels.is_empty() {
-        DEFAULT_KERNELS.iter().map(|k| k.to_string()).collect()
+        DEFAULT_KERNELS
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect()
     } else {
         args.kernels.clone()
     };
@@ -284,7 +287,7 @@ fn prepare(series: &Series, common: &cpio::Tree) -> Result<PreparedVm> {
         Err(error) => {
             // Stale package lists name versions the mirror no longer has.
             println!("vm: {series}: {error:#}; running apt-get update and trying again");
-            crate::run(crate::apt_get().arg("update"))?;
+            crate::cmd::run(crate::setup::apt_get().arg("update"))?;
             fetch()?
         }
     };
@@ -333,7 +336,7 @@ fn boot(series: &Series, vm: &PreparedVm, args: &VmTestArgs) -> Result<qemu::Run
 
 /// `qemu-system-x86_64 --version`, for the log.
 fn qemu_version() -> Option<String> {
-    crate::capture(Command::new(qemu::QEMU).arg("--version"))
+    crate::cmd::capture(Command::new(qemu::QEMU).arg("--version"))
         .ok()
         .and_then(|v| v.lines().next().map(str::to_owned))
 }

@@ -113,7 +113,7 @@ pub fn boot(boot: &Boot<'_>) -> Result<Run> {
     let _ = std::fs::remove_file(boot.log);
     std::fs::write(boot.log, b"")?;
     let mut command = qemu_command(boot);
-    println!("+ {}", crate::show(&command));
+    println!("+ {}", crate::cmd::show(&command));
     let started = Instant::now();
     let mut child = command
         .spawn()

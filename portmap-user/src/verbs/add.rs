@@ -1,0 +1,138 @@
+//! ADD: claim the container's host ports, atomically, after bringing the
+//! programs and the node state in line with the node.
+
+use super::*;
+
+pub(super) fn add(req: &Request) -> Result<(), PluginError> {
+    let translations = ownership::plan(&req.conf.port_mappings, &req.container);
+    let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
+    // A container without mappings still needs the programs on its
+    // host-side interface once the node has a dataplane: that is where
+    // its hairpin connections to other containers' host ports start.
+    if translations.is_empty() && !layout.map(portmap_common::map_names::OWNERS).exists() {
+        log::info!("ADD {}: no port mappings", who(&req.owner, &req.identity));
+        return Ok(());
+    }
+    // The root becomes this network namespace's before anything is made.
+    let layout = scope::resolve(&req.conf.pin_root, scope::Access::Claim)?;
+    require_privilege()?;
+    // One rtnetlink socket, one link and one address dump serve every
+    // question below.
+    let mut rtnl = Rtnl::open()?;
+    let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
+    warn_absent_host_ips(&req.conf, &node.addresses);
+    reconcile(&layout, &req.conf, &node)?;
+    let mut maps = Maps::open(&layout)?;
+    if translations.is_empty() {
+        return Ok(());
+    }
+    check_node_listeners(&maps, &req.owner, &translations, req.conf.listener_policy)?;
+    if !req.identity.is_empty() && maps.pods.is_none() {
+        maps.pods = Some(crate::dataplane::maps::create_pods(&layout)?);
+    }
+    maps.prepare_claim(&layout)?;
+    maps.claim(&req.owner, &req.identity, &translations)?;
+    // Recorded whether or not `fastPath` is on now: it is a node-wide
+    // switch, and containers added before it was turned on use it too.
+    match peers::handover(&req.interfaces, &req.owner.ifname, |name| {
+        node.links
+            .iter()
+            .find(|l| l.name == name)
+            .map(|l| (l.index, l.has_controller))
+    }) {
+        Some(handover) => peers::record(
+            &layout,
+            ownership::owner_id(&req.owner),
+            &req.container,
+            &handover,
+        )?,
+        None => log::info!(
+            "ADD {}: no veth to hand packets to; the fast path does not apply",
+            who(&req.owner, &req.identity)
+        ),
+    }
+    log::info!(
+        "ADD {}: {} mapping(s) claimed",
+        who(&req.owner, &req.identity),
+        translations.len()
+    );
+    Ok(())
+}
+
+/// Logs the mappings whose hostIP the node does not have (yet): accepted,
+/// since such addresses appear later (a VIP moving to this node), but they
+/// see no traffic until then.
+fn warn_absent_host_ips(conf: &NetConf, addresses: &[NodeAddress]) {
+    for mapping in &conf.port_mappings {
+        if let HostIp::Addr(addr) = mapping.host_ip
+            && netlink::interface_with_address(addresses, addr).is_none()
+        {
+            log::warn!(
+                "hostIP {addr} of host port {} is not an address of this node (yet): the mapping sees no traffic until the address exists here",
+                mapping.host_port
+            );
+        }
+    }
+}
+
+/// Refuses (or, by policy, warns about) host ports that a node process
+/// already listens on. Ports the owner holds already are its own business.
+fn check_node_listeners(
+    maps: &Maps,
+    owner: &Owner,
+    translations: &[Translation],
+    policy: ListenerPolicy,
+) -> Result<(), PluginError> {
+    let own = ownership::owner_id(owner);
+    let mut seen = BTreeSet::new();
+    // Each socket table is read once per ADD, whatever the number of mappings.
+    let mut tables: std::collections::BTreeMap<u8, Vec<listeners::Listener>> = Default::default();
+    for translation in translations {
+        let key = translation.key;
+        if maps.mappings.get(&key, 0).is_ok_and(|v| v.owner_id == own) {
+            continue;
+        }
+        let port = u16::from_be(key.host_port_be);
+        if !seen.insert((key.proto, port, key.family, key.host_addr_be)) {
+            continue;
+        }
+        let host = (key.host_addr_be != [0; 4])
+            .then(|| ownership::addr_from_words(key.family, &key.host_addr_be));
+        let v6 = key.family == portmap_common::FAMILY_V6;
+        let table = match tables.entry(key.proto) {
+            std::collections::btree_map::Entry::Occupied(table) => table.into_mut(),
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                slot.insert(listeners::all(key.proto).map_err(PluginError::Sockets)?)
+            }
+        };
+        for listener in table.iter() {
+            if listener.port != port || !listeners::overlaps(&listener.addr, host, v6) {
+                continue;
+            }
+            let holders = listeners::socket_holders(listener.inode);
+            if !holders.is_empty()
+                && holders
+                    .iter()
+                    .all(|h| listeners::RESERVATION_HOLDERS.contains(&h.as_str()))
+            {
+                continue;
+            }
+            let holders = if holders.is_empty() {
+                "a socket of no visible process".to_owned()
+            } else {
+                holders.join(", ")
+            };
+            let error = PluginError::HostPortInUse {
+                port,
+                protocol: ownership::protocol_name(key.proto),
+                addr: listener.addr,
+                holders,
+            };
+            match policy {
+                ListenerPolicy::Refuse => return Err(error),
+                ListenerPolicy::Allow => log::warn!("{error}"),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,32 @@
+//! CHECK: every mapping of the container is installed as ADD left it.
+
+use super::*;
+
+pub(super) fn check(req: &Request) -> Result<(), PluginError> {
+    let translations = ownership::plan(&req.conf.port_mappings, &req.container);
+    let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
+    let installed = layout.map(portmap_common::map_names::OWNERS).exists();
+    if translations.is_empty() && !installed {
+        return Ok(());
+    }
+    require_privilege()?;
+    let mut rtnl = Rtnl::open()?;
+    let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
+    if installed && let Err(error) = reconcile(&layout, &req.conf, &node) {
+        // What it could not attach is reported below.
+        log::warn!("CHECK: the attachments were not brought up to date: {error}");
+    }
+    if translations.is_empty() {
+        return Ok(());
+    }
+    if let Some(index) = node
+        .targets()
+        .into_iter()
+        .find(|&index| !attach::is_attached(&layout, index))
+    {
+        return Err(PluginError::NotAttached { index });
+    }
+    let maps = Maps::open(&layout)?;
+    maps.verify(&req.owner, &translations)?;
+    Ok(())
+}

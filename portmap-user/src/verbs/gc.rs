@@ -1,0 +1,41 @@
+//! GC: remove what no attachment in the runtime's keep-list owns, and
+//! orphans past their grace period.
+
+use super::*;
+
+pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
+    require_privilege()?;
+    let Some(layout) = own_state(&req.conf.pin_root)? else {
+        return Ok(());
+    };
+    let Some(mut maps) = Maps::open_existing(&layout)? else {
+        return Ok(());
+    };
+    let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
+    log::info!("GC {}: removed {removed:?}", req.conf.name);
+    // Mappings of any network whose owner record is gone: no DEL will
+    // ever remove them, so GC does after a grace period.
+    let orphans =
+        maps.reclaim_orphans(&layout, ownership::ORPHAN_GRACE_SECS, ownership::now_unix())?;
+    for (id, count) in &orphans.reclaimed {
+        log::warn!("GC: reclaimed {count} mapping(s) of owner {id:016x}, whose record was gone");
+    }
+    for (id, first_seen) in &orphans.waiting {
+        log::warn!(
+            "GC: owner {id:016x} has mappings but no record (first seen at {first_seen}); reclaimed {}s after that",
+            ownership::ORPHAN_GRACE_SECS
+        );
+    }
+    prune_counters(&layout, &maps);
+    match maps.prune_pods() {
+        Ok(0) => {}
+        Ok(pruned) => log::info!("GC: {pruned} pod record(s) without an owner removed"),
+        Err(error) => log::warn!("GC: pod records not pruned: {error}"),
+    }
+    let pruned = peers::prune(&layout, |owner| maps.owners.get(&owner, 0).is_ok());
+    if pruned > 0 {
+        log::info!("GC: {pruned} stale fast-path entr(y/ies) removed");
+    }
+    reconcile_after("GC", &layout, &req.conf);
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! Which interfaces of the node carry the programs (uplinks and the
+//! container-facing side from prevResult), and the reconciliation every
+//! run does against them.
+
+use super::*;
+
+/// What one run sees of the node: its interfaces and addresses, and which
+/// interfaces should carry the programs.
+pub struct NodeView {
+    pub links: Vec<Link>,
+    pub addresses: Vec<NodeAddress>,
+    /// Where traffic from outside arrives ([`netlink::select_uplinks`]).
+    pub uplinks: BTreeSet<u32>,
+    /// This request's container-facing interfaces (prevResult).
+    pub container_side: BTreeSet<u32>,
+}
+
+impl NodeView {
+    /// One link dump and one address dump. `interfaces` entries that match
+    /// nothing are skipped with a warning; none matching at all is an error
+    /// (the configuration names another node's interfaces).
+    pub fn read(
+        rtnl: &mut Rtnl,
+        conf: &NetConf,
+        interfaces: &[PrevInterface],
+    ) -> Result<NodeView, PluginError> {
+        let links = rtnl.links()?;
+        let addresses = rtnl.addresses()?;
+        let selection = netlink::select_uplinks(&links, conf.interfaces.as_deref());
+        if let Some(patterns) = &conf.interfaces
+            && selection.uplinks.is_empty()
+        {
+            return Err(PluginError::NoMatchingInterfaces {
+                patterns: patterns.clone(),
+            });
+        }
+        for entry in &selection.unmatched {
+            log::warn!("`interfaces` entry {entry:?} matches no interface of this node; skipped");
+        }
+        let container_side = container_side_interfaces(&links, interfaces);
+        Ok(NodeView {
+            links,
+            addresses,
+            uplinks: selection.uplinks,
+            container_side,
+        })
+    }
+
+    /// Every interface that should carry the programs.
+    pub fn targets(&self) -> BTreeSet<u32> {
+        self.uplinks.union(&self.container_side).copied().collect()
+    }
+}
+
+/// Brings the attachments and the node state (addresses, interface
+/// settings) in line with the node as `node` saw it: every plugin run does
+/// it, so an interface added or re-created and an address added since the
+/// last run are taken up by whatever CNI call comes next.
+pub(super) fn reconcile(
+    layout: &PinLayout,
+    conf: &NetConf,
+    node: &NodeView,
+) -> Result<(), PluginError> {
+    let capacities = Capacities {
+        mappings: conf.max_mappings,
+        conntrack: conf.conntrack_size,
+    };
+    let cgroup = cgroup::target(conf.cgroup_path.as_deref()).map_err(AttachError::from)?;
+    let live: BTreeSet<u32> = node.links.iter().map(|l| l.index).collect();
+    attach::ensure(
+        layout,
+        Targets {
+            required: &node.container_side,
+            uplinks: &node.uplinks,
+            live: &live,
+        },
+        &cgroup,
+        capacities,
+    )?;
+    node_state::sync(
+        layout,
+        &node_state::NodeState {
+            snat: conf.snat,
+            masq_all: conf.masq_all,
+            fast_path: conf.fast_path,
+            addresses: node.addresses.clone(),
+            container_side: node.container_side.clone(),
+            attached: node.targets(),
+            live,
+            interfaces: conf.interfaces.clone(),
+        },
+    )?;
+    Ok(())
+}
+
+/// The reconciliation of a run that is not an ADD (DEL, GC): its failure
+/// is logged, never the verb's, which has done its own work already.
+pub(super) fn reconcile_after(verb: &str, layout: &PinLayout, conf: &NetConf) {
+    let outcome = Rtnl::open()
+        .map_err(PluginError::from)
+        // The interfaces of the container going away need nothing.
+        .and_then(|mut rtnl| NodeView::read(&mut rtnl, conf, &[]))
+        .and_then(|node| reconcile(layout, conf, &node));
+    if let Err(error) = outcome {
+        log::warn!(
+            "{verb}: the attachments and node addresses were not brought up to date: {error}"
+        );
+    }
+}
+
+/// The node-side interfaces of the container's network, as the interface
+/// plugin reported them in prevResult (entries without a sandbox: the
+/// bridge and the host end of the veth), found in the node's `links`: the
+/// hairpin path starts there. These are the container-facing interfaces;
+/// their settings record it, so later runs keep treating them so.
+pub fn container_side_interfaces(links: &[Link], interfaces: &[PrevInterface]) -> BTreeSet<u32> {
+    interfaces
+        .iter()
+        .filter(|i| !i.in_sandbox())
+        .filter_map(|i| i.name.as_deref())
+        .filter_map(|name| links.iter().find(|l| l.name == name))
+        // A bridge's ports are left out: everything between the containers
+        // and the node crosses the bridge device's own hooks, and running
+        // the programs twice per packet only costs.
+        .filter(|l| !l.has_controller)
+        .map(|l| l.index)
+        .collect()
+}

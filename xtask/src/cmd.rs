@@ -1,0 +1,100 @@
+//! Running commands and finding the workspace's paths: what every step uses.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::PLUGIN_BIN;
+use crate::plan::SHIPPED_PROFILE;
+use crate::setup::plugin_target;
+use anyhow::{Context, Result, bail};
+
+/// The workspace root (xtask lives one level below it).
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask/ has a parent")
+        .to_path_buf()
+}
+
+pub(crate) fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => workspace_root().join(dir),
+        _ => workspace_root().join("target"),
+    }
+}
+
+/// The binary [`build_plugin`] produces in `profile` (its directory name).
+pub(crate) fn plugin_bin_of(profile: &str) -> PathBuf {
+    let mut dir = target_dir();
+    if let Some(target) = plugin_target() {
+        dir.push(target);
+    }
+    dir.join(profile).join(PLUGIN_BIN)
+}
+
+/// The binary `build_plugin(false)` produces.
+pub(crate) fn plugin_bin() -> PathBuf {
+    plugin_bin_of("debug")
+}
+
+/// The binary `build_plugin(true)` produces: the plugin as it ships.
+pub(crate) fn shipped_plugin_bin() -> PathBuf {
+    plugin_bin_of(SHIPPED_PROFILE)
+}
+
+pub(crate) fn cargo_home() -> PathBuf {
+    match std::env::var_os("CARGO_HOME") {
+        Some(home) if !home.is_empty() => PathBuf::from(home),
+        _ => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
+        }
+    }
+}
+
+/// A `cargo` command run from the workspace root (the cargo that runs xtask).
+pub(crate) fn cargo() -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(workspace_root());
+    command
+}
+
+pub(crate) fn path_with_first(dir: &Path) -> Result<OsString> {
+    let current = std::env::var_os("PATH").unwrap_or_default();
+    let paths = std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&current));
+    std::env::join_paths(paths).context("building PATH")
+}
+
+/// Runs a command with inherited stdio; an error if it cannot start or fails.
+pub(crate) fn run(command: &mut Command) -> Result<()> {
+    let shown = show(command);
+    println!("+ {shown}");
+    let status = command
+        .status()
+        .with_context(|| format!("could not start `{shown}`"))?;
+    if !status.success() {
+        bail!("`{shown}` failed ({status})");
+    }
+    Ok(())
+}
+
+/// Runs a command and returns its stdout; an error if it cannot start or fails.
+pub(crate) fn capture(command: &mut Command) -> Result<String> {
+    let shown = show(command);
+    let out = command
+        .stderr(Stdio::null())
+        .output()
+        .with_context(|| format!("could not start `{shown}`"))?;
+    if !out.status.success() {
+        bail!("`{shown}` failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub(crate) fn show(command: &Command) -> String {
+    std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|part| part.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}

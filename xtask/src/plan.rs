@@ -1,0 +1,387 @@
+//! The verbs as lists of named steps: what `test`, `bench`, `dist`, ... run,
+//! in order.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use crate::cmd::{cargo, plugin_bin, run, shipped_plugin_bin, target_dir, workspace_root};
+use crate::setup::{plugin_target, setup_step, validator_bin};
+use crate::{
+    PLUGIN_BIN, PLUGIN_BIN_ENV, PLUGIN_PACKAGE, containerd, dist, image, podman, previous, vm,
+};
+use anyhow::{Context, Result, bail};
+
+/// One named step of a verb. Verbs are plain lists of steps, so adding one
+/// (eBPF clippy, VM tests on older kernels, ...) is adding an entry.
+pub(crate) struct Step<'a> {
+    pub(crate) name: String,
+    pub(crate) run: Box<dyn Fn() -> Result<()> + 'a>,
+}
+
+impl<'a> Step<'a> {
+    pub(crate) fn new(name: impl Into<String>, run: impl Fn() -> Result<()> + 'a) -> Step<'a> {
+        Step {
+            name: name.into(),
+            run: Box::new(run),
+        }
+    }
+}
+
+pub(crate) fn run_steps(verb: &str, steps: Vec<Step<'_>>) -> Result<()> {
+    let total = steps.len();
+    let started = Instant::now();
+    for (index, step) in steps.iter().enumerate() {
+        let number = index + 1;
+        println!("xtask {verb}: step {number}/{total}: {}", step.name);
+        let step_started = Instant::now();
+        (step.run)()
+            .with_context(|| format!("{verb} step {number}/{total} ({}) failed", step.name))?;
+        println!(
+            "xtask {verb}: step {number}/{total} done in {:.1}s",
+            step_started.elapsed().as_secs_f64()
+        );
+    }
+    println!(
+        "xtask {verb}: all {total} steps passed in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+pub(crate) fn build_plugin_step() -> Step<'static> {
+    Step::new(
+        format!("cargo build -p {PLUGIN_PACKAGE} (builds {PLUGIN_BIN} with the eBPF object)"),
+        || run(&mut build_plugin(false)),
+    )
+}
+
+/// Cargo profile of the plugin as it ships (see the workspace Cargo.toml).
+pub(crate) const SHIPPED_PROFILE: &str = "dist";
+
+/// `cargo build [--profile dist] -p portmap-user`, for the plugin's target:
+/// the debug build, or with `shipped` the one that ships.
+pub(crate) fn build_plugin(shipped: bool) -> Command {
+    let mut command = cargo();
+    command.args(["build", "-p", PLUGIN_PACKAGE]);
+    if shipped {
+        command.args(["--profile", SHIPPED_PROFILE]);
+    }
+    if let Some(target) = plugin_target() {
+        command.args(["--target", target]);
+    }
+    command
+}
+
+pub(crate) fn test_steps(
+    cargo_test_args: &[String],
+    skip_vm: bool,
+    skip_podman: bool,
+    skip_containerd: bool,
+) -> Vec<Step<'_>> {
+    vec![
+        setup_step(),
+        Step::new("cargo fmt --all --check", || {
+            run(cargo().args(["fmt", "--all", "--check"]))
+        }),
+        Step::new(
+            "cargo clippy --all-targets -- -D warnings (default members)",
+            || run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])),
+        ),
+        Step::new(
+            "cargo +nightly clippy -p portmap-ebpf --target bpfel-unknown-none -- -D warnings",
+            clippy_ebpf,
+        ),
+        build_plugin_step(),
+        Step::new(
+            format!(
+                "Kubernetes manifests against the API schemas of {} to {} (kubernetes-validate --strict)",
+                KUBERNETES_VERSIONS[0],
+                KUBERNETES_VERSIONS[KUBERNETES_VERSIONS.len() - 1]
+            ),
+            validate_manifests,
+        ),
+        // Plain `cargo test` runs the workspace's default-members: everything
+        // but portmap-ebpf, which only builds for the BPF target (portmap-user's
+        // build.rs builds it). `--workspace` would compile it for the host.
+        Step::new(
+            format!(
+                "build the previous release ({}) for the upgrade test",
+                previous::COMMIT
+            ),
+            previous::build,
+        ),
+        Step::new("cargo test (default members)", move || {
+            run(cargo()
+                .arg("test")
+                .args(cargo_test_args)
+                .env(PLUGIN_BIN_ENV, plugin_bin())
+                .env(previous::BIN_ENV, previous::bin())
+                .env(previous::REQUIRED_ENV, "1"))
+        }),
+        // The suites that carry traffic once more with `fastPath` on in every
+        // conflist: the fast path must not lose any behaviour they check.
+        Step::new(
+            "cargo test again with fastPath on (plugin, local, operator, lifecycle)",
+            move || {
+                run(cargo()
+                    .args(["test", "-p", "portmap-tests"])
+                    .args(["--test", "plugin", "--test", "local"])
+                    .args(["--test", "operator", "--test", "lifecycle"])
+                    .args(cargo_test_args)
+                    .env(PLUGIN_BIN_ENV, plugin_bin())
+                    .env("EPM_TEST_FAST_PATH", "1"))
+            },
+        ),
+        shipped_plugin_step(),
+        Step::new(
+            "release tarball: write it, then unpack and test it (cargo xtask dist)",
+            dist_and_test,
+        ),
+        podman_step(skip_podman),
+        containerd::test_step(skip_containerd),
+        vm_step(skip_vm),
+    ]
+}
+
+/// The eBPF crate only builds for its own target, with nightly and
+/// `build-std` (as portmap-user's build.rs builds it); clippy checks it
+/// there. The stable toolchain's variables are removed so nightly's own
+/// rustc and clippy-driver run.
+pub(crate) fn clippy_ebpf() -> Result<()> {
+    let mut command = Command::new("rustup");
+    command
+        .current_dir(workspace_root())
+        .args(["run", "nightly", "cargo", "clippy", "-p", "portmap-ebpf"])
+        .args([
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--release",
+        ])
+        .args(["--", "-D", "warnings"]);
+    for variable in [
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO",
+    ] {
+        command.env_remove(variable);
+    }
+    run(&mut command)
+}
+
+pub(crate) fn shipped_plugin_step() -> Step<'static> {
+    Step::new(
+        format!(
+            "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
+        ),
+        || run(&mut build_plugin(true)),
+    )
+}
+
+pub(crate) fn image_steps() -> Vec<Step<'static>> {
+    vec![
+        setup_step(),
+        shipped_plugin_step(),
+        Step::new("release tarball, then the image from it (podman)", || {
+            let tarball = dist::build()?;
+            let archive = image::build(&tarball)?;
+            println!("image: wrote {}", archive.display());
+            Ok(())
+        }),
+    ]
+}
+
+pub(crate) fn dist_steps() -> Vec<Step<'static>> {
+    vec![
+        setup_step(),
+        shipped_plugin_step(),
+        Step::new("write the release tarball", || dist::build().map(drop)),
+    ]
+}
+
+/// Writes the tarball, then runs `tests/tests/dist.rs` on it (which unpacks it
+/// into an empty folder and drives the unpacked binary). Those tests are
+/// `#[ignore]`d in a plain `cargo test`, which has no tarball.
+pub(crate) fn dist_and_test() -> Result<()> {
+    let tarball = dist::build()?;
+    run(cargo()
+        .args([
+            "test",
+            "-p",
+            "portmap-tests",
+            "--test",
+            "dist",
+            "--",
+            "--ignored",
+        ])
+        .env(dist::TARBALL_ENV, &tarball))
+}
+
+/// The podman end-to-end tests as a step of `test`, or a step saying why
+/// they are skipped.
+pub(crate) fn podman_step(skip_podman: bool) -> Step<'static> {
+    let name = "podman end to end, ebpf-portmap and upstream portmap (cargo xtask e2e-podman), then the installer image";
+    let reason = if skip_podman {
+        Some("--skip-podman")
+    } else if podman::skip_requested_by_env() {
+        Some("EPM_SKIP_PODMAN is set")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Step::new(name, move || {
+            println!("xtask test: podman tests skipped ({reason})");
+            Ok(())
+        }),
+        None => Step::new(name, || {
+            podman::e2e_podman(&[])?;
+            // The installer image runs under the same podman.
+            image::test(&dist::tarball_path())
+        }),
+    }
+}
+
+pub(crate) fn e2e_podman_steps(test_args: &[String]) -> Vec<Step<'_>> {
+    vec![
+        setup_step(),
+        build_plugin_step(),
+        Step::new(
+            "podman end to end: ebpf-portmap, then upstream portmap",
+            move || podman::e2e_podman(test_args),
+        ),
+    ]
+}
+
+/// The VM tests as a step of `test`, or a step saying why they are skipped.
+pub(crate) fn vm_step(skip_vm: bool) -> Step<'static> {
+    let name = format!(
+        "VM tests on Debian {} kernels (cargo xtask vm-test)",
+        vm::DEFAULT_KERNELS.join(" / ")
+    );
+    let reason = if skip_vm {
+        Some("--skip-vm")
+    } else if vm::skip_requested_by_env() {
+        Some("EPM_SKIP_VM is set")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Step::new(name, move || {
+            println!("xtask test: VM tests skipped ({reason})");
+            Ok(())
+        }),
+        None => Step::new(name, || vm::vm_test(&vm::VmTestArgs::default())),
+    }
+}
+
+pub(crate) fn vm_test_steps(args: &vm::VmTestArgs) -> Vec<Step<'_>> {
+    vec![
+        setup_step(),
+        Step::new("VM tests", move || vm::vm_test(args)),
+    ]
+}
+
+pub(crate) fn demo_steps(demo_args: &[String]) -> Vec<Step<'_>> {
+    vec![
+        setup_step(),
+        build_plugin_step(),
+        Step::new("cargo run -p portmap-tests --bin demo", move || {
+            run(cargo()
+                .args([
+                    "run",
+                    "--quiet",
+                    "-p",
+                    "portmap-tests",
+                    "--bin",
+                    "demo",
+                    "--",
+                ])
+                .args(demo_args)
+                .env(PLUGIN_BIN_ENV, plugin_bin()))
+        }),
+    ]
+}
+
+/// Everything is built optimised: the plugin as it ships (profile `dist`),
+/// and the load generators at full speed.
+pub(crate) fn bench_steps(bench_args: &[String]) -> Vec<Step<'_>> {
+    vec![
+        setup_step(),
+        shipped_plugin_step(),
+        Step::new("cargo build --release -p portmap-bench --bin bench", || {
+            run(cargo().args([
+                "build",
+                "--release",
+                "-p",
+                "portmap-bench",
+                "--bin",
+                "bench",
+            ]))
+        }),
+        Step::new(
+            "bench: ebpf-portmap vs iptables portmap vs the direct path",
+            move || {
+                run(Command::new(target_dir().join("release/bench"))
+                    .current_dir(workspace_root())
+                    .args(bench_args)
+                    .env(PLUGIN_BIN_ENV, shipped_plugin_bin()))
+            },
+        ),
+    ]
+}
+
+/// The Kubernetes manifests, checked against the API schemas.
+pub(crate) const MANIFESTS: &[&str] = &["deploy/daemonset.yaml"];
+
+/// Every Kubernetes version that release bundles schemas for: the manifests
+/// must be valid for all of them.
+pub(crate) const KUBERNETES_VERSIONS: &[&str] = &[
+    "1.25.0", "1.26.0", "1.27.0", "1.28.0", "1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0",
+    "1.34.0", "1.35.0", "1.36.0", "1.37.0",
+];
+
+/// Validates the manifests against the schema of every Kubernetes version,
+/// strictly (an unknown field is an error), after checking that the
+/// validator does reject a manifest with an unknown field.
+pub(crate) fn validate_manifests() -> Result<()> {
+    let validator = validator_bin();
+    let manifests: Vec<PathBuf> = MANIFESTS.iter().map(|m| workspace_root().join(m)).collect();
+    let probe = target_dir().join("tools/invalid-manifest.yaml");
+    std::fs::create_dir_all(target_dir().join("tools")).context("creating target/tools")?;
+    let first = std::fs::read_to_string(&manifests[0])
+        .with_context(|| format!("reading {}", manifests[0].display()))?;
+    let broken = first.replacen("hostNetwork:", "hostNetwrk:", 1);
+    if broken == first {
+        bail!(
+            "{} has no hostNetwork to misspell for the probe",
+            MANIFESTS[0]
+        );
+    }
+    std::fs::write(&probe, broken).with_context(|| format!("writing {}", probe.display()))?;
+    let rejected = Command::new(&validator)
+        .args(["--strict", "--quiet", "-k", KUBERNETES_VERSIONS[0]])
+        .arg(&probe)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("could not start {}", validator.display()))?;
+    if rejected.success() {
+        bail!("kubernetes-validate accepted a DaemonSet with an unknown field: it checks nothing");
+    }
+    for version in KUBERNETES_VERSIONS {
+        run(Command::new(&validator)
+            .args(["--strict", "--quiet", "-k", version])
+            .args(&manifests))?;
+    }
+    println!(
+        "xtask test: {} valid for Kubernetes {} to {}",
+        MANIFESTS.join(" "),
+        KUBERNETES_VERSIONS[0],
+        KUBERNETES_VERSIONS[KUBERNETES_VERSIONS.len() - 1]
+    );
+    Ok(())
+}
