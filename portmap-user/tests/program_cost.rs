@@ -42,11 +42,8 @@ const ACK: u8 = 0x10;
 fn in_namespace<T: Send + 'static>(f: impl FnOnce(u32) -> T + Send + 'static) -> T {
     std::thread::spawn(move || {
         // SAFETY: affects only this thread.
-        assert_eq!(
-            unsafe { libc::unshare(libc::CLONE_NEWNET) },
-            0,
-            "needs root"
-        );
+        let unshared = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(unshared, 0, "needs root");
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").expect("ip_forward");
         for args in [
             "link set lo up",
