@@ -100,7 +100,9 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
     ) {
         maps::count(done);
         if entry.kind == ct_kind::DNAT {
-            counters::record(ctx, &entry.mapping, owner_id, Way::In);
+            // Scratch first: what it takes of the entry is then not kept
+            // on this frame across the call (6.1's 512-byte stack has no
+            // room for it: existing_flow's frame would round up to 288).
             if let Some(scratch) = maps::scratch() {
                 scratch.forward_key.family = packet.family;
                 scratch.forward.nat_addr_be = entry.nat_addr_be;
@@ -108,6 +110,7 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
                 scratch.owner_id = owner_id;
                 scratch.fast = Offer::Forward;
             }
+            counters::record(ctx, &entry.mapping, owner_id, Way::In);
         }
     } else {
         maps::count(stat::REWRITE_FAILED);
