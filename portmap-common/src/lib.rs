@@ -22,8 +22,8 @@ pub const LAYOUT_VERSION: u32 = 1;
 /// The names of [`maps`] under the path portmap-user reads them from.
 pub mod map_names {
     pub use crate::maps::{
-        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_OTHER, COUNTERS, MAPPINGS, OWNER_SLOTS, OWNERS,
-        PINNED as ALL, STATS, TRACE_EVENTS, TRACE_FILTER,
+        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_OTHER, COUNTERS, MAPPED_PORTS, MAPPINGS,
+        OWNER_SLOTS, OWNERS, PINNED as ALL, STATS, TRACE_EVENTS, TRACE_FILTER,
     };
 }
 
@@ -227,6 +227,33 @@ impl PortKey {
     }
 }
 
+/// What a port is to a mapping, in `mapped_ports`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PortRole {
+    /// The host port: what a client dials.
+    Host = 0,
+    /// The container port: what the container answers from.
+    Container = 1,
+}
+
+/// Word and bit of port `port_be` of IP protocol `proto` in `role` in the
+/// `mapped_ports` bit array; `None` for a protocol no mapping has. By the
+/// port's value as it is in memory (network order): any one-to-one index
+/// serves, and this one needs no byte swap in the programs.
+#[inline(always)]
+pub const fn mapped_port_bit(role: PortRole, proto: u8, port_be: u16) -> Option<(u32, u64)> {
+    let slot = match proto {
+        PROTO_TCP => 0,
+        PROTO_UDP => 1,
+        PROTO_SCTP => 2,
+        _ => return None,
+    };
+    let row = role as u32 * 3 + slot;
+    let port = port_be as u32;
+    Some(((row << 10) | (port >> 6), 1 << (port & 63)))
+}
+
 /// Conntrack key: the tuple of a packet as it is seen on the wire at the hook.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -279,13 +306,27 @@ pub struct CtEntry {
     pub kind: u8,
     /// [`tcp_state`] bits (TCP entries of the `conntrack` map only).
     pub tcp_state: u8,
-    pub _pad1: u32,
+    /// [`ct_flags`] bits (DNAT entries). Was padding (always 0) in builds
+    /// before the flags, whose entries read as "not known".
+    pub flags: u32,
     /// The mapping this flow was translated by, re-checked on every packet so
     /// a deleted or re-pointed mapping never forwards stale traffic.
     pub mapping: MappingKey,
     pub _pad2: u32,
     /// `bpf_ktime_get_ns` of the last packet (refreshed at most once a second).
     pub last_seen_ns: u64,
+}
+
+/// What a DNAT entry knows of its flow ([`CtEntry::flags`]), set when the
+/// flow is translated. An entry with neither bit (written by an earlier
+/// build) is judged by the node's settings as they are now.
+pub mod ct_flags {
+    /// Not masqueraded: egress has nothing to do with the flow's packets
+    /// towards the container, and the next egress hook skips them.
+    pub const DIRECT: u32 = 1;
+    /// Masqueraded: egress rewrites the source of its packets towards the
+    /// container.
+    pub const MASQUERADED: u32 = 2;
 }
 
 /// Idle timeouts of conntrack entries, in nanoseconds.

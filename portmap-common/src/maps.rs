@@ -26,6 +26,18 @@ pub const CONNTRACK: &str = "conntrack";
 pub const CONNTRACK_CLOSED: &str = "conntrack_close";
 /// UDP and SCTP flows (same key and value as [`CONNTRACK`]).
 pub const CONNTRACK_OTHER: &str = "conntrack_other";
+/// The ports the mappings use, per protocol, in two roles: host ports
+/// (what a client dials) and container ports (what the container answers
+/// from). A bit array of `u64` words ([`crate::mapped_port_bit`]), mapped
+/// into userspace (`BPF_F_MMAPABLE`). The tc programs and the socket hooks
+/// leave a packet or socket with no port in the role that concerns it
+/// before any hash lookup, so traffic no mapping concerns costs a few
+/// instructions. Userspace sets the bits of a mapping before it writes the
+/// mapping, with an atomic OR on the mapped memory (concurrent ADDs never
+/// undo each other's bits), and never clears them: a stale bit costs only
+/// the lookups it would have saved, and clearing one safely would need a
+/// count of its users that a lock-free ADD cannot keep.
+pub const MAPPED_PORTS: &str = "mapped_ports";
 /// Per-CPU counters by reason (see [`crate::reason`]).
 pub const STATS: &str = "stats";
 /// Per-mapping traffic counters ([`crate::CounterKey`] -> [`crate::MappingCounters`]).
@@ -58,13 +70,14 @@ pub const COUNTER_SCRATCH: &str = "counter_scratch";
 pub const TRACE_SCRATCH: &str = "trace_scratch";
 
 /// Every pinned map of the translation itself.
-pub const PINNED: [&str; 9] = [
+pub const PINNED: [&str; 10] = [
     MAPPINGS,
     OWNERS,
     OWNER_SLOTS,
     CONNTRACK,
     CONNTRACK_CLOSED,
     CONNTRACK_OTHER,
+    MAPPED_PORTS,
     STATS,
     COUNTERS,
     TRACE_FILTER,
@@ -102,6 +115,9 @@ pub mod capacity {
             quarter
         }
     }
+    /// `u64` words of `mapped_ports`: one bit per port of TCP, UDP and
+    /// SCTP in each of the two roles (48 KiB).
+    pub const MAPPED_PORTS: u32 = 2 * 3 * 65536 / 64;
     /// Per-mapping traffic counters: one per (mapping, owner), so as many as
     /// there are mappings. Allocated on first use, not up front.
     pub const COUNTERS: u32 = MAPPINGS;

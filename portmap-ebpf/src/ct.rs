@@ -55,9 +55,10 @@ pub fn reversed(key: &CtKey) -> CtKey {
 
 /// A live entry for `key`, copied out and refreshed if it is due. A TCP
 /// flow is looked for among the open flows first, then among the closed
-/// ones.
+/// ones. The clock is read only once an entry is found: a miss (most
+/// packets of the default path) needs no time.
 #[inline(always)]
-pub fn lookup(key: &CtKey, now: u64) -> Option<CtEntry> {
+pub fn lookup(key: &CtKey) -> Option<CtEntry> {
     // One copy of the entry whichever table it is in: the callers' frames
     // have no room for two.
     let first = Table::for_proto(key.proto);
@@ -69,6 +70,7 @@ pub fn lookup(key: &CtKey, now: u64) -> Option<CtEntry> {
     // SAFETY: pointer from a successful lookup; the LRU may recycle it at
     // any time, so it is read once and written with a single store.
     let copy = unsafe { *entry };
+    let now = now();
     let age = now.saturating_sub(copy.last_seen_ns);
     // A closed flow is never refreshed: it lingers for its last packets
     // only, counted from the close.

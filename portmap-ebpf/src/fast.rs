@@ -8,11 +8,12 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use portmap_common::{
+    ct_flags,
     local::{iface_flags, node_flags},
     stat,
 };
 
-use crate::{fib::fib_lookup_as_received, maps};
+use crate::{fib::fib_lookup_as_received, maps, masq::wants_masquerade, tc};
 
 /// What the fast path may do with the packet being handled: left in
 /// scratch by the flow decisions, taken by [`fast_path`] once their frames
@@ -40,16 +41,40 @@ pub fn fast_path(ctx: &TcContext) {
         return;
     };
     let offer = scratch.fast;
+    let flow_flags = scratch.forward.flags;
     scratch.fast = Offer::Nothing;
     scratch.action = TC_ACT_OK;
     let taken = match offer {
-        Offer::Forward => fast_forward(ctx),
+        Offer::Forward => {
+            let action = fast_forward(ctx);
+            // On the normal path, unmasqueraded: the next egress hook
+            // has nothing to do.
+            if action != TC_ACT_REDIRECT && not_masqueraded(ctx, flow_flags) {
+                tc::mark_translated(ctx);
+            }
+            action
+        }
         Offer::Reply => fast_reply(ctx),
         Offer::Nothing => return,
     };
     // Taken again: both hand-overs read scratch themselves.
     if let Some(scratch) = maps::scratch() {
         scratch.action = taken;
+    }
+}
+
+/// Whether the flow of the translated packet is not masqueraded: as its
+/// DNAT entry recorded (`flags`, left in scratch by the flow decision), or,
+/// for an entry of an earlier build, as the node's settings say now
+/// (masquerade leaves no offer for a new flow, so this is a known flow's).
+#[inline(always)]
+fn not_masqueraded(ctx: &TcContext, flags: u32) -> bool {
+    if flags & ct_flags::DIRECT != 0 {
+        true
+    } else if flags & ct_flags::MASQUERADED != 0 {
+        false
+    } else {
+        !wants_masquerade(ctx)
     }
 }
 

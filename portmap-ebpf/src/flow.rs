@@ -2,7 +2,7 @@
 //! by a mapping, or is left alone; and what egress restores or remembers.
 
 use aya_ebpf::programs::TcContext;
-use portmap_common::{CtEntry, CtKey, PROTO_TCP, ct_kind, stat, tcp_state};
+use portmap_common::{CtEntry, CtKey, PROTO_TCP, PortRole, ct_flags, ct_kind, stat, tcp_state};
 
 use crate::{
     counters::{self, Way},
@@ -24,22 +24,29 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
         maps::count(stat::SKIP_FRAGMENT);
         return;
     }
-    let now = ct::now();
     let opens = packet.opens_flow();
     // A TCP SYN or SCTP INIT always starts over from the mappings; anything
     // else follows its flow first.
-    if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet, now) {
+    if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet) {
         ct::track_tcp(packet, true);
+        return;
+    }
+    // Only a packet for a host port opens a flow (ingress also takes in
+    // the answers of containers, for their known flows only).
+    if !maps::port_is(PortRole::Host, packet.proto, packet.dport_be) {
         return;
     }
     // Masquerading is decided after new_flow returns, not inside it: its
     // frame would not fit on BPF's stack below new_flow's.
     // What follows a new flow reads its state from scratch, after
     // new_flow's frame is gone: stacked, the frames do not fit in 512 bytes.
-    if new_flow(ctx, packet, opens, now) {
+    if new_flow(ctx, packet, opens) {
         translated_new_flow(ctx);
         if wants_masquerade(ctx) {
+            remember_masquerade(ct_flags::MASQUERADED);
             masquerade(ctx);
+        } else {
+            remember_masquerade(ct_flags::DIRECT);
         }
     }
 }
@@ -49,9 +56,9 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
 /// Not inlined: the hot path and `new_flow` get separate stack frames, which
 /// keeps the deepest call chain within BPF's 512-byte stack.
 #[inline(never)]
-pub fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
+pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
     let key = ct::key_of(packet);
-    let Some(entry) = ct::lookup(&key, now) else {
+    let Some(entry) = ct::lookup(&key) else {
         return false;
     };
     // The container end of the flow, to check its mapping still holds: the
@@ -93,13 +100,17 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet, now: u64) -> bool {
     ) {
         maps::count(done);
         if entry.kind == ct_kind::DNAT {
-            counters::record(ctx, &entry.mapping, owner_id, Way::In);
+            // Scratch first: what it takes of the entry is then not kept
+            // on this frame across the call (6.1's 512-byte stack has no
+            // room for it: existing_flow's frame would round up to 288).
             if let Some(scratch) = maps::scratch() {
                 scratch.forward_key.family = packet.family;
                 scratch.forward.nat_addr_be = entry.nat_addr_be;
+                scratch.forward.flags = entry.flags;
                 scratch.owner_id = owner_id;
                 scratch.fast = Offer::Forward;
             }
+            counters::record(ctx, &entry.mapping, owner_id, Way::In);
         }
     } else {
         maps::count(stat::REWRITE_FAILED);
@@ -146,7 +157,7 @@ fn may_recover(ctx: &TcContext, packet: &Packet) -> bool {
 /// Returns whether it translated a flow (its entries are left in
 /// `scratch` for the counters and `masquerade`).
 #[inline(never)]
-pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> bool {
+pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
     let Some((mapping_key, mapping)) =
         find_mapping(packet.family, packet.proto, &packet.dst_be, packet.dport_be)
     else {
@@ -179,6 +190,8 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool, now: u64) -> 
     let Some(scratch) = maps::scratch() else {
         return false;
     };
+    // Read here, where a flow is known to start, not for every packet.
+    let now = ct::now();
     // Built in place: a copy on this frame would not fit (see may_recover).
     scratch.forward_key = ct::key_of(packet);
     scratch.forward = CtEntry {
@@ -244,9 +257,8 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     if packet.fragment {
         return false;
     }
-    let now = ct::now();
     let key = ct::key_of(packet);
-    if let Some(entry) = ct::lookup(&key, now) {
+    if let Some(entry) = ct::lookup(&key) {
         // The container end of the flow: the destination of a masqueraded
         // flow on its way to the container, the source of an answer.
         let (container_be, container_port_be) = match entry.kind {
@@ -289,7 +301,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     if find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some() {
         let pass = CtEntry {
             kind: ct_kind::PASS,
-            last_seen_ns: now,
+            last_seen_ns: ct::now(),
             ..CtEntry::default()
         };
         // Never over a translation: on a bridge the reply of a translated
@@ -330,6 +342,24 @@ pub fn translated_new_flow(ctx: &TcContext) {
     count_from_scratch(ctx, Way::In);
     if let Some(scratch) = maps::scratch() {
         scratch.fast = Offer::Forward;
+    }
+}
+
+/// Records in the DNAT entry of the new flow in scratch whether it is
+/// masqueraded (`flag`, one of [`ct_flags`]), so that its later packets
+/// know without the node's settings and the interface (see
+/// `fast::fast_path`); and in scratch, for this packet. Not inlined: one
+/// walk for both call sites.
+#[inline(never)]
+fn remember_masquerade(flag: u32) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    scratch.forward.flags = flag;
+    let table = Table::for_proto(scratch.forward_key.proto);
+    if let Some(entry) = maps::ct_get(table, &scratch.forward_key) {
+        // SAFETY: a live map value; one word, one store.
+        unsafe { (*entry).flags = flag };
     }
 }
 

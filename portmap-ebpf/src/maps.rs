@@ -19,7 +19,7 @@ use aya_ebpf::{
 };
 use portmap_common::{
     CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OwnerRecord,
-    OwnerSlotKey, PROTO_TCP, TraceEvent, TraceFilter, capacity, stat,
+    OwnerSlotKey, PROTO_TCP, PortRole, TraceEvent, TraceFilter, capacity, stat,
 };
 
 use crate::{fast::Offer, parse};
@@ -63,6 +63,23 @@ static CONNTRACK_CLOSED: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK_CLOSED
 #[btf_map(name = "conntrack_other")]
 static CONNTRACK_OTHER: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
     LruHashMap::new();
+
+/// Ports the mappings use, by role (see `portmap_common::maps::MAPPED_PORTS`).
+#[btf_map(name = "mapped_ports")]
+static MAPPED_PORTS: Array<u64, { capacity::MAPPED_PORTS as usize }, MMAPABLE> = Array::new();
+
+const MMAPABLE: usize = aya_ebpf::bindings::BPF_F_MMAPABLE as usize;
+
+/// Whether a mapping uses `port_be` of `proto` in `role`. An array load
+/// (the verifier inlines it) and a bit test, no hash: the question every
+/// packet and socket asks first.
+#[inline(always)]
+pub fn port_is(role: PortRole, proto: u8, port_be: u16) -> bool {
+    let Some((word, bit)) = portmap_common::mapped_port_bit(role, proto, port_be) else {
+        return false;
+    };
+    MAPPED_PORTS.get(word).is_some_and(|bits| *bits & bit != 0)
+}
 
 /// Which conntrack table an entry lives in.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -240,7 +257,15 @@ pub fn find_mapping(
     if let Some(value) = mapping(&key) {
         return Some((key, value));
     }
-    key.host_addr_be = [0; 4];
+    // Word by word: `= [0; 4]` becomes a call to a byte-loop memset (83
+    // instructions) on every fallback lookup.
+    let words = key.host_addr_be.as_mut_ptr();
+    let mut i = 0;
+    while i < 4 {
+        // SAFETY: within the key's four address words.
+        unsafe { core::ptr::write_volatile(words.add(i), 0) };
+        i += 1;
+    }
     mapping(&key).map(|value| (key, value))
 }
 

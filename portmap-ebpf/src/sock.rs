@@ -11,7 +11,8 @@ use aya_ebpf::{
     helpers::bpf_get_netns_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
 };
 use portmap_common::{
-    FAMILY_V4, FAMILY_V6, MappingValue, PROTO_SCTP, PROTO_TCP, PROTO_UDP, local::SockOrigin, stat,
+    FAMILY_V4, FAMILY_V6, MappingValue, PROTO_SCTP, PROTO_TCP, PROTO_UDP, PortRole,
+    local::SockOrigin, stat,
 };
 
 use crate::maps;
@@ -122,7 +123,12 @@ fn read_endpoint(ctx: &SockAddrContext, socket_family: u8) -> Endpoint {
 
 #[inline(always)]
 fn write_endpoint(ctx: &SockAddrContext, socket_family: u8, endpoint: &Endpoint) {
-    let sa = ctx.sock_addr;
+    // Read afresh (volatile): otherwise LLVM keeps `&user_port` from
+    // read_endpoint in a register across the calls in between, and the
+    // verifier refuses a context pointer with an offset ("dereference of
+    // modified ctx ptr").
+    // SAFETY: reading a field of a reference.
+    let sa = unsafe { core::ptr::read_volatile(&ctx.sock_addr) };
     // SAFETY: as in read_endpoint; these fields are writable in these hooks.
     unsafe {
         core::ptr::write_volatile(&mut (*sa).user_port, endpoint.port_be as u32);
@@ -198,6 +204,12 @@ fn translate(ctx: &SockAddrContext, socket_family: u8) {
         return;
     };
     let dialled = read_endpoint(ctx, socket_family);
+    // A port no mapping has: the socket is left alone after one array
+    // load, before the loopback check and the mapping lookups (every
+    // connect() and sendmsg() of the hooked cgroup comes here).
+    if !maps::port_is(PortRole::Host, proto, dialled.port_be) {
+        return;
+    }
     let Some(mapping) = mapping_for(ctx, &dialled, proto) else {
         return;
     };

@@ -1,8 +1,12 @@
-//! The two tc entry points, thin shims over `try_*`: parse, decide (see
-//! `flow`), offer to the fast path, trace.
+//! The two tc entry points, thin shims over `try_*`: parse, leave what no
+//! mapping concerns, decide (see `flow`), offer to the fast path, trace.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
-use portmap_common::trace_direction;
+use portmap_common::{
+    PortRole,
+    local::{MASQ_PORT_MIN, node_flags},
+    trace_direction,
+};
 
 use crate::{counters::Way, ct, fast, flow, maps, parse, trace};
 
@@ -21,35 +25,124 @@ pub fn portmap_egress(mut ctx: TcContext) -> i32 {
     TC_ACT_OK
 }
 
-/// The tc action for an ingress packet; `None` for one it does not parse.
+/// The action for an ingress packet; `None` for one it does not parse.
 #[inline(always)]
 fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
     maps::keep_userspace_maps();
+    clear_stale_mark(ctx);
     let packet = parse::parse(ctx)?;
     // The tracing state is read again after the packet is handled, not
     // carried across it: the verifier then walks `ingress` once, not once
     // per tracing state.
     trace::begin(&packet);
-    flow::ingress(ctx, &packet);
-    fast::fast_path(ctx);
+    // Inbound, a packet of ours is for a host port (a new or known
+    // translated flow, the answer to a node-opened flow from a mapped port,
+    // a lost flow to recover) or a container's answer that ingress has a
+    // use for (see `answer_matters`). Any other has no flow of ours and
+    // opens none: it leaves after two array loads (a fragment has no ports
+    // to judge by and is counted in `ingress`). Still traced: a tracer
+    // watching a port with no mapping sees what arrives there.
+    let concerned = packet.fragment
+        || maps::port_is(PortRole::Host, packet.proto, packet.dport_be)
+        || (maps::port_is(PortRole::Container, packet.proto, packet.sport_be)
+            && answer_matters(packet.dport_be));
+    if concerned {
+        flow::ingress(ctx, &packet);
+        fast::fast_path(ctx);
+    }
     trace::end_if_tracing(ctx, trace_direction::INGRESS);
+    if !concerned {
+        return Some(TC_ACT_OK);
+    }
     // Likewise the action: read back from scratch, one value the verifier
     // does not know, not one state per way it was decided.
     maps::scratch().map(|scratch| scratch.action)
+}
+
+/// Whether ingress has a use for a packet from a container port to
+/// `dport_be`: a masquerade port (the answer to a masqueraded flow, whose
+/// destination ingress restores), or any answer when `fastPath` is on
+/// (ingress hands it to the client's interface). Otherwise the answer of
+/// a translated flow is egress's to translate back, and looking up its
+/// entry here would only find that out: the bridge-side ingress hook of
+/// the default configuration skips the lookup for every answer.
+/// Not inlined: a call's result is one unknown value to the verifier,
+/// where the inlined branches doubled the states it walks in `ingress`.
+#[inline(never)]
+fn answer_matters(dport_be: u16) -> bool {
+    u16::from_be(dport_be) >= MASQ_PORT_MIN
+        || maps::node_config().is_some_and(|node| node.flags & node_flags::FAST_PATH != 0)
 }
 
 /// Egress never redirects or drops: `None` only for a packet it does not
 /// parse.
 #[inline(always)]
 fn try_egress(ctx: &mut TcContext) -> Option<()> {
+    // Translated by ingress a moment ago, on its way to the container:
+    // nothing for egress to do (see `mark_translated`).
+    if is_marked(ctx) {
+        return Some(());
+    }
     let packet = parse::parse(ctx)?;
     // As in `try_ingress`: the tracing state is read again afterwards.
     trace::begin(&packet);
-    if flow::egress(ctx, &packet) {
-        flow::count_from_scratch(ctx, Way::Out);
+    // As in `try_ingress`. Outbound, a packet of ours is from a container
+    // port (an answer to translate back), to one (a masqueraded flow's
+    // source to rewrite), or from a host port (a flow the node opens from
+    // it, to remember). Egress leaves fragments alone.
+    if !packet.fragment
+        && (maps::port_is(PortRole::Container, packet.proto, packet.sport_be)
+            || maps::port_is(PortRole::Container, packet.proto, packet.dport_be)
+            || maps::port_is(PortRole::Host, packet.proto, packet.sport_be))
+    {
+        if flow::egress(ctx, &packet) {
+            flow::count_from_scratch(ctx, Way::Out);
+        }
+        // After egress's frame is gone (see `ct::note_tcp_change`).
+        ct::track_tcp(&packet, false);
     }
-    // After egress's frame is gone (see `ct::note_tcp_change`).
-    ct::track_tcp(&packet, false);
     trace::end_if_tracing(ctx, trace_direction::EGRESS);
     Some(())
+}
+
+/// The mark of a packet ingress translated and did not masquerade, for the
+/// egress hook it crosses next (the bridge's, or the host end of a ptp
+/// veth), which would only miss in conntrack and the mappings: a DNATed
+/// packet's tuple (client to container) is the key of no entry but a
+/// masqueraded flow's, and masqueraded packets are never marked. In
+/// `tc_index`, which survives routing and the bridge to the egress hook.
+/// Under tcx (6.6+) the program's write stays; under clsact, cls_bpf
+/// overwrites `tc_index` after the program with the minor of
+/// `tc_classid`, so both are written. A 16-bit value no qdisc of ours
+/// uses, so another user's `tc_index` is not taken for ours.
+const TRANSLATED_MARK: u32 = 0x504d;
+
+/// Marks a packet ingress translated and did not masquerade (see
+/// [`TRANSLATED_MARK`]).
+#[inline(always)]
+pub fn mark_translated(ctx: &TcContext) {
+    // SAFETY: both fields are writable by tc programs; plain stores to the
+    // context the program was handed.
+    unsafe {
+        (*ctx.skb.skb).tc_index = TRANSLATED_MARK;
+        (*ctx.skb.skb).tc_classid = TRANSLATED_MARK;
+    }
+}
+
+#[inline(always)]
+fn is_marked(ctx: &TcContext) -> bool {
+    // SAFETY: reading a field of the context the program was handed.
+    unsafe { (*ctx.skb.skb).tc_index == TRANSLATED_MARK }
+}
+
+/// A mark that arrives on ingress is not about this hop (a packet a nested
+/// node translated, or one that came round again): under tcx it would
+/// stay and send an untranslated packet past the next egress hook, so it
+/// is cleared. (Under clsact the kernel resets `tc_index` itself.)
+#[inline(always)]
+fn clear_stale_mark(ctx: &TcContext) {
+    if is_marked(ctx) {
+        // SAFETY: as in `mark_translated`.
+        unsafe { (*ctx.skb.skb).tc_index = 0 };
+    }
 }

@@ -21,7 +21,7 @@ use portmap_common::{
     local::{self, NodeConfig, Peer, PeerKey},
     map_names, program_names, stat,
 };
-use portmap_user::{dataplane::object::OBJECT, dataplane::ownership::words_from_addr};
+use portmap_user::dataplane::{maps::MappedPorts, object::OBJECT, ownership::words_from_addr};
 
 const NODE_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const NODE_V6: Ipv6Addr = Ipv6Addr::new(0xfd18, 0, 0, 0, 0, 0, 0, 1);
@@ -134,12 +134,6 @@ impl Dataplane {
         container: IpAddr,
         container_port: u16,
     ) {
-        let mut mappings: HashMap<&mut MapData, MappingKey, MappingValue> = HashMap::try_from(
-            self.ebpf
-                .map_mut(map_names::MAPPINGS)
-                .expect("mappings map"),
-        )
-        .expect("typed mappings map");
         let key = MappingKey {
             host_addr_be: host.map_or([0; 4], words_from_addr),
             host_port_be: host_port.to_be(),
@@ -152,6 +146,20 @@ impl Dataplane {
             owner_id: 42,
             ..MappingValue::default()
         };
+        // As ADD does: the ports first (the programs leave packets of
+        // unmarked ports alone).
+        let Some(aya::maps::Map::Array(ports)) = self.ebpf.map(map_names::MAPPED_PORTS) else {
+            panic!("no mapped_ports array in the object");
+        };
+        MappedPorts::of(ports)
+            .expect("map mapped_ports")
+            .mark(&key, &value);
+        let mut mappings: HashMap<&mut MapData, MappingKey, MappingValue> = HashMap::try_from(
+            self.ebpf
+                .map_mut(map_names::MAPPINGS)
+                .expect("mappings map"),
+        )
+        .expect("typed mappings map");
         mappings.insert(key, value, 0).expect("insert mapping");
     }
 

@@ -18,7 +18,7 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use portmap_common::{MappingKey, MappingValue, map_names, program_names};
-use portmap_user::{dataplane::object::OBJECT, dataplane::ownership::words_from_addr};
+use portmap_user::dataplane::{maps::MappedPorts, object::OBJECT, ownership::words_from_addr};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -97,6 +97,13 @@ fn load(ifindex: u32) -> Ebpf {
         ..MappingValue::default()
     };
     mappings.insert(key, value, 0).expect("insert mapping");
+    // As ADD does (the programs leave packets of unmarked ports alone).
+    let Some(aya::maps::Map::Array(ports)) = ebpf.map(map_names::MAPPED_PORTS) else {
+        panic!("no mapped_ports array in the object");
+    };
+    MappedPorts::of(ports)
+        .expect("map mapped_ports")
+        .mark(&key, &value);
     ebpf
 }
 

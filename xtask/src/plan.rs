@@ -312,12 +312,12 @@ pub(crate) fn bench_steps(bench_args: &[String]) -> Vec<Step<'_>> {
     vec![
         setup_step(),
         shipped_plugin_step(),
-        Step::new("cargo build --release -p portmap-tests --bin bench", || {
+        Step::new("cargo build --release -p portmap-bench --bin bench", || {
             run(cargo().args([
                 "build",
                 "--release",
                 "-p",
-                "portmap-tests",
+                "portmap-bench",
                 "--bin",
                 "bench",
             ]))

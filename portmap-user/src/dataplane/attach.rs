@@ -440,11 +440,16 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
 /// - a `stats` map with fewer counters than this build has reasons is
 ///   replaced (the programs would not count the new ones), its values
 ///   copied over. The old programs keep the old map until replaced.
+/// - builds before the port filter have no `mapped_ports`: when the load
+///   creates it, the ports of every mapping already there are marked,
+///   before this build's programs (which leave packets of unmarked ports
+///   alone) are attached anywhere.
 ///
 /// Best effort: what cannot be carried over is logged, and the load goes
 /// on (a UDP datagram without its flow is translated anew by its mapping).
 struct Migration {
     split_conntrack: bool,
+    fill_mapped_ports: bool,
     stats: Option<Vec<aya::maps::PerCpuValues<u64>>>,
 }
 
@@ -455,6 +460,7 @@ impl Migration {
         let stats = Self::take_short_stats(layout);
         Migration {
             split_conntrack,
+            fill_mapped_ports: !layout.map(map_names::MAPPED_PORTS).exists(),
             stats,
         }
     }
@@ -493,6 +499,9 @@ impl Migration {
         if self.split_conntrack {
             Self::copy_other_protocols(ebpf);
         }
+        if self.fill_mapped_ports {
+            Self::mark_ports_of_mappings(ebpf);
+        }
         if let Some(values) = self.stats {
             let stats = ebpf
                 .map_mut(map_names::STATS)
@@ -504,6 +513,33 @@ impl Migration {
                     }
                 }
             }
+        }
+    }
+
+    fn mark_ports_of_mappings(ebpf: &mut Ebpf) {
+        use portmap_common::{MappingKey, MappingValue};
+        let mappings: Vec<(MappingKey, MappingValue)> = match ebpf
+            .map(map_names::MAPPINGS)
+            .map(aya::maps::HashMap::<_, MappingKey, MappingValue>::try_from)
+        {
+            Some(Ok(mappings)) => mappings.iter().filter_map(Result::ok).collect(),
+            _ => return,
+        };
+        let ports = match ebpf.map(map_names::MAPPED_PORTS) {
+            Some(aya::maps::Map::Array(data)) => crate::dataplane::maps::MappedPorts::of(data),
+            _ => return,
+        };
+        match ports {
+            Ok(ports) => {
+                for (key, value) in &mappings {
+                    ports.mark(key, value);
+                }
+                log::info!(
+                    "mapped_ports created: the ports of {} mappings marked",
+                    mappings.len()
+                );
+            }
+            Err(error) => log::warn!("marking the ports of the mappings: {error}"),
         }
     }
 
@@ -588,6 +624,7 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
             (size(size_of::<CtKey>()), size(size_of::<CtEntry>()))
         }
         map_names::STATS | portmap_common::TRACE_LOST_MAP => (4, 8),
+        map_names::MAPPED_PORTS => (4, 8),
         local::map_names::NODE => (4, size(size_of::<local::NodeConfig>())),
         local::map_names::LOCAL_ADDRS => (size(size_of::<local::LocalAddrKey>()), 1),
         local::map_names::IFACES => (4, size(size_of::<local::IfaceConfig>())),

@@ -37,6 +37,12 @@ pub enum MapsError {
         expected_key: u32,
         expected_value: u32,
     },
+    #[error("cannot map the {map} map into memory")]
+    Mmap {
+        map: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("updating the {map} map failed")]
     Update {
         map: &'static str,
@@ -58,6 +64,10 @@ pub struct Maps {
     pub specific_ports: Option<HashMap<MapData, PortKey, u32>>,
     /// When GC first saw each orphaned owner ID; `None` until a GC found one.
     pub orphans: Option<HashMap<MapData, u64, u64>>,
+    /// Ports the mappings use (see [`MappedPorts`]); `None` on a pin root
+    /// whose programs are of a build before the port filter, which do not
+    /// read it.
+    pub mapped_ports: Option<MappedPorts>,
 }
 
 pub fn open<T>(layout: &PinLayout, name: &str) -> Result<T, MapsError>
@@ -101,7 +111,88 @@ impl Maps {
             pods: open_user_map(layout, &PODS)?,
             specific_ports: open_user_map(layout, &SPECIFIC_PORTS)?,
             orphans: open_user_map(layout, &ORPHANS)?,
+            mapped_ports: if layout.map(map_names::MAPPED_PORTS).exists() {
+                let path = layout.map(map_names::MAPPED_PORTS);
+                let data = MapData::from_pin(&path).map_err(|source| MapsError::Open {
+                    path: path.clone(),
+                    source,
+                })?;
+                Some(MappedPorts::of(&data)?)
+            } else {
+                None
+            },
         })
+    }
+}
+
+/// The programs' `mapped_ports` bit array, mapped into this process
+/// (`BPF_F_MMAPABLE`), so that bits are set with an atomic OR: concurrent
+/// ADDs never undo each other's bits, which a read-modify-write through
+/// the map syscalls would.
+pub struct MappedPorts {
+    words: std::ptr::NonNull<u64>,
+    len: usize,
+}
+
+impl MappedPorts {
+    /// Maps the bit array of `map` (the pinned one, or a loaded object's).
+    pub fn of(map: &MapData) -> Result<Self, MapsError> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let len = capacity::MAPPED_PORTS as usize * size_of::<u64>();
+        // SAFETY: a shared read-write mapping of the map's values, which
+        // are `len` bytes (the kernel refuses a longer one); unmapped on drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(MapsError::Mmap {
+                map: map_names::MAPPED_PORTS,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        let words = std::ptr::NonNull::new(ptr.cast::<u64>()).ok_or(MapsError::Mmap {
+            map: map_names::MAPPED_PORTS,
+            source: std::io::Error::other("mmap returned NULL"),
+        })?;
+        Ok(Self { words, len })
+    }
+
+    /// Sets the bits of both ports of a mapping (host and container port).
+    /// Call before the mapping is written: the programs leave a packet
+    /// alone when its ports have no bit, so a mapping whose bits are
+    /// missing would not be translated.
+    pub fn mark(&self, key: &MappingKey, value: &MappingValue) {
+        use portmap_common::{PortRole, mapped_port_bit};
+        for (role, port_be) in [
+            (PortRole::Host, key.host_port_be),
+            (PortRole::Container, value.container_port_be),
+        ] {
+            let Some((word, bit)) = mapped_port_bit(role, key.proto, port_be) else {
+                continue;
+            };
+            debug_assert!((word as usize) < self.len / size_of::<u64>());
+            // SAFETY: `word` is within the mapping (mapped_port_bit's
+            // words are below capacity::MAPPED_PORTS), which is aligned
+            // and shared with the kernel, which only reads it.
+            let atomic = unsafe {
+                std::sync::atomic::AtomicU64::from_ptr(self.words.as_ptr().add(word as usize))
+            };
+            atomic.fetch_or(bit, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for MappedPorts {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `of`, unmapped once.
+        unsafe { libc::munmap(self.words.as_ptr().cast(), self.len) };
     }
 }
 

@@ -533,6 +533,7 @@ impl Maps {
         let mut slots = kept.len() as u32;
         let result = self
             .mark_specific_ports(translations)
+            .map(|()| self.mark_mapped_ports(id, translations))
             .and_then(|()| self.claim_all(owner, id, translations, &kept, &mut claimed, &mut slots))
             .and_then(|()| self.check_overlaps(id, translations))
             .and_then(|()| self.still_owner(owner, id, &ours));
@@ -915,6 +916,16 @@ impl Maps {
             }
         }
         Ok(())
+    }
+
+    /// Marks the ports of every translation in the programs' port filter,
+    /// before any is claimed (see `maps::MappedPorts`).
+    fn mark_mapped_ports(&self, id: u64, translations: &[Translation]) {
+        if let Some(ports) = self.mapped_ports.as_ref() {
+            for translation in translations {
+                ports.mark(&translation.key, &translation.value(id));
+            }
+        }
     }
 
     /// A wildcard and a specific address on the same port, protocol and

@@ -152,8 +152,33 @@ pub struct Results {
     pub prefill: Vec<Prefill>,
     pub memory: Vec<MemoryRow>,
     pub sizes: Vec<usize>,
+    /// connect() rate of a node process to an unrelated remote port with
+    /// the socket hooks and without, one pair per repetition.
+    pub connect: Vec<ConnectRep>,
+    /// What each program costs per run (kernel BPF statistics), by load.
+    pub program_costs: Vec<ProgramCost>,
     /// Steps skipped for lack of time or a failure, with the reason.
     pub skipped: Vec<String>,
+}
+
+/// One repetition of the connect() rate, calls/s, the two sides
+/// interleaved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConnectRep {
+    /// In the cgroup the socket hooks are attached to.
+    pub hooked: f64,
+    /// Outside it.
+    pub bare: f64,
+}
+
+/// One program's cost under one load, from `kernel.bpf_stats_enabled`
+/// counters (`BPF_ENABLE_STATS`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgramCost {
+    pub load: String,
+    pub program: String,
+    pub runs: u64,
+    pub ns_per_run: f64,
 }
 
 impl Results {
@@ -196,6 +221,11 @@ impl Results {
             (Some(n), Some(d)) => paired_ratios(&n.rates(), &d.rates()),
             _ => Vec::new(),
         }
+    }
+
+    /// Per repetition: connect() rate with the socket hooks / without.
+    pub fn connect_ratio(&self) -> Vec<f64> {
+        self.connect.iter().map(|r| r.hooked / r.bare).collect()
     }
 
     /// Per repetition: upstream / ours for a sequential plugin-alone percentile.
@@ -304,6 +334,10 @@ fn ratio_target(
     }
 }
 
+/// The unit of a target row that is reported, not judged (its detail
+/// says where the numbers are).
+pub const REPORTED: &str = "reported";
+
 /// A label for a prefilled size.
 pub fn size_label(size: usize) -> String {
     match size {
@@ -313,7 +347,7 @@ pub fn size_label(size: usize) -> String {
     }
 }
 
-/// Judges every target of issue 8 against `results`. Each verdict is taken
+/// Judges every target of issues 8 and 16 against `results`. Each verdict is taken
 /// on the median of the per-repetition values (the minimum is reported next
 /// to it); a target with nothing measured is SKIP with the reason.
 pub fn judge(results: &Results) -> Vec<TargetRow> {
@@ -409,21 +443,31 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
         for &size in &results.sizes {
             let at = format!("at {} mappings{config}", size_label(size));
             let label = path.label();
+            // Issue 16: ahead of iptables by 5% on an empty node and by
+            // 20% at 1 000 mappings (its rules are walked per new flow);
+            // at least even elsewhere (issue 8).
+            let over_iptables = match size {
+                0 => 1.05,
+                1000 => 1.2,
+                _ => 1.0,
+            };
             rows.push(ratio_target(
                 &format!("crr-vs-iptables-{size}{suffix}"),
-                format!("connect+request+close rate through hostPort >= iptables DNAT, {at}"),
+                format!(
+                    "connect+request+close rate through hostPort >= {over_iptables}x iptables DNAT, {at}"
+                ),
                 results.data_ratio(size, Test::TcpCrr, path, Flavor::Upstream),
                 Compare::AtLeast,
-                1.0,
+                over_iptables,
                 false,
                 format!("{label} rate / iptables portmap rate"),
             ));
             rows.push(ratio_target(
                 &format!("crr-vs-direct-{size}{suffix}"),
-                format!("connect+request+close rate through hostPort >= 0.9x direct, {at}"),
+                format!("connect+request+close rate through hostPort >= 0.88x direct, {at}"),
                 results.data_ratio(size, Test::TcpCrr, path, Flavor::Plain),
                 Compare::AtLeast,
-                0.9,
+                0.88,
                 false,
                 format!("{label} rate / direct path rate"),
             ));
@@ -440,6 +484,56 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
             }
         }
     }
+    // Issue 16: what the programs cost traffic they do not translate.
+    for &size in &results.sizes {
+        for test in [Test::TcpRr, Test::TcpCrr] {
+            rows.push(ratio_target(
+                &format!("direct-loaded-{}-{size}", test.key()),
+                format!(
+                    "direct pod traffic ({}) on a node with ebpf-portmap loaded >= 0.99x the node without it, at {} mappings",
+                    test.title(),
+                    size_label(size)
+                ),
+                results.data_ratio(size, test, Flavor::OursDirect, Flavor::Plain),
+                Compare::AtLeast,
+                0.99,
+                false,
+                "rate to the container IP on a port no mapping uses, ebpf-portmap world / world without a port-mapping plugin"
+                    .into(),
+            ));
+        }
+    }
+    rows.push(ratio_target(
+        "connect-hooks",
+        "connect() rate of a node process to an unrelated remote port with the socket hooks >= 0.98x without"
+            .into(),
+        results.connect_ratio(),
+        Compare::AtLeast,
+        0.98,
+        false,
+        "UDP connect() calls/s in the hooked cgroup / in the bench's own cgroup, interleaved, paired by repetition"
+            .into(),
+    ));
+    rows.push(TargetRow {
+        id: "program-cost".into(),
+        text: "per-program cost per run (kernel BPF statistics) reported; halved for the uplink established case"
+            .into(),
+        compare: Compare::AtMost,
+        threshold: 0.0,
+        values: Vec::new(),
+        unit: REPORTED,
+        status: Status::Skip,
+        stretch: false,
+        detail: if results.program_costs.is_empty() {
+            "not measured in this run".into()
+        } else {
+            "in the table of what the programs cost; a program's runs on every interface are summed, so \
+             the uplink established case alone is judged by BPF_PROG_TEST_RUN \
+             (portmap-user/tests/program_cost.rs) against the build before issue 16"
+                .into()
+        },
+    });
+
     let smallest = results.sizes.iter().copied().min().unwrap_or(0);
     for test in Test::ALL {
         rows.push(ratio_target(

@@ -22,7 +22,9 @@ use portmap_tests::{Conflist, Container, Node, PinRoot, PluginDirs, bridge_confl
 use serde_json::{Value, json};
 
 use super::invoke::{Invoker, Timed};
-use super::load::{SERVICE_RR_PORT, SERVICE_STREAM_PORT, SERVICE_UDP_PORT, Servers};
+use super::load::{
+    SERVICE_DIRECT_RR_PORT, SERVICE_RR_PORT, SERVICE_STREAM_PORT, SERVICE_UDP_PORT, Servers,
+};
 
 /// Which port-mapping plugin a world runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,12 +35,16 @@ pub enum Flavor {
     OursFast,
     Upstream,
     Plain,
+    /// Direct traffic to the container (no hostPort, a port no mapping
+    /// uses) in the `Ours` world: what ebpf-portmap's programs cost the
+    /// pod traffic they do not translate, against `Plain`.
+    OursDirect,
 }
 
 impl Flavor {
     pub fn plugin_type(self) -> Option<&'static str> {
         match self {
-            Flavor::Ours | Flavor::OursFast => Some("ebpf-portmap"),
+            Flavor::Ours | Flavor::OursFast | Flavor::OursDirect => Some("ebpf-portmap"),
             Flavor::Upstream => Some("portmap"),
             Flavor::Plain => None,
         }
@@ -50,6 +56,7 @@ impl Flavor {
             Flavor::OursFast => "ebpf-portmap fastPath",
             Flavor::Upstream => "iptables portmap",
             Flavor::Plain => "direct (no translation)",
+            Flavor::OursDirect => "direct, ebpf-portmap loaded",
         }
     }
 }
@@ -194,6 +201,12 @@ impl BenchWorld {
             Flavor::Plain => Targets::at(IpAddr::V4(self.container_ip), false),
             _ => Targets::at(IpAddr::V4(NODE_IP4), true),
         }
+    }
+
+    /// The request/response service on the container IP, on a port no
+    /// mapping uses (see [`Flavor::OursDirect`]).
+    pub fn direct_rr(&self) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.container_ip), SERVICE_DIRECT_RR_PORT)
     }
 
     /// Switches `fastPath` on or off for the whole node, as an ADD with

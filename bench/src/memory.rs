@@ -27,6 +27,14 @@ pub struct MapInfo {
     pub entries: Option<u64>,
 }
 
+/// The three conntrack tables (open TCP flows, closed TCP flows, every
+/// other protocol; portmap_common::maps).
+pub const CONNTRACK_TABLES: [&str; 3] = [
+    portmap_common::maps::CONNTRACK,
+    portmap_common::maps::CONNTRACK_CLOSED,
+    portmap_common::maps::CONNTRACK_OTHER,
+];
+
 /// Every map pinned in `maps_dir`, by pin name.
 pub fn maps_in(maps_dir: &Path) -> BTreeMap<String, MapInfo> {
     let mut maps = BTreeMap::new();

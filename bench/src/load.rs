@@ -24,6 +24,10 @@ use portmap_tests::netns::{NetNs, NsHandle};
 use socket2::{Domain, Protocol, Socket, Type};
 
 pub const SERVICE_RR_PORT: u16 = 5001;
+/// The request/response service again, on a port no mapping uses: what
+/// direct pod traffic on a node with ebpf-portmap loaded is measured with
+/// (most pods' ports are not hostPorts).
+pub const SERVICE_DIRECT_RR_PORT: u16 = 5004;
 pub const SERVICE_STREAM_PORT: u16 = 5002;
 pub const SERVICE_UDP_PORT: u16 = 5003;
 
@@ -61,15 +65,16 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// Binds the three services on 0.0.0.0 inside `ns` and starts them.
+    /// Binds the services on 0.0.0.0 inside `ns` and starts them.
     ///
     /// # Panics
     /// If a port cannot be bound.
     pub fn start(ns: &NetNs, cpu: Option<usize>) -> Servers {
-        let (rr, stream, udp) = ns
+        let (rr, direct_rr, stream, udp) = ns
             .run(|| -> io::Result<_> {
                 Ok((
                     listener(SERVICE_RR_PORT)?,
+                    listener(SERVICE_DIRECT_RR_PORT)?,
                     listener(SERVICE_STREAM_PORT)?,
                     UdpSocket::bind(("0.0.0.0", SERVICE_UDP_PORT))?,
                 ))
@@ -90,6 +95,16 @@ impl Servers {
                     Box::new(move || {
                         pin_to(cpu);
                         accept_loop(&rr, &stop, serve_rr)
+                    }),
+                )
+            },
+            {
+                let stop = Arc::clone(&stop);
+                spawn(
+                    "bench-rr-direct",
+                    Box::new(move || {
+                        pin_to(cpu);
+                        accept_loop(&direct_rr, &stop, serve_rr)
                     }),
                 )
             },

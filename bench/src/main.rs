@@ -18,8 +18,21 @@
 //! separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
 //! or two; the targets of the sections left out are SKIP.
 
-#[path = "../bench/mod.rs"]
-mod bench;
+// The parts: timed plugin runs, control-plane batches, load generators, the
+// measured worlds, map memory, upstream's iptables state, the programs'
+// cost to traffic they do not translate, statistics, the targets and the
+// report.
+mod control;
+mod hooks;
+mod invoke;
+mod iptables;
+mod load;
+mod memory;
+mod report;
+mod results;
+mod stats;
+mod svg;
+mod world;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -30,17 +43,16 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::control::{Batch, deal, run_batch, run_interleaved};
+use crate::invoke::Timed;
+use crate::load::Test;
 use anyhow::{Context, bail};
-use bench::control::{Batch, deal, run_batch, run_interleaved};
-use bench::invoke::Timed;
-use bench::load::{self, Test};
-use bench::memory;
-use bench::report;
-use bench::results::{
-    ControlCell, DataCell, MemoryRow, Prefill, Results, ScaleCell, Scope, Status, Verb, judge,
-    size_label,
+
+use crate::results::{
+    ConnectRep, ControlCell, DataCell, MemoryRow, Prefill, ProgramCost, Results, ScaleCell, Scope,
+    Status, Verb, judge, size_label,
 };
-use bench::world::{
+use crate::world::{
     BenchWorld, FILL_CONTAINER_PORT, Flavor, OP_PORT_BASE, PREFILL_PORT_BASE, PROBE_FILL_HOST_PORT,
 };
 use clap::Parser;
@@ -296,6 +308,12 @@ impl Progress {
 }
 
 fn main() -> ExitCode {
+    // The bench runs itself as the connect() loop of the socket-hook
+    // measurement (in a cgroup and namespace the parent chose).
+    let raw: Vec<String> = std::env::args().collect();
+    if raw.get(1).map(String::as_str) == Some(hooks::CONNECT_LOOP_ARG) {
+        return connect_loop_main(&raw[2..]);
+    }
     install_signal_handlers();
     let args = Args::parse();
     let plan = match Plan::new(&args) {
@@ -687,9 +705,18 @@ fn notes(plan: &Plan) -> Vec<String> {
          port-mapping plugin at all (no eBPF programs, no nat rules, no conntrack hooks): the physical baseline."
             .into(),
         "Memory: `bytes_memlock` of every pinned map as `bpftool --json map show` reports it (the kernel's own \
-         accounting), entries counted with BPF_MAP_GET_NEXT_KEY. The conntrack map is a preallocated LRU: its \
-         memory is fixed from the first ADD on. \"full conntrack\" is after sending one UDP datagram from each of \
-         enough distinct source address:port pairs to a UDP hostPort to open conntrack-size/2 flows."
+         accounting), entries counted with BPF_MAP_GET_NEXT_KEY. The three conntrack tables are preallocated \
+         LRUs (`conntrack` and `conntrack_other` of conntrackSize entries each, `conntrack_close` a quarter of \
+         it): their memory is fixed from the first ADD on. \"full conntrack_other\" is after sending one UDP \
+         datagram from each of enough distinct source address:port pairs to a UDP hostPort to open 1.1 x \
+         conntrackSize/2 flows (UDP flows go to `conntrack_other`)."
+            .into(),
+        "Not translated: `direct, ebpf-portmap loaded` reaches the container IP on a port no mapping uses in the \
+         ebpf-portmap world, against the direct path of the world without a port-mapping plugin; the connect() \
+         rate is a child process of the bench looping connect() on one UDP socket to an unrelated remote port, \
+         in the cgroup the socket hooks are attached to and outside it, interleaved; per-program costs are the \
+         kernel's run-time statistics over one run of each load, enabled with BPF_ENABLE_STATS only for those \
+         runs (not for the rate pairs, where they would tax one side)."
             .into(),
         "This machine is shared: other test runs may use the CPUs at the same time (see loadavg in the JSON). \
          Ratios are paired per repetition for that reason; absolute numbers are only indicative."
@@ -994,7 +1021,7 @@ fn prefill_synthetic(world: &BenchWorld, fill: &mut Fill, size: usize) -> Result
         let new = PREFILL_PORT_BASE as usize + (first + k) * MAPPINGS_PER_PREFILL + offset;
         u16::try_from(new).unwrap_or(p)
     };
-    bench::iptables::synthesize(
+    iptables::synthesize(
         &world.node.ns,
         &prefill_id(template),
         &format!("pf-copy{first}-"),
@@ -1041,6 +1068,165 @@ fn probe_add(world: &BenchWorld, size: usize) -> anyhow::Result<()> {
 
 fn probe_del(world: &BenchWorld, size: usize) {
     let _ = world.port_del(&format!("probe-{size}"), &BenchWorld::probe_mappings());
+}
+
+/// `bench --connect-loop ADDR MILLIS`: prints how many connect() calls it
+/// made (see [`hooks::connect_loop`]).
+fn connect_loop_main(args: &[String]) -> ExitCode {
+    let parsed = match args {
+        [target, millis] => target
+            .parse::<SocketAddr>()
+            .ok()
+            .zip(millis.parse::<u64>().ok()),
+        _ => None,
+    };
+    let Some((target, millis)) = parsed else {
+        eprintln!("usage: bench {} ADDR:PORT MILLIS", hooks::CONNECT_LOOP_ARG);
+        return ExitCode::FAILURE;
+    };
+    match hooks::connect_loop(target, Duration::from_millis(millis)) {
+        Ok(calls) => {
+            println!("{calls}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("connect to {target}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An unrelated remote port for the connect() loop: the client host's
+/// discard port (UDP connect() sends nothing, so nobody need listen).
+const UNRELATED_REMOTE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(EXT_IP4), 9);
+
+/// What the programs cost beyond the rates, in the ebpf-portmap world with
+/// the probe mappings in place: the connect() rate of a node process with
+/// the socket hooks and without (in a sibling cgroup; interleaved, `reps`
+/// pairs), then, with the
+/// kernel's BPF statistics on, each program's ns/run under one run of each
+/// load (statistics are off for the rate pairs: they would tax the hooked
+/// side only).
+fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mut Results) {
+    let Some(pins) = world.pins.as_ref() else {
+        return;
+    };
+    let cgroup = portmap_tests::cgroup::cgroup_for_pin_root(pins.path());
+    // The side without hooks in a sibling cgroup of the hooked one: the
+    // same parent, so the same CPU weight and limits.
+    let bare = portmap_tests::cgroup::TestCgroup::create(cgroup.with_file_name(format!(
+        "{}-bare",
+        cgroup
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    )));
+    let node = world.node.ns.handle();
+    if cgroup.join("cgroup.procs").exists() {
+        for rep in 0..plan.reps {
+            if progress.check().is_err() {
+                break;
+            }
+            let mut pair = [0.0f64; 2];
+            // Alternate which side goes first.
+            let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
+            let mut failed = None;
+            for side in order {
+                let within = if side == 0 {
+                    cgroup.as_path()
+                } else {
+                    bare.path()
+                };
+                match hooks::connect_rate(&node, within, UNRELATED_REMOTE, plan.duration, plan.cpu)
+                {
+                    Ok(rate) => pair[side] = rate,
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if let Some(e) = failed {
+                results.skipped.push(format!("connect() rate: {e}"));
+                break;
+            }
+            results.connect.push(ConnectRep {
+                hooked: pair[0],
+                bare: pair[1],
+            });
+            progress.say(&format!(
+                "connect() to an unrelated remote port, rep {}/{}: {:.0}/s with the socket hooks, {:.0}/s without",
+                rep + 1,
+                plan.reps,
+                pair[0],
+                pair[1]
+            ));
+        }
+    } else {
+        results.skipped.push(format!(
+            "connect() rate: the hooked cgroup {} does not exist",
+            cgroup.display()
+        ));
+    }
+
+    let stats = match hooks::BpfStats::enable() {
+        Ok(stats) => stats,
+        Err(e) => {
+            results.skipped.push(format!("per-program cost: {e}"));
+            return;
+        }
+    };
+    let progs = pins.path().join("v1/progs");
+    let client = world.node.ext.handle();
+    let loads = [
+        (Flavor::Ours, Test::TcpRr),
+        (Flavor::Ours, Test::TcpCrr),
+        (Flavor::Ours, Test::UdpRr),
+        (Flavor::OursDirect, Test::TcpRr),
+    ];
+    for (path, test) in loads {
+        enter(path, world);
+        let before = hooks::run_times(&progs);
+        load::run(
+            &client,
+            test,
+            target_of(path, world, test),
+            plan.duration,
+            plan.cpu,
+        );
+        let after = hooks::run_times(&progs);
+        let name = format!("{}, {}", test.title(), path.label());
+        for (program, runs, ns_per_run) in hooks::per_run(&before, &after) {
+            results.program_costs.push(ProgramCost {
+                load: name.clone(),
+                program,
+                runs,
+                ns_per_run,
+            });
+        }
+    }
+    let before = hooks::run_times(&progs);
+    if let Err(e) = hooks::connect_rate(
+        &node,
+        cgroup.as_path(),
+        UNRELATED_REMOTE,
+        plan.duration,
+        plan.cpu,
+    ) {
+        results.skipped.push(format!("connect4 cost: {e}"));
+    }
+    let after = hooks::run_times(&progs);
+    for (program, runs, ns_per_run) in hooks::per_run(&before, &after) {
+        results.program_costs.push(ProgramCost {
+            load: "connect() to an unrelated remote port, socket hooks".into(),
+            program,
+            runs,
+            ns_per_run,
+        });
+    }
+    drop(stats);
+    let summary: Vec<String> = results
+        .program_costs
+        .iter()
+        .map(|c| format!("{} under {}: {:.0} ns/run", c.program, c.load, c.ns_per_run))
+        .collect();
+    progress.say(&format!("per-program cost: {}", summary.join("; ")));
 }
 
 fn maps_dir(world: &BenchWorld) -> Option<PathBuf> {
@@ -1120,14 +1306,22 @@ fn scale_and_dataplane(
             probe_add(ours, size)?;
             // ebpf-portmap twice: the default, and with fastPath switched on
             // in the same world before each of its slices.
-            let mut paths: Vec<(Flavor, &BenchWorld)> =
-                vec![(Flavor::Ours, ours), (Flavor::OursFast, ours)];
+            // And direct traffic in the same world, to a port no mapping
+            // uses, against the node without the plugin.
+            let mut paths: Vec<(Flavor, &BenchWorld)> = vec![
+                (Flavor::Ours, ours),
+                (Flavor::OursFast, ours),
+                (Flavor::OursDirect, ours),
+            ];
             if upstream_here {
                 probe_add(upstream, size)?;
                 paths.push((Flavor::Upstream, upstream));
             }
             paths.push((Flavor::Plain, world(&worlds.plain)));
             dataplane(plan, progress, &paths, size, upstream_here, results)?;
+            if size == plan.sizes.iter().copied().min().unwrap_or(0) {
+                node_costs(plan, progress, ours, results);
+            }
             probe_del(ours, size);
             if upstream_here {
                 probe_del(upstream, size);
@@ -1191,7 +1385,7 @@ fn prefill_upstream(
         size,
         method,
         seconds: started.elapsed().as_secs_f64(),
-        nat_rules: Some(bench::iptables::nat_rule_count(&upstream.node.ns)),
+        nat_rules: Some(iptables::nat_rule_count(&upstream.node.ns)),
         skipped: outcome.as_ref().err().cloned(),
     });
     outcome
@@ -1291,23 +1485,21 @@ fn one_more_container(
 fn scale_p50(results: &Results, flavor: Flavor, size: usize) -> String {
     results
         .scale_cell(flavor, size, Verb::Add)
-        .and_then(|c| {
-            bench::stats::median(&bench::results::pct_per_rep(
-                &c.reps,
-                bench::stats::Pct::P50,
-            ))
-        })
+        .and_then(|c| stats::median(&results::pct_per_rep(&c.reps, stats::Pct::P50)))
         .map_or("n/a".into(), |v| format!("{v:.2}"))
 }
 
 fn scale_ratio(results: &Results, flavor: Flavor, size: usize) -> String {
     results
         .scale_cell(flavor, size, Verb::Add)
-        .and_then(|c| bench::stats::median(&c.ratio_to_empty(bench::stats::Pct::P50)))
+        .and_then(|c| stats::median(&c.ratio_to_empty(stats::Pct::P50)))
         .map_or("n/a".into(), |v| format!("{v:.2}"))
 }
 
-fn target_of(world: &BenchWorld, test: Test) -> SocketAddr {
+fn target_of(path: Flavor, world: &BenchWorld, test: Test) -> SocketAddr {
+    if path == Flavor::OursDirect {
+        return world.direct_rr();
+    }
     let targets = world.targets();
     match test {
         Test::TcpRr | Test::TcpCrr => targets.rr,
@@ -1316,10 +1508,17 @@ fn target_of(world: &BenchWorld, test: Test) -> SocketAddr {
     }
 }
 
+/// Whether `path` is measured with `test`: direct traffic on the node with
+/// ebpf-portmap loaded only with request/response and new connections
+/// (what the per-packet and per-flow cost of the programs shows in).
+fn measures(path: Flavor, test: Test) -> bool {
+    path != Flavor::OursDirect || matches!(test, Test::TcpRr | Test::TcpCrr)
+}
+
 /// Puts `world` in the state `path` is measured in (fastPath on or off).
 fn enter(path: Flavor, world: &BenchWorld) {
     match path {
-        Flavor::Ours => world.set_fast_path(false),
+        Flavor::Ours | Flavor::OursDirect => world.set_fast_path(false),
         Flavor::OursFast => world.set_fast_path(true),
         Flavor::Upstream | Flavor::Plain => {}
     }
@@ -1336,11 +1535,11 @@ fn dataplane(
     // Warm-up: neighbours resolved, first flows through every path.
     for &(path, world) in paths {
         enter(path, world);
-        for test in Test::ALL {
+        for test in Test::ALL.into_iter().filter(|&t| measures(path, t)) {
             let warm = load::run(
                 &world.node.ext.handle(),
                 test,
-                target_of(world, test),
+                target_of(path, world, test),
                 plan.warmup,
                 plan.cpu,
             );
@@ -1350,7 +1549,7 @@ fn dataplane(
                     path.label(),
                     size_label(size),
                     test.title(),
-                    target_of(world, test),
+                    target_of(path, world, test),
                     warm.errors,
                     world.node.diagnostics()
                 );
@@ -1358,20 +1557,23 @@ fn dataplane(
         }
     }
     let mut cells: Vec<DataCell> = Vec::new();
-    let clients: Vec<_> = paths.iter().map(|(_, w)| w.node.ext.handle()).collect();
     for rep in 0..plan.reps {
         progress.check()?;
         for test in Test::ALL {
-            let targets: Vec<_> = paths
+            let here: Vec<(Flavor, &BenchWorld)> = paths
                 .iter()
-                .zip(&clients)
-                .map(|((_, world), client)| (client.clone(), target_of(world, test)))
+                .copied()
+                .filter(|&(path, _)| measures(path, test))
+                .collect();
+            let targets: Vec<_> = here
+                .iter()
+                .map(|&(path, world)| (world.node.ext.handle(), target_of(path, world, test)))
                 .collect();
             let rates =
                 load::run_interleaved(&targets, test, plan.duration, plan.slices, plan.cpu, |i| {
-                    enter(paths[i].0, paths[i].1)
+                    enter(here[i].0, here[i].1)
                 });
-            for (&(path, _), result) in paths.iter().zip(rates) {
+            for (&(path, _), result) in here.iter().zip(rates) {
                 match cells.iter_mut().find(|c| c.test == test && c.path == path) {
                     Some(cell) => cell.reps.push(result),
                     None => cells.push(DataCell {
@@ -1392,20 +1594,21 @@ fn dataplane(
                         .iter()
                         .find(|c| c.test == test && c.path == flavor)
                         .and_then(|c| c.reps.last())
-                        .map_or("-".into(), |r| bench::svg::short(r.rate))
+                        .map_or("-".into(), |r| svg::short(r.rate))
                 };
                 format!(
-                    "{} {}/{}/{}/{}",
+                    "{} {}/{}/{}/{}/{}",
                     test.key(),
                     rate(Flavor::Ours),
                     rate(Flavor::OursFast),
                     rate(Flavor::Upstream),
-                    rate(Flavor::Plain)
+                    rate(Flavor::Plain),
+                    rate(Flavor::OursDirect)
                 )
             })
             .collect();
         progress.say(&format!(
-            "dataplane {} mappings, rep {}/{} (ebpf/ebpf fastPath/iptables/direct): {}",
+            "dataplane {} mappings, rep {}/{} (ebpf/ebpf fastPath/iptables/direct/direct with ebpf loaded): {}",
             size_label(size),
             rep + 1,
             plan.reps,
@@ -1446,13 +1649,12 @@ fn conntrack_fill(
     let Some(dir) = maps_dir(world) else {
         return Ok(());
     };
-    let Some(capacity) = memory::maps_in(&dir)
-        .get("conntrack")
-        .map(|m| m.max_entries)
-    else {
+    // UDP flows: their table is `conntrack_other` (TCP has its own two).
+    let table = portmap_common::maps::CONNTRACK_OTHER;
+    let Some(capacity) = memory::maps_in(&dir).get(table).map(|m| m.max_entries) else {
         results
             .skipped
-            .push("conntrack fill: no conntrack map pinned".into());
+            .push(format!("conntrack fill: no {table} map pinned"));
         return Ok(());
     };
     let fill_mapping = [PortMapping::udp(PROBE_FILL_HOST_PORT, FILL_CONTAINER_PORT)];
@@ -1479,14 +1681,14 @@ fn conntrack_fill(
         SocketAddr::new(NODE_IP4.into(), PROBE_FILL_HOST_PORT),
     );
     let maps = memory::maps_in(&dir);
-    let entries = maps.get("conntrack").and_then(|m| m.entries).unwrap_or(0);
+    let entries = maps.get(table).and_then(|m| m.entries).unwrap_or(0);
     progress.say(&format!(
-        "memory: sent {sent} new UDP flows in {:.1} s; conntrack holds {entries} of {capacity} entries",
+        "memory: sent {sent} new UDP flows in {:.1} s; {table} holds {entries} of {capacity} entries",
         started.elapsed().as_secs_f64()
     ));
     let largest = results.sizes.iter().copied().max().unwrap_or(0);
     results.memory.push(MemoryRow {
-        state: format!("{} mappings, full conntrack", size_label(largest)),
+        state: format!("{} mappings, full {table}", size_label(largest)),
         requested_mappings: largest,
         maps,
     });
