@@ -26,6 +26,12 @@ pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
             ownership::ORPHAN_GRACE_SECS
         );
     }
+    let unfiltered = maps.mark_every_mapping();
+    if unfiltered > 0 {
+        log::warn!(
+            "GC: {unfiltered} mapping(s) had their ports missing from the port filter (written by an older build during an upgrade?); marked"
+        );
+    }
     prune_counters(&layout, &maps);
     match maps.prune_pods() {
         Ok(0) => {}
