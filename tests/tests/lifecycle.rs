@@ -647,3 +647,72 @@ fn a_bootstrap_killed_midway_is_finished_by_the_next_add() {
     container.del(&world).expect("DEL");
     world.assert_clean("after recovery and DEL");
 }
+
+/// Zeroes, behind the plugin's back, the words of the programs' port filter
+/// that hold a TCP mapping's host and container port: what a mapping
+/// written by a build older than the filter looks like.
+fn clear_port_filter_bits(world: &World, host_port: u16, container_port: u16) {
+    use portmap_common::{PROTO_TCP, PortRole, mapped_port_bit};
+    let path = world.pins.path().join("v1/maps/mapped_ports");
+    for (role, port) in [
+        (PortRole::Host, host_port),
+        (PortRole::Container, container_port),
+    ] {
+        let (word, _) = mapped_port_bit(role, PROTO_TCP, port.to_be()).expect("TCP has a row");
+        let out = Command::new("bpftool")
+            .args(["map", "update", "pinned"])
+            .arg(&path)
+            .arg("key")
+            .args(word.to_le_bytes().iter().map(u8::to_string))
+            .arg("value")
+            .args(["0"; 8])
+            .output()
+            .expect("run bpftool");
+        assert!(
+            out.status.success(),
+            "bpftool map update {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn gc_restores_the_port_filter_bits_a_mapping_lacks() {
+    let world = World::bridge();
+    let web = world.node.add_container("filtered");
+    let _server = tcp_echo_server(&web.ns, 80, "web");
+    let mappings = [PortMapping::tcp(8086, 80)];
+    world.add(&web, &mappings);
+    let ask = |what: &str| tcp_request(&world.node.ext, sock(NODE_IP4, 8086), what, PROBE);
+    assert_eq!(
+        ask("before").expect("the mapping answers"),
+        echo_reply("web", "before")
+    );
+
+    clear_port_filter_bits(&world, 8086, 80);
+    expect_unreachable(
+        "a mapping whose ports are not in the filter (the programs leave it alone)",
+        ask("cleared"),
+    );
+
+    // GC is CNI 1.1.0 and Debian's bridge speaks 1.0.0: the GC goes to a
+    // list of our plugin alone, of the same network.
+    let gc_list = portmap_tests::Conflist::from_json(json!({
+        "cniVersion": "1.1.0",
+        "name": world.list.name(),
+        "plugins": [world.our_plugin().clone()],
+    }))
+    .expect("conflist");
+    let keep = [GcAttachment::from(&web.with_port_mappings(&mappings))];
+    world
+        .runner
+        .gc(&gc_list, &keep)
+        .unwrap_or_else(|e| panic!("GC failed: {e}\n{}", world.dump()));
+    assert_eq!(
+        ask("after GC")
+            .unwrap_or_else(|e| panic!("GC restored the filter bits: {e}\n{}", world.dump())),
+        echo_reply("web", "after GC")
+    );
+    world.del(&web, &mappings);
+}

@@ -195,6 +195,18 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             Err(error) => log::warn!("traffic counters not pruned: {error}"),
         }
     }
+    // A mapping whose ports are missing from the programs' port filter is
+    // never translated; every GC that writes restores them.
+    let mut port_filter_restored = None;
+    if !args.dry_run {
+        let restored = maps.mark_every_mapping();
+        if restored > 0 {
+            lines.push(format!(
+                "restored the port-filter bits of {restored} mapping(s)"
+            ));
+        }
+        port_filter_restored = Some(restored);
+    }
     let mut stale_links = Vec::new();
     if args.stale_links {
         let stale = uninstall::remove_stale_links(&layout, args.dry_run)
@@ -215,6 +227,7 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "owners": owners,
             "orphans": orphans,
             "prunedCounters": pruned_counters,
+            "portFilterRestored": port_filter_restored,
             "staleLinks": stale_links,
         }));
     } else {

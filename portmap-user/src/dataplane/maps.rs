@@ -125,6 +125,24 @@ impl Maps {
     }
 }
 
+impl Maps {
+    /// Sets the port-filter bits of every mapping in the map and returns how
+    /// many had a bit missing. ADD marks a mapping's ports before writing
+    /// it; a mapping written without them (by a build older than the filter,
+    /// racing the first load that created it) would never be translated, so
+    /// GC heals it.
+    pub fn mark_every_mapping(&self) -> usize {
+        let Some(ports) = self.mapped_ports.as_ref() else {
+            return 0;
+        };
+        self.mappings
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(key, value)| ports.mark(key, value))
+            .count()
+    }
+}
+
 /// The programs' `mapped_ports` bit array, mapped into this process
 /// (`BPF_F_MMAPABLE`), so that bits are set with an atomic OR: concurrent
 /// ADDs never undo each other's bits, which a read-modify-write through
@@ -167,8 +185,9 @@ impl MappedPorts {
     /// Sets the bits of both ports of a mapping (host and container port).
     /// Call before the mapping is written: the programs leave a packet
     /// alone when its ports have no bit, so a mapping whose bits are
-    /// missing would not be translated.
-    pub fn mark(&self, key: &MappingKey, value: &MappingValue) {
+    /// missing would not be translated. Returns whether a bit was missing.
+    pub fn mark(&self, key: &MappingKey, value: &MappingValue) -> bool {
+        let mut was_missing = false;
         use portmap_common::{PortRole, mapped_port_bit};
         for (role, port_be) in [
             (PortRole::Host, key.host_port_be),
@@ -184,8 +203,10 @@ impl MappedPorts {
             let atomic = unsafe {
                 std::sync::atomic::AtomicU64::from_ptr(self.words.as_ptr().add(word as usize))
             };
-            atomic.fetch_or(bit, std::sync::atomic::Ordering::SeqCst);
+            let before = atomic.fetch_or(bit, std::sync::atomic::Ordering::SeqCst);
+            was_missing |= before & bit == 0;
         }
+        was_missing
     }
 }
 

@@ -19,8 +19,9 @@ pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
 }
 
 /// The part of GC that needs no word from the runtime: mappings whose owner
-/// record is gone (after their grace period), counters of mappings gone,
-/// pod records without an owner, stale fast-path entries. GC runs it, and
+/// record is gone (after their grace period), port-filter bits missing,
+/// counters of mappings gone, pod records without an owner, stale fast-path
+/// entries. GC runs it, and
 /// the node agent on its timer; `verb` names the caller in log lines.
 pub fn collect_node_garbage(
     verb: &str,
@@ -40,6 +41,12 @@ pub fn collect_node_garbage(
         log::warn!(
             "{verb}: owner {id:016x} has mappings but no record (first seen at {first_seen}); reclaimed {}s after that",
             ownership::ORPHAN_GRACE_SECS
+        );
+    }
+    let unfiltered = maps.mark_every_mapping();
+    if unfiltered > 0 {
+        log::warn!(
+            "{verb}: {unfiltered} mapping(s) had their ports missing from the port filter (written by an older build during an upgrade?); marked"
         );
     }
     prune_counters(layout, maps);
