@@ -463,6 +463,73 @@ const _: () = {
     assert!(stat::COUNT <= 32);
 };
 
+// ---- Node agent (issue #17): kept apart from the schema above. ----
+
+/// Trace events the programs could not emit because the ring buffer was
+/// full (the tracer reads too slowly): a pinned per-CPU array of one `u64`,
+/// declared in the object next to `trace_events` (portmap-ebpf's trace.rs)
+/// and kept out of [`maps::PINNED`], so `status` does not call pins of a
+/// build without it incomplete. `trace` reports it as lost events, the
+/// agent exports it.
+pub const TRACE_LOST_MAP: &str = "trace_lost";
+
+/// What the short-lived plugin records about its own runs, for the node
+/// agent to export: outcome counts and latency histograms of each CNI verb.
+/// Userspace only (the programs never see it): an `BPF_F_MMAPABLE` array of
+/// [`verb_stats::SLOTS`] `u64` slots, created by the first run that finds the
+/// dataplane installed, and updated with atomic adds on the mapping, so
+/// concurrent plugin runs never lose an increment (a map update from
+/// userspace would be a read-modify-write of the whole value).
+pub mod verb_stats {
+    /// Pin name, under the maps directory.
+    pub const MAP: &str = "verb_stats";
+    /// The verbs, in slot order.
+    pub const VERBS: [&str; 5] = ["ADD", "DEL", "CHECK", "GC", "STATUS"];
+    /// CNI result codes counted on their own (0: success); any other code
+    /// is counted in the slot after these.
+    pub const CODES: [u32; 17] = [
+        0, 1, 2, 3, 4, 5, 6, 7, 11, 50, 100, 101, 102, 103, 104, 105, 999,
+    ];
+    /// Upper bounds of the latency buckets, in microseconds; a last bucket
+    /// takes what is slower.
+    pub const BUCKETS_US: [u64; 12] = [
+        1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
+        2_500_000, 5_000_000,
+    ];
+    /// Slots of one verb: a count per code and one for other codes, a count
+    /// per bucket and one for slower runs, and the sum of durations in
+    /// nanoseconds.
+    pub const PER_VERB: usize = CODES.len() + 1 + BUCKETS_US.len() + 1 + 1;
+    /// Every slot of the map.
+    pub const SLOTS: usize = VERBS.len() * PER_VERB;
+
+    /// Slot of the count of `verb` ending with `code`.
+    pub const fn code_slot(verb: usize, code: u32) -> usize {
+        let mut index = 0;
+        while index < CODES.len() {
+            if CODES[index] == code {
+                return verb * PER_VERB + index;
+            }
+            index += 1;
+        }
+        verb * PER_VERB + CODES.len()
+    }
+
+    /// Slot of the latency bucket a run of `verb` that took `micros` falls in.
+    pub const fn bucket_slot(verb: usize, micros: u64) -> usize {
+        let mut index = 0;
+        while index < BUCKETS_US.len() && micros > BUCKETS_US[index] {
+            index += 1;
+        }
+        verb * PER_VERB + CODES.len() + 1 + index
+    }
+
+    /// Slot of the sum of durations of `verb`, in nanoseconds.
+    pub const fn sum_slot(verb: usize) -> usize {
+        verb * PER_VERB + PER_VERB - 1
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;

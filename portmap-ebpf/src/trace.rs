@@ -13,7 +13,9 @@
 
 use aya_ebpf::{
     bindings::{__sk_buff, BPF_RB_NO_WAKEUP},
+    btf_maps::PerCpuArray,
     helpers::bpf_skb_load_bytes,
+    macros::btf_map,
     programs::TcContext,
 };
 use portmap_common::{FAMILY_V4, TraceEvent, stat, trace_direction};
@@ -22,6 +24,10 @@ use crate::{
     maps::{self, TRACE_EVENTS, TRACE_FILTER},
     parse,
 };
+
+/// Events that found the ring buffer full (`portmap_common::TRACE_LOST_MAP`).
+#[btf_map(name = "trace_lost")]
+static TRACE_LOST: PerCpuArray<u64, 1> = PerCpuArray::new();
 
 /// If someone traces, remembers the counters and the packet as it arrived.
 /// Call before the packet is handled, and [`end_if_tracing`] after it.
@@ -124,6 +130,12 @@ fn emit(ctx: &TcContext, direction: u8) {
         return;
     }
     let Some(mut entry) = TRACE_EVENTS.reserve(0) else {
+        // Counted, so `trace` can say events were lost (as `cilium
+        // monitor` does) instead of a silent gap.
+        if let Some(lost) = TRACE_LOST.get_ptr_mut(0) {
+            // SAFETY: this CPU's copy; no other writer while we run.
+            unsafe { *lost += 1 };
+        }
         return;
     };
     let event = entry.as_mut_ptr();

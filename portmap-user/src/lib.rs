@@ -13,6 +13,7 @@
 //! - [`ops`]: the operator library (inspect, uninstall, chain) that `cli/`
 //!   prints.
 
+pub mod agent;
 pub mod cni;
 pub mod dataplane;
 pub mod logging;

@@ -197,6 +197,40 @@ pub fn init_cli(verbose: bool) {
     }
 }
 
+/// The node agent's log: stderr (the container runtime or journald keeps
+/// it), one timestamped line per record, info and up (debug with
+/// `verbose`).
+struct AgentLogger {
+    level: Level,
+}
+
+impl Log for AgentLogger {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        metadata.level() <= self.level
+    }
+
+    fn log(&self, record: &Record) {
+        if self.enabled(record.metadata()) {
+            eprintln!(
+                "{} {:<5} {}",
+                utc_timestamp(SystemTime::now()),
+                record.level(),
+                record.args()
+            );
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Logging for the node agent (see [`AgentLogger`]).
+pub fn init_agent(verbose: bool) {
+    let level = if verbose { Level::Debug } else { Level::Info };
+    if log::set_boxed_logger(Box::new(AgentLogger { level })).is_ok() {
+        log::set_max_level(level.to_level_filter());
+    }
+}
+
 /// `host:port->container/proto` of every mapping requested, e.g.
 /// `*:8080->80/tcp, 198.18.0.11:53->53/udp`.
 pub fn describe_mappings(conf: &NetConf) -> String {

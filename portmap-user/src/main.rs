@@ -11,7 +11,7 @@ use portmap_user::{
     cni,
     cni::netconf,
     logging::{self, Logged},
-    verbs::Dataplane,
+    verbs::{Dataplane, recorded::Recorded},
 };
 
 mod cli;
@@ -82,7 +82,7 @@ fn run_plugin() -> ExitCode {
         &env,
         &mut input,
         &mut std::io::stdout().lock(),
-        &mut Logged(Dataplane),
+        &mut Recorded(Logged(Dataplane)),
     );
     ExitCode::from(code as u8)
 }

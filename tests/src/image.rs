@@ -69,6 +69,8 @@ pub fn build(podman: &Podman, release: &Path, version: &str) -> String {
             &format!("BASE_IMAGE={BASE_IMAGE}"),
             "--build-arg",
             "BINARY=ebpf-portmap",
+            "--build-arg",
+            "AGENT_BINARY=ebpf-portmap-agent",
             "--tag",
             &tag,
             &release.to_string_lossy(),

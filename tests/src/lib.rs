@@ -19,6 +19,7 @@
 //!
 //! All of it needs root.
 
+pub mod agent;
 pub mod bpffs;
 pub mod cgroup;
 pub mod cni;
@@ -29,6 +30,7 @@ pub mod naming;
 pub mod netns;
 pub mod plugins;
 pub mod podman;
+pub mod prometheus;
 pub mod release;
 pub mod tmp;
 pub mod topology;

@@ -1066,7 +1066,11 @@ fn manifest_dockerfile_and_script_agree() {
     assert_eq!(at(daemonset, "/spec/template/metadata/labels"), selector);
 
     let containers = pod["containers"].as_array().expect("containers");
-    assert_eq!(containers.len(), 1);
+    let names: Vec<&str> = containers
+        .iter()
+        .map(|c| c["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["install", "agent"]);
     let container = &containers[0];
     let env: BTreeMap<&str, &str> = container["env"]
         .as_array()
@@ -1163,6 +1167,8 @@ fn manifest_dockerfile_and_script_agree() {
         at(container, key);
     }
 
+    check_agent_container(daemonset, pod, &containers[1], container, &copies);
+
     // The README's steps load and use the manifest's image.
     let image = container["image"].as_str().expect("image");
     let readme = read("README.md");
@@ -1171,5 +1177,101 @@ fn manifest_dockerfile_and_script_agree() {
         format!("kind load docker-image {image}"),
     ] {
         assert!(readme.contains(&step), "the README has no `{step}`");
+    }
+}
+
+/// The agent container: its binary in the image, the named metrics port its
+/// `--listen` serves, probes on it, the capabilities it needs and no more,
+/// and the node's paths for pins, the lock and the cgroup root.
+fn check_agent_container(
+    daemonset: &Value,
+    pod: &Value,
+    agent: &Value,
+    install: &Value,
+    copies: &[(String, String)],
+) {
+    assert_eq!(agent["image"], install["image"], "one image for both");
+    let agent_binary = "target/x86_64-unknown-linux-musl/dist/ebpf-portmap-agent";
+    let in_image = copies
+        .iter()
+        .find(|(from, _)| from == agent_binary)
+        .map(|(_, to)| to.clone())
+        .unwrap_or_else(|| panic!("the Dockerfile does not COPY {agent_binary}"));
+    assert_eq!(agent["command"], json!([in_image]));
+    assert!(
+        read(".dockerignore")
+            .lines()
+            .any(|line| line == format!("!{agent_binary}")),
+        ".dockerignore must let the agent into the build context"
+    );
+    let ports = agent["ports"].as_array().expect("ports");
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0]["name"], "metrics");
+    let port = ports[0]["containerPort"].as_u64().expect("containerPort");
+    let args: Vec<&str> = agent["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("an argument"))
+        .collect();
+    assert!(
+        args.iter()
+            .any(|a| a.starts_with("--listen=") && a.ends_with(&format!(":{port}"))),
+        "--listen must serve the metrics port {port}: {args:?}"
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(at(agent, &format!("/{probe}/httpGet/path")), path);
+        assert_eq!(at(agent, &format!("/{probe}/httpGet/port")), "metrics");
+    }
+    let annotations = at(daemonset, "/spec/template/metadata/annotations");
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], port.to_string());
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    let security = &agent["securityContext"];
+    assert_eq!(
+        security["capabilities"],
+        json!({"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "PERFMON"]})
+    );
+    assert_eq!(security["privileged"], false);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    // The node's own paths: pin paths and lock names derive from them.
+    let volumes: BTreeMap<&str, &str> = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .map(|v| {
+            (
+                v["name"].as_str().expect("name"),
+                at(v, "/hostPath/path").as_str().expect("hostPath"),
+            )
+        })
+        .collect();
+    let mounts: BTreeMap<&str, (&str, bool)> = agent["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .map(|m| {
+            let host = volumes[m["name"].as_str().expect("name")];
+            (
+                host,
+                (
+                    m["mountPath"].as_str().expect("path"),
+                    m["readOnly"] == true,
+                ),
+            )
+        })
+        .collect();
+    for (node_path, writable) in [
+        (script_default("EPM_PIN_ROOT"), true),
+        ("/run/ebpf-portmap".to_owned(), true),
+        ("/sys/fs/cgroup".to_owned(), false),
+    ] {
+        let (host, (path, read_only)) = mounts
+            .iter()
+            .find(|(host, _)| Path::new(&node_path).starts_with(host))
+            .unwrap_or_else(|| panic!("the agent does not mount {node_path}"));
+        assert_eq!(path, host, "{node_path} must be at the node's path");
+        assert!(!(writable && *read_only), "{node_path} must be writable");
     }
 }

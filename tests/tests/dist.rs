@@ -100,6 +100,7 @@ fn the_checksums_cover_every_file_and_match() {
     assert_eq!(listed, on_disk, "SHA256SUMS must list every other file");
     for required in [
         "ebpf-portmap",
+        "ebpf-portmap-agent",
         "LICENSE",
         "README.md",
         "deploy/daemonset.yaml",

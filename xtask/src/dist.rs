@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! ebpf-portmap                 the static (musl) binary, profile `dist`
+//! ebpf-portmap-agent           the node agent, likewise
 //! completions/ebpf-portmap.bash, _ebpf-portmap (zsh), ebpf-portmap.fish
 //! man/man1/ebpf-portmap.1, ebpf-portmap-<verb>.1
 //! deploy/                      daemonset.yaml (image tag = the version), install.sh, Dockerfile
@@ -39,6 +40,8 @@ const COMPLETIONS: &[(&str, &str)] = &[
     ("zsh", "_ebpf-portmap"),
     ("fish", "ebpf-portmap.fish"),
 ];
+/// The node agent's binary (deploy/daemonset.yaml's `agent` container).
+pub const AGENT_BIN: &str = "ebpf-portmap-agent";
 const DEPLOY_FILES: &[&str] = &["daemonset.yaml", "install.sh", "Dockerfile"];
 /// Environment variable through which `cargo xtask test` hands the tarball
 /// to `tests/tests/dist.rs`.
@@ -78,6 +81,11 @@ pub fn build() -> Result<PathBuf> {
 
     let binary = stage.join(PLUGIN_BIN);
     copy(&shipped_plugin_bin(), &binary)?;
+    // The node agent, built with the plugin (same package and profile).
+    copy(
+        &shipped_plugin_bin().with_file_name(AGENT_BIN),
+        &stage.join(AGENT_BIN),
+    )?;
 
     let completions = stage.join("completions");
     fs::create_dir_all(&completions)?;
@@ -149,14 +157,26 @@ pub fn build() -> Result<PathBuf> {
     Ok(tarball)
 }
 
-/// `manifest` with the development image replaced by `ebpf-portmap:<version>`.
-/// An error if the manifest does not name the development image exactly once
-/// (a renamed image would otherwise ship unversioned).
+/// `manifest` with the development image replaced by `ebpf-portmap:<version>`
+/// in every container (the installer and the agent share the image). An
+/// error if the manifest names no image, or any other image than the
+/// development one (a renamed image would otherwise ship unversioned).
 pub fn versioned_manifest(manifest: &str, version: &str) -> Result<String> {
     let wanted = format!("image: {DEV_IMAGE}");
-    let found = manifest.matches(&wanted).count();
-    if found != 1 {
-        bail!("deploy/daemonset.yaml must name `{wanted}` exactly once (found {found} times)");
+    let images: Vec<&str> = manifest
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with("image:"))
+        .collect();
+    if images.is_empty() || images.iter().any(|line| *line != wanted) {
+        bail!(
+            "every image of deploy/daemonset.yaml must be `{wanted}` (found {})",
+            if images.is_empty() {
+                "none".to_owned()
+            } else {
+                images.join(", ")
+            }
+        );
     }
     Ok(manifest.replace(&wanted, &format!("image: {PLUGIN_BIN}:{version}")))
 }
@@ -208,9 +228,13 @@ mod tests {
     fn a_manifest_without_the_dev_image_is_refused() {
         let error =
             versioned_manifest("image: other:latest\n", "1.2.3").expect_err("nothing to version");
-        assert!(error.to_string().contains("exactly once"), "{error}");
-        let twice = "image: ebpf-portmap:dev\nimage: ebpf-portmap:dev\n";
-        assert!(versioned_manifest(twice, "1.2.3").is_err());
+        assert!(error.to_string().contains("other:latest"), "{error}");
+        let mixed = "image: ebpf-portmap:dev\nimage: other:latest\n";
+        assert!(versioned_manifest(mixed, "1.2.3").is_err());
+        assert!(versioned_manifest("kind: DaemonSet\n", "1.2.3").is_err());
+        let both = "image: ebpf-portmap:dev\n  image: ebpf-portmap:dev\n";
+        let versioned = versioned_manifest(both, "1.2.3").expect("both containers");
+        assert_eq!(versioned.matches("image: ebpf-portmap:1.2.3").count(), 2);
     }
 
     #[test]

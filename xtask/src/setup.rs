@@ -31,6 +31,10 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
     // lint it with shellcheck.
     "busybox-static",
     "shellcheck",
+    // The agent test scrapes the node agent with a real Prometheus (its own
+    // process and config, not the package's service) and checks the
+    // exposition with promtool.
+    "prometheus",
 ];
 
 /// bpf-linker must match rustc's LLVM major (22). Pinned: 0.13 is the

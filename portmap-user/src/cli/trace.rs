@@ -126,6 +126,10 @@ pub fn run(args: &TraceArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         port: args.port,
         proto: args.proto,
     };
+    // Events the programs drop for a full ring buffer from now on: reported
+    // as they happen, as `cilium monitor` does. Read before tracing starts,
+    // so none of ours is taken for an earlier tracer's.
+    let lost_at_start = trace::lost_events(&layout).unwrap_or(0);
     let mut tracer = Tracer::start(&layout, request, args.force).context("cannot start tracing")?;
     let what = match args.port {
         Some(port) => format!("port {port}"),
@@ -140,6 +144,7 @@ pub fn run(args: &TraceArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         .map(|secs| Instant::now() + Duration::from_secs(secs));
     let mut names: HashMap<u32, String> = HashMap::new();
     let mut seen = 0u64;
+    let mut lost_reported = 0;
     let reached = |seen: u64| args.count.is_some_and(|count| seen >= count);
     while !STOP.load(Ordering::SeqCst) && !reached(seen) {
         let wait = match deadline {
@@ -175,6 +180,13 @@ pub fn run(args: &TraceArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             }
             seen += 1;
         }
+        let lost = trace::lost_events(&layout)
+            .unwrap_or(0)
+            .saturating_sub(lost_at_start);
+        if lost > lost_reported {
+            report_lost(lost - lost_reported, out);
+            lost_reported = lost;
+        }
     }
     drop(tracer);
     if let Some(count) = args.count
@@ -185,6 +197,16 @@ pub fn run(args: &TraceArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `lost N event(s)`: on stderr, and as `{"lost": N}` in the JSON stream.
+fn report_lost(count: u64, out: &OutputArgs) {
+    eprintln!(
+        "lost {count} event(s): the ring buffer was full (trace fewer packets with --port/--proto)"
+    );
+    if out.json() {
+        print(&format!("{}\n", serde_json::json!({ "lost": count })));
+    }
 }
 
 #[cfg(test)]

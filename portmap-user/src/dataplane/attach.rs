@@ -153,8 +153,10 @@ fn attached(layout: &PinLayout, ifindex: u32, direction: Direction, want: u32) -
 /// IDs of the programs on the tcx hook of `ifindex` in `direction`, in this
 /// network namespace: one `BPF_PROG_QUERY` by interface index. (aya's
 /// `query_tcx` wants the interface's name and opens every program it
-/// finds: two name lookups and three syscalls per program, on every ADD.)
-fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32>> {
+/// finds: two name lookups and three syscalls per program, on every ADD,
+/// and opening a program by ID needs CAP_SYS_ADMIN, which the node agent
+/// does without.)
+pub fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32>> {
     /// `union bpf_attr` as `BPF_PROG_QUERY` reads it (include/uapi/linux/bpf.h).
     #[repr(C)]
     struct ProgQuery {
@@ -372,6 +374,7 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
         .iter()
         .chain(local::map_names::ALL.iter())
+        .chain([portmap_common::TRACE_LOST_MAP].iter())
         .map(|&name| (name, layout.map(name)))
         .collect();
     let mut loader = EbpfLoader::new();
@@ -620,7 +623,7 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
         map_names::CONNTRACK | map_names::CONNTRACK_CLOSED | map_names::CONNTRACK_OTHER => {
             (size(size_of::<CtKey>()), size(size_of::<CtEntry>()))
         }
-        map_names::STATS => (4, 8),
+        map_names::STATS | portmap_common::TRACE_LOST_MAP => (4, 8),
         map_names::MAPPED_PORTS => (4, 8),
         local::map_names::NODE => (4, size(size_of::<local::NodeConfig>())),
         local::map_names::LOCAL_ADDRS => (size(size_of::<local::LocalAddrKey>()), 1),
@@ -642,7 +645,11 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
 /// A pinned map is reused as it is (aya does no layout check), so one left
 /// by a build with another layout must be refused, never misread.
 fn check_pinned_layouts(layout: &PinLayout) -> Result<(), AttachError> {
-    for name in map_names::ALL.into_iter().chain(local::map_names::ALL) {
+    for name in map_names::ALL
+        .into_iter()
+        .chain(local::map_names::ALL)
+        .chain([portmap_common::TRACE_LOST_MAP])
+    {
         let path = layout.map(name);
         let Ok(info) = aya::maps::MapInfo::from_pin(&path) else {
             continue;

@@ -21,3 +21,4 @@ pub mod peers;
 pub mod pin;
 pub mod scope;
 pub mod trace;
+pub mod verb_stats;

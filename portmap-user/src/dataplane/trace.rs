@@ -157,6 +157,15 @@ fn ring_buffers(layout: &PinLayout) -> Result<Vec<RingBuf<MapData>>, TraceError>
         .collect()
 }
 
+/// Trace events the programs could not emit since the dataplane was
+/// installed, the ring buffer being full (summed over CPUs; `None` when
+/// the pins are of a build that did not count them).
+pub fn lost_events(layout: &PinLayout) -> Option<u64> {
+    let map: aya::maps::PerCpuArray<MapData, u64> =
+        crate::dataplane::maps::open(layout, portmap_common::TRACE_LOST_MAP).ok()?;
+    map.get(&0, 0).ok().map(|values| values.iter().sum())
+}
+
 /// How long a tracer waits between two reads of the ring buffer. The buffer
 /// holds about 2500 events; more than that within one interval are lost.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);

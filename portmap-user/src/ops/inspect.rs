@@ -15,7 +15,7 @@ use std::{
 use aya::{
     maps::{MapError, MapInfo, MapType},
     programs::{
-        ProgramInfo, SchedClassifier, TcAttachType,
+        ProgramInfo,
         links::{FdLink, PinnedLink},
     },
 };
@@ -519,13 +519,6 @@ pub struct OtherLink {
     pub program_id: Option<u32>,
 }
 
-fn tc_attach_type(direction: Direction) -> TcAttachType {
-    match direction {
-        Direction::Ingress => TcAttachType::Ingress,
-        Direction::Egress => TcAttachType::Egress,
-    }
-}
-
 pub fn attachments(layout: &PinLayout) -> (Vec<TcAttachment>, Vec<OtherLink>) {
     let mut tc = Vec::new();
     let mut other = Vec::new();
@@ -553,9 +546,11 @@ pub fn attachments(layout: &PinLayout) -> (Vec<TcAttachment>, Vec<OtherLink>) {
                     )
                 };
                 let attached = match (&interface, program_id, mode) {
-                    (Some(name), Some(id), AttachMode::Tcx) => {
-                        SchedClassifier::query_tcx(name, tc_attach_type(direction))
-                            .is_ok_and(|(_, programs)| programs.iter().any(|p| p.id() == id))
+                    // By ID only: opening the programs (aya's query_tcx)
+                    // needs CAP_SYS_ADMIN, which the agent lacks.
+                    (Some(_), Some(id), AttachMode::Tcx) => {
+                        attach::tcx_program_ids(ifindex, direction)
+                            .is_ok_and(|ids| ids.contains(&id))
                     }
                     (Some(_), Some(_), AttachMode::Clsact) => true,
                     _ => false,

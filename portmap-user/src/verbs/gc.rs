@@ -13,35 +13,51 @@ pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
     };
     let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
     log::info!("GC {}: removed {removed:?}", req.conf.name);
+    collect_node_garbage("GC", &layout, &mut maps)?;
+    reconcile_after("GC", &layout, &req.conf);
+    Ok(())
+}
+
+/// The part of GC that needs no word from the runtime: mappings whose owner
+/// record is gone (after their grace period), port-filter bits missing,
+/// counters of mappings gone, pod records without an owner, stale fast-path
+/// entries. GC runs it, and
+/// the node agent on its timer; `verb` names the caller in log lines.
+pub fn collect_node_garbage(
+    verb: &str,
+    layout: &PinLayout,
+    maps: &mut Maps,
+) -> Result<(), PluginError> {
     // Mappings of any network whose owner record is gone: no DEL will
     // ever remove them, so GC does after a grace period.
     let orphans =
-        maps.reclaim_orphans(&layout, ownership::ORPHAN_GRACE_SECS, ownership::now_unix())?;
+        maps.reclaim_orphans(layout, ownership::ORPHAN_GRACE_SECS, ownership::now_unix())?;
     for (id, count) in &orphans.reclaimed {
-        log::warn!("GC: reclaimed {count} mapping(s) of owner {id:016x}, whose record was gone");
+        log::warn!(
+            "{verb}: reclaimed {count} mapping(s) of owner {id:016x}, whose record was gone"
+        );
     }
     for (id, first_seen) in &orphans.waiting {
         log::warn!(
-            "GC: owner {id:016x} has mappings but no record (first seen at {first_seen}); reclaimed {}s after that",
+            "{verb}: owner {id:016x} has mappings but no record (first seen at {first_seen}); reclaimed {}s after that",
             ownership::ORPHAN_GRACE_SECS
         );
     }
     let unfiltered = maps.mark_every_mapping();
     if unfiltered > 0 {
         log::warn!(
-            "GC: {unfiltered} mapping(s) had their ports missing from the port filter (written by an older build during an upgrade?); marked"
+            "{verb}: {unfiltered} mapping(s) had their ports missing from the port filter (written by an older build during an upgrade?); marked"
         );
     }
-    prune_counters(&layout, &maps);
+    prune_counters(layout, maps);
     match maps.prune_pods() {
         Ok(0) => {}
-        Ok(pruned) => log::info!("GC: {pruned} pod record(s) without an owner removed"),
-        Err(error) => log::warn!("GC: pod records not pruned: {error}"),
+        Ok(pruned) => log::info!("{verb}: {pruned} pod record(s) without an owner removed"),
+        Err(error) => log::warn!("{verb}: pod records not pruned: {error}"),
     }
-    let pruned = peers::prune(&layout, |owner| maps.owners.get(&owner, 0).is_ok());
+    let pruned = peers::prune(layout, |owner| maps.owners.get(&owner, 0).is_ok());
     if pruned > 0 {
-        log::info!("GC: {pruned} stale fast-path entr(y/ies) removed");
+        log::info!("{verb}: {pruned} stale fast-path entr(y/ies) removed");
     }
-    reconcile_after("GC", &layout, &req.conf);
     Ok(())
 }

@@ -56,11 +56,7 @@ impl NodeView {
 /// settings) in line with the node as `node` saw it: every plugin run does
 /// it, so an interface added or re-created and an address added since the
 /// last run are taken up by whatever CNI call comes next.
-pub(super) fn reconcile(
-    layout: &PinLayout,
-    conf: &NetConf,
-    node: &NodeView,
-) -> Result<(), PluginError> {
+pub fn reconcile(layout: &PinLayout, conf: &NetConf, node: &NodeView) -> Result<(), PluginError> {
     let capacities = Capacities {
         mappings: conf.max_mappings,
         conntrack: conf.conntrack_size,

@@ -8,7 +8,9 @@ mod add;
 mod check;
 mod del;
 mod gc;
+pub use gc::collect_node_garbage;
 pub mod interfaces;
+pub mod recorded;
 mod status;
 
 use std::collections::BTreeSet;

@@ -1,0 +1,156 @@
+//! The agent's HTTP endpoint (HTTP/1.1, hyper): `/metrics`, `/healthz`,
+//! `/readyz`. Every answer that reads the kernel is computed on the blocking
+//! pool, so a slow scrape never stalls the event loop.
+
+use std::{convert::Infallible, sync::Arc, time::Duration};
+
+use http_body_util::Full;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::{Bytes, Incoming},
+    header::{ACCEPT, CONTENT_TYPE},
+    server::conn::http1,
+    service::service_fn,
+};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use super::{
+    metrics::{self, Format, Snapshot},
+    worker::Shared,
+};
+use crate::ops::inspect;
+
+/// `/healthz` fails when the worker has not turned for this long: it is
+/// stuck (a lock never released, a syscall that never returns), and a
+/// restart is the cure.
+pub const STUCK_AFTER: Duration = Duration::from_secs(30);
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// Alive: the worker's loop turns.
+fn healthz(shared: &Shared) -> Response<Full<Bytes>> {
+    let age = shared.heartbeat_age();
+    if age < STUCK_AFTER {
+        text(StatusCode::OK, "ok\n".into())
+    } else {
+        text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the worker has not turned for {}s\n", age.as_secs()),
+        )
+    }
+}
+
+/// What keeps the node from ready: the last pass's failure, and every
+/// problem `status` finds (nothing installed, an interface without the
+/// programs, an address the socket hooks do not know ...).
+pub fn readiness_problems(shared: &Shared) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(error) = shared
+        .last_error
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+    {
+        problems.push(format!("the last reconciliation failed: {error}"));
+    }
+    match shared.layout() {
+        Ok(layout) => problems.extend(inspect::status(&layout).problems),
+        Err(error) => problems.push(error.to_string()),
+    }
+    problems
+}
+
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(work).await.ok()
+}
+
+async fn serve(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
+    }
+    match request.uri().path() {
+        "/healthz" => healthz(&shared),
+        "/readyz" => {
+            let problems = blocking(move || readiness_problems(&shared)).await;
+            match problems {
+                Some(problems) if problems.is_empty() => text(StatusCode::OK, "ready\n".into()),
+                Some(problems) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready:\n{}\n", problems.join("\n")),
+                ),
+                None => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "readiness check panicked\n".into(),
+                ),
+            }
+        }
+        "/metrics" => {
+            let format = Format::of_accept(
+                request
+                    .headers()
+                    .get(ACCEPT)
+                    .and_then(|value| value.to_str().ok()),
+            );
+            let rendered = blocking(move || {
+                let layout = shared.layout().ok();
+                metrics::render(Snapshot::read(&shared, layout.as_ref()), format)
+            })
+            .await;
+            match rendered {
+                Some(Ok(body)) => {
+                    let mut response = text(StatusCode::OK, body);
+                    response.headers_mut().insert(
+                        CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static(format.content_type()),
+                    );
+                    response
+                }
+                _ => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the metrics could not be encoded\n".into(),
+                ),
+            }
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found; try /metrics, /healthz or /readyz\n".into(),
+        ),
+    }
+}
+
+/// Serves connections on `listener` for ever.
+pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of file descriptors, typically: wait, do not spin.
+                log::warn!("accepting a connection failed: {error}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(serve(shared, request).await) }
+            });
+            if let Err(error) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                log::debug!("HTTP connection ended with an error: {error}");
+            }
+        });
+    }
+}

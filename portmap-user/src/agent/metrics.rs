@@ -1,0 +1,507 @@
+//! `/metrics`: the dataplane's state read from the kernel at each scrape
+//! (nothing is cached, so a scrape never shows a stale number), encoded by
+//! `prometheus-client` in the OpenMetrics or the Prometheus text format.
+//!
+//! Labels are bounded: one series per mapping (not per connection), per
+//! reason, per map, per attached interface and direction, per CNI verb and
+//! result code. The list with meanings is in the README ("Node agent").
+
+use std::{collections::BTreeMap, sync::atomic::Ordering};
+
+use portmap_common::{
+    CtEntry, CtKey, ct_kind, ct_timeout, map_names,
+    reason::{Kind, REASONS},
+    verb_stats,
+};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+    registry::{Registry, Unit},
+};
+
+use super::worker::Shared;
+use crate::{
+    dataplane::{
+        attach,
+        maps::{self},
+        object,
+        pin::{Direction, PinLayout},
+        trace,
+        verb_stats::{VerbRecord, VerbStats, records},
+    },
+    ops::inspect::{self, MapFill, MappingRow, TcAttachment},
+};
+
+/// Everything one scrape shows, read in one go.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub kernel: String,
+    pub attach_mode: String,
+    pub installed: bool,
+    pub mappings: Vec<MappingRow>,
+    pub reasons: Vec<(&'static str, u64)>,
+    pub maps: Vec<MapFill>,
+    /// Live translated flows by protocol name.
+    pub flows: BTreeMap<&'static str, u64>,
+    pub attachments: Vec<TcAttachment>,
+    pub verbs: Vec<VerbRecord>,
+    /// Trace events lost to a full ring buffer (`None`: not counted).
+    pub trace_lost: Option<u64>,
+    pub passes_ok: u64,
+    pub passes_failed: u64,
+    pub gc_runs: u64,
+    pub netlink_events: u64,
+    pub netlink_overruns: u64,
+}
+
+/// Live translated flows (DNAT entries that have not idled out) by protocol.
+fn flows_by_protocol(layout: &PinLayout) -> BTreeMap<&'static str, u64> {
+    let now = inspect::monotonic_ns();
+    let mut flows = BTreeMap::new();
+    for table in [map_names::CONNTRACK, map_names::CONNTRACK_OTHER] {
+        let Ok(conntrack) = maps::conntrack(layout, table) else {
+            continue;
+        };
+        for (key, entry) in conntrack.iter().filter_map(Result::ok) {
+            let (key, entry): (CtKey, CtEntry) = (key, entry);
+            if entry.kind == ct_kind::DNAT
+                && now.saturating_sub(entry.last_seen_ns)
+                    <= ct_timeout::for_entry(key.proto, entry.tcp_state)
+            {
+                *flows
+                    .entry(crate::dataplane::ownership::protocol_name(key.proto))
+                    .or_insert(0) += 1;
+            }
+        }
+    }
+    flows
+}
+
+impl Snapshot {
+    /// Reads the state under `layout` (blocking: bpf syscalls).
+    pub fn read(shared: &Shared, layout: Option<&PinLayout>) -> Snapshot {
+        let mut snapshot = Snapshot {
+            kernel: inspect::kernel_release(),
+            passes_ok: shared.passes_ok.load(Ordering::Relaxed),
+            passes_failed: shared.passes_failed.load(Ordering::Relaxed),
+            gc_runs: shared.gc_runs.load(Ordering::Relaxed),
+            netlink_events: shared.netlink_events.load(Ordering::Relaxed),
+            netlink_overruns: shared.netlink_overruns.load(Ordering::Relaxed),
+            ..Snapshot::default()
+        };
+        let Some(layout) = layout else {
+            return snapshot;
+        };
+        snapshot.installed = layout.versioned().exists();
+        snapshot.attach_mode = attach::attach_mode(layout)
+            .map(|mode| mode.as_str().to_owned())
+            .unwrap_or_default();
+        if !snapshot.installed {
+            return snapshot;
+        }
+        snapshot.mappings = inspect::mapping_rows(layout).unwrap_or_else(|error| {
+            log::warn!("metrics: mappings not read: {error}");
+            Vec::new()
+        });
+        snapshot.reasons = inspect::stats(layout);
+        snapshot.maps = inspect::map_fills(layout).0;
+        snapshot.flows = flows_by_protocol(layout);
+        snapshot.attachments = inspect::attachments(layout).0;
+        snapshot.trace_lost = trace::lost_events(layout);
+        snapshot.verbs = match VerbStats::open(layout) {
+            Ok(Some(stats)) => records(&stats.snapshot()),
+            Ok(None) => records(&vec![0; verb_stats::SLOTS]),
+            Err(error) => {
+                log::warn!("metrics: CNI verb counts not read: {error}");
+                Vec::new()
+            }
+        };
+        snapshot
+    }
+}
+
+/// The labels of one mapping's series.
+fn mapping_labels(row: &MappingRow) -> Vec<(&'static str, String)> {
+    let (network, _, _) = row.owner_strings();
+    let pod = &row.pod;
+    vec![
+        (
+            "host_ip",
+            row.host_ip().map_or_else(String::new, |ip| ip.to_string()),
+        ),
+        ("host_port", row.host_port().to_string()),
+        ("protocol", row.protocol().to_owned()),
+        ("family", row.family().to_owned()),
+        ("network", network),
+        (
+            "namespace",
+            pod.pod_namespace
+                .clone()
+                .or_else(|| pod.nomad_namespace.clone())
+                .unwrap_or_default(),
+        ),
+        (
+            "pod",
+            pod.pod_name
+                .clone()
+                .or_else(|| pod.nomad_alloc_id.clone())
+                .unwrap_or_default(),
+        ),
+    ]
+}
+
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Translated => "translated",
+        Kind::Recorded => "recorded",
+        Kind::Skipped => "skipped",
+        Kind::Problem => "problem",
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn counter_family(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    series: &[(Labels, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, unit, MetricType::Counter)?;
+    for (labels, value) in series {
+        ConstCounter::new(*value).encode(metric.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge_family(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: &[(Labels, i64)],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in series {
+        ConstGauge::new(*value).encode(metric.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let e = &mut encoder;
+        {
+            let labels: Labels = vec![
+                ("version", env!("CARGO_PKG_VERSION").to_owned()),
+                ("build_id", format!("{:016x}", object::build_id())),
+                ("kernel", self.kernel.clone()),
+                ("attach_mode", self.attach_mode.clone()),
+            ];
+            let mut metric = e.encode_descriptor(
+                "ebpf_portmap_build",
+                "This build, the kernel and the attach mode in use (tcx or clsact; empty before the first install)",
+                None,
+                MetricType::Info,
+            )?;
+            metric.encode_info(&labels)?;
+        }
+        gauge_family(
+            e,
+            "ebpf_portmap_installed",
+            "1 when the dataplane is installed under the pin root",
+            &[(vec![], i64::from(self.installed))],
+        )?;
+
+        let rows = &self.mappings;
+        let by_way = |packets: bool| -> Vec<(Labels, u64)> {
+            rows.iter()
+                .flat_map(|row| {
+                    let c = row.counters;
+                    let (inbound, outbound) = if packets {
+                        (c.packets_in, c.packets_out)
+                    } else {
+                        (c.bytes_in, c.bytes_out)
+                    };
+                    [("in", inbound), ("out", outbound)].map(|(way, value)| {
+                        let mut labels = mapping_labels(row);
+                        labels.push(("direction", way.to_owned()));
+                        (labels, value)
+                    })
+                })
+                .collect()
+        };
+        counter_family(
+            e,
+            "ebpf_portmap_mapping_packets",
+            "Packets translated for a mapping: in towards the container, out the replies",
+            None,
+            &by_way(true),
+        )?;
+        counter_family(
+            e,
+            "ebpf_portmap_mapping",
+            "Bytes translated for a mapping: in towards the container, out the replies",
+            Some(&Unit::Bytes),
+            &by_way(false),
+        )?;
+        gauge_family(
+            e,
+            "ebpf_portmap_mapping_active_flows",
+            "Live translated flows of a mapping",
+            &rows
+                .iter()
+                .map(|row| (mapping_labels(row), row.active_flows as i64))
+                .collect::<Vec<_>>(),
+        )?;
+        counter_family(
+            e,
+            "ebpf_portmap_datapath_decisions",
+            "What the programs did with packets, by reason (see `ebpf-portmap trace` for the meanings); kind problem is worth a look",
+            None,
+            &REASONS
+                .iter()
+                .filter_map(|reason| {
+                    let value = self.reasons.get(reason.id as usize)?.1;
+                    Some((
+                        vec![
+                            ("reason", reason.name.to_owned()),
+                            ("kind", kind_name(reason.kind).to_owned()),
+                        ],
+                        value,
+                    ))
+                })
+                .collect::<Vec<_>>(),
+        )?;
+        gauge_family(
+            e,
+            "ebpf_portmap_map_entries",
+            "Entries in use in a pinned hash map",
+            &self
+                .maps
+                .iter()
+                .filter_map(|map| Some((vec![("map", map.name.clone())], map.entries? as i64)))
+                .collect::<Vec<_>>(),
+        )?;
+        gauge_family(
+            e,
+            "ebpf_portmap_map_capacity",
+            "Capacity (max_entries) of a pinned map",
+            &self
+                .maps
+                .iter()
+                .map(|map| (vec![("map", map.name.clone())], i64::from(map.max_entries)))
+                .collect::<Vec<_>>(),
+        )?;
+        gauge_family(
+            e,
+            "ebpf_portmap_conntrack_flows",
+            "Live translated flows in the conntrack tables, by protocol",
+            &["tcp", "udp", "sctp"]
+                .iter()
+                .map(|proto| {
+                    (
+                        vec![("protocol", (*proto).to_owned())],
+                        self.flows.get(proto).copied().unwrap_or(0) as i64,
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )?;
+        gauge_family(
+            e,
+            "ebpf_portmap_attachment_up",
+            "1 when the kernel runs the program on the interface in that direction, 0 when its pin is there but the attachment is not",
+            &self
+                .attachments
+                .iter()
+                .map(|a| {
+                    (
+                        vec![
+                            (
+                                "interface",
+                                a.interface
+                                    .clone()
+                                    .unwrap_or_else(|| format!("index {}", a.ifindex)),
+                            ),
+                            (
+                                "direction",
+                                match a.direction {
+                                    Direction::Ingress => "ingress",
+                                    Direction::Egress => "egress",
+                                }
+                                .to_owned(),
+                            ),
+                            ("mode", a.mode.as_str().to_owned()),
+                        ],
+                        i64::from(a.attached),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )?;
+        counter_family(
+            e,
+            "ebpf_portmap_trace_events_lost",
+            "Trace events the programs could not emit, the ring buffer being full (a tracer reading too slowly)",
+            None,
+            &self
+                .trace_lost
+                .map(|lost| vec![(vec![], lost)])
+                .unwrap_or_default(),
+        )?;
+        counter_family(
+            e,
+            "ebpf_portmap_cni_requests",
+            "CNI verbs the plugin ran, by result code (0 success; see the README's error codes)",
+            None,
+            &self
+                .verbs
+                .iter()
+                .flat_map(|record| {
+                    record.codes.iter().map(|(code, count)| {
+                        (
+                            vec![
+                                ("verb", record.verb.to_owned()),
+                                (
+                                    "code",
+                                    code.map_or_else(|| "other".into(), |c| c.to_string()),
+                                ),
+                            ],
+                            *count,
+                        )
+                    })
+                })
+                .collect::<Vec<_>>(),
+        )?;
+        {
+            let mut metric = e.encode_descriptor(
+                "ebpf_portmap_cni_request_duration",
+                "How long the plugin's CNI verbs took",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?;
+            for record in &self.verbs {
+                let buckets: Vec<(f64, u64)> = record
+                    .buckets
+                    .iter()
+                    .map(|(bound, count)| {
+                        (bound.map_or(f64::INFINITY, |us| us as f64 / 1e6), *count)
+                    })
+                    .collect();
+                let labels: Labels = vec![("verb", record.verb.to_owned())];
+                metric.encode_family(&labels)?.encode_histogram::<Labels>(
+                    record.sum_ns as f64 / 1e9,
+                    record.count(),
+                    &buckets,
+                    None,
+                )?;
+            }
+        }
+        counter_family(
+            e,
+            "ebpf_portmap_agent_reconciliations",
+            "Reconciliation passes of the agent, by result",
+            None,
+            &[
+                (vec![("result", "ok".to_owned())], self.passes_ok),
+                (vec![("result", "failed".to_owned())], self.passes_failed),
+            ],
+        )?;
+        counter_family(
+            e,
+            "ebpf_portmap_agent_gc_runs",
+            "Node GC runs of the agent (ownerless mappings, stale counters, pod and fast-path records)",
+            None,
+            &[(vec![], self.gc_runs)],
+        )?;
+        counter_family(
+            e,
+            "ebpf_portmap_agent_netlink_events",
+            "rtnetlink link and address events the agent received",
+            None,
+            &[(vec![], self.netlink_events)],
+        )?;
+        counter_family(
+            e,
+            "ebpf_portmap_agent_netlink_overruns",
+            "Times the agent's rtnetlink socket overflowed (events lost; the node is read afresh)",
+            None,
+            &[(vec![], self.netlink_overruns)],
+        )?;
+        Ok(())
+    }
+}
+
+/// Which text format a scraper asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    OpenMetrics,
+    Prometheus,
+}
+
+impl Format {
+    /// OpenMetrics when the `Accept` header names it (Prometheus does),
+    /// else the classic text format (curl, promtool).
+    pub fn of_accept(accept: Option<&str>) -> Format {
+        if accept.is_some_and(|a| a.contains("application/openmetrics-text")) {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Prometheus => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        }
+    }
+}
+
+/// The exposition of `snapshot`.
+pub fn render(snapshot: Snapshot, format: Format) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(snapshot));
+    let mut text = String::new();
+    match format {
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, &registry)?,
+        Format::Prometheus => {
+            prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)?;
+        }
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_snapshot_still_says_what_runs() {
+        let snapshot = Snapshot {
+            kernel: "6.18.0".into(),
+            passes_ok: 3,
+            verbs: records(&vec![0; verb_stats::SLOTS]),
+            ..Snapshot::default()
+        };
+        let text = render(snapshot, Format::OpenMetrics).unwrap();
+        assert!(
+            text.contains("ebpf_portmap_build_info{version=\""),
+            "{text}"
+        );
+        assert!(text.contains("kernel=\"6.18.0\""), "{text}");
+        assert!(
+            text.contains("ebpf_portmap_agent_reconciliations_total{result=\"ok\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "ebpf_portmap_cni_request_duration_seconds_bucket{le=\"+Inf\",verb=\"ADD\"} 0"
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        let classic = render(Snapshot::default(), Format::Prometheus).unwrap();
+        assert!(!classic.contains("# EOF"), "{classic}");
+    }
+}

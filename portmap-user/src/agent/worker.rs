@@ -1,0 +1,315 @@
+//! The agent's one worker thread: every blocking call (bpf syscalls, the
+//! pin root's lock, rtnetlink dumps) runs here, off the event loop.
+//!
+//! It waits for a wake-up from the rtnetlink watcher, at most a second, and
+//! then: runs a reconciliation pass if anything happened (wake-ups that
+//! arrived meanwhile are folded into the one pass); runs the node GC when
+//! its interval is up; reads the datapath's problem counters for the
+//! rare-event log; and beats the heart `/healthz` looks at.
+//!
+//! A pass is the plugin's own reconciliation ([`verbs::reconcile`], what
+//! every DEL and GC run does), so it takes the pin root's lock only to
+//! change something (an attachment to make or drop, node state to write):
+//! a few milliseconds, between CNI verbs, never around one.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc::{Receiver, RecvTimeoutError},
+    },
+    time::{Duration, Instant},
+};
+
+use portmap_common::reason::{Kind, REASONS};
+
+use super::{AgentError, conf::ConfSource};
+use crate::{
+    dataplane::{
+        maps::Maps,
+        pin::PinLayout,
+        scope::{self, Access},
+    },
+    node::netlink::Rtnl,
+    ops::inspect,
+    verbs::{
+        self,
+        interfaces::{NodeView, reconcile},
+    },
+};
+
+/// What the worker and the event loop share.
+#[derive(Debug)]
+pub struct Shared {
+    pub conf: ConfSource,
+    /// When the worker last turned (ms since `started`).
+    pub heartbeat_ms: AtomicU64,
+    pub started: Instant,
+    pub passes_ok: AtomicU64,
+    pub passes_failed: AtomicU64,
+    pub gc_runs: AtomicU64,
+    pub netlink_events: AtomicU64,
+    /// Times the event socket overflowed (events lost: a pass follows).
+    pub netlink_overruns: AtomicU64,
+    /// Why the last pass failed (`None`: it succeeded).
+    pub last_error: Mutex<Option<String>>,
+    /// The state the last pass worked on.
+    pub layout: Mutex<Option<PinLayout>>,
+    pub stop: AtomicBool,
+}
+
+impl Shared {
+    pub fn new(conf: ConfSource) -> Shared {
+        Shared {
+            conf,
+            heartbeat_ms: AtomicU64::new(0),
+            started: Instant::now(),
+            passes_ok: AtomicU64::new(0),
+            passes_failed: AtomicU64::new(0),
+            gc_runs: AtomicU64::new(0),
+            netlink_events: AtomicU64::new(0),
+            netlink_overruns: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+            layout: Mutex::new(None),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn beat(&self) {
+        self.heartbeat_ms
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long ago the worker last turned.
+    pub fn heartbeat_age(&self) -> Duration {
+        let now = self.started.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.heartbeat_ms.load(Ordering::Relaxed)))
+    }
+
+    /// The pin layout the agent works on: the last pass's, else the one
+    /// the configuration names now.
+    pub fn layout(&self) -> Result<PinLayout, AgentError> {
+        if let Some(layout) = self
+            .layout
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+        {
+            return Ok(layout);
+        }
+        let conf = self.conf.load()?;
+        Ok(scope::resolve(&conf.pin_root, Access::Read)?)
+    }
+}
+
+/// How the worker is tuned.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub gc_interval: Duration,
+    /// At most one rare-event line per reason in this time.
+    pub rare_event_interval: Duration,
+}
+
+/// One reconciliation pass: the configuration as it is now, one link and
+/// one address dump, and the plugin's reconciliation with them.
+fn pass(shared: &Shared) -> Result<PinLayout, AgentError> {
+    let conf = shared.conf.load()?;
+    // As an ADD does: the root becomes this network namespace's, and a
+    // node with nothing installed yet gets the dataplane (a node without
+    // hostPort pods is then ready, and the first one's ADD finds it).
+    let layout = scope::resolve(&conf.pin_root, Access::Claim)?;
+    let mut rtnl = Rtnl::open().map_err(verbs::PluginError::from)?;
+    // No container's interfaces: the agent acts for none (the same view a
+    // DEL or GC run has).
+    let node = NodeView::read(&mut rtnl, &conf, &[])?;
+    reconcile(&layout, &conf, &node)?;
+    Ok(layout)
+}
+
+fn node_gc(layout: &PinLayout) -> Result<(), AgentError> {
+    let Some(mut maps) = Maps::open_existing(layout).map_err(verbs::PluginError::from)? else {
+        return Ok(());
+    };
+    verbs::collect_node_garbage("agent GC", layout, &mut maps)?;
+    Ok(())
+}
+
+/// Rate-limited log lines for the datapath's rare events: the reasons of
+/// kind [`Kind::Problem`] (a failed rewrite, a conntrack insert that
+/// failed, no masquerade port free ...). The programs count them (see
+/// `portmap_common::reason`); the agent logs when a count grows, at most
+/// once per reason per interval, with how many happened since its last line.
+#[derive(Debug, Default)]
+pub struct RareEvents {
+    /// Last value seen, and when a line was last written, by reason ID.
+    seen: BTreeMap<u32, (u64, Option<Instant>, u64)>,
+}
+
+impl RareEvents {
+    /// Takes the counters' current values; returns the lines to log.
+    pub fn observe(
+        &mut self,
+        counters: &[(&'static str, u64)],
+        now: Instant,
+        interval: Duration,
+    ) -> Vec<String> {
+        let mut lines = Vec::new();
+        for reason in REASONS.iter().filter(|r| r.kind == Kind::Problem) {
+            let Some(&(_, value)) = counters.get(reason.id as usize) else {
+                continue;
+            };
+            let entry = self.seen.entry(reason.id).or_insert((value, None, value));
+            let (last, logged_at, logged_value) = entry;
+            if value < *last {
+                // The maps were re-created (uninstall, new pin root).
+                *logged_value = value;
+            }
+            *last = value;
+            let due = logged_at.is_none_or(|at| now.duration_since(at) >= interval);
+            if value > *logged_value && due {
+                lines.push(format!(
+                    "datapath: {} {} time(s) since the last report ({}); see `ebpf-portmap trace` for the packets",
+                    reason.label,
+                    value - *logged_value,
+                    reason.meaning
+                ));
+                *logged_at = Some(now);
+                *logged_value = value;
+            }
+        }
+        lines
+    }
+}
+
+/// Runs until `shared.stop` is set (or every sender is gone).
+pub fn run(shared: Arc<Shared>, wake: Receiver<()>, timing: Timing) {
+    let mut dirty = true;
+    let mut last_gc = Instant::now();
+    let mut rare = RareEvents::default();
+    loop {
+        shared.beat();
+        if shared.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if dirty {
+            dirty = false;
+            let start = Instant::now();
+            match pass(&shared) {
+                Ok(layout) => {
+                    shared.passes_ok.fetch_add(1, Ordering::Relaxed);
+                    let mut last = shared
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if last.take().is_some() {
+                        log::info!("reconciliation succeeds again");
+                    }
+                    *shared
+                        .layout
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(layout);
+                    log::debug!("reconciled in {:?}", start.elapsed());
+                }
+                Err(error) => {
+                    shared.passes_failed.fetch_add(1, Ordering::Relaxed);
+                    let text = error.to_string();
+                    let mut last = shared
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    // Logged when it changes, not every second.
+                    if last.as_deref() != Some(text.as_str()) {
+                        log::warn!("reconciliation failed: {}", super::chain_of(&error));
+                    }
+                    *last = Some(text);
+                }
+            }
+        }
+        if last_gc.elapsed() >= timing.gc_interval {
+            last_gc = Instant::now();
+            if let Ok(layout) = shared.layout() {
+                match node_gc(&layout) {
+                    Ok(()) => {
+                        shared.gc_runs.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(error) => log::warn!("node GC failed: {}", super::chain_of(&error)),
+                }
+            }
+            // Dead attachment pins go in the pass.
+            dirty = true;
+        }
+        if let Ok(layout) = shared.layout() {
+            let counters = inspect::stats(&layout);
+            for line in rare.observe(&counters, Instant::now(), timing.rare_event_interval) {
+                log::warn!("{line}");
+            }
+        }
+        match wake.recv_timeout(Duration::from_secs(1)) {
+            Ok(()) => {
+                // Every wake-up queued meanwhile is served by one pass.
+                while wake.try_recv().is_ok() {}
+                dirty = true;
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use portmap_common::stat;
+
+    fn counters(values: &[(u32, u64)]) -> Vec<(&'static str, u64)> {
+        let mut all: Vec<(&'static str, u64)> = stat::NAMES.iter().map(|n| (*n, 0)).collect();
+        for &(id, value) in values {
+            all[id as usize].1 = value;
+        }
+        all
+    }
+
+    #[test]
+    fn rare_events_are_logged_when_they_grow_at_most_once_per_interval() {
+        let mut rare = RareEvents::default();
+        let start = Instant::now();
+        let interval = Duration::from_secs(10);
+        let second = |n| start + Duration::from_secs(n);
+        assert!(
+            rare.observe(&counters(&[(stat::CT_INSERT_FAILED, 5)]), start, interval)
+                .is_empty(),
+            "what was counted before the agent started is not news"
+        );
+        let lines = rare.observe(
+            &counters(&[(stat::CT_INSERT_FAILED, 7)]),
+            second(1),
+            interval,
+        );
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("2 time(s)"), "{lines:?}");
+        assert!(
+            rare.observe(
+                &counters(&[(stat::CT_INSERT_FAILED, 9)]),
+                second(5),
+                interval
+            )
+            .is_empty(),
+            "rate limited"
+        );
+        let lines = rare.observe(
+            &counters(&[(stat::CT_INSERT_FAILED, 10)]),
+            second(11),
+            interval,
+        );
+        assert!(
+            lines[0].contains("3 time(s)"),
+            "the held-back ones are in the next line: {lines:?}"
+        );
+        assert!(
+            rare.observe(&counters(&[(stat::DNAT, 1000)]), second(30), interval)
+                .is_empty(),
+            "translations are no problem"
+        );
+    }
+}

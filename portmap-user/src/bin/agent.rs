@@ -1,0 +1,65 @@
+//! `ebpf-portmap-agent`: the node agent (see `portmap_user::agent`). A
+//! binary of its own, so the plugin, which runtimes start for every ADD and
+//! DEL, carries none of the agent's event loop, HTTP server or encoder.
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::Parser;
+use portmap_user::agent::{self, Settings, conf::ConfSource, worker::Timing};
+
+#[derive(Parser)]
+#[command(
+    name = "ebpf-portmap-agent",
+    version,
+    about = "ebpf-portmap node agent: reconciliation, metrics and health probes",
+    long_about = "The ebpf-portmap node agent. Keeps the dataplane of this node right between CNI calls \
+(new and re-created interfaces get the programs, node addresses are synced, within a second of the \
+rtnetlink event; stale state is collected on a timer) and serves /metrics (Prometheus/OpenMetrics), \
+/healthz and /readyz. It reconciles with the plugin's own entry of the node's CNI configuration. \
+The plugin works without it. Stops on SIGTERM."
+)]
+struct Args {
+    /// Address to serve /metrics, /healthz and /readyz on.
+    #[arg(long, value_name = "ADDR:PORT", env = "EPM_AGENT_LISTEN", default_value = agent::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// The CNI configuration file (.conflist or .conf) whose ebpf-portmap
+    /// entry to reconcile with; default: the first file of --cni-conf-dir
+    /// that names the plugin.
+    #[arg(long, value_name = "FILE")]
+    cni_conf: Option<PathBuf>,
+    /// Directory of the runtime's CNI configuration.
+    #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
+    cni_conf_dir: PathBuf,
+    /// Seconds between node GC runs.
+    #[arg(long, value_name = "SECONDS", default_value_t = agent::DEFAULT_GC_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    gc_interval: u64,
+    /// At most one log line per datapath problem reason in this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = agent::DEFAULT_RARE_EVENT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    rare_event_interval: u64,
+    /// Also log debug lines.
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    portmap_user::logging::init_agent(args.verbose);
+    let settings = Settings {
+        conf: match args.cni_conf {
+            Some(file) => ConfSource::File(file),
+            None => ConfSource::Dir(args.cni_conf_dir),
+        },
+        listen: args.listen,
+        timing: Timing {
+            gc_interval: Duration::from_secs(args.gc_interval),
+            rare_event_interval: Duration::from_secs(args.rare_event_interval),
+        },
+    };
+    match agent::run(settings) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("ebpf-portmap-agent: {}", agent::chain_of(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
