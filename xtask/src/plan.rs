@@ -354,7 +354,21 @@ pub(crate) fn validate_manifests() -> Result<()> {
     std::fs::create_dir_all(target_dir().join("tools")).context("creating target/tools")?;
     let first = std::fs::read_to_string(&manifests[0])
         .with_context(|| format!("reading {}", manifests[0].display()))?;
-    let broken = first.replacen("hostNetwork:", "hostNetwrk:", 1);
+    // The field itself, not a comment that names it.
+    let broken: String = {
+        let mut done = false;
+        first
+            .split_inclusive('\n')
+            .map(|line| {
+                if !done && line.trim_start().starts_with("hostNetwork:") {
+                    done = true;
+                    line.replacen("hostNetwork:", "hostNetwrk:", 1)
+                } else {
+                    line.to_owned()
+                }
+            })
+            .collect()
+    };
     if broken == first {
         bail!(
             "{} has no hostNetwork to misspell for the probe",
