@@ -15,84 +15,32 @@
 //! a thousand times per syscall.
 //!
 //! With `EPM_COMPARE_OBJECT=path/to/other/object` (e.g. the build before a
-//! change: `target/bpfel-unknown-none/release/portmap` of that tree), both
-//! objects are measured, their runs interleaved round by round so that
-//! the load of a shared machine falls on both alike, side by side.
+//! change: `target/bpfel-unknown-none/release/portmap` of that tree; several
+//! paths separated by `:`), every object is measured, their runs
+//! interleaved round by round so that the load of a shared machine falls on
+//! all alike, side by side.
 
-use std::{net::Ipv4Addr, process::Command};
+mod common;
+
+use std::net::Ipv4Addr;
 
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{HashMap, MapData},
-    programs::{CgroupSockAddr, ProgramInfo, SchedClassifier, TestRun, TestRunOptions},
+    Ebpf,
+    programs::{CgroupSockAddr, ProgramInfo},
 };
-use portmap_common::{MappingKey, MappingValue, local, map_names, program_names};
-use portmap_user::dataplane::{maps::MappedPorts, object::OBJECT, ownership::words_from_addr};
+use common::{
+    ACK, CLIENT, CONTAINER, CONTAINER_PORT, HOST_PORT, NODE, SYN, in_namespace, tcp_frame,
+};
+use portmap_common::{local, program_names};
+use portmap_user::dataplane::object::OBJECT;
 
-const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
-const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
-const CONTAINER: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 2);
 const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 5);
 const FAR: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 2);
-const HOST_PORT: u16 = 8080;
-const CONTAINER_PORT: u16 = 80;
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
 
-fn in_namespace<T: Send + 'static>(f: impl FnOnce(u32) -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        // SAFETY: affects only this thread.
-        let unshared = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(unshared, 0, "needs root");
-        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").expect("ip_forward");
-        for args in [
-            "link set lo up",
-            "link add node0 type veth peer name peer0",
-            "link set peer0 up",
-            "addr add 198.18.0.1/24 dev node0",
-            "link set node0 up",
-            "route add 198.19.0.0/24 via 198.18.0.2 dev node0",
-        ] {
-            let ok = Command::new("ip")
-                .args(args.split(' '))
-                .status()
-                .expect("ip")
-                .success();
-            assert!(ok, "ip {args}");
-        }
-        f(portmap_user::node::netlink::interface_index("node0").expect("node0"))
-    })
-    .join()
-    .unwrap_or_else(|p| std::panic::resume_unwind(p))
-}
-
-/// An IPv4/TCP frame (the programs do not check checksums).
-fn tcp_frame(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8) -> Vec<u8> {
-    let mut p = vec![0u8; 14 + 20 + 20];
-    p[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-    p[14] = 0x45;
-    p[16..18].copy_from_slice(&40u16.to_be_bytes());
-    p[22] = 64;
-    p[23] = 6;
-    p[26..30].copy_from_slice(&src.octets());
-    p[30..34].copy_from_slice(&dst.octets());
-    p[34..36].copy_from_slice(&sport.to_be_bytes());
-    p[36..38].copy_from_slice(&dport.to_be_bytes());
-    p[46] = 0x50;
-    p[47] = flags;
-    p
-}
-
+/// The object loaded as `common::load` does, with its socket programs too
+/// (for their sizes).
 fn load(object: &[u8]) -> Ebpf {
-    let mut ebpf = EbpfLoader::new().load(object).expect("load object");
-    for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .expect("program")
-            .try_into()
-            .expect("tc");
-        program.load().expect("verifier");
-    }
+    let (mut ebpf, _) = common::load(object);
     for name in local::program_names::ALL {
         let program: &mut CgroupSockAddr = ebpf
             .program_mut(name)
@@ -101,28 +49,6 @@ fn load(object: &[u8]) -> Ebpf {
             .expect("sock_addr");
         program.load().expect("verifier");
     }
-    let mut mappings: HashMap<&mut MapData, MappingKey, MappingValue> =
-        HashMap::try_from(ebpf.map_mut(map_names::MAPPINGS).expect("mappings")).expect("typed");
-    let key = MappingKey {
-        host_addr_be: [0; 4],
-        host_port_be: HOST_PORT.to_be(),
-        proto: 6,
-        family: 4,
-    };
-    let value = MappingValue {
-        container_addr_be: words_from_addr(CONTAINER.into()),
-        container_port_be: CONTAINER_PORT.to_be(),
-        owner_id: 1,
-        ..MappingValue::default()
-    };
-    mappings.insert(key, value, 0).expect("insert mapping");
-    // As ADD does (the programs leave packets of unmarked ports alone);
-    // an object from before the port filter has no such array.
-    if let Some(aya::maps::Map::Array(ports)) = ebpf.map(map_names::MAPPED_PORTS) {
-        MappedPorts::of(ports)
-            .expect("map mapped_ports")
-            .mark(&key, &value);
-    }
     ebpf
 }
 
@@ -130,23 +56,8 @@ fn load(object: &[u8]) -> Ebpf {
 /// kernel's average over the repeats), and the packet as the (last) run
 /// left it.
 fn run(ebpf: &Ebpf, program: &str, ifindex: u32, packet: &[u8], repeat: u32) -> (f64, Vec<u8>) {
-    let program: &SchedClassifier = ebpf
-        .program(program)
-        .expect("program")
-        .try_into()
-        .expect("tc");
-    // __sk_buff up to `ifindex`: ingress_ifindex at 36, ifindex at 40.
-    let mut ctx = [0u8; 44];
-    ctx[36..40].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
-    let mut out = vec![0u8; packet.len() + 256];
-    let mut opts = TestRunOptions::new();
-    opts.data_in = Some(packet);
-    opts.data_out = Some(&mut out);
-    opts.ctx_in = Some(&ctx);
-    opts.repeat = repeat;
-    let result = program.test_run(opts).expect("test run");
-    (result.duration.as_nanos() as f64, out)
+    let (duration, out) = common::run(ebpf, program, ifindex, packet, repeat);
+    (duration.as_nanos() as f64, out)
 }
 
 /// Median nanoseconds per run of each object: of 20 000 single runs, or of
@@ -214,121 +125,134 @@ fn size_line(name: &str, info: &ProgramInfo) -> String {
 #[test]
 #[ignore = "a measurement, not a check: run by hand with --ignored --nocapture"]
 fn program_cost() {
-    let other = std::env::var_os("EPM_COMPARE_OBJECT").map(|path| {
-        std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.to_string_lossy()))
-    });
-    in_namespace(move |ifindex| {
-        let other = other.map(|bytes| Aligned::copy_of(&bytes));
-        let mut objects = vec![load(OBJECT)];
-        let mut labels = vec!["this build"];
-        if let Some(other) = &other {
-            objects.push(load(other.bytes()));
-            labels.push("EPM_COMPARE_OBJECT");
-        }
-        let mut lines = Vec::new();
-        for (ebpf, label) in objects.iter().zip(&labels) {
-            lines.push(format!("sizes, {label}:"));
-            for name in [program_names::TC_INGRESS, program_names::TC_EGRESS]
+    // Paths separated by ':', each measured beside this build.
+    let others: Vec<(String, Vec<u8>)> = std::env::var("EPM_COMPARE_OBJECT")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|path| !path.is_empty())
+        .map(|path| {
+            let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+            (path.to_owned(), bytes)
+        })
+        .collect();
+    in_namespace(
+        &["route add 198.19.0.0/24 via 198.18.0.2 dev node0"],
+        move |ifindex| {
+            let others: Vec<(String, Aligned)> = others
                 .into_iter()
-                .chain(local::program_names::ALL)
-            {
-                let info = ebpf.program(name).expect("program").info().expect("info");
-                lines.push(size_line(name, &info));
-            }
-        }
-        lines.push(format!("ns/run (median): {}", labels.join(" | ")));
-        // An established flow: SYN, then the handshake's ACK (clears the
-        // SYN-only state); the next ACKs are what is timed.
-        let syn = tcp_frame(CLIENT, 40001, NODE, HOST_PORT, SYN);
-        let ack = tcp_frame(CLIENT, 40001, NODE, HOST_PORT, ACK);
-        for ebpf in &objects {
-            for packet in [&syn, &ack] {
-                let (_, out) = run(ebpf, program_names::TC_INGRESS, ifindex, packet, 1);
-                assert_eq!(out[30..34], CONTAINER.octets(), "translated on ingress");
-            }
-        }
-        // The packet as ingress left it, on its way into the bridge.
-        let dnated = tcp_frame(CLIENT, 40001, CONTAINER, CONTAINER_PORT, ACK);
-        // The container's answer, as it enters the bridge and leaves the
-        // uplink.
-        let answer = tcp_frame(CONTAINER, CONTAINER_PORT, CLIENT, 40001, ACK);
-        for ebpf in &objects {
-            let (_, out) = run(ebpf, program_names::TC_EGRESS, ifindex, &answer, 1);
-            assert_eq!(out[26..30], NODE.octets(), "answer translated on egress");
-        }
-        // For the node, no mapping: an SSH session.
-        let unrelated_in = tcp_frame(CLIENT, 40002, NODE, 22, ACK);
-        let unrelated_out = tcp_frame(NODE, 22, CLIENT, 40002, ACK);
-        // A pod talking to a far host through the node, and the answer.
-        let pod_out = tcp_frame(POD, 40003, FAR, 80, ACK);
-        let pod_back = tcp_frame(FAR, 80, POD, 40003, ACK);
-        let cases: [(&str, &str, &[u8], bool); 9] = [
-            // What a single timed run costs beyond the program: the floor
-            // under the cases timed one run per syscall.
-            (
-                "ingress, unrelated, single runs",
-                program_names::TC_INGRESS,
-                &unrelated_in,
-                true,
-            ),
-            (
-                "uplink ingress, established",
-                program_names::TC_INGRESS,
-                &ack,
-                true,
-            ),
-            (
-                "uplink egress, its answer",
-                program_names::TC_EGRESS,
-                &answer,
-                true,
-            ),
-            (
-                "bridge egress, DNATed packet",
-                program_names::TC_EGRESS,
-                &dnated,
-                false,
-            ),
-            (
-                "bridge ingress, answer",
-                program_names::TC_INGRESS,
-                &answer,
-                false,
-            ),
-            (
-                "ingress, unrelated",
-                program_names::TC_INGRESS,
-                &unrelated_in,
-                false,
-            ),
-            (
-                "egress, unrelated",
-                program_names::TC_EGRESS,
-                &unrelated_out,
-                false,
-            ),
-            (
-                "bridge ingress, pod out",
-                program_names::TC_INGRESS,
-                &pod_out,
-                false,
-            ),
-            (
-                "bridge egress, pod back",
-                program_names::TC_EGRESS,
-                &pod_back,
-                false,
-            ),
-        ];
-        for (label, program, packet, rewritten) in cases {
-            let ns: Vec<String> = median_ns(&objects, program, ifindex, packet, rewritten)
-                .iter()
-                .map(|ns| format!("{ns:7.1}"))
+                .map(|(path, bytes)| (path, Aligned::copy_of(&bytes)))
                 .collect();
-            lines.push(format!("{label:<32} {} ns/run", ns.join(" | ")));
-        }
-        for line in lines {
-            println!("{line}");
-        }
-    });
+            let mut objects = vec![load(OBJECT)];
+            let mut labels = vec!["this build"];
+            for (path, other) in &others {
+                objects.push(load(other.bytes()));
+                labels.push(path);
+            }
+            let mut lines = Vec::new();
+            for (ebpf, label) in objects.iter().zip(&labels) {
+                lines.push(format!("sizes, {label}:"));
+                for name in [program_names::TC_INGRESS, program_names::TC_EGRESS]
+                    .into_iter()
+                    .chain(local::program_names::ALL)
+                {
+                    let info = ebpf.program(name).expect("program").info().expect("info");
+                    lines.push(size_line(name, &info));
+                }
+            }
+            lines.push(format!("ns/run (median): {}", labels.join(" | ")));
+            // An established flow: SYN, then the handshake's ACK (clears the
+            // SYN-only state); the next ACKs are what is timed.
+            let syn = tcp_frame(CLIENT, 40001, NODE, HOST_PORT, SYN);
+            let ack = tcp_frame(CLIENT, 40001, NODE, HOST_PORT, ACK);
+            for ebpf in &objects {
+                for packet in [&syn, &ack] {
+                    let (_, out) = run(ebpf, program_names::TC_INGRESS, ifindex, packet, 1);
+                    assert_eq!(out[30..34], CONTAINER.octets(), "translated on ingress");
+                }
+            }
+            // The packet as ingress left it, on its way into the bridge.
+            let dnated = tcp_frame(CLIENT, 40001, CONTAINER, CONTAINER_PORT, ACK);
+            // The container's answer, as it enters the bridge and leaves the
+            // uplink.
+            let answer = tcp_frame(CONTAINER, CONTAINER_PORT, CLIENT, 40001, ACK);
+            for ebpf in &objects {
+                let (_, out) = run(ebpf, program_names::TC_EGRESS, ifindex, &answer, 1);
+                assert_eq!(out[26..30], NODE.octets(), "answer translated on egress");
+            }
+            // For the node, no mapping: an SSH session.
+            let unrelated_in = tcp_frame(CLIENT, 40002, NODE, 22, ACK);
+            let unrelated_out = tcp_frame(NODE, 22, CLIENT, 40002, ACK);
+            // A pod talking to a far host through the node, and the answer.
+            let pod_out = tcp_frame(POD, 40003, FAR, 80, ACK);
+            let pod_back = tcp_frame(FAR, 80, POD, 40003, ACK);
+            let cases: [(&str, &str, &[u8], bool); 9] = [
+                // What a single timed run costs beyond the program: the floor
+                // under the cases timed one run per syscall.
+                (
+                    "ingress, unrelated, single runs",
+                    program_names::TC_INGRESS,
+                    &unrelated_in,
+                    true,
+                ),
+                (
+                    "uplink ingress, established",
+                    program_names::TC_INGRESS,
+                    &ack,
+                    true,
+                ),
+                (
+                    "uplink egress, its answer",
+                    program_names::TC_EGRESS,
+                    &answer,
+                    true,
+                ),
+                (
+                    "bridge egress, DNATed packet",
+                    program_names::TC_EGRESS,
+                    &dnated,
+                    false,
+                ),
+                (
+                    "bridge ingress, answer",
+                    program_names::TC_INGRESS,
+                    &answer,
+                    false,
+                ),
+                (
+                    "ingress, unrelated",
+                    program_names::TC_INGRESS,
+                    &unrelated_in,
+                    false,
+                ),
+                (
+                    "egress, unrelated",
+                    program_names::TC_EGRESS,
+                    &unrelated_out,
+                    false,
+                ),
+                (
+                    "bridge ingress, pod out",
+                    program_names::TC_INGRESS,
+                    &pod_out,
+                    false,
+                ),
+                (
+                    "bridge egress, pod back",
+                    program_names::TC_EGRESS,
+                    &pod_back,
+                    false,
+                ),
+            ];
+            for (label, program, packet, rewritten) in cases {
+                let ns: Vec<String> = median_ns(&objects, program, ifindex, packet, rewritten)
+                    .iter()
+                    .map(|ns| format!("{ns:7.1}"))
+                    .collect();
+                lines.push(format!("{label:<32} {} ns/run", ns.join(" | ")));
+            }
+            for line in lines {
+                println!("{line}");
+            }
+        },
+    );
 }

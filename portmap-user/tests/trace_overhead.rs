@@ -10,100 +10,21 @@
 //! It uses only the map and program names, so the same file measures an
 //! object built without tracing, for comparison.
 
-use std::{net::Ipv4Addr, process::Command, time::Duration};
+mod common;
+
+use std::time::Duration;
 
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, RingBuf},
-    programs::{SchedClassifier, TestRun, TestRunOptions},
+    Ebpf,
+    maps::{Array, MapData, RingBuf},
 };
-use portmap_common::{MappingKey, MappingValue, map_names, program_names};
-use portmap_user::dataplane::{maps::MappedPorts, object::OBJECT, ownership::words_from_addr};
+use common::{CLIENT, CONTAINER, NODE, in_namespace, tcp_frame};
+use portmap_common::program_names;
+use portmap_user::dataplane::object::OBJECT;
 
-const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
-const CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
-const CONTAINER: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 2);
-
-fn in_namespace<T: Send + 'static>(f: impl FnOnce(u32) -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        // SAFETY: affects only this thread.
-        assert_eq!(
-            // SAFETY: unshare takes no pointers; the test thread gets its own netns.
-            unsafe { libc::unshare(libc::CLONE_NEWNET) },
-            0,
-            "needs root"
-        );
-        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").expect("ip_forward");
-        for args in [
-            "link set lo up",
-            "link add node0 type veth peer name peer0",
-            "link set peer0 up",
-            "addr add 198.18.0.1/24 dev node0",
-            "link set node0 up",
-        ] {
-            let ok = Command::new("ip")
-                .args(args.split(' '))
-                .status()
-                .expect("ip")
-                .success();
-            assert!(ok, "ip {args}");
-        }
-        f(portmap_user::node::netlink::interface_index("node0").expect("node0"))
-    })
-    .join()
-    .unwrap_or_else(|p| std::panic::resume_unwind(p))
-}
-
-/// An IPv4/TCP frame (checksums are not checked by the programs).
-fn tcp_frame(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8) -> Vec<u8> {
-    let mut p = vec![0u8; 14 + 20 + 20];
-    p[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-    p[14] = 0x45;
-    p[16..18].copy_from_slice(&40u16.to_be_bytes());
-    p[22] = 64;
-    p[23] = 6;
-    p[26..30].copy_from_slice(&src.octets());
-    p[30..34].copy_from_slice(&dst.octets());
-    p[34..36].copy_from_slice(&sport.to_be_bytes());
-    p[36..38].copy_from_slice(&dport.to_be_bytes());
-    p[46] = 0x50;
-    p[47] = flags;
-    p
-}
-
-fn load(ifindex: u32) -> Ebpf {
-    let mut ebpf = EbpfLoader::new().load(OBJECT).expect("load object");
-    for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .expect("program")
-            .try_into()
-            .expect("tc");
-        program.load().expect("verifier");
-    }
-    let _ = ifindex;
-    let mut mappings: HashMap<&mut MapData, MappingKey, MappingValue> =
-        HashMap::try_from(ebpf.map_mut(map_names::MAPPINGS).expect("mappings")).expect("typed");
-    let key = MappingKey {
-        host_addr_be: [0; 4],
-        host_port_be: 8080u16.to_be(),
-        proto: 6,
-        family: 4,
-    };
-    let value = MappingValue {
-        container_addr_be: words_from_addr(CONTAINER.into()),
-        container_port_be: 80u16.to_be(),
-        owner_id: 1,
-        ..MappingValue::default()
-    };
-    mappings.insert(key, value, 0).expect("insert mapping");
-    // As ADD does (the programs leave packets of unmarked ports alone).
-    let Some(aya::maps::Map::Array(ports)) = ebpf.map(map_names::MAPPED_PORTS) else {
-        panic!("no mapped_ports array in the object");
-    };
-    MappedPorts::of(ports)
-        .expect("map mapped_ports")
-        .mark(&key, &value);
+fn load() -> Ebpf {
+    let (ebpf, marked) = common::load(OBJECT);
+    assert!(marked, "no mapped_ports array in the object");
     ebpf
 }
 
@@ -141,29 +62,14 @@ fn run(ebpf: &Ebpf, ifindex: u32, packet: &[u8], repeat: u32) -> Duration {
 }
 
 fn run_out(ebpf: &Ebpf, ifindex: u32, packet: &[u8], repeat: u32) -> (Duration, Vec<u8>) {
-    let program: &SchedClassifier = ebpf
-        .program(program_names::TC_INGRESS)
-        .expect("program")
-        .try_into()
-        .expect("tc");
-    let mut ctx = [0u8; 44];
-    ctx[36..40].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
-    let mut out = vec![0u8; packet.len() + 256];
-    let mut opts = TestRunOptions::new();
-    opts.data_in = Some(packet);
-    opts.data_out = Some(&mut out);
-    opts.ctx_in = Some(&ctx);
-    opts.repeat = repeat;
-    let duration = program.test_run(opts).expect("test run").duration;
-    (duration, out)
+    common::run(ebpf, program_names::TC_INGRESS, ifindex, packet, repeat)
 }
 
 #[test]
 #[ignore = "a measurement, not a check: run by hand with --ignored --nocapture"]
 fn trace_overhead() {
-    in_namespace(|ifindex| {
-        let mut ebpf = load(ifindex);
+    in_namespace(&[], |ifindex| {
+        let mut ebpf = load();
         // 1. The common packet: for the node but no mapped port. Nothing is
         //    rewritten, so one syscall can run it a million times.
         let unmapped = tcp_frame(CLIENT, 40000, NODE, 22, 0x10);
