@@ -5,13 +5,15 @@ use super::*;
 
 pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     let translations = ownership::plan(&req.conf.port_mappings, &req.container);
-    let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
     // A container without mappings still needs the programs on its
     // host-side interface once the node has a dataplane: that is where
     // its hairpin connections to other containers' host ports start.
-    if translations.is_empty() && !layout.map(portmap_common::map_names::OWNERS).exists() {
-        log::info!("ADD {}: no port mappings", who(&req.owner, &req.identity));
-        return Ok(());
+    if translations.is_empty() {
+        let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
+        if !layout.map(portmap_common::map_names::OWNERS).exists() {
+            log::info!("ADD {}: no port mappings", who(&req.owner, &req.identity));
+            return Ok(());
+        }
     }
     // The root becomes this network namespace's before anything is made.
     let layout = scope::resolve(&req.conf.pin_root, scope::Access::Claim)?;
