@@ -25,7 +25,10 @@ use crate::netns::NetNs;
 
 /// How often blocked server threads look at their stop flag.
 const SERVER_TICK: Duration = Duration::from_millis(50);
-/// How long a server waits for the rest of a request before giving up on it.
+/// How long a server waits for the rest of a request before giving up on
+/// it. A connection between requests waits as long as its client (or the
+/// server's stop) says: tests keep idle connections open through minutes of
+/// churn on a loaded machine.
 const SERVER_IDLE_LIMIT: Duration = Duration::from_secs(30);
 /// Largest request a server buffers.
 const MAX_REQUEST: usize = 64 * 1024;
@@ -272,7 +275,7 @@ fn serve_connection(
     let mut idle_since = Instant::now();
     loop {
         if stop.load(Ordering::SeqCst)
-            || idle_since.elapsed() > SERVER_IDLE_LIMIT
+            || (!pending.is_empty() && idle_since.elapsed() > SERVER_IDLE_LIMIT)
             || pending.len() > MAX_REQUEST
         {
             return Ok(());
