@@ -59,14 +59,16 @@ pub fn is_bpffs(path: &Path) -> bool {
     // SAFETY: an all-zero statfs is a valid value; statfs writes it.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: c_path is NUL-terminated and stat is a valid out pointer.
-    let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
+    let rc = unsafe { libc::statfs(c_path.as_ptr(), &raw mut stat) };
     rc == 0 && stat.f_type as u32 == BPF_FS_MAGIC
 }
 
 /// Mounts bpffs at [`BPFFS_MOUNT`] unless it is already there.
 pub fn ensure_bpffs() -> Result<(), BpffsError> {
     static LOCK: Mutex<()> = Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _guard = LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let path = Path::new(BPFFS_MOUNT);
     if is_bpffs(path) {
         return Ok(());

@@ -119,7 +119,10 @@ impl ServerHandle {
     /// received so far: shows whether the client address was preserved or
     /// masqueraded on the way in.
     pub fn peers(&self) -> Vec<SocketAddr> {
-        self.peers.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -237,7 +240,10 @@ fn spawn_tcp_server(
                             continue;
                         }
                         while let Ok((stream, peer)) = listener.accept() {
-                            peers.lock().unwrap_or_else(|p| p.into_inner()).push(peer);
+                            peers
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .push(peer);
                             let stop = Arc::clone(&stop);
                             let behaviour = behaviour.clone();
                             connections.push(std::thread::spawn(move || {
@@ -376,7 +382,10 @@ pub fn udp_echo_server(ns: &NetNs, port: u16, identity: &str) -> ServerHandle {
                             continue;
                         }
                         while let Ok((n, peer)) = socket.recv_from(&mut buf) {
-                            peers.lock().unwrap_or_else(|p| p.into_inner()).push(peer);
+                            peers
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .push(peer);
                             let reply = echo_reply(&identity, &String::from_utf8_lossy(&buf[..n]));
                             let _ = socket.send_to(reply.as_bytes(), peer);
                         }

@@ -326,7 +326,7 @@ fn a_recreated_uplink_is_reported_then_attached_by_any_plugin_run() {
                 world
                     .runner
                     .check(&world.list, &web.with_port_mappings(&mappings))
-                    .unwrap_or_else(|e| panic!("CHECK: {e}"))
+                    .unwrap_or_else(|e| panic!("CHECK: {e}"));
             }),
         ),
         (
