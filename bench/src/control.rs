@@ -90,7 +90,7 @@ pub fn run_batch<T: Sync>(work: &[Vec<T>], op: impl Fn(&T) -> Timed + Sync) -> B
                 let mine: Vec<Timed> = items.iter().map(op).collect();
                 results
                     .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .extend(mine);
             });
         }
@@ -101,7 +101,9 @@ pub fn run_batch<T: Sync>(work: &[Vec<T>], op: impl Fn(&T) -> Timed + Sync) -> B
         released
     });
     let wall = released.elapsed();
-    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    let results = results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut batch = Batch {
         callers,
         wall,

@@ -82,7 +82,7 @@ pub fn connect_rate(
             command.pre_exec(move || {
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
                 libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set);
                 Ok(())
             });
         }
@@ -135,9 +135,8 @@ impl BpfStats {
             ));
         }
         // SAFETY: a new descriptor the kernel handed us, owned from here.
-        Ok(BpfStats {
-            _fd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(BpfStats { _fd: fd })
     }
 }
 

@@ -293,7 +293,7 @@ fn drain_and_reap(child: &mut Child) -> io::Result<Reaped> {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     loop {
         // SAFETY: reaps our own child; both out pointers are valid.
-        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        let rc = unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) };
         if rc == pid {
             break;
         }
@@ -344,7 +344,9 @@ impl Watchdog {
                     while !stop.load(Ordering::SeqCst) {
                         std::thread::sleep(Duration::from_millis(100));
                         let now = Instant::now();
-                        let mut watched = deadlines.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut watched = deadlines
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
                         for (pid, (deadline, fired)) in watched.iter_mut() {
                             if !*fired && now >= *deadline {
                                 *fired = true;
@@ -371,7 +373,7 @@ impl Watchdog {
     fn watch(&self, pid: u32, deadline: Instant) {
         self.deadlines
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(pid, (deadline, false));
     }
 
@@ -379,7 +381,7 @@ impl Watchdog {
     fn unwatch(&self, pid: u32) -> bool {
         self.deadlines
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&pid)
             .is_some_and(|(_, fired)| fired)
     }

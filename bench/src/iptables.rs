@@ -28,13 +28,12 @@ pub fn nat_rule_count(node: &NetNs) -> usize {
             node.command(save)
                 .args(["-t", "nat"])
                 .output()
-                .map(|out| {
+                .map_or(0, |out| {
                     String::from_utf8_lossy(&out.stdout)
                         .lines()
                         .filter(|line| line.starts_with("-A "))
                         .count()
                 })
-                .unwrap_or(0)
         })
         .sum()
 }
@@ -84,14 +83,12 @@ pub fn rewrite_rule(
         let replaced = match previous {
             "--dport" => token
                 .parse::<u16>()
-                .map(|p| port(p).to_string())
-                .unwrap_or_else(|_| token.to_owned()),
+                .map_or_else(|_| token.to_owned(), |p| port(p).to_string()),
             "--dports" => token
                 .split(',')
                 .map(|p| {
                     p.parse::<u16>()
-                        .map(|p| port(p).to_string())
-                        .unwrap_or_else(|_| p.to_owned())
+                        .map_or_else(|_| p.to_owned(), |p| port(p).to_string())
                 })
                 .collect::<Vec<_>>()
                 .join(","),

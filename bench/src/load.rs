@@ -54,7 +54,7 @@ pub fn pin_to(cpu: Option<usize>) {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set);
     }
 }
 
@@ -94,7 +94,7 @@ impl Servers {
                     "bench-rr",
                     Box::new(move || {
                         pin_to(cpu);
-                        accept_loop(&rr, &stop, serve_rr)
+                        accept_loop(&rr, &stop, serve_rr);
                     }),
                 )
             },
@@ -104,7 +104,7 @@ impl Servers {
                     "bench-rr-direct",
                     Box::new(move || {
                         pin_to(cpu);
-                        accept_loop(&direct_rr, &stop, serve_rr)
+                        accept_loop(&direct_rr, &stop, serve_rr);
                     }),
                 )
             },
@@ -114,7 +114,7 @@ impl Servers {
                     "bench-sink",
                     Box::new(move || {
                         pin_to(cpu);
-                        accept_loop(&stream, &stop, serve_sink)
+                        accept_loop(&stream, &stop, serve_sink);
                     }),
                 )
             },
@@ -124,7 +124,7 @@ impl Servers {
                     "bench-udp",
                     Box::new(move || {
                         pin_to(cpu);
-                        udp_echo(&udp, &stop)
+                        udp_echo(&udp, &stop);
                     }),
                 )
             },
@@ -158,7 +158,7 @@ fn readable(fd: i32) -> bool {
         revents: 0,
     };
     // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut pollfd, 1, TICK.as_millis() as i32) > 0 }
+    unsafe { libc::poll(&raw mut pollfd, 1, TICK.as_millis() as i32) > 0 }
 }
 
 fn accept_loop(listener: &TcpListener, stop: &AtomicBool, serve: fn(TcpStream, &AtomicBool)) {
@@ -385,13 +385,12 @@ fn tcp_stream(addr: SocketAddr, duration: Duration) -> RunResult {
 }
 
 fn udp_rr(addr: SocketAddr, duration: Duration) -> RunResult {
-    let socket = match UdpSocket::bind(("0.0.0.0", 0)).and_then(|s| {
+    let Ok(socket) = UdpSocket::bind(("0.0.0.0", 0)).and_then(|s| {
         s.connect(addr)?;
         s.set_read_timeout(Some(Duration::from_millis(200)))?;
         Ok(s)
-    }) {
-        Ok(socket) => socket,
-        Err(_) => return RunResult::new(0.0, 1, duration.as_secs_f64()),
+    }) else {
+        return RunResult::new(0.0, 1, duration.as_secs_f64());
     };
     let request = [b'u'; MESSAGE];
     let mut response = [0u8; 2048];

@@ -176,7 +176,7 @@ impl Plan {
             n => Some(n.parse().context("--cpu takes a CPU number or `none`")?),
         };
         if let Some(cpu) = cpu {
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
             if cpu >= cpus {
                 bail!("--cpu {cpu}: this machine has {cpus} CPUs");
             }
@@ -524,12 +524,10 @@ fn run(
         "started_unix": started_unix,
         "total_seconds": progress.started.elapsed().as_secs_f64(),
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
         "loadavg_before": load_before.trim(),
         "loadavg_after": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
-        "reference_plugin": package_version("containernetworking-plugins")
-            .map(|v| format!("Debian containernetworking-plugins {v}, /usr/lib/cni/portmap"))
-            .unwrap_or_else(|| "/usr/lib/cni/portmap".into()),
+        "reference_plugin": package_version("containernetworking-plugins").map_or_else(|| "/usr/lib/cni/portmap".into(), |v| format!("Debian containernetworking-plugins {v}, /usr/lib/cni/portmap")),
         "iptables": first_line("iptables", &["--version"]),
         "ebpf_portmap_bin": plugin_bin().display().to_string(),
         "source": source,
@@ -778,7 +776,7 @@ fn alone_add_del(
         if !timed.ok() {
             failed_dels
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .push((id.clone(), mapping.clone()));
         }
         timed
@@ -803,11 +801,10 @@ fn alone_add_del_interleaved(
     let dels = run_interleaved(&items, |side, (id, mapping)| {
         let timed = sides[side].0.port_del(id, std::slice::from_ref(mapping));
         if !timed.ok() {
-            failed_dels.lock().unwrap_or_else(|p| p.into_inner()).push((
-                side,
-                id.clone(),
-                mapping.clone(),
-            ));
+            failed_dels
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((side, id.clone(), mapping.clone()));
         }
         timed
     });
@@ -838,7 +835,7 @@ fn chain_add_del(world: &BenchWorld, prefix: &str, count: usize, callers: usize)
         if let Ok(result) = &timed.result {
             cached
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(*i, result.clone());
         }
         timed
@@ -848,7 +845,10 @@ fn chain_add_del(world: &BenchWorld, prefix: &str, count: usize, callers: usize)
     let del = run_batch(&work, |(i, rt)| {
         let timed = world.invoker.chain_del(&world.list, rt, cached.get(i));
         if !timed.ok() {
-            failed.lock().unwrap_or_else(|p| p.into_inner()).push(*i);
+            failed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(*i);
         }
         timed
     });
@@ -1571,7 +1571,7 @@ fn dataplane(
                 .collect();
             let rates =
                 load::run_interleaved(&targets, test, plan.duration, plan.slices, plan.cpu, |i| {
-                    enter(here[i].0, here[i].1)
+                    enter(here[i].0, here[i].1);
                 });
             for (&(path, _), result) in here.iter().zip(rates) {
                 match cells.iter_mut().find(|c| c.test == test && c.path == path) {

@@ -62,7 +62,7 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
                     "cpu_p50_ms": mm_json(&cpu_per_rep(&c.reps)),
                     "failures": failures(&c.reps),
                 },
-                "reps": c.reps.iter().map(|b| b.to_json()).collect::<Vec<_>>(),
+                "reps": c.reps.iter().map(super::control::Batch::to_json).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -83,8 +83,8 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
                     "p99_ratio_to_empty_node": mm_json(&c.ratio_to_empty(Pct::P99)),
                     "failures": failures(&c.reps),
                 },
-                "reps": c.reps.iter().map(|b| b.to_json()).collect::<Vec<_>>(),
-                "empty_node_reps": c.empty_reps.iter().map(|b| b.to_json()).collect::<Vec<_>>(),
+                "reps": c.reps.iter().map(super::control::Batch::to_json).collect::<Vec<_>>(),
+                "empty_node_reps": c.empty_reps.iter().map(super::control::Batch::to_json).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -387,7 +387,7 @@ pub fn markdown(
                     let Some(c) = results.control_cell(scope, flavor, verb, callers) else {
                         continue;
                     };
-                    let ops = c.reps.first().map_or(0, |b| b.ops());
+                    let ops = c.reps.first().map_or(0, super::control::Batch::ops);
                     let _ = writeln!(
                         md,
                         "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -479,7 +479,8 @@ pub fn markdown(
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {how} |",
                 flavor.label(),
                 size_label(size),
-                add.and_then(|c| c.reps.first()).map_or(0, |b| b.ops()),
+                add.and_then(|c| c.reps.first())
+                    .map_or(0, super::control::Batch::ops),
                 col(add, Pct::P50),
                 col(add, Pct::P99),
                 ratio(add),

@@ -572,7 +572,10 @@ mod tests {
             failures,
             failures_by_plugin: by_plugin,
             cpu_ms: latencies.to_vec(),
-            failure_samples: samples.iter().map(|s| s.to_string()).collect(),
+            failure_samples: samples
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
             wall: Duration::from_secs(1),
         }
     }

@@ -10,8 +10,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 use portmap_user::{
     cni,
     cni::netconf,
-    logging::{self, Logged},
-    verbs::{Dataplane, recorded::Recorded},
+    logging,
+    verbs::{Dataplane, logged::Logged, recorded::Recorded},
 };
 
 mod cli;

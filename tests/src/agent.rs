@@ -234,30 +234,26 @@ pub fn sample(exposition: &str, name: &str, labels: &[(&str, &str)]) -> Option<f
     })
 }
 
-/// FNV-1a 64 of `bytes`: how the plugin names a pin root's lock file.
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 /// The lock the plugin's verbs (and the agent) take for `pin_root`, held
 /// until dropped: what a CNI verb in progress looks like to the agent.
 pub fn hold_pin_root_lock(pin_root: &std::path::Path) -> std::fs::File {
     use std::os::fd::AsRawFd;
-    let path = format!(
-        "/run/ebpf-portmap/{:016x}.lock",
-        fnv1a64(pin_root.as_os_str().as_encoded_bytes())
-    );
+    let path = crate::bpffs::lock_file(pin_root);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
-        .unwrap_or_else(|e| panic!("open {path}: {e}"));
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     // SAFETY: flock on an fd we own.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "flock {path}: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "flock {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
     file
 }
 

@@ -28,6 +28,29 @@ pub enum BpffsError {
     NotBpffs { path: PathBuf },
 }
 
+/// Where the plugin keeps what a pin root needs outside bpffs (which holds
+/// no plain files): its load lock and the record of its `interfaces`.
+pub const RUN_DIR: &str = "/run/ebpf-portmap";
+
+/// FNV-1a 64 of `bytes`: how the plugin names those files after the root.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The load lock the plugin's verbs (and the agent) take for `pin_root`.
+pub fn lock_file(pin_root: &Path) -> PathBuf {
+    let id = fnv1a64(pin_root.as_os_str().as_encoded_bytes());
+    Path::new(RUN_DIR).join(format!("{id:016x}.lock"))
+}
+
+/// Where the plugin records the `interfaces` of the last sync of
+/// `pin_root` (present only while `interfaces` is set).
+pub fn interfaces_record(pin_root: &Path) -> PathBuf {
+    lock_file(pin_root).with_extension("interfaces")
+}
+
 /// Whether `path` is on a bpffs mount.
 pub fn is_bpffs(path: &Path) -> bool {
     let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
@@ -36,14 +59,16 @@ pub fn is_bpffs(path: &Path) -> bool {
     // SAFETY: an all-zero statfs is a valid value; statfs writes it.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: c_path is NUL-terminated and stat is a valid out pointer.
-    let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
+    let rc = unsafe { libc::statfs(c_path.as_ptr(), &raw mut stat) };
     rc == 0 && stat.f_type as u32 == BPF_FS_MAGIC
 }
 
 /// Mounts bpffs at [`BPFFS_MOUNT`] unless it is already there.
 pub fn ensure_bpffs() -> Result<(), BpffsError> {
     static LOCK: Mutex<()> = Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _guard = LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let path = Path::new(BPFFS_MOUNT);
     if is_bpffs(path) {
         return Ok(());
@@ -169,5 +194,11 @@ impl Drop for PinRoot {
             );
         }
         drop(cgroup);
+        // The plugin leaves its lock file on purpose (removing a lock
+        // someone may wait on would let two loaders in); this root is done
+        // with, so the test takes it and the interfaces record away.
+        for file in [lock_file(&self.path), interfaces_record(&self.path)] {
+            let _ = std::fs::remove_file(file);
+        }
     }
 }

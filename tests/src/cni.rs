@@ -643,7 +643,10 @@ impl CniRunner {
 
     /// Every invocation so far, in order.
     pub fn calls(&self) -> Vec<PluginCall> {
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Whether `plugin` was invoked with `command` (successfully or not).
@@ -703,7 +706,7 @@ impl CniRunner {
         };
         self.calls
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(PluginCall {
                 plugin: plugin.to_owned(),
                 command,
@@ -804,7 +807,9 @@ impl CniRunner {
     }
 
     fn lock_cache(&self) -> std::sync::MutexGuard<'_, BTreeMap<AttachmentKey, CachedAttachment>> {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

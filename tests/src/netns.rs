@@ -53,7 +53,7 @@ impl NetNs {
         {
             let _guard = NETNS_LOCK
                 .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             run_checked(
                 Command::new("ip").args(["netns", "add", &name]),
                 "in the root namespace",
@@ -119,7 +119,7 @@ impl NetNs {
 
     /// Sets a sysctl of this namespace (`net.ipv4.ip_forward` or `net/ipv4/ip_forward`).
     pub fn sysctl(&self, key: &str, value: &str) {
-        self.handle.sysctl(key, value)
+        self.handle.sysctl(key, value);
     }
 
     /// Reads a sysctl of this namespace.
@@ -149,7 +149,7 @@ impl Drop for NetNs {
 fn delete_netns(name: &str) {
     let _guard = NETNS_LOCK
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     match Command::new("ip").args(["netns", "del", name]).output() {
         Ok(out) if out.status.success() => {}
         Ok(out) => eprintln!(

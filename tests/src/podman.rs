@@ -391,7 +391,7 @@ fn default_ulimits() -> (u64, u64) {
             rlim_max: 0,
         };
         // SAFETY: getrlimit writes one rlimit into a valid out pointer.
-        let rc = unsafe { libc::getrlimit(resource, &mut limit) };
+        let rc = unsafe { libc::getrlimit(resource, &raw mut limit) };
         assert_eq!(rc, 0, "getrlimit: {}", std::io::Error::last_os_error());
         limit.rlim_cur
     };

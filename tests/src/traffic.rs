@@ -25,7 +25,10 @@ use crate::netns::NetNs;
 
 /// How often blocked server threads look at their stop flag.
 const SERVER_TICK: Duration = Duration::from_millis(50);
-/// How long a server waits for the rest of a request before giving up on it.
+/// How long a server waits for the rest of a request before giving up on
+/// it. A connection between requests waits as long as its client (or the
+/// server's stop) says: tests keep idle connections open through minutes of
+/// churn on a loaded machine.
 const SERVER_IDLE_LIMIT: Duration = Duration::from_secs(30);
 /// Largest request a server buffers.
 const MAX_REQUEST: usize = 64 * 1024;
@@ -116,7 +119,10 @@ impl ServerHandle {
     /// received so far: shows whether the client address was preserved or
     /// masqueraded on the way in.
     pub fn peers(&self) -> Vec<SocketAddr> {
-        self.peers.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -234,7 +240,10 @@ fn spawn_tcp_server(
                             continue;
                         }
                         while let Ok((stream, peer)) = listener.accept() {
-                            peers.lock().unwrap_or_else(|p| p.into_inner()).push(peer);
+                            peers
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .push(peer);
                             let stop = Arc::clone(&stop);
                             let behaviour = behaviour.clone();
                             connections.push(std::thread::spawn(move || {
@@ -272,7 +281,7 @@ fn serve_connection(
     let mut idle_since = Instant::now();
     loop {
         if stop.load(Ordering::SeqCst)
-            || idle_since.elapsed() > SERVER_IDLE_LIMIT
+            || (!pending.is_empty() && idle_since.elapsed() > SERVER_IDLE_LIMIT)
             || pending.len() > MAX_REQUEST
         {
             return Ok(());
@@ -373,7 +382,10 @@ pub fn udp_echo_server(ns: &NetNs, port: u16, identity: &str) -> ServerHandle {
                             continue;
                         }
                         while let Ok((n, peer)) = socket.recv_from(&mut buf) {
-                            peers.lock().unwrap_or_else(|p| p.into_inner()).push(peer);
+                            peers
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .push(peer);
                             let reply = echo_reply(&identity, &String::from_utf8_lossy(&buf[..n]));
                             let _ = socket.send_to(reply.as_bytes(), peer);
                         }

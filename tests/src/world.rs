@@ -173,7 +173,7 @@ impl World {
         );
         let mut entries: Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
         if let Value::Array(list) = &mut entries {
-            list.sort_by_key(|entry| entry.to_string());
+            list.sort_by_key(std::string::ToString::to_string);
         }
         entries
     }

@@ -29,7 +29,7 @@ static ALONE: Mutex<()> = Mutex::new(());
 fn alone() -> std::sync::MutexGuard<'static, ()> {
     ALONE
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Polls a hostPort from `client` until it answers as `id`'s echo server,

@@ -197,14 +197,14 @@ fn allow_open_files(n: u64) {
     };
     // SAFETY: plain syscalls on a struct we own.
     unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit), 0);
         if limit.rlim_cur >= n {
             return;
         }
         limit.rlim_cur = n;
         limit.rlim_max = limit.rlim_max.max(n);
         assert_eq!(
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit),
+            libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit),
             0,
             "raising the open-file limit to {n}: {}",
             std::io::Error::last_os_error()

@@ -76,7 +76,7 @@ fn bpftool_delete(world: &World, map: &str, key: &[u8]) {
         .args(["map", "delete", "pinned"])
         .arg(&path)
         .arg("key")
-        .args(key.iter().map(|b| b.to_string()))
+        .args(key.iter().map(std::string::ToString::to_string))
         .output()
         .expect("run bpftool");
     assert!(
@@ -101,7 +101,10 @@ fn entries(world: &World, map: &str) -> Vec<Value> {
 }
 
 fn code_of(result: &Result<Value, portmap_tests::CniFailure>) -> Option<u64> {
-    result.as_ref().err().and_then(|e| e.error_code())
+    result
+        .as_ref()
+        .err()
+        .and_then(portmap_tests::CniFailure::error_code)
 }
 
 // --- item 8: a wildcard and a specific hostIP overlap ---
@@ -242,7 +245,7 @@ fn racing_wildcard_and_specific_claims_never_both_win() {
         let b = wait(b, "second ADD");
         let hosts: BTreeSet<String> = entries(&world, "mappings")
             .iter()
-            .map(|e| e.to_string())
+            .map(std::string::ToString::to_string)
             .collect();
         assert!(
             hosts.len() <= 1,

@@ -1088,11 +1088,10 @@ fn manifest_dockerfile_and_script_agree() {
     // script look for them.
     let copies = dockerfile_copies();
     let destination = |source: &str| {
-        copies
-            .iter()
-            .find(|(from, _)| from == source)
-            .map(|(_, to)| to.clone())
-            .unwrap_or_else(|| panic!("the Dockerfile does not COPY {source}"))
+        copies.iter().find(|(from, _)| from == source).map_or_else(
+            || panic!("the Dockerfile does not COPY {source}"),
+            |(_, to)| to.clone(),
+        )
     };
     let script_in_image = destination("deploy/install.sh");
     // The binary as it ships (profile `dist`), as the README says.
@@ -1195,8 +1194,10 @@ fn check_agent_container(
     let in_image = copies
         .iter()
         .find(|(from, _)| from == agent_binary)
-        .map(|(_, to)| to.clone())
-        .unwrap_or_else(|| panic!("the Dockerfile does not COPY {agent_binary}"));
+        .map_or_else(
+            || panic!("the Dockerfile does not COPY {agent_binary}"),
+            |(_, to)| to.clone(),
+        );
     assert_eq!(agent["command"], json!([in_image]));
     assert!(
         read(".dockerignore")

@@ -372,8 +372,7 @@ impl FakeCall {
         self.env
             .iter()
             .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-            .unwrap_or_else(|| panic!("{key} not set"))
+            .map_or_else(|| panic!("{key} not set"), |(_, v)| v.as_str())
     }
 }
 

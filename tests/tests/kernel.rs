@@ -251,8 +251,7 @@ fn recorded_mode(world: &World) -> Mode {
 
 fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "?".to_owned())
+        .map_or_else(|_| "?".to_owned(), |s| s.trim().to_owned())
 }
 
 #[test]

@@ -302,7 +302,7 @@ fn killed_adds_and_dels_are_cleaned_by_the_next_del() {
             let mappings = (0..64)
                 .map(|k| PortMapping::tcp(40000 + v * 64 + k, 80))
                 .collect();
-            let mut c = FakeContainer::new(&world, &format!("victim{v}"), v as u32, mappings);
+            let mut c = FakeContainer::new(&world, &format!("victim{v}"), u32::from(v), mappings);
             c.prev = fake_prev_result(world.node.ns.path(), "eth0", Some(reused_ip), None);
             c
         })

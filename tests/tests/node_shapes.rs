@@ -213,6 +213,40 @@ fn interfaces_narrow_the_default() {
 }
 
 #[test]
+fn uninstall_forgets_the_recorded_interfaces() {
+    let world = world_with_interfaces(&["eth0"]);
+    let (web, _server) = serving(&world, "forget");
+    let mappings = [PortMapping::tcp(8080, 80)];
+    world.add(&web, &mappings);
+    let record = portmap_tests::bpffs::interfaces_record(world.pins.path());
+    assert_eq!(
+        std::fs::read_to_string(&record).ok().as_deref(),
+        Some("eth0"),
+        "ADD records the configured interfaces at {}",
+        record.display()
+    );
+    world.del(&web, &mappings);
+    let out = world
+        .node
+        .ns
+        .command(plugin_bin())
+        .args(["uninstall", "--pin-root"])
+        .arg(world.pins.path())
+        .output()
+        .expect("run ebpf-portmap uninstall");
+    assert!(
+        out.status.success(),
+        "uninstall: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !record.exists(),
+        "uninstall leaves the node as before the first ADD, without {}",
+        record.display()
+    );
+}
+
+#[test]
 fn interfaces_take_patterns_and_skip_what_matches_nothing() {
     let world = world_with_interfaces(&["eth*", "bond0.*", "ens9"]);
     let (web, _server) = serving(&world, "patterns");
@@ -292,7 +326,7 @@ fn a_recreated_uplink_is_reported_then_attached_by_any_plugin_run() {
                 world
                     .runner
                     .check(&world.list, &web.with_port_mappings(&mappings))
-                    .unwrap_or_else(|e| panic!("CHECK: {e}"))
+                    .unwrap_or_else(|e| panic!("CHECK: {e}"));
             }),
         ),
         (

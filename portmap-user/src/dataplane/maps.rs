@@ -143,26 +143,32 @@ impl Maps {
     }
 }
 
-/// The programs' `mapped_ports` bit array, mapped into this process
-/// (`BPF_F_MMAPABLE`), so that bits are set with an atomic OR: concurrent
-/// ADDs never undo each other's bits, which a read-modify-write through
-/// the map syscalls would.
-pub struct MappedPorts {
-    words: std::ptr::NonNull<u64>,
+/// The values of a `BPF_F_MMAPABLE` array of `u64`, mapped into this
+/// process and reached only through atomics: concurrent writers (plugin
+/// runs, the programs) never undo each other's updates, which a
+/// read-modify-write through the map syscalls would. Unmapped on drop.
+pub struct MappedArray {
+    words: std::ptr::NonNull<std::sync::atomic::AtomicU64>,
     len: usize,
 }
 
-impl MappedPorts {
-    /// Maps the bit array of `map` (the pinned one, or a loaded object's).
-    pub fn of(map: &MapData) -> Result<Self, MapsError> {
+// SAFETY: the mapping is shared memory reached only through atomics.
+unsafe impl Send for MappedArray {}
+// SAFETY: as above.
+unsafe impl Sync for MappedArray {}
+
+impl MappedArray {
+    /// Maps the first `len` values of `map`; fails (EINVAL) when the map
+    /// has fewer, or was not made `BPF_F_MMAPABLE`.
+    pub fn of(map: &MapData, len: usize) -> std::io::Result<Self> {
         use std::os::fd::{AsFd, AsRawFd};
-        let len = capacity::MAPPED_PORTS as usize * size_of::<u64>();
         // SAFETY: a shared read-write mapping of the map's values, which
-        // are `len` bytes (the kernel refuses a longer one); unmapped on drop.
+        // the kernel refuses when longer than the map; the fd is valid for
+        // the call and the mapping outlives it.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                len * size_of::<u64>(),
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 map.fd().as_fd().as_raw_fd(),
@@ -170,16 +176,50 @@ impl MappedPorts {
             )
         };
         if ptr == libc::MAP_FAILED {
-            return Err(MapsError::Mmap {
-                map: map_names::MAPPED_PORTS,
-                source: std::io::Error::last_os_error(),
-            });
+            return Err(std::io::Error::last_os_error());
         }
-        let words = std::ptr::NonNull::new(ptr.cast::<u64>()).ok_or(MapsError::Mmap {
-            map: map_names::MAPPED_PORTS,
-            source: std::io::Error::other("mmap returned NULL"),
-        })?;
+        let words = std::ptr::NonNull::new(ptr.cast())
+            .ok_or_else(|| std::io::Error::other("mmap returned NULL"))?;
         Ok(Self { words, len })
+    }
+
+    /// Value `index`; panics past the mapped length.
+    pub fn word(&self, index: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(index < self.len, "value {index} of {}", self.len);
+        // SAFETY: in bounds of a live, page-aligned mapping of `len` u64s,
+        // which the kernel and other processes touch only atomically.
+        unsafe { &*self.words.as_ptr().add(index) }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for MappedArray {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `of`, unmapped once.
+        unsafe { libc::munmap(self.words.as_ptr().cast(), self.len * size_of::<u64>()) };
+    }
+}
+
+/// The programs' `mapped_ports` bit array, mapped into this process (see
+/// [`MappedArray`]), so that ADD sets bits with an atomic OR.
+pub struct MappedPorts(MappedArray);
+
+impl MappedPorts {
+    /// Maps the bit array of `map` (the pinned one, or a loaded object's).
+    pub fn of(map: &MapData) -> Result<Self, MapsError> {
+        MappedArray::of(map, capacity::MAPPED_PORTS as usize)
+            .map(Self)
+            .map_err(|source| MapsError::Mmap {
+                map: map_names::MAPPED_PORTS,
+                source,
+            })
     }
 
     /// Sets the bits of both ports of a mapping (host and container port).
@@ -187,8 +227,8 @@ impl MappedPorts {
     /// alone when its ports have no bit, so a mapping whose bits are
     /// missing would not be translated. Returns whether a bit was missing.
     pub fn mark(&self, key: &MappingKey, value: &MappingValue) -> bool {
-        let mut was_missing = false;
         use portmap_common::{PortRole, mapped_port_bit};
+        let mut was_missing = false;
         for (role, port_be) in [
             (PortRole::Host, key.host_port_be),
             (PortRole::Container, value.container_port_be),
@@ -196,24 +236,13 @@ impl MappedPorts {
             let Some((word, bit)) = mapped_port_bit(role, key.proto, port_be) else {
                 continue;
             };
-            debug_assert!((word as usize) < self.len / size_of::<u64>());
-            // SAFETY: `word` is within the mapping (mapped_port_bit's
-            // words are below capacity::MAPPED_PORTS), which is aligned
-            // and shared with the kernel, which only reads it.
-            let atomic = unsafe {
-                std::sync::atomic::AtomicU64::from_ptr(self.words.as_ptr().add(word as usize))
-            };
-            let before = atomic.fetch_or(bit, std::sync::atomic::Ordering::SeqCst);
+            let before = self
+                .0
+                .word(word as usize)
+                .fetch_or(bit, std::sync::atomic::Ordering::SeqCst);
             was_missing |= before & bit == 0;
         }
         was_missing
-    }
-}
-
-impl Drop for MappedPorts {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `of`, unmapped once.
-        unsafe { libc::munmap(self.words.as_ptr().cast(), self.len) };
     }
 }
 
@@ -251,27 +280,37 @@ pub const ORPHANS: UserMap = UserMap {
 };
 
 /// A pinned user map if it exists (checked to have this build's layout).
+/// One open: the sizes aya reads when it opens the pin are the ones
+/// checked; only a map of another layout is asked for its sizes again, for
+/// the message.
 pub fn open_user_map<K: aya::Pod, V: aya::Pod>(
     layout: &PinLayout,
     spec: &UserMap,
 ) -> Result<Option<HashMap<MapData, K, V>>, MapsError> {
     let path = layout.map(spec.name);
-    let info = match aya::maps::MapInfo::from_pin(&path) {
-        Ok(info) => info,
-        Err(_) if !path.exists() => return Ok(None),
-        Err(source) => return Err(MapsError::Open { path, source }),
+    let fail = |source| MapsError::Open {
+        path: path.clone(),
+        source,
     };
-    let (expected_key, expected_value) = (spec.key_size, spec.value_size);
-    if (info.key_size(), info.value_size()) != (expected_key, expected_value) {
-        return Err(MapsError::Incompatible {
-            path,
-            key_size: info.key_size(),
-            value_size: info.value_size(),
-            expected_key,
-            expected_value,
-        });
+    let data = match MapData::from_pin(&path) {
+        Ok(data) => data,
+        Err(error) if is_errno(&error, libc::ENOENT) => return Ok(None),
+        Err(source) => return Err(fail(source)),
+    };
+    match Map::from_map_data(data).and_then(HashMap::try_from) {
+        Ok(map) => Ok(Some(map)),
+        Err(MapError::InvalidKeySize { .. } | MapError::InvalidValueSize { .. }) => {
+            let info = aya::maps::MapInfo::from_pin(&path).map_err(fail)?;
+            Err(MapsError::Incompatible {
+                path: path.clone(),
+                key_size: info.key_size(),
+                value_size: info.value_size(),
+                expected_key: spec.key_size,
+                expected_value: spec.value_size,
+            })
+        }
+        Err(source) => Err(fail(source)),
     }
-    open(layout, spec.name).map(Some)
 }
 
 /// Creates and pins the pod map unless it is pinned already, and opens it.

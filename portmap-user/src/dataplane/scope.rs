@@ -109,7 +109,8 @@ fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, Scop
     // between our look and our claim.
     for _ in 0..2 {
         let base = PinLayout::new(root);
-        let owner = owner(&base);
+        let marker = marker(&base);
+        let owner = marker.or_else(|| recorded_by_node_map(&base));
         let layout = match place(owner, ours, shared) {
             Place::Root => base,
             Place::OwnDirectory => PinLayout::new(crate::dataplane::pin::netns_root(root, ours)),
@@ -121,7 +122,10 @@ fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, Scop
                 });
             }
         };
-        if access == Access::Read {
+        // Read, or the root is ours already (its marker, just read, names
+        // us; a root an older build's `node` map names us for is adopted
+        // by pinning the marker below): nothing to claim.
+        if access == Access::Read || marker == Some(ours) {
             return Ok(layout);
         }
         match claim(&layout, ours)? {
@@ -165,13 +169,19 @@ fn place(owner: Option<u64>, ours: u64, shared: bool) -> Place {
 /// cookie the `node` map of an older build recorded; `None` for a root
 /// nobody claimed yet.
 pub fn owner(layout: &PinLayout) -> Option<u64> {
-    if let Ok(data) = MapData::from_pin(layout.map(NETNS_OWNER_MAP))
-        && let Ok(map) = Array::<_, u64>::try_from(Map::Array(data))
-        && let Ok(cookie) = map.get(&0, 0)
-        && cookie != 0
-    {
-        return Some(cookie);
-    }
+    marker(layout).or_else(|| recorded_by_node_map(layout))
+}
+
+/// The namespace the `netns_owner` marker under `layout` names.
+fn marker(layout: &PinLayout) -> Option<u64> {
+    let data = MapData::from_pin(layout.map(NETNS_OWNER_MAP)).ok()?;
+    let map = Array::<_, u64>::try_from(Map::Array(data)).ok()?;
+    map.get(&0, 0).ok().filter(|&cookie| cookie != 0)
+}
+
+/// The namespace whose ADD last synced the `node` map of a build before
+/// the marker.
+fn recorded_by_node_map(layout: &PinLayout) -> Option<u64> {
     let data = MapData::from_pin(layout.map(portmap_common::local::map_names::NODE)).ok()?;
     let node = Array::<_, NodeConfig>::try_from(Map::Array(data)).ok()?;
     let config = node.get(&0, 0).ok()?;

@@ -10,21 +10,15 @@
 //! one's increments (a per-CPU map has the same problem: two processes on one
 //! CPU still interleave, and the value is per CPU, not per writer).
 //!
-//! Cost to a run: `BPF_OBJ_GET`, `BPF_OBJ_GET_INFO_BY_FD`, `mmap`, three
-//! atomic adds.
+//! Cost to a run: `BPF_OBJ_GET` and `BPF_OBJ_GET_INFO_BY_FD` (aya's open of
+//! a pin), `mmap`, three atomic adds, `munmap` and `close`.
 
-use std::{
-    os::fd::{AsFd, AsRawFd},
-    path::Path,
-    ptr::NonNull,
-    sync::atomic::{AtomicU64, Ordering},
-    time::Duration,
-};
+use std::{path::Path, sync::atomic::Ordering, time::Duration};
 
-use aya::maps::{MapData, MapError};
+use aya::maps::{Array, Map, MapData, MapError};
 use portmap_common::verb_stats::{self, SLOTS, VERBS};
 
-use crate::dataplane::pin::PinLayout;
+use crate::dataplane::{maps::MappedArray, pin::PinLayout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VerbStatsError {
@@ -78,22 +72,14 @@ fn definition() -> aya_obj::Map {
 }
 
 /// The slots of the pinned map, mapped into this process.
-pub struct VerbStats {
-    slots: NonNull<AtomicU64>,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory reached only through atomics.
-unsafe impl Send for VerbStats {}
-// SAFETY: as above.
-unsafe impl Sync for VerbStats {}
+pub struct VerbStats(MappedArray);
 
 impl VerbStats {
     /// The map under `layout`, or `None` when no run has made it yet.
     pub fn open(layout: &PinLayout) -> Result<Option<VerbStats>, VerbStatsError> {
         let path = layout.map(verb_stats::MAP);
         match MapData::from_pin(&path) {
-            Ok(data) => Self::map(&path, &data).map(Some),
+            Ok(data) => Self::map(&path, data).map(Some),
             Err(MapError::SyscallError(error))
                 if error.io_error.raw_os_error() == Some(libc::ENOENT) =>
             {
@@ -114,7 +100,7 @@ impl VerbStats {
         let data =
             MapData::create(definition(), verb_stats::MAP, None).map_err(VerbStatsError::Create)?;
         match data.pin(&path) {
-            Ok(()) => Self::map(&path, &data),
+            Ok(()) => Self::map(&path, data),
             Err(aya::pin::PinError::SyscallError(error))
                 if error.io_error.raw_os_error() == Some(libc::EEXIST) =>
             {
@@ -122,83 +108,57 @@ impl VerbStats {
                     path: path.clone(),
                     source,
                 })?;
-                Self::map(&path, &data)
+                Self::map(&path, data)
             }
             Err(source) => Err(VerbStatsError::Pin { path, source }),
         }
     }
 
-    fn map(path: &Path, data: &MapData) -> Result<VerbStats, VerbStatsError> {
-        let info = data.info().map_err(|source| VerbStatsError::Open {
+    /// Checks the layout from what the open already read (map type, value
+    /// size, entries: no syscall of its own) and maps the slots.
+    fn map(path: &Path, data: MapData) -> Result<VerbStats, VerbStatsError> {
+        let open = |source| VerbStatsError::Open {
             path: path.to_path_buf(),
             source,
-        })?;
-        if info.max_entries() as usize != SLOTS || info.value_size() != 8 {
+        };
+        let array = Map::from_map_data(data)
+            .and_then(Array::<MapData, u64>::try_from)
+            .map_err(open)?;
+        if array.len() as usize != SLOTS {
             return Err(VerbStatsError::Layout {
                 path: path.to_path_buf(),
-                found: info.max_entries(),
+                found: array.len(),
             });
         }
-        let len = SLOTS * 8;
-        // SAFETY: a shared read-write mapping of the array's values (which
-        // is what mmap of a BPF_F_MMAPABLE array map gives); the fd stays
-        // valid for the call, the mapping outlives it.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                data.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if address == libc::MAP_FAILED {
-            return Err(VerbStatsError::Mmap {
+        let data = aya::maps::IterableMap::map(&array);
+        MappedArray::of(data, SLOTS)
+            .map(VerbStats)
+            .map_err(|source| VerbStatsError::Mmap {
                 path: path.to_path_buf(),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        let slots =
-            NonNull::new(address.cast::<AtomicU64>()).ok_or_else(|| VerbStatsError::Mmap {
-                path: path.to_path_buf(),
-                source: std::io::Error::from_raw_os_error(libc::EINVAL),
-            })?;
-        Ok(VerbStats { slots, len })
-    }
-
-    fn slot(&self, index: usize) -> &AtomicU64 {
-        assert!(index < SLOTS, "slot {index} out of {SLOTS}");
-        // SAFETY: in bounds of a live mapping of SLOTS aligned u64s (the
-        // mapping is page-aligned); the kernel and other processes only
-        // touch it atomically.
-        unsafe { &*self.slots.as_ptr().add(index) }
+                source,
+            })
     }
 
     /// Records one run of `verb` (index into [`VERBS`]).
     pub fn record(&self, verb: usize, code: u32, took: Duration) {
         let micros = took.as_micros().min(u128::from(u64::MAX)) as u64;
         let nanos = took.as_nanos().min(u128::from(u64::MAX)) as u64;
-        self.slot(verb_stats::code_slot(verb, code))
+        self.0
+            .word(verb_stats::code_slot(verb, code))
             .fetch_add(1, Ordering::Relaxed);
-        self.slot(verb_stats::bucket_slot(verb, micros))
+        self.0
+            .word(verb_stats::bucket_slot(verb, micros))
             .fetch_add(1, Ordering::Relaxed);
-        self.slot(verb_stats::sum_slot(verb))
+        self.0
+            .word(verb_stats::sum_slot(verb))
             .fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// Every slot as it is now.
     pub fn snapshot(&self) -> Vec<u64> {
         (0..SLOTS)
-            .map(|index| self.slot(index).load(Ordering::Relaxed))
+            .map(|index| self.0.word(index).load(Ordering::Relaxed))
             .collect()
-    }
-}
-
-impl Drop for VerbStats {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.slots.as_ptr().cast(), self.len) };
     }
 }
 

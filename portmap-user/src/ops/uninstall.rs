@@ -6,7 +6,8 @@
 //! other links such as cgroup hooks unpinned and released), then every
 //! pinned program and map is unpinned and the directories of the layout are
 //! removed; the kernel frees programs and maps once nothing holds them. The
-//! pin root itself goes when it is left empty. Two things stay: a clsact
+//! pin root itself goes when it is left empty, and the record of the
+//! configured `interfaces` beside the lock. Two things stay: a clsact
 //! qdisc (other tools may have filters on it) and the empty load-lock file
 //! in `/run/ebpf-portmap` (removing a lock file someone may be waiting on
 //! would let two loaders run at once; `/run` is emptied at boot).
@@ -184,6 +185,12 @@ pub fn uninstall(layout: &PinLayout, force: bool) -> Result<Report, UninstallErr
         remove_dir(&dir, &mut report);
     }
     remove_dir(&layout.versioned(), &mut report);
+    // The `interfaces` of the last sync: a later install must not judge
+    // its attachments against a configuration of this one.
+    remove_pin(
+        &crate::dataplane::node_state::interfaces_record(layout),
+        &mut report,
+    );
     // Only if nothing else (another layout version) lives there.
     if fs::read_dir(layout.root()).is_ok_and(|mut d| d.next().is_none()) {
         remove_dir(layout.root(), &mut report);

@@ -1,17 +1,38 @@
 //! ADD: claim the container's host ports, atomically, after bringing the
 //! programs and the node state in line with the node.
 
-use super::*;
+use super::PluginError;
+use super::interfaces::NodeView;
+use super::interfaces::reconcile;
+use super::require_privilege;
+use super::who;
+use crate::cni::Request;
+use crate::cni::netconf::ListenerPolicy;
+use crate::cni::netconf::NetConf;
+use crate::dataplane::maps::Maps;
+use crate::dataplane::ownership;
+use crate::dataplane::ownership::Translation;
+use crate::dataplane::peers;
+use crate::dataplane::scope;
+use crate::model::HostIp;
+use crate::model::Owner;
+use crate::node::listeners;
+use crate::node::netlink;
+use crate::node::netlink::NodeAddress;
+use crate::node::netlink::Rtnl;
+use std::collections::BTreeSet;
 
 pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     let translations = ownership::plan(&req.conf.port_mappings, &req.container);
-    let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
     // A container without mappings still needs the programs on its
     // host-side interface once the node has a dataplane: that is where
     // its hairpin connections to other containers' host ports start.
-    if translations.is_empty() && !layout.map(portmap_common::map_names::OWNERS).exists() {
-        log::info!("ADD {}: no port mappings", who(&req.owner, &req.identity));
-        return Ok(());
+    if translations.is_empty() {
+        let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
+        if !layout.map(portmap_common::map_names::OWNERS).exists() {
+            log::info!("ADD {}: no port mappings", who(&req.owner, &req.identity));
+            return Ok(());
+        }
     }
     // The root becomes this network namespace's before anything is made.
     let layout = scope::resolve(&req.conf.pin_root, scope::Access::Claim)?;

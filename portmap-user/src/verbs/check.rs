@@ -1,6 +1,15 @@
 //! CHECK: every mapping of the container is installed as ADD left it.
 
-use super::*;
+use super::PluginError;
+use super::interfaces::NodeView;
+use super::interfaces::reconcile;
+use super::require_privilege;
+use crate::cni::Request;
+use crate::dataplane::attach;
+use crate::dataplane::maps::Maps;
+use crate::dataplane::ownership;
+use crate::dataplane::scope;
+use crate::node::netlink::Rtnl;
 
 pub(super) fn check(req: &Request) -> Result<(), PluginError> {
     let translations = ownership::plan(&req.conf.port_mappings, &req.container);

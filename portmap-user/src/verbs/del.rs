@@ -1,7 +1,17 @@
 //! DEL: release what the container owns (found by owner, so it works
 //! without prevResult), idempotently.
 
-use super::*;
+use super::PluginError;
+use super::forget_counters;
+use super::interfaces::reconcile_after;
+use super::own_state;
+use super::require_privilege;
+use super::who;
+use crate::cni::Request;
+use crate::dataplane::maps::Maps;
+use crate::dataplane::ownership;
+use crate::dataplane::peers;
+use std::collections::BTreeSet;
 
 pub(super) fn del(req: &Request) -> Result<(), PluginError> {
     require_privilege()?;

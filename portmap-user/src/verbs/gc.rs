@@ -1,7 +1,16 @@
 //! GC: remove what no attachment in the runtime's keep-list owns, and
 //! orphans past their grace period.
 
-use super::*;
+use super::PluginError;
+use super::interfaces::reconcile_after;
+use super::own_state;
+use super::prune_counters;
+use super::require_privilege;
+use crate::cni::GcRequest;
+use crate::dataplane::maps::Maps;
+use crate::dataplane::ownership;
+use crate::dataplane::peers;
+use crate::dataplane::pin::PinLayout;
 
 pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
     require_privilege()?;

@@ -2,7 +2,21 @@
 //! container-facing side from prevResult), and the reconciliation every
 //! run does against them.
 
-use super::*;
+use super::PluginError;
+use crate::cni::netconf::NetConf;
+use crate::dataplane::attach;
+use crate::dataplane::attach::AttachError;
+use crate::dataplane::attach::Capacities;
+use crate::dataplane::attach::Targets;
+use crate::dataplane::cgroup;
+use crate::dataplane::node_state;
+use crate::dataplane::pin::PinLayout;
+use crate::model::PrevInterface;
+use crate::node::netlink;
+use crate::node::netlink::Link;
+use crate::node::netlink::NodeAddress;
+use crate::node::netlink::Rtnl;
+use std::collections::BTreeSet;
 
 /// What one run sees of the node: its interfaces and addresses, and which
 /// interfaces should carry the programs.

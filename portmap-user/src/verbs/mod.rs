@@ -2,7 +2,8 @@
 //! verb ([`add`], [`del`], [`check`], [`gc`], [`status`]); [`interfaces`] says
 //! which interfaces carry the programs and reconciles them on every run. Here:
 //! the `Plugin` implementation, the verbs' error and its CNI codes, and what
-//! several verbs share.
+//! several verbs share. [`logged`] and [`recorded`] wrap the plugin to log
+//! and to count each run.
 
 mod add;
 mod check;
@@ -10,27 +11,23 @@ mod del;
 mod gc;
 pub use gc::collect_node_garbage;
 pub mod interfaces;
+pub mod logged;
 pub mod recorded;
 mod status;
 
-use std::collections::BTreeSet;
-
-use crate::model::{HostIp, Owner, PodIdentity, PrevInterface};
+use crate::model::{Owner, PodIdentity};
 use crate::{
     cni::error::code,
-    cni::netconf::{ListenerPolicy, NetConf},
+    cni::netconf::NetConf,
     cni::{CniError, GcRequest, Plugin, Request},
-    dataplane::attach::{self, AttachError, Capacities, Targets},
-    dataplane::cgroup,
+    dataplane::attach::AttachError,
     dataplane::counters,
     dataplane::maps::{Maps, MapsError},
     dataplane::node_state,
-    dataplane::ownership::{self, StoreError, Translation},
-    dataplane::peers,
+    dataplane::ownership::StoreError,
     dataplane::pin::PinLayout,
     dataplane::scope,
-    node::listeners,
-    node::netlink::{self, Link, NetlinkError, NodeAddress, Rtnl},
+    node::netlink::NetlinkError,
     node::privilege,
 };
 
@@ -166,8 +163,6 @@ fn prune_counters(layout: &PinLayout, maps: &Maps) {
         Err(error) => log::warn!("stale traffic counters not pruned: {error}"),
     }
 }
-
-use interfaces::{NodeView, reconcile, reconcile_after};
 
 impl Plugin for Dataplane {
     fn add(&mut self, req: &Request) -> Result<(), CniError> {

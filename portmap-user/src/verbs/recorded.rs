@@ -25,13 +25,16 @@ fn record(pin_root: &Path, verb: usize, result: &Result<(), CniError>, took: Dur
     let Some(layout) = scope::last_resolved(pin_root) else {
         return;
     };
-    // Nothing installed (never an ADD here, or uninstalled): nothing to
-    // count into, and a run must not start a pin tree of its own.
-    if !layout.maps_dir().exists() {
-        return;
-    }
     let code = result.as_ref().err().map_or(0, |error| error.code);
-    match VerbStats::open_or_create(&layout) {
+    let stats = match VerbStats::open(&layout) {
+        Ok(Some(stats)) => Ok(stats),
+        // Nothing installed (never an ADD here, or uninstalled): nothing
+        // to count into, and a run must not start a pin tree of its own.
+        Ok(None) if !layout.maps_dir().exists() => return,
+        Ok(None) => VerbStats::open_or_create(&layout),
+        Err(error) => Err(error),
+    };
+    match stats {
         Ok(stats) => stats.record(verb, code, took),
         Err(error) => log::debug!("{} not recorded: {error}", VERBS[verb]),
     }

@@ -1,7 +1,11 @@
 //! STATUS: whether the plugin can serve ADD on this node (the kernel loads
 //! this build's programs; the pin root is usable).
 
-use super::*;
+use crate::cni::CniError;
+use crate::cni::error::code;
+use crate::cni::netconf::NetConf;
+use crate::dataplane::attach;
+use crate::dataplane::scope;
 
 /// The STATUS verb.
 pub(super) fn status(conf: &NetConf) -> Result<(), CniError> {
