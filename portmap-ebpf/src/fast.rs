@@ -46,7 +46,13 @@ pub fn fast_path(ctx: &TcContext) {
     scratch.action = TC_ACT_OK;
     let taken = match offer {
         Offer::Forward => {
-            let action = fast_forward(ctx);
+            // Without the fast path (the default), not even the call: a
+            // call and its return cost 10-15 ns (program_cost.rs).
+            let action = if fast_path_enabled() {
+                fast_forward(ctx)
+            } else {
+                TC_ACT_OK
+            };
             // On the normal path, unmasqueraded: the next egress hook
             // has nothing to do.
             if action != TC_ACT_REDIRECT && not_masqueraded(ctx, flow_flags) {
@@ -76,6 +82,15 @@ fn not_masqueraded(ctx: &TcContext, flags: u32) -> bool {
     } else {
         !wants_masquerade(ctx)
     }
+}
+
+/// Whether `fastPath` is on and can hand a packet over (masqAll keeps
+/// every packet on the normal path, see [`fast_path_from_containers`]).
+#[inline(always)]
+fn fast_path_enabled() -> bool {
+    maps::node_config().is_some_and(|node| {
+        node.flags & (node_flags::FAST_PATH | node_flags::MASQ_ALL) == node_flags::FAST_PATH
+    })
 }
 
 /// Whether `fastPath` is on and the packet arrived from the containers'
