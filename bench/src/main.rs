@@ -101,6 +101,15 @@ struct Args {
     /// (default: this checkout's commit and whether it has changes).
     #[arg(long)]
     plugin_source: Option<String>,
+    /// Another build of ebpf-portmap to compare the plugin under test with
+    /// (e.g. the build before a change): the sequential plugin-alone ADDs
+    /// and DELs alternate between the two, each in a world of its own, and
+    /// the report judges that ADD p50 did not get slower.
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
+    /// Where the baseline was built from, for the report.
+    #[arg(long)]
+    baseline_source: Option<String>,
     /// Run only these sections (comma-separated), e.g. `--only control`
     /// for the ADD/DEL latencies in a minute or two; default: all of them.
     /// Targets of the sections left out are reported as SKIP.
@@ -346,9 +355,30 @@ fn main() -> ExitCode {
         eprintln!("bench: {e:#}");
         return ExitCode::FAILURE;
     }
+    if let Some(bin) = &args.baseline_bin {
+        if !bin.is_file() {
+            eprintln!(
+                "bench: --baseline-bin {} does not exist: pass the path of another ebpf-portmap build",
+                bin.display()
+            );
+            return ExitCode::FAILURE;
+        }
+        let _ = world::BASELINE_BIN.set(bin.clone());
+        println!(
+            "bench: control plane also against the baseline build {}",
+            bin.display()
+        );
+    }
     let source = args.plugin_source.clone().unwrap_or_else(source_tree);
+    let baseline_source = args.baseline_source.clone();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run(&plan, &progress, &out_dir, &source)
+        run(
+            &plan,
+            &progress,
+            &out_dir,
+            &source,
+            baseline_source.as_deref(),
+        )
     }));
     match outcome {
         Ok(Ok(missed)) => {
@@ -410,6 +440,9 @@ struct Worlds {
     ours_empty: Option<BenchWorld>,
     upstream_empty: Option<BenchWorld>,
     plain: Option<BenchWorld>,
+    /// Kept empty, with `--baseline-bin`: the other side of the
+    /// control-plane comparison with another build.
+    baseline_empty: Option<BenchWorld>,
 }
 
 impl Worlds {
@@ -423,6 +456,11 @@ impl Worlds {
             ours_empty: build(empty, Flavor::Ours, "bench-ebpf-empty"),
             upstream_empty: build(empty, Flavor::Upstream, "bench-iptables-empty"),
             plain: build(plan.runs(Section::Dataplane), Flavor::Plain, "bench-direct"),
+            baseline_empty: build(
+                plan.runs(Section::Control) && world::BASELINE_BIN.get().is_some(),
+                Flavor::Baseline,
+                "bench-ebpf-baseline",
+            ),
         }
     }
 
@@ -433,6 +471,7 @@ impl Worlds {
             &self.ours_empty,
             &self.upstream_empty,
             &self.plain,
+            &self.baseline_empty,
         ]
         .iter()
         .filter(|w| w.is_some())
@@ -466,6 +505,7 @@ fn run(
     progress: &Progress,
     out_dir: &std::path::Path,
     source: &str,
+    baseline_source: Option<&str>,
 ) -> anyhow::Result<usize> {
     let started_unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -531,6 +571,8 @@ fn run(
         "iptables": first_line("iptables", &["--version"]),
         "ebpf_portmap_bin": plugin_bin().display().to_string(),
         "source": source,
+        "baseline_bin": world::BASELINE_BIN.get().map(|bin| bin.display().to_string()),
+        "baseline_source": baseline_source,
         "sections": plan.sections.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "),
         "method": format!(
             "{} repetitions, interleaved; dataplane runs of {} ms pinned to CPU {}",
@@ -889,18 +931,30 @@ fn control_plane(
         (world(&worlds.ours_empty), plan.alone_sequential.0),
         (world(&worlds.upstream_empty), plan.alone_sequential.1),
     ];
+    // With a baseline build, its ADDs and DELs join the same interleaving,
+    // as many as ours: every slow phase of the machine hits all sides.
+    let sequential: Vec<(&BenchWorld, usize)> = pair
+        .iter()
+        .copied()
+        .chain(
+            worlds
+                .baseline_empty
+                .as_ref()
+                .map(|base| (base, plan.alone_sequential.0)),
+        )
+        .collect();
     for rep in 0..plan.reps {
         progress.check()?;
-        let items: Vec<Vec<(String, PortMapping)>> = pair
+        let items: Vec<Vec<(String, PortMapping)>> = sequential
             .iter()
             .map(|(_, ops)| alone_items(&format!("seq{rep}"), *ops))
             .collect();
-        let sides: Vec<(&BenchWorld, &[(String, PortMapping)])> = pair
+        let sides: Vec<(&BenchWorld, &[(String, PortMapping)])> = sequential
             .iter()
             .zip(&items)
             .map(|((world, _), items)| (*world, items.as_slice()))
             .collect();
-        for ((world, _), (add, del)) in pair.iter().zip(alone_add_del_interleaved(&sides)) {
+        for ((world, _), (add, del)) in sequential.iter().zip(alone_add_del_interleaved(&sides)) {
             progress.say(&format!(
                 "control plane, plugin alone, sequential, rep {}/{}: {}",
                 rep + 1,
@@ -1520,7 +1574,7 @@ fn enter(path: Flavor, world: &BenchWorld) {
     match path {
         Flavor::Ours | Flavor::OursDirect => world.set_fast_path(false),
         Flavor::OursFast => world.set_fast_path(true),
-        Flavor::Upstream | Flavor::Plain => {}
+        Flavor::Upstream | Flavor::Plain | Flavor::Baseline => {}
     }
 }
 

@@ -40,6 +40,7 @@ fn flavor_key(flavor: Flavor) -> &'static str {
         Flavor::Upstream => "portmap",
         Flavor::Plain => "direct",
         Flavor::OursDirect => "direct-ebpf-portmap-loaded",
+        Flavor::Baseline => "ebpf-portmap-baseline",
     }
 }
 
@@ -304,13 +305,15 @@ pub fn markdown(
         ("iptables", "iptables"),
         ("ebpf_portmap_bin", "ebpf-portmap binary"),
         ("source", "ebpf-portmap built from"),
+        ("baseline_bin", "baseline build (control plane)"),
+        ("baseline_source", "baseline built from"),
         ("sections", "sections run"),
         ("method", "method"),
         ("total_seconds", "total bench time (s)"),
         ("loadavg_before", "load average before (1/5/15 min)"),
         ("loadavg_after", "load average after"),
     ] {
-        if let Some(value) = meta.get(key) {
+        if let Some(value) = meta.get(key).filter(|value| !value.is_null()) {
             let text = match value {
                 Value::String(s) => s.clone(),
                 Value::Number(n) => n.as_f64().map_or(n.to_string(), |f| format!("{f:.0}")),
@@ -383,7 +386,9 @@ pub fn markdown(
         );
         for verb in Verb::BOTH {
             for callers in [1, 16, 32] {
-                for flavor in PLUGINS {
+                // The baseline build (`--baseline-bin`) has sequential
+                // rows only, and only when given.
+                for flavor in PLUGINS.into_iter().chain([Flavor::Baseline]) {
                     let Some(c) = results.control_cell(scope, flavor, verb, callers) else {
                         continue;
                     };

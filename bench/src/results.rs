@@ -229,6 +229,22 @@ impl Results {
     }
 
     /// Per repetition: upstream / ours for a sequential plugin-alone percentile.
+    /// ebpf-portmap latency / the baseline build's, sequential, paired by
+    /// repetition (both sides of a repetition interleaved op by op); empty
+    /// without `--baseline-bin`.
+    pub fn against_baseline(&self, verb: Verb, which: Pct) -> Vec<f64> {
+        match (
+            self.control_cell(Scope::Alone, Flavor::Ours, verb, 1),
+            self.control_cell(Scope::Alone, Flavor::Baseline, verb, 1),
+        ) {
+            (Some(ours), Some(base)) => paired_ratios(
+                &pct_per_rep(&ours.reps, which),
+                &pct_per_rep(&base.reps, which),
+            ),
+            _ => Vec::new(),
+        }
+    }
+
     pub fn speedup(&self, verb: Verb, which: Pct) -> Vec<f64> {
         match (
             self.control_cell(Scope::Alone, Flavor::Upstream, verb, 1),
@@ -370,6 +386,29 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
             ));
         }
     }
+    // Issue 17: the plugin's ADD must not get slower for what the agent
+    // needs of it; judged against a build given with `--baseline-bin`
+    // (only when one is: the rows are absent otherwise).
+    for verb in Verb::BOTH {
+        let values = results.against_baseline(verb, Pct::P50);
+        if values.is_empty() {
+            continue;
+        }
+        rows.push(ratio_target(
+            &format!("cp-{}-p50-vs-baseline", verb.name().to_lowercase()),
+            format!(
+                "{} p50 of the plugin alone not above the baseline build's",
+                verb.name()
+            ),
+            values,
+            Compare::AtMost,
+            1.0,
+            false,
+            "ebpf-portmap latency / baseline build latency (--baseline-bin), sequential, the two interleaved op by op, paired by repetition"
+                .into(),
+        ));
+    }
+
     let largest = results.sizes.iter().copied().max().unwrap_or(0);
     let scale_values = results
         .scale_cell(Flavor::Ours, largest, Verb::Add)
@@ -640,6 +679,59 @@ mod tests {
         );
         assert_eq!(add.summary().unwrap().min, 15.0);
         assert_eq!(find(&rows, "cp-del-p50").status, Status::Skip);
+    }
+
+    #[test]
+    fn the_baseline_rows_exist_only_with_a_baseline_and_pair_its_repetitions() {
+        let mut results = Results {
+            sizes: vec![0],
+            ..Results::default()
+        };
+        results.control.push(cell(
+            Scope::Alone,
+            Flavor::Ours,
+            Verb::Add,
+            1,
+            vec![
+                batch(&[2.0], 0, &[]),
+                batch(&[2.2], 0, &[]),
+                batch(&[1.8], 0, &[]),
+            ],
+        ));
+        assert!(
+            judge(&results)
+                .iter()
+                .all(|row| !row.id.ends_with("-vs-baseline")),
+            "no --baseline-bin, no row"
+        );
+        results.control.push(cell(
+            Scope::Alone,
+            Flavor::Baseline,
+            Verb::Add,
+            1,
+            vec![
+                batch(&[2.0], 0, &[]),
+                batch(&[2.0], 0, &[]),
+                batch(&[2.0], 0, &[]),
+            ],
+        ));
+        assert_eq!(
+            results.against_baseline(Verb::Add, Pct::P50),
+            [1.0, 1.1, 0.9]
+        );
+        let rows = judge(&results);
+        let add = find(&rows, "cp-add-p50-vs-baseline");
+        assert_eq!(add.status, Status::Pass, "median 1.0 is not above 1.0");
+        assert!(
+            rows.iter().all(|row| row.id != "cp-del-p50-vs-baseline"),
+            "DEL has no baseline cell"
+        );
+        results.control[0].reps[0] = batch(&[2.4], 0, &[]);
+        assert_eq!(
+            find(&judge(&results), "cp-add-p50-vs-baseline").status,
+            Status::Miss,
+            "median 1.1: slower than the baseline"
+        );
     }
 
     #[test]

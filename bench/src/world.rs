@@ -39,12 +39,21 @@ pub enum Flavor {
     /// uses) in the `Ours` world: what ebpf-portmap's programs cost the
     /// pod traffic they do not translate, against `Plain`.
     OursDirect,
+    /// Another build of ebpf-portmap (`--baseline-bin`, e.g. the commit
+    /// before a change) in a world of its own: the control-plane runs
+    /// compare the plugin under test with it.
+    Baseline,
 }
+
+/// The binary of [`Flavor::Baseline`], set once from `--baseline-bin`.
+pub static BASELINE_BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
 impl Flavor {
     pub fn plugin_type(self) -> Option<&'static str> {
         match self {
-            Flavor::Ours | Flavor::OursFast | Flavor::OursDirect => Some("ebpf-portmap"),
+            Flavor::Ours | Flavor::OursFast | Flavor::OursDirect | Flavor::Baseline => {
+                Some("ebpf-portmap")
+            }
             Flavor::Upstream => Some("portmap"),
             Flavor::Plain => None,
         }
@@ -57,6 +66,7 @@ impl Flavor {
             Flavor::Upstream => "iptables portmap",
             Flavor::Plain => "direct (no translation)",
             Flavor::OursDirect => "direct, ebpf-portmap loaded",
+            Flavor::Baseline => "ebpf-portmap baseline build",
         }
     }
 }
@@ -112,8 +122,12 @@ impl BenchWorld {
         ] {
             node.ext.sysctl(key, value);
         }
-        let pins = (flavor == Flavor::Ours).then(PinRoot::new);
-        let plugins = PluginDirs::new();
+        let pins = matches!(flavor, Flavor::Ours | Flavor::Baseline).then(PinRoot::new);
+        let plugins = match (flavor, BASELINE_BIN.get()) {
+            (Flavor::Baseline, Some(bin)) => PluginDirs::with_plugin_bin(bin),
+            (Flavor::Baseline, None) => panic!("a baseline world needs --baseline-bin"),
+            _ => PluginDirs::new(),
+        };
         let invoker = Invoker::new(plugins.path().to_path_buf(), node.ns.handle());
         let full = bridge_conflist(
             name,

@@ -64,8 +64,17 @@ impl PluginDirs {
     /// # Panics
     /// If `/usr/lib/cni` cannot be read or a link cannot be made.
     pub fn new() -> PluginDirs {
+        PluginDirs::with_plugin_bin(&plugin_bin())
+    }
+
+    /// Like [`PluginDirs::new`], with `ebpf-portmap` → `bin` (another build
+    /// of the plugin, e.g. the baseline a benchmark compares with).
+    ///
+    /// # Panics
+    /// As [`PluginDirs::new`].
+    pub fn with_plugin_bin(bin: &Path) -> PluginDirs {
         let dir = TempDir::new("plugins");
-        for (name, target) in plugin_targets() {
+        for (name, target) in plugin_targets(bin) {
             let link = dir.path().join(&name);
             std::os::unix::fs::symlink(&target, &link).unwrap_or_else(|e| {
                 panic!("linking {} -> {}: {e}", link.display(), target.display())
@@ -85,7 +94,7 @@ impl PluginDirs {
         let trace_log = dir.path().join(".trace.log");
         std::fs::write(&trace_log, b"")
             .unwrap_or_else(|e| panic!("creating {}: {e}", trace_log.display()));
-        for (name, target) in plugin_targets() {
+        for (name, target) in plugin_targets(&plugin_bin()) {
             let shim = dir.path().join(&name);
             std::fs::write(&shim, shim_script(&name, &target, &trace_log))
                 .unwrap_or_else(|e| panic!("writing shim {}: {e}", shim.display()));
@@ -130,8 +139,9 @@ impl Default for PluginDirs {
     }
 }
 
-/// (name, real binary) for every plugin the directory offers.
-fn plugin_targets() -> Vec<(String, PathBuf)> {
+/// (name, real binary) for every plugin the directory offers, ours being
+/// `ours`.
+fn plugin_targets(ours: &Path) -> Vec<(String, PathBuf)> {
     let entries = std::fs::read_dir(UPSTREAM_PLUGIN_DIR).unwrap_or_else(|e| {
         panic!("reading {UPSTREAM_PLUGIN_DIR}: {e} (install containernetworking-plugins: `cargo xtask setup`)")
     });
@@ -141,7 +151,7 @@ fn plugin_targets() -> Vec<(String, PathBuf)> {
         .filter_map(|entry| Some((entry.file_name().into_string().ok()?, entry.path())))
         .filter(|(name, _)| name != PLUGIN_TYPE)
         .collect();
-    targets.push((PLUGIN_TYPE.to_owned(), plugin_bin()));
+    targets.push((PLUGIN_TYPE.to_owned(), ours.to_path_buf()));
     targets.sort();
     targets
 }
