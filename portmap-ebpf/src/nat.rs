@@ -1,19 +1,27 @@
-//! Address and port rewrites with checksum fix-ups. The kernel's csum helpers
-//! are used rather than our own arithmetic because they also keep
-//! `CHECKSUM_PARTIAL` and `CHECKSUM_COMPLETE` packets right.
+//! Address and port rewrites with checksum fix-ups.
+//!
+//! Packet memory is written only through helpers (`bpf_skb_store_bytes`):
+//! a tc program with a single direct packet write gets the kernel's
+//! unclone prologue, which pulls every cloned skb entering the program
+//! (every TCP data segment a pod or the node sends) and drops it if that
+//! fails, translated or not. The helpers make writable only the packets
+//! they rewrite. The L4 checksum goes through `l4_csum_replace`, the only
+//! code that knows a `CHECKSUM_PARTIAL` packet (the field holds the
+//! pseudo-header sum: an address change enters it, a port change does
+//! not) from a `COMPLETE` one (`skb->csum` follows the address change).
+//! The IPv4 header checksum, never offloaded, and the IPv6 address
+//! difference are summed here: fewer helper calls, each of which costs
+//! 40-55 ns on the development VM (docs/dataplane.md).
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
-    helpers::bpf_csum_diff,
     programs::TcContext,
 };
 use portmap_common::{FAMILY_V4, PROTO_SCTP, PROTO_TCP, PROTO_UDP, crc32c};
 
-use crate::parse::{ETH_HLEN, Packet};
+use crate::parse::{ETH_HLEN, Packet, read};
 
 const IPV4_CSUM_OFF: usize = ETH_HLEN + 10;
-const IPV4_SRC_OFF: usize = ETH_HLEN + 12;
-const IPV4_DST_OFF: usize = ETH_HLEN + 16;
 const IPV6_SRC_OFF: usize = ETH_HLEN + 8;
 const IPV6_DST_OFF: usize = ETH_HLEN + 24;
 
@@ -76,17 +84,26 @@ fn try_rewrite(
 
     if *addr_be != old_addr {
         if packet.family == FAMILY_V4 {
-            let off = if side == Side::Source {
-                IPV4_SRC_OFF
+            // The checksum and both addresses, read as they are now and
+            // written back in one store: one helper call for what the
+            // address store and l3_csum_replace did in two.
+            let mut tail: Ipv4Tail = read(ctx, IPV4_CSUM_OFF).ok_or(-1i64)?;
+            let before = if side == Side::Source {
+                tail.src
             } else {
-                IPV4_DST_OFF
+                tail.dst
             };
-            ctx.store(off, &addr_be[0], 0)?;
-            ctx.l3_csum_replace(IPV4_CSUM_OFF, old_addr[0] as u64, addr_be[0] as u64, 4)?;
+            tail.check = csum_replace4(tail.check, before, addr_be[0]);
+            if side == Side::Source {
+                tail.src = addr_be[0];
+            } else {
+                tail.dst = addr_be[0];
+            }
+            ctx.store(IPV4_CSUM_OFF, &tail, 0)?;
             if let Some((csum_off, flags)) = csum {
                 ctx.l4_csum_replace(
                     csum_off,
-                    old_addr[0] as u64,
+                    before as u64,
                     addr_be[0] as u64,
                     flags | BPF_F_PSEUDO_HDR as u64 | 4,
                 )?;
@@ -99,13 +116,7 @@ fn try_rewrite(
             };
             ctx.store(off, addr_be, 0)?;
             if let Some((csum_off, flags)) = csum {
-                let mut from = old_addr;
-                let mut to = *addr_be;
-                // SAFETY: both buffers are 16 bytes on our stack.
-                let diff = unsafe { bpf_csum_diff(from.as_mut_ptr(), 16, to.as_mut_ptr(), 16, 0) };
-                if diff < 0 {
-                    return Err(diff);
-                }
+                let diff = csum_diff16(&old_addr, addr_be);
                 ctx.l4_csum_replace(csum_off, 0, diff as u64, flags | BPF_F_PSEUDO_HDR as u64)?;
             }
         }
@@ -132,6 +143,53 @@ fn try_rewrite(
         }
     }
     Ok(())
+}
+
+/// Bytes 10..20 of an IPv4 header as on the wire: the header checksum,
+/// the source and the destination address.
+#[repr(C, packed)]
+#[derive(Clone, Copy)]
+struct Ipv4Tail {
+    check: u16,
+    src: u32,
+    dst: u32,
+}
+
+/// Folds a ones'-complement sum to 16 bits (end-around carries).
+#[inline(always)]
+fn fold16(sum: u64) -> u16 {
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    ((sum & 0xffff) + (sum >> 16)) as u16
+}
+
+/// The checksum `check` after one 32-bit word of what it covers changed
+/// from `from` to `to` (RFC 1624, eqn. 3: HC' = ~(~HC + ~m + m')). All in
+/// wire order: a ones'-complement sum does not depend on byte order.
+#[inline(always)]
+pub fn csum_replace4(check: u16, from: u32, to: u32) -> u16 {
+    let sum = u64::from(!check)
+        + u64::from(!from & 0xffff)
+        + u64::from(!from >> 16)
+        + u64::from(to & 0xffff)
+        + u64::from(to >> 16);
+    !fold16(sum)
+}
+
+/// What `bpf_csum_diff(from, 16, to, 16, 0)` returns: the 32-bit
+/// ones'-complement sum of `~from` and `to`, for `l4_csum_replace`.
+#[inline(always)]
+pub fn csum_diff16(from: &[u32; 4], to: &[u32; 4]) -> u32 {
+    let sum = u64::from(!from[0])
+        + u64::from(!from[1])
+        + u64::from(!from[2])
+        + u64::from(!from[3])
+        + u64::from(to[0])
+        + u64::from(to[1])
+        + u64::from(to[2])
+        + u64::from(to[3]);
+    let sum = (sum & 0xffff_ffff) + (sum >> 32);
+    ((sum & 0xffff_ffff) + (sum >> 32)) as u32
 }
 
 /// The four port bytes as they are on the wire.

@@ -56,8 +56,11 @@ fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*const T> {
     Some((start + offset) as *const T)
 }
 
+/// A `T` at `offset` of the packet, read through direct packet access
+/// (bounds-checked); `None` past the end. A read, unlike a direct write,
+/// costs nothing to the packets the program leaves alone (see nat.rs).
 #[inline(always)]
-fn read<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
+pub(crate) fn read<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
     // SAFETY: ptr_at checked the bounds; packet data has no alignment guarantee.
     ptr_at::<T>(ctx, offset).map(|p| unsafe { core::ptr::read_unaligned(p) })
 }
