@@ -931,30 +931,18 @@ fn control_plane(
         (world(&worlds.ours_empty), plan.alone_sequential.0),
         (world(&worlds.upstream_empty), plan.alone_sequential.1),
     ];
-    // With a baseline build, its ADDs and DELs join the same interleaving,
-    // as many as ours: every slow phase of the machine hits all sides.
-    let sequential: Vec<(&BenchWorld, usize)> = pair
-        .iter()
-        .copied()
-        .chain(
-            worlds
-                .baseline_empty
-                .as_ref()
-                .map(|base| (base, plan.alone_sequential.0)),
-        )
-        .collect();
     for rep in 0..plan.reps {
         progress.check()?;
-        let items: Vec<Vec<(String, PortMapping)>> = sequential
+        let items: Vec<Vec<(String, PortMapping)>> = pair
             .iter()
             .map(|(_, ops)| alone_items(&format!("seq{rep}"), *ops))
             .collect();
-        let sides: Vec<(&BenchWorld, &[(String, PortMapping)])> = sequential
+        let sides: Vec<(&BenchWorld, &[(String, PortMapping)])> = pair
             .iter()
             .zip(&items)
             .map(|((world, _), items)| (*world, items.as_slice()))
             .collect();
-        for ((world, _), (add, del)) in sequential.iter().zip(alone_add_del_interleaved(&sides)) {
+        for ((world, _), (add, del)) in pair.iter().zip(alone_add_del_interleaved(&sides)) {
             progress.say(&format!(
                 "control plane, plugin alone, sequential, rep {}/{}: {}",
                 rep + 1,
@@ -963,6 +951,51 @@ fn control_plane(
             ));
             push_control(results, Scope::Alone, world.flavor, Verb::Add, 1, add);
             push_control(results, Scope::Alone, world.flavor, Verb::Del, 1, del);
+        }
+    }
+    // With a baseline build: ours and it alone, op by op, so that neither
+    // side runs after iptables more often (the op after a slow iptables
+    // run is slower); who goes first alternates by repetition.
+    if let Some(base) = worlds.baseline_empty.as_ref() {
+        let ours = world(&worlds.ours_empty);
+        // Untimed: the baseline's first ADD loads its programs, as ours
+        // did before the loop above.
+        let warm = alone_items("vs-warm", 1);
+        let _ = alone_add_del_interleaved(&[(base, warm.as_slice())]);
+        for rep in 0..plan.reps {
+            progress.check()?;
+            let items = alone_items(&format!("vs{rep}"), plan.alone_sequential.0);
+            let order = if rep % 2 == 0 {
+                [ours, base]
+            } else {
+                [base, ours]
+            };
+            let sides: Vec<(&BenchWorld, &[(String, PortMapping)])> =
+                order.iter().map(|w| (*w, items.as_slice())).collect();
+            for (world, (add, del)) in order.iter().zip(alone_add_del_interleaved(&sides)) {
+                progress.say(&format!(
+                    "control plane, plugin alone against the baseline build, rep {}/{}: {}",
+                    rep + 1,
+                    plan.reps,
+                    batch_line(world.flavor, &add, &del)
+                ));
+                push_control(
+                    results,
+                    Scope::AgainstBaseline,
+                    world.flavor,
+                    Verb::Add,
+                    1,
+                    add,
+                );
+                push_control(
+                    results,
+                    Scope::AgainstBaseline,
+                    world.flavor,
+                    Verb::Del,
+                    1,
+                    del,
+                );
+            }
         }
     }
     for callers in [16, 32] {

@@ -374,7 +374,11 @@ pub fn markdown(
          (upstream runs `iptables`), i.e. its cost without the time spent queueing for a CPU. \
          With N callers, N threads run their share of the batch at the same time.\n"
     );
-    for scope in [Scope::Alone, Scope::Chain] {
+    for scope in [Scope::Alone, Scope::Chain, Scope::AgainstBaseline] {
+        // The comparison with a baseline build only when there is one.
+        if !results.control.iter().any(|c| c.scope == scope) {
+            continue;
+        }
         let _ = writeln!(md, "### {}\n", scope.title());
         let _ = writeln!(
             md,
@@ -726,6 +730,8 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
             let label = match scope {
                 Scope::Alone => format!("{} plugin alone", verb.name()),
                 Scope::Chain => format!("{} whole chain", verb.name()),
+                // Not in this loop: its plugins are ours and the baseline.
+                Scope::AgainstBaseline => continue,
             };
             groups.push((label, values));
         }
