@@ -69,6 +69,9 @@ enum Verb {
 /// The CNI plugin. Stdin is read before anything else: the log file is part
 /// of the configuration, and even a request that fails to parse is logged.
 fn run_plugin() -> ExitCode {
+    // One run, then exit: unmapping the port filter and the verb record
+    // on the way would cost TLB-flush IPIs that exit does not.
+    portmap_user::dataplane::maps::leave_mappings_to_exit();
     let mut stdin = std::io::stdin().lock();
     let mut head = Vec::new();
     // A read error is met again, and reported, by `cni::run` reading the rest.
