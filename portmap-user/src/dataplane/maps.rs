@@ -190,14 +190,6 @@ impl MappedArray {
         // which the kernel and other processes touch only atomically.
         unsafe { &*self.words.as_ptr().add(index) }
     }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 /// Whether mappings are left for the process's exit to take down.
