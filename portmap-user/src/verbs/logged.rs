@@ -67,6 +67,15 @@ fn attachment(req: &Request) -> String {
     line
 }
 
+/// The attachment and the mappings it asked for: ADD's and CHECK's subject.
+fn with_mappings(req: &Request) -> String {
+    format!(
+        "{} mappings=[{}]",
+        attachment(req),
+        describe_mappings(&req.conf)
+    )
+}
+
 /// A plugin whose every decision is logged with the container it concerns.
 #[derive(Debug, Default)]
 pub struct Logged<P>(pub P);
@@ -74,15 +83,7 @@ pub struct Logged<P>(pub P);
 impl<P: Plugin> Plugin for Logged<P> {
     fn add(&mut self, req: &Request) -> Result<(), CniError> {
         let result = self.0.add(req);
-        log_outcome(
-            "ADD",
-            &format!(
-                "{} mappings=[{}]",
-                attachment(req),
-                describe_mappings(&req.conf)
-            ),
-            &result,
-        );
+        log_outcome("ADD", &with_mappings(req), &result);
         result
     }
 
@@ -94,15 +95,7 @@ impl<P: Plugin> Plugin for Logged<P> {
 
     fn check(&mut self, req: &Request) -> Result<(), CniError> {
         let result = self.0.check(req);
-        log_outcome(
-            "CHECK",
-            &format!(
-                "{} mappings=[{}]",
-                attachment(req),
-                describe_mappings(&req.conf)
-            ),
-            &result,
-        );
+        log_outcome("CHECK", &with_mappings(req), &result);
         result
     }
 
