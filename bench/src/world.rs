@@ -123,10 +123,17 @@ impl BenchWorld {
             node.ext.sysctl(key, value);
         }
         let pins = matches!(flavor, Flavor::Ours | Flavor::Baseline).then(PinRoot::new);
+        // Every world that runs ebpf-portmap runs a copy written into its
+        // own plugin directory, the baseline build's the same way as ours:
+        // an exec's cost depends on how the file was written (see
+        // `PluginDirs::with_plugin_copy`).
         let plugins = match (flavor, BASELINE_BIN.get()) {
-            (Flavor::Baseline, Some(bin)) => PluginDirs::with_plugin_bin(bin),
+            (Flavor::Baseline, Some(bin)) => PluginDirs::with_plugin_copy(bin),
             (Flavor::Baseline, None) => panic!("a baseline world needs --baseline-bin"),
-            _ => PluginDirs::new(),
+            (Flavor::Ours | Flavor::OursFast | Flavor::OursDirect, _) => {
+                PluginDirs::with_plugin_copy(&portmap_tests::plugin_bin())
+            }
+            (Flavor::Upstream | Flavor::Plain, _) => PluginDirs::new(),
         };
         let invoker = Invoker::new(plugins.path().to_path_buf(), node.ns.handle());
         let full = bridge_conflist(
