@@ -49,8 +49,8 @@ use crate::load::Test;
 use anyhow::{Context, bail};
 
 use crate::results::{
-    ConnectRep, ControlCell, DataCell, MemoryRow, Prefill, ProgramCost, Results, ScaleCell, Scope,
-    Status, Verb, judge, size_label,
+    ConnectRep, ControlCell, CostLoad, DataCell, MemoryRow, Prefill, ProgramCost, Results,
+    ScaleCell, Scope, Status, Verb, judge, size_label,
 };
 use crate::world::{
     BenchWorld, FILL_CONTAINER_PORT, Flavor, OP_PORT_BASE, PREFILL_PORT_BASE, PROBE_FILL_HOST_PORT,
@@ -1270,7 +1270,7 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
     for (path, test) in loads {
         enter(path, world);
         let before = hooks::run_times(&progs);
-        load::run(
+        let run = load::run(
             &client,
             test,
             target_of(path, world, test),
@@ -1279,12 +1279,18 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
         );
         let after = hooks::run_times(&progs);
         let name = format!("{}, {}", test.title(), path.label());
+        let under = CostLoad {
+            test,
+            path,
+            units: run.amount,
+        };
         for (program, runs, ns_per_run) in hooks::per_run(&before, &after) {
             results.program_costs.push(ProgramCost {
                 load: name.clone(),
                 program,
                 runs,
                 ns_per_run,
+                under: Some(under),
             });
         }
     }
@@ -1305,6 +1311,7 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
             program,
             runs,
             ns_per_run,
+            under: None,
         });
     }
     drop(stats);

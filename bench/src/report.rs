@@ -168,6 +168,13 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
             "program": c.program,
             "runs": c.runs,
             "ns_per_run": c.ns_per_run,
+            "units": c.under.map(|u| u.units),
+        })).collect::<Vec<_>>(),
+        "gap_account": gap_rows(results).iter().map(|row| json!({
+            "load": row.load,
+            "program_ns_per_unit": row.program_ns,
+            "runs_per_unit": row.runs,
+            "gap_ns_per_unit": row.gap_ns,
         })).collect::<Vec<_>>(),
         "skipped": results.skipped,
     })
@@ -638,6 +645,7 @@ pub fn markdown(
             );
         }
         let _ = writeln!(md);
+        gap_account(&mut md, results);
     }
 
     let _ = writeln!(md, "## Memory\n");
@@ -931,10 +939,102 @@ pub fn date_of(unix_secs: u64) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
+/// One load of the gap account: what the programs cost per transaction
+/// (or connection) against how much longer one takes than on the direct
+/// path.
+#[derive(Debug, Clone, PartialEq)]
+struct GapRow {
+    load: String,
+    /// All programs' time per unit: the sum of runs x ns/run over the
+    /// units the measured run completed.
+    program_ns: f64,
+    /// Program runs per unit.
+    runs: f64,
+    /// 1/rate of the path minus 1/rate of the direct path (median rates
+    /// of the dataplane section at the same size), in ns; `None` without
+    /// both cells.
+    gap_ns: Option<f64>,
+}
+
+fn gap_rows(results: &Results) -> Vec<GapRow> {
+    let size = results.sizes.iter().copied().min().unwrap_or(0);
+    let median_rate = |test, path| {
+        results
+            .data_cell(size, test, path)
+            .and_then(|cell| crate::stats::median(&cell.rates()))
+            .filter(|rate| *rate > 0.0)
+    };
+    let mut rows: Vec<GapRow> = Vec::new();
+    for cost in &results.program_costs {
+        let Some(under) = cost.under.filter(|u| u.units > 0.0) else {
+            continue;
+        };
+        let row = if let Some(row) = rows.iter_mut().find(|r| r.load == cost.load) {
+            row
+        } else {
+            let gap_ns = median_rate(under.test, under.path)
+                .zip(median_rate(under.test, Flavor::Plain))
+                .map(|(path, direct)| 1e9 / path - 1e9 / direct);
+            rows.push(GapRow {
+                load: cost.load.clone(),
+                program_ns: 0.0,
+                runs: 0.0,
+                gap_ns,
+            });
+            rows.last_mut().expect("just pushed")
+        };
+        #[allow(clippy::cast_precision_loss)] // run counts stay far below 2^52
+        let runs = cost.runs as f64;
+        row.program_ns += runs * cost.ns_per_run / under.units;
+        row.runs += runs / under.units;
+    }
+    rows
+}
+
+/// The gap account: how much of the gap to the direct path the programs'
+/// own run time explains, per transaction or connection.
+fn gap_account(md: &mut String, results: &Results) {
+    let rows = gap_rows(results);
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "Where the gap to the direct path goes, per transaction (or connection): the programs' run \
+         time (runs x ns/run above, over what the measured run completed) against how much longer a \
+         transaction takes than on the direct path (1/rate of each path, median rates of the \
+         dataplane section at the same size). The statistics add their own clock reads to every \
+         run, so the programs' share is an upper bound; what the programs do not explain is the \
+         path itself (a translated packet is delivered to a node address, then routed to the \
+         container; the direct one is routed only). A negative gap is a path faster than direct.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| load | program runs per unit | programs, ns per unit | gap to direct, ns per unit | programs' share of the gap |"
+    );
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
+    for row in rows {
+        let (gap, share) = match row.gap_ns {
+            Some(gap) if gap > 0.0 => (
+                format!("{gap:.0}"),
+                format!("{:.0}%", 100.0 * row.program_ns / gap),
+            ),
+            Some(gap) => (format!("{gap:.0}"), "n/a".to_owned()),
+            None => ("n/a".to_owned(), "n/a".to_owned()),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {:.1} | {:.0} | {gap} | {share} |",
+            row.load, row.runs, row.program_ns
+        );
+    }
+    let _ = writeln!(md);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::{ConnectRep, ProgramCost};
+    use crate::results::{ConnectRep, CostLoad, ProgramCost};
 
     #[test]
     fn dates() {
@@ -1074,6 +1174,11 @@ mod tests {
             program: "portmap_ingress".into(),
             runs: 1000,
             ns_per_run: 42.0,
+            under: Some(CostLoad {
+                test: Test::TcpRr,
+                path: Flavor::Ours,
+                units: 500.0,
+            }),
         });
         let targets = super::super::results::judge(&results);
         let meta = json!({ "date": "2026-01-02", "total_seconds": 12.5 });
@@ -1081,6 +1186,11 @@ mod tests {
         assert_tables_are_rectangular(&md);
         assert!(md.contains("| 1 | 99 | 100 | 0.990 |"), "{md}");
         assert!(md.contains("| portmap_ingress | 1000 | 42.0 |"), "{md}");
+        // 1000 runs x 42 ns over 500 transactions.
+        assert!(
+            md.contains("| TCP request/response, ebpf-portmap | 2.0 | 84 |"),
+            "{md}"
+        );
         assert!(
             targets
                 .iter()

@@ -184,6 +184,20 @@ pub struct ProgramCost {
     pub program: String,
     pub runs: u64,
     pub ns_per_run: f64,
+    /// The data-plane load it was measured under, with the transactions
+    /// or connections that run completed (`None` for the socket hooks'
+    /// connect() load, which has no data cell to compare with).
+    pub under: Option<CostLoad>,
+}
+
+/// A data-plane load of [`ProgramCost`]: which cell it belongs to and how
+/// much work the measured run did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostLoad {
+    pub test: Test,
+    pub path: Flavor,
+    /// Transactions or connections completed while the statistics ran.
+    pub units: f64,
 }
 
 impl Results {
