@@ -298,7 +298,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     // A flow leaving from a mapped host port that we did not translate: the
     // node (or a masqueraded container) opened it. Remember it so its
     // answers are never taken for new inbound traffic.
-    if opened_by_node(packet) {
+    if find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some() {
         let pass = CtEntry {
             kind: ct_kind::PASS,
             last_seen_ns: ct::now(),
@@ -317,22 +317,6 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
         }
     }
     false
-}
-
-/// Whether `packet` leaves from a host port of a mapping that covers its
-/// source address: one of a wildcard mapping only from a node address, as
-/// ingress translates a wildcard mapping only to one. A routed packet that
-/// merely has a mapped port as its source (a client behind the node
-/// talking to a pod or a far host) is no flow of the node's, and recording
-/// it would fill conntrack with entries for transit traffic. Not inlined:
-/// egress's frame has no room for the address key.
-#[inline(never)]
-fn opened_by_node(packet: &Packet) -> bool {
-    find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some_and(
-        |(key, _)| {
-            key.host_addr_be == packet.src_be || maps::is_local_addr(packet.family, &packet.src_be)
-        },
-    )
 }
 
 /// After new_flow translated a flow (a new one, or a recovered one, see
