@@ -80,6 +80,40 @@ pub fn fib_lookup_as_received(
     }
 }
 
+/// Whether `addr_be` is one of the node's addresses, as the FIB knows them
+/// now (not as the last plugin run recorded them): a route lookup for it,
+/// as if a packet for it arrived on the interface the packet is leaving
+/// by, answers "not forwarded" for a local address. `None` when the FIB
+/// cannot tell (forwarding disabled on that interface, no such interface).
+#[inline(always)]
+pub fn is_node_address(ctx: &TcContext, family: u8, addr_be: &[u32; 4]) -> Option<bool> {
+    // The 64-byte lookup struct lives in per-CPU scratch, not on the stack.
+    let params = &mut maps::scratch()?.fib;
+    zero_fib_params(params);
+    params.family = if family == FAMILY_V4 { 2 } else { 10 };
+    // SAFETY: reading a field of the context the program was handed.
+    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    if family == FAMILY_V4 {
+        params.__bindgen_anon_4.ipv4_dst = addr_be[0];
+    } else {
+        params.__bindgen_anon_4.ipv6_dst = *addr_be;
+    }
+    // SAFETY: params is a valid, fully initialised struct of the size passed.
+    let ret = unsafe {
+        fib_lookup(
+            ctx.skb.skb as *mut _,
+            params,
+            core::mem::size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    match ret {
+        r if r == i64::from(BPF_FIB_LKUP_RET_NOT_FWDED) => Some(true),
+        r if r < 0 || r == i64::from(BPF_FIB_LKUP_RET_FWD_DISABLED) => None,
+        _ => Some(false),
+    }
+}
+
 /// The interface the kernel would send a packet for `dst_be` out of, as if
 /// it had arrived on the ingress interface; also when it does not know the
 /// neighbour yet. `None` without a route.

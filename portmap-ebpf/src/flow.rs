@@ -8,7 +8,7 @@ use crate::{
     counters::{self, Way},
     ct,
     fast::Offer,
-    fib::{Locality, local_destination},
+    fib::{self, Locality, local_destination},
     maps::{self, Insert, Table, find_mapping},
     masq::{masquerade, wants_masquerade},
     nat::{self, Side},
@@ -298,7 +298,21 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     // A flow leaving from a mapped host port that we did not translate: the
     // node (or a masqueraded container) opened it. Remember it so its
     // answers are never taken for new inbound traffic.
-    if find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some() {
+    //
+    // From a wildcard mapping's port only from a node address: a routed
+    // packet that merely has a mapped port as its source (a host behind
+    // the node talking to a client, a client talking straight to a pod)
+    // is no flow of the node's, and recording it would take a conntrack
+    // entry per transit flow. The FIB says what is a node address (as
+    // ingress asks it whether a destination is one), not `local_addrs`,
+    // which lags an address added since the last plugin run; when it
+    // cannot tell, the flow is recorded, as before.
+    if find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some_and(
+        |(key, _)| {
+            key.host_addr_be == packet.src_be
+                || fib::is_node_address(ctx, packet.family, &packet.src_be) != Some(false)
+        },
+    ) {
         let pass = CtEntry {
             kind: ct_kind::PASS,
             last_seen_ns: ct::now(),

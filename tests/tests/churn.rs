@@ -259,3 +259,76 @@ fn evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes() {
         "only the external client reached the container: {peers:?}"
     );
 }
+
+/// A TCP connection and a UDP exchange from `from`'s port 8080 (the mapped
+/// host port) to `to`, each answered by the external client's echo servers
+/// on 9000.
+fn exchange_from_mapped_port(from: &portmap_tests::NetNs, bind: IpAddr, to: IpAddr) {
+    let tcp = from.run(|| {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&SocketAddr::new(bind, 8080).into())?;
+        socket.connect_timeout(&SocketAddr::new(to, 9000).into(), PROBE)?;
+        Ok::<TcpStream, std::io::Error>(socket.into())
+    });
+    let mut tcp = tcp.unwrap_or_else(|e| panic!("connect from {bind}:8080 to {to}:9000: {e}"));
+    tcp.set_read_timeout(Some(PROBE)).expect("timeout");
+    tcp.write_all(b"from-8080\n").expect("send over TCP");
+    let mut line = String::new();
+    BufReader::new(&tcp)
+        .read_line(&mut line)
+        .unwrap_or_else(|e| panic!("TCP answer from {to}:9000: {e}"));
+    assert_eq!(line.trim_end(), echo_reply("ext", "from-8080"));
+    let udp = from
+        .run(|| {
+            let socket = std::net::UdpSocket::bind(SocketAddr::new(bind, 8080))?;
+            socket.connect(SocketAddr::new(to, 9000))?;
+            socket.set_read_timeout(Some(PROBE))?;
+            socket.send(b"from-8080")?;
+            let mut buf = [0u8; 512];
+            let n = socket.recv(&mut buf)?;
+            Ok::<String, std::io::Error>(String::from_utf8_lossy(&buf[..n]).into_owned())
+        })
+        .unwrap_or_else(|e| panic!("UDP from {bind}:8080 to {to}:9000: {e}"));
+    assert_eq!(udp, echo_reply("ext", "from-8080"));
+}
+
+/// The node's own flows from a mapped port are recorded (their answers are
+/// the node's); a flow the node only routes, from a client whose source
+/// port happens to be a mapped host port, is not the node's and leaves
+/// conntrack alone (it would otherwise take a table entry per flow).
+#[test]
+fn only_the_nodes_own_flows_from_a_mapped_port_are_recorded() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    let _web = tcp_echo_server(&web.ns, 80, "web");
+    let mappings = [PortMapping::tcp(8080, 80), PortMapping::udp(8080, 80)];
+    world.add(&web, &mappings);
+    let _ext_tcp = tcp_echo_server(&world.node.ext, 9000, "ext");
+    let _ext_udp = udp_echo_server(&world.node.ext, 9000, "ext");
+    let ext = IpAddr::V4(EXT_IP4);
+
+    // The far host behind the node talks to the client: the node routes it
+    // out of the uplink, where egress sees a mapped source port.
+    let before = count(&counters(&world), "pass_recorded");
+    exchange_from_mapped_port(
+        &world.node.far,
+        IpAddr::V4(portmap_tests::topology::FAR_IP4),
+        ext,
+    );
+    let counters_after = counters(&world);
+    assert_eq!(
+        count(&counters_after, "pass_recorded"),
+        before,
+        "routed flows from the far host's port 8080 were recorded as the node's: {counters_after:#}"
+    );
+
+    exchange_from_mapped_port(&world.node.ns, IpAddr::V4(NODE_IP4), ext);
+    let counters_after = counters(&world);
+    assert_eq!(
+        count(&counters_after, "pass_recorded"),
+        before + 2,
+        "the node's own TCP and UDP flows from 8080 are recorded: {counters_after:#}"
+    );
+    world.del(&web, &mappings);
+}
