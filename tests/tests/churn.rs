@@ -35,14 +35,7 @@ fn small_table_world() -> World {
 /// Its exit status is not checked: a conntrack table filled by churn is a
 /// problem `status` reports (and exits non-zero for), on purpose here.
 fn counters(world: &World) -> Value {
-    let out = world
-        .node
-        .ns
-        .command(portmap_tests::plugin_bin())
-        .args(["status", "--json", "--pin-root"])
-        .arg(world.pins.path())
-        .output()
-        .expect("run ebpf-portmap status");
+    let out = world.operator(&["status", "--json"]);
     let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "ebpf-portmap status --json is not JSON ({e}): {}",

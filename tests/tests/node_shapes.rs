@@ -226,14 +226,7 @@ fn uninstall_forgets_the_recorded_interfaces() {
         record.display()
     );
     world.del(&web, &mappings);
-    let out = world
-        .node
-        .ns
-        .command(plugin_bin())
-        .args(["uninstall", "--pin-root"])
-        .arg(world.pins.path())
-        .output()
-        .expect("run ebpf-portmap uninstall");
+    let out = world.operator(&["uninstall"]);
     assert!(
         out.status.success(),
         "uninstall: {}",
