@@ -89,25 +89,9 @@ pub fn fib_lookup_as_received(
 pub fn is_node_address(ctx: &TcContext, family: u8, addr_be: &[u32; 4]) -> Option<bool> {
     // The 64-byte lookup struct lives in per-CPU scratch, not on the stack.
     let params = &mut maps::scratch()?.fib;
-    zero_fib_params(params);
-    params.family = if family == FAMILY_V4 { 2 } else { 10 };
     // SAFETY: reading a field of the context the program was handed.
-    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    if family == FAMILY_V4 {
-        params.__bindgen_anon_4.ipv4_dst = addr_be[0];
-    } else {
-        params.__bindgen_anon_4.ipv6_dst = *addr_be;
-    }
-    // SAFETY: params is a valid, fully initialised struct of the size passed.
-    let ret = unsafe {
-        fib_lookup(
-            ctx.skb.skb as *mut _,
-            params,
-            core::mem::size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
-    match ret {
+    let leaving_by = unsafe { (*ctx.skb.skb).ifindex };
+    match route_to(ctx, params, family, leaving_by, addr_be) {
         r if r == i64::from(BPF_FIB_LKUP_RET_NOT_FWDED) => Some(true),
         r if r < 0 || r == i64::from(BPF_FIB_LKUP_RET_FWD_DISABLED) => None,
         _ => Some(false),
@@ -124,25 +108,39 @@ pub fn output_interface(
     family: u8,
     dst_be: &[u32; 4],
 ) -> Option<u32> {
+    // SAFETY: reading a field of the context the program was handed.
+    let arrived_on = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    let ret = route_to(ctx, params, family, arrived_on, dst_be);
+    (ret == 0 || ret as u32 == BPF_FIB_LKUP_RET_NO_NEIGH).then_some(params.ifindex)
+}
+
+/// The FIB's answer for a packet to `dst_be` (no source, no ports) as if
+/// received on interface `ifindex`; `params` holds the rest of the answer.
+#[inline(always)]
+fn route_to(
+    ctx: &TcContext,
+    params: &mut bpf_fib_lookup,
+    family: u8,
+    ifindex: u32,
+    dst_be: &[u32; 4],
+) -> i64 {
     zero_fib_params(params);
     params.family = if family == FAMILY_V4 { 2 } else { 10 };
-    // SAFETY: reading a field of the context the program was handed.
-    params.ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    params.ifindex = ifindex;
     if family == FAMILY_V4 {
         params.__bindgen_anon_4.ipv4_dst = dst_be[0];
     } else {
         params.__bindgen_anon_4.ipv6_dst = *dst_be;
     }
     // SAFETY: params is a valid, fully initialised struct of the size passed.
-    let ret = unsafe {
+    unsafe {
         fib_lookup(
             ctx.skb.skb as *mut _,
             params,
             core::mem::size_of::<bpf_fib_lookup>() as i32,
             0,
         )
-    };
-    (ret == 0 || ret as u32 == BPF_FIB_LKUP_RET_NO_NEIGH).then_some(params.ifindex)
+    }
 }
 
 /// Zeroes FIB lookup parameters word by word: `mem::zeroed()` becomes a
