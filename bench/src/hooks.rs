@@ -161,25 +161,30 @@ pub fn run_times(progs_dir: &Path) -> BTreeMap<String, RunTime> {
         };
         // `{build:016x}_{program}`.
         let name = pin.split_once('_').map_or(pin, |(_, name)| name).to_owned();
-        let Ok(out) = Command::new("bpftool")
-            .args(["--json", "prog", "show", "pinned"])
-            .arg(&path)
-            .output()
-        else {
-            continue;
-        };
-        let Ok(info) = serde_json::from_slice::<Value>(&out.stdout) else {
-            continue;
-        };
-        times.insert(
-            name,
-            RunTime {
-                runs: info["run_cnt"].as_u64().unwrap_or(0),
-                ns: info["run_time_ns"].as_u64().unwrap_or(0),
-            },
-        );
+        if let Some(time) = bpftool_run_time(&["pinned".as_ref(), path.as_os_str()]) {
+            times.insert(name, time);
+        }
     }
     times
+}
+
+/// The run counters of the program with kernel id `id`.
+pub fn run_time_of(id: u32) -> Option<RunTime> {
+    bpftool_run_time(&["id".as_ref(), id.to_string().as_ref()])
+}
+
+/// `bpftool prog show <how>`'s run counters.
+fn bpftool_run_time(how: &[&std::ffi::OsStr]) -> Option<RunTime> {
+    let out = Command::new("bpftool")
+        .args(["--json", "prog", "show"])
+        .args(how)
+        .output()
+        .ok()?;
+    let info = serde_json::from_slice::<Value>(&out.stdout).ok()?;
+    Some(RunTime {
+        runs: info["run_cnt"].as_u64().unwrap_or(0),
+        ns: info["run_time_ns"].as_u64().unwrap_or(0),
+    })
 }
 
 /// Runs and ns/run of each program between two readings; programs that did

@@ -23,6 +23,7 @@
 // cost to traffic they do not translate, statistics, the targets and the
 // report.
 mod control;
+mod floor;
 mod hooks;
 mod invoke;
 mod iptables;
@@ -37,7 +38,7 @@ mod world;
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1194,7 +1195,13 @@ const UNRELATED_REMOTE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(EXT_IP
 /// kernel's BPF statistics on, each program's ns/run under one run of each
 /// load (statistics are off for the rate pairs: they would tax the hooked
 /// side only).
-fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mut Results) {
+fn node_costs(
+    plan: &Plan,
+    progress: &Progress,
+    world: &BenchWorld,
+    plain: &BenchWorld,
+    results: &mut Results,
+) {
     let Some(pins) = world.pins.as_ref() else {
         return;
     };
@@ -1208,24 +1215,45 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
     )));
     let node = world.node.ns.handle();
+    // The floor: a sibling cgroup with a connect4 program that does
+    // nothing, in the mode ebpf-portmap attaches its own.
+    let floor_cgroup = portmap_tests::cgroup::TestCgroup::create(cgroup.with_file_name(format!(
+        "{}-floor",
+        cgroup
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    )));
+    let floor = match floor::CgroupFloor::attach(floor_cgroup.path()) {
+        Ok(floor) => Some(floor),
+        Err(e) => {
+            results
+                .skipped
+                .push(format!("connect() rate, the floor: {e}"));
+            None
+        }
+    };
     if cgroup.join("cgroup.procs").exists() {
+        let sides: Vec<&Path> = [cgroup.as_path(), bare.path()]
+            .into_iter()
+            .chain(floor.is_some().then(|| floor_cgroup.path()))
+            .collect();
         for rep in 0..plan.reps {
             if progress.check().is_err() {
                 break;
             }
-            let mut pair = [0.0f64; 2];
-            // Alternate which side goes first.
-            let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
+            let mut rates = vec![0.0f64; sides.len()];
+            // Rotate which side goes first.
             let mut failed = None;
-            for side in order {
-                let within = if side == 0 {
-                    cgroup.as_path()
-                } else {
-                    bare.path()
-                };
-                match hooks::connect_rate(&node, within, UNRELATED_REMOTE, plan.duration, plan.cpu)
-                {
-                    Ok(rate) => pair[side] = rate,
+            for turn in 0..sides.len() {
+                let side = (turn + rep) % sides.len();
+                match hooks::connect_rate(
+                    &node,
+                    sides[side],
+                    UNRELATED_REMOTE,
+                    plan.duration,
+                    plan.cpu,
+                ) {
+                    Ok(rate) => rates[side] = rate,
                     Err(e) => failed = Some(e),
                 }
             }
@@ -1233,16 +1261,19 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
                 results.skipped.push(format!("connect() rate: {e}"));
                 break;
             }
-            results.connect.push(ConnectRep {
-                hooked: pair[0],
-                bare: pair[1],
-            });
+            let rep_result = ConnectRep {
+                hooked: rates[0],
+                bare: rates[1],
+                floor: rates.get(2).copied(),
+            };
+            results.connect.push(rep_result);
             progress.say(&format!(
-                "connect() to an unrelated remote port, rep {}/{}: {:.0}/s with the socket hooks, {:.0}/s without",
+                "connect() to an unrelated remote port, rep {}/{}: {:.0}/s with the socket hooks, {:.0}/s without, {}/s with an empty connect4 program",
                 rep + 1,
                 plan.reps,
-                pair[0],
-                pair[1]
+                rep_result.hooked,
+                rep_result.bare,
+                rep_result.floor.map_or("-".into(), |f| format!("{f:.0}"))
             ));
         }
     } else {
@@ -1251,7 +1282,6 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
             cgroup.display()
         ));
     }
-
     let stats = match hooks::BpfStats::enable() {
         Ok(stats) => stats,
         Err(e) => {
@@ -1267,6 +1297,33 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
         (Flavor::Ours, Test::UdpRr),
         (Flavor::OursDirect, Test::TcpRr),
     ];
+    // The floor tc program under the same direct load, in the world
+    // without a port-mapping plugin: what the statistics charge a
+    // program that does nothing at the same hooks.
+    plain.set_floor(true);
+    if let Some(id) = plain.floor_program_id() {
+        let before = hooks::run_time_of(id);
+        let run = load::run(
+            &plain.node.ext.handle(),
+            Test::TcpRr,
+            target_of(Flavor::PlainFloor, plain, Test::TcpRr),
+            plan.duration,
+            plan.cpu,
+        );
+        let after = hooks::run_time_of(id);
+        push_floor_cost(
+            results,
+            &format!("{}, {}", Test::TcpRr.title(), Flavor::PlainFloor.label()),
+            "floor_tc",
+            before.zip(after),
+            Some(CostLoad {
+                test: Test::TcpRr,
+                path: Flavor::PlainFloor,
+                units: run.amount,
+            }),
+        );
+    }
+    plain.set_floor(false);
     for (path, test) in loads {
         enter(path, world);
         let before = hooks::run_times(&progs);
@@ -1314,13 +1371,68 @@ fn node_costs(plan: &Plan, progress: &Progress, world: &BenchWorld, results: &mu
             under: None,
         });
     }
+    if let Some(id) = floor.as_ref().and_then(floor::CgroupFloor::program_id) {
+        let before = hooks::run_time_of(id);
+        if let Err(e) = hooks::connect_rate(
+            &node,
+            floor_cgroup.path(),
+            UNRELATED_REMOTE,
+            plan.duration,
+            plan.cpu,
+        ) {
+            results
+                .skipped
+                .push(format!("the floor's connect4 cost: {e}"));
+        }
+        let after = hooks::run_time_of(id);
+        push_floor_cost(
+            results,
+            "connect() to an unrelated remote port, an empty connect4 program",
+            "floor_connect4",
+            before.zip(after),
+            None,
+        );
+    }
     drop(stats);
+    drop(floor);
     let summary: Vec<String> = results
         .program_costs
         .iter()
         .map(|c| format!("{} under {}: {:.0} ns/run", c.program, c.load, c.ns_per_run))
         .collect();
     progress.say(&format!("per-program cost: {}", summary.join("; ")));
+}
+
+/// Records a floor program's cost between two readings of its counters.
+fn push_floor_cost(
+    results: &mut Results,
+    load: &str,
+    program: &str,
+    readings: Option<(hooks::RunTime, hooks::RunTime)>,
+    under: Option<CostLoad>,
+) {
+    let Some((before, after)) = readings else {
+        results.skipped.push(format!(
+            "{program} cost: its run counters could not be read"
+        ));
+        return;
+    };
+    let runs = after.runs.saturating_sub(before.runs);
+    if runs == 0 {
+        results
+            .skipped
+            .push(format!("{program} cost: it did not run under {load}"));
+        return;
+    }
+    #[allow(clippy::cast_precision_loss)] // counters stay far below 2^52
+    let ns_per_run = after.ns.saturating_sub(before.ns) as f64 / runs as f64;
+    results.program_costs.push(ProgramCost {
+        load: load.into(),
+        program: program.into(),
+        runs,
+        ns_per_run,
+        under,
+    });
 }
 
 fn maps_dir(world: &BenchWorld) -> Option<PathBuf> {
@@ -1411,10 +1523,26 @@ fn scale_and_dataplane(
                 probe_add(upstream, size)?;
                 paths.push((Flavor::Upstream, upstream));
             }
-            paths.push((Flavor::Plain, world(&worlds.plain)));
-            dataplane(plan, progress, &paths, size, upstream_here, results)?;
+            let plain = world(&worlds.plain);
+            paths.push((Flavor::Plain, plain));
+            // The floor: the plain world with programs that do nothing
+            // where ours are (found anew at every size: an interface the
+            // plugin attached to since is included).
+            match floor::hooks_of_ebpf_portmap(&ours.node.ns.handle()) {
+                Ok(hooks) if !hooks.is_empty() => {
+                    plain.set_floor_hooks(hooks);
+                    paths.push((Flavor::PlainFloor, plain));
+                }
+                Ok(_) => results
+                    .skipped
+                    .push("the floor: no tc hook of ebpf-portmap's found".into()),
+                Err(e) => results.skipped.push(format!("the floor: {e}")),
+            }
+            let measured = dataplane(plan, progress, &paths, size, upstream_here, results);
+            plain.set_floor(false);
+            measured?;
             if size == plan.sizes.iter().copied().min().unwrap_or(0) {
-                node_costs(plan, progress, ours, results);
+                node_costs(plan, progress, ours, plain, results);
             }
             probe_del(ours, size);
             if upstream_here {
@@ -1603,10 +1731,12 @@ fn target_of(path: Flavor, world: &BenchWorld, test: Test) -> SocketAddr {
 }
 
 /// Whether `path` is measured with `test`: direct traffic on the node with
-/// ebpf-portmap loaded only with request/response and new connections
-/// (what the per-packet and per-flow cost of the programs shows in).
+/// ebpf-portmap loaded, and with the floor programs, only with
+/// request/response and new connections (what the per-packet and per-flow
+/// cost of the programs shows in).
 fn measures(path: Flavor, test: Test) -> bool {
-    path != Flavor::OursDirect || matches!(test, Test::TcpRr | Test::TcpCrr)
+    !matches!(path, Flavor::OursDirect | Flavor::PlainFloor)
+        || matches!(test, Test::TcpRr | Test::TcpCrr)
 }
 
 /// Puts `world` in the state `path` is measured in (fastPath on or off).
@@ -1614,7 +1744,9 @@ fn enter(path: Flavor, world: &BenchWorld) {
     match path {
         Flavor::Ours | Flavor::OursDirect => world.set_fast_path(false),
         Flavor::OursFast => world.set_fast_path(true),
-        Flavor::Upstream | Flavor::Plain | Flavor::Baseline => {}
+        Flavor::Plain => world.set_floor(false),
+        Flavor::PlainFloor => world.set_floor(true),
+        Flavor::Upstream | Flavor::Baseline => {}
     }
 }
 
@@ -1691,18 +1823,19 @@ fn dataplane(
                         .map_or("-".into(), |r| svg::short(r.rate))
                 };
                 format!(
-                    "{} {}/{}/{}/{}/{}",
+                    "{} {}/{}/{}/{}/{}/{}",
                     test.key(),
                     rate(Flavor::Ours),
                     rate(Flavor::OursFast),
                     rate(Flavor::Upstream),
                     rate(Flavor::Plain),
-                    rate(Flavor::OursDirect)
+                    rate(Flavor::OursDirect),
+                    rate(Flavor::PlainFloor)
                 )
             })
             .collect();
         progress.say(&format!(
-            "dataplane {} mappings, rep {}/{} (ebpf/ebpf fastPath/iptables/direct/direct with ebpf loaded): {}",
+            "dataplane {} mappings, rep {}/{} (ebpf/ebpf fastPath/iptables/direct/direct with ebpf loaded/direct with empty programs): {}",
             size_label(size),
             rep + 1,
             plan.reps,

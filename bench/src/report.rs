@@ -40,6 +40,7 @@ fn flavor_key(flavor: Flavor) -> &'static str {
         Flavor::Upstream => "portmap",
         Flavor::Plain => "direct",
         Flavor::OursDirect => "direct-ebpf-portmap-loaded",
+        Flavor::PlainFloor => "direct-empty-programs",
         Flavor::Baseline => "ebpf-portmap-baseline",
     }
 }
@@ -115,6 +116,8 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
                 (Flavor::Ours, Flavor::Upstream),
                 (Flavor::OursFast, Flavor::Upstream),
                 (Flavor::OursDirect, Flavor::Plain),
+                (Flavor::PlainFloor, Flavor::Plain),
+                (Flavor::OursDirect, Flavor::PlainFloor),
             ] {
                 ratios.push(json!({
                     "existing_mappings": size,
@@ -160,8 +163,10 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
         })).collect::<Vec<_>>(),
         "connect": {
             "what": "UDP connect() calls/s of a node process to an unrelated remote port",
-            "reps": results.connect.iter().map(|r| json!({"hooked": r.hooked, "bare": r.bare})).collect::<Vec<_>>(),
+            "reps": results.connect.iter().map(|r| json!({"hooked": r.hooked, "bare": r.bare, "empty_program": r.floor})).collect::<Vec<_>>(),
             "hooked_over_bare": mm_json(&results.connect_ratio()),
+            "empty_program_over_bare": mm_json(&results.connect_floor_ratio()),
+            "hooked_over_empty_program": mm_json(&results.connect_over_floor_ratio()),
         },
         "program_costs": results.program_costs.iter().map(|c| json!({
             "load": c.load,
@@ -181,6 +186,61 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
 }
 
 /// `median (min)` of per-repetition values with `digits` decimals.
+/// Direct pod traffic (no translation) on the node without a
+/// port-mapping plugin, with programs that do nothing at ebpf-portmap's tc
+/// hooks, and with ebpf-portmap loaded: the floor any program there costs,
+/// and what ebpf-portmap's own code costs beyond it.
+fn floor_table(md: &mut String, results: &Results) {
+    let rows: Vec<(usize, Test)> = results
+        .sizes
+        .iter()
+        .flat_map(|&size| [Test::TcpRr, Test::TcpCrr].map(|test| (size, test)))
+        .filter(|&(size, test)| results.data_cell(size, test, Flavor::PlainFloor).is_some())
+        .collect();
+    if rows.is_empty() {
+        let _ = writeln!(
+            md,
+            "The floor (empty programs at the same hooks): not measured in this run.\n"
+        );
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "The floor: programs that do nothing (`bench/floor`) attached at the tc hooks where ebpf-portmap \
+         has its programs (found by querying its world), in the world without a port-mapping plugin, \
+         interleaved with the other paths. Ratios paired by repetition, median (min):\n"
+    );
+    let _ = writeln!(
+        md,
+        "| test | existing mappings | empty programs / none | ebpf-portmap loaded / none | ebpf-portmap loaded / empty programs |"
+    );
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
+    for (size, test) in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            test.title(),
+            size_label(size),
+            ratio_cell(results, size, test, Flavor::PlainFloor, Flavor::Plain),
+            ratio_cell(results, size, test, Flavor::OursDirect, Flavor::Plain),
+            ratio_cell(results, size, test, Flavor::OursDirect, Flavor::PlainFloor),
+        );
+    }
+    let _ = writeln!(md);
+}
+
+/// The paired ratio `numerator` / `denominator` of one dataplane cell,
+/// as a table cell.
+fn ratio_cell(
+    results: &Results,
+    size: usize,
+    test: Test,
+    numerator: Flavor,
+    denominator: Flavor,
+) -> String {
+    cell(&results.data_ratio(size, test, numerator, denominator), 3)
+}
+
 fn cell(values: &[f64], digits: usize) -> String {
     match MinMedian::of(values) {
         Some(s) => format!("{:.digits$} ({:.digits$})", s.median, s.min),
@@ -560,30 +620,12 @@ pub fn markdown(
                 rate(Flavor::Upstream),
                 rate(Flavor::Plain),
                 rate(Flavor::OursDirect),
-                cell(
-                    &results.data_ratio(size, test, Flavor::Ours, Flavor::Plain),
-                    3
-                ),
-                cell(
-                    &results.data_ratio(size, test, Flavor::OursFast, Flavor::Plain),
-                    3
-                ),
-                cell(
-                    &results.data_ratio(size, test, Flavor::Upstream, Flavor::Plain),
-                    3
-                ),
-                cell(
-                    &results.data_ratio(size, test, Flavor::Ours, Flavor::Upstream),
-                    3
-                ),
-                cell(
-                    &results.data_ratio(size, test, Flavor::OursFast, Flavor::Upstream),
-                    3
-                ),
-                cell(
-                    &results.data_ratio(size, test, Flavor::OursDirect, Flavor::Plain),
-                    3
-                ),
+                ratio_cell(results, size, test, Flavor::Ours, Flavor::Plain),
+                ratio_cell(results, size, test, Flavor::OursFast, Flavor::Plain),
+                ratio_cell(results, size, test, Flavor::Upstream, Flavor::Plain),
+                ratio_cell(results, size, test, Flavor::Ours, Flavor::Upstream),
+                ratio_cell(results, size, test, Flavor::OursFast, Flavor::Upstream),
+                ratio_cell(results, size, test, Flavor::OursDirect, Flavor::Plain),
             );
         }
         let _ = writeln!(md);
@@ -600,30 +642,44 @@ pub fn markdown(
          uses, in the ebpf-portmap world (its programs on the uplink and the bridge), against the world \
          without a port-mapping plugin.\n"
     );
+    floor_table(&mut md, results);
     if results.connect.is_empty() {
         let _ = writeln!(md, "connect() rate: not measured in this run.\n");
     } else {
         let _ = writeln!(
             md,
             "UDP connect() calls/s of a node process to an unrelated remote port (`{UNRELATED}`), in the cgroup \
-             the socket hooks are attached to and outside it, interleaved:\n"
+             the socket hooks are attached to, outside it, and in a cgroup with a connect4 program that does \
+             nothing (the floor: what any program at that hook costs), interleaved:\n"
         );
         let _ = writeln!(
             md,
-            "| repetition | with the socket hooks | without | ratio |"
+            "| repetition | with the socket hooks | without | with an empty program | hooks / without | empty / without | hooks / empty |"
         );
-        let _ = writeln!(md, "| --- | --- | --- | --- |");
+        let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- |");
         for (i, rep) in results.connect.iter().enumerate() {
+            let ratio =
+                |n: f64, d: Option<f64>| d.map_or("n/a".into(), |d| format!("{:.3}", n / d));
             let _ = writeln!(
                 md,
-                "| {} | {:.0} | {:.0} | {:.3} |",
+                "| {} | {:.0} | {:.0} | {} | {:.3} | {} | {} |",
                 i + 1,
                 rep.hooked,
                 rep.bare,
-                rep.hooked / rep.bare
+                rep.floor.map_or("n/a".into(), |f| format!("{f:.0}")),
+                rep.hooked / rep.bare,
+                rep.floor
+                    .map_or("n/a".into(), |f| format!("{:.3}", f / rep.bare)),
+                ratio(rep.hooked, rep.floor),
             );
         }
-        let _ = writeln!(md);
+        let _ = writeln!(
+            md,
+            "| median | | | | {} | {} | {} |\n",
+            cell(&results.connect_ratio(), 3),
+            cell(&results.connect_floor_ratio(), 3),
+            cell(&results.connect_over_floor_ratio(), 3)
+        );
     }
     if results.program_costs.is_empty() {
         let _ = writeln!(md, "Per-program cost: not measured in this run.\n");
@@ -842,6 +898,7 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
                 Flavor::OursFast,
                 Flavor::Upstream,
                 Flavor::OursDirect,
+                Flavor::PlainFloor,
             ]
             .iter()
             .map(|&path| median_of(&results.data_ratio(size, test, path, Flavor::Plain)))
@@ -859,7 +916,13 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
     // series of traffic the plugin does not translate.
     groups.push((
         "connect()\nnode, hooks".into(),
-        vec![None, None, None, median_of(&results.connect_ratio())],
+        vec![
+            None,
+            None,
+            None,
+            median_of(&results.connect_ratio()),
+            median_of(&results.connect_floor_ratio()),
+        ],
     ));
     plots.push(Plot {
         file_name: format!("{stem}-dataplane.svg"),
@@ -873,6 +936,7 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
                 "ebpf-portmap fastPath".into(),
                 "iptables portmap".into(),
                 "not translated, ebpf-portmap loaded".into(),
+                "not translated, empty programs at its hooks".into(),
             ],
             groups,
             log: false,
@@ -1128,6 +1192,7 @@ mod tests {
             Flavor::Upstream,
             Flavor::Plain,
             Flavor::OursDirect,
+            Flavor::PlainFloor,
         ] {
             for test in Test::ALL {
                 results.data.push(DataCell {
@@ -1166,6 +1231,7 @@ mod tests {
             ConnectRep {
                 hooked: 99.0,
                 bare: 100.0,
+                floor: Some(99.5),
             };
             3
         ];
@@ -1184,8 +1250,18 @@ mod tests {
         let meta = json!({ "date": "2026-01-02", "total_seconds": 12.5 });
         let md = markdown(&results, &targets, &meta, &plots(&results, "x"), &[]);
         assert_tables_are_rectangular(&md);
-        assert!(md.contains("| 1 | 99 | 100 | 0.990 |"), "{md}");
+        assert!(
+            md.contains("| 1 | 99 | 100 | 100 | 0.990 | 0.995 | 0.995 |"),
+            "{md}"
+        );
         assert!(md.contains("| portmap_ingress | 1000 | 42.0 |"), "{md}");
+        // The floor's table: one row per size and test it was measured with.
+        assert!(
+            md.contains(
+                "| TCP request/response | 0 | 1.000 (1.000) | 1.000 (1.000) | 1.000 (1.000) |"
+            ),
+            "{md}"
+        );
         // 1000 runs x 42 ns over 500 transactions.
         assert!(
             md.contains("| TCP request/response, ebpf-portmap | 2.0 | 84 |"),

@@ -174,6 +174,9 @@ pub struct ConnectRep {
     pub hooked: f64,
     /// Outside it.
     pub bare: f64,
+    /// In a cgroup with a connect4 program that does nothing (the floor);
+    /// `None` when it could not be attached.
+    pub floor: Option<f64>,
 }
 
 /// One program's cost under one load, from `kernel.bpf_stats_enabled`
@@ -245,6 +248,24 @@ impl Results {
     /// Per repetition: connect() rate with the socket hooks / without.
     pub fn connect_ratio(&self) -> Vec<f64> {
         self.connect.iter().map(|r| r.hooked / r.bare).collect()
+    }
+
+    /// Per repetition: connect() rate with the empty connect4 program /
+    /// without any.
+    pub fn connect_floor_ratio(&self) -> Vec<f64> {
+        self.connect
+            .iter()
+            .filter_map(|r| r.floor.map(|f| f / r.bare))
+            .collect()
+    }
+
+    /// Per repetition: connect() rate with the socket hooks / with the
+    /// empty connect4 program: what ebpf-portmap's own code costs.
+    pub fn connect_over_floor_ratio(&self) -> Vec<f64> {
+        self.connect
+            .iter()
+            .filter_map(|r| r.floor.map(|f| r.hooked / f))
+            .collect()
     }
 
     /// Per repetition: upstream / ours for a sequential plugin-alone percentile.

@@ -15,12 +15,14 @@
 //! changed.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Mutex;
 
 use portmap_tests::cni::{CniCommand, result_addresses};
 use portmap_tests::topology::{NODE_IP4, PortMapping, port_mappings_args};
 use portmap_tests::{Conflist, Container, Node, PinRoot, PluginDirs, bridge_conflist};
 use serde_json::{Value, json};
 
+use super::floor::{Hook, TcFloor};
 use super::invoke::{Invoker, Timed};
 use super::load::{
     SERVICE_DIRECT_RR_PORT, SERVICE_RR_PORT, SERVICE_STREAM_PORT, SERVICE_UDP_PORT, Servers,
@@ -39,6 +41,12 @@ pub enum Flavor {
     /// uses) in the `Ours` world: what ebpf-portmap's programs cost the
     /// pod traffic they do not translate, against `Plain`.
     OursDirect,
+    /// Direct traffic to the container in the `Plain` world with programs
+    /// that do nothing (bench/floor) at the tc hooks where ebpf-portmap has
+    /// its programs: what any program there costs, against `Plain`, and
+    /// what ebpf-portmap's own code costs beyond it (`OursDirect` against
+    /// this).
+    PlainFloor,
     /// Another build of ebpf-portmap (`--baseline-bin`, e.g. the commit
     /// before a change) in a world of its own: the control-plane runs
     /// compare the plugin under test with it.
@@ -55,7 +63,7 @@ impl Flavor {
                 Some("ebpf-portmap")
             }
             Flavor::Upstream => Some("portmap"),
-            Flavor::Plain => None,
+            Flavor::Plain | Flavor::PlainFloor => None,
         }
     }
 
@@ -66,6 +74,7 @@ impl Flavor {
             Flavor::Upstream => "iptables portmap",
             Flavor::Plain => "direct (no translation)",
             Flavor::OursDirect => "direct, ebpf-portmap loaded",
+            Flavor::PlainFloor => "direct, empty programs at ebpf-portmap's hooks",
             Flavor::Baseline => "ebpf-portmap baseline build",
         }
     }
@@ -98,6 +107,8 @@ pub struct BenchWorld {
     /// every port-plugin-alone call (same netns, IPs and interfaces).
     pub prev_result: Value,
     pub pins: Option<PinRoot>,
+    /// The floor programs of [`Flavor::PlainFloor`] (the `Plain` world only).
+    floor: Mutex<FloorState>,
     _plugins: PluginDirs,
     _servers: Servers,
 }
@@ -133,7 +144,7 @@ impl BenchWorld {
             (Flavor::Ours | Flavor::OursFast | Flavor::OursDirect, _) => {
                 PluginDirs::with_plugin_copy(&portmap_tests::plugin_bin())
             }
-            (Flavor::Upstream | Flavor::Plain, _) => PluginDirs::new(),
+            (Flavor::Upstream | Flavor::Plain | Flavor::PlainFloor, _) => PluginDirs::new(),
         };
         let invoker = Invoker::new(plugins.path().to_path_buf(), node.ns.handle());
         let full = bridge_conflist(
@@ -176,6 +187,7 @@ impl BenchWorld {
             container_ip,
             prev_result,
             pins,
+            floor: Mutex::default(),
             _plugins: plugins,
             _servers: servers,
         }
@@ -228,6 +240,38 @@ impl BenchWorld {
     /// mapping uses (see [`Flavor::OursDirect`]).
     pub fn direct_rr(&self) -> SocketAddr {
         SocketAddr::new(IpAddr::V4(self.container_ip), SERVICE_DIRECT_RR_PORT)
+    }
+
+    /// Where [`BenchWorld::set_floor`] attaches the floor programs: the
+    /// hooks of ebpf-portmap's programs in its world (the worlds are built
+    /// alike, so the interfaces have the same names).
+    pub fn set_floor_hooks(&self, hooks: Vec<Hook>) {
+        self.floor.lock().expect("floor state").hooks = hooks;
+    }
+
+    /// Attaches the floor programs at their hooks (`on`) or detaches them.
+    ///
+    /// # Panics
+    /// If attaching fails.
+    pub fn set_floor(&self, on: bool) {
+        let mut floor = self.floor.lock().expect("floor state");
+        if !on {
+            floor.attached = None;
+        } else if floor.attached.is_none() {
+            let attached = TcFloor::attach(&self.node.ns.handle(), &floor.hooks)
+                .unwrap_or_else(|e| panic!("the floor programs: {e}"));
+            floor.attached = Some(attached);
+        }
+    }
+
+    /// The kernel's id of the attached floor tc program.
+    pub fn floor_program_id(&self) -> Option<u32> {
+        self.floor
+            .lock()
+            .expect("floor state")
+            .attached
+            .as_ref()
+            .and_then(TcFloor::program_id)
     }
 
     /// Switches `fastPath` on or off for the whole node, as an ADD with
@@ -286,6 +330,13 @@ impl BenchWorld {
     pub fn port_plugin_config(&self) -> Value {
         self.list.plugins().last().cloned().unwrap_or(json!(null))
     }
+}
+
+/// Where the floor programs go and whether they are attached.
+#[derive(Default)]
+struct FloorState {
+    hooks: Vec<Hook>,
+    attached: Option<TcFloor>,
 }
 
 /// Client-side addresses of the four services.

@@ -89,7 +89,7 @@ pub(crate) fn test_steps(
             || run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])),
         ),
         Step::new(
-            "cargo +nightly clippy -p portmap-ebpf --target bpfel-unknown-none -- -D warnings",
+            "cargo +nightly clippy -p portmap-ebpf -p portmap-bench-floor --target bpfel-unknown-none -- -D warnings",
             clippy_ebpf,
         ),
         build_plugin_step(),
@@ -144,7 +144,8 @@ pub(crate) fn test_steps(
     ]
 }
 
-/// The eBPF crate only builds for its own target, with nightly and
+/// The eBPF crates (the dataplane and the bench's floor programs) only
+/// build for their own target, with nightly and
 /// `build-std` (as portmap-user's build.rs builds it); clippy checks it
 /// there. The stable toolchain's variables are removed so nightly's own
 /// rustc and clippy-driver run.
@@ -153,6 +154,7 @@ pub(crate) fn clippy_ebpf() -> Result<()> {
     command
         .current_dir(workspace_root())
         .args(["run", "nightly", "cargo", "clippy", "-p", "portmap-ebpf"])
+        .args(["-p", "portmap-bench-floor"])
         .args([
             "--target",
             "bpfel-unknown-none",
