@@ -339,7 +339,16 @@ fn program_profile() {
         }
         let answer = tcp_frame(CONTAINER, common::CONTAINER_PORT, CLIENT, 40001, ACK);
         let unrelated_in = tcp_frame(CLIENT, 40002, NODE, 22, ACK);
-        let cases: [(&str, &str, &[u8], bool); 3] = [
+        // A SYN always starts its flow over from the mappings, so the same
+        // SYN again is a new flow's first packet each time (its entries
+        // are written anew).
+        let cases: [(&str, &str, &[u8], bool); 4] = [
+            (
+                "uplink ingress, a new flow's SYN",
+                program_names::TC_INGRESS,
+                &syn,
+                true,
+            ),
             (
                 "uplink ingress, established",
                 program_names::TC_INGRESS,
