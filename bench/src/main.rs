@@ -50,8 +50,8 @@ use crate::load::Test;
 use anyhow::{Context, bail};
 
 use crate::results::{
-    ConnectRep, ControlCell, CostLoad, DataCell, MemoryRow, Prefill, ProgramCost, Results,
-    ScaleCell, Scope, Status, Verb, judge, size_label,
+    ConnectRep, ControlCell, CostLoad, DataCell, LoadProfile, MemoryRow, Prefill, ProgramCost,
+    Results, ScaleCell, Scope, Status, Verb, judge, size_label,
 };
 use crate::world::{
     BenchWorld, FILL_CONTAINER_PORT, Flavor, OP_PORT_BASE, PREFILL_PORT_BASE, PROBE_FILL_HOST_PORT,
@@ -1395,12 +1395,107 @@ fn node_costs(
     }
     drop(stats);
     drop(floor);
+    profile_loads(plan, progress, world, &progs, results);
     let summary: Vec<String> = results
         .program_costs
         .iter()
         .map(|c| format!("{} under {}: {:.0} ns/run", c.program, c.load, c.ns_per_run))
         .collect();
     progress.say(&format!("per-program cost: {}", summary.join("; ")));
+}
+
+/// How long each profiled load runs: long enough for a few thousand samples
+/// at perf's period (the programs take 5-10% of the CPU).
+const PROFILE_RUNS: u32 = 8;
+
+/// Where the programs' time goes under the loads of the cost account, line
+/// by line: perf samples the load's CPU (client, servers and their softirq
+/// work are all pinned to it) while each load runs, without the BPF
+/// statistics. Only with a pinned load.
+fn profile_loads(
+    plan: &Plan,
+    progress: &Progress,
+    world: &BenchWorld,
+    progs: &Path,
+    results: &mut Results,
+) {
+    let Some(cpu) = plan.cpu else {
+        results
+            .skipped
+            .push("line profile: the load is not pinned to a CPU".into());
+        return;
+    };
+    let pins: Vec<PathBuf> = std::fs::read_dir(progs)
+        .map(|dir| {
+            dir.flatten()
+                .map(|entry| entry.path())
+                .filter(|path| {
+                    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                        n.ends_with(portmap_common::program_names::TC_INGRESS)
+                            || n.ends_with(portmap_common::program_names::TC_EGRESS)
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let pins: Vec<&Path> = pins.iter().map(PathBuf::as_path).collect();
+    let map = match portmap_tests::profile::JitMap::of_pins(&pins) {
+        Ok(map) => map,
+        Err(e) => {
+            results
+                .skipped
+                .push(format!("line profile: the programs' line tables: {e}"));
+            return;
+        }
+    };
+    let client = world.node.ext.handle();
+    for (path, test) in [
+        (Flavor::Ours, Test::TcpRr),
+        (Flavor::Ours, Test::UdpRr),
+        (Flavor::Ours, Test::TcpCrr),
+        (Flavor::OursDirect, Test::TcpRr),
+    ] {
+        if progress.check().is_err() {
+            break;
+        }
+        enter(path, world);
+        let mut units = 0.0;
+        let sampled = portmap_tests::profile::sample(
+            &map,
+            cpu,
+            None,
+            portmap_tests::profile::DEFAULT_PERIOD_NS,
+            || {
+                let run = load::run(
+                    &client,
+                    test,
+                    target_of(path, world, test),
+                    plan.duration * PROFILE_RUNS,
+                    plan.cpu,
+                );
+                units = run.amount;
+            },
+        );
+        match sampled {
+            Ok(profile) => {
+                let load = format!("{}, {}", test.title(), path.label());
+                progress.say(&format!(
+                    "line profile of {load}: {} samples, {} in the programs",
+                    profile.samples,
+                    profile.in_programs()
+                ));
+                results.profiles.push(LoadProfile {
+                    load,
+                    units,
+                    profile,
+                });
+            }
+            Err(e) => {
+                results.skipped.push(format!("line profile: {e}"));
+                break;
+            }
+        }
+    }
 }
 
 /// Records a floor program's cost between two readings of its counters.

@@ -175,6 +175,18 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
             "ns_per_run": c.ns_per_run,
             "units": c.under.map(|u| u.units),
         })).collect::<Vec<_>>(),
+        "line_profiles": results.profiles.iter().map(|p| json!({
+            "load": p.load,
+            "units": p.units,
+            "period_ns": p.profile.period_ns,
+            "samples": p.profile.samples,
+            "in_programs": p.profile.in_programs(),
+            "places": p.profile.ranked().into_iter().map(|(place, samples)| json!({
+                "place": place.to_string(),
+                "samples": samples,
+                "ns_per_unit": p.ns_per_unit(samples),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
         "gap_account": gap_rows(results).iter().map(|row| json!({
             "load": row.load,
             "program_ns_per_unit": row.program_ns,
@@ -703,6 +715,7 @@ pub fn markdown(
         let _ = writeln!(md);
         gap_account(&mut md, results);
     }
+    line_profiles(&mut md, results);
 
     let _ = writeln!(md, "## Memory\n");
     let _ = writeln!(
@@ -1055,6 +1068,74 @@ fn gap_rows(results: &Results) -> Vec<GapRow> {
     rows
 }
 
+/// Places of a line profile shown in the report; the JSON has them all.
+const PROFILE_LINES: usize = 20;
+
+/// Where the programs' time goes under each profiled load: by helper, then
+/// the busiest source lines, in ns per transaction or connection.
+fn line_profiles(md: &mut String, results: &Results) {
+    if results.profiles.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "## Where the programs' time goes, line by line\n\n\
+         `perf record -e cpu-clock -g`, one sample per {} us of CPU time, on the CPU the load is pinned \
+         to (client, servers and their softirq work), while each load runs {PROFILE_SECONDS_NOTE}, \
+         without the BPF statistics. A sample with a frame in ebpf-portmap's tc programs counts for \
+         that frame's source line (the kernel's JIT line table and the programs' BTF), and for the \
+         kernel function it called if the sample was below it: a helper, or the map code a lookup is \
+         inlined to. Nanoseconds per transaction (or connection) are samples x period / units the \
+         run completed; the per-line figures are a few samples each, so read them as a ranking. \
+         `portmap-user/tests/program_profile.rs` gives the same account for single packets in a \
+         `BPF_PROG_TEST_RUN` loop.\n",
+        results.profiles[0].profile.period_ns / 1000
+    );
+    for load in &results.profiles {
+        let _ = writeln!(
+            md,
+            "### {}\n\n{} samples of the CPU, {} in the programs: {:.0} ns per unit of {:.0} units.\n",
+            load.load,
+            load.profile.samples,
+            load.profile.in_programs(),
+            load.ns_per_unit(load.profile.in_programs()),
+            load.units
+        );
+        let _ = writeln!(md, "| called from the programs | ns per unit | samples |");
+        let _ = writeln!(md, "| --- | --- | --- |");
+        for (callee, samples) in load.profile.by_callee() {
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {samples} |",
+                md_escape(&callee),
+                load.ns_per_unit(samples)
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\n| source line (-> what it called) | ns per unit | samples |"
+        );
+        let _ = writeln!(md, "| --- | --- | --- |");
+        for (place, samples) in load.profile.ranked().into_iter().take(PROFILE_LINES) {
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {samples} |",
+                md_escape(&place.to_string()),
+                load.ns_per_unit(samples)
+            );
+        }
+        let _ = writeln!(md);
+    }
+}
+
+/// What the profiled loads run for, in words.
+const PROFILE_SECONDS_NOTE: &str = "eight times the dataplane run length";
+
+/// A table cell's text: its pipes escaped, backticks kept.
+fn md_escape(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
 /// The gap account: how much of the gap to the direct path the programs'
 /// own run time explains, per transaction or connection.
 fn gap_account(md: &mut String, results: &Results) {
@@ -1098,7 +1179,8 @@ fn gap_account(md: &mut String, results: &Results) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::{ConnectRep, CostLoad, ProgramCost};
+    use crate::results::{ConnectRep, CostLoad, LoadProfile, ProgramCost};
+    use portmap_tests::profile::Place;
 
     #[test]
     fn dates() {
@@ -1120,7 +1202,8 @@ mod tests {
         let mut columns: Option<usize> = None;
         for line in md.lines() {
             if line.starts_with('|') {
-                let cells = line.matches('|').count();
+                // An escaped pipe is text in a cell.
+                let cells = line.matches('|').count() - line.matches("\\|").count();
                 match columns {
                     None => columns = Some(cells),
                     Some(expected) => assert_eq!(cells, expected, "row {line:?}"),
@@ -1246,10 +1329,42 @@ mod tests {
                 units: 500.0,
             }),
         });
+        results.profiles.push(LoadProfile {
+            load: "TCP request/response, ebpf-portmap".into(),
+            units: 1000.0,
+            profile: portmap_tests::profile::Profile {
+                period_ns: 1_000_000,
+                samples: 50,
+                places: BTreeMap::from([
+                    (
+                        Place {
+                            line: "nat.rs:9 `x | y`".to_owned(),
+                            callee: Some("bpf_l4_csum_replace".to_owned()),
+                        },
+                        3,
+                    ),
+                    (
+                        Place {
+                            line: "tc.rs:1 `a`".to_owned(),
+                            callee: None,
+                        },
+                        1,
+                    ),
+                ]),
+            },
+        });
         let targets = super::super::results::judge(&results);
         let meta = json!({ "date": "2026-01-02", "total_seconds": 12.5 });
         let md = markdown(&results, &targets, &meta, &plots(&results, "x"), &[]);
         assert_tables_are_rectangular(&md);
+        // 3 samples of 1 ms over 1000 transactions; a pipe in the source
+        // text does not split the cell.
+        assert!(md.contains("| bpf_l4_csum_replace | 3000 | 3 |"), "{md}");
+        assert!(
+            md.contains("| nat.rs:9 `x \\| y` -> bpf_l4_csum_replace | 3000 | 3 |"),
+            "{md}"
+        );
+        assert!(md.contains("| the programs' own code | 1000 | 1 |"), "{md}");
         assert!(
             md.contains("| 1 | 99 | 100 | 100 | 0.990 | 0.995 | 0.995 |"),
             "{md}"

@@ -162,6 +162,8 @@ pub struct Results {
     pub connect: Vec<ConnectRep>,
     /// What each program costs per run (kernel BPF statistics), by load.
     pub program_costs: Vec<ProgramCost>,
+    /// Where the programs' time goes under a load, line by line (perf).
+    pub profiles: Vec<LoadProfile>,
     /// Steps skipped for lack of time or a failure, with the reason.
     pub skipped: Vec<String>,
 }
@@ -191,6 +193,27 @@ pub struct ProgramCost {
     /// or connections that run completed (`None` for the socket hooks'
     /// connect() load, which has no data cell to compare with).
     pub under: Option<CostLoad>,
+}
+
+/// The programs' time under one load by source line and helper, from
+/// perf's samples of the load's CPU.
+#[derive(Debug, Clone)]
+pub struct LoadProfile {
+    pub load: String,
+    /// Transactions or connections the profiled run completed.
+    pub units: f64,
+    pub profile: portmap_tests::profile::Profile,
+}
+
+impl LoadProfile {
+    /// ns per transaction (or connection) that `samples` stand for.
+    pub fn ns_per_unit(&self, samples: u64) -> f64 {
+        if self.units > 0.0 {
+            samples as f64 * self.profile.period_ns as f64 / self.units
+        } else {
+            0.0
+        }
+    }
 }
 
 /// A data-plane load of [`ProgramCost`]: which cell it belongs to and how

@@ -30,6 +30,7 @@ pub mod naming;
 pub mod netns;
 pub mod plugins;
 pub mod podman;
+pub mod profile;
 pub mod prometheus;
 pub mod release;
 pub mod tmp;

@@ -35,6 +35,9 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
     // process and config, not the package's service) and checks the
     // exposition with promtool.
     "prometheus",
+    // `cargo xtask bench` and portmap-user/tests/program_profile.rs sample
+    // the programs with perf to say where their time goes, line by line.
+    "linux-perf",
 ];
 
 /// bpf-linker must match rustc's LLVM major (22). Pinned: 0.13 is the
