@@ -147,6 +147,17 @@ pub struct RunTime {
     pub ns: u64,
 }
 
+impl RunTime {
+    /// Runs and ns/run since the reading `before`; `None` if it did not run.
+    pub fn since(self, before: RunTime) -> Option<(u64, f64)> {
+        let runs = self.runs.saturating_sub(before.runs);
+        (runs > 0).then(|| {
+            let ns = self.ns.saturating_sub(before.ns);
+            (runs, ns as f64 / runs as f64)
+        })
+    }
+}
+
 /// Run counters of every program pinned under `progs_dir`, by program
 /// name (the pin name without its build prefix).
 pub fn run_times(progs_dir: &Path) -> BTreeMap<String, RunTime> {
@@ -196,12 +207,8 @@ pub fn per_run(
     after
         .iter()
         .filter_map(|(name, a)| {
-            let b = before.get(name).copied().unwrap_or_default();
-            let runs = a.runs.saturating_sub(b.runs);
-            (runs > 0).then(|| {
-                let ns = a.ns.saturating_sub(b.ns);
-                (name.clone(), runs, ns as f64 / runs as f64)
-            })
+            let (runs, ns_per_run) = a.since(before.get(name).copied().unwrap_or_default())?;
+            Some((name.clone(), runs, ns_per_run))
         })
         .collect()
 }

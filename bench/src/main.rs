@@ -1206,23 +1206,22 @@ fn node_costs(
         return;
     };
     let cgroup = portmap_tests::cgroup::cgroup_for_pin_root(pins.path());
-    // The side without hooks in a sibling cgroup of the hooked one: the
-    // same parent, so the same CPU weight and limits.
-    let bare = portmap_tests::cgroup::TestCgroup::create(cgroup.with_file_name(format!(
-        "{}-bare",
-        cgroup
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-    )));
+    // The other sides in sibling cgroups of the hooked one: the same
+    // parent, so the same CPU weight and limits.
+    let sibling = |suffix: &str| {
+        portmap_tests::cgroup::TestCgroup::create(cgroup.with_file_name(format!(
+            "{}-{suffix}",
+            cgroup
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        )))
+    };
+    // Without hooks.
+    let bare = sibling("bare");
     let node = world.node.ns.handle();
-    // The floor: a sibling cgroup with a connect4 program that does
-    // nothing, in the mode ebpf-portmap attaches its own.
-    let floor_cgroup = portmap_tests::cgroup::TestCgroup::create(cgroup.with_file_name(format!(
-        "{}-floor",
-        cgroup
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-    )));
+    // The floor: a connect4 program that does nothing, in the mode
+    // ebpf-portmap attaches its own.
+    let floor_cgroup = sibling("floor");
     let floor = match floor::CgroupFloor::attach(floor_cgroup.path()) {
         Ok(floor) => Some(floor),
         Err(e) => {
@@ -1512,15 +1511,12 @@ fn push_floor_cost(
         ));
         return;
     };
-    let runs = after.runs.saturating_sub(before.runs);
-    if runs == 0 {
+    let Some((runs, ns_per_run)) = after.since(before) else {
         results
             .skipped
             .push(format!("{program} cost: it did not run under {load}"));
         return;
-    }
-    #[allow(clippy::cast_precision_loss)] // counters stay far below 2^52
-    let ns_per_run = after.ns.saturating_sub(before.ns) as f64 / runs as f64;
+    };
     results.program_costs.push(ProgramCost {
         load: load.into(),
         program: program.into(),
