@@ -28,9 +28,7 @@ use aya::{
     Ebpf,
     programs::{CgroupSockAddr, ProgramInfo},
 };
-use common::{
-    ACK, CLIENT, CONTAINER, CONTAINER_PORT, HOST_PORT, NODE, SYN, in_namespace, tcp_frame,
-};
+use common::{ACK, CLIENT, CONTAINER, CONTAINER_PORT, Flow, NODE, in_namespace, tcp_frame};
 use portmap_common::{local, program_names};
 use portmap_user::dataplane::object::OBJECT;
 
@@ -160,23 +158,18 @@ fn program_cost() {
                 }
             }
             lines.push(format!("ns/run (median): {}", labels.join(" | ")));
-            // An established flow: SYN, then the handshake's ACK (clears the
-            // SYN-only state); the next ACKs are what is timed.
-            let syn = tcp_frame(CLIENT, 40001, NODE, HOST_PORT, SYN);
-            let ack = tcp_frame(CLIENT, 40001, NODE, HOST_PORT, ACK);
+            // An established flow; its next ACKs are what is timed.
+            let flow = Flow::new();
             for ebpf in &objects {
-                for packet in [&syn, &ack] {
-                    let (_, out) = run(ebpf, program_names::TC_INGRESS, ifindex, packet, 1);
-                    assert_eq!(out[30..34], CONTAINER.octets(), "translated on ingress");
-                }
+                flow.open(ebpf, ifindex);
             }
+            let (ack, answer) = (&flow.ack, &flow.answer);
             // The packet as ingress left it, on its way into the bridge.
             let dnated = tcp_frame(CLIENT, 40001, CONTAINER, CONTAINER_PORT, ACK);
             // The container's answer, as it enters the bridge and leaves the
             // uplink.
-            let answer = tcp_frame(CONTAINER, CONTAINER_PORT, CLIENT, 40001, ACK);
             for ebpf in &objects {
-                let (_, out) = run(ebpf, program_names::TC_EGRESS, ifindex, &answer, 1);
+                let (_, out) = run(ebpf, program_names::TC_EGRESS, ifindex, answer, 1);
                 assert_eq!(out[26..30], NODE.octets(), "answer translated on egress");
             }
             // For the node, no mapping: an SSH session.
@@ -197,13 +190,13 @@ fn program_cost() {
                 (
                     "uplink ingress, established",
                     program_names::TC_INGRESS,
-                    &ack,
+                    ack,
                     true,
                 ),
                 (
                     "uplink egress, its answer",
                     program_names::TC_EGRESS,
-                    &answer,
+                    answer,
                     true,
                 ),
                 (
@@ -215,7 +208,7 @@ fn program_cost() {
                 (
                     "bridge ingress, answer",
                     program_names::TC_INGRESS,
-                    &answer,
+                    answer,
                     false,
                 ),
                 (

@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::time::Instant;
 
 use aya::Ebpf;
-use common::{ACK, CLIENT, CONTAINER, HOST_PORT, NODE, SYN, in_namespace, tcp_frame};
+use common::{ACK, CLIENT, Flow, NODE, in_namespace, tcp_frame};
 use portmap_common::program_names;
 use portmap_tests::profile::{self, DEFAULT_PERIOD_NS, JitMap};
 use portmap_user::dataplane::object::OBJECT;
@@ -78,13 +78,9 @@ fn program_profile() {
             })
             .collect();
         let map = JitMap::of_fds(&fds).expect("the programs' JIT line tables");
-        let syn = tcp_frame(CLIENT, 40001, NODE, HOST_PORT, SYN);
-        let ack = tcp_frame(CLIENT, 40001, NODE, HOST_PORT, ACK);
-        for packet in [&syn, &ack] {
-            let (_, out) = common::run(&ebpf, program_names::TC_INGRESS, ifindex, packet, 1);
-            assert_eq!(out[30..34], CONTAINER.octets(), "translated on ingress");
-        }
-        let answer = tcp_frame(CONTAINER, common::CONTAINER_PORT, CLIENT, 40001, ACK);
+        let flow = Flow::new();
+        flow.open(&ebpf, ifindex);
+        let Flow { syn, ack, answer } = &flow;
         let unrelated_in = tcp_frame(CLIENT, 40002, NODE, 22, ACK);
         // A SYN always starts its flow over from the mappings, so the same
         // SYN again is a new flow's first packet each time (its entries
@@ -93,19 +89,19 @@ fn program_profile() {
             (
                 "uplink ingress, a new flow's SYN",
                 program_names::TC_INGRESS,
-                &syn,
+                syn,
                 true,
             ),
             (
                 "uplink ingress, established",
                 program_names::TC_INGRESS,
-                &ack,
+                ack,
                 true,
             ),
             (
                 "uplink egress, its answer",
                 program_names::TC_EGRESS,
-                &answer,
+                answer,
                 true,
             ),
             (

@@ -74,6 +74,35 @@ pub fn tcp_frame(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8
     p
 }
 
+/// The packets of one flow through the mapping of [`load`], client port
+/// 40001: its SYN and an ACK as they arrive at the node, and the
+/// container's answer.
+pub struct Flow {
+    pub syn: Vec<u8>,
+    pub ack: Vec<u8>,
+    pub answer: Vec<u8>,
+}
+
+impl Flow {
+    pub fn new() -> Flow {
+        Flow {
+            syn: tcp_frame(CLIENT, 40001, NODE, HOST_PORT, SYN),
+            ack: tcp_frame(CLIENT, 40001, NODE, HOST_PORT, ACK),
+            answer: tcp_frame(CONTAINER, CONTAINER_PORT, CLIENT, 40001, ACK),
+        }
+    }
+
+    /// Establishes the flow in `ebpf`: the SYN, then the handshake's ACK
+    /// (which clears the SYN-only state), each checked translated on
+    /// ingress. The next ACKs are packets of an established flow.
+    pub fn open(&self, ebpf: &Ebpf, ifindex: u32) {
+        for packet in [&self.syn, &self.ack] {
+            let (_, out) = run(ebpf, program_names::TC_INGRESS, ifindex, packet, 1);
+            assert_eq!(out[30..34], CONTAINER.octets(), "translated on ingress");
+        }
+    }
+}
+
 /// The object `object` with its tc programs loaded and one mapping, the
 /// TCP wildcard `HOST_PORT` -> `CONTAINER:CONTAINER_PORT` of owner 1,
 /// written as ADD writes it (ports marked first). Also returns whether the
