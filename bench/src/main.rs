@@ -1458,6 +1458,7 @@ fn profile_loads(
             break;
         }
         enter(path, world);
+        let duration = plan.duration * PROFILE_RUNS;
         let mut units = 0.0;
         let sampled = portmap_tests::profile::sample(
             &map,
@@ -1469,7 +1470,7 @@ fn profile_loads(
                     &client,
                     test,
                     target_of(path, world, test),
-                    plan.duration * PROFILE_RUNS,
+                    duration,
                     plan.cpu,
                 );
                 units = run.amount;
@@ -1486,6 +1487,7 @@ fn profile_loads(
                 results.profiles.push(LoadProfile {
                     load,
                     units,
+                    seconds: duration.as_secs_f64(),
                     profile,
                 });
             }

@@ -178,6 +178,7 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
         "line_profiles": results.profiles.iter().map(|p| json!({
             "load": p.load,
             "units": p.units,
+            "seconds": p.seconds,
             "period_ns": p.profile.period_ns,
             "samples": p.profile.samples,
             "in_programs": p.profile.in_programs(),
@@ -1081,7 +1082,7 @@ fn line_profiles(md: &mut String, results: &Results) {
         md,
         "## Where the programs' time goes, line by line\n\n\
          `perf record -e cpu-clock -g`, one sample per {} us of CPU time, on the CPU the load is pinned \
-         to (client, servers and their softirq work), while each load runs {PROFILE_SECONDS_NOTE}, \
+         to (client, servers and their softirq work), while each load runs, \
          without the BPF statistics. A sample with a frame in ebpf-portmap's tc programs counts for \
          that frame's source line (the kernel's JIT line table and the programs' BTF), and for the \
          kernel function it called if the sample was below it: a helper, or the map code a lookup is \
@@ -1094,9 +1095,10 @@ fn line_profiles(md: &mut String, results: &Results) {
     for load in &results.profiles {
         let _ = writeln!(
             md,
-            "### {}\n\n{} samples of the CPU, {} in the programs: {:.0} ns per unit of {:.0} units.\n",
+            "### {}\n\n{} samples of the CPU in a run of {:.1} s, {} in the programs: {:.0} ns per unit of {:.0} units.\n",
             load.load,
             load.profile.samples,
+            load.seconds,
             load.profile.in_programs(),
             load.ns_per_unit(load.profile.in_programs()),
             load.units
@@ -1127,9 +1129,6 @@ fn line_profiles(md: &mut String, results: &Results) {
         let _ = writeln!(md);
     }
 }
-
-/// What the profiled loads run for, in words.
-const PROFILE_SECONDS_NOTE: &str = "eight times the dataplane run length";
 
 /// A table cell's text: its pipes escaped, backticks kept.
 fn md_escape(text: &str) -> String {
@@ -1332,6 +1331,7 @@ mod tests {
         results.profiles.push(LoadProfile {
             load: "TCP request/response, ebpf-portmap".into(),
             units: 1000.0,
+            seconds: 8.0,
             profile: portmap_tests::profile::Profile {
                 period_ns: 1_000_000,
                 samples: 50,

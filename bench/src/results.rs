@@ -202,6 +202,8 @@ pub struct LoadProfile {
     pub load: String,
     /// Transactions or connections the profiled run completed.
     pub units: f64,
+    /// How long the profiled run was.
+    pub seconds: f64,
     pub profile: portmap_tests::profile::Profile,
 }
 
