@@ -35,9 +35,10 @@ impl Hook {
 /// The tc hooks in `ns` that run one of ebpf-portmap's programs (whose
 /// names start with `portmap_`), found by asking the kernel.
 pub fn hooks_of_ebpf_portmap(ns: &NsHandle) -> Result<Vec<Hook>, String> {
+    let interfaces = interfaces(ns)?;
     ns.run(|| {
         let mut hooks = Vec::new();
-        for interface in interfaces()? {
+        for interface in interfaces {
             for ingress in [true, false] {
                 let hook = Hook {
                     interface: interface.clone(),
@@ -61,28 +62,18 @@ pub fn hooks_of_ebpf_portmap(ns: &NsHandle) -> Result<Vec<Hook>, String> {
     })
 }
 
-/// The interface names of the calling thread's network namespace.
-fn interfaces() -> Result<Vec<String>, String> {
-    // SAFETY: if_nameindex returns an array ended by a zero entry, or null;
-    // it is read up to that entry and freed once.
-    unsafe {
-        let list = libc::if_nameindex();
-        if list.is_null() {
-            return Err(format!("if_nameindex: {}", std::io::Error::last_os_error()));
-        }
-        let mut names = Vec::new();
-        let mut entry = list;
-        while (*entry).if_index != 0 {
-            names.push(
-                std::ffi::CStr::from_ptr((*entry).if_name)
-                    .to_string_lossy()
-                    .into_owned(),
-            );
-            entry = entry.add(1);
-        }
-        libc::if_freenameindex(list);
-        Ok(names)
-    }
+/// The interface names of `ns`, as the harness lists them elsewhere (`ip
+/// -j link show`; not /sys/class/net, which shows the namespace that
+/// mounted it).
+fn interfaces(ns: &NsHandle) -> Result<Vec<String>, String> {
+    let shown: serde_json::Value = serde_json::from_str(&ns.exec("ip", &["-j", "link", "show"]))
+        .map_err(|e| format!("ip -j link show: {e}"))?;
+    Ok(shown
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|link| link["ifname"].as_str().map(str::to_owned))
+        .collect())
 }
 
 /// The floor tc program on a set of hooks, attached while this lives (the
