@@ -29,6 +29,7 @@ mod invoke;
 mod iptables;
 mod load;
 mod memory;
+mod provenance;
 mod report;
 mod results;
 mod stats;
@@ -62,6 +63,10 @@ use portmap_tests::topology::{EXT_IP4, NODE_IP4};
 use portmap_tests::{Container, PortMapping, plugin_bin};
 use serde_json::{Value, json};
 
+/// The default time budget per repetition: 3 repetitions (the default)
+/// took 6-9 min on 2 cores, 5 took 843 s.
+const BUDGET_SECS_PER_REP: u64 = 240;
+
 /// Mappings per prefilled container (a pod publishing 10 ports).
 const MAPPINGS_PER_PREFILL: usize = 10;
 
@@ -85,9 +90,10 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     upstream_real_prefill: usize,
     /// Total time budget in seconds; steps that would exceed it are skipped
-    /// with the reason in the report.
-    #[arg(long, default_value_t = 720)]
-    budget_secs: u64,
+    /// with the reason in the report. Default: 240 per repetition (a full
+    /// run of 5 repetitions took 843 s on 2 cores).
+    #[arg(long)]
+    budget_secs: Option<u64>,
     /// Fewer operations per batch and shorter runs, for trying the bench out
     /// (the results are still written).
     #[arg(long)]
@@ -221,7 +227,10 @@ impl Plan {
             cpu,
             sizes,
             upstream_real_prefill: args.upstream_real_prefill,
-            budget: Duration::from_secs(args.budget_secs),
+            budget: Duration::from_secs(
+                args.budget_secs
+                    .unwrap_or(BUDGET_SECS_PER_REP * args.reps.max(1) as u64),
+            ),
             sections,
             alone_sequential: if quick { (30, 8) } else { (100, 30) },
             alone_parallel: if quick { 32 } else { 64 },
@@ -346,13 +355,17 @@ fn main() -> ExitCode {
         plugin_bin().display()
     );
     println!(
-        "bench: time budget {} s (typically 6-9 min on 2 cores); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
+        "bench: time budget {} s (a full run of 3 repetitions takes 6-9 min on 2 cores); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
         plan.budget.as_secs(),
         plan.reps,
         plan.duration.as_millis(),
         plan.cpu.map_or("(none)".into(), |c| c.to_string())
     );
     if let Err(e) = preflight() {
+        eprintln!("bench: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = check_ebpf_source(args.plugin_source.is_some()) {
         eprintln!("bench: {e:#}");
         return ExitCode::FAILURE;
     }
@@ -572,7 +585,9 @@ fn run(
         "iptables": first_line("iptables", &["--version"]),
         "ebpf_portmap_bin": plugin_bin().display().to_string(),
         "source": source,
+        "ebpf_sources": ebpf_sources_of(&plugin_bin()),
         "baseline_bin": world::BASELINE_BIN.get().map(|bin| bin.display().to_string()),
+        "baseline_ebpf_sources": world::BASELINE_BIN.get().map(|bin| ebpf_sources_of(bin)),
         "baseline_source": baseline_source,
         "sections": plan.sections.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "),
         "method": format!(
@@ -649,6 +664,45 @@ fn package_version(package: &str) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The `portmap-ebpf` directories the eBPF object in `bin` was compiled
+/// from, as its line info names them (empty when it has none, or `bin`
+/// cannot be read).
+fn ebpf_sources_of(bin: &Path) -> Vec<String> {
+    std::fs::read(bin)
+        .map(|bytes| provenance::ebpf_crate_dirs(&bytes))
+        .unwrap_or_default()
+        .iter()
+        .map(|dir| dir.display().to_string())
+        .collect()
+}
+
+/// Refuses a plugin binary whose eBPF object was compiled from another
+/// checkout than this one, unless `--plugin-source` says where the binary
+/// comes from (a build measured on purpose): the dataplane figures would
+/// be of code the report does not name.
+fn check_ebpf_source(source_given: bool) -> anyhow::Result<()> {
+    let bin = plugin_bin();
+    let bytes = std::fs::read(&bin).with_context(|| format!("reading {}", bin.display()))?;
+    let dirs = provenance::ebpf_crate_dirs(&bytes);
+    let root = workspace_root();
+    let expected = root.canonicalize().unwrap_or(root).join("portmap-ebpf");
+    match provenance::mismatch(&dirs, &expected) {
+        Some(why) if !source_given => bail!(
+            "{} is not this checkout's build: {why}. Cargo reused an object built elsewhere: \
+             remove target/*/*/build/portmap-user-* and target/*/*/.fingerprint/portmap-user-* \
+             and rebuild, or pass --plugin-source to measure that build on purpose",
+            bin.display()
+        ),
+        Some(why) => println!("bench: {} ({why}), as --plugin-source says", bin.display()),
+        None if dirs.is_empty() => println!(
+            "bench: {} names no eBPF sources (no line info): where its programs were built from is not checked",
+            bin.display()
+        ),
+        None => {}
+    }
+    Ok(())
 }
 
 /// The commit the bench was built from, and whether the tree had changes.

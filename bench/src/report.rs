@@ -385,8 +385,13 @@ pub fn markdown(
         ("iptables", "iptables"),
         ("ebpf_portmap_bin", "ebpf-portmap binary"),
         ("source", "ebpf-portmap built from"),
+        ("ebpf_sources", "its eBPF object compiled from"),
         ("baseline_bin", "baseline build (control plane)"),
         ("baseline_source", "baseline built from"),
+        (
+            "baseline_ebpf_sources",
+            "the baseline's eBPF object compiled from",
+        ),
         ("sections", "sections run"),
         ("method", "method"),
         ("total_seconds", "total bench time (s)"),
@@ -397,6 +402,15 @@ pub fn markdown(
             let text = match value {
                 Value::String(s) => s.clone(),
                 Value::Number(n) => n.as_f64().map_or(n.to_string(), |f| format!("{f:.0}")),
+                Value::Array(items) if items.is_empty() => continue,
+                Value::Array(items) => items
+                    .iter()
+                    .map(|item| {
+                        item.as_str()
+                            .map_or_else(|| item.to_string(), str::to_owned)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 other => other.to_string(),
             };
             let _ = writeln!(md, "| {label} | {text} |");
