@@ -184,6 +184,7 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
             "in_programs": p.profile.in_programs(),
             "places": p.profile.ranked().into_iter().map(|(place, samples)| json!({
                 "place": place.to_string(),
+                "function": place.function,
                 "samples": samples,
                 "ns_per_unit": p.ns_per_unit(samples),
             })).collect::<Vec<_>>(),
@@ -1098,9 +1099,12 @@ fn line_profiles(md: &mut String, results: &Results) {
          `perf record -e cpu-clock -g`, one sample per {} us of CPU time, on the CPU the load is pinned \
          to (client, servers and their softirq work), while each load runs, \
          without the BPF statistics. A sample with a frame in ebpf-portmap's tc programs counts for \
-         that frame's source line (the kernel's JIT line table and the programs' BTF), and for the \
-         kernel function it called if the sample was below it: a helper, or the map code a lookup is \
-         inlined to. Nanoseconds per transaction (or connection) are samples x period / units the \
+         that frame's JIT-ed function (a program, or a subprogram the compiler kept) and source line \
+         (the kernel's JIT line table and the programs' BTF), and for the kernel function it called \
+         if the sample was below it: a helper, or the map code a lookup is inlined to. The function \
+         tells the call sites of one helper apart, whose inlined wrapper is one line of aya. \
+         Samples in code that runs with interrupts off (a map's bucket or LRU lock) are taken when \
+         they come back on, so they land on the instruction after the unlock. Nanoseconds per transaction (or connection) are samples x period / units the \
          run completed; the per-line figures are a few samples each, so read them as a ranking. \
          `portmap-user/tests/program_profile.rs` gives the same account for single packets in a \
          `BPF_PROG_TEST_RUN` loop.\n",
@@ -1129,13 +1133,27 @@ fn line_profiles(md: &mut String, results: &Results) {
         }
         let _ = writeln!(
             md,
-            "\n| source line (-> what it called) | ns per unit | samples |"
+            "\n| JIT-ed function (-> what it called) | ns per unit | samples |"
+        );
+        let _ = writeln!(md, "| --- | --- | --- |");
+        for (function, samples) in load.profile.by_function().into_iter().take(PROFILE_LINES) {
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {samples} |",
+                md_escape(&function),
+                load.ns_per_unit(samples)
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\n| function: source line (-> what it called) | ns per unit | samples |"
         );
         let _ = writeln!(md, "| --- | --- | --- |");
         for (place, samples) in load.profile.ranked().into_iter().take(PROFILE_LINES) {
             let _ = writeln!(
                 md,
-                "| {} | {:.0} | {samples} |",
+                "| {}: {} | {:.0} | {samples} |",
+                place.function,
                 md_escape(&place.to_string()),
                 load.ns_per_unit(samples)
             );
@@ -1354,6 +1372,7 @@ mod tests {
                         Place {
                             line: "nat.rs:9 `x | y`".to_owned(),
                             callee: Some("bpf_l4_csum_replace".to_owned()),
+                            function: "existing_flow".to_owned(),
                         },
                         3,
                     ),
@@ -1361,6 +1380,7 @@ mod tests {
                         Place {
                             line: "tc.rs:1 `a`".to_owned(),
                             callee: None,
+                            function: "portmap_ingress".to_owned(),
                         },
                         1,
                     ),
@@ -1375,7 +1395,15 @@ mod tests {
         // text does not split the cell.
         assert!(md.contains("| bpf_l4_csum_replace | 3000 | 3 |"), "{md}");
         assert!(
-            md.contains("| nat.rs:9 `x \\| y` -> bpf_l4_csum_replace | 3000 | 3 |"),
+            md.contains("| existing_flow: nat.rs:9 `x \\| y` -> bpf_l4_csum_replace | 3000 | 3 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| existing_flow -> bpf_l4_csum_replace | 3000 | 3 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| portmap_ingress (own code) | 1000 | 1 |"),
             "{md}"
         );
         assert!(md.contains("| the programs' own code | 1000 | 1 |"), "{md}");

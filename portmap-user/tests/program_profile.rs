@@ -132,8 +132,15 @@ fn program_profile() {
             for (callee, count) in profile.by_callee() {
                 println!("{:8.1} ns/run  {callee}", per_run(count));
             }
+            for (function, count) in profile.by_function() {
+                println!("{:8.1} ns/run  {function}", per_run(count));
+            }
             for (place, count) in profile.ranked() {
-                println!("{:8.1} ns/run {count:6} samples  {place}", per_run(count));
+                println!(
+                    "{:8.1} ns/run {count:6} samples  {}: {place}",
+                    per_run(count),
+                    place.function
+                );
             }
         }
     });

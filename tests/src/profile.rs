@@ -130,9 +130,11 @@ impl JitMap {
         let ours = chain
             .iter()
             .position(|(ip, _)| self.locate(*ip).is_some())?;
-        let (ip, _) = &chain[ours];
+        let (ip, symbol) = &chain[ours];
+        let function = function_name(symbol).to_owned();
         if ours == 0 {
             return self.locate(*ip).map(|line| Place {
+                function,
                 line: line.to_owned(),
                 callee: None,
             });
@@ -141,6 +143,7 @@ impl JitMap {
         let line = self.locate(ip - 1).unwrap_or("?").to_owned();
         let (_, called) = &chain[ours - 1];
         Some(Place {
+            function,
             line,
             callee: Some(called.clone()),
         })
@@ -263,12 +266,26 @@ fn btf_strings(id: u32) -> std::io::Result<Vec<u8>> {
         .ok_or_else(|| std::io::Error::other("BTF string section out of bounds"))
 }
 
-/// A place of a profile: a source line of the programs, and the kernel
-/// function it called when the time was spent below it.
+/// The name of a JIT-ed function as the kernel's symbol for it spells it,
+/// `bpf_prog_<tag>_<name>`: the program's or subprogram's name (which the
+/// kernel cuts to 15 characters). Another symbol is returned whole.
+fn function_name(symbol: &str) -> &str {
+    symbol
+        .strip_prefix("bpf_prog_")
+        .and_then(|rest| rest.split_once('_'))
+        .map_or(symbol, |(_tag, name)| name)
+}
+
+/// A place of a profile: a source line of the programs, the JIT-ed
+/// function (program or subprogram) it was compiled into, and the kernel
+/// function it called when the time was spent below it. The function tells
+/// apart the call sites that the source line cannot: every map update of
+/// the programs is the same line of aya's inlined helper wrapper.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Place {
     pub line: String,
     pub callee: Option<String>,
+    pub function: String,
 }
 
 impl std::fmt::Display for Place {
@@ -301,6 +318,23 @@ impl Profile {
         let mut places: Vec<(&Place, u64)> = self.places.iter().map(|(p, &n)| (p, n)).collect();
         places.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
         places
+    }
+
+    /// The samples summed by JIT-ed function and what it called: the
+    /// function's own code, and each helper or map function it called.
+    /// Most samples first.
+    pub fn by_function(&self) -> Vec<(String, u64)> {
+        let mut sums: BTreeMap<String, u64> = BTreeMap::new();
+        for (place, &n) in &self.places {
+            let key = match &place.callee {
+                Some(callee) => format!("{} -> {callee}", place.function),
+                None => format!("{} (own code)", place.function),
+            };
+            *sums.entry(key).or_default() += n;
+        }
+        let mut sums: Vec<(String, u64)> = sums.into_iter().collect();
+        sums.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        sums
     }
 
     /// The samples of one kind of place summed: the helpers and map
@@ -435,19 +469,51 @@ mod tests {
                 ],
             }],
         };
-        let own = vec![(0x1044, "bpf_prog".to_owned())];
+        let own = vec![(0x1044, "bpf_prog_0123456789abcdef_existing_flow".to_owned())];
         let text = |chain: &[(u64, String)]| map.place_of(chain).map(|p| p.to_string());
         assert_eq!(text(&own).as_deref(), Some("nat.rs:9 `b`"));
         // In a helper, called by the last instruction of line 1: the
         // return address is the first of line 9.
         let helper = vec![
             (0xffff_0000, "bpf_l4_csum_replace".to_owned()),
-            (0x1040, "bpf_prog".to_owned()),
+            (0x1040, "bpf_prog_0123456789abcdef_existing_flow".to_owned()),
         ];
         assert_eq!(
             text(&helper).as_deref(),
             Some("tc.rs:1 `a` -> bpf_l4_csum_replace")
         );
+        // Deeper in the kernel: the callee is the function the program
+        // called, the function is the JIT-ed one that called it.
+        let deeper = vec![
+            (0xffff_0100, "bpf_lru_pop_free".to_owned()),
+            (0xffff_0000, "htab_lru_map_update_elem".to_owned()),
+            (0x1040, "bpf_prog_0123456789abcdef_track_noted".to_owned()),
+        ];
+        let place = map.place_of(&deeper).expect("a frame in the programs");
+        assert_eq!(place.function, "track_noted");
+        assert_eq!(place.callee.as_deref(), Some("htab_lru_map_update_elem"));
+        let profile = Profile {
+            period_ns: 1,
+            samples: 6,
+            places: BTreeMap::from([
+                (place, 3),
+                (map.place_of(&own).expect("own code"), 2),
+                (map.place_of(&helper).expect("a helper"), 1),
+            ]),
+        };
+        assert_eq!(
+            profile.by_function(),
+            [
+                ("track_noted -> htab_lru_map_update_elem".to_owned(), 3),
+                ("existing_flow (own code)".to_owned(), 2),
+                ("existing_flow -> bpf_l4_csum_replace".to_owned(), 1),
+            ]
+        );
+        assert_eq!(
+            function_name("bpf_prog_0123456789abcdef_portmap_ingress"),
+            "portmap_ingress"
+        );
+        assert_eq!(function_name("htab_map_hash"), "htab_map_hash");
         let elsewhere = vec![(0xffff_0000, "sk_alloc".to_owned())];
         assert_eq!(text(&elsewhere), None);
     }
