@@ -313,7 +313,8 @@ pub struct CtEntry {
     /// a deleted or re-pointed mapping never forwards stale traffic.
     pub mapping: MappingKey,
     pub _pad2: u32,
-    /// `bpf_ktime_get_ns` of the last packet (refreshed at most once a second).
+    /// CLOCK_MONOTONIC at tick resolution (the eBPF crate's `ct::now`) of
+    /// the last packet, refreshed at most once a second.
     pub last_seen_ns: u64,
 }
 

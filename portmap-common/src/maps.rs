@@ -68,6 +68,9 @@ pub const SCRATCH: &str = "scratch";
 pub const COUNTER_SCRATCH: &str = "counter_scratch";
 /// Per-CPU scratch space of tracing (not pinned).
 pub const TRACE_SCRATCH: &str = "trace_scratch";
+/// Per-CPU memory of the clock: the coarse time read at the current jiffy
+/// (not pinned; see `ct::now` in the eBPF crate).
+pub const CLOCK_CACHE: &str = "clock_cache";
 
 /// Every pinned map of the translation itself.
 pub const PINNED: [&str; 10] = [
@@ -85,7 +88,13 @@ pub const PINNED: [&str; 10] = [
 /// Every pinned map of node-local traffic (socket hooks, hairpin, fast path).
 pub const PINNED_LOCAL: [&str; 5] = [NODE, LOCAL_ADDRS, IFACES, SOCK_ORIGIN, PEERS];
 /// The maps of the object that are never pinned.
-pub const UNPINNED: [&str; 4] = [TRACE_EVENTS, SCRATCH, COUNTER_SCRATCH, TRACE_SCRATCH];
+pub const UNPINNED: [&str; 5] = [
+    TRACE_EVENTS,
+    SCRATCH,
+    COUNTER_SCRATCH,
+    TRACE_SCRATCH,
+    CLOCK_CACHE,
+];
 
 /// Default capacities (`max_entries`); userspace may override some of them
 /// at load time (`conntrackSize`, `maxMappings`).

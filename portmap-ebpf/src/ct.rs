@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_CURRENT_NETNS, bpf_sock_tuple},
-    helpers::{bpf_ktime_get_coarse_ns, bpf_sk_release, bpf_skc_lookup_tcp},
+    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_sk_release, bpf_skc_lookup_tcp},
     programs::TcContext,
 };
 use portmap_common::{
@@ -17,10 +17,31 @@ use crate::{
 };
 
 /// CLOCK_MONOTONIC at tick resolution: what flow ages need (timeouts of
-/// minutes, a refresh every second), and far cheaper per packet than the
-/// precise clock, which reads the TSC (slow under some hypervisors).
+/// seconds to hours, a refresh every second), and far cheaper per packet
+/// than the precise clock, which reads the TSC (slow under some
+/// hypervisors). The coarse clock moves only at a tick, as `jiffies`
+/// does, so each CPU keeps the value it read at the current jiffy and
+/// calls the helper again only when `jiffies` has moved on: the verifier
+/// turns `bpf_jiffies64` into one load (64-bit JITs), where the helper
+/// call costs 20-30 ns a packet. The kept value may lag by a tick (the
+/// tick moves `jiffies` just before the clock), a few milliseconds on
+/// ages judged in seconds.
 #[inline(always)]
 pub fn now() -> u64 {
+    // SAFETY: no arguments, always safe to call.
+    let jiffies = unsafe { bpf_jiffies64() };
+    let Some(cache) = maps::clock_cache() else {
+        return coarse_ns();
+    };
+    if cache.jiffies != jiffies {
+        cache.jiffies = jiffies;
+        cache.now_ns = coarse_ns();
+    }
+    cache.now_ns
+}
+
+#[inline(always)]
+fn coarse_ns() -> u64 {
     // SAFETY: no arguments, always safe to call.
     unsafe { bpf_ktime_get_coarse_ns() }
 }

@@ -162,6 +162,25 @@ pub struct TraceScratch {
 #[btf_map(name = "trace_scratch")]
 static TRACE_SCRATCH: PerCpuArray<TraceScratch, 1> = PerCpuArray::new();
 
+// ---- the clock (see `ct::now`) ----
+
+/// The coarse clock as this CPU last read it, and the jiffy it read it at.
+#[repr(C)]
+pub struct ClockCache {
+    pub jiffies: u64,
+    pub now_ns: u64,
+}
+
+#[btf_map(name = "clock_cache")]
+static CLOCK_CACHE: PerCpuArray<ClockCache, 1> = PerCpuArray::new();
+
+/// This CPU's memory of the clock. Taken only by `ct::now`, which calls
+/// nothing that takes it too.
+#[inline(always)]
+pub fn clock_cache() -> Option<&'static mut ClockCache> {
+    this_cpu(&CLOCK_CACHE)
+}
+
 // ---- per-CPU scratch of the tc programs ----
 
 /// Room for what one new flow writes to conntrack (see `flow::new_flow`),

@@ -159,6 +159,11 @@ pub const ESSENTIAL: &[Feature] = &[
         probe: Probe::Helper(BpfHelper::BPF_FUNC_ktime_get_coarse_ns),
     },
     Feature {
+        name: "the bpf_jiffies64 helper (when to read the clock again)",
+        since: "5.5",
+        probe: Probe::Helper(BpfHelper::BPF_FUNC_jiffies64),
+    },
+    Feature {
         name: "the bpf_skb_load_bytes helper",
         since: "4.5",
         probe: Probe::Helper(BpfHelper::BPF_FUNC_skb_load_bytes),
