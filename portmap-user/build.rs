@@ -7,17 +7,28 @@
 mod hash;
 
 fn main() -> aya_build::Result<()> {
+    // Paths from the environment cargo runs this script in, not baked in
+    // when it was compiled: cargo reuses a compiled build script across
+    // checkouts that share a target directory (its hashes hold relative
+    // paths), and a copy whose paths named another checkout watched that
+    // checkout's eBPF sources, so this one's changes never rebuilt the
+    // object (a bench run measured a stale object that way).
+    let manifest_dir =
+        std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let workspace = manifest_dir
+        .parent()
+        .expect("portmap-user sits in the workspace root");
     // The eBPF crate also compiles the shared schema; aya-build only watches
     // the eBPF crate itself.
     println!(
         "cargo:rerun-if-changed={}",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../portmap-common")
+        workspace.join("portmap-common").display()
     );
-    let root_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../portmap-ebpf");
+    let root_dir = workspace.join("portmap-ebpf");
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "portmap-ebpf",
-            root_dir,
+            root_dir: root_dir.to_str().expect("a UTF-8 checkout path"),
             ..Default::default()
         }],
         aya_build::Toolchain::default(),
@@ -30,5 +41,12 @@ fn main() -> aya_build::Result<()> {
         "cargo:rustc-env=PORTMAP_BUILD_ID={:016x}",
         hash::fnv1a64(&bytes)
     );
+    let sources = portmap_common::sources::ebpf_sources_digest(workspace).unwrap_or_else(|e| {
+        panic!(
+            "reading the eBPF sources under {}: {e}",
+            workspace.display()
+        )
+    });
+    println!("cargo:rustc-env=PORTMAP_EBPF_SOURCES={sources:016x}");
     Ok(())
 }

@@ -11,6 +11,8 @@ pub mod crc32c;
 pub mod local;
 pub mod maps;
 pub mod reason;
+#[cfg(any(feature = "sources", test))]
+pub mod sources;
 
 pub use reason::stat;
 

@@ -65,6 +65,7 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         let document = json!({
             "version": env!("CARGO_PKG_VERSION"),
             "build": build,
+            "ebpfSources": object::EBPF_SOURCES,
             "kernel": kernel,
             "attachMode": mode,
             "features": features,
@@ -73,8 +74,9 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut text = format!(
-        "ebpf-portmap {}\neBPF object build: {build}\nkernel: {kernel}\nattach mode: {}\nkernel features:\n",
+        "ebpf-portmap {}\neBPF object build: {build}\neBPF sources: {}\nkernel: {kernel}\nattach mode: {}\nkernel features:\n",
         env!("CARGO_PKG_VERSION"),
+        object::EBPF_SOURCES,
         mode.unwrap_or("not recorded yet (the first ADD probes tcx, else clsact)"),
     );
     for (name, since, supported) in &probed {

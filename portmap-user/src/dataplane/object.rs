@@ -15,3 +15,9 @@ pub fn build_id() -> u64 {
     };
     ID
 }
+
+/// The digest of the sources [`OBJECT`] was compiled from
+/// (`portmap_common::sources`), computed by build.rs: 16 hex digits.
+/// `version` prints it, so a check can tell a stale object from this
+/// checkout's.
+pub const EBPF_SOURCES: &str = env!("PORTMAP_EBPF_SOURCES");
