@@ -586,6 +586,7 @@ fn run(
         "ebpf_portmap_bin": plugin_bin().display().to_string(),
         "source": source,
         "ebpf_sources": ebpf_sources_of(&plugin_bin()),
+        "ebpf_sources_digest": ebpf_sources_in(&plugin_bin()),
         "baseline_bin": world::BASELINE_BIN.get().map(|bin| bin.display().to_string()),
         "baseline_ebpf_sources": world::BASELINE_BIN.get().map(|bin| ebpf_sources_of(bin)),
         "baseline_source": baseline_source,
@@ -678,31 +679,57 @@ fn ebpf_sources_of(bin: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Refuses a plugin binary whose eBPF object was compiled from another
-/// checkout than this one, unless `--plugin-source` says where the binary
-/// comes from (a build measured on purpose): the dataplane figures would
-/// be of code the report does not name.
+/// Refuses a plugin binary whose eBPF object was not compiled from this
+/// checkout's sources as they are now, unless `--plugin-source` says where
+/// the binary comes from (a build measured on purpose): the dataplane
+/// figures would be of code the report does not name. The binary says
+/// which sources its object is (`version`'s `ebpfSources`, a digest of
+/// portmap-ebpf and portmap-common); the same digest of this checkout must
+/// match. Cargo's cache once handed the bench an object older than the
+/// sources, whose line info named this checkout all the same.
 fn check_ebpf_source(source_given: bool) -> anyhow::Result<()> {
     let bin = plugin_bin();
-    let bytes = std::fs::read(&bin).with_context(|| format!("reading {}", bin.display()))?;
-    let dirs = provenance::ebpf_crate_dirs(&bytes);
     let root = workspace_root();
-    let expected = root.canonicalize().unwrap_or(root).join("portmap-ebpf");
-    match provenance::mismatch(&dirs, &expected) {
-        Some(why) if !source_given => bail!(
-            "{} is not this checkout's build: {why}. Cargo reused an object built elsewhere: \
-             remove target/*/*/build/portmap-user-* and target/*/*/.fingerprint/portmap-user-* \
-             and rebuild, or pass --plugin-source to measure that build on purpose",
+    let here = portmap_common::sources::ebpf_sources_digest(&root)
+        .with_context(|| format!("reading the eBPF sources under {}", root.display()))?;
+    let here = format!("{here:016x}");
+    let theirs = ebpf_sources_in(&bin);
+    let dirs = ebpf_sources_of(&bin).join(", ");
+    match theirs {
+        Some(theirs) if theirs == here => Ok(()),
+        Some(theirs) if !source_given => bail!(
+            "{} carries an eBPF object of other sources (digest {theirs}, compiled from {dirs}) than \
+             this checkout's ({here}): cargo reused an object built before the last change or \
+             elsewhere. Remove target/*/*/build/portmap-user-* and rebuild, or pass --plugin-source \
+             to measure that build on purpose",
             bin.display()
         ),
-        Some(why) => println!("bench: {} ({why}), as --plugin-source says", bin.display()),
-        None if dirs.is_empty() => println!(
-            "bench: {} names no eBPF sources (no line info): where its programs were built from is not checked",
-            bin.display()
-        ),
-        None => {}
+        Some(theirs) => {
+            println!(
+                "bench: {} carries eBPF sources {theirs}, this checkout {here}: measured as --plugin-source says",
+                bin.display()
+            );
+            Ok(())
+        }
+        None => {
+            println!(
+                "bench: {} does not say which sources its eBPF object is (a build before `version` printed them)",
+                bin.display()
+            );
+            Ok(())
+        }
     }
-    Ok(())
+}
+
+/// The digest of the eBPF sources that `bin version` reports, if it
+/// reports one.
+fn ebpf_sources_in(bin: &Path) -> Option<String> {
+    let out = Command::new(bin)
+        .args(["version", "-o", "json"])
+        .output()
+        .ok()?;
+    let document: Value = serde_json::from_slice(&out.stdout).ok()?;
+    document["ebpfSources"].as_str().map(str::to_owned)
 }
 
 /// The commit the bench was built from, and whether the tree had changes.

@@ -387,6 +387,7 @@ pub fn markdown(
         ("ebpf_portmap_bin", "ebpf-portmap binary"),
         ("source", "ebpf-portmap built from"),
         ("ebpf_sources", "its eBPF object compiled from"),
+        ("ebpf_sources_digest", "digest of its eBPF sources"),
         ("baseline_bin", "baseline build (control plane)"),
         ("baseline_source", "baseline built from"),
         (
