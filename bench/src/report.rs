@@ -9,8 +9,8 @@ use super::UNRELATED_REMOTE as UNRELATED;
 use super::load::Test;
 use super::memory::{self, MapInfo};
 use super::results::{
-    REPORTED, Results, Scope, Status, TargetRow, Verb, cpu_per_rep, failures, ops_per_s_per_rep,
-    pct_per_rep, size_label,
+    LoadProfile, REPORTED, Results, Scope, Status, TargetRow, Verb, cpu_per_rep, failures,
+    ops_per_s_per_rep, pct_per_rep, size_label,
 };
 use super::stats::{MinMedian, Pct};
 use super::svg::BarChart;
@@ -1122,45 +1122,41 @@ fn line_profiles(md: &mut String, results: &Results) {
             load.ns_per_unit(load.profile.in_programs()),
             load.units
         );
-        let _ = writeln!(md, "| called from the programs | ns per unit | samples |");
-        let _ = writeln!(md, "| --- | --- | --- |");
-        for (callee, samples) in load.profile.by_callee() {
-            let _ = writeln!(
-                md,
-                "| {} | {:.0} | {samples} |",
-                md_escape(&callee),
-                load.ns_per_unit(samples)
-            );
-        }
-        let _ = writeln!(
+        let by_callee = load.profile.by_callee();
+        profile_table(md, load, "called from the programs", by_callee);
+        let mut by_function = load.profile.by_function();
+        by_function.truncate(PROFILE_LINES);
+        profile_table(md, load, "JIT-ed function (-> what it called)", by_function);
+        let by_line = load
+            .profile
+            .ranked()
+            .into_iter()
+            .take(PROFILE_LINES)
+            .map(|(place, samples)| (format!("{}: {place}", place.function), samples))
+            .collect();
+        profile_table(
             md,
-            "\n| JIT-ed function (-> what it called) | ns per unit | samples |"
+            load,
+            "function: source line (-> what it called)",
+            by_line,
         );
-        let _ = writeln!(md, "| --- | --- | --- |");
-        for (function, samples) in load.profile.by_function().into_iter().take(PROFILE_LINES) {
-            let _ = writeln!(
-                md,
-                "| {} | {:.0} | {samples} |",
-                md_escape(&function),
-                load.ns_per_unit(samples)
-            );
-        }
-        let _ = writeln!(
-            md,
-            "\n| function: source line (-> what it called) | ns per unit | samples |"
-        );
-        let _ = writeln!(md, "| --- | --- | --- |");
-        for (place, samples) in load.profile.ranked().into_iter().take(PROFILE_LINES) {
-            let _ = writeln!(
-                md,
-                "| {}: {} | {:.0} | {samples} |",
-                place.function,
-                md_escape(&place.to_string()),
-                load.ns_per_unit(samples)
-            );
-        }
-        let _ = writeln!(md);
     }
+}
+
+/// One table of a line profile: `rows` of (what, samples), with the
+/// samples in ns per unit of `load`, and a blank line after it.
+fn profile_table(md: &mut String, load: &LoadProfile, heading: &str, rows: Vec<(String, u64)>) {
+    let _ = writeln!(md, "| {heading} | ns per unit | samples |");
+    let _ = writeln!(md, "| --- | --- | --- |");
+    for (what, samples) in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {:.0} | {samples} |",
+            md_escape(&what),
+            load.ns_per_unit(samples)
+        );
+    }
+    let _ = writeln!(md);
 }
 
 /// A table cell's text: its pipes escaped, backticks kept.
