@@ -3,9 +3,6 @@
 //! Also hashes the object into `PORTMAP_BUILD_ID` (see `attach::build_id`), so
 //! the plugin does not hash half a megabyte on every run.
 
-#[path = "src/dataplane/hash.rs"]
-mod hash;
-
 fn main() -> aya_build::Result<()> {
     // Paths from the environment cargo runs this script in, not baked in
     // when it was compiled: cargo reuses a compiled build script across
@@ -39,7 +36,7 @@ fn main() -> aya_build::Result<()> {
         .unwrap_or_else(|e| panic!("reading the eBPF object {}: {e}", object.display()));
     println!(
         "cargo:rustc-env=PORTMAP_BUILD_ID={:016x}",
-        hash::fnv1a64(&bytes)
+        portmap_common::fnv::fnv1a64(&bytes)
     );
     let sources = portmap_common::sources::ebpf_sources_digest(workspace).unwrap_or_else(|e| {
         panic!(

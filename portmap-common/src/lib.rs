@@ -8,6 +8,7 @@
 #![no_std]
 
 pub mod crc32c;
+pub mod fnv;
 pub mod local;
 pub mod maps;
 pub mod reason;

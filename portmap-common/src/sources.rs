@@ -8,6 +8,8 @@ extern crate std;
 
 use std::{fs, io, path::Path, path::PathBuf, vec::Vec};
 
+use crate::fnv::Fnv1a64;
+
 /// The crates of the eBPF object, relative to the workspace root: each one's
 /// `Cargo.toml` and every `.rs` file under its `src`.
 pub const EBPF_CRATES: [&str; 2] = ["portmap-ebpf", "portmap-common"];
@@ -22,7 +24,7 @@ pub fn ebpf_sources_digest(workspace: &Path) -> io::Result<u64> {
         rust_files(&dir.join("src"), &mut files)?;
     }
     files.sort();
-    let mut hash = Fnv(0xcbf2_9ce4_8422_2325);
+    let mut hash = Fnv1a64::new();
     for file in &files {
         let relative = file.strip_prefix(workspace).unwrap_or(file);
         hash.add(relative.as_os_str().as_encoded_bytes());
@@ -30,7 +32,7 @@ pub fn ebpf_sources_digest(workspace: &Path) -> io::Result<u64> {
         hash.add(&fs::read(file)?);
         hash.add(&[0]);
     }
-    Ok(hash.0)
+    Ok(hash.finish())
 }
 
 fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) -> io::Result<()> {
@@ -43,18 +45,6 @@ fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// 64-bit FNV-1a, fed piece by piece.
-struct Fnv(u64);
-
-impl Fnv {
-    fn add(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 ^= u64::from(byte);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -32,16 +32,10 @@ pub enum BpffsError {
 /// no plain files): its load lock and the record of its `interfaces`.
 pub const RUN_DIR: &str = "/run/ebpf-portmap";
 
-/// FNV-1a 64 of `bytes`: how the plugin names those files after the root.
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 /// The load lock the plugin's verbs (and the agent) take for `pin_root`.
 pub fn lock_file(pin_root: &Path) -> PathBuf {
-    let id = fnv1a64(pin_root.as_os_str().as_encoded_bytes());
+    // The plugin's own hash (`portmap_common::fnv`) names those files.
+    let id = portmap_common::fnv::fnv1a64(pin_root.as_os_str().as_encoded_bytes());
     Path::new(RUN_DIR).join(format!("{id:016x}.lock"))
 }
 
