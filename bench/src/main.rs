@@ -365,7 +365,8 @@ fn main() -> ExitCode {
         eprintln!("bench: {e:#}");
         return ExitCode::FAILURE;
     }
-    if let Err(e) = check_ebpf_source(args.plugin_source.is_some()) {
+    let ebpf = EbpfSources::of(&plugin_bin());
+    if let Err(e) = check_ebpf_source(&ebpf, args.plugin_source.is_some()) {
         eprintln!("bench: {e:#}");
         return ExitCode::FAILURE;
     }
@@ -391,6 +392,7 @@ fn main() -> ExitCode {
             &progress,
             &out_dir,
             &source,
+            &ebpf,
             baseline_source.as_deref(),
         )
     }));
@@ -519,6 +521,7 @@ fn run(
     progress: &Progress,
     out_dir: &std::path::Path,
     source: &str,
+    ebpf: &EbpfSources,
     baseline_source: Option<&str>,
 ) -> anyhow::Result<usize> {
     let started_unix = SystemTime::now()
@@ -585,10 +588,10 @@ fn run(
         "iptables": first_line("iptables", &["--version"]),
         "ebpf_portmap_bin": plugin_bin().display().to_string(),
         "source": source,
-        "ebpf_sources": ebpf_sources_of(&plugin_bin()),
-        "ebpf_sources_digest": ebpf_sources_in(&plugin_bin()),
+        "ebpf_sources": ebpf.dirs,
+        "ebpf_sources_digest": ebpf.digest,
         "baseline_bin": world::BASELINE_BIN.get().map(|bin| bin.display().to_string()),
-        "baseline_ebpf_sources": world::BASELINE_BIN.get().map(|bin| ebpf_sources_of(bin)),
+        "baseline_ebpf_sources": world::BASELINE_BIN.get().map(|bin| EbpfSources::of(bin).dirs),
         "baseline_source": baseline_source,
         "sections": plan.sections.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "),
         "method": format!(
@@ -667,16 +670,33 @@ fn package_version(package: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// The `portmap-ebpf` directories the eBPF object in `bin` was compiled
-/// from, as its line info names them (empty when it has none, or `bin`
-/// cannot be read).
-fn ebpf_sources_of(bin: &Path) -> Vec<String> {
-    std::fs::read(bin)
-        .map(|bytes| provenance::ebpf_crate_dirs(&bytes))
-        .unwrap_or_default()
-        .iter()
-        .map(|dir| dir.display().to_string())
-        .collect()
+/// What a plugin binary says of the sources of its eBPF object.
+struct EbpfSources {
+    /// The digest of the sources that `bin version` reports, if it reports
+    /// one (`ebpfSources`).
+    digest: Option<String>,
+    /// The `portmap-ebpf` directories the object was compiled in, as its
+    /// line info names them (empty when it has none, or `bin` cannot be
+    /// read).
+    dirs: Vec<String>,
+}
+
+impl EbpfSources {
+    fn of(bin: &Path) -> EbpfSources {
+        let digest = Command::new(bin)
+            .args(["version", "-o", "json"])
+            .output()
+            .ok()
+            .and_then(|out| serde_json::from_slice::<Value>(&out.stdout).ok())
+            .and_then(|document| document["ebpfSources"].as_str().map(str::to_owned));
+        let dirs = std::fs::read(bin)
+            .map(|bytes| provenance::ebpf_crate_dirs(&bytes))
+            .unwrap_or_default()
+            .iter()
+            .map(|dir| dir.display().to_string())
+            .collect();
+        EbpfSources { digest, dirs }
+    }
 }
 
 /// Refuses a plugin binary whose eBPF object was not compiled from this
@@ -687,22 +707,21 @@ fn ebpf_sources_of(bin: &Path) -> Vec<String> {
 /// portmap-ebpf and portmap-common); the same digest of this checkout must
 /// match. Cargo's cache once handed the bench an object older than the
 /// sources, whose line info named this checkout all the same.
-fn check_ebpf_source(source_given: bool) -> anyhow::Result<()> {
+fn check_ebpf_source(ebpf: &EbpfSources, source_given: bool) -> anyhow::Result<()> {
     let bin = plugin_bin();
     let root = workspace_root();
     let here = portmap_common::sources::ebpf_sources_digest(&root)
         .with_context(|| format!("reading the eBPF sources under {}", root.display()))?;
     let here = format!("{here:016x}");
-    let theirs = ebpf_sources_in(&bin);
-    let dirs = ebpf_sources_of(&bin).join(", ");
-    match theirs {
-        Some(theirs) if theirs == here => Ok(()),
+    match &ebpf.digest {
+        Some(theirs) if *theirs == here => Ok(()),
         Some(theirs) if !source_given => bail!(
-            "{} carries an eBPF object of other sources (digest {theirs}, compiled from {dirs}) than \
+            "{} carries an eBPF object of other sources (digest {theirs}, compiled from {}) than \
              this checkout's ({here}): cargo reused an object built before the last change or \
              elsewhere. Remove target/*/*/build/portmap-user-* and rebuild, or pass --plugin-source \
              to measure that build on purpose",
-            bin.display()
+            bin.display(),
+            ebpf.dirs.join(", ")
         ),
         Some(theirs) => {
             println!(
@@ -719,17 +738,6 @@ fn check_ebpf_source(source_given: bool) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// The digest of the eBPF sources that `bin version` reports, if it
-/// reports one.
-fn ebpf_sources_in(bin: &Path) -> Option<String> {
-    let out = Command::new(bin)
-        .args(["version", "-o", "json"])
-        .output()
-        .ok()?;
-    let document: Value = serde_json::from_slice(&out.stdout).ok()?;
-    document["ebpfSources"].as_str().map(str::to_owned)
 }
 
 /// The commit the bench was built from, and whether the tree had changes.
