@@ -12,7 +12,10 @@ pub mod fnv;
 pub mod local;
 pub mod maps;
 pub mod reason;
-#[cfg(any(feature = "sources", test))]
+// Host code (std): not a feature, so that every selection of the
+// workspace's packages resolves portmap-common alike and cargo builds each
+// dependency once.
+#[cfg(not(target_arch = "bpf"))]
 pub mod sources;
 
 pub use reason::stat;

@@ -59,6 +59,19 @@ pub(crate) fn cargo() -> Command {
     command
 }
 
+/// `cargo <verb>` (`test`, `run`) over the workspace's default members, for
+/// the caller to narrow with `--test`/`--bin`, never with `-p`. Cargo
+/// resolves features for the packages a command selects: `-p portmap-tests`
+/// alone resolves portmap-common, tokio and the rest with fewer features
+/// than plain `cargo test` does, so it builds a second copy of each of them
+/// and of every test binary that links them. On a CI machine with a small
+/// disk those copies ran it out of space.
+pub(crate) fn cargo_workspace(verb: &str) -> Command {
+    let mut command = cargo();
+    command.arg(verb);
+    command
+}
+
 pub(crate) fn path_with_first(dir: &Path) -> Result<OsString> {
     let current = std::env::var_os("PATH").unwrap_or_default();
     let paths = std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&current));

@@ -50,11 +50,8 @@ pub fn e2e_containerd(test_args: &[String]) -> Result<()> {
     let version = crate::cmd::capture(Command::new("containerd").arg("--version"))?;
     println!("containerd: {}", version.trim());
     crate::cmd::run(
-        crate::cmd::cargo()
+        crate::cmd::cargo_workspace("test")
             .args([
-                "test",
-                "-p",
-                "portmap-tests",
                 "--test",
                 "containerd",
                 "--",

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::{cmd::cargo, cmd::run, dist, podman};
+use crate::{cmd::cargo_workspace, cmd::run, dist, podman};
 
 /// Where [`build`] writes the archive.
 pub fn archive_path() -> PathBuf {
@@ -24,16 +24,8 @@ pub fn archive_path() -> PathBuf {
 pub fn build(tarball: &Path) -> Result<PathBuf> {
     podman::ensure_podman()?;
     let archive = archive_path();
-    run(cargo()
-        .args([
-            "run",
-            "--quiet",
-            "-p",
-            "portmap-tests",
-            "--bin",
-            "image",
-            "--",
-        ])
+    run(cargo_workspace("run")
+        .args(["--quiet", "--bin", "image", "--"])
         .arg("--tarball")
         .arg(tarball)
         .arg("--out")
@@ -45,15 +37,7 @@ pub fn build(tarball: &Path) -> Result<PathBuf> {
 /// release tarball.
 pub fn test(tarball: &Path) -> Result<()> {
     podman::ensure_podman()?;
-    run(cargo()
-        .args([
-            "test",
-            "-p",
-            "portmap-tests",
-            "--test",
-            "image",
-            "--",
-            "--ignored",
-        ])
+    run(cargo_workspace("test")
+        .args(["--test", "image", "--", "--ignored"])
         .env(dist::TARBALL_ENV, tarball))
 }

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::cmd::{cargo, plugin_bin, run, shipped_plugin_bin, target_dir, workspace_root};
+use crate::cmd::{
+    cargo, cargo_workspace, plugin_bin, run, shipped_plugin_bin, target_dir, workspace_root,
+};
 use crate::setup::{plugin_target, setup_step, validator_bin};
 use crate::{
     PLUGIN_BIN, PLUGIN_BIN_ENV, PLUGIN_PACKAGE, containerd, dist, image, podman, previous, vm,
@@ -124,8 +126,7 @@ pub(crate) fn test_steps(
         Step::new(
             "cargo test again with fastPath on (plugin, local, operator, lifecycle)",
             move || {
-                run(cargo()
-                    .args(["test", "-p", "portmap-tests"])
+                run(cargo_workspace("test")
                     .args(["--test", "plugin", "--test", "local"])
                     .args(["--test", "operator", "--test", "lifecycle"])
                     .args(cargo_test_args)
@@ -210,16 +211,8 @@ pub(crate) fn dist_steps() -> Vec<Step<'static>> {
 /// `#[ignore]`d in a plain `cargo test`, which has no tarball.
 pub(crate) fn dist_and_test() -> Result<()> {
     let tarball = dist::build()?;
-    run(cargo()
-        .args([
-            "test",
-            "-p",
-            "portmap-tests",
-            "--test",
-            "dist",
-            "--",
-            "--ignored",
-        ])
+    run(cargo_workspace("test")
+        .args(["--test", "dist", "--", "--ignored"])
         .env(dist::TARBALL_ENV, &tarball))
 }
 
@@ -292,16 +285,8 @@ pub(crate) fn demo_steps(demo_args: &[String]) -> Vec<Step<'_>> {
         setup_step(),
         build_plugin_step(),
         Step::new("cargo run -p portmap-tests --bin demo", move || {
-            run(cargo()
-                .args([
-                    "run",
-                    "--quiet",
-                    "-p",
-                    "portmap-tests",
-                    "--bin",
-                    "demo",
-                    "--",
-                ])
+            run(cargo_workspace("run")
+                .args(["--quiet", "--bin", "demo", "--"])
                 .args(demo_args)
                 .env(PLUGIN_BIN_ENV, plugin_bin()))
         }),

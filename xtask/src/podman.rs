@@ -55,11 +55,8 @@ pub fn ensure_podman() -> Result<()> {
 pub fn e2e_podman(test_args: &[String]) -> Result<()> {
     ensure_podman()?;
     crate::cmd::run(
-        crate::cmd::cargo()
+        crate::cmd::cargo_workspace("test")
             .args([
-                "test",
-                "-p",
-                "portmap-tests",
                 "--test",
                 "podman",
                 "--",

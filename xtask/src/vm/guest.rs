@@ -113,16 +113,10 @@ pub struct Artifacts {
 /// reuses what `cargo test` just built) and reads their paths from cargo's
 /// JSON messages.
 pub fn build_artifacts(tests: &[&GuestTest]) -> Result<Artifacts> {
-    let mut command = crate::cmd::cargo();
-    command.args([
-        "test",
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-        "-p",
-        "portmap-user",
-        "-p",
-        "portmap-tests",
-    ]);
+    // Every default member's tests, as plain `cargo test` selects them: the
+    // same feature resolution, so nothing is built twice.
+    let mut command = crate::cmd::cargo_workspace("test");
+    command.args(["--no-run", "--message-format=json-render-diagnostics"]);
     println!("+ {}", crate::cmd::show(&command));
     let out = command
         .stderr(std::process::Stdio::inherit())
