@@ -40,8 +40,9 @@ pub(crate) fn run_steps(verb: &str, steps: Vec<Step<'_>>) -> Result<()> {
         (step.run)()
             .with_context(|| format!("{verb} step {number}/{total} ({}) failed", step.name))?;
         println!(
-            "xtask {verb}: step {number}/{total} done in {:.1}s",
-            step_started.elapsed().as_secs_f64()
+            "xtask {verb}: step {number}/{total} done in {:.1}s{}",
+            step_started.elapsed().as_secs_f64(),
+            free_space_note()
         );
     }
     println!(
@@ -49,6 +50,28 @@ pub(crate) fn run_steps(verb: &str, steps: Vec<Step<'_>>) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// ", N MiB free for target/", from `df`, or nothing if it cannot say: a
+/// CI log then shows which step filled a small disk.
+fn free_space_note() -> String {
+    let target = target_dir();
+    let Ok(out) = Command::new("df")
+        .args(["--output=avail", "-B1M"])
+        .arg(if target.exists() {
+            target
+        } else {
+            workspace_root()
+        })
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return String::new();
+    };
+    match String::from_utf8_lossy(&out.stdout).lines().nth(1) {
+        Some(mib) if out.status.success() => format!(", {} MiB free for target/", mib.trim()),
+        _ => String::new(),
+    }
 }
 
 pub(crate) fn build_plugin_step() -> Step<'static> {
