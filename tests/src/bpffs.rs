@@ -29,7 +29,8 @@ pub enum BpffsError {
 }
 
 /// Where the plugin keeps what a pin root needs outside bpffs (which holds
-/// no plain files): its load lock and the record of its `interfaces`.
+/// no plain files): its load lock, the record of its `interfaces` and that
+/// of its socket hooks.
 pub const RUN_DIR: &str = "/run/ebpf-portmap";
 
 /// The load lock the plugin's verbs (and the agent) take for `pin_root`.
@@ -43,6 +44,12 @@ pub fn lock_file(pin_root: &Path) -> PathBuf {
 /// `pin_root` (present only while `interfaces` is set).
 pub fn interfaces_record(pin_root: &Path) -> PathBuf {
     lock_file(pin_root).with_extension("interfaces")
+}
+
+/// Where the plugin records the socket hooks' link pins it found in place
+/// for `pin_root`.
+pub fn hooks_record(pin_root: &Path) -> PathBuf {
+    lock_file(pin_root).with_extension("hooks")
 }
 
 /// Whether `path` is on a bpffs mount.
@@ -190,8 +197,12 @@ impl Drop for PinRoot {
         drop(cgroup);
         // The plugin leaves its lock file on purpose (removing a lock
         // someone may wait on would let two loaders in); this root is done
-        // with, so the test takes it and the interfaces record away.
-        for file in [lock_file(&self.path), interfaces_record(&self.path)] {
+        // with, so the test takes it and the records beside it away.
+        for file in [
+            lock_file(&self.path),
+            interfaces_record(&self.path),
+            hooks_record(&self.path),
+        ] {
             let _ = std::fs::remove_file(file);
         }
     }

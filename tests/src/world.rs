@@ -9,7 +9,7 @@
     reason = "CniFailure carries the whole plugin exchange on purpose (see cni.rs)"
 )]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -116,6 +116,34 @@ impl World {
         self.runner
             .add(&self.list, &container.with_port_mappings(mappings))
             .unwrap_or_else(|e| panic!("ADD of {} failed: {e}\n{}", container.id, self.dump()))
+    }
+
+    /// The program ID each socket hook's link pin runs, by hook
+    /// (`connect4`, ...), and the IDs of this build's pinned programs by
+    /// the same names, from `status`.
+    pub fn hook_programs(&self) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+        let status = operator_json(&self.node.ns, self.pins.path(), "status");
+        let hooks = status["otherLinks"]
+            .as_array()
+            .expect("otherLinks")
+            .iter()
+            .filter_map(|link| {
+                let pin = link["pin"].as_str()?;
+                let hook = pin.strip_prefix("cg")?.split_once("_portmap_")?.1;
+                Some((hook.to_owned(), link["programID"].as_u64()?))
+            })
+            .collect();
+        let current = status["programs"]
+            .as_array()
+            .expect("programs")
+            .iter()
+            .filter(|p| p["currentBuild"] == true)
+            .filter_map(|p| {
+                let hook = p["name"].as_str()?.strip_prefix("portmap_")?;
+                Some((hook.to_owned(), p["id"].as_u64()?))
+            })
+            .collect();
+        (hooks, current)
     }
 
     pub fn del(&self, container: &Container, mappings: &[PortMapping]) {

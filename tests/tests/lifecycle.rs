@@ -716,3 +716,62 @@ fn gc_restores_the_port_filter_bits_a_mapping_lacks() {
     );
     world.del(&web, &mappings);
 }
+
+/// A hook's link pin that is not the one a run recorded as in place (two
+/// pins swapped by hand here, so each names the other hook's link) is
+/// checked again by the next ADD and put right: each pin then holds the
+/// link of its own hook's program.
+#[test]
+fn hook_link_pins_changed_since_the_record_are_checked_again() {
+    let world = World::bridge();
+    let first = world.node.add_container("first");
+    world.add(&first, &[PortMapping::tcp(8081, 80)]);
+    // The second run finds the hooks in place and records them.
+    let second = world.node.add_container("second");
+    world.add(&second, &[PortMapping::tcp(8082, 80)]);
+    let record = portmap_tests::bpffs::hooks_record(world.pins.path());
+    assert!(record.exists(), "{} was not written", record.display());
+
+    let links = world.pins.path().join("v1/links");
+    let pin_of = |hook: &str| {
+        std::fs::read_dir(&links)
+            .expect("links/")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().ends_with(&format!("_portmap_{hook}")))
+            })
+            .unwrap_or_else(|| panic!("no link pin of {hook} under {}", links.display()))
+    };
+    let (connect4, connect6) = (pin_of("connect4"), pin_of("connect6"));
+    let parked = links.join("parked");
+    for (from, to) in [
+        (&connect4, &parked),
+        (&connect6, &connect4),
+        (&parked, &connect6),
+    ] {
+        std::fs::rename(from, to)
+            .unwrap_or_else(|e| panic!("renaming {} to {}: {e}", from.display(), to.display()));
+    }
+    let (hooks, current) = world.hook_programs();
+    assert_eq!(
+        (hooks.get("connect4"), hooks.get("connect6")),
+        (current.get("connect6"), current.get("connect4")),
+        "swapped: {hooks:?}, the programs {current:?}"
+    );
+
+    let third = world.node.add_container("third");
+    world.add(&third, &[PortMapping::tcp(8083, 80)]);
+    let (hooks, current) = world.hook_programs();
+    assert_eq!(hooks.len(), 8, "eight hook links: {hooks:?}");
+    assert!(
+        hooks.iter().all(|(hook, id)| current.get(hook) == Some(id)),
+        "each pin holds its own hook's link again: {hooks:?}, the programs {current:?}"
+    );
+
+    for (container, port) in [(&first, 8081), (&second, 8082), (&third, 8083)] {
+        world.del(container, &[PortMapping::tcp(port, 80)]);
+    }
+    world.assert_clean("after the DELs");
+}

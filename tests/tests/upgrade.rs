@@ -250,3 +250,59 @@ fn mappings_of_the_previous_release_keep_working_after_an_in_place_upgrade() {
         .unwrap_or_else(|e| panic!("DEL of the new pod: {e}"));
     world.assert_clean("after both DELs");
 }
+
+/// A node taken back to the previous release and forward again (a rollout
+/// undone, then redone): the previous build's ADD puts its own socket
+/// hooks in the pins, and the next ADD of this build must put this build's
+/// back, though a run of this build recorded its hooks as in place before.
+#[test]
+fn after_a_downgrade_and_an_upgrade_again_this_builds_socket_hooks_run() {
+    let Some(previous) = previous_bin() else {
+        return;
+    };
+    let world = World::bridge();
+    let first = world.node.add_container("first");
+    world.add(&first, &[PortMapping::tcp(8081, 80)]);
+    // The second run finds the hooks the first attached, and records them.
+    let second = world.node.add_container("second");
+    world.add(&second, &[PortMapping::tcp(8082, 80)]);
+    let record = portmap_tests::bpffs::hooks_record(world.pins.path());
+    assert!(record.exists(), "{} was not written", record.display());
+    let (hooks, current) = world.hook_programs();
+    assert_eq!(hooks.len(), 8, "eight hook links: {hooks:?}");
+    assert!(
+        hooks.iter().all(|(hook, id)| current.get(hook) == Some(id)),
+        "this build's hooks: {hooks:?}, its programs {current:?}"
+    );
+
+    install(&world, &previous);
+    let third = world.node.add_container("third");
+    world.add(&third, &[PortMapping::tcp(8083, 80)]);
+    let (hooks, current) = world.hook_programs();
+    assert_eq!(hooks.len(), 8, "eight hook links: {hooks:?}");
+    assert!(
+        hooks.iter().all(|(hook, id)| current.get(hook) != Some(id)),
+        "the previous release's ADD attached its own hooks: {hooks:?}, this build's programs {current:?}"
+    );
+
+    install(&world, &plugin_bin());
+    let fourth = world.node.add_container("fourth");
+    world.add(&fourth, &[PortMapping::tcp(8084, 80)]);
+    let (hooks, current) = world.hook_programs();
+    assert_eq!(hooks.len(), 8, "eight hook links: {hooks:?}");
+    assert!(
+        hooks.iter().all(|(hook, id)| current.get(hook) == Some(id)),
+        "each hook runs this build's program again: {hooks:?}, its programs {current:?}\n{}",
+        world.dump()
+    );
+
+    for (container, port) in [
+        (&first, 8081),
+        (&second, 8082),
+        (&third, 8083),
+        (&fourth, 8084),
+    ] {
+        world.del(container, &[PortMapping::tcp(port, 80)]);
+    }
+    world.assert_clean("after the DELs");
+}

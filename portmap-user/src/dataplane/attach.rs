@@ -322,10 +322,24 @@ fn is_ready(
     recorded: &[(u32, Direction)],
     cgroup: &Path,
 ) -> bool {
-    let hooks_ready = local::program_names::ALL.iter().all(|&program| {
-        pinned_id(&layout.program(build_id(), program))
-            .is_some_and(|id| cgroup::attached(layout, cgroup, program, id))
-    });
+    // The socket hooks: known to be in place if a run of this build
+    // recorded these very link pins; otherwise each link's program is
+    // compared with this build's, and what passes is recorded. The pins
+    // are listed before the check (see `cgroup::record_hooks`).
+    let hooks_ready = match cgroup::hook_pins(layout, cgroup) {
+        None => false,
+        Some(pins) if cgroup::hooks_recorded(layout, cgroup, build_id(), &pins) => true,
+        Some(pins) => {
+            let attached = local::program_names::ALL.iter().all(|&program| {
+                pinned_id(&layout.program(build_id(), program))
+                    .is_some_and(|id| cgroup::attached(layout, cgroup, program, id))
+            });
+            if attached {
+                cgroup::record_hooks(layout, cgroup, build_id(), &pins);
+            }
+            attached
+        }
+    };
     if !hooks_ready {
         return false;
     }
