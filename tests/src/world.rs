@@ -146,6 +146,37 @@ impl World {
         (hooks, current)
     }
 
+    /// Two containers ADDed (hostPorts 8081 and 8082 to port 80): the first
+    /// run attaches the socket hooks, the second finds them in place and
+    /// records them, which is asserted. Returned for the test to DEL.
+    pub fn add_until_hooks_recorded(&self) -> Vec<(Container, PortMapping)> {
+        let added: Vec<(Container, PortMapping)> = [("first", 8081), ("second", 8082)]
+            .into_iter()
+            .map(|(id, port)| {
+                let container = self.node.add_container(id);
+                let mapping = PortMapping::tcp(port, 80);
+                self.add(&container, std::slice::from_ref(&mapping));
+                (container, mapping)
+            })
+            .collect();
+        let record = crate::bpffs::hooks_record(self.pins.path());
+        assert!(record.exists(), "{} was not written", record.display());
+        added
+    }
+
+    /// Asserts that each of the eight hooks' link pins runs this build's
+    /// program of its own hook.
+    pub fn assert_hooks_of_this_build(&self, when: &str) {
+        let (hooks, current) = self.hook_programs();
+        assert_eq!(hooks.len(), 8, "{when}: eight hook links: {hooks:?}");
+        assert!(
+            hooks.iter().all(|(hook, id)| current.get(hook) == Some(id)),
+            "{when}: each pin runs this build's program of its hook: {hooks:?}, the programs \
+             {current:?}\n{}",
+            self.dump()
+        );
+    }
+
     pub fn del(&self, container: &Container, mappings: &[PortMapping]) {
         self.runner
             .del(&self.list, &container.with_port_mappings(mappings))

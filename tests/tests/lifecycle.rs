@@ -724,13 +724,7 @@ fn gc_restores_the_port_filter_bits_a_mapping_lacks() {
 #[test]
 fn hook_link_pins_changed_since_the_record_are_checked_again() {
     let world = World::bridge();
-    let first = world.node.add_container("first");
-    world.add(&first, &[PortMapping::tcp(8081, 80)]);
-    // The second run finds the hooks in place and records them.
-    let second = world.node.add_container("second");
-    world.add(&second, &[PortMapping::tcp(8082, 80)]);
-    let record = portmap_tests::bpffs::hooks_record(world.pins.path());
-    assert!(record.exists(), "{} was not written", record.display());
+    let mut added = world.add_until_hooks_recorded();
 
     let links = world.pins.path().join("v1/links");
     let pin_of = |hook: &str| {
@@ -763,15 +757,11 @@ fn hook_link_pins_changed_since_the_record_are_checked_again() {
 
     let third = world.node.add_container("third");
     world.add(&third, &[PortMapping::tcp(8083, 80)]);
-    let (hooks, current) = world.hook_programs();
-    assert_eq!(hooks.len(), 8, "eight hook links: {hooks:?}");
-    assert!(
-        hooks.iter().all(|(hook, id)| current.get(hook) == Some(id)),
-        "each pin holds its own hook's link again: {hooks:?}, the programs {current:?}"
-    );
+    world.assert_hooks_of_this_build("after the ADD that followed the swap");
 
-    for (container, port) in [(&first, 8081), (&second, 8082), (&third, 8083)] {
-        world.del(container, &[PortMapping::tcp(port, 80)]);
+    added.push((third, PortMapping::tcp(8083, 80)));
+    for (container, mapping) in &added {
+        world.del(container, std::slice::from_ref(mapping));
     }
     world.assert_clean("after the DELs");
 }

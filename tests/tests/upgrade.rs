@@ -261,19 +261,8 @@ fn after_a_downgrade_and_an_upgrade_again_this_builds_socket_hooks_run() {
         return;
     };
     let world = World::bridge();
-    let first = world.node.add_container("first");
-    world.add(&first, &[PortMapping::tcp(8081, 80)]);
-    // The second run finds the hooks the first attached, and records them.
-    let second = world.node.add_container("second");
-    world.add(&second, &[PortMapping::tcp(8082, 80)]);
-    let record = portmap_tests::bpffs::hooks_record(world.pins.path());
-    assert!(record.exists(), "{} was not written", record.display());
-    let (hooks, current) = world.hook_programs();
-    assert_eq!(hooks.len(), 8, "eight hook links: {hooks:?}");
-    assert!(
-        hooks.iter().all(|(hook, id)| current.get(hook) == Some(id)),
-        "this build's hooks: {hooks:?}, its programs {current:?}"
-    );
+    let mut added = world.add_until_hooks_recorded();
+    world.assert_hooks_of_this_build("before the downgrade");
 
     install(&world, &previous);
     let third = world.node.add_container("third");
@@ -288,21 +277,12 @@ fn after_a_downgrade_and_an_upgrade_again_this_builds_socket_hooks_run() {
     install(&world, &plugin_bin());
     let fourth = world.node.add_container("fourth");
     world.add(&fourth, &[PortMapping::tcp(8084, 80)]);
-    let (hooks, current) = world.hook_programs();
-    assert_eq!(hooks.len(), 8, "eight hook links: {hooks:?}");
-    assert!(
-        hooks.iter().all(|(hook, id)| current.get(hook) == Some(id)),
-        "each hook runs this build's program again: {hooks:?}, its programs {current:?}\n{}",
-        world.dump()
-    );
+    world.assert_hooks_of_this_build("after the upgrade again");
 
-    for (container, port) in [
-        (&first, 8081),
-        (&second, 8082),
-        (&third, 8083),
-        (&fourth, 8084),
-    ] {
-        world.del(container, &[PortMapping::tcp(port, 80)]);
+    added.push((third, PortMapping::tcp(8083, 80)));
+    added.push((fourth, PortMapping::tcp(8084, 80)));
+    for (container, mapping) in &added {
+        world.del(container, std::slice::from_ref(mapping));
     }
     world.assert_clean("after the DELs");
 }
