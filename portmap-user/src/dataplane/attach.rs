@@ -11,6 +11,7 @@
 
 use std::{
     collections::BTreeSet,
+    ffi::OsString,
     fs, io,
     path::{Path, PathBuf},
 };
@@ -245,22 +246,22 @@ pub fn ensure(
 ) -> Result<(), AttachError> {
     // Pins of interfaces gone (a removed container's veth, typically) are
     // dropped on their own: that needs the lock, not the whole slow path.
-    let mut recorded = recorded_attachments(layout);
-    if recorded
+    let mut listed = listed_links(layout);
+    if tc_attachments(&listed)
         .iter()
         .any(|(ifindex, _)| !targets.live.contains(ifindex))
     {
         let _lock = lock(layout)?;
         forget_interfaces_not_in(layout, targets.live);
-        recorded = recorded_attachments(layout);
+        listed = listed_links(layout);
     }
-    if is_ready(layout, targets, &recorded, cgroup) {
+    if is_ready(layout, targets, &listed, cgroup) {
         return Ok(());
     }
     mount_bpffs_if_missing(layout.root())?;
     let lock = lock(layout)?;
     // Someone may have finished the job while we waited.
-    if is_ready(layout, targets, &recorded_attachments(layout), cgroup) {
+    if is_ready(layout, targets, &listed_links(layout), cgroup) {
         return Ok(());
     }
     for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
@@ -304,9 +305,13 @@ pub fn ensure(
         }
     }
     for program in local::program_names::ALL {
-        let pin = layout.program(build_id(), program);
-        if !pinned_id(&pin).is_some_and(|id| cgroup::attached(layout, cgroup, program, id)) {
-            cgroup::attach(layout, cgroup, program, &pin)?;
+        if !hook_attached(layout, cgroup, program) {
+            cgroup::attach(
+                layout,
+                cgroup,
+                program,
+                &layout.program(build_id(), program),
+            )?;
         }
     }
     remove_other_builds(layout);
@@ -314,26 +319,25 @@ pub fn ensure(
     Ok(())
 }
 
-/// Whether everything of `targets` is in place; `recorded` is what
-/// [`recorded_attachments`] says now.
+/// Whether everything of `targets` is in place; `listed` is what
+/// [`listed_links`] says now.
 fn is_ready(
     layout: &PinLayout,
     targets: Targets<'_>,
-    recorded: &[(u32, Direction)],
+    listed: &[(OsString, u64)],
     cgroup: &Path,
 ) -> bool {
     // The socket hooks: known to be in place if a run of this build
     // recorded these very link pins; otherwise each link's program is
     // compared with this build's, and what passes is recorded. The pins
     // are listed before the check (see `cgroup::record_hooks`).
-    let hooks_ready = match cgroup::hook_pins(layout, cgroup) {
+    let hooks_ready = match cgroup::hook_pins(layout, cgroup, listed) {
         None => false,
         Some(pins) if cgroup::hooks_recorded(layout, cgroup, build_id(), &pins) => true,
         Some(pins) => {
-            let attached = local::program_names::ALL.iter().all(|&program| {
-                pinned_id(&layout.program(build_id(), program))
-                    .is_some_and(|id| cgroup::attached(layout, cgroup, program, id))
-            });
+            let attached = local::program_names::ALL
+                .iter()
+                .all(|&program| hook_attached(layout, cgroup, program));
             if attached {
                 cgroup::record_hooks(layout, cgroup, build_id(), &pins);
             }
@@ -359,12 +363,20 @@ fn is_ready(
     }
     // The uplinks by their pins: an interface added or re-created since the
     // last run has none.
-    let pinned: std::collections::HashSet<(u32, Direction)> = recorded.iter().copied().collect();
+    let pinned: std::collections::HashSet<(u32, Direction)> =
+        tc_attachments(listed).into_iter().collect();
     targets.uplinks.iter().all(|&ifindex| {
         Direction::BOTH
             .iter()
             .all(|&direction| pinned.contains(&(ifindex, direction)))
     })
+}
+
+/// Whether `program` is attached to `cgroup` through our link, as this
+/// build's pinned program of that name.
+fn hook_attached(layout: &PinLayout, cgroup: &Path, program: &str) -> bool {
+    pinned_id(&layout.program(build_id(), program))
+        .is_some_and(|id| cgroup::attached(layout, cgroup, program, id))
 }
 
 /// ID of the program pinned at `path`, whatever its type.
@@ -601,16 +613,32 @@ fn forget_interfaces_not_in(layout: &PinLayout, live: &BTreeSet<u32>) {
     }
 }
 
-/// (ifindex, direction) of every tc attachment recorded under links/.
-fn recorded_attachments(layout: &PinLayout) -> Vec<(u32, Direction)> {
+/// Every pin under links/ with its inode number, from one read of the
+/// directory: the tc attachments and the socket hooks' links are both
+/// judged by it.
+fn listed_links(layout: &PinLayout) -> Vec<(OsString, u64)> {
+    use std::os::unix::fs::DirEntryExt;
     let Ok(entries) = fs::read_dir(layout.links_dir()) else {
         return Vec::new();
     };
     entries
         .flatten()
-        .filter_map(|e| crate::dataplane::pin::parse_link_name(&e.file_name().to_string_lossy()))
+        .map(|entry| (entry.file_name(), entry.ino()))
+        .collect()
+}
+
+/// (ifindex, direction) of every tc attachment among `listed`.
+fn tc_attachments(listed: &[(OsString, u64)]) -> Vec<(u32, Direction)> {
+    listed
+        .iter()
+        .filter_map(|(name, _)| crate::dataplane::pin::parse_link_name(&name.to_string_lossy()))
         .map(|(ifindex, direction, _)| (ifindex, direction))
         .collect()
+}
+
+/// (ifindex, direction) of every tc attachment recorded under links/.
+fn recorded_attachments(layout: &PinLayout) -> Vec<(u32, Direction)> {
+    tc_attachments(&listed_links(layout))
 }
 
 /// Every program of the object: the tc pair and the socket hooks.

@@ -5,7 +5,6 @@
 //! FNV-1a of the cgroup's path: the same cgroup always maps to the same pins.
 
 use std::{
-    collections::HashMap,
     ffi::OsString,
     fs, io,
     path::{Path, PathBuf},
@@ -102,22 +101,21 @@ pub fn hooks_record(layout: &PinLayout) -> PathBuf {
     layout.lock_file().with_extension("hooks")
 }
 
-/// The link pins of `cgroup`'s hooks, each with its inode number, from one
-/// read of the links directory; `None` if one of them is missing.
-pub fn hook_pins(layout: &PinLayout, cgroup: &Path) -> Option<Vec<(String, u64)>> {
-    use std::os::unix::fs::DirEntryExt;
-    let listed: HashMap<OsString, u64> = fs::read_dir(layout.links_dir())
-        .ok()?
-        .flatten()
-        .map(|entry| (entry.file_name(), entry.ino()))
-        .collect();
+/// The link pins of `cgroup`'s hooks, each with its inode number, found
+/// in `listed` (the links directory's entries and inodes, as one read gave
+/// them); `None` if one of them is missing.
+pub fn hook_pins(
+    layout: &PinLayout,
+    cgroup: &Path,
+    listed: &[(OsString, u64)],
+) -> Option<Vec<(String, u64)>> {
     program_names::ALL
         .iter()
         .map(|program| {
             let pin = link_pin(layout, cgroup, program);
             let name = pin.file_name()?;
-            let inode = *listed.get(name)?;
-            Some((name.to_string_lossy().into_owned(), inode))
+            let (_, inode) = listed.iter().find(|(listed, _)| listed == name)?;
+            Some((name.to_string_lossy().into_owned(), *inode))
         })
         .collect()
 }
@@ -134,7 +132,7 @@ fn hooks_record_text(build: u64, cgroup: &Path, pins: &[(String, u64)]) -> Strin
 /// its programs: the same names with the same inodes. A link pinned again
 /// since (by another build, or by hand) is a new inode: bpffs numbers its
 /// inodes from the kernel's global counter. So every run but the first
-/// knows the hooks are in place from the listing [`hook_pins`] read,
+/// knows the hooks are in place from the links directory it lists anyway,
 /// without opening the eight links and the eight programs (ADD and DEL
 /// took about 10% less time without those 48 syscalls).
 pub fn hooks_recorded(
