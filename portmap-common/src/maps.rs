@@ -38,6 +38,13 @@ pub const CONNTRACK_OTHER: &str = "conntrack_other";
 /// the lookups it would have saved, and clearing one safely would need a
 /// count of its users that a lock-free ADD cannot keep.
 pub const MAPPED_PORTS: &str = "mapped_ports";
+/// The mappings' epoch: one `u64` that userspace raises, with an atomic
+/// add on the array mapped into the process (`BPF_F_MMAPABLE`), after
+/// every change that can make a mapping key answer otherwise than before
+/// (a mapping deleted or re-pointed). The tc programs keep the mappings
+/// their flows re-check in a per-CPU cache ([`MAPPING_CACHE`]) that holds
+/// only while the epoch is the one it was filled at.
+pub const MAPPINGS_EPOCH: &str = "mappings_epoch";
 /// Per-CPU counters by reason (see [`crate::reason`]).
 pub const STATS: &str = "stats";
 /// Per-mapping traffic counters ([`crate::CounterKey`] -> [`crate::MappingCounters`]).
@@ -71,10 +78,14 @@ pub const TRACE_SCRATCH: &str = "trace_scratch";
 /// Per-CPU memory of the clock: the coarse time read at the current jiffy
 /// (not pinned; see `ct::now` in the eBPF crate).
 pub const CLOCK_CACHE: &str = "clock_cache";
+/// Per-CPU cache of the mappings that established flows re-check (not
+/// pinned; see [`MAPPINGS_EPOCH`]).
+pub const MAPPING_CACHE: &str = "mapping_cache";
 
 /// Every pinned map of the translation itself.
-pub const PINNED: [&str; 10] = [
+pub const PINNED: [&str; 11] = [
     MAPPINGS,
+    MAPPINGS_EPOCH,
     OWNERS,
     OWNER_SLOTS,
     CONNTRACK,
@@ -88,12 +99,13 @@ pub const PINNED: [&str; 10] = [
 /// Every pinned map of node-local traffic (socket hooks, hairpin, fast path).
 pub const PINNED_LOCAL: [&str; 5] = [NODE, LOCAL_ADDRS, IFACES, SOCK_ORIGIN, PEERS];
 /// The maps of the object that are never pinned.
-pub const UNPINNED: [&str; 5] = [
+pub const UNPINNED: [&str; 6] = [
     TRACE_EVENTS,
     SCRATCH,
     COUNTER_SCRATCH,
     TRACE_SCRATCH,
     CLOCK_CACHE,
+    MAPPING_CACHE,
 ];
 
 /// Default capacities (`max_entries`); userspace may override some of them

@@ -114,13 +114,15 @@ pub fn lookup(key: &CtKey) -> Option<CtEntry> {
 /// sends it to the same container address and port: a deleted or re-pointed
 /// mapping must never keep forwarding, e.g. to an address later given to
 /// another container. (The owner is what the traffic counters are kept by.)
+/// On every translated packet, so mostly answered from a per-CPU cache
+/// (see `maps::cached_mapping`).
 #[inline(always)]
 pub fn still_mapped(
     mapping: &MappingKey,
     container_be: &[u32; 4],
     container_port_be: u16,
 ) -> Option<u64> {
-    match maps::mapping(mapping) {
+    match maps::cached_mapping(mapping) {
         Some(value)
             if value.container_addr_be == *container_be
                 && value.container_port_be == container_port_be =>

@@ -256,6 +256,131 @@ pub fn mapping(key: &MappingKey) -> Option<MappingValue> {
     unsafe { MAPPINGS.get(key).copied() }
 }
 
+// ---- the mappings' cache for established flows (see `cached_mapping`) ----
+
+/// Raised by userspace after every change that can make a key of `mappings`
+/// answer otherwise (see `portmap_common::maps::MAPPINGS_EPOCH`).
+#[btf_map(name = "mappings_epoch")]
+static MAPPINGS_EPOCH: Array<u64, 1, MMAPABLE> = Array::new();
+
+/// One mapping as this CPU last looked it up, and when.
+#[repr(C)]
+pub struct CachedMapping {
+    /// The key's five words (see [`key_word`]).
+    key: [u32; 5],
+    _pad0: u32,
+    value: MappingValue,
+    /// `mappings_epoch` as it was read before the lookup.
+    epoch: u64,
+    /// `jiffies` at the lookup.
+    jiffies: u64,
+}
+
+/// Slots of the cache per CPU (a power of two), each 72 bytes.
+const MAPPING_CACHE_SLOTS: u32 = 64;
+
+/// Ticks a cached mapping holds at most, whatever the epoch says: 64 ms at
+/// HZ 1000, 640 ms at HZ 100. The bound for what the epoch cannot see: a
+/// build before the epoch deleting a mapping while this build's programs
+/// run (an upgrade under way), or a plugin killed between its delete and
+/// its raise of the epoch.
+const MAPPING_CACHE_TICKS: u64 = 64;
+
+#[btf_map(name = "mapping_cache")]
+static MAPPING_CACHE: PerCpuArray<CachedMapping, { MAPPING_CACHE_SLOTS as usize }> =
+    PerCpuArray::new();
+
+/// Word `i` of a mapping key, read from memory each time: kept in
+/// registers across `cached_mapping`'s calls, the five words would be
+/// spilled to a frame that has no room for them.
+#[inline(always)]
+fn key_word(key: &MappingKey, i: usize) -> u32 {
+    const _: () = assert!(core::mem::size_of::<MappingKey>() == 20);
+    // SAFETY: MappingKey is repr(C), 20 bytes of plain integers, aligned
+    // to 4; `i` < 5 at every call site.
+    unsafe { core::ptr::read_volatile((key as *const MappingKey).cast::<u32>().add(i)) }
+}
+
+/// `mappings[key]`, from this CPU's cache when the cache is known to be
+/// current: filled at the epoch userspace has now, less than
+/// [`MAPPING_CACHE_TICKS`] ago. The flows' re-check on every packet (see
+/// `ct::still_mapped`) then costs array loads instead of a hash lookup.
+///
+/// Why a hit is never stale: userspace raises the epoch *after* a delete
+/// or re-point is in the map, and the epoch is read here *before* the
+/// lookup that fills the slot. A slot filled at epoch E holds what the map
+/// held at some moment after E was current; any change since raises the
+/// epoch past E, and the slot no longer matches. A change racing the
+/// packet is as if the packet came first. Only what is found is kept: a
+/// new mapping cannot make a kept one wrong.
+///
+/// Not inlined, and the value is handed back in place (this CPU's slot),
+/// not copied: the frames of `existing_flow` and `egress` have no room for
+/// a copy (the verifier's 512 bytes along a call chain), and a pointer is
+/// one register.
+#[inline(never)]
+pub fn cached_mapping(key: &MappingKey) -> Option<&'static MappingValue> {
+    let mut hash = 0;
+    for i in 0..5 {
+        hash ^= key_word(key, i);
+    }
+    let slot = hash.wrapping_mul(0x9e37_79b1) >> (32 - MAPPING_CACHE_SLOTS.trailing_zeros());
+    let cached = MAPPING_CACHE.get_ptr_mut(slot)?;
+    // SAFETY: this CPU's slot, and no other program of ours runs on this
+    // CPU until this one is done (see `this_cpu`); the caller reads the
+    // value before anything else can take the slot.
+    let cached = unsafe { &mut *cached };
+    // Read after the slot's lookup, so that neither is held across it.
+    let epoch = MAPPINGS_EPOCH.get_ptr(0)?;
+    // SAFETY: a live map value; userspace writes it with atomics, and a
+    // volatile load keeps this read before the lookup of the mapping.
+    let epoch = unsafe { core::ptr::read_volatile(epoch) };
+    // SAFETY: no arguments; the verifier turns it into a load.
+    let jiffies = unsafe { aya_ebpf::helpers::bpf_jiffies64() };
+    if cached.epoch == epoch
+        && jiffies.wrapping_sub(cached.jiffies) < MAPPING_CACHE_TICKS
+        && same_key(&cached.key, key)
+    {
+        return Some(&cached.value);
+    }
+    // The slot is made to match no key before it takes the new epoch and
+    // time (family 0 is no family), so that a failed lookup leaves nothing
+    // behind.
+    cached.key[4] = 0;
+    cached.epoch = epoch;
+    cached.jiffies = jiffies;
+    // SAFETY: a live map value, copied into the slot at once; userspace
+    // may replace it concurrently, and a copy is all we need.
+    let value = unsafe { MAPPINGS.get(key)? };
+    // Field by field: a copy of the address array becomes a `memcpy` call.
+    for i in 0..4 {
+        // SAFETY: a word of a live map value.
+        cached.value.container_addr_be[i] =
+            unsafe { core::ptr::read_volatile(&value.container_addr_be[i]) };
+    }
+    cached.value.container_port_be = value.container_port_be;
+    cached.value.owner_id = value.owner_id;
+    for i in 0..5 {
+        cached.key[i] = key_word(key, i);
+    }
+    Some(&cached.value)
+}
+
+/// Whether a slot holds `key`: word by word, each pair read in order and
+/// compared before the next is read (volatile), so that no `bcmp` call is
+/// made (BPF makes it a byte loop) and no ten words are held at once, which
+/// `cached_mapping`'s frame has no room to spill.
+#[inline(always)]
+fn same_key(words: &[u32; 5], key: &MappingKey) -> bool {
+    for (i, word) in words.iter().enumerate() {
+        // SAFETY: a word of this CPU's slot.
+        if unsafe { core::ptr::read_volatile(word) } != key_word(key, i) {
+            return false;
+        }
+    }
+    true
+}
+
 /// The mapping for `addr:port`: one for exactly that host address first,
 /// else the wildcard of the family. O(1) whatever the number of mappings.
 /// The key says which matched. The one lookup of the tc programs and the

@@ -21,7 +21,11 @@ use portmap_common::{
     local::{self, NodeConfig, Peer, PeerKey},
     map_names, program_names, stat,
 };
-use portmap_user::dataplane::{maps::MappedPorts, object::OBJECT, ownership::words_from_addr};
+use portmap_user::dataplane::{
+    maps::{MappedPorts, MappingsEpoch},
+    object::OBJECT,
+    ownership::words_from_addr,
+};
 
 const NODE_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const NODE_V6: Ipv6Addr = Ipv6Addr::new(0xfd18, 0, 0, 0, 0, 0, 0, 1);
@@ -160,7 +164,12 @@ impl Dataplane {
                 .expect("mappings map"),
         )
         .expect("typed mappings map");
+        let replaced = mappings.get(&key, 0).is_ok();
         mappings.insert(key, value, 0).expect("insert mapping");
+        if replaced {
+            // As ADD does when it re-points a mapping.
+            self.raise_epoch();
+        }
     }
 
     fn unmap_all(&mut self) {
@@ -174,6 +183,16 @@ impl Dataplane {
         for key in keys {
             mappings.remove(&key).expect("remove mapping");
         }
+        // As DEL does, once the mappings are gone.
+        self.raise_epoch();
+    }
+
+    /// Raises the mappings epoch, as ADD (re-pointing a mapping) and DEL do.
+    fn raise_epoch(&self) {
+        let Some(aya::maps::Map::Array(epoch)) = self.ebpf.map(map_names::MAPPINGS_EPOCH) else {
+            panic!("no mappings_epoch array in the object");
+        };
+        MappingsEpoch::raise_mapped(&MappingsEpoch::map(epoch).expect("map mappings_epoch"));
     }
 
     /// Every entry of the conntrack table `name`.
@@ -717,14 +736,18 @@ fn deleted_mapping_stops_forwarding_established_udp_flows() {
             proto: UDP,
             flags: 0,
         };
-        assert_eq!(
-            inspect(&dp.ingress(&packet(&flow, b"1"))).dst,
-            IpAddr::from(CONTAINER_V4)
-        );
+        // The first datagram opens the flow, the second follows it (and the
+        // re-check of its mapping is cached).
+        for payload in [b"1", b"2"] {
+            assert_eq!(
+                inspect(&dp.ingress(&packet(&flow, payload))).dst,
+                IpAddr::from(CONTAINER_V4)
+            );
+        }
         // The container goes away; its address is given to another container
         // that now owns the mapping with a different port.
         dp.unmap_all();
-        let input = packet(&flow, b"2");
+        let input = packet(&flow, b"3");
         assert_eq!(
             dp.ingress(&input),
             input,
@@ -733,10 +756,44 @@ fn deleted_mapping_stops_forwarding_established_udp_flows() {
         let replacement: IpAddr = "10.244.0.9".parse().unwrap();
         dp.map(None, false, 5000, UDP, replacement, 51);
         assert_eq!(
-            inspect(&dp.ingress(&packet(&flow, b"3"))),
+            inspect(&dp.ingress(&packet(&flow, b"4"))),
             seen(CLIENT_V4.into(), 7000, replacement, 51),
             "the next datagram goes to the mapping's new owner"
         );
+    });
+}
+
+#[test]
+fn a_re_pointed_mapping_takes_the_next_packet_of_an_established_flow() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 5000, UDP, CONTAINER_V4.into(), 50);
+        let flow = Flow {
+            src: CLIENT_V4.into(),
+            dst: NODE_V4.into(),
+            sport: 7000,
+            dport: 5000,
+            proto: UDP,
+            flags: 0,
+        };
+        // Opened, then followed: the second datagram's re-check is the one
+        // a per-CPU cache answers from then on.
+        for payload in [b"1", b"2"] {
+            assert_eq!(
+                inspect(&dp.ingress(&packet(&flow, payload))),
+                seen(CLIENT_V4.into(), 7000, CONTAINER_V4.into(), 50)
+            );
+        }
+        // The same owner's mapping, re-pointed in place (its container got a
+        // new address), as ADD does it.
+        let moved: IpAddr = "10.244.0.9".parse().unwrap();
+        dp.map(None, false, 5000, UDP, moved, 50);
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&flow, b"3"))),
+            seen(CLIENT_V4.into(), 7000, moved, 50),
+            "the next datagram follows the mapping, not the cached copy"
+        );
+        assert_eq!(dp.stat(stat::STALE_FLOW), 1, "the old flow was found stale");
     });
 }
 

@@ -314,6 +314,10 @@ pub fn ensure(
             )?;
         }
     }
+    // Programs of this build that ran before another build took over (a
+    // downgrade and an upgrade again) may hold mappings in their cache that
+    // the other build deleted without raising the epoch.
+    crate::dataplane::maps::MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)).raise();
     remove_other_builds(layout);
     drop(lock);
     Ok(())
@@ -666,7 +670,7 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
             (size(size_of::<CtKey>()), size(size_of::<CtEntry>()))
         }
         map_names::STATS | portmap_common::TRACE_LOST_MAP => (4, 8),
-        map_names::MAPPED_PORTS => (4, 8),
+        map_names::MAPPED_PORTS | map_names::MAPPINGS_EPOCH => (4, 8),
         local::map_names::NODE => (4, size(size_of::<local::NodeConfig>())),
         local::map_names::LOCAL_ADDRS => (size(size_of::<local::LocalAddrKey>()), 1),
         local::map_names::IFACES => (4, size(size_of::<local::IfaceConfig>())),

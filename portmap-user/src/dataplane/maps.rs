@@ -68,6 +68,9 @@ pub struct Maps {
     /// whose programs are of a build before the port filter, which do not
     /// read it.
     pub mapped_ports: Option<MappedPorts>,
+    /// The programs' mappings epoch, raised after a mapping is deleted or
+    /// re-pointed (see [`MappingsEpoch`]).
+    pub epoch: MappingsEpoch,
 }
 
 pub fn open<T>(layout: &PinLayout, name: &str) -> Result<T, MapsError>
@@ -121,7 +124,69 @@ impl Maps {
             } else {
                 None
             },
+            epoch: MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)),
         })
+    }
+}
+
+/// The programs' `mappings_epoch` (see
+/// [`portmap_common::maps::MAPPINGS_EPOCH`]): the tc programs' per-CPU cache
+/// of the mappings that established flows re-check holds only while the
+/// epoch stays where it was when the cache was filled. Mapped into this
+/// process on the first raise only: most ADDs delete and re-point nothing.
+pub struct MappingsEpoch {
+    path: PathBuf,
+    mapped: std::cell::OnceCell<Option<MappedArray>>,
+}
+
+impl MappingsEpoch {
+    pub(crate) fn at(path: PathBuf) -> Self {
+        Self {
+            path,
+            mapped: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// Raises the epoch. Call after a mapping was deleted or re-pointed, once
+    /// the change is in the map: every cached copy of a mapping is then out
+    /// of date, and the next packet of each flow looks its mapping up
+    /// again. An atomic add, so two raises at once never count as one. A
+    /// pin root without the epoch has programs of a build before it, which
+    /// cache nothing. When the epoch cannot be reached, the cached copies
+    /// expire by age within 64 ticks (see the eBPF crate's `cached_mapping`):
+    /// logged, not an error of the verb, whose change is made.
+    pub fn raise(&self) {
+        let mapped = self.mapped.get_or_init(|| {
+            if !self.path.exists() {
+                return None;
+            }
+            MapData::from_pin(&self.path)
+                .map_err(std::io::Error::other)
+                .and_then(|data| Self::map(&data))
+                .inspect_err(|error| {
+                    log::warn!(
+                        "cannot raise the mappings epoch {}: {error}; cached mappings expire within 64 ticks",
+                        self.path.display()
+                    );
+                })
+                .ok()
+        });
+        if let Some(words) = mapped {
+            Self::raise_mapped(words);
+        }
+    }
+
+    /// The epoch of `map` (the pinned one, or a loaded object's), mapped
+    /// into this process.
+    pub fn map(map: &MapData) -> std::io::Result<MappedArray> {
+        MappedArray::of(map, 1)
+    }
+
+    /// Raises the epoch held in `words` (see [`MappingsEpoch::map`]).
+    pub fn raise_mapped(words: &MappedArray) {
+        words
+            .word(0)
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

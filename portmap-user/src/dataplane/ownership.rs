@@ -494,7 +494,7 @@ impl Maps {
     ) -> Result<(), StoreError> {
         if self.owned_by(key, owner_id)? {
             match self.mappings.remove(key) {
-                Ok(()) => {}
+                Ok(()) => self.epoch.raise(),
                 Err(e) if is_errno(&e, libc::ENOENT) => {}
                 Err(e) => return Err(map_error("mappings", "delete")(e)),
             }
@@ -792,7 +792,10 @@ impl Maps {
             // Our own entry, pointing elsewhere (e.g. the container got a new
             // address): re-point it in place.
             match self.mappings.insert(key, value, BPF_EXIST) {
-                Ok(()) => return Ok(false),
+                Ok(()) => {
+                    self.epoch.raise();
+                    return Ok(false);
+                }
                 Err(e) if is_errno(&e, libc::ENOENT) => continue,
                 Err(e) => return Err(map_error("mappings", "update")(e)),
             }
@@ -819,7 +822,10 @@ impl Maps {
         for (slot, key) in keys.iter().enumerate().rev() {
             if self.owned_by(key, id)? {
                 match self.mappings.remove(key) {
-                    Ok(()) => removed += 1,
+                    Ok(()) => {
+                        removed += 1;
+                        self.epoch.raise();
+                    }
                     Err(e) if is_errno(&e, libc::ENOENT) => {}
                     Err(e) => return Err(map_error("mappings", "delete")(e)),
                 }
@@ -1135,7 +1141,10 @@ impl Maps {
                 }
                 if self.owned_by(key, id)? {
                     match self.mappings.remove(key) {
-                        Ok(()) => removed += 1,
+                        Ok(()) => {
+                            removed += 1;
+                            self.epoch.raise();
+                        }
                         Err(e) if is_errno(&e, libc::ENOENT) => {}
                         Err(e) => return Err(map_error("mappings", "delete")(e)),
                     }
