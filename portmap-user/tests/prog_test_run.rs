@@ -723,27 +723,33 @@ fn replies_to_flows_the_node_opened_are_not_hijacked() {
     });
 }
 
+/// A UDP flow from the client to node port 5000, mapped to the container's
+/// port 50: opened by a first datagram and followed by a second, whose
+/// re-check of the mapping is the one a per-CPU cache answers from then on.
+fn established_udp_flow(dp: &mut Dataplane) -> Flow {
+    dp.map(None, false, 5000, UDP, CONTAINER_V4.into(), 50);
+    let flow = Flow {
+        src: CLIENT_V4.into(),
+        dst: NODE_V4.into(),
+        sport: 7000,
+        dport: 5000,
+        proto: UDP,
+        flags: 0,
+    };
+    for payload in [b"1", b"2"] {
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&flow, payload))),
+            seen(CLIENT_V4.into(), 7000, CONTAINER_V4.into(), 50)
+        );
+    }
+    flow
+}
+
 #[test]
 fn deleted_mapping_stops_forwarding_established_udp_flows() {
     in_node_namespace(|ifindex| {
         let mut dp = Dataplane::load(ifindex);
-        dp.map(None, false, 5000, UDP, CONTAINER_V4.into(), 50);
-        let flow = Flow {
-            src: CLIENT_V4.into(),
-            dst: NODE_V4.into(),
-            sport: 7000,
-            dport: 5000,
-            proto: UDP,
-            flags: 0,
-        };
-        // The first datagram opens the flow, the second follows it (and the
-        // re-check of its mapping is cached).
-        for payload in [b"1", b"2"] {
-            assert_eq!(
-                inspect(&dp.ingress(&packet(&flow, payload))).dst,
-                IpAddr::from(CONTAINER_V4)
-            );
-        }
+        let flow = established_udp_flow(&mut dp);
         // The container goes away; its address is given to another container
         // that now owns the mapping with a different port.
         dp.unmap_all();
@@ -767,23 +773,7 @@ fn deleted_mapping_stops_forwarding_established_udp_flows() {
 fn a_re_pointed_mapping_takes_the_next_packet_of_an_established_flow() {
     in_node_namespace(|ifindex| {
         let mut dp = Dataplane::load(ifindex);
-        dp.map(None, false, 5000, UDP, CONTAINER_V4.into(), 50);
-        let flow = Flow {
-            src: CLIENT_V4.into(),
-            dst: NODE_V4.into(),
-            sport: 7000,
-            dport: 5000,
-            proto: UDP,
-            flags: 0,
-        };
-        // Opened, then followed: the second datagram's re-check is the one
-        // a per-CPU cache answers from then on.
-        for payload in [b"1", b"2"] {
-            assert_eq!(
-                inspect(&dp.ingress(&packet(&flow, payload))),
-                seen(CLIENT_V4.into(), 7000, CONTAINER_V4.into(), 50)
-            );
-        }
+        let flow = established_udp_flow(&mut dp);
         // The same owner's mapping, re-pointed in place (its container got a
         // new address), as ADD does it.
         let moved: IpAddr = "10.244.0.9".parse().unwrap();
