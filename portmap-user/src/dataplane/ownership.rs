@@ -487,19 +487,25 @@ impl Maps {
         }
     }
 
+    /// Deletes `key` if `owner_id` holds it, and raises the mappings epoch
+    /// when it did (the programs' cached copies of it go stale). Returns
+    /// whether this call deleted it.
     fn remove_mapping_if_owned(
         &mut self,
         key: &MappingKey,
         owner_id: u64,
-    ) -> Result<(), StoreError> {
-        if self.owned_by(key, owner_id)? {
-            match self.mappings.remove(key) {
-                Ok(()) => self.epoch.raise(),
-                Err(e) if is_errno(&e, libc::ENOENT) => {}
-                Err(e) => return Err(map_error("mappings", "delete")(e)),
-            }
+    ) -> Result<bool, StoreError> {
+        if !self.owned_by(key, owner_id)? {
+            return Ok(false);
         }
-        Ok(())
+        match self.mappings.remove(key) {
+            Ok(()) => {
+                self.epoch.raise();
+                Ok(true)
+            }
+            Err(e) if is_errno(&e, libc::ENOENT) => Ok(false),
+            Err(e) => Err(map_error("mappings", "delete")(e)),
+        }
     }
 
     /// Claims every translation for `owner`, all or nothing. Re-ADD by the
@@ -549,7 +555,7 @@ impl Maps {
             _ if new_owner => self.release_id(id).map(|_| ()),
             _ => claimed
                 .iter()
-                .try_for_each(|key| self.remove_mapping_if_owned(key, id))
+                .try_for_each(|key| self.remove_mapping_if_owned(key, id).map(|_| ()))
                 .and_then(|()| {
                     let index = self.slots(id)?;
                     let mut held = Vec::with_capacity(index.len());
@@ -820,15 +826,8 @@ impl Maps {
         let keys = self.slots(id)?;
         let mut removed = 0;
         for (slot, key) in keys.iter().enumerate().rev() {
-            if self.owned_by(key, id)? {
-                match self.mappings.remove(key) {
-                    Ok(()) => {
-                        removed += 1;
-                        self.epoch.raise();
-                    }
-                    Err(e) if is_errno(&e, libc::ENOENT) => {}
-                    Err(e) => return Err(map_error("mappings", "delete")(e)),
-                }
+            if self.remove_mapping_if_owned(key, id)? {
+                removed += 1;
             }
             match self.owner_slots.remove(&slot_key(id, slot as u32)) {
                 Ok(()) => {}
@@ -1139,15 +1138,8 @@ impl Maps {
                 if self.owners.get(&id, 0).is_ok() {
                     break;
                 }
-                if self.owned_by(key, id)? {
-                    match self.mappings.remove(key) {
-                        Ok(()) => {
-                            removed += 1;
-                            self.epoch.raise();
-                        }
-                        Err(e) if is_errno(&e, libc::ENOENT) => {}
-                        Err(e) => return Err(map_error("mappings", "delete")(e)),
-                    }
+                if self.remove_mapping_if_owned(key, id)? {
+                    removed += 1;
                 }
             }
             if self.owners.get(&id, 0).is_err() {
