@@ -320,6 +320,7 @@ mod tests {
         };
         assert!(args.kernels.is_empty(), "empty means the defaults");
         assert_eq!(args.timeout, vm::VmTestArgs::default().timeout);
+        assert_eq!(args.stage_timeout, vm::VmTestArgs::default().stage_timeout);
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub const GUEST_CONFIG_DIR: &str = "/etc/epm-vm";
 pub const RESULT_MARKER: &str = "EPM-VM-RESULT";
 /// One line per test binary: `EPM-VM-TEST <name> PASS|FAIL <seconds>s`.
 pub const TEST_MARKER: &str = "EPM-VM-TEST";
+/// The guest's progress lines; `EPM-VM: running <name> <args>` starts a
+/// test binary (the host times each from it).
+pub const RUNNING_MARKER: &str = "EPM-VM:";
 
 /// Tools the harness runs by name (looked up in `PATH`), as host paths.
 /// Required ones must exist; optional ones only feed failure diagnostics.
@@ -455,6 +458,7 @@ mod tests {
     fn init_prints_the_markers_the_host_reads() {
         assert!(INIT_SCRIPT.contains(&format!("echo \"{RESULT_MARKER} $EPM_KERNEL $result\"")));
         assert!(INIT_SCRIPT.contains(&format!("echo \"{TEST_MARKER} $name $status")));
+        assert!(INIT_SCRIPT.contains(&format!("echo \"{RUNNING_MARKER} running $name $args\"")));
         assert!(INIT_SCRIPT.contains(GUEST_CONFIG_DIR));
         assert!(INIT_SCRIPT.contains(GUEST_MODULES_DIR));
         assert!(INIT_SCRIPT.contains(GUEST_TESTS_DIR));

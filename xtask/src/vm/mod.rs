@@ -10,10 +10,11 @@
 //!    `bpftool`, `iptables-save`, the reference CNI plugins, `ebpf-portmap`
 //!    and the test binaries, with their shared libraries;
 //! 4. QEMU boots it (TCG, one vCPU, no network device; the kernels boot
-//!    side by side unless `--serial`), `/init` runs `kernel`,
-//!    `prog_test_run` and `plugin` one test at a time and prints
+//!    side by side unless `--serial`), `/init` runs the test binaries of
+//!    `guest::GUEST_TESTS` one test at a time and prints
 //!    `EPM-VM-RESULT <series> PASS|FAIL`; only that line decides, and it
-//!    must come before the timeout. The serial log is streamed with a
+//!    must come before the timeouts (each stage: the boot, then each test
+//!    binary; and the whole VM). The serial log is streamed with a
 //!    `[series]` prefix and kept in `target/vm/run/<series>/serial.log`.
 //!
 //! The guest is told which attach mode the plugin must have chosen
@@ -56,9 +57,13 @@ pub struct VmTestArgs {
     /// Kernel series to boot, e.g. 6.1 (repeat for several); default 6.1 and 6.12.
     #[arg(long = "kernel", value_name = "SERIES")]
     pub kernels: Vec<String>,
-    /// Seconds one VM may run before it counts as hung.
-    #[arg(long, default_value_t = 900)]
+    /// Seconds one VM may run in all, boot to power-off.
+    #[arg(long, default_value_t = 2400)]
     pub timeout: u64,
+    /// Seconds one stage may run before the VM counts as hung: the boot up
+    /// to the first test binary, then each test binary.
+    #[arg(long, default_value_t = 600)]
+    pub stage_timeout: u64,
     /// Virtual CPUs per VM. The suite runs serially inside, and the kernels
     /// boot side by side, so one each keeps a 2-core machine busy.
     #[arg(long, default_value_t = 1)]
@@ -70,7 +75,7 @@ pub struct VmTestArgs {
     #[arg(long)]
     pub serial: bool,
     /// Run only these test targets in the guest (repeatable): kernel,
-    /// prog_test_run, plugin. Default: all of them.
+    /// prog_test_run, local, churn, node_shapes, plugin. Default: all of them.
     #[arg(long = "only", value_name = "TEST")]
     pub only: Vec<String>,
 }
@@ -79,7 +84,8 @@ impl Default for VmTestArgs {
     fn default() -> Self {
         VmTestArgs {
             kernels: Vec::new(),
-            timeout: 900,
+            timeout: 2400,
+            stage_timeout: 600,
             cpus: 1,
             memory: 1536,
             serial: false,
@@ -160,7 +166,8 @@ pub fn vm_test(args: &VmTestArgs) -> Result<()> {
         .iter()
         .find(|o| !guest::GUEST_TESTS.iter().any(|t| t.name == o.as_str()))
     {
-        bail!("--only {unknown}: the guest runs kernel, prog_test_run and plugin");
+        let names: Vec<&str> = guest::GUEST_TESTS.iter().map(|t| t.name).collect();
+        bail!("--only {unknown}: the guest runs {}", names.join(", "));
     }
     ensure_vm_packages()?;
     let cache = vm_dir();
@@ -317,11 +324,12 @@ fn prepare(series: &Series, common: &cpio::Tree) -> Result<PreparedVm> {
 
 fn boot(series: &Series, vm: &PreparedVm, args: &VmTestArgs) -> Result<qemu::Run> {
     println!(
-        "vm: {series}: booting {} ({}, modules: {}), timeout {}s",
+        "vm: {series}: booting {} ({}, modules: {}), timeout {}s, {}s a stage",
         vm.release,
         vm.package,
         vm.modules.join(" "),
-        args.timeout
+        args.timeout,
+        args.stage_timeout
     );
     qemu::boot(&qemu::Boot {
         series: &series.to_string(),
@@ -331,6 +339,7 @@ fn boot(series: &Series, vm: &PreparedVm, args: &VmTestArgs) -> Result<qemu::Run
         cpus: args.cpus,
         memory_mib: args.memory,
         timeout: Duration::from_secs(args.timeout),
+        stage_timeout: Duration::from_secs(args.stage_timeout),
     })
 }
 

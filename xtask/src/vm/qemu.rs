@@ -6,6 +6,13 @@
 //! QEMU exits 0 whatever happened in the guest, so only the guest's
 //! explicit result marker counts; a panic (the guest reboots, `-no-reboot`
 //! turns that into an exit), a hang and a timeout are failures.
+//!
+//! Two limits, both wall-clock: one for each stage of the guest (the boot up
+//! to the first test binary, then each test binary from its `EPM-VM:
+//! running` line to its `EPM-VM-TEST` line), which finds a hang early and
+//! names it, and one for the whole VM. A fixed limit for the whole VM alone
+//! either fails a slow machine whose guest is only slow or waits long for a
+//! hung one: TCG's speed follows the host's, and the suite grows.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -14,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::guest::{RESULT_MARKER, TEST_MARKER};
+use super::guest::{RESULT_MARKER, RUNNING_MARKER, TEST_MARKER};
 
 pub const QEMU: &str = "qemu-system-x86_64";
 
@@ -26,16 +33,22 @@ pub enum Verdict {
     Fail,
     /// QEMU exited without a result marker: a panic, a crash of init, ...
     NoMarker,
-    Timeout,
+    /// A limit passed: what ran, and for how long it was allowed to.
+    Timeout {
+        stage: String,
+        limit: Duration,
+    },
 }
 
 impl Verdict {
-    pub fn describe(&self) -> &'static str {
+    pub fn describe(&self) -> String {
         match self {
-            Verdict::Pass => "PASS",
-            Verdict::Fail => "FAIL (a test failed)",
-            Verdict::NoMarker => "FAIL (the guest stopped without a result: panic or crash)",
-            Verdict::Timeout => "FAIL (timeout)",
+            Verdict::Pass => "PASS".into(),
+            Verdict::Fail => "FAIL (a test failed)".into(),
+            Verdict::NoMarker => "FAIL (the guest stopped without a result: panic or crash)".into(),
+            Verdict::Timeout { stage, limit } => {
+                format!("FAIL (timeout: {stage} ran past {}s)", limit.as_secs())
+            }
         }
     }
 }
@@ -56,7 +69,54 @@ pub struct Boot<'a> {
     pub log: &'a Path,
     pub cpus: u32,
     pub memory_mib: u32,
+    /// The whole VM, boot to power-off.
     pub timeout: Duration,
+    /// Each stage: the boot, then each test binary.
+    pub stage_timeout: Duration,
+}
+
+/// Which stage of the guest is running, and since when: the boot until the
+/// first `EPM-VM: running <name>` line, then that test binary until its
+/// `EPM-VM-TEST` line (and the guest's wrap-up after the last one).
+#[derive(Debug)]
+struct Stage {
+    name: String,
+    since: Instant,
+}
+
+impl Stage {
+    fn new(name: &str, now: Instant) -> Stage {
+        Stage {
+            name: name.to_owned(),
+            since: now,
+        }
+    }
+
+    /// Moves on if `line` starts or ends a test binary.
+    fn follow(&mut self, line: &str, now: Instant) {
+        if let Some(name) = running_line(line) {
+            *self = Stage::new(&format!("test binary {name}"), now);
+        } else if test_line(line).is_some() {
+            *self = Stage::new("the guest after its last result", now);
+        }
+    }
+
+    /// The limit that has passed at `now`, if one has.
+    fn overrun(&self, started: Instant, now: Instant, boot: &Boot<'_>) -> Option<Verdict> {
+        if now.duration_since(self.since) > boot.stage_timeout {
+            return Some(Verdict::Timeout {
+                stage: self.name.clone(),
+                limit: boot.stage_timeout,
+            });
+        }
+        if now.duration_since(started) > boot.timeout {
+            return Some(Verdict::Timeout {
+                stage: format!("the VM (in {})", self.name),
+                limit: boot.timeout,
+            });
+        }
+        None
+    }
 }
 
 /// What the guest's result line says for `series`, if `line` is one.
@@ -70,6 +130,15 @@ pub fn result_of(line: &str, series: &str) -> Option<bool> {
         ("FAIL", None) => Some(false),
         _ => None,
     }
+}
+
+/// The test binary a `EPM-VM: running <name> <args>` line starts.
+fn running_line(line: &str) -> Option<&str> {
+    let mut words = line.split_whitespace();
+    if words.next()? != RUNNING_MARKER || words.next()? != "running" {
+        return None;
+    }
+    words.next()
 }
 
 fn test_line(line: &str) -> Option<(String, String, String)> {
@@ -122,7 +191,8 @@ pub fn boot(boot: &Boot<'_>) -> Result<Run> {
     let mut pending = String::new();
     let mut passed = None;
     let mut tests = Vec::new();
-    let mut timed_out = false;
+    let mut timed_out = None;
+    let mut stage = Stage::new("the boot", started);
     let prefix = format!("[{}]", boot.series);
     loop {
         let exited = child.try_wait()?.is_some();
@@ -139,6 +209,7 @@ pub fn boot(boot: &Boot<'_>) -> Result<Run> {
             if let Some(test) = test_line(line) {
                 tests.push(test);
             }
+            stage.follow(line, Instant::now());
         }
         if exited {
             if !pending.is_empty() {
@@ -146,8 +217,8 @@ pub fn boot(boot: &Boot<'_>) -> Result<Run> {
             }
             break;
         }
-        if started.elapsed() > boot.timeout {
-            timed_out = true;
+        if let Some(overrun) = stage.overrun(started, Instant::now(), boot) {
+            timed_out = Some(overrun);
             // Our own child, by its handle.
             let _ = child.kill();
             let _ = child.wait();
@@ -158,8 +229,8 @@ pub fn boot(boot: &Boot<'_>) -> Result<Run> {
     let verdict = match (passed, timed_out) {
         (Some(true), _) => Verdict::Pass,
         (Some(false), _) => Verdict::Fail,
-        (None, true) => Verdict::Timeout,
-        (None, false) => Verdict::NoMarker,
+        (None, Some(timeout)) => timeout,
+        (None, None) => Verdict::NoMarker,
     };
     Ok(Run {
         verdict,
@@ -203,19 +274,69 @@ mod tests {
             Some(("plugin".into(), "PASS".into(), "73s".into()))
         );
         assert_eq!(test_line("EPM-VM: running plugin"), None);
+        assert_eq!(
+            running_line("EPM-VM: running plugin --skip x"),
+            Some("plugin")
+        );
+        assert_eq!(running_line("EPM-VM: kernel 6.1.0-57-amd64"), None);
+        assert_eq!(running_line("[6.1] EPM-VM: running plugin"), None);
     }
 
-    #[test]
-    fn qemu_runs_tcg_without_network_and_without_reboot() {
-        let command = qemu_command(&Boot {
+    fn boot_of(timeout: u64, stage_timeout: u64) -> Boot<'static> {
+        Boot {
             series: "6.1",
             vmlinuz: Path::new("/k/vmlinuz"),
             initramfs: Path::new("/k/initramfs.cpio"),
             log: Path::new("/k/serial.log"),
             cpus: 2,
             memory_mib: 1024,
-            timeout: Duration::from_secs(1),
-        });
+            timeout: Duration::from_secs(timeout),
+            stage_timeout: Duration::from_secs(stage_timeout),
+        }
+    }
+
+    #[test]
+    fn each_test_binary_gets_the_stage_limit_afresh() {
+        let boot = boot_of(2400, 600);
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let mut stage = Stage::new("the boot", t0);
+        assert_eq!(stage.overrun(t0, at(600), &boot), None);
+        stage.follow("EPM-VM: running kernel --test-threads=1", at(80));
+        stage.follow("EPM-VM: insmod veth failed", at(90));
+        // 900 s into the VM, 820 s into no single stage: not hung.
+        stage.follow("EPM-VM-TEST kernel PASS 500s", at(580));
+        stage.follow("EPM-VM: running churn --test-threads=1", at(590));
+        assert_eq!(stage.overrun(t0, at(1100), &boot), None);
+        assert_eq!(
+            stage.overrun(t0, at(1191), &boot),
+            Some(Verdict::Timeout {
+                stage: "test binary churn".into(),
+                limit: Duration::from_secs(600),
+            })
+        );
+    }
+
+    #[test]
+    fn a_hung_boot_and_a_long_vm_are_timeouts_too() {
+        let boot = boot_of(1000, 600);
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let mut stage = Stage::new("the boot", t0);
+        assert_eq!(
+            stage.overrun(t0, at(601), &boot).map(|v| v.describe()),
+            Some("FAIL (timeout: the boot ran past 600s)".into())
+        );
+        stage.follow("EPM-VM: running plugin --test-threads=1", at(500));
+        assert_eq!(
+            stage.overrun(t0, at(1001), &boot).map(|v| v.describe()),
+            Some("FAIL (timeout: the VM (in test binary plugin) ran past 1000s)".into())
+        );
+    }
+
+    #[test]
+    fn qemu_runs_tcg_without_network_and_without_reboot() {
+        let command = qemu_command(&boot_of(1, 1));
         let args: Vec<String> = command
             .get_args()
             .map(|a| a.to_string_lossy().into_owned())
