@@ -307,12 +307,21 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     // ingress asks it whether a destination is one), not `local_addrs`,
     // which lags an address added since the last plugin run; when it
     // cannot tell, the flow is recorded, as before.
-    if find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some_and(
-        |(key, _)| {
-            key.host_addr_be == packet.src_be
-                || fib::is_node_address(ctx, packet.family, &packet.src_be) != Some(false)
-        },
-    ) {
+    //
+    // Only from a host port: the port filter let this packet in for a
+    // container port at either end too (a pod's answer from a far host's
+    // port 80 while a container serves on 80), and a source port that is
+    // no mapping's host port has no mapping to find. The bit is set before
+    // a mapping is written and never cleared, so no mapping is missed (the
+    // filter in front of egress relies on the same bit).
+    if maps::port_is(PortRole::Host, packet.proto, packet.sport_be)
+        && find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some_and(
+            |(key, _)| {
+                key.host_addr_be == packet.src_be
+                    || fib::is_node_address(ctx, packet.family, &packet.src_be) != Some(false)
+            },
+        )
+    {
         let pass = CtEntry {
             kind: ct_kind::PASS,
             last_seen_ns: ct::now(),

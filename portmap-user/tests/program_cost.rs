@@ -165,6 +165,9 @@ fn program_cost() {
             }
             let (ack, answer) = (&flow.ack, &flow.answer);
             // The packet as ingress left it, on its way into the bridge.
+            // Unmarked: BPF_PROG_TEST_RUN refuses a context with `tc_index`
+            // set, so this is the full egress path (the lookups, missing),
+            // which a marked packet skips before parsing.
             let dnated = tcp_frame(CLIENT, 40001, CONTAINER, CONTAINER_PORT, ACK);
             // The container's answer, as it enters the bridge and leaves the
             // uplink.
@@ -176,9 +179,13 @@ fn program_cost() {
             let unrelated_in = tcp_frame(CLIENT, 40002, NODE, 22, ACK);
             let unrelated_out = tcp_frame(NODE, 22, CLIENT, 40002, ACK);
             // A pod talking to a far host through the node, and the answer.
+            // Port 80 is also the mapping's container port, so the answer
+            // passes the port filter and pays the lookups; from 443 it
+            // leaves at the filter.
             let pod_out = tcp_frame(POD, 40003, FAR, 80, ACK);
             let pod_back = tcp_frame(FAR, 80, POD, 40003, ACK);
-            let cases: [(&str, &str, &[u8], bool); 9] = [
+            let pod_back_unmapped = tcp_frame(FAR, 443, POD, 40004, ACK);
+            let cases: [(&str, &str, &[u8], bool); 10] = [
                 // What a single timed run costs beyond the program: the floor
                 // under the cases timed one run per syscall.
                 (
@@ -233,6 +240,12 @@ fn program_cost() {
                     "bridge egress, pod back",
                     program_names::TC_EGRESS,
                     &pod_back,
+                    false,
+                ),
+                (
+                    "bridge egress, pod back from 443",
+                    program_names::TC_EGRESS,
+                    &pod_back_unmapped,
                     false,
                 ),
             ];
