@@ -303,10 +303,13 @@ mod tests {
         let mut stage = Stage::new("the boot", t0);
         assert_eq!(stage.overrun(t0, at(600), &boot), None);
         stage.follow("EPM-VM: running kernel --test-threads=1", at(80));
+        // Other progress lines do not start a stage.
         stage.follow("EPM-VM: insmod veth failed", at(90));
-        // 900 s into the VM, 820 s into no single stage: not hung.
+        assert!(stage.overrun(t0, at(681), &boot).is_some());
         stage.follow("EPM-VM-TEST kernel PASS 500s", at(580));
         stage.follow("EPM-VM: running churn --test-threads=1", at(590));
+        // 1100 s into the VM, past the old 900 s for the whole VM, and no
+        // stage has run 600 s: not hung.
         assert_eq!(stage.overrun(t0, at(1100), &boot), None);
         assert_eq!(
             stage.overrun(t0, at(1191), &boot),
