@@ -77,7 +77,8 @@ pub struct Boot<'a> {
 
 /// Which stage of the guest is running, and since when: the boot until the
 /// first `EPM-VM: running <name>` line, then that test binary until its
-/// `EPM-VM-TEST` line (and the guest's wrap-up after the last one).
+/// `EPM-VM-TEST` line, then the guest until the next one starts (or until
+/// it prints its result and powers off, after the last).
 #[derive(Debug)]
 struct Stage {
     name: String,
@@ -96,8 +97,8 @@ impl Stage {
     fn follow(&mut self, line: &str, now: Instant) {
         if let Some(name) = running_line(line) {
             *self = Stage::new(&format!("test binary {name}"), now);
-        } else if test_line(line).is_some() {
-            *self = Stage::new("the guest after its last result", now);
+        } else if let Some((name, _, _)) = test_line(line) {
+            *self = Stage::new(&format!("the guest after test binary {name}"), now);
         }
     }
 
@@ -307,6 +308,10 @@ mod tests {
         stage.follow("EPM-VM: insmod veth failed", at(90));
         assert!(stage.overrun(t0, at(681), &boot).is_some());
         stage.follow("EPM-VM-TEST kernel PASS 500s", at(580));
+        assert_eq!(
+            stage.overrun(t0, at(1181), &boot).map(|v| v.describe()),
+            Some("FAIL (timeout: the guest after test binary kernel ran past 600s)".into())
+        );
         stage.follow("EPM-VM: running churn --test-threads=1", at(590));
         // 1100 s into the VM, past the old 900 s for the whole VM, and no
         // stage has run 600 s: not hung.
