@@ -61,7 +61,11 @@ pub mod stat {
     /// A mid-flow TCP packet to a mapped port with no flow entry whose
     /// tuple a node socket owns: the node's, left alone.
     pub const SKIP_NODE_SOCKET: u32 = 24;
-    pub const COUNT: u32 = 25;
+    /// A packet for a host port that arrived from a link with a loopback
+    /// destination or source (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104):
+    /// never a node's own traffic, so dropped rather than translated.
+    pub const DROP_LOOPBACK: u32 = 25;
+    pub const COUNT: u32 = 26;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -284,6 +288,13 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         label: "skipped-node-socket",
         meaning: "mid-flow packet to a mapped port with no flow entry, owned by a node socket: left to the node",
         kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::DROP_LOOPBACK,
+        name: "drop_loopback",
+        label: "dropped-loopback",
+        meaning: "loopback destination or source (127.0.0.0/8, ::1) arriving from a link: dropped, never translated",
+        kind: Kind::Problem,
     },
 ];
 

@@ -44,6 +44,32 @@ impl Packet {
             _ => true,
         }
     }
+
+    /// Whether either end is a loopback address (127.0.0.0/8, ::1, or
+    /// IPv4-mapped ::ffff:127.0.0.0/104). No packet a tc hook sees carries
+    /// one legitimately: the programs are never on `lo`, and the node's own
+    /// loopback traffic stays there.
+    #[inline(always)]
+    pub fn touches_loopback(&self) -> bool {
+        is_loopback(self.family, &self.dst_be) || is_loopback(self.family, &self.src_be)
+    }
+}
+
+/// The first byte of an IPv4 address in network order, as the word holds it.
+#[inline(always)]
+fn first_octet(word_be: u32) -> u8 {
+    word_be.to_ne_bytes()[0]
+}
+
+#[inline(always)]
+fn is_loopback(family: u8, addr_be: &[u32; 4]) -> bool {
+    if family == FAMILY_V4 {
+        return first_octet(addr_be[0]) == 127;
+    }
+    addr_be[0] == 0
+        && addr_be[1] == 0
+        && (addr_be[2] == 0 && addr_be[3] == 1u32.to_be()
+            || addr_be[2] == 0xffffu32.to_be() && first_octet(addr_be[3]) == 127)
 }
 
 #[inline(always)]

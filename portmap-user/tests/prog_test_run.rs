@@ -281,7 +281,7 @@ impl Dataplane {
 
 // ---- packet building and checking -------------------------------------------------
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Flow {
     src: IpAddr,
     dst: IpAddr,
@@ -620,6 +620,70 @@ fn transit_traffic_is_never_translated() {
         );
         assert_eq!(dp.stat(stat::SKIP_NOT_LOCAL), 1, "counted as not local");
         assert_eq!(dp.stat(stat::DNAT_NEW), 0);
+    });
+}
+
+/// TC_ACT_SHOT: the packet is dropped.
+const SHOT: u32 = 2;
+
+/// Issue #39: a packet from a link with a loopback destination or source,
+/// for a loopback-bound or a wildcard host port, is dropped and counted,
+/// never translated.
+#[test]
+fn loopback_addresses_from_a_link_are_dropped_not_translated() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        let lo4: IpAddr = "127.0.0.1".parse().unwrap();
+        let lo6: IpAddr = "::1".parse().unwrap();
+        dp.map(Some(lo4), false, 8097, TCP, CONTAINER_V4.into(), 80);
+        dp.map(Some(lo6), true, 8096, UDP, CONTAINER_V6.into(), 53);
+        dp.map(None, false, 8098, TCP, CONTAINER_V4.into(), 80);
+        dp.map(None, true, 8098, UDP, CONTAINER_V6.into(), 53);
+        let cases: [(IpAddr, IpAddr, u16, u8); 7] = [
+            (CLIENT_V4.into(), lo4, 8097, TCP),
+            (CLIENT_V4.into(), "127.9.9.9".parse().unwrap(), 8098, TCP),
+            (CLIENT_V6.into(), lo6, 8096, UDP),
+            (CLIENT_V6.into(), lo6, 8098, UDP),
+            (
+                CLIENT_V6.into(),
+                "::ffff:127.0.0.1".parse().unwrap(),
+                8098,
+                UDP,
+            ),
+            (lo4, NODE_V4.into(), 8098, TCP),
+            (lo6, NODE_V6.into(), 8098, UDP),
+        ];
+        for (n, (src, dst, dport, proto)) in cases.into_iter().enumerate() {
+            let flow = Flow {
+                src,
+                dst,
+                sport: 40000,
+                dport,
+                proto,
+                flags: if proto == TCP { SYN } else { 0 },
+            };
+            let (action, _) = dp.run_for_action(program_names::TC_INGRESS, &packet(&flow, b"x"));
+            assert_eq!(action, SHOT, "{flow:?} must be dropped");
+            assert_eq!(
+                dp.stat(stat::DROP_LOOPBACK),
+                n as u64 + 1,
+                "{flow:?} counted"
+            );
+        }
+        assert_eq!(dp.stat(stat::DNAT_NEW), 0, "nothing was translated");
+        // The node's real address still is.
+        let to_node = Flow {
+            src: CLIENT_V4.into(),
+            dst: NODE_V4.into(),
+            sport: 40001,
+            dport: 8098,
+            proto: TCP,
+            flags: SYN,
+        };
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&to_node, b""))),
+            seen(CLIENT_V4.into(), 40001, CONTAINER_V4.into(), 80)
+        );
     });
 }
 

@@ -24,6 +24,7 @@ pub mod bpffs;
 pub mod cgroup;
 pub mod cni;
 pub mod containerd;
+pub mod crafted;
 pub mod cri;
 pub mod image;
 pub mod naming;

@@ -10,7 +10,8 @@
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::process::CommandExt;
 
-use portmap_tests::topology::{NODE_IP4, NODE_IP6};
+use portmap_tests::crafted::{self, Crafted, Transport};
+use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, NODE_UPLINK};
 use portmap_tests::traffic::{echo_reply, tcp_echo_server, udp_echo_server};
 use portmap_tests::world::{World, sock};
 use portmap_tests::{Container, NetNs, PortMapping};
@@ -358,4 +359,137 @@ fn an_address_added_to_the_node_is_local_from_the_next_add_on() {
         "web",
         "after",
     );
+}
+
+/// The `drop_loopback` counter, as `status --json` reports it.
+fn loopback_drops(world: &World) -> u64 {
+    let out = world.operator(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "ebpf-portmap status --json is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    status["counters"]["drop_loopback"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no drop_loopback counter: {:#}", status["counters"]))
+}
+
+/// Sends one crafted packet from `ext` to the node's uplink MAC and returns
+/// how many segments or datagrams the container's transport layer took in
+/// because of it (the namespaces are otherwise quiet).
+fn crafted_reaches(w: &World, container: &Container, packet: Crafted) -> u64 {
+    let node_mac = crafted::mac_of(&w.node.ns, NODE_UPLINK);
+    let before = crafted::transport_received(&container.ns);
+    crafted::send_frame(&w.node.ext, "eth0", node_mac, &packet);
+    // Time for the frame to cross two veths, or be dropped on the way.
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    crafted::transport_received(&container.ns) - before
+}
+
+/// Issue #39: a neighbour on the node's link crafts packets (destination
+/// MAC: the node's uplink) to loopback addresses, or from them, for a
+/// loopback-bound and a wildcard host port. None is translated or reaches
+/// the container; each is dropped and counted. The same packets to the
+/// node's real address do reach it (so the crafting is sound), and the
+/// node's own connections to its loopback-bound ports still work.
+#[test]
+fn crafted_loopback_packets_from_the_link_never_reach_a_container() {
+    let world = World::bridge();
+    let web = world.node.add_container("lo-web");
+    let _servers = [
+        tcp_echo_server(&web.ns, 80, "lo-web"),
+        udp_echo_server(&web.ns, 53, "lo-web"),
+    ];
+    let lo4: IpAddr = "127.0.0.1".parse().unwrap();
+    let lo6: IpAddr = "::1".parse().unwrap();
+    world.add(
+        &web,
+        &[
+            PortMapping::tcp(8097, 80).on(lo4),
+            PortMapping::udp(8097, 53).on(lo4),
+            PortMapping::tcp(8096, 80).on(lo6),
+            PortMapping::udp(8096, 53).on(lo6),
+            PortMapping::tcp(8098, 80),
+            PortMapping::udp(8098, 53),
+        ],
+    );
+    let ext4: IpAddr = EXT_IP4.into();
+    let ext6: IpAddr = EXT_IP6.into();
+    let node4: IpAddr = NODE_IP4.into();
+    let node6: IpAddr = NODE_IP6.into();
+    let crafted_cases: [(IpAddr, IpAddr, u16); 8] = [
+        (ext4, lo4, 8097),
+        (ext4, lo4, 8098),
+        (ext4, "127.1.2.3".parse().unwrap(), 8098),
+        (ext6, lo6, 8096),
+        (ext6, lo6, 8098),
+        (ext6, "::ffff:127.0.0.1".parse().unwrap(), 8098),
+        // A loopback source to the node's real address.
+        (lo4, node4, 8098),
+        (lo6, node6, 8098),
+    ];
+    let mut sport = 41000;
+    let mut sent = 0;
+    let drops_before = loopback_drops(&world);
+    for transport in [Transport::TcpSyn, Transport::Udp] {
+        // The control: the same crafting to the node's address arrives.
+        for (src, dst) in [(ext4, node4), (ext6, node6)] {
+            sport += 1;
+            let packet = Crafted {
+                transport,
+                src,
+                dst,
+                sport,
+                dport: 8098,
+            };
+            assert!(
+                crafted_reaches(&world, &web, packet) >= 1,
+                "{packet:?}: a crafted packet to the node's address must reach the \
+                 container, or this test proves nothing\n{}",
+                world.dump()
+            );
+        }
+        for (src, dst, dport) in crafted_cases {
+            sport += 1;
+            let packet = Crafted {
+                transport,
+                src,
+                dst,
+                sport,
+                dport,
+            };
+            let reached = crafted_reaches(&world, &web, packet);
+            sent += 1;
+            assert_eq!(
+                reached,
+                0,
+                "{packet:?} from the link reached the container\n{}",
+                world.dump()
+            );
+        }
+    }
+    assert_eq!(
+        loopback_drops(&world) - drops_before,
+        sent,
+        "every crafted loopback packet is dropped and counted as drop_loopback\n{}",
+        world.dump()
+    );
+    // The node's own processes still reach the loopback-bound ports.
+    for (target, mode) in [
+        (sock(lo4, 8097), "tcp"),
+        (sock(lo4, 8097), "udp"),
+        (sock(lo6, 8096), "tcp"),
+        (sock(lo6, 8096), "udp"),
+    ] {
+        expect(
+            &world,
+            &format!("node -> {target} {mode}"),
+            probe(&world, &world.node.ns, true, mode, target, "own"),
+            target,
+            "lo-web",
+            "own",
+        );
+    }
+    world.del(&web, &[]);
 }

@@ -1,0 +1,310 @@
+//! Crafted packets put straight onto a link, as a neighbour on the node's
+//! L2 segment can: raw Ethernet frames through an `AF_PACKET` socket, with
+//! any addresses at all (a loopback destination, a loopback source) that no
+//! socket of a well-behaved stack would send. And the receiving side's
+//! count of what its transport layer took in, read from the kernel's MIB
+//! counters of a network namespace: what reached a container, whatever
+//! answered or not.
+
+use std::net::IpAddr;
+
+use crate::NetNs;
+
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const PROTO_TCP: u8 = 6;
+const PROTO_UDP: u8 = 17;
+const TCP_SYN: u8 = 0x02;
+
+/// The transport protocol of a crafted packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// A TCP SYN (no options, window 64240).
+    TcpSyn,
+    /// A UDP datagram with a short payload.
+    Udp,
+}
+
+/// One crafted IP packet: `src:sport -> dst:dport`. Both addresses are of
+/// one family.
+#[derive(Debug, Clone, Copy)]
+pub struct Crafted {
+    pub transport: Transport,
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+}
+
+impl Crafted {
+    /// The IP packet (header, transport header, payload) with every
+    /// checksum right, so the receiver takes it in on its merits.
+    ///
+    /// # Panics
+    /// If the two addresses are of different families.
+    pub fn ip_packet(&self) -> Vec<u8> {
+        let transport = self.transport_segment();
+        let proto = match self.transport {
+            Transport::TcpSyn => PROTO_TCP,
+            Transport::Udp => PROTO_UDP,
+        };
+        let mut packet = Vec::with_capacity(40 + transport.len());
+        match (self.src, self.dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => {
+                let total = (20 + transport.len()) as u16;
+                packet.extend_from_slice(&[0x45, 0]);
+                packet.extend_from_slice(&total.to_be_bytes());
+                // Identification, don't fragment, TTL 64.
+                packet.extend_from_slice(&[0x12, 0x34, 0x40, 0, 64, proto, 0, 0]);
+                packet.extend_from_slice(&src.octets());
+                packet.extend_from_slice(&dst.octets());
+                let sum = checksum(&[&packet]);
+                packet[10..12].copy_from_slice(&sum.to_be_bytes());
+            }
+            (IpAddr::V6(src), IpAddr::V6(dst)) => {
+                packet.extend_from_slice(&[0x60, 0, 0, 0]);
+                packet.extend_from_slice(&(transport.len() as u16).to_be_bytes());
+                packet.extend_from_slice(&[proto, 64]);
+                packet.extend_from_slice(&src.octets());
+                packet.extend_from_slice(&dst.octets());
+            }
+            _ => panic!("crafted packet {self:?} mixes address families"),
+        }
+        packet.extend_from_slice(&transport);
+        packet
+    }
+
+    fn transport_segment(&self) -> Vec<u8> {
+        let mut segment = Vec::new();
+        segment.extend_from_slice(&self.sport.to_be_bytes());
+        segment.extend_from_slice(&self.dport.to_be_bytes());
+        let (proto, checksum_at) = match self.transport {
+            Transport::TcpSyn => {
+                // Sequence number, no acknowledgment, data offset 5 words,
+                // SYN, window, checksum (below), no urgent pointer.
+                segment.extend_from_slice(&0x5eed_0001u32.to_be_bytes());
+                segment.extend_from_slice(&0u32.to_be_bytes());
+                segment.extend_from_slice(&[0x50, TCP_SYN]);
+                segment.extend_from_slice(&64240u16.to_be_bytes());
+                segment.extend_from_slice(&[0, 0, 0, 0]);
+                (PROTO_TCP, 16)
+            }
+            Transport::Udp => {
+                let payload = b"crafted";
+                segment.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+                segment.extend_from_slice(&[0, 0]);
+                segment.extend_from_slice(payload);
+                (PROTO_UDP, 6)
+            }
+        };
+        let mut pseudo = Vec::new();
+        match (self.src, self.dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => {
+                pseudo.extend_from_slice(&src.octets());
+                pseudo.extend_from_slice(&dst.octets());
+                pseudo.extend_from_slice(&[0, proto]);
+                pseudo.extend_from_slice(&(segment.len() as u16).to_be_bytes());
+            }
+            (IpAddr::V6(src), IpAddr::V6(dst)) => {
+                pseudo.extend_from_slice(&src.octets());
+                pseudo.extend_from_slice(&dst.octets());
+                pseudo.extend_from_slice(&(segment.len() as u32).to_be_bytes());
+                pseudo.extend_from_slice(&[0, 0, 0, proto]);
+            }
+            _ => panic!("crafted packet {self:?} mixes address families"),
+        }
+        let mut sum = checksum(&[&pseudo, &segment]);
+        // UDP sends a computed 0 as all ones (0 means "no checksum").
+        if proto == PROTO_UDP && sum == 0 {
+            sum = 0xffff;
+        }
+        segment[checksum_at..checksum_at + 2].copy_from_slice(&sum.to_be_bytes());
+        segment
+    }
+}
+
+/// The Internet checksum (RFC 1071) over the parts, as one byte string.
+fn checksum(parts: &[&[u8]]) -> u16 {
+    let bytes: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+    let mut sum: u32 = bytes
+        .chunks(2)
+        .map(|pair| u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The MAC address of `ifname` in `ns`, as `ip` shows it.
+///
+/// # Panics
+/// If the interface has no Ethernet address.
+pub fn mac_of(ns: &NetNs, ifname: &str) -> [u8; 6] {
+    let shown = ns.ip(&["-o", "link", "show", "dev", ifname]);
+    let text = shown
+        .split_whitespace()
+        .skip_while(|word| *word != "link/ether")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{ifname} in {} has no MAC: {shown}", ns.name()));
+    let mut mac = [0u8; 6];
+    for (byte, hex) in mac.iter_mut().zip(text.split(':')) {
+        *byte = u8::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("MAC {text}: {e}"));
+    }
+    mac
+}
+
+/// Sends `packet` from `ns` out of `ifname` as one Ethernet frame to
+/// `dst_mac`, past the namespace's routing and its own checks (it is the
+/// neighbour's kernel that would refuse to send a loopback address).
+///
+/// # Panics
+/// If the socket cannot be made or the frame not sent.
+pub fn send_frame(ns: &NetNs, ifname: &str, dst_mac: [u8; 6], packet: &Crafted) {
+    let src_mac = mac_of(ns, ifname);
+    let ether_type = if packet.src.is_ipv4() {
+        ETH_P_IP
+    } else {
+        ETH_P_IPV6
+    };
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&dst_mac);
+    frame.extend_from_slice(&src_mac);
+    frame.extend_from_slice(&ether_type.to_be_bytes());
+    frame.extend_from_slice(&packet.ip_packet());
+    let ifname = std::ffi::CString::new(ifname).expect("interface name");
+    let sent = ns.run(move || -> std::io::Result<()> {
+        // SAFETY: plain libc calls on values this closure owns; the socket
+        // is closed on every path.
+        unsafe {
+            let index = libc::if_nametoindex(ifname.as_ptr());
+            if index == 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut address: libc::sockaddr_ll = std::mem::zeroed();
+            address.sll_family = libc::AF_PACKET as u16;
+            address.sll_protocol = ether_type.to_be();
+            address.sll_ifindex = index as i32;
+            address.sll_halen = 6;
+            address.sll_addr[..6].copy_from_slice(&dst_mac);
+            let n = libc::sendto(
+                fd,
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&raw const address).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+            let result = if n == frame.len() as isize {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            };
+            libc::close(fd);
+            result
+        }
+    });
+    sent.unwrap_or_else(|e| panic!("sending {packet:?} from {}: {e}", ns.name()));
+}
+
+/// How many TCP segments and UDP datagrams (IPv4 and IPv6, delivered or
+/// refused for want of a socket) the transport layer of `ns` has taken in:
+/// anything that reached the namespace and was not dropped on the way.
+pub fn transport_received(ns: &NetNs) -> u64 {
+    ns.run(|| {
+        let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").expect("read snmp");
+        let snmp6 = std::fs::read_to_string("/proc/thread-self/net/snmp6").expect("read snmp6");
+        mib(&snmp, "Tcp", "InSegs")
+            + mib(&snmp, "Tcp", "InErrs")
+            + mib(&snmp, "Udp", "InDatagrams")
+            + mib(&snmp, "Udp", "NoPorts")
+            + mib(&snmp, "Udp", "InErrors")
+            + mib6(&snmp6, "Udp6InDatagrams")
+            + mib6(&snmp6, "Udp6NoPorts")
+            + mib6(&snmp6, "Udp6InErrors")
+    })
+}
+
+/// A counter of /proc/net/snmp: a header line of names and a line of
+/// values, both led by `group:`.
+fn mib(text: &str, group: &str, name: &str) -> u64 {
+    let prefix = format!("{group}:");
+    let mut lines = text.lines().filter(|l| l.starts_with(&prefix));
+    let (names, values) = (lines.next(), lines.next());
+    let (Some(names), Some(values)) = (names, values) else {
+        panic!("no {group} counters in snmp:\n{text}");
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {group} {name} in snmp:\n{text}"))
+}
+
+/// A counter of /proc/net/snmp6: one `name value` per line.
+fn mib6(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some(name)).then(|| words.next()?.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no {name} in snmp6:\n{text}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksums_verify_to_zero() {
+        for (src, dst) in [
+            ("198.18.0.2", "127.0.0.1"),
+            ("fd18::2", "::1"),
+            ("fd18::2", "::ffff:127.0.0.1"),
+        ] {
+            for transport in [Transport::TcpSyn, Transport::Udp] {
+                let crafted = Crafted {
+                    transport,
+                    src: src.parse().unwrap(),
+                    dst: dst.parse().unwrap(),
+                    sport: 40000,
+                    dport: 8097,
+                };
+                let packet = crafted.ip_packet();
+                let (header_len, pseudo) = if crafted.src.is_ipv4() {
+                    assert_eq!(checksum(&[&packet[..20]]), 0, "IPv4 header of {crafted:?}");
+                    let mut pseudo = packet[12..20].to_vec();
+                    pseudo.extend_from_slice(&[0, packet[9]]);
+                    pseudo.extend_from_slice(&((packet.len() - 20) as u16).to_be_bytes());
+                    (20, pseudo)
+                } else {
+                    let mut pseudo = packet[8..40].to_vec();
+                    pseudo.extend_from_slice(&((packet.len() - 40) as u32).to_be_bytes());
+                    pseudo.extend_from_slice(&[0, 0, 0, packet[6]]);
+                    (40, pseudo)
+                };
+                assert_eq!(
+                    checksum(&[&pseudo, &packet[header_len..]]),
+                    0,
+                    "transport checksum of {crafted:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn mib_counters_are_read_by_name() {
+        let snmp = "Tcp: RtoAlgorithm InSegs\nTcp: 1 42\nUdp: InDatagrams NoPorts\nUdp: 3 4\n";
+        assert_eq!(mib(snmp, "Tcp", "InSegs"), 42);
+        assert_eq!(mib(snmp, "Udp", "NoPorts"), 4);
+        assert_eq!(
+            mib6("Udp6InDatagrams  7\nUdp6NoPorts 9\n", "Udp6NoPorts"),
+            9
+        );
+    }
+}
