@@ -31,8 +31,9 @@ pub mod stat {
     pub const FWD_DISABLED: u32 = 11;
     /// A socket hook pointed connect()/sendmsg() at a container.
     pub const SOCK_TRANSLATED: u32 = 12;
-    /// A loopback destination from a socket of another network namespace
-    /// (a container's own 127.0.0.1): left alone.
+    /// A socket of another network namespace than the node's (a container,
+    /// another node sharing the cgroup) dialling a mapped port: left alone,
+    /// it reaches the host port by the packet path as any client does.
     pub const SOCK_OTHER_NETNS: u32 = 13;
     /// A wildcard mapping's port on an address that is not the node's.
     pub const SOCK_NOT_LOCAL: u32 = 14;
@@ -209,7 +210,7 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         id: stat::SOCK_OTHER_NETNS,
         name: "sock_other_netns",
         label: "socket-other-netns",
-        meaning: "loopback destination from another network namespace: left alone",
+        meaning: "socket of another network namespace (a container, another node) dialling a mapped port: left alone, served by the packet path",
         kind: Kind::Skipped,
     },
     Reason {

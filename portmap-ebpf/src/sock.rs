@@ -1,6 +1,6 @@
 //! cgroup socket hooks: hostPort translation at the socket for connections
-//! that start on the node (or in any process of the hooked cgroup) and so
-//! never cross a tc hook on the way in. No packet is rewritten: connect()
+//! that start on the node (processes of the hooked cgroup in the node's own
+//! network namespace) and so never cross a tc hook on the way in. No packet is rewritten: connect()
 //! and sendmsg() are pointed at the container, getpeername() and recvmsg()
 //! show the application the address it dialled.
 //!
@@ -170,24 +170,29 @@ fn is_loopback(endpoint: &Endpoint) -> bool {
 }
 
 /// The mapping a socket dialling `endpoint` means, if any.
+///
+/// Only for sockets of the node's own network namespace, whatever the
+/// destination. The hooked cgroup (the cgroup2 root when `cgroupPath` is
+/// unset) also holds processes of other namespaces: containers, and other
+/// nodes sharing the kernel (kind, nested labs, a client namespace joined
+/// by a veth). Pointed at a container's address, their sockets would dial
+/// what their own namespace may not route to; left alone, they reach a
+/// host port as any client does, by the packet path (tc on the interface
+/// they arrive on; a container's, masqueraded with `snat`).
 #[inline(always)]
 fn mapping_for(ctx: &SockAddrContext, endpoint: &Endpoint, proto: u8) -> Option<MappingValue> {
-    let loopback = is_loopback(endpoint);
-    if loopback {
-        // Only the node's own loopback; a container's 127.0.0.1 is its own.
-        let node = maps::node_config()?;
-        // SAFETY: the helper only reads the context.
-        let cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
-        if node.netns_cookie == 0 || cookie != node.netns_cookie {
-            maps::count(stat::SOCK_OTHER_NETNS);
-            return None;
-        }
+    let node = maps::node_config()?;
+    // SAFETY: the helper only reads the context.
+    let cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
+    if node.netns_cookie == 0 || cookie != node.netns_cookie {
+        maps::count(stat::SOCK_OTHER_NETNS);
+        return None;
     }
     let (key, value) =
         maps::find_mapping(endpoint.family, proto, &endpoint.addr_be, endpoint.port_be)?;
     // A wildcard mapping covers the node's own addresses only (loopback is
-    // the node's, checked above).
-    if loopback
+    // the node's, the namespace checked above).
+    if is_loopback(endpoint)
         || key.host_addr_be == endpoint.addr_be
         || maps::is_local_addr(endpoint.family, &endpoint.addr_be)
     {
@@ -205,7 +210,7 @@ fn translate(ctx: &SockAddrContext, socket_family: u8) {
     };
     let dialled = read_endpoint(ctx, socket_family);
     // A port no mapping has: the socket is left alone after one array
-    // load, before the loopback check and the mapping lookups (every
+    // load, before the namespace check and the mapping lookups (every
     // connect() and sendmsg() of the hooked cgroup comes here).
     if !maps::port_is(PortRole::Host, proto, dialled.port_be) {
         return;

@@ -11,7 +11,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::unix::process::CommandExt;
 
 use portmap_tests::crafted::{self, Crafted, Transport};
-use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, NODE_UPLINK};
+use portmap_tests::topology::{
+    EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, NODE_UPLINK, POD_GATEWAY4, POD_GATEWAY6,
+};
 use portmap_tests::traffic::{echo_reply, tcp_echo_server, udp_echo_server};
 use portmap_tests::world::{World, sock};
 use portmap_tests::{Container, NetNs, PortMapping};
@@ -492,4 +494,163 @@ fn crafted_loopback_packets_from_the_link_never_reach_a_container() {
         );
     }
     world.del(&web, &[]);
+}
+
+/// The dataplane's counters by reason, as `status --json` reports them.
+fn counters(world: &World) -> serde_json::Value {
+    let out = world.operator(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "ebpf-portmap status --json is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    status["counters"].clone()
+}
+
+fn counter(counters: &serde_json::Value, reason: &str) -> u64 {
+    counters[reason]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {reason}: {counters:#}"))
+}
+
+/// Issue #28: a process in the hooked cgroup but in another network
+/// namespace (a client joined to the node by a veth, with no route beyond
+/// their shared subnet, as a nested lab's "outside" is) dials host ports on
+/// the node's address: the hooks leave its sockets alone (rewritten to the
+/// container's address, its connect() would fail with ENETUNREACH) and it
+/// is served by the packet path, on a specific hostIP and a wildcard one,
+/// TCP and UDP, v4 and v6.
+#[test]
+fn a_client_namespace_in_the_hooked_cgroup_is_served_by_the_packet_path() {
+    let world = World::bridge();
+    let side = world
+        .node
+        .add_side_link("side0", "198.51.100.1/24", "198.51.100.2/24");
+    world.node.add_address("side0", "fd51::1/64");
+    side.ip(&["addr", "add", "fd51::2/64", "dev", "eth0", "nodad"]);
+    let side4: IpAddr = "198.51.100.1".parse().unwrap();
+    let side6: IpAddr = "fd51::1".parse().unwrap();
+    let web = world.node.add_container("side-web");
+    let _servers = [
+        tcp_echo_server(&web.ns, 80, "side-web"),
+        udp_echo_server(&web.ns, 53, "side-web"),
+    ];
+    world.add(
+        &web,
+        &[
+            PortMapping::tcp(8080, 80),
+            PortMapping::udp(5353, 53),
+            PortMapping::tcp(8081, 80).on(side4),
+            PortMapping::udp(5354, 53).on(side4),
+            PortMapping::tcp(8082, 80).on(side6),
+            PortMapping::udp(5355, 53).on(side6),
+        ],
+    );
+    let before = counters(&world);
+    let targets = [
+        (sock(side4, 8080), "tcp"),
+        (sock(side4, 5353), "udp"),
+        (sock(side4, 8081), "tcp"),
+        (sock(side4, 5354), "udp"),
+        (sock(side6, 8080), "tcp"),
+        (sock(side6, 5353), "udp"),
+        (sock(side6, 8082), "tcp"),
+        (sock(side6, 5355), "udp"),
+    ];
+    for (target, mode) in targets {
+        expect(
+            &world,
+            &format!("hooked client namespace -> {target} {mode}"),
+            probe(&world, &side, true, mode, target, "s"),
+            target,
+            "side-web",
+            "s",
+        );
+    }
+    let after = counters(&world);
+    assert_eq!(
+        counter(&after, "sock_translated"),
+        counter(&before, "sock_translated"),
+        "no socket of the client namespace may be rewritten"
+    );
+    assert!(
+        counter(&after, "sock_other_netns") >= counter(&before, "sock_other_netns") + 8,
+        "each dial is counted as another namespace's: {after:#}"
+    );
+}
+
+/// Issue #28: a hooked process in a container dialling a host port through
+/// the node's address takes the hairpin path the README documents: the
+/// answering container sees the node's address on the bridge (masqueraded
+/// with `snat`), not the client pod, for its own port and another
+/// container's; the hooks rewrite nothing. The node's own processes are
+/// still translated at the socket.
+#[test]
+fn hooked_containers_take_the_masqueraded_hairpin_path() {
+    let world = World::bridge();
+    let web = world.node.add_container("hp-web");
+    let other = world.node.add_container("hp-other");
+    let tcp_server = tcp_echo_server(&web.ns, 80, "hp-web");
+    let udp_server = udp_echo_server(&web.ns, 53, "hp-web");
+    world.add(
+        &web,
+        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
+    );
+    world.add(&other, &[]);
+    let before = counters(&world);
+    for client in [&web, &other] {
+        for (node_ip, gateway) in [
+            (IpAddr::V4(NODE_IP4), IpAddr::V4(POD_GATEWAY4)),
+            (IpAddr::V6(NODE_IP6), IpAddr::V6(POD_GATEWAY6)),
+        ] {
+            for (target, mode, server) in [
+                (sock(node_ip, 8080), "tcp", &tcp_server),
+                (sock(node_ip, 5353), "udp", &udp_server),
+            ] {
+                let seen_before = server.peers().len();
+                expect(
+                    &world,
+                    &format!("{} (hooked) -> {target} {mode}", client.id),
+                    probe(&world, &client.ns, true, mode, target, "hp"),
+                    target,
+                    "hp-web",
+                    "hp",
+                );
+                let peers = server.peers();
+                assert!(
+                    peers.len() > seen_before
+                        && peers[seen_before..].iter().all(|p| p.ip() == gateway),
+                    "{} -> {target} {mode}: the container must see the node's bridge \
+                     address {gateway}, saw {:?}",
+                    client.id,
+                    &peers[seen_before..]
+                );
+            }
+        }
+    }
+    let after = counters(&world);
+    assert_eq!(
+        counter(&after, "sock_translated"),
+        counter(&before, "sock_translated"),
+        "no container socket may be rewritten"
+    );
+    assert!(
+        counter(&after, "masq") >= counter(&before, "masq") + 8,
+        "every hairpin flow is masqueraded: {after:#}"
+    );
+    // The node's own process: translated at the socket.
+    let target = sock(NODE_IP4, 8080);
+    expect(
+        &world,
+        "node (hooked) -> node address",
+        probe(&world, &world.node.ns, true, "tcp", target, "n"),
+        target,
+        "hp-web",
+        "n",
+    );
+    assert!(
+        counter(&counters(&world), "sock_translated") > counter(&after, "sock_translated"),
+        "the node's own connection is translated at the socket"
+    );
 }
