@@ -3,7 +3,7 @@
 //! towards its client, skipping the node's routing, netfilter and bridge.
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_REDIRECT},
+    bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
     helpers::{bpf_redirect, bpf_redirect_peer},
     programs::TcContext,
 };
@@ -29,6 +29,11 @@ pub enum Offer {
     /// A container's answer that egress translates back (its tuple in
     /// `scratch.reply_key`).
     Reply = 2,
+    /// Not an offer but the flow decision's verdict: the packet is
+    /// dropped (a crafted one, see `flow::ingress`). Carried here, the one
+    /// value [`fast_path`] turns into the action, so the entry point keeps
+    /// one state for every way a packet was decided.
+    Drop = 3,
 }
 
 /// The fast path, for what the handling code left in scratch: sets
@@ -61,6 +66,7 @@ pub fn fast_path(ctx: &TcContext) {
             action
         }
         Offer::Reply => fast_reply(ctx),
+        Offer::Drop => TC_ACT_SHOT,
         Offer::Nothing => return,
     };
     // Taken again: both hand-overs read scratch themselves.

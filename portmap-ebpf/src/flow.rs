@@ -24,6 +24,16 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
         maps::count(stat::SKIP_FRAGMENT);
         return;
     }
+    // A loopback address at either end of a packet from a link (see
+    // `Packet::touches_loopback`) is a crafted one: translated, it would
+    // reach a host port the operator bound to 127.0.0.1 or ::1 from the
+    // link, or any host port past rules keyed on the node's addresses.
+    // Dropped, not left to the kernel: with `route_localnet` set (as
+    // kube-proxy sets it) IPv4 would deliver it to the node.
+    if packet.touches_loopback() {
+        drop_crafted();
+        return;
+    }
     let opens = packet.opens_flow();
     // A TCP SYN or SCTP INIT always starts over from the mappings; anything
     // else follows its flow first.
@@ -48,6 +58,17 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
         } else {
             remember_masquerade(ct_flags::DIRECT);
         }
+    }
+}
+
+/// Drops the packet being handled (see `fast::fast_path`, which turns the
+/// verdict into the tc action) and counts it. Not inlined: one frame the
+/// verifier walks once, off the path of every other packet.
+#[inline(never)]
+fn drop_crafted() {
+    maps::count(stat::DROP_LOOPBACK);
+    if let Some(scratch) = maps::scratch() {
+        scratch.fast = Offer::Drop;
     }
 }
 

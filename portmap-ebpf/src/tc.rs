@@ -1,15 +1,11 @@
 //! The two tc entry points, thin shims over `try_*`: parse, leave what no
 //! mapping concerns, decide (see `flow`), offer to the fast path, trace.
 
-use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    macros::classifier,
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 use portmap_common::{
     PortRole,
     local::{MASQ_PORT_MIN, node_flags},
-    stat, trace_direction,
+    trace_direction,
 };
 
 use crate::{counters::Way, ct, fast, flow, maps, parse, trace};
@@ -50,23 +46,11 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
         || maps::port_is(PortRole::Host, packet.proto, packet.dport_be)
         || (maps::port_is(PortRole::Container, packet.proto, packet.sport_be)
             && answer_matters(packet.dport_be));
-    // A loopback address at either end of a packet from a link (see
-    // `Packet::touches_loopback`) is a crafted one: translated, it would
-    // reach a host port the operator bound to 127.0.0.1 or ::1 from the
-    // link, or any host port past rules keyed on the node's addresses.
-    // Dropped, not left to the kernel: with `route_localnet` set (as
-    // kube-proxy sets it) IPv4 would deliver it to the node.
-    let crafted = concerned && packet.touches_loopback();
-    if crafted {
-        maps::count(stat::DROP_LOOPBACK);
-    } else if concerned {
+    if concerned {
         flow::ingress(ctx, &packet);
         fast::fast_path(ctx);
     }
     trace::end_if_tracing(ctx, trace_direction::INGRESS);
-    if crafted {
-        return Some(TC_ACT_SHOT);
-    }
     if !concerned {
         return Some(TC_ACT_OK);
     }
