@@ -37,6 +37,10 @@ pub mod map_names {
 pub mod program_names {
     pub const TC_INGRESS: &str = "portmap_ingress";
     pub const TC_EGRESS: &str = "portmap_egress";
+    /// The socket-lookup program whose link on the node's network namespace
+    /// tells whether that namespace still exists (see `stale` in
+    /// portmap-user's dataplane).
+    pub const NETNS_BEACON: &str = "portmap_netns_beacon";
 }
 
 pub use maps::capacity;

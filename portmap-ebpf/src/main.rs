@@ -7,10 +7,12 @@
 //! hand-over), with `fib` answering routing questions; `sock` holds the
 //! socket hooks. Beneath them: `parse` (headers), `ct` (tuples, timeouts),
 //! `nat` (rewrites and checksums), `counters`, `trace`, and `maps` (every
-//! map and the per-CPU scratch space).
+//! map and the per-CPU scratch space). `beacon` tells userspace whether the
+//! node's network namespace still exists.
 #![no_std]
 #![no_main]
 
+mod beacon;
 mod counters;
 mod ct;
 mod fast;

@@ -52,6 +52,12 @@ pub fn hooks_record(pin_root: &Path) -> PathBuf {
     lock_file(pin_root).with_extension("hooks")
 }
 
+/// Where the plugin registers `pin_root` on the machine, so that other
+/// nodes' runs find it once its node is gone.
+pub fn root_record(pin_root: &Path) -> PathBuf {
+    lock_file(pin_root).with_extension("root")
+}
+
 /// Whether `path` is on a bpffs mount.
 pub fn is_bpffs(path: &Path) -> bool {
     let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
@@ -202,6 +208,7 @@ impl Drop for PinRoot {
             lock_file(&self.path),
             interfaces_record(&self.path),
             hooks_record(&self.path),
+            root_record(&self.path),
         ] {
             let _ = std::fs::remove_file(file);
         }

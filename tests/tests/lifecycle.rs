@@ -19,8 +19,9 @@ use portmap_tests::world::{
 use portmap_tests::{Container, PortMapping};
 use serde_json::{Value, json};
 
-/// Programs one build pins: tc ingress and egress, eight socket hooks.
-const PROGRAMS_PER_BUILD: usize = 10;
+/// Programs one build pins: tc ingress and egress, eight socket hooks and
+/// the namespace beacon.
+const PROGRAMS_PER_BUILD: usize = 11;
 
 /// A small deterministic PRNG (xorshift64*), seeded per test and printed,
 /// so a failing interleaving can be replayed.

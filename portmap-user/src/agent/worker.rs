@@ -128,6 +128,9 @@ fn pass(shared: &Shared) -> Result<PinLayout, AgentError> {
 }
 
 fn node_gc(layout: &PinLayout) -> Result<(), AgentError> {
+    // Other nodes of this machine whose namespace went away send this one
+    // no event: the GC timer is when the agent looks for their state.
+    crate::dataplane::stale::sweep(layout);
     let Some(mut maps) = Maps::open_existing(layout).map_err(verbs::PluginError::from)? else {
         return Ok(());
     };

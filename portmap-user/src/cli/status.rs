@@ -47,6 +47,7 @@ pub fn status_json(status: &Status) -> Value {
         "healthy": status.problems.is_empty(),
         "problems": status.problems,
         "notes": status.notes,
+        "staleRoots": status.stale_roots,
         "version": env!("CARGO_PKG_VERSION"),
         "build": status.build,
         "kernel": status.kernel,

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use portmap_user::ops::uninstall;
+use portmap_user::{dataplane::stale, ops::uninstall};
 use serde_json::json;
 
 use crate::cli::{
@@ -18,21 +18,67 @@ use crate::cli::{
 /// the plugin made, unpins its programs and maps and removes the pin
 /// directories. Refuses while containers still have port mappings, unless
 /// --force. The next ADD installs everything again.
+///
+/// With --stale, leaves this node alone and removes instead the state of
+/// every node on this machine whose network namespace is gone (the pin
+/// roots `status` lists as stale): their pins, their socket hooks on the
+/// shared cgroup, their records. Plugin runs and the agent do the same on
+/// their own; this does it now.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   ebpf-portmap uninstall
-  ebpf-portmap uninstall --pin-root /sys/fs/bpf/ebpf-portmap --force")]
+  ebpf-portmap uninstall --pin-root /sys/fs/bpf/ebpf-portmap --force
+  ebpf-portmap uninstall --stale")]
 pub struct UninstallArgs {
     #[command(flatten)]
     pin: PinRootArg,
     /// Uninstall even though containers still have mappings (their host
     /// ports stop working at once).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "stale")]
     force: bool,
+    /// Remove the state of nodes whose network namespace is gone, not this
+    /// node's.
+    #[arg(long)]
+    stale: bool,
+}
+
+fn remove_stale(root: &std::path::Path, out: &OutputArgs) -> ExitCode {
+    use portmap_user::dataplane::{pin::PinLayout, scope};
+    let ours = scope::resolve(root, scope::Access::Read).unwrap_or_else(|_| PinLayout::new(root));
+    let mut removed = Vec::new();
+    let mut failures = Vec::new();
+    for layout in stale::find(&ours) {
+        if let Some(removal) = stale::remove(&layout) {
+            removed.push(layout.root().display().to_string());
+            failures.extend(removal.failures);
+        }
+    }
+    if out.json() {
+        print_json(&json!({"removedRoots": removed, "failures": failures}));
+    } else if removed.is_empty() && failures.is_empty() {
+        print("no state of a gone node on this machine\n");
+    } else {
+        for root in &removed {
+            print(&format!(
+                "removed {root}: its node's network namespace is gone (its socket hooks are detached)\n"
+            ));
+        }
+        for failure in &failures {
+            eprintln!("ebpf-portmap: {failure}");
+        }
+    }
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 pub fn run(args: &UninstallArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let root = &args.pin.pin_root;
+    if args.stale {
+        return Ok(remove_stale(root, out));
+    }
     let Some(layout) = installed(root)? else {
         if out.json() {
             print_json(

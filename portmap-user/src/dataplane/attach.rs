@@ -33,6 +33,7 @@ use crate::{
     dataplane::lock::{LockError, lock},
     dataplane::object::{OBJECT, build_id},
     dataplane::pin::{Direction, PinLayout},
+    dataplane::stale,
     node::netlink,
 };
 
@@ -256,12 +257,17 @@ pub fn ensure(
         listed = listed_links(layout);
     }
     if is_ready(layout, targets, &listed, cgroup) {
+        if !has_beacon(&listed) {
+            let _lock = lock(layout)?;
+            attach_beacon_if_missing(layout);
+        }
         return Ok(());
     }
     mount_bpffs_if_missing(layout.root())?;
     let lock = lock(layout)?;
     // Someone may have finished the job while we waited.
     if is_ready(layout, targets, &listed_links(layout), cgroup) {
+        attach_beacon_if_missing(layout);
         return Ok(());
     }
     for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
@@ -314,6 +320,7 @@ pub fn ensure(
             )?;
         }
     }
+    attach_beacon_if_missing(layout);
     // Programs of this build that ran before another build took over (a
     // downgrade and an upgrade again) may hold mappings in their cache that
     // the other build deleted without raising the epoch.
@@ -321,6 +328,32 @@ pub fn ensure(
     remove_other_builds(layout);
     drop(lock);
     Ok(())
+}
+
+/// Whether the namespace beacon's link is among `listed` (see
+/// `stale.rs`).
+fn has_beacon(listed: &[(OsString, u64)]) -> bool {
+    listed.iter().any(|(name, _)| name == stale::BEACON_LINK)
+}
+
+/// Attaches the namespace beacon unless its link is pinned with this
+/// build's program (an upgrade replaces it, like every other link); under
+/// the root's lock. A failure only costs the root its stale-state detection
+/// (it is logged, and tried again by the next run): ADD goes on.
+fn attach_beacon_if_missing(layout: &PinLayout) {
+    let program = layout.program(build_id(), program_names::NETNS_BEACON);
+    let current = pinned_id(&program);
+    if let Ok(info) = stale::beacon(layout)
+        && Some(info.program_id) == current
+    {
+        stale::register(layout);
+        return;
+    }
+    if let Err(error) = stale::attach_beacon(layout, &program) {
+        log::warn!(
+            "this node's state will not be removed automatically if its network namespace goes away: {error}"
+        );
+    }
 }
 
 /// Whether everything of `targets` is in place; `listed` is what
@@ -444,6 +477,7 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
         match program {
             aya::programs::Program::SchedClassifier(p) => p.load().map_err(fail)?,
             aya::programs::Program::CgroupSockAddr(p) => p.load().map_err(fail)?,
+            aya::programs::Program::SkLookup(p) => p.load().map_err(fail)?,
             _ => return Err(fail(ProgramError::NotLoaded)),
         }
         let path = layout.program(build_id(), name);
@@ -649,6 +683,7 @@ fn recorded_attachments(layout: &PinLayout) -> Vec<(u32, Direction)> {
 fn all_programs() -> Vec<&'static str> {
     let mut names = vec![program_names::TC_INGRESS, program_names::TC_EGRESS];
     names.extend(local::program_names::ALL);
+    names.push(program_names::NETNS_BEACON);
     names
 }
 

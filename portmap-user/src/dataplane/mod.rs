@@ -4,7 +4,8 @@
 //! [`features`]), the maps ([`maps`]) and what is kept in them: which
 //! container owns which port ([`ownership`]), the node's own addresses
 //! ([`node_state`]), where containers hand packets over ([`peers`]), traffic
-//! counters ([`counters`]) and the trace ring ([`trace`]).
+//! counters ([`counters`]) and the trace ring ([`trace`]); the state of
+//! nodes whose network namespace is gone ([`stale`]).
 
 pub mod attach;
 pub mod bpffs;
@@ -20,5 +21,6 @@ pub mod ownership;
 pub mod peers;
 pub mod pin;
 pub mod scope;
+pub mod stale;
 pub mod trace;
 pub mod verb_stats;

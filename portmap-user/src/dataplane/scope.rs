@@ -20,7 +20,9 @@
 //!   it on its next ADD and its mappings keep forwarding.
 //! - the default root (`pinRoot` unset, or set to the default): the first
 //!   namespace to claim it uses it as is (a single node keeps the paths of
-//!   before); every other namespace gets `{root}/netns/{cookie}`.
+//!   before); every other namespace gets `{root}/netns/{cookie}`, and keeps
+//!   it even once the root is nobody's again (its owner gone and its state
+//!   removed, see `stale.rs`).
 //! - an explicit `pinRoot` owned by another namespace is refused: two
 //!   nodes pointed at one directory on purpose are a mistake to report,
 //!   not to paper over.
@@ -105,6 +107,16 @@ pub fn last_resolved(root: &Path) -> Option<PinLayout> {
 
 fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, ScopeError> {
     let shared = root == Path::new(DEFAULT_PIN_ROOT);
+    // Our own directory under the shared root stays ours, whoever owns the
+    // root now: when the root's owner went away and its state was removed
+    // (see `stale.rs`), the root is nobody's, and taking it would leave our
+    // mappings behind.
+    if shared {
+        let own = PinLayout::new(crate::dataplane::pin::netns_root(root, ours));
+        if own.versioned().exists() {
+            return Ok(own);
+        }
+    }
     // Twice at most: once more when another namespace claimed the root
     // between our look and our claim.
     for _ in 0..2 {

@@ -627,6 +627,10 @@ pub struct Status {
     pub problems: Vec<String>,
     /// Worth knowing, not a failure.
     pub notes: Vec<String>,
+    /// Pin roots on this machine whose node's network namespace is gone
+    /// (see `dataplane::stale`): left until a plugin run, the agent or
+    /// `uninstall --stale` removes them.
+    pub stale_roots: Vec<PathBuf>,
 }
 
 /// Where the node has moved on since the plugin's last run: between runs
@@ -768,6 +772,10 @@ pub fn status(layout: &PinLayout) -> Status {
         },
         problems: Vec::new(),
         notes: Vec::new(),
+        stale_roots: crate::dataplane::stale::find(layout)
+            .into_iter()
+            .map(|stale| stale.root().to_path_buf())
+            .collect(),
     };
     judge(&mut status);
     status
@@ -899,6 +907,12 @@ pub fn judge(status: &mut Status) {
                 "{value} packet(s) counted as {name} since the maps were created"
             ));
         }
+    }
+    for root in &status.stale_roots {
+        notes.push(format!(
+            "{} is the state of a node whose network namespace is gone: its socket hooks still run (and exit at once) on every connect() in their cgroup until the next plugin run or agent pass removes it, or `ebpf-portmap uninstall --stale` now",
+            root.display()
+        ));
     }
     status.problems = problems;
     status.notes = notes;
@@ -1054,6 +1068,7 @@ mod tests {
             ownership: Ownership::default(),
             problems: Vec::new(),
             notes: Vec::new(),
+            stale_roots: Vec::new(),
         }
     }
 

@@ -191,8 +191,10 @@ pub fn uninstall(layout: &PinLayout, force: bool) -> Result<Report, UninstallErr
         &crate::dataplane::node_state::interfaces_record(layout),
         &mut report,
     );
-    // Likewise the record of the hooks found in place.
+    // Likewise the record of the hooks found in place, and the root's
+    // registration (see `dataplane::stale`).
     remove_pin(&crate::dataplane::cgroup::hooks_record(layout), &mut report);
+    remove_pin(&crate::dataplane::stale::root_record(layout), &mut report);
     // Only if nothing else (another layout version) lives there.
     if fs::read_dir(layout.root()).is_ok_and(|mut d| d.next().is_none()) {
         remove_dir(layout.root(), &mut report);

@@ -11,6 +11,7 @@ use crate::dataplane::attach::Targets;
 use crate::dataplane::cgroup;
 use crate::dataplane::node_state;
 use crate::dataplane::pin::PinLayout;
+use crate::dataplane::stale;
 use crate::model::PrevInterface;
 use crate::node::netlink;
 use crate::node::netlink::Link;
@@ -100,6 +101,10 @@ pub fn reconcile(layout: &PinLayout, conf: &NetConf, node: &NodeView) -> Result<
             interfaces: conf.interfaces.clone(),
         },
     )?;
+    // Nodes sharing this machine whose network namespace went away leave
+    // their state, and their socket hooks on a shared cgroup, behind: any
+    // node's run takes them off (see `dataplane::stale`).
+    stale::sweep(layout);
     Ok(())
 }
 

@@ -92,6 +92,12 @@ pub const GUEST_TESTS: &[GuestTest] = &[
         name: "node_shapes",
         args: &["--test-threads=1"],
     },
+    // The namespace beacon (a socket-lookup link) is the kernel's: that it
+    // detaches with its namespace is checked on each kernel.
+    GuestTest {
+        name: "stale",
+        args: &["--test-threads=1"],
+    },
     GuestTest {
         name: "plugin",
         args: &[

@@ -75,7 +75,7 @@ pub struct VmTestArgs {
     #[arg(long)]
     pub serial: bool,
     /// Run only these test targets in the guest (repeatable): kernel,
-    /// prog_test_run, local, churn, node_shapes, plugin. Default: all of them.
+    /// prog_test_run, local, churn, node_shapes, stale, plugin. Default: all of them.
     #[arg(long = "only", value_name = "TEST")]
     pub only: Vec<String>,
 }
