@@ -125,8 +125,22 @@ pub struct Peer {
 /// (32768-60999), so they do not collide with the node's own connections.
 pub const MASQ_PORT_MIN: u16 = 61000;
 pub const MASQ_PORT_COUNT: u16 = 4536;
-/// Random tries to find a free masquerade port before giving up.
+/// Tries to find a free masquerade port before giving up: the client
+/// tuple's own port from its last flow, if any, then random ones.
 pub const MASQ_PORT_TRIES: u32 = 8;
+/// How long after another client's masqueraded flow closed (FIN both ways)
+/// its port is passed over by the first half of the tries: the container may hold
+/// the tuple in TIME_WAIT (60 s on Linux), and refuses a SYN whose TCP
+/// timestamps are older than the last ones it saw there (every client
+/// tuple has its own timestamp offset), with an ACK that costs the client
+/// a round trip, a RST and a second SYN.
+pub const MASQ_PORT_TIME_WAIT_NS: u64 = 60_000_000_000;
+/// How long after another client's masqueraded flow was reset its port is
+/// never given to a new flow: the reset is usually the client's answer to
+/// such an ACK, and its second SYN, two jiffies later (at most 20 ms), needs
+/// the same tuple (the reset ended the TIME_WAIT there). Short, so that
+/// the ports held are few even when many flows are reset.
+pub const MASQ_PORT_RESET_HOLD_NS: u64 = 100_000_000;
 
 const _: () = {
     assert!(core::mem::size_of::<NodeConfig>() == 16);

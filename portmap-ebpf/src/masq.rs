@@ -4,8 +4,11 @@
 use aya_ebpf::{bindings::bpf_fib_lookup, helpers::bpf_get_prandom_u32, programs::TcContext};
 use portmap_common::{
     CtEntry, CtKey, FAMILY_V4, ct_kind,
-    local::{MASQ_PORT_COUNT, MASQ_PORT_MIN, MASQ_PORT_TRIES, iface_flags, node_flags},
-    stat,
+    local::{
+        MASQ_PORT_COUNT, MASQ_PORT_MIN, MASQ_PORT_RESET_HOLD_NS, MASQ_PORT_TIME_WAIT_NS,
+        MASQ_PORT_TRIES, iface_flags, node_flags,
+    },
+    stat, tcp_state,
 };
 
 use crate::{
@@ -88,19 +91,50 @@ pub fn masquerade(ctx: &TcContext) {
         last_seen_ns: now,
         ..CtEntry::default()
     };
+    let table = maps::Table::for_proto(client.proto);
+    // The first candidate is the port this client tuple had last, if
+    // any; then random ones.
+    let mut kept_be = earlier_port(&scratch.forward_key);
     let mut tries = 0;
     while tries < MASQ_PORT_TRIES {
-        // SAFETY: no arguments.
-        let random = unsafe { bpf_get_prandom_u32() };
-        let port = MASQ_PORT_MIN + (random % MASQ_PORT_COUNT as u32) as u16;
-        scratch.reply_key.dst_port_be = port.to_be();
-        scratch.forward.nat_port_be = port.to_be();
+        let kept = kept_be != 0;
+        let port_be = if kept {
+            kept_be
+        } else {
+            // SAFETY: no arguments.
+            let random = unsafe { bpf_get_prandom_u32() };
+            (MASQ_PORT_MIN + (random % MASQ_PORT_COUNT as u32) as u16).to_be()
+        };
+        kept_be = 0;
+        scratch.reply_key.dst_port_be = port_be;
+        scratch.forward.nat_port_be = port_be;
+        // Another client's flow that closed there lately outranks this
+        // client's earlier use of the port too: the container's
+        // TIME_WAIT, if any, is that flow's now.
+        if table == maps::Table::Open
+            && held_for_other(
+                &scratch.reply_key,
+                &client,
+                now,
+                tries < MASQ_PORT_TRIES / 2,
+            )
+        {
+            tries += 1;
+            continue;
+        }
+        // The client's own tuple is written over its own entries (its SYN
+        // sent again while they are still open), never over another's.
+        let how = if kept && other_clients(table, &scratch.reply_key, &client).is_none() {
+            Insert::Any
+        } else {
+            Insert::IfFree
+        };
         // IfFree: a port in use by another masqueraded flow to the same
         // container port is not taken over.
         match maps::ct_put_pair(
-            maps::Table::for_proto(client.proto),
+            table,
             (&scratch.reply_key, &scratch.reply),
-            Insert::IfFree,
+            how,
             (&scratch.forward_key, &scratch.forward),
         ) {
             Ok(()) => {
@@ -115,6 +149,77 @@ pub fn masquerade(ctx: &TcContext) {
         }
     }
     maps::count(stat::MASQ_NO_PORT);
+}
+
+/// The masquerade port (network order) of the last flow of the client
+/// tuple `forward_key` (client to container), open or closed; 0 if none.
+///
+/// A flow keeps its masquerade tuple when its SYN comes again, as the
+/// client's kernel relies on: a container holding a tuple in TIME_WAIT
+/// refuses a SYN whose timestamps are older (another client's clock), with
+/// an ACK; the client answers it with a RST, which ends the TIME_WAIT,
+/// and sends its SYN again at once, for the same tuple. Given a new random
+/// port instead, that SYN may meet another TIME_WAIT, and the next try
+/// comes only after the full retransmission timeout (one second).
+/// Netfilter does the same: a SYN that reopens a closed flow's tuple gets
+/// the same source port again if it is free.
+#[inline(always)]
+fn earlier_port(forward_key: &CtKey) -> u16 {
+    let table = maps::Table::for_proto(forward_key.proto);
+    let entry = match maps::ct_get(table, forward_key) {
+        Some(entry) => entry,
+        None if table == maps::Table::Open => {
+            match maps::ct_get(maps::Table::Closed, forward_key) {
+                Some(entry) => entry,
+                None => return 0,
+            }
+        }
+        None => return 0,
+    };
+    // SAFETY: fields of a live map value, read once.
+    let (kind, port_be) = unsafe { ((*entry).kind, (*entry).nat_port_be) };
+    if kind == ct_kind::SNAT { port_be } else { 0 }
+}
+
+/// The answer entry `reply_key` (container to node, masquerade port) in
+/// `table`, if it is another client's than `client` (the client tuple of
+/// the flow being masqueraded).
+#[inline(always)]
+fn other_clients(table: maps::Table, reply_key: &CtKey, client: &CtKey) -> Option<*mut CtEntry> {
+    let entry = maps::ct_get(table, reply_key)?;
+    // SAFETY: fields of a live map value, read once each.
+    let same = unsafe {
+        (*entry).nat_port_be == client.src_port_be
+            && (*entry).nat_addr_be[0] == client.src_addr_be[0]
+            && (*entry).nat_addr_be[1] == client.src_addr_be[1]
+            && (*entry).nat_addr_be[2] == client.src_addr_be[2]
+            && (*entry).nat_addr_be[3] == client.src_addr_be[3]
+    };
+    (!same).then_some(entry)
+}
+
+/// Whether the masquerade port of `reply_key` is to be passed over for a
+/// new flow of `client` because another client's flow closed there
+/// lately: reset less than [`MASQ_PORT_RESET_HOLD_NS`] ago (kept for that
+/// client's next SYN), or, while `choosy`, closed by FIN less than
+/// [`MASQ_PORT_TIME_WAIT_NS`] ago (the container may still hold it in
+/// TIME_WAIT). The later tries are not choosy: under churn every port has
+/// closed lately, and such a port is better than none. If the container
+/// refuses the SYN there, the client's reset and second SYN, which keeps
+/// the port (see `earlier_port`), get through.
+#[inline(always)]
+fn held_for_other(reply_key: &CtKey, client: &CtKey, now: u64, choosy: bool) -> bool {
+    let Some(entry) = other_clients(maps::Table::Closed, reply_key, client) else {
+        return false;
+    };
+    // SAFETY: fields of a live map value, read once each.
+    let (state, closed_at) = unsafe { ((*entry).tcp_state, (*entry).last_seen_ns) };
+    let age = now.saturating_sub(closed_at);
+    if state & tcp_state::FIN == 0 {
+        age < MASQ_PORT_RESET_HOLD_NS
+    } else {
+        choosy && age < MASQ_PORT_TIME_WAIT_NS
+    }
 }
 
 /// The node's address on the interface the kernel will send `container_be`
