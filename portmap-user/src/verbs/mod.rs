@@ -170,7 +170,9 @@ impl Plugin for Dataplane {
     }
 
     fn del(&mut self, req: &Request) -> Result<(), CniError> {
-        del::del(req).map_err(CniError::from)
+        // Never an error: see `del`'s module docs.
+        del::del(req);
+        Ok(())
     }
 
     fn check(&mut self, req: &Request) -> Result<(), CniError> {
