@@ -297,6 +297,17 @@ fn status_answers_while_an_add_holds_the_lock() {
     drop(lock);
 }
 
+/// What the plugin logged in `world`.
+fn plugin_log(world: &World) -> String {
+    fs::read_to_string(
+        world
+            .node
+            .data_dir()
+            .join(portmap_tests::topology::PLUGIN_LOG),
+    )
+    .unwrap_or_default()
+}
+
 /// A runner that gives up on a plugin after `timeout`.
 fn impatient_runner(world: &World, timeout: Duration) -> CniRunner {
     CniRunner::new(world.plugins.paths(), &world.node.ns).with_timeout(timeout)
@@ -512,6 +523,11 @@ fn del_finishes_in_time_while_the_lock_is_held() {
         links.join(format!("if{index}_ingress")).exists()
     };
     assert!(!attached_to_extra(), "DEL attached without the lock?");
+    assert!(
+        plugin_log(&world).contains("longer than this run waits"),
+        "the log says DEL gave up on the lock:\n{}",
+        plugin_log(&world)
+    );
     drop(lock);
     // What DEL left undone (attaching to the new uplink), the next run does.
     world.runner.gc(&world.list, &[]).expect("GC");
@@ -566,6 +582,11 @@ fn del_without_privileges_succeeds_and_gc_removes_what_it_left() {
         world.mapping_count(),
         2,
         "nothing could be removed without privileges"
+    );
+    let log = plugin_log(&world);
+    assert!(
+        log.contains("DEL web") && log.contains("stays until GC removes it"),
+        "the log names the container and what is left for GC:\n{log}"
     );
     world.runner.gc(&world.list, &[]).expect("GC");
     world.assert_clean("after the runtime's GC");
