@@ -591,3 +591,48 @@ fn del_without_privileges_succeeds_and_gc_removes_what_it_left() {
     world.runner.gc(&world.list, &[]).expect("GC");
     world.assert_clean("after the runtime's GC");
 }
+
+/// The CNI error code and message a failed run printed.
+fn error_of(run: &Run) -> (Option<u64>, String) {
+    let error: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_default();
+    (
+        error["code"].as_u64(),
+        error["msg"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[test]
+fn status_fails_with_51_when_containers_depend_on_a_dataplane_it_cannot_keep() {
+    let world = World::plugin_only();
+    let web = FakeContainer::new(&world, "web", 1, vec![PortMapping::tcp(8080, 80)]);
+    web.add(&world).expect("ADD");
+    // A pinned map of another layout, as an incompatible build leaves it.
+    let counters = world.pins.path().join("v1/maps/counters");
+    fs::remove_file(&counters).expect("unpin counters");
+    pin_foreign_maps(world.pins.path(), &["counters"]);
+    let run = status(&world, Confine::Nothing);
+    let (code, msg) = error_of(&run);
+    assert_eq!(code, Some(51), "{}", describe(&run));
+    assert!(
+        msg.contains("incompatible") && msg.contains("counters"),
+        "the message names the map and what to do: {msg}"
+    );
+    web.del(&world).expect("DEL");
+}
+
+#[test]
+fn status_of_a_pin_root_of_another_namespace_fails_with_50() {
+    let first = World::plugin_only();
+    let web = FakeContainer::new(&first, "web", 1, vec![PortMapping::tcp(8080, 80)]);
+    web.add(&first)
+        .expect("ADD claims the root for the first node");
+    let second = world_at(|_| first.pins.path().to_path_buf());
+    let run = status(&second, Confine::Nothing);
+    let (code, msg) = error_of(&run);
+    assert_eq!(code, Some(50), "{}", describe(&run));
+    assert!(
+        msg.contains("another network namespace") && msg.contains("pinRoot"),
+        "the message says what to fix: {msg}"
+    );
+    web.del(&first).expect("DEL");
+}
