@@ -636,3 +636,54 @@ fn status_of_a_pin_root_of_another_namespace_fails_with_50() {
     );
     web.del(&first).expect("DEL");
 }
+
+#[test]
+fn status_never_fails_while_parallel_adds_bootstrap_the_node() {
+    let world = World::plugin_only();
+    let containers: Vec<FakeContainer> = (0..16u16)
+        .map(|i| {
+            FakeContainer::new(
+                &world,
+                &format!("c{i}"),
+                u32::from(i),
+                vec![PortMapping::tcp(9000 + i, 80)],
+            )
+        })
+        .collect();
+    let (adds, statuses) = std::thread::scope(|scope| {
+        let adds: Vec<_> = containers
+            .iter()
+            .map(|c| scope.spawn(|| c.add(&world)))
+            .collect();
+        // containerd's poll, much faster: while the first ADDs load,
+        // attach and hold the lock, and after.
+        let statuses: Vec<Run> = (0..20)
+            .map(|_| {
+                let run = status(&world, Confine::Nothing);
+                std::thread::sleep(Duration::from_millis(50));
+                run
+            })
+            .collect();
+        let adds: Vec<Result<(), String>> = adds
+            .into_iter()
+            .map(|handle| handle.join().expect("an ADD thread"))
+            .collect();
+        (adds, statuses)
+    });
+    for (i, run) in statuses.iter().enumerate() {
+        assert!(
+            run.status.success(),
+            "STATUS {i} during the ADDs: {}",
+            describe(run)
+        );
+    }
+    for (c, result) in containers.iter().zip(&adds) {
+        result
+            .as_ref()
+            .unwrap_or_else(|e| panic!("ADD of {}: {e}", c.rt.container_id));
+    }
+    for c in &containers {
+        c.del(&world).expect("DEL");
+    }
+    world.assert_clean("after DEL of every container");
+}
