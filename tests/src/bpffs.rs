@@ -58,6 +58,12 @@ pub fn root_record(pin_root: &Path) -> PathBuf {
     lock_file(pin_root).with_extension("root")
 }
 
+/// Where the plugin records that the kernel loaded this build's programs
+/// for `pin_root` (STATUS's probe record).
+pub fn status_record(pin_root: &Path) -> PathBuf {
+    lock_file(pin_root).with_extension("status")
+}
+
 /// Whether `path` is on a bpffs mount.
 pub fn is_bpffs(path: &Path) -> bool {
     let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
@@ -209,6 +215,7 @@ impl Drop for PinRoot {
             interfaces_record(&self.path),
             hooks_record(&self.path),
             root_record(&self.path),
+            status_record(&self.path),
         ] {
             let _ = std::fs::remove_file(file);
         }

@@ -234,6 +234,10 @@ fn every_malformed_request_is_refused_cleanly_and_changes_nothing() {
         case("maxMappings zero", r().set("/maxMappings", json!(0)), 7, &["maxMappings"]),
         case("runtimeConfig not an object", r().set("/runtimeConfig", json!([])), 7, &["runtimeConfig"]),
         case("portMappings not a list", r().mappings(json!({"hostPort": 80})), 7, &["portMappings"]),
+        // Upstream portmap's source restrictions: refused until enforced.
+        case("conditionsV4 (upstream's)", r().set("/conditionsV4", json!(["-s", "10.0.0.0/8"])), 7, &["conditionsV4", "every source"]),
+        case("conditionsV6 (upstream's)", r().set("/conditionsV6", json!(["!", "-s", "fd00::/8"])), 7, &["conditionsV6", "every source"]),
+        case("conditionsV4 on STATUS", r().env("CNI_COMMAND", Some("STATUS")).set("/conditionsV4", json!(["-i", "eth0"])), 7, &["conditionsV4"]),
         // Port mappings.
         case("hostPort 0", r().mappings(mapping(json!(0), json!(80), json!("tcp"))), 7, &["hostPort", "0"]),
         case("hostPort negative", r().mappings(mapping(json!(-1), json!(80), json!("tcp"))), 7, &["hostPort"]),
@@ -568,4 +572,62 @@ fn a_conflict_at_any_position_rolls_back_the_whole_request() {
         holder.del(&world).expect("holder DEL");
     }
     world.assert_clean("after all positions");
+}
+
+#[test]
+fn upstream_keys_without_use_here_are_accepted_with_one_warning() {
+    let world = world_with(json!({
+        "markMasqBit": 13,
+        "externalSetMarkChain": "KUBE-MARK-MASQ",
+        "backend": "nftables",
+    }));
+    let request = Request::add(&world);
+    let out = invoke(&world, &request.env, &request.stdin());
+    assert!(
+        out.status.success(),
+        "ADD with upstream keys: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let log = std::fs::read_to_string(
+        world
+            .node
+            .data_dir()
+            .join(portmap_tests::topology::PLUGIN_LOG),
+    )
+    .expect("the plugin's log");
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("a key of the upstream portmap plugin"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one warning per ADD: {warnings:#?}");
+    for key in ["markMasqBit", "externalSetMarkChain", "backend", "iptables"] {
+        assert!(
+            warnings[0].contains(key),
+            "the warning names {key}: {}",
+            warnings[0]
+        );
+    }
+    let del = request.env("CNI_COMMAND", Some("DEL"));
+    let out = invoke(&world, &del.env, &del.stdin());
+    assert!(
+        out.status.success(),
+        "DEL: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn del_after_an_add_refused_for_conditions_succeeds() {
+    let world = world_with(json!({"conditionsV4": ["-s", "10.0.0.0/8"]}));
+    let add = Request::add(&world);
+    let out = invoke(&world, &add.env, &add.stdin());
+    assert!(!out.status.success(), "ADD with conditionsV4 is refused");
+    // What a runtime sends next: DEL with the same configuration.
+    let del = add.env("CNI_COMMAND", Some("DEL"));
+    let out = invoke(&world, &del.env, &del.stdin());
+    assert!(
+        out.status.success(),
+        "DEL after the refused ADD: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -99,7 +99,54 @@ pub struct NetConf {
     pub(in crate::cni) prev_result: Option<Value>,
     /// GC only: `cni.dev/valid-attachments`.
     pub valid_attachments: Option<Vec<Attachment>>,
+    /// Keys of the upstream `portmap` plugin present here that ebpf-portmap
+    /// accepts and does not use ([`UPSTREAM_UNUSED_KEYS`]), as spelled.
+    pub upstream_unused: Vec<UpstreamKey>,
 }
+
+/// An upstream `portmap` key found in the configuration that ebpf-portmap
+/// has no use for, with what it does instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamKey {
+    /// The key as the configuration spells it.
+    pub key: String,
+    pub instead: &'static str,
+}
+
+impl std::fmt::Display for UpstreamKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (a key of the upstream portmap plugin) is ignored: {}",
+            self.key, self.instead
+        )
+    }
+}
+
+/// Upstream `portmap` keys that restrict who may reach the host ports
+/// (iptables match conditions added to every DNAT rule). ebpf-portmap does
+/// not enforce them yet, so a configuration with conditions is refused:
+/// accepting it would serve the ports to every source.
+pub const UPSTREAM_CONDITION_KEYS: [&str; 2] = ["conditionsV4", "conditionsV6"];
+
+/// Upstream `portmap` keys about its iptables/nftables machinery, which
+/// ebpf-portmap does not have, each with what it does instead: accepted (a
+/// conflist that swaps `"type": "portmap"` for ours keeps working), and
+/// named in one warning per ADD.
+pub const UPSTREAM_UNUSED_KEYS: [(&str, &str); 3] = [
+    (
+        "markMasqBit",
+        "ebpf-portmap marks no packets; its programs masquerade hairpin flows themselves (`snat`, `masqAll`)",
+    ),
+    (
+        "externalSetMarkChain",
+        "ebpf-portmap uses no iptables chain; its programs masquerade hairpin flows themselves (`snat`, `masqAll`)",
+    ),
+    (
+        "backend",
+        "ebpf-portmap uses neither iptables nor nftables; its eBPF programs translate the traffic",
+    ),
+];
 
 /// Why a name (network name, container ID) breaks the CNI spec's
 /// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$` rule.
@@ -244,6 +291,10 @@ pub enum ConfigError {
     MaxMappingsOutOfRange { key: String, value: String },
     #[error("{key}: {value} is not one of \"refuse\" or \"allow\"")]
     InvalidListenerPolicy { key: String, value: String },
+    #[error(
+        "{key} restricts who may reach the host ports (upstream portmap adds it to every DNAT rule as iptables match conditions); ebpf-portmap does not enforce such conditions yet and would serve the ports to every source: remove {key}, or keep the upstream portmap plugin for this network"
+    )]
+    UnsupportedConditions { key: String },
 }
 
 impl ConfigError {
@@ -267,7 +318,8 @@ impl ConfigError {
             | ConfigError::MaxMappingsOutOfRange { .. }
             | ConfigError::NotABool { .. }
             | ConfigError::InvalidCgroupPath { .. }
-            | ConfigError::InvalidListenerPolicy { .. } => code::INVALID_NETWORK_CONFIG,
+            | ConfigError::InvalidListenerPolicy { .. }
+            | ConfigError::UnsupportedConditions { .. } => code::INVALID_NETWORK_CONFIG,
         }
     }
 }
@@ -329,6 +381,12 @@ const ROOT_FIELDS: &[Field] = &[
     Field::scalar("masqAll"),
     Field::scalar("fastPath"),
     Field::scalar("cgroupPath"),
+    // Upstream portmap's, pointers there (`*[]string`, `*int`, `*string`).
+    Field::nullable("conditionsV4"),
+    Field::nullable("conditionsV6"),
+    Field::nullable("markMasqBit"),
+    Field::nullable("externalSetMarkChain"),
+    Field::nullable("backend"),
 ];
 const ATTACHMENT_FIELDS: &[Field] = &[Field::scalar("containerID"), Field::scalar("ifname")];
 
@@ -415,6 +473,24 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
         strictness,
         &mut dropped,
     )?;
+    // Refused for ADD, CHECK and STATUS; DEL and GC go on (nothing was
+    // added under conditions, and teardown must not get stuck).
+    for name in UPSTREAM_CONDITION_KEYS {
+        tolerate(
+            refuse_conditions(value(name)?),
+            (),
+            strictness,
+            &mut dropped,
+        )?;
+    }
+    let mut upstream_unused = Vec::new();
+    for (name, instead) in UPSTREAM_UNUSED_KEYS {
+        if let Some(Given { key, value }) = value(name)?
+            && !value.is_null()
+        {
+            upstream_unused.push(UpstreamKey { key, instead });
+        }
+    }
 
     Ok((
         NetConf {
@@ -435,6 +511,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
             host_ip_keys,
             prev_result,
             valid_attachments,
+            upstream_unused,
         },
         dropped,
     ))
@@ -455,6 +532,20 @@ fn tolerate<T>(
             Ok(fallback)
         }
         (Err(error), Strictness::Strict) => Err(error),
+    }
+}
+
+/// `conditionsV4`/`conditionsV6`: absent, `null` or an empty list adds
+/// no condition upstream either; anything else is refused.
+fn refuse_conditions(value: Option<Given>) -> Result<(), ConfigError> {
+    match value {
+        None => Ok(()),
+        Some(Given { value, .. }) if value.is_null() => Ok(()),
+        Some(Given {
+            value: Value::Array(list),
+            ..
+        }) if list.is_empty() => Ok(()),
+        Some(Given { key, .. }) => Err(ConfigError::UnsupportedConditions { key }),
     }
 }
 

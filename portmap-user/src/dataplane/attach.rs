@@ -725,7 +725,7 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
 
 /// A pinned map is reused as it is (aya does no layout check), so one left
 /// by a build with another layout must be refused, never misread.
-fn check_pinned_layouts(layout: &PinLayout) -> Result<(), AttachError> {
+pub fn check_pinned_layouts(layout: &PinLayout) -> Result<(), AttachError> {
     for name in map_names::ALL
         .into_iter()
         .chain(local::map_names::ALL)
@@ -904,9 +904,11 @@ pub fn probe(layout: &PinLayout) -> Result<(), AttachError> {
 fn probe_load(layout: &PinLayout) -> Result<(), AttachError> {
     check_bpffs(layout.root())?;
     check_pinned_layouts(layout)?;
+    // By ID: opening them as SchedClassifiers makes aya probe the kernel's
+    // features (a dozen BPF loads).
     if Direction::BOTH
         .iter()
-        .all(|&d| pinned_program(layout, d).is_some())
+        .all(|&d| pinned_id(&layout.program(build_id(), program_name(d))).is_some())
     {
         return Ok(());
     }

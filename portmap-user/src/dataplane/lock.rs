@@ -1,7 +1,19 @@
 //! The pin root's lock: one `flock` per pin root serialises loads,
 //! attachments and node-state writes, across processes.
+//!
+//! A run may bound how long it waits for the lock ([`limit_waits`]): DEL
+//! must never hang behind a stuck holder (it runs first in the runtime's
+//! DEL chain, and a DEL that never ends keeps the main plugin from freeing
+//! the pod's address). Past the limit, [`lock`] fails with
+//! [`LockError::TimedOut`] and the caller skips what needed the lock.
 
-use std::{fs, io, os::fd::AsRawFd, path::PathBuf};
+use std::{
+    fs, io,
+    os::fd::AsRawFd,
+    path::PathBuf,
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
 
 use crate::dataplane::{
     bpffs::{BpffsError, create_private_dir},
@@ -18,11 +30,35 @@ pub enum LockError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "{path} stayed locked for {} ms, longer than this run waits; another run of the plugin (or `flock` by hand) holds it",
+        waited.as_millis()
+    )]
+    TimedOut { path: PathBuf, waited: Duration },
 }
 
-/// Takes the pin root's lock (an `flock`, waiting for it), which serialises
-/// loads, attachments and node-state writes; released when the returned
-/// file is dropped, or by the kernel if the holder dies.
+/// How long this process waits for a lock, in milliseconds; 0 is for as
+/// long as it takes. Process-wide because the plugin runs one verb per
+/// process, and the verb decides, not each of the places that lock.
+static WAIT_LIMIT_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Makes every later [`lock`] of this process give up after `limit`.
+pub fn limit_waits(limit: Duration) {
+    let millis = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
+    WAIT_LIMIT_MS.store(millis, Ordering::Relaxed);
+}
+
+fn wait_limit() -> Option<Duration> {
+    match WAIT_LIMIT_MS.load(Ordering::Relaxed) {
+        0 => None,
+        millis => Some(Duration::from_millis(millis)),
+    }
+}
+
+/// Takes the pin root's lock (an `flock`, waiting for it, within the limit
+/// set by [`limit_waits`] if any), which serialises loads, attachments and
+/// node-state writes; released when the returned file is dropped, or by
+/// the kernel if the holder dies.
 pub fn lock(layout: &PinLayout) -> Result<fs::File, LockError> {
     let lock_path = layout.lock_file();
     if let Some(dir) = lock_path.parent() {
@@ -37,12 +73,39 @@ pub fn lock(layout: &PinLayout) -> Result<fs::File, LockError> {
             path: lock_path.clone(),
             source,
         })?;
-    // SAFETY: flock on an fd we own; released when `lock` is closed.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(LockError::Lock {
-            path: lock_path,
-            source: io::Error::last_os_error(),
-        });
+    let Some(limit) = wait_limit() else {
+        // SAFETY: flock on an fd we own; released when `lock` is closed.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(LockError::Lock {
+                path: lock_path,
+                source: io::Error::last_os_error(),
+            });
+        }
+        return Ok(lock);
+    };
+    // flock has no timeout: try without blocking, a few times a tick.
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(2);
+    loop {
+        // SAFETY: as above.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(lock);
+        }
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(LockError::Lock {
+                path: lock_path,
+                source: error,
+            });
+        }
+        let waited = start.elapsed();
+        if waited >= limit {
+            return Err(LockError::TimedOut {
+                path: lock_path,
+                waited,
+            });
+        }
+        std::thread::sleep(pause.min(limit - waited));
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
-    Ok(lock)
 }

@@ -1,5 +1,25 @@
 //! DEL: release what the container owns (found by owner, so it works
-//! without prevResult), idempotently.
+//! without prevResult), idempotently, and never fail.
+//!
+//! Runtimes run a chain's DEL in reverse order, so ours runs before the
+//! interface and IPAM plugins; an error of ours ends the chain there, the
+//! main plugin's DEL never runs and the pod's address leaks (containerd
+//! #12130). So every DEL ends in success:
+//! - what cannot hold anything of the container is nothing to remove: no
+//!   pin root, no bpffs under it, a root of another network namespace, an
+//!   owner never added;
+//! - maps of another layout are opened no further: this build wrote
+//!   nothing there (`ebpf-portmap uninstall` removes them);
+//! - what it cannot remove (no privilege, a map that cannot be opened or
+//!   updated) is logged with the container and left for GC: the runtime's
+//!   next GC no longer lists the container, and the agent's pass reclaims
+//!   mappings whose owner record is gone;
+//! - the pin root's lock guards only the reconciliation after the release
+//!   (the mappings go without it): DEL waits for it [`LOCK_WAIT`] at most,
+//!   then leaves that work to the next run.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 use super::PluginError;
 use super::forget_counters;
@@ -8,19 +28,73 @@ use super::own_state;
 use super::require_privilege;
 use super::who;
 use crate::cni::Request;
-use crate::dataplane::maps::Maps;
+use crate::dataplane::lock;
+use crate::dataplane::maps::{self, MappingsEpoch, Maps};
 use crate::dataplane::ownership;
 use crate::dataplane::peers;
-use std::collections::BTreeSet;
+use crate::dataplane::pin::PinLayout;
+use portmap_common::map_names;
 
-pub(super) fn del(req: &Request) -> Result<(), PluginError> {
+/// How long DEL waits for the pin root's lock: longer than a first ADD
+/// holds it to load and attach (about 0.3 s of CPU, a few seconds on a
+/// loaded node), far shorter than a runtime's patience.
+pub const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// DEL: always a success for the runtime; see the module docs.
+pub(super) fn del(req: &Request) {
+    lock::limit_waits(LOCK_WAIT);
+    if let Err(error) = release(req) {
+        log::warn!(
+            "DEL {}: {}; what it holds stays until GC removes it (the runtime's GC, which no longer lists it, or `ebpf-portmap gc`)",
+            who(&req.owner, &req.identity),
+            with_sources(&error)
+        );
+    }
+}
+
+/// `error` and its sources, joined with ": ".
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn release(req: &Request) -> Result<(), PluginError> {
     require_privilege()?;
     let Some(layout) = own_state(&req.conf.pin_root)? else {
         return Ok(());
     };
-    let Some(mut maps) = Maps::open_existing(&layout)? else {
+    let mut maps = match Maps::open_existing(&layout) {
+        Ok(Some(maps)) => maps,
         // Nothing was ever added under this root: nothing to delete.
-        return Ok(());
+        Ok(None) => return Ok(()),
+        Err(error) => match ownership_maps(&layout) {
+            // A map DEL can do without (pod labels, the port filter) is
+            // of another layout or broken: release through the others.
+            Ok(maps) => {
+                log::warn!(
+                    "DEL {}: {}; releasing without it",
+                    who(&req.owner, &req.identity),
+                    with_sources(&error)
+                );
+                maps
+            }
+            Err(ownership) => {
+                // The ownership maps themselves are not this build's:
+                // nothing in them was written by it.
+                log::warn!(
+                    "DEL {}: nothing removed: {}; maps made by another build are removed by `ebpf-portmap uninstall`",
+                    who(&req.owner, &req.identity),
+                    with_sources(&ownership)
+                );
+                return Ok(());
+            }
+        },
     };
     // Read before release empties the index: the counters to drop, and
     // the container addresses whose fast-path entries go too.
@@ -51,4 +125,18 @@ pub(super) fn del(req: &Request) -> Result<(), PluginError> {
     // us, in the interface plugin's DEL): their dead link pins go too.
     reconcile_after("DEL", &layout, &req.conf);
     Ok(())
+}
+
+/// The three maps a release needs, and none of the others.
+fn ownership_maps(layout: &PinLayout) -> Result<Maps, maps::MapsError> {
+    Ok(Maps {
+        mappings: maps::open(layout, map_names::MAPPINGS)?,
+        owners: maps::open(layout, map_names::OWNERS)?,
+        owner_slots: maps::open(layout, map_names::OWNER_SLOTS)?,
+        pods: None,
+        specific_ports: None,
+        orphans: None,
+        mapped_ports: None,
+        epoch: MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)),
+    })
 }

@@ -134,6 +134,21 @@ fn own_state(root: &std::path::Path) -> Result<Option<PinLayout>, PluginError> {
     }
 }
 
+/// One warning naming the upstream `portmap` keys of the configuration
+/// that ebpf-portmap accepts without using, and what it does instead. Only
+/// ADD logs it: STATUS every 5 seconds would bury the log in it.
+fn warn_upstream_unused(conf: &NetConf) {
+    if conf.upstream_unused.is_empty() {
+        return;
+    }
+    let notes: Vec<String> = conf
+        .upstream_unused
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    log::warn!("network {}: {}", conf.name, notes.join("; "));
+}
+
 /// The plugin as the binary runs it.
 #[derive(Debug, Default)]
 pub struct Dataplane;
@@ -166,11 +181,14 @@ fn prune_counters(layout: &PinLayout, maps: &Maps) {
 
 impl Plugin for Dataplane {
     fn add(&mut self, req: &Request) -> Result<(), CniError> {
+        warn_upstream_unused(&req.conf);
         add::add(req).map_err(CniError::from)
     }
 
     fn del(&mut self, req: &Request) -> Result<(), CniError> {
-        del::del(req).map_err(CniError::from)
+        // Never an error: see `del`'s module docs.
+        del::del(req);
+        Ok(())
     }
 
     fn check(&mut self, req: &Request) -> Result<(), CniError> {

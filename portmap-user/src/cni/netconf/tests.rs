@@ -1299,3 +1299,66 @@ fn ifnames_follow_the_kernel_rule() {
         "0xa0 byte inside UTF-8"
     );
 }
+
+#[test]
+fn upstream_conditions_are_refused_naming_the_key() {
+    for key in ["conditionsV4", "conditionsV6"] {
+        let input = with(&format!(r#","{key}":["-s","10.0.0.0/8"]"#));
+        let error = parse_netconf(input.as_bytes()).expect_err("conditions are refused");
+        assert_eq!(error.cni_code(), code::INVALID_NETWORK_CONFIG, "{error}");
+        let text = error.to_string();
+        assert!(
+            text.starts_with(key) && text.contains("every source"),
+            "the message names {key} and what accepting it would mean: {text}"
+        );
+        // Go's encoding/json matches keys case-insensitively: so do we.
+        let folded = with(&format!(
+            r#","{}":["!","-s","10.0.0.0/8"]"#,
+            key.to_lowercase()
+        ));
+        let error = parse_netconf(folded.as_bytes()).expect_err("any spelling is refused");
+        assert!(
+            error.to_string().starts_with(&key.to_lowercase()),
+            "{error}"
+        );
+        // Teardown goes on: a DEL after the refused ADD must succeed.
+        let (_, dropped) =
+            parse_netconf_for_teardown(input.as_bytes()).expect("DEL and GC tolerate it");
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+    }
+}
+
+#[test]
+fn upstream_conditions_that_add_nothing_are_accepted() {
+    for value in ["null", "[]"] {
+        let input = with(&format!(
+            r#","conditionsV4":{value},"conditionsV6":{value}"#
+        ));
+        parse_netconf(input.as_bytes())
+            .unwrap_or_else(|e| panic!("{value} adds no condition upstream: {e}"));
+    }
+}
+
+#[test]
+fn upstream_keys_without_use_here_are_accepted_and_named() {
+    let input =
+        with(r#","markMasqBit":13,"externalSetMarkChain":null,"Backend":"nftables","snat":true"#);
+    let conf = parse_netconf(input.as_bytes()).expect("accepted");
+    let keys: Vec<&str> = conf
+        .upstream_unused
+        .iter()
+        .map(|k| k.key.as_str())
+        .collect();
+    assert_eq!(
+        keys,
+        ["markMasqBit", "Backend"],
+        "a null key is as if absent"
+    );
+    let warning = conf.upstream_unused[1].to_string();
+    assert!(
+        warning.starts_with("Backend") && warning.contains("neither iptables nor nftables"),
+        "{warning}"
+    );
+    let plain = parse_netconf(with("").as_bytes()).expect("minimal");
+    assert!(plain.upstream_unused.is_empty());
+}
