@@ -338,6 +338,8 @@ pub fn remove(layout: &PinLayout) -> Option<Removal> {
         crate::dataplane::cgroup::hooks_record(layout),
         crate::dataplane::node_state::interfaces_record(layout),
         root_record(layout),
+        // STATUS's probe record (`verbs/status.rs`).
+        layout.lock_file().with_extension("status"),
         lock_path,
     ] {
         remove_entry(&record, false, &mut removal);
