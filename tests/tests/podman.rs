@@ -47,6 +47,16 @@ const READY: Duration = Duration::from_secs(20);
 /// The fleet started at once.
 const PARALLEL: u16 = 8;
 
+/// Where ebpf-portmap's socket hooks go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HooksAt {
+    /// The test's own child cgroup (`cgroupPath` set).
+    TestCgroup,
+    /// `cgroupPath` unset, as the minimal conflist leaves it: the root of
+    /// the machine's cgroup2 hierarchy, where every process is.
+    Default,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PortPlugin {
     /// ebpf-portmap, with a test-owned pin root, cgroup and log file; with
@@ -95,6 +105,10 @@ struct E2e {
 
 impl E2e {
     fn new(plugin: PortPlugin) -> E2e {
+        E2e::with_hooks_at(plugin, HooksAt::TestCgroup)
+    }
+
+    fn with_hooks_at(plugin: PortPlugin, hooks_at: HooksAt) -> E2e {
         let node = Node::new();
         let pins = PinRoot::new();
         // Shims that log every execution: evidence the plugin really ran
@@ -110,6 +124,14 @@ impl E2e {
         if plugin == (PortPlugin::Ours { fast_path: true }) {
             let mut json = conflist.json().clone();
             json["plugins"][1]["fastPath"] = Value::Bool(true);
+            conflist = portmap_tests::Conflist::from_json(json).expect("conflist");
+        }
+        if hooks_at == HooksAt::Default {
+            let mut json = conflist.json().clone();
+            json["plugins"][1]
+                .as_object_mut()
+                .expect("the plugin's entry")
+                .remove("cgroupPath");
             conflist = portmap_tests::Conflist::from_json(json).expect("conflist");
         }
         let podman = Podman::start(&node.ns, plugins.path(), &conflist);
@@ -692,6 +714,96 @@ fn podman_with_ebpf_portmap_fast_path() {
 #[ignore = "needs podman, runc and busybox-static: run by `cargo xtask e2e-podman`"]
 fn podman_with_upstream_portmap() {
     podman_publishes_ports_through(PortPlugin::Upstream);
+}
+
+/// Takes ebpf-portmap off the node when dropped (also when a check
+/// failed): with `cgroupPath` unset its hooks are on the machine's cgroup2
+/// root, and must not outlive the test.
+struct UninstallOnDrop<'a>(&'a E2e);
+
+impl Drop for UninstallOnDrop<'_> {
+    fn drop(&mut self) {
+        let t = self.0;
+        let out = t
+            .node
+            .ns
+            .command(plugin_bin())
+            .args(["uninstall", "--force", "--pin-root"])
+            .arg(t.pins.path())
+            .env_remove("CNI_COMMAND")
+            .output();
+        match out {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "uninstall after the test: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("uninstall after the test: {e}"),
+        }
+    }
+}
+
+/// Our programs attached anywhere in the machine's cgroup tree, as
+/// `bpftool cgroup tree` lists them.
+fn our_cgroup_programs() -> Vec<String> {
+    let out = std::process::Command::new("bpftool")
+        .args(["cgroup", "tree"])
+        .output()
+        .expect("run bpftool cgroup tree");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.contains("portmap_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Issue #28, as a new user met it: podman with the minimal conflist (no
+/// `cgroupPath`: the socket hooks on the machine's cgroup2 root, where the
+/// test's own client threads are too) and an external client that is
+/// another network namespace joined to the node by a veth, with no route
+/// beyond the shared subnet. Every published port answers it; the hooks
+/// rewrite none of its sockets. At the end nothing of ours is left in the
+/// cgroup tree.
+fn podman_serves_a_client_namespace_with_the_default_cgroup() {
+    let t = E2e::with_hooks_at(PortPlugin::Ours { fast_path: false }, HooksAt::Default);
+    let uninstall = UninstallOnDrop(&t);
+    let client = t
+        .node
+        .add_side_link("side0", "198.51.100.1/24", "198.51.100.2/24");
+    let side = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1));
+    let ports = [PortMapping::tcp(8080, 80), PortMapping::udp(8053, 53)];
+    let web = t.run("web", &ports);
+    t.wait_serving(&web, 8080, Some(8053));
+    // The external client of the other tests (routed to the pods too).
+    t.check_external(&web, 8080, Some(8053));
+    let tcp = sock(side, 8080);
+    let body = http_get(&client, tcp, PROBE).map(|r| r.body);
+    t.expect_answer(&format!("client namespace -> {tcp}"), body, &web.name);
+    let udp = sock(side, 8053);
+    t.expect_answer(
+        &format!("client namespace -> {udp}/udp"),
+        udp_request(&client, udp, "side", PROBE),
+        &echo_reply(&web.name, "side"),
+    );
+    let status = operator_json(&t.node.ns, t.pins.path(), "status");
+    assert_eq!(
+        status["counters"]["sock_translated"], 0,
+        "no socket of another namespace may be rewritten: {:#}",
+        status["counters"]
+    );
+    t.podman(&["rm", "--force", "--time", "0", "web"]);
+    drop(uninstall);
+    assert_eq!(
+        our_cgroup_programs(),
+        Vec::<String>::new(),
+        "bpftool cgroup tree still lists programs of ours"
+    );
+}
+
+#[test]
+#[ignore = "needs podman, runc and busybox-static: run by `cargo xtask e2e-podman`"]
+fn podman_with_ebpf_portmap_default_cgroup_and_a_client_namespace() {
+    podman_serves_a_client_namespace_with_the_default_cgroup();
 }
 
 #[test]
