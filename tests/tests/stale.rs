@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use portmap_tests::agent::Agent;
 use portmap_tests::bpffs::{lock_file, root_record};
 use portmap_tests::topology::NODE_IP4;
 use portmap_tests::traffic::{echo_reply, tcp_echo_server, tcp_request};
@@ -419,4 +420,36 @@ fn a_live_node_under_the_default_root_keeps_its_state_when_the_roots_owner_goes(
     );
     live.del(&web, &[PortMapping::tcp(8080, 80)]);
     live.del(&second, &[PortMapping::tcp(8081, 80)]);
+}
+
+/// The node agent's GC pass removes a gone node's state with no CNI call:
+/// a node namespace going away sends the other nodes' agents no event.
+#[test]
+fn the_agents_gc_pass_removes_a_gone_nodes_state() {
+    let _serial = one_at_a_time();
+    let live = World::bridge();
+    let web = live.node.add_container("stale-a-web");
+    live.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let agent = Agent::start_with(&live, &["--gc-interval", "1"]);
+    agent.wait_ready(Duration::from_secs(20), "at start");
+    let gone_pins = PinRoot::new();
+    let gone_root = gone_pins.path().to_path_buf();
+    let container = NetNs::new("stale-a-ctr");
+    VanishingNode::start(&gone_pins, container.path(), 8080).vanish();
+    // No CNI call from here on: only the agent can remove it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gone_root.join("v1").exists() || programs_on(gone_pins.cgroup().path()) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never removed the gone node's state: {:?}",
+            gone_pins.pins()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        live.pins.path().join("v1/maps/mappings").exists(),
+        "the agent's own node keeps its state"
+    );
+    drop(agent);
+    live.del(&web, &[PortMapping::tcp(8080, 80)]);
 }
