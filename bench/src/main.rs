@@ -364,7 +364,7 @@ fn main() -> ExitCode {
         plugin_bin().display()
     );
     println!(
-        "bench: time budget {} s (a full run of 3 repetitions takes 6-9 min on 2 cores); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
+        "bench: time budget {} s (a full run of 3 repetitions takes 8-12 min on 2 cores, 1.5 of them the hairpin rows); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
         plan.budget.as_secs(),
         plan.reps,
         plan.duration.as_millis(),
