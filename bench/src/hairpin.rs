@@ -144,46 +144,14 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
         HairpinWorld::new(Flavor::Ours, "bench-ebpf-hairpin", plan)?,
         HairpinWorld::new(Flavor::Upstream, "bench-iptables-hairpin", plan)?,
     ];
-    for side in &sides {
-        for route in Route::BOTH {
-            for family in Family::BOTH {
-                for test in TESTS {
-                    let what = format!(
-                        "{}, hairpin {} ({})",
-                        side.world.flavor.label(),
-                        route.title(),
-                        family.title()
-                    );
-                    warm_up(
-                        plan,
-                        &side.client(route),
-                        test,
-                        target(family, test),
-                        &what,
-                        &side.world,
-                    )?;
-                }
-            }
-        }
-    }
+    warm_up_every_path(plan, &sides)?;
     for rep in 0..plan.reps {
         let mut line = Vec::new();
         for family in Family::BOTH {
             for route in Route::BOTH {
                 for test in TESTS {
                     progress.check()?;
-                    let targets: Vec<(NsHandle, SocketAddr)> = sides
-                        .iter()
-                        .map(|side| (side.client(route), target(family, test)))
-                        .collect();
-                    let runs = load::run_interleaved(
-                        &targets,
-                        test,
-                        plan.duration,
-                        plan.slices,
-                        plan.cpu,
-                        |_| {},
-                    );
+                    let runs = measure_interleaved(plan, &sides, route, family, test);
                     line.push(format!(
                         "{} {} {} {}",
                         route.key(),
@@ -208,6 +176,50 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
         ));
     }
     Ok(())
+}
+
+/// Every (route, family, test) of both worlds once for the warm-up time;
+/// fails if one gets no answer.
+fn warm_up_every_path(plan: &Plan, sides: &[HairpinWorld]) -> anyhow::Result<()> {
+    for side in sides {
+        for route in Route::BOTH {
+            for family in Family::BOTH {
+                for test in TESTS {
+                    let what = format!(
+                        "{}, hairpin {} ({})",
+                        side.world.flavor.label(),
+                        route.title(),
+                        family.title()
+                    );
+                    warm_up(
+                        plan,
+                        &side.client(route),
+                        test,
+                        target(family, test),
+                        &what,
+                        &side.world,
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One run of `test` on one path in every world, cut into slices that
+/// alternate between the worlds.
+fn measure_interleaved(
+    plan: &Plan,
+    sides: &[HairpinWorld],
+    route: Route,
+    family: Family,
+    test: Test,
+) -> Vec<RunResult> {
+    let targets: Vec<(NsHandle, SocketAddr)> = sides
+        .iter()
+        .map(|side| (side.client(route), target(family, test)))
+        .collect();
+    load::run_interleaved(&targets, test, plan.duration, plan.slices, plan.cpu, |_| {})
 }
 
 fn push(
