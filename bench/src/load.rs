@@ -6,14 +6,22 @@
 //! - request/response on [`SERVICE_RR_PORT`]: every [`MESSAGE`]-byte request
 //!   gets a [`MESSAGE`]-byte answer, until the client closes;
 //! - sink on [`SERVICE_STREAM_PORT`]: reads until EOF, then closes;
-//! - UDP echo on [`SERVICE_UDP_PORT`].
+//! - UDP echo on [`SERVICE_UDP_PORT`];
+//! - one request/response, then the server closes first, on
+//!   [`SERVICE_CLOSE_FIRST_PORT`]: the server holds every closed tuple in
+//!   TIME_WAIT, as netperf's TCP_CRR server does (what the hairpin
+//!   masquerade must let through, issue 37).
+//!
+//! The services a pod dials through the node (request/response, UDP echo,
+//! close-first) listen on IPv6 too, on sockets of their own (the IPv4 ones
+//! stay plain IPv4 sockets, as the external rows have always measured).
 //!
 //! Clients run in the client namespace, each for a fixed duration, and
 //! return a rate. Every socket operation has a timeout, every loop ends at
 //! its deadline.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +38,8 @@ pub const SERVICE_RR_PORT: u16 = 5001;
 pub const SERVICE_DIRECT_RR_PORT: u16 = 5004;
 pub const SERVICE_STREAM_PORT: u16 = 5002;
 pub const SERVICE_UDP_PORT: u16 = 5003;
+/// One request/response per connection, the server closing first.
+pub const SERVICE_CLOSE_FIRST_PORT: u16 = 5005;
 
 /// Request and response size of the request/response tests (netperf's
 /// default is 1 byte; 64 is closer to a small RPC and still latency-bound).
@@ -65,72 +75,77 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// Binds the services on 0.0.0.0 inside `ns` and starts them.
+    /// Binds the services inside `ns` (see the module docs for which
+    /// listen on IPv6 too) and starts one thread per socket.
     ///
     /// # Panics
     /// If a port cannot be bound.
     pub fn start(ns: &NetNs, cpu: Option<usize>) -> Servers {
-        let (rr, direct_rr, stream, udp) = ns
-            .run(|| -> io::Result<_> {
-                Ok((
-                    listener(SERVICE_RR_PORT)?,
-                    listener(SERVICE_DIRECT_RR_PORT)?,
-                    listener(SERVICE_STREAM_PORT)?,
-                    UdpSocket::bind(("0.0.0.0", SERVICE_UDP_PORT))?,
-                ))
-            })
+        let sockets = ns
+            .run(bind_services)
             .unwrap_or_else(|e| panic!("binding bench servers in {}: {e}", ns.name()));
         let stop = Arc::new(AtomicBool::new(false));
-        let spawn = |name: &str, body: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(body)
-                .expect("spawning a server thread")
-        };
-        let threads = vec![
-            {
+        let threads = sockets
+            .into_iter()
+            .map(|(name, service)| {
                 let stop = Arc::clone(&stop);
-                spawn(
-                    "bench-rr",
-                    Box::new(move || {
+                std::thread::Builder::new()
+                    .name(name.into())
+                    .spawn(move || {
                         pin_to(cpu);
-                        accept_loop(&rr, &stop, serve_rr);
-                    }),
-                )
-            },
-            {
-                let stop = Arc::clone(&stop);
-                spawn(
-                    "bench-rr-direct",
-                    Box::new(move || {
-                        pin_to(cpu);
-                        accept_loop(&direct_rr, &stop, serve_rr);
-                    }),
-                )
-            },
-            {
-                let stop = Arc::clone(&stop);
-                spawn(
-                    "bench-sink",
-                    Box::new(move || {
-                        pin_to(cpu);
-                        accept_loop(&stream, &stop, serve_sink);
-                    }),
-                )
-            },
-            {
-                let stop = Arc::clone(&stop);
-                spawn(
-                    "bench-udp",
-                    Box::new(move || {
-                        pin_to(cpu);
-                        udp_echo(&udp, &stop);
-                    }),
-                )
-            },
-        ];
+                        service.serve(&stop);
+                    })
+                    .expect("spawning a server thread")
+            })
+            .collect();
         Servers { stop, threads }
     }
+}
+
+/// One bound server socket and how it serves.
+enum Service {
+    Tcp(TcpListener, fn(TcpStream, &AtomicBool)),
+    Udp(UdpSocket),
+}
+
+impl Service {
+    fn serve(&self, stop: &AtomicBool) {
+        match self {
+            Service::Tcp(listener, serve) => accept_loop(listener, stop, *serve),
+            Service::Udp(socket) => udp_echo(socket, stop),
+        }
+    }
+}
+
+/// Every server socket of a container, named for its thread.
+fn bind_services() -> io::Result<Vec<(&'static str, Service)>> {
+    let v4 = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+    let v6 = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+    let tcp = |ip, port, serve| -> io::Result<Service> {
+        Ok(Service::Tcp(listener(SocketAddr::new(ip, port))?, serve))
+    };
+    let udp = |ip, port| -> io::Result<Service> {
+        Ok(Service::Udp(udp_socket(SocketAddr::new(ip, port))?))
+    };
+    Ok(vec![
+        ("bench-rr", tcp(v4, SERVICE_RR_PORT, serve_rr)?),
+        ("bench-rr6", tcp(v6, SERVICE_RR_PORT, serve_rr)?),
+        (
+            "bench-rr-direct",
+            tcp(v4, SERVICE_DIRECT_RR_PORT, serve_rr)?,
+        ),
+        ("bench-sink", tcp(v4, SERVICE_STREAM_PORT, serve_sink)?),
+        ("bench-udp", udp(v4, SERVICE_UDP_PORT)?),
+        ("bench-udp6", udp(v6, SERVICE_UDP_PORT)?),
+        (
+            "bench-close",
+            tcp(v4, SERVICE_CLOSE_FIRST_PORT, serve_once)?,
+        ),
+        (
+            "bench-close6",
+            tcp(v6, SERVICE_CLOSE_FIRST_PORT, serve_once)?,
+        ),
+    ])
 }
 
 impl Drop for Servers {
@@ -142,11 +157,24 @@ impl Drop for Servers {
     }
 }
 
-fn listener(port: u16) -> io::Result<TcpListener> {
-    let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+/// A listener on `addr`; an IPv6 one takes IPv6 only, beside its IPv4 twin.
+fn listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
     socket.set_reuse_address(true)?;
-    socket.bind(&SocketAddr::from(([0, 0, 0, 0], port)).into())?;
+    socket.bind(&addr.into())?;
     socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+fn udp_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
     Ok(socket.into())
 }
 
@@ -182,6 +210,15 @@ fn serve_rr(mut stream: TcpStream, stop: &AtomicBool) {
         if stream.read_exact(&mut request).is_err() || stream.write_all(&response).is_err() {
             return;
         }
+    }
+}
+
+/// One request, one response, then the server's close comes first.
+fn serve_once(mut stream: TcpStream, _stop: &AtomicBool) {
+    let _ = stream.set_nodelay(true);
+    let mut request = [0u8; MESSAGE];
+    if stream.read_exact(&mut request).is_ok() {
+        let _ = stream.write_all(&[b'r'; MESSAGE]);
     }
 }
 
@@ -255,8 +292,11 @@ impl Test {
 pub struct RunResult {
     /// In the test's unit.
     pub rate: f64,
-    /// Transactions/connections that failed (timeouts, resets, refusals).
+    /// Transactions/connections that failed (timeouts, resets, refusals,
+    /// UDP requests without an answer), connect failures included.
     pub errors: u64,
+    /// Of `errors`, the connects that failed (timed out, refused).
+    pub connect_errors: u64,
     /// Work done in the test's unit times seconds (transactions,
     /// connections, Gbit), and the time it took: slices add up exactly.
     pub amount: f64,
@@ -264,10 +304,11 @@ pub struct RunResult {
 }
 
 impl RunResult {
-    fn new(amount: f64, errors: u64, seconds: f64) -> RunResult {
+    fn new(amount: f64, errors: Errors, seconds: f64) -> RunResult {
         RunResult {
             rate: if seconds > 0.0 { amount / seconds } else { 0.0 },
-            errors,
+            errors: errors.all,
+            connect_errors: errors.connect,
             amount,
             seconds,
         }
@@ -277,9 +318,30 @@ impl RunResult {
     pub fn sum(slices: &[RunResult]) -> RunResult {
         RunResult::new(
             slices.iter().map(|s| s.amount).sum(),
-            slices.iter().map(|s| s.errors).sum(),
+            Errors {
+                all: slices.iter().map(|s| s.errors).sum(),
+                connect: slices.iter().map(|s| s.connect_errors).sum(),
+            },
             slices.iter().map(|s| s.seconds).sum(),
         )
+    }
+}
+
+/// What failed in a loop: everything, and of it the connects.
+#[derive(Debug, Clone, Copy, Default)]
+struct Errors {
+    all: u64,
+    connect: u64,
+}
+
+impl Errors {
+    fn other(&mut self) {
+        self.all += 1;
+    }
+
+    fn connect(&mut self) {
+        self.all += 1;
+        self.connect += 1;
     }
 }
 
@@ -314,17 +376,17 @@ fn tcp_rr(addr: SocketAddr, duration: Duration) -> RunResult {
     let request = [b'q'; MESSAGE];
     let mut response = [0u8; MESSAGE];
     let mut done = 0u64;
-    let mut errors = 0u64;
+    let mut errors = Errors::default();
     let started = Instant::now();
     let deadline = started + duration;
     'outer: while Instant::now() < deadline {
         let Ok(mut stream) = connect(addr) else {
-            errors += 1;
+            errors.connect();
             continue;
         };
         while Instant::now() < deadline {
             if stream.write_all(&request).is_err() || stream.read_exact(&mut response).is_err() {
-                errors += 1;
+                errors.other();
                 continue 'outer;
             }
             done += 1;
@@ -337,17 +399,20 @@ fn tcp_crr(addr: SocketAddr, duration: Duration) -> RunResult {
     let request = [b'q'; MESSAGE];
     let mut response = [0u8; MESSAGE];
     let mut done = 0u64;
-    let mut errors = 0u64;
+    let mut errors = Errors::default();
     let started = Instant::now();
     let deadline = started + duration;
     while Instant::now() < deadline {
-        let ok = connect(addr).and_then(|mut stream| {
-            stream.write_all(&request)?;
-            stream.read_exact(&mut response)
-        });
-        match ok {
+        let Ok(mut stream) = connect(addr) else {
+            errors.connect();
+            continue;
+        };
+        match stream
+            .write_all(&request)
+            .and_then(|()| stream.read_exact(&mut response))
+        {
             Ok(()) => done += 1,
-            Err(_) => errors += 1,
+            Err(_) => errors.other(),
         }
     }
     RunResult::new(done as f64, errors, started.elapsed().as_secs_f64())
@@ -358,16 +423,17 @@ fn tcp_stream(addr: SocketAddr, duration: Duration) -> RunResult {
     let mut sent = 0u64;
     let started = Instant::now();
     let deadline = started + duration;
+    let mut errors = Errors::default();
     let Ok(mut stream) = connect(addr) else {
-        return RunResult::new(0.0, 1, started.elapsed().as_secs_f64());
+        errors.connect();
+        return RunResult::new(0.0, errors, started.elapsed().as_secs_f64());
     };
-    let mut errors = 0;
     while Instant::now() < deadline {
         match stream.write(&chunk) {
             Ok(n) => sent += n as u64,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => {
-                errors += 1;
+                errors.other();
                 break;
             }
         }
@@ -384,28 +450,39 @@ fn tcp_stream(addr: SocketAddr, duration: Duration) -> RunResult {
     )
 }
 
+/// The unspecified address of `addr`'s family, port 0: where a client
+/// socket binds.
+fn any_of(addr: SocketAddr) -> SocketAddr {
+    let ip = match addr {
+        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    SocketAddr::new(ip, 0)
+}
+
 fn udp_rr(addr: SocketAddr, duration: Duration) -> RunResult {
-    let Ok(socket) = UdpSocket::bind(("0.0.0.0", 0)).and_then(|s| {
+    let mut errors = Errors::default();
+    let Ok(socket) = UdpSocket::bind(any_of(addr)).and_then(|s| {
         s.connect(addr)?;
         s.set_read_timeout(Some(Duration::from_millis(200)))?;
         Ok(s)
     }) else {
-        return RunResult::new(0.0, 1, duration.as_secs_f64());
+        errors.connect();
+        return RunResult::new(0.0, errors, duration.as_secs_f64());
     };
     let request = [b'u'; MESSAGE];
     let mut response = [0u8; 2048];
     let mut done = 0u64;
-    let mut errors = 0u64;
     let started = Instant::now();
     let deadline = started + duration;
     while Instant::now() < deadline {
         if socket.send(&request).is_err() {
-            errors += 1;
+            errors.other();
             continue;
         }
         match socket.recv(&mut response) {
             Ok(n) if n == MESSAGE => done += 1,
-            _ => errors += 1,
+            _ => errors.other(),
         }
     }
     RunResult::new(done as f64, errors, started.elapsed().as_secs_f64())

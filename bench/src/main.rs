@@ -14,8 +14,11 @@
 //! median and the minimum is reported. Every world is a set of harness
 //! namespaces, removed on exit, also on failure or Ctrl-C. Needs root.
 //!
-//! `--only control` (or any of control, scale, dataplane, memory, comma
-//! separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
+//! The hairpin section measures pods that dial a hostPort through the
+//! node's address (issue 37), ebpf-portmap against iptables portmap.
+//!
+//! `--only control` (or any of control, scale, dataplane, memory, hairpin,
+//! comma separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
 //! or two; the targets of the sections left out are SKIP.
 
 // The parts: timed plugin runs, control-plane batches, load generators, the
@@ -24,6 +27,7 @@
 // report.
 mod control;
 mod floor;
+mod hairpin;
 mod hooks;
 mod invoke;
 mod iptables;
@@ -136,14 +140,18 @@ enum Section {
     Dataplane,
     /// BPF map memory at each size and with a full conntrack table.
     Memory,
+    /// Pods dialing nodeIP:hostPort (to itself, to another pod), v4 and
+    /// v6, ebpf-portmap against iptables portmap, in worlds of their own.
+    Hairpin,
 }
 
 impl Section {
-    const ALL: [Section; 4] = [
+    const ALL: [Section; 5] = [
         Section::Control,
         Section::Scale,
         Section::Dataplane,
         Section::Memory,
+        Section::Hairpin,
     ];
 
     fn name(self) -> &'static str {
@@ -152,6 +160,7 @@ impl Section {
             Section::Scale => "scale",
             Section::Dataplane => "dataplane",
             Section::Memory => "memory",
+            Section::Hairpin => "hairpin",
         }
     }
 }
@@ -355,7 +364,7 @@ fn main() -> ExitCode {
         plugin_bin().display()
     );
     println!(
-        "bench: time budget {} s (a full run of 3 repetitions takes 6-9 min on 2 cores); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
+        "bench: time budget {} s (a full run of 3 repetitions takes 8-12 min on 2 cores, 1.5 of them the hairpin rows); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
         plan.budget.as_secs(),
         plan.reps,
         plan.duration.as_millis(),
@@ -572,6 +581,9 @@ fn run(
     }
     if plan.runs(Section::Memory) {
         conntrack_fill(progress, &worlds, &mut results)?;
+    }
+    if plan.runs(Section::Hairpin) {
+        hairpin::measure(plan, progress, &mut results)?;
     }
 
     let targets = judge(&results);
@@ -1932,6 +1944,29 @@ fn enter(path: Flavor, world: &BenchWorld) {
     }
 }
 
+/// Runs `test` from `client` to `addr` for the warm-up time (neighbours
+/// resolved, the first flows through the path); fails with `world`'s
+/// diagnostics if nothing answers.
+fn warm_up(
+    plan: &Plan,
+    client: &portmap_tests::netns::NsHandle,
+    test: Test,
+    addr: SocketAddr,
+    what: &str,
+    world: &BenchWorld,
+) -> anyhow::Result<()> {
+    let warm = load::run(client, test, addr, plan.warmup, plan.cpu);
+    if warm.rate == 0.0 {
+        bail!(
+            "{what}: {} through {addr} gets no answer ({} errors)\n{}",
+            test.title(),
+            warm.errors,
+            world.node.diagnostics()
+        );
+    }
+    Ok(())
+}
+
 fn dataplane(
     plan: &Plan,
     progress: &Progress,
@@ -1944,24 +1979,15 @@ fn dataplane(
     for &(path, world) in paths {
         enter(path, world);
         for test in Test::ALL.into_iter().filter(|&t| measures(path, t)) {
-            let warm = load::run(
+            let what = format!("{} at {} mappings", path.label(), size_label(size));
+            warm_up(
+                plan,
                 &world.node.ext.handle(),
                 test,
                 target_of(path, world, test),
-                plan.warmup,
-                plan.cpu,
-            );
-            if warm.rate == 0.0 {
-                bail!(
-                    "{} at {} mappings: {} through {} gets no answer ({} errors)\n{}",
-                    path.label(),
-                    size_label(size),
-                    test.title(),
-                    target_of(path, world, test),
-                    warm.errors,
-                    world.node.diagnostics()
-                );
-            }
+                &what,
+                world,
+            )?;
         }
     }
     let mut cells: Vec<DataCell> = Vec::new();
@@ -2002,7 +2028,7 @@ fn dataplane(
                         .iter()
                         .find(|c| c.test == test && c.path == flavor)
                         .and_then(|c| c.reps.last())
-                        .map_or("-".into(), |r| svg::short(r.rate))
+                        .map_or("-".into(), report::short_measurement)
                 };
                 format!(
                     "{} {}/{}/{}/{}/{}/{}",
@@ -2017,7 +2043,7 @@ fn dataplane(
             })
             .collect();
         progress.say(&format!(
-            "dataplane {} mappings, rep {}/{} (ebpf/ebpf fastPath/iptables/direct/direct with ebpf loaded/direct with empty programs): {}",
+            "dataplane {} mappings, rep {}/{} (ebpf/ebpf fastPath/iptables/direct/direct with ebpf loaded/direct with empty programs, rate[errors]): {}",
             size_label(size),
             rep + 1,
             plan.reps,

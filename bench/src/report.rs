@@ -6,11 +6,12 @@ use std::fmt::Write;
 use serde_json::{Value, json};
 
 use super::UNRELATED_REMOTE as UNRELATED;
-use super::load::Test;
+use super::hairpin::{self, Family, Route};
+use super::load::{RunResult, Test};
 use super::memory::{self, MapInfo};
 use super::results::{
-    LoadProfile, REPORTED, Results, Scope, Status, TargetRow, Verb, cpu_per_rep, failures,
-    ops_per_s_per_rep, pct_per_rep, size_label,
+    LoadProfile, REPORTED, Results, Scope, Status, TargetRow, Verb, cpu_per_rep, error_count,
+    errors_of, failures, ops_per_s_per_rep, pct_per_rep, size_label,
 };
 use super::stats::{MinMedian, Pct};
 use super::svg::BarChart;
@@ -102,7 +103,26 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
                 "skipped": c.skipped,
                 "summary": mm_json(&c.rates()),
                 "errors": c.errors(),
-                "reps": c.reps.iter().map(|r| json!({"rate": r.rate, "errors": r.errors, "seconds": r.seconds})).collect::<Vec<_>>(),
+                "connect_errors": c.connect_errors(),
+                "reps": reps_json(&c.reps),
+            })
+        })
+        .collect();
+    let hairpin: Vec<Value> = results
+        .hairpin
+        .iter()
+        .map(|c| {
+            let (errors, connect_errors) = errors_of(&c.reps);
+            json!({
+                "route": c.route.key(),
+                "family": c.family.key(),
+                "test": c.test.key(),
+                "unit": c.test.unit(),
+                "path": flavor_key(c.flavor),
+                "summary": mm_json(&c.rates()),
+                "errors": errors,
+                "connect_errors": connect_errors,
+                "reps": reps_json(&c.reps),
             })
         })
         .collect();
@@ -154,6 +174,7 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
             "skipped": p.skipped,
         })).collect::<Vec<_>>(),
         "dataplane": data,
+        "hairpin": hairpin,
         "dataplane_ratios": ratios,
         "memory": results.memory.iter().map(|m| json!({
             "state": m.state,
@@ -243,6 +264,52 @@ fn floor_table(md: &mut String, results: &Results) {
     let _ = writeln!(md);
 }
 
+/// The hairpin rows: a pod dials nodeIP:hostPort, ebpf-portmap and
+/// iptables portmap side by side, every rate with its error count.
+fn hairpin_table(md: &mut String, results: &Results) {
+    let _ = writeln!(md, "## Hairpin\n");
+    if results.hairpin.is_empty() {
+        let _ = writeln!(md, "Not measured in this run.\n");
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "A pod dials the node's address and a hostPort mapped to itself or to another pod on the same bridge; \
+         the pods are outside the cgroup the socket hooks are attached to, so their traffic takes the packet \
+         path (masqueraded back into the bridge). Connect+request+close dials a server that closes first, so \
+         the server holds every closed tuple in TIME_WAIT. The two plugins are interleaved slice by slice. \
+         Each cell: median rate over the repetitions (min in brackets), and the errors over all repetitions.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| path | family | test | unit | ebpf-portmap | iptables portmap | ebpf/iptables |"
+    );
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- |");
+    for route in Route::BOTH {
+        for family in Family::BOTH {
+            for test in hairpin::TESTS {
+                let rate = |flavor| {
+                    results
+                        .hairpin_cell(route, family, test, flavor)
+                        .map_or("n/a".into(), |c| rate_cell(test, &c.reps))
+                };
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    route.title(),
+                    family.title(),
+                    test.title(),
+                    test.unit(),
+                    rate(Flavor::Ours),
+                    rate(Flavor::Upstream),
+                    cell(&results.hairpin_ratio(route, family, test), 3),
+                );
+            }
+        }
+    }
+    let _ = writeln!(md);
+}
+
 /// The paired ratio `numerator` / `denominator` of one dataplane cell,
 /// as a table cell.
 fn ratio_cell(
@@ -278,6 +345,36 @@ fn fmt_ms(value: f64) -> String {
     } else {
         format!("{value:.2}")
     }
+}
+
+/// A measurement as a table cell: median rate (min), and always its
+/// error count, so that no rate stands alone.
+fn rate_cell(test: Test, reps: &[RunResult]) -> String {
+    let rates: Vec<f64> = reps.iter().map(|r| r.rate).collect();
+    let (errors, connect) = errors_of(reps);
+    match MinMedian::of(&rates) {
+        Some(s) => format!(
+            "{} ({}), {}",
+            fmt_rate(test, s.median),
+            fmt_rate(test, s.min),
+            error_count(errors, connect)
+        ),
+        None => "n/a".into(),
+    }
+}
+
+/// One run for a progress line: its rate and, in brackets, its errors.
+pub fn short_measurement(run: &RunResult) -> String {
+    format!("{}[{}]", super::svg::short(run.rate), run.errors)
+}
+
+/// Repetitions as JSON, each with its errors.
+fn reps_json(reps: &[RunResult]) -> Vec<Value> {
+    reps.iter()
+        .map(|r| {
+            json!({"rate": r.rate, "errors": r.errors, "connect_errors": r.connect_errors, "seconds": r.seconds})
+        })
+        .collect()
 }
 
 fn fmt_rate(test: Test, value: f64) -> String {
@@ -617,21 +714,7 @@ pub fn markdown(
         );
         for test in Test::ALL {
             let rate = |path: Flavor| match results.data_cell(size, test, path) {
-                Some(c) => match MinMedian::of(&c.rates()) {
-                    Some(s) => {
-                        let errors = if c.errors() > 0 {
-                            format!(", {} errors", c.errors())
-                        } else {
-                            String::new()
-                        };
-                        format!(
-                            "{} ({}{errors})",
-                            fmt_rate(test, s.median),
-                            fmt_rate(test, s.min)
-                        )
-                    }
-                    None => "n/a".into(),
-                },
+                Some(c) => rate_cell(test, &c.reps),
                 None => results
                     .data
                     .iter()
@@ -659,6 +742,8 @@ pub fn markdown(
         }
         let _ = writeln!(md);
     }
+
+    hairpin_table(&mut md, results);
 
     let _ = writeln!(
         md,
@@ -1211,6 +1296,18 @@ mod tests {
     use portmap_tests::profile::Place;
 
     #[test]
+    fn progress_lines_show_every_rate_with_its_errors() {
+        let run = RunResult {
+            rate: 7111.0,
+            errors: 3,
+            connect_errors: 3,
+            amount: 7111.0,
+            seconds: 1.0,
+        };
+        assert_eq!(short_measurement(&run), "7.11k[3]");
+    }
+
+    #[test]
     fn dates() {
         assert_eq!(date_of(0), "1970-01-01");
         assert_eq!(date_of(951_782_400), "2000-02-29");
@@ -1314,6 +1411,7 @@ mod tests {
                         RunResult {
                             rate: 10.0,
                             errors: 0,
+                            connect_errors: 0,
                             amount: 10.0,
                             seconds: 1.0,
                         };
@@ -1321,6 +1419,30 @@ mod tests {
                     ],
                     skipped: None,
                 });
+            }
+        }
+        for route in Route::BOTH {
+            for family in Family::BOTH {
+                for test in hairpin::TESTS {
+                    for flavor in [Flavor::Ours, Flavor::Upstream] {
+                        results.hairpin.push(super::super::results::HairpinCell {
+                            route,
+                            family,
+                            test,
+                            flavor,
+                            reps: vec![
+                                RunResult {
+                                    rate: 10.0,
+                                    errors: 1,
+                                    connect_errors: 1,
+                                    amount: 10.0,
+                                    seconds: 1.0,
+                                };
+                                3
+                            ],
+                        });
+                    }
+                }
             }
         }
         let map = |name: &str| MapInfo {
@@ -1388,6 +1510,21 @@ mod tests {
         let meta = json!({ "date": "2026-01-02", "total_seconds": 12.5 });
         let md = markdown(&results, &targets, &meta, &plots(&results, "x"), &[]);
         assert_tables_are_rectangular(&md);
+        // Every rate stands with its error count, in the dataplane table
+        // and the hairpin table alike.
+        assert!(
+            md.contains("| 10 (10), 0 errors | 10 (10), 0 errors |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| pod -> nodeIP:hostPort of another pod | IPv6 | TCP connect+request+close | conn/s | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 1.000 (1.000) |"
+            ),
+            "{md}"
+        );
+        let json = to_json(&results, &targets, &meta);
+        assert_eq!(json["hairpin"].as_array().map(Vec::len), Some(24));
+        assert_eq!(json["hairpin"][0]["connect_errors"], 3);
         // 3 samples of 1 ms over 1000 transactions; a pipe in the source
         // text does not split the cell.
         assert!(md.contains("| bpf_l4_csum_replace | 3000 | 3 |"), "{md}");

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::control::Batch;
+use super::hairpin::{self, Family, Route};
 use super::load::{RunResult, Test};
 use super::memory::MapInfo;
 use super::stats::{MinMedian, Pct, paired_ratios};
@@ -126,6 +127,58 @@ impl DataCell {
     pub fn errors(&self) -> u64 {
         self.reps.iter().map(|r| r.errors).sum()
     }
+
+    pub fn connect_errors(&self) -> u64 {
+        self.reps.iter().map(|r| r.connect_errors).sum()
+    }
+}
+
+/// Repetitions of one hairpin test (a pod dialing nodeIP:hostPort) with
+/// one plugin.
+#[derive(Debug, Clone)]
+pub struct HairpinCell {
+    pub route: Route,
+    pub family: Family,
+    pub test: Test,
+    pub flavor: Flavor,
+    pub reps: Vec<RunResult>,
+}
+
+impl HairpinCell {
+    pub fn rates(&self) -> Vec<f64> {
+        self.reps.iter().map(|r| r.rate).collect()
+    }
+}
+
+/// Errors over the repetitions of one measurement: `(all, connects)`.
+pub fn errors_of(reps: &[RunResult]) -> (u64, u64) {
+    (
+        reps.iter().map(|r| r.errors).sum(),
+        reps.iter().map(|r| r.connect_errors).sum(),
+    )
+}
+
+/// A measurement's error count as every rate is shown with it: `0 errors`,
+/// or how many connects failed and how many requests were lost.
+pub fn error_count(errors: u64, connect_errors: u64) -> String {
+    let lost = errors.saturating_sub(connect_errors);
+    let parts: Vec<String> = [
+        (connect_errors, "connects failed", "connect failed"),
+        (lost, "requests lost", "request lost"),
+    ]
+    .iter()
+    .filter(|(n, _, _)| *n > 0)
+    .map(|&(n, many, one)| format!("{n} {}", if n == 1 { one } else { many }))
+    .collect();
+    if parts.is_empty() {
+        "0 errors".to_owned()
+    } else {
+        format!(
+            "{errors} error{}: {}",
+            if errors == 1 { "" } else { "s" },
+            parts.join(", ")
+        )
+    }
 }
 
 /// How a size was reached.
@@ -154,6 +207,8 @@ pub struct Results {
     pub control: Vec<ControlCell>,
     pub scale: Vec<ScaleCell>,
     pub data: Vec<DataCell>,
+    /// Pods dialing nodeIP:hostPort (issue 37).
+    pub hairpin: Vec<HairpinCell>,
     pub prefill: Vec<Prefill>,
     pub memory: Vec<MemoryRow>,
     pub sizes: Vec<usize>,
@@ -268,6 +323,67 @@ impl Results {
             (Some(n), Some(d)) => paired_ratios(&n.rates(), &d.rates()),
             _ => Vec::new(),
         }
+    }
+
+    pub fn hairpin_cell(
+        &self,
+        route: Route,
+        family: Family,
+        test: Test,
+        flavor: Flavor,
+    ) -> Option<&HairpinCell> {
+        self.hairpin.iter().find(|c| {
+            c.route == route && c.family == family && c.test == test && c.flavor == flavor
+        })
+    }
+
+    /// Per repetition: ebpf-portmap's hairpin rate / iptables portmap's on
+    /// the same path (the two interleaved in each repetition).
+    pub fn hairpin_ratio(&self, route: Route, family: Family, test: Test) -> Vec<f64> {
+        match (
+            self.hairpin_cell(route, family, test, Flavor::Ours),
+            self.hairpin_cell(route, family, test, Flavor::Upstream),
+        ) {
+            (Some(n), Some(d)) => paired_ratios(&n.rates(), &d.rates()),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Every measurement of `flavor`'s hostPort paths, external and
+    /// hairpin, named, with its repetitions.
+    fn measurements_of(&self, flavors: &[Flavor]) -> Vec<(String, &[RunResult])> {
+        let external = self
+            .data
+            .iter()
+            .filter(|c| flavors.contains(&c.path) && c.skipped.is_none())
+            .map(|c| {
+                (
+                    format!(
+                        "{}, external, {}, {} mappings",
+                        c.path.label(),
+                        c.test.title(),
+                        size_label(c.size)
+                    ),
+                    c.reps.as_slice(),
+                )
+            });
+        let hairpin = self
+            .hairpin
+            .iter()
+            .filter(|c| flavors.contains(&c.flavor))
+            .map(|c| {
+                (
+                    format!(
+                        "{}, hairpin {} ({}), {}",
+                        c.flavor.label(),
+                        c.route.title(),
+                        c.family.title(),
+                        c.test.title()
+                    ),
+                    c.reps.as_slice(),
+                )
+            });
+        external.chain(hairpin).collect()
     }
 
     /// Per repetition: connect() rate with the socket hooks / without.
@@ -638,6 +754,9 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
         },
     });
 
+    rows.extend(hairpin_targets(results));
+    rows.push(connect_errors_target(results));
+
     let smallest = results.sizes.iter().copied().min().unwrap_or(0);
     for test in Test::ALL {
         rows.push(ratio_target(
@@ -656,6 +775,101 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
         ));
     }
     rows
+}
+
+/// Issue 37: hairpin connect+request+close at least even with iptables
+/// portmap on the same path, request/response within 5%; the detail
+/// carries both sides' error counts, so no ratio stands without them.
+fn hairpin_targets(results: &Results) -> Vec<TargetRow> {
+    let mut rows = Vec::new();
+    for route in Route::BOTH {
+        for family in Family::BOTH {
+            for test in hairpin::TESTS {
+                let threshold = if test == Test::TcpCrr { 1.0 } else { 0.95 };
+                let errors = |flavor: Flavor| {
+                    results.hairpin_cell(route, family, test, flavor).map_or(
+                        "not measured".into(),
+                        |c| {
+                            let (all, connect) = errors_of(&c.reps);
+                            error_count(all, connect)
+                        },
+                    )
+                };
+                rows.push(ratio_target(
+                    &hairpin::row_id(route, family, test),
+                    format!(
+                        "hairpin {} ({}): {} >= {threshold}x iptables portmap",
+                        route.title(),
+                        family.title(),
+                        test.title()
+                    ),
+                    results.hairpin_ratio(route, family, test),
+                    Compare::AtLeast,
+                    threshold,
+                    false,
+                    format!(
+                        "ebpf-portmap rate / iptables portmap rate, pods outside the hooks' cgroup, interleaved, paired by repetition; ebpf-portmap {}, iptables portmap {}",
+                        errors(Flavor::Ours),
+                        errors(Flavor::Upstream)
+                    ),
+                ));
+            }
+        }
+    }
+    rows
+}
+
+/// Issue 37: no connect of ebpf-portmap's hostPort paths (external, with
+/// and without fastPath, and hairpin) may fail. Lost requests and
+/// iptables portmap's errors are named in the detail.
+fn connect_errors_target(results: &Results) -> TargetRow {
+    let ours = results.measurements_of(&[Flavor::Ours, Flavor::OursFast]);
+    let connect: u64 = ours.iter().map(|(_, reps)| errors_of(reps).1).sum();
+    let with_errors: Vec<String> = ours
+        .iter()
+        .filter_map(|(name, reps)| {
+            let (all, connect) = errors_of(reps);
+            (all > 0).then(|| format!("{name}: {}", error_count(all, connect)))
+        })
+        .collect();
+    let (upstream_all, upstream_connect) = results
+        .measurements_of(&[Flavor::Upstream])
+        .iter()
+        .fold((0, 0), |(a, c), (_, reps)| {
+            let (all, connect) = errors_of(reps);
+            (a + all, c + connect)
+        });
+    let status = if ours.is_empty() {
+        Status::Skip
+    } else if connect == 0 {
+        Status::Pass
+    } else {
+        Status::Miss
+    };
+    TargetRow {
+        id: "connect-errors".into(),
+        text: "0 connect errors in every hairpin and external measurement of ebpf-portmap".into(),
+        compare: Compare::AtMost,
+        threshold: 0.0,
+        values: if ours.is_empty() {
+            Vec::new()
+        } else {
+            vec![connect as f64]
+        },
+        unit: "connect errors",
+        status,
+        stretch: false,
+        detail: format!(
+            "over {} measurements, all repetitions; {}; iptables portmap: {}",
+            ours.len(),
+            if with_errors.is_empty() {
+                "none had an error".to_owned()
+            } else {
+                format!("with errors: {}", with_errors.join("; "))
+            },
+            error_count(upstream_all, upstream_connect)
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -846,6 +1060,7 @@ mod tests {
                 .map(|&rate| RunResult {
                     rate,
                     errors: 0,
+                    connect_errors: 0,
                     amount: rate,
                     seconds: 1.0,
                 })
@@ -875,6 +1090,132 @@ mod tests {
         assert_eq!(find(&rows, "stretch-tcp_rr").values, [0.95, 0.99, 1.01]);
         assert_eq!(find(&rows, "stretch-tcp_rr").status, Status::Miss);
         assert!(find(&rows, "stretch-tcp_rr").stretch);
+    }
+
+    fn run(rate: f64, errors: u64, connect_errors: u64) -> RunResult {
+        RunResult {
+            rate,
+            errors,
+            connect_errors,
+            amount: rate,
+            seconds: 1.0,
+        }
+    }
+
+    fn hairpin_cell(flavor: Flavor, test: Test, reps: Vec<RunResult>) -> HairpinCell {
+        HairpinCell {
+            route: Route::ToItself,
+            family: Family::V6,
+            test,
+            flavor,
+            reps,
+        }
+    }
+
+    #[test]
+    fn error_counts_say_what_failed() {
+        assert_eq!(error_count(0, 0), "0 errors");
+        assert_eq!(error_count(1, 1), "1 error: 1 connect failed");
+        assert_eq!(error_count(3, 3), "3 errors: 3 connects failed");
+        assert_eq!(error_count(2, 0), "2 errors: 2 requests lost");
+        assert_eq!(
+            error_count(5, 3),
+            "5 errors: 3 connects failed, 2 requests lost"
+        );
+    }
+
+    #[test]
+    fn errors_of_adds_up_repetitions() {
+        assert_eq!(errors_of(&[run(1.0, 2, 1), run(1.0, 3, 0)]), (5, 1));
+        assert_eq!(errors_of(&[]), (0, 0));
+    }
+
+    #[test]
+    fn hairpin_ratios_pair_repetitions_and_name_both_sides_errors() {
+        let mut results = Results::default();
+        results.hairpin.push(hairpin_cell(
+            Flavor::Ours,
+            Test::TcpCrr,
+            vec![run(99.0, 0, 0), run(110.0, 0, 0), run(120.0, 0, 0)],
+        ));
+        results.hairpin.push(hairpin_cell(
+            Flavor::Upstream,
+            Test::TcpCrr,
+            vec![run(100.0, 1, 1), run(100.0, 0, 0), run(100.0, 0, 0)],
+        ));
+        let rows = judge(&results);
+        let row = find(&rows, "hairpin-itself-v6-tcp_crr");
+        assert_eq!(row.values, [0.99, 1.1, 1.2]);
+        assert_eq!(row.threshold, 1.0);
+        assert_eq!(row.status, Status::Pass);
+        assert!(
+            row.detail
+                .ends_with("ebpf-portmap 0 errors, iptables portmap 1 error: 1 connect failed"),
+            "{}",
+            row.detail
+        );
+        // Request/response is judged at 0.95x; an unmeasured row is SKIP.
+        let rr = find(&rows, "hairpin-itself-v6-tcp_rr");
+        assert_eq!(rr.threshold, 0.95);
+        assert_eq!(rr.status, Status::Skip);
+        assert!(
+            rr.detail
+                .ends_with("ebpf-portmap not measured, iptables portmap not measured")
+        );
+    }
+
+    #[test]
+    fn one_connect_error_anywhere_misses_and_is_named() {
+        let mut results = Results {
+            sizes: vec![0],
+            ..Results::default()
+        };
+        assert_eq!(
+            find(&judge(&results), "connect-errors").status,
+            Status::Skip
+        );
+        results.data.push(DataCell {
+            size: 0,
+            test: Test::UdpRr,
+            path: Flavor::Ours,
+            reps: vec![run(100.0, 2, 0)],
+            skipped: None,
+        });
+        results.data.push(DataCell {
+            size: 0,
+            test: Test::TcpCrr,
+            path: Flavor::Upstream,
+            reps: vec![run(100.0, 4, 4)],
+            skipped: None,
+        });
+        // Lost UDP requests are shown, but are no connect errors; iptables
+        // portmap's errors are not ebpf-portmap's.
+        let row = find(&judge(&results), "connect-errors").clone();
+        assert_eq!(row.values, [0.0]);
+        assert_eq!(row.status, Status::Pass);
+        assert!(row.detail.contains("2 requests lost"), "{}", row.detail);
+        assert!(
+            row.detail
+                .ends_with("iptables portmap: 4 errors: 4 connects failed"),
+            "{}",
+            row.detail
+        );
+
+        results.hairpin.push(hairpin_cell(
+            Flavor::Ours,
+            Test::TcpCrr,
+            vec![run(100.0, 0, 0), run(100.0, 3, 3)],
+        ));
+        let row = find(&judge(&results), "connect-errors").clone();
+        assert_eq!(row.values, [3.0]);
+        assert_eq!(row.status, Status::Miss);
+        assert!(
+            row.detail.contains(
+                "hairpin pod -> nodeIP:hostPort mapped to itself (IPv6), TCP connect+request+close: 3 errors: 3 connects failed"
+            ),
+            "{}",
+            row.detail
+        );
     }
 
     #[test]

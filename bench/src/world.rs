@@ -25,7 +25,8 @@ use serde_json::{Value, json};
 use super::floor::{Hook, TcFloor};
 use super::invoke::{Invoker, Timed};
 use super::load::{
-    SERVICE_DIRECT_RR_PORT, SERVICE_RR_PORT, SERVICE_STREAM_PORT, SERVICE_UDP_PORT, Servers,
+    SERVICE_CLOSE_FIRST_PORT, SERVICE_DIRECT_RR_PORT, SERVICE_RR_PORT, SERVICE_STREAM_PORT,
+    SERVICE_UDP_PORT, Servers,
 };
 
 /// Which port-mapping plugin a world runs.
@@ -88,6 +89,9 @@ pub const PROBE_UDP_HOST_PORT: u16 = 7003;
 /// fill conntrack.
 pub const PROBE_FILL_HOST_PORT: u16 = 7009;
 pub const FILL_CONTAINER_PORT: u16 = 9;
+/// The close-first service (one request, the server closes first) of the
+/// hairpin worlds.
+pub const HAIRPIN_CLOSE_FIRST_HOST_PORT: u16 = 7004;
 /// Host ports handed to single-mapping containers of the control-plane runs
 /// start here (one distinct port per container).
 pub const OP_PORT_BASE: u16 = 20000;
@@ -225,6 +229,32 @@ impl BenchWorld {
             PortMapping::udp(PROBE_UDP_HOST_PORT, SERVICE_UDP_PORT),
             PortMapping::udp(PROBE_FILL_HOST_PORT, FILL_CONTAINER_PORT),
         ]
+    }
+
+    /// The hairpin worlds' mappings: request/response, UDP echo and the
+    /// close-first service (what their connect+request+close dials).
+    pub fn hairpin_mappings() -> [PortMapping; 3] {
+        [
+            PortMapping::tcp(PROBE_RR_HOST_PORT, SERVICE_RR_PORT),
+            PortMapping::udp(PROBE_UDP_HOST_PORT, SERVICE_UDP_PORT),
+            PortMapping::tcp(HAIRPIN_CLOSE_FIRST_HOST_PORT, SERVICE_CLOSE_FIRST_PORT),
+        ]
+    }
+
+    /// Another pod on the node: attached by the whole chain without
+    /// mappings, no servers.
+    ///
+    /// # Panics
+    /// If its ADD fails.
+    pub fn add_pod(&self, name: &str) -> Container {
+        let pod = self.node.add_container(name);
+        let added = self
+            .invoker
+            .chain_add(&self.list, &pod.with_port_mappings(&[]));
+        if let Err(e) = added.result {
+            panic!("{}: ADD of pod {name} failed: {e}", self.flavor.label());
+        }
+        pod
     }
 
     /// Where the client reaches each service in this world: the node's
