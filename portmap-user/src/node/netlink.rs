@@ -254,15 +254,19 @@ impl Rtnl {
     /// controller"), so the veths of a bridge's pods never cross the
     /// socket. `None` when the kernel does not know that filter: it then
     /// filters out every interface, and loopback, which always exists and
-    /// has no controller, is missing from the answer.
+    /// has no controller, is missing from the answer (a kernel refusing
+    /// the request is taken the same way).
     pub fn links_without_controller(&mut self) -> Result<Option<Vec<Link>>, NetlinkError> {
         let mut request = LinkMessage::default();
         request.attributes = vec![
             LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]),
             LinkAttribute::Controller(u32::MAX),
         ];
-        let found = self.link_dump(request)?;
-        Ok(found.iter().any(|l| l.loopback).then_some(found))
+        match self.link_dump(request) {
+            Ok(found) => Ok(found.iter().any(|l| l.loopback).then_some(found)),
+            Err(NetlinkError::Kernel { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 
     /// Interface `name` as a dump would report it; `None` if there is no

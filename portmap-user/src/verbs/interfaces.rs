@@ -204,3 +204,64 @@ pub fn container_side_interfaces(links: &[Link], interfaces: &[PrevInterface]) -
         .map(|l| l.index)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(index: u32, name: &str, has_controller: bool) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            up: true,
+            loopback: name == "lo",
+            has_controller,
+        }
+    }
+
+    fn address(index: u32, ip: &str) -> NodeAddress {
+        NodeAddress {
+            index,
+            local: None,
+            address: Some(ip.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn the_node_state_records_no_link_local_address_of_a_pods_veth() {
+        let node = NodeView {
+            links: vec![link(1, "lo", false), link(2, "eth0", false)],
+            addresses: vec![
+                address(1, "127.0.0.1"),
+                address(1, "::1"),
+                address(2, "198.18.0.1"),
+                address(2, "fe80::2"),
+                address(4, "10.244.0.1"),
+                address(4, "fe80::4"),
+                // A pod's veth, a port of the bridge (index 4).
+                address(9, "fe80::9"),
+                address(9, "169.254.0.9"),
+                // A routable address on an interface no run attaches to.
+                address(10, "fd00::10"),
+            ],
+            uplinks: BTreeSet::from([2]),
+            container_side: BTreeSet::from([4]),
+        };
+        let recorded: Vec<String> = recorded_addresses(&node)
+            .iter()
+            .filter_map(|a| a.own().map(|ip| ip.to_string()))
+            .collect();
+        assert_eq!(
+            recorded,
+            [
+                "127.0.0.1",
+                "::1",
+                "198.18.0.1",
+                "fe80::2",
+                "10.244.0.1",
+                "fe80::4",
+                "fd00::10"
+            ]
+        );
+    }
+}
