@@ -21,7 +21,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use log::{Level, LevelFilter, Log, Metadata, Record};
+use log::{Level, Log, Metadata, Record};
 
 /// Where the plugin logs when `logFile` is not set.
 pub const DEFAULT_LOG_FILE: &str = "/var/log/ebpf-portmap.log";
@@ -70,11 +70,17 @@ pub fn format_line(time: SystemTime, pid: u32, level: Level, message: &str) -> S
 struct PluginLogger {
     file: Mutex<Option<File>>,
     pid: u32,
+    level: Level,
 }
+
+/// The environment variable that turns on the plugin's debug records
+/// (`EPM_LOG_LEVEL=debug`): among them each run's account of what it read
+/// from the kernel. Runtimes pass their environment to plugins.
+pub const LOG_LEVEL_ENV: &str = "EPM_LOG_LEVEL";
 
 impl Log for PluginLogger {
     fn enabled(&self, metadata: &Metadata) -> bool {
-        metadata.level() <= Level::Info
+        metadata.level() <= self.level
     }
 
     fn log(&self, record: &Record) {
@@ -152,12 +158,17 @@ pub fn init_plugin(log_file: &Path) {
             None
         }
     };
+    let level = match std::env::var(LOG_LEVEL_ENV) {
+        Ok(value) if value.eq_ignore_ascii_case("debug") => Level::Debug,
+        _ => Level::Info,
+    };
     let logger = PluginLogger {
         file: Mutex::new(file),
         pid: std::process::id(),
+        level,
     };
     if log::set_boxed_logger(Box::new(logger)).is_ok() {
-        log::set_max_level(LevelFilter::Info);
+        log::set_max_level(level.to_level_filter());
     }
 }
 

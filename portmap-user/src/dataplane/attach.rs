@@ -230,8 +230,10 @@ pub struct Targets<'a> {
     /// attached when a pin is missing; a failure is logged, not fatal (an
     /// interface may vanish between the dump and the attach): the uplinks.
     pub uplinks: &'a BTreeSet<u32>,
-    /// Index of every interface the node has: pins of any other index are
-    /// of interfaces that are gone (deleted, or re-created under a new index).
+    /// Index of every interface the run's link dump saw (those without a
+    /// controller and the request's own, or all): a pin of any other index
+    /// is of an interface that is gone (deleted, or re-created under a new
+    /// index) unless asking the kernel for its name says otherwise.
     pub live: &'a BTreeSet<u32>,
 }
 
@@ -250,7 +252,7 @@ pub fn ensure(
     let mut listed = listed_links(layout);
     if tc_attachments(&listed)
         .iter()
-        .any(|(ifindex, _)| !targets.live.contains(ifindex))
+        .any(|&(ifindex, _)| is_gone(targets.live, ifindex))
     {
         let _lock = lock(layout)?;
         forget_interfaces_not_in(layout, targets.live);
@@ -644,11 +646,18 @@ impl Migration {
 /// since a run with a newer dump may have attached an interface made since.
 fn forget_interfaces_not_in(layout: &PinLayout, live: &BTreeSet<u32>) {
     for (ifindex, direction) in recorded_attachments(layout) {
-        if !live.contains(&ifindex) && netlink::interface_name(ifindex).is_none() {
+        if is_gone(live, ifindex) {
             let _ = fs::remove_file(layout.tcx_link(ifindex, direction));
             let _ = fs::remove_file(layout.clsact_marker(ifindex, direction));
         }
     }
+}
+
+/// Whether interface `ifindex` is gone: not among `live` (what the run's
+/// dump saw) nor known to the kernel now (the dump may have left it out,
+/// or a newer run attached an interface made since).
+fn is_gone(live: &BTreeSet<u32>, ifindex: u32) -> bool {
+    !live.contains(&ifindex) && netlink::interface_name(ifindex).is_none()
 }
 
 /// Every pin under links/ with its inode number, from one read of the

@@ -6,7 +6,12 @@
 //! one link dump and one address dump (both families each), instead of a
 //! socket and a dump per question and family.
 
-use std::{collections::BTreeSet, io, net::IpAddr};
+use std::{
+    collections::BTreeSet,
+    io,
+    net::IpAddr,
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 use netlink_packet_core::{
     ErrorBuffer, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer, NetlinkHeader,
@@ -56,6 +61,39 @@ pub enum NetlinkError {
 /// Receive buffer: the kernel fills dump datagrams up to 32 KiB, and the
 /// single messages we ask for (a link without statistics) are far smaller.
 const RECEIVE_BUFFER: usize = 64 * 1024;
+
+/// What this process read over rtnetlink so far: datagrams, and the link
+/// and address records in them (every [`Rtnl`] counts into it). A plugin
+/// run logs it at debug level, so a cost that grows with the node shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Account {
+    pub reads: u64,
+    pub link_records: u64,
+    pub address_records: u64,
+}
+
+impl std::fmt::Display for Account {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "netlink_reads={} link_records={} address_records={}",
+            self.reads, self.link_records, self.address_records
+        )
+    }
+}
+
+static READS: AtomicU64 = AtomicU64::new(0);
+static LINK_RECORDS: AtomicU64 = AtomicU64::new(0);
+static ADDRESS_RECORDS: AtomicU64 = AtomicU64::new(0);
+
+/// The account of this process so far.
+pub fn account() -> Account {
+    Account {
+        reads: READS.load(Ordering::Relaxed),
+        link_records: LINK_RECORDS.load(Ordering::Relaxed),
+        address_records: ADDRESS_RECORDS.load(Ordering::Relaxed),
+    }
+}
 
 /// An rtnetlink socket, kept for every question one request asks.
 pub struct Rtnl {
@@ -145,6 +183,7 @@ impl Rtnl {
                 .socket
                 .recv(&mut self.buffer, libc::MSG_TRUNC)
                 .map_err(io("recv"))?;
+            READS.fetch_add(1, Ordering::Relaxed);
             if length > self.buffer.len() {
                 return Err(NetlinkError::Truncated);
             }
@@ -166,6 +205,13 @@ impl Rtnl {
                             };
                         }
                         kind => {
+                            match kind {
+                                wire::RTM_NEWLINK => LINK_RECORDS.fetch_add(1, Ordering::Relaxed),
+                                wire::RTM_NEWADDR => {
+                                    ADDRESS_RECORDS.fetch_add(1, Ordering::Relaxed)
+                                }
+                                _ => 0,
+                            };
                             each(kind, message.payload())?;
                             if !dump {
                                 return Ok(());
@@ -200,6 +246,56 @@ impl Rtnl {
     pub fn links(&mut self) -> Result<Vec<Link>, NetlinkError> {
         let mut request = LinkMessage::default();
         request.attributes = vec![LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats])];
+        self.link_dump(request)
+    }
+
+    /// The interfaces without a controller (no bridge or bond port): where
+    /// the uplinks are, in a dump the kernel filters (`IFLA_MASTER` -1, "no
+    /// controller"), so the veths of a bridge's pods never cross the
+    /// socket. `None` when the kernel does not know that filter: it then
+    /// filters out every interface, and loopback, which always exists and
+    /// has no controller, is missing from the answer (a kernel refusing
+    /// the request is taken the same way).
+    pub fn links_without_controller(&mut self) -> Result<Option<Vec<Link>>, NetlinkError> {
+        let mut request = LinkMessage::default();
+        request.attributes = vec![
+            LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]),
+            LinkAttribute::Controller(u32::MAX),
+        ];
+        match self.link_dump(request) {
+            Ok(found) => Ok(found.iter().any(|l| l.loopback).then_some(found)),
+            Err(NetlinkError::Kernel { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Interface `name` as a dump would report it; `None` if there is no
+    /// such interface. One request, whatever the node has.
+    pub fn link_named(&mut self, name: &str) -> Result<Option<Link>, NetlinkError> {
+        let mut request = LinkMessage::default();
+        request.attributes = vec![
+            LinkAttribute::IfName(name.to_owned()),
+            LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]),
+        ];
+        let mut found = None;
+        let outcome = self.exchange(
+            RouteNetlinkMessage::GetLink(request),
+            false,
+            |kind, payload| {
+                if kind == wire::RTM_NEWLINK {
+                    found = Some(link(payload)?);
+                }
+                Ok(())
+            },
+        );
+        match outcome {
+            Ok(()) => Ok(found),
+            Err(NetlinkError::Kernel { code }) if code == -libc::ENODEV => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn link_dump(&mut self, request: LinkMessage) -> Result<Vec<Link>, NetlinkError> {
         let mut found = Vec::new();
         self.exchange(
             RouteNetlinkMessage::GetLink(request),

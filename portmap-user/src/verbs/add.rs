@@ -43,6 +43,7 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
     warn_absent_host_ips(&req.conf, &node.addresses);
     reconcile(&layout, &req.conf, &node)?;
+    log::debug!("ADD account: {}", netlink::account());
     let mut maps = Maps::open(&layout)?;
     if translations.is_empty() {
         return Ok(());

@@ -19,9 +19,14 @@ use crate::node::netlink::NodeAddress;
 use crate::node::netlink::Rtnl;
 use std::collections::BTreeSet;
 
-/// What one run sees of the node: its interfaces and addresses, and which
-/// interfaces should carry the programs.
+/// What one run sees of the node: the interfaces it needs and the node's
+/// addresses, and which interfaces should carry the programs.
 pub struct NodeView {
+    /// Every interface without a controller (where uplinks are) and the
+    /// request's own host-side interfaces; every interface of the node
+    /// when `interfaces` is set (a pattern may name a port) or the kernel
+    /// cannot filter the dump. A bridge's ports (the pods' veths) are
+    /// otherwise left out: no run needs them, and there is one per pod.
     pub links: Vec<Link>,
     pub addresses: Vec<NodeAddress>,
     /// Where traffic from outside arrives ([`netlink::select_uplinks`]).
@@ -31,15 +36,17 @@ pub struct NodeView {
 }
 
 impl NodeView {
-    /// One link dump and one address dump. `interfaces` entries that match
-    /// nothing are skipped with a warning; none matching at all is an error
-    /// (the configuration names another node's interfaces).
+    /// One link dump (filtered, see [`NodeView::links`]), a request per
+    /// host-side interface of the request the dump left out, and one
+    /// address dump. `interfaces` entries that match nothing are skipped
+    /// with a warning; none matching at all is an error (the configuration
+    /// names another node's interfaces).
     pub fn read(
         rtnl: &mut Rtnl,
         conf: &NetConf,
         interfaces: &[PrevInterface],
     ) -> Result<NodeView, PluginError> {
-        let links = rtnl.links()?;
+        let links = needed_links(rtnl, conf, interfaces)?;
         let addresses = rtnl.addresses()?;
         let selection = netlink::select_uplinks(&links, conf.interfaces.as_deref());
         if let Some(patterns) = &conf.interfaces
@@ -65,6 +72,61 @@ impl NodeView {
     pub fn targets(&self) -> BTreeSet<u32> {
         self.uplinks.union(&self.container_side).copied().collect()
     }
+}
+
+/// The links a run needs ([`NodeView::links`]).
+fn needed_links(
+    rtnl: &mut Rtnl,
+    conf: &NetConf,
+    interfaces: &[PrevInterface],
+) -> Result<Vec<Link>, netlink::NetlinkError> {
+    // `interfaces` may name any interface, ports included: matching it
+    // needs every name.
+    if conf.interfaces.is_some() {
+        return rtnl.links();
+    }
+    let Some(mut links) = rtnl.links_without_controller()? else {
+        return rtnl.links();
+    };
+    let own = interfaces
+        .iter()
+        .filter(|i| !i.in_sandbox())
+        .filter_map(|i| i.name.as_deref());
+    for name in own {
+        if !links.iter().any(|l| l.name == name)
+            && let Some(link) = rtnl.link_named(name)?
+        {
+            links.push(link);
+        }
+    }
+    Ok(links)
+}
+
+/// The addresses the node state records: every routable one, and the
+/// link-local ones of the loopback and of interfaces carrying the
+/// programs. The link-local addresses of other interfaces (an IPv6 one on
+/// every pod's veth) are nobody's destination for a host port, and
+/// recording them would make the node state change with every pod.
+fn recorded_addresses(node: &NodeView) -> Vec<NodeAddress> {
+    let targets = node.targets();
+    let loopback: BTreeSet<u32> = node
+        .links
+        .iter()
+        .filter(|l| l.loopback)
+        .map(|l| l.index)
+        .collect();
+    node.addresses
+        .iter()
+        .filter(|a| {
+            let routable = match a.own() {
+                Some(std::net::IpAddr::V4(v4)) => !v4.is_link_local(),
+                Some(std::net::IpAddr::V6(v6)) => !v6.is_unicast_link_local(),
+                None => false,
+            };
+            routable || targets.contains(&a.index) || loopback.contains(&a.index)
+        })
+        .copied()
+        .collect()
 }
 
 /// Brings the attachments and the node state (addresses, interface
@@ -94,7 +156,7 @@ pub fn reconcile(layout: &PinLayout, conf: &NetConf, node: &NodeView) -> Result<
             snat: conf.snat,
             masq_all: conf.masq_all,
             fast_path: conf.fast_path,
-            addresses: node.addresses.clone(),
+            addresses: recorded_addresses(node),
             container_side: node.container_side.clone(),
             attached: node.targets(),
             live,
@@ -116,6 +178,7 @@ pub(super) fn reconcile_after(verb: &str, layout: &PinLayout, conf: &NetConf) {
         // The interfaces of the container going away need nothing.
         .and_then(|mut rtnl| NodeView::read(&mut rtnl, conf, &[]))
         .and_then(|node| reconcile(layout, conf, &node));
+    log::debug!("{verb} account: {}", netlink::account());
     if let Err(error) = outcome {
         log::warn!(
             "{verb}: the attachments and node addresses were not brought up to date: {error}"
@@ -140,4 +203,65 @@ pub fn container_side_interfaces(links: &[Link], interfaces: &[PrevInterface]) -
         .filter(|l| !l.has_controller)
         .map(|l| l.index)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(index: u32, name: &str, has_controller: bool) -> Link {
+        Link {
+            index,
+            name: name.into(),
+            up: true,
+            loopback: name == "lo",
+            has_controller,
+        }
+    }
+
+    fn address(index: u32, ip: &str) -> NodeAddress {
+        NodeAddress {
+            index,
+            local: None,
+            address: Some(ip.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn the_node_state_records_no_link_local_address_of_a_pods_veth() {
+        let node = NodeView {
+            links: vec![link(1, "lo", false), link(2, "eth0", false)],
+            addresses: vec![
+                address(1, "127.0.0.1"),
+                address(1, "::1"),
+                address(2, "198.18.0.1"),
+                address(2, "fe80::2"),
+                address(4, "10.244.0.1"),
+                address(4, "fe80::4"),
+                // A pod's veth, a port of the bridge (index 4).
+                address(9, "fe80::9"),
+                address(9, "169.254.0.9"),
+                // A routable address on an interface no run attaches to.
+                address(10, "fd00::10"),
+            ],
+            uplinks: BTreeSet::from([2]),
+            container_side: BTreeSet::from([4]),
+        };
+        let recorded: Vec<String> = recorded_addresses(&node)
+            .iter()
+            .filter_map(|a| a.own().map(|ip| ip.to_string()))
+            .collect();
+        assert_eq!(
+            recorded,
+            [
+                "127.0.0.1",
+                "::1",
+                "198.18.0.1",
+                "fe80::2",
+                "10.244.0.1",
+                "fe80::4",
+                "fd00::10"
+            ]
+        );
+    }
 }

@@ -1,0 +1,243 @@
+//! Issue #36: what one ADD and one DEL cost does not grow with the pods on
+//! the node. A node with 3 real pods (bridge + host-local + ebpf-portmap)
+//! and the same node with about 300 (each a network namespace with its veth
+//! on the bridge, as the bridge plugin leaves it; made with `ip -batch` to
+//! keep the test short) must see the same number of `bpf()` calls and of
+//! netlink link records per ADD and per DEL, within a small constant.
+//!
+//! Counts, not times: the plugin writes its own account of netlink reads
+//! and records at the end of each run into its log (`EPM_LOG_LEVEL=debug`),
+//! and `strace -c` counts its `bpf()` calls (the plugin cannot count the
+//! calls aya makes for it). Needs root, strace, and a kernel that filters
+//! link dumps by "no controller" (the 6.18 this suite runs on; an older
+//! one gets the full dump, whose link records grow with the pods).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use portmap_tests::tmp::TempDir;
+use portmap_tests::topology::{BRIDGE_NAME, PLUGIN_LOG};
+use portmap_tests::world::World;
+use portmap_tests::{CniRunner, Container, PinRoot, PluginDirs, PortMapping, bridge_conflist};
+
+/// Pods on the small node, and on the large one.
+const FEW: usize = 3;
+const MANY: usize = 300;
+/// How far the counts of the two nodes may differ.
+const SLACK: u64 = 6;
+
+/// A world whose `ebpf-portmap` is a wrapper that, while `measure` exists
+/// in `dir`, runs the plugin under `strace -c` with its debug log on.
+fn counted_world(dir: &TempDir) -> World {
+    let wrapper = dir.path().join("ebpf-portmap-counted");
+    let script = format!(
+        "#!/bin/sh\n\
+         if [ -e '{dir}/measure' ]; then\n\
+         EPM_LOG_LEVEL=debug exec strace -f -qq -c -o '{dir}/strace.out' -- '{bin}' \"$@\"\n\
+         fi\n\
+         exec '{bin}' \"$@\"\n",
+        dir = dir.path().display(),
+        bin = portmap_tests::plugin_bin().display(),
+    );
+    std::fs::write(&wrapper, script).expect("write the wrapper");
+    let status = Command::new("chmod").arg("+x").arg(&wrapper).status();
+    assert!(status.is_ok_and(|s| s.success()), "chmod the wrapper");
+    let node = portmap_tests::Node::new();
+    let pins = PinRoot::new();
+    let plugins = PluginDirs::with_plugin_bin(&wrapper);
+    let runner = CniRunner::new(plugins.paths(), &node.ns);
+    let list = bridge_conflist(
+        "epm-test",
+        "ebpf-portmap",
+        Some(pins.path()),
+        node.data_dir(),
+    );
+    World {
+        node,
+        pins,
+        plugins,
+        runner,
+        list,
+    }
+}
+
+/// What one plugin run cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Cost {
+    /// `strace -c`'s calls by syscall name.
+    syscalls: BTreeMap<String, u64>,
+    /// The plugin's own account line (`key=value` pairs).
+    account: BTreeMap<String, u64>,
+}
+
+impl Cost {
+    fn bpf(&self) -> u64 {
+        self.syscalls.get("bpf").copied().unwrap_or(0)
+    }
+
+    fn account(&self, key: &str) -> u64 {
+        *self
+            .account
+            .get(key)
+            .unwrap_or_else(|| panic!("the plugin's account has no {key}: {:?}", self.account))
+    }
+}
+
+/// `strace -c`'s table: calls by syscall.
+fn strace_calls(path: &Path) -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("strace wrote no summary at {}: {e}", path.display()));
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // % time, seconds, usecs/call, calls, [errors,] syscall
+            if fields.len() < 5 || fields[0].starts_with('%') || fields[0].starts_with('-') {
+                return None;
+            }
+            let calls = fields[3].parse().ok()?;
+            Some((fields.last()?.to_string(), calls))
+        })
+        .filter(|(name, _)| name != "total")
+        .collect()
+}
+
+/// The last `{verb} account:` line of the plugin's log.
+fn account(log: &Path, verb: &str) -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let marker = format!("{verb} account:");
+    let Some(line) = text.lines().rev().find(|l| l.contains(&marker)) else {
+        return BTreeMap::new();
+    };
+    line.split_once(&marker)
+        .map(|(_, rest)| rest)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            Some((key.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Runs `run` (one plugin call) under the counting wrapper.
+fn measured(world: &World, dir: &TempDir, verb: &str, run: impl FnOnce()) -> Cost {
+    let marker = dir.path().join("measure");
+    let out: PathBuf = dir.path().join("strace.out");
+    let _ = std::fs::remove_file(&out);
+    std::fs::write(&marker, b"").expect("write the marker");
+    run();
+    std::fs::remove_file(&marker).expect("remove the marker");
+    Cost {
+        syscalls: strace_calls(&out),
+        account: account(&world.node.data_dir().join(PLUGIN_LOG), verb),
+    }
+}
+
+/// ADD then DEL of one more real pod, each counted.
+fn add_and_del(world: &World, dir: &TempDir, id: &str) -> (Cost, Cost) {
+    let pod = world.node.add_container(id);
+    let mappings = [PortMapping::tcp(18080, 80), PortMapping::udp(18053, 53)];
+    let add = measured(world, dir, "ADD", || {
+        world.add(&pod, &mappings);
+    });
+    let del = measured(world, dir, "DEL", || world.del(&pod, &mappings));
+    (add, del)
+}
+
+/// `count` pods as the bridge plugin leaves them, without the plugins: a
+/// namespace each, its `eth0` the peer of a veth on the bridge, up.
+fn bridge_pods(world: &World, count: usize) -> Vec<Container> {
+    let pods: Vec<Container> = (0..count)
+        .map(|i| world.node.add_container(&format!("bulk{i}")))
+        .collect();
+    let mut batch = String::new();
+    for (i, pod) in pods.iter().enumerate() {
+        batch.push_str(&format!(
+            "link add pv{i} type veth peer name eth0 netns {}\n\
+             link set pv{i} master {BRIDGE_NAME}\n\
+             link set pv{i} up\n",
+            pod.ns.name()
+        ));
+    }
+    let mut child = world
+        .node
+        .ns
+        .command("ip")
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn ip -batch");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(batch.as_bytes())
+        .expect("feed ip -batch");
+    let status = child.wait().expect("wait for ip -batch");
+    assert!(status.success(), "ip -batch failed making {count} pods");
+    // Up on both ends, as the bridge plugin leaves a pod: the node's end
+    // then has its carrier and its IPv6 link-local address.
+    for pod in &pods {
+        pod.ns.ip(&["link", "set", "eth0", "up"]);
+    }
+    pods
+}
+
+fn assert_close(what: &str, few: u64, many: u64) {
+    assert!(
+        many <= few + SLACK && few <= many + SLACK,
+        "{what}: {few} with {FEW} pods, {many} with about {MANY}: the cost grows with the pods"
+    );
+}
+
+#[test]
+fn add_and_del_cost_the_same_with_3_and_300_pods() {
+    if Command::new("strace").arg("-V").output().is_err() {
+        eprintln!("skipped: strace is not installed (apt-get install strace)");
+        return;
+    }
+    let dir = TempDir::new("count");
+    let world = counted_world(&dir);
+    let mut pods = Vec::new();
+    for i in 0..FEW {
+        let pod = world.node.add_container(&format!("few{i}"));
+        world.add(&pod, &[PortMapping::tcp(20000 + i as u16, 80)]);
+        pods.push(pod);
+    }
+    // The first ADD of a node attaches the dataplane; measure a steady one.
+    let (add_few, del_few) = add_and_del(&world, &dir, "probe-few");
+    let bulk = bridge_pods(&world, MANY - FEW);
+    let (add_many, del_many) = add_and_del(&world, &dir, "probe-many");
+    eprintln!(
+        "ADD bpf {} -> {}, DEL bpf {} -> {}\nADD {:?} -> {:?}\nDEL {:?} -> {:?}",
+        add_few.bpf(),
+        add_many.bpf(),
+        del_few.bpf(),
+        del_many.bpf(),
+        add_few.syscalls,
+        add_many.syscalls,
+        del_few.syscalls,
+        del_many.syscalls,
+    );
+    eprintln!(
+        "accounts: ADD {:?} -> {:?}; DEL {:?} -> {:?}",
+        add_few.account, add_many.account, del_few.account, del_many.account
+    );
+    assert_close("bpf() calls per ADD", add_few.bpf(), add_many.bpf());
+    assert_close("bpf() calls per DEL", del_few.bpf(), del_many.bpf());
+    // The address dump still grows (see docs/dataplane.md): printed above.
+    assert_close(
+        "link records per ADD",
+        add_few.account("link_records"),
+        add_many.account("link_records"),
+    );
+    assert_close(
+        "link records per DEL",
+        del_few.account("link_records"),
+        del_many.account("link_records"),
+    );
+    drop(bulk);
+    drop(pods);
+}
