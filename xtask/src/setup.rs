@@ -38,6 +38,9 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
     // `cargo xtask bench` and portmap-user/tests/program_profile.rs sample
     // the programs with perf to say where their time goes, line by line.
     "linux-perf",
+    // tests/tests/pod_scale.rs counts a plugin run's bpf() calls with
+    // `strace -c` (aya's calls are not the plugin's to count).
+    "strace",
 ];
 
 /// bpf-linker must match rustc's LLVM major (22). Pinned: 0.13 is the
