@@ -93,10 +93,16 @@ pub const GUEST_TESTS: &[GuestTest] = &[
         args: &["--test-threads=1"],
     },
     // The namespace beacon (a socket-lookup link) is the kernel's: that it
-    // detaches with its namespace is checked on each kernel.
+    // detaches with its namespace is checked on each kernel. The agent's
+    // pass is the same code on any kernel, and the guest has no agent
+    // binary: that test stays on the host.
     GuestTest {
         name: "stale",
-        args: &["--test-threads=1"],
+        args: &[
+            "--test-threads=1",
+            "--skip",
+            "the_agents_gc_pass_removes_a_gone_nodes_state",
+        ],
     },
     GuestTest {
         name: "plugin",
