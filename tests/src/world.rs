@@ -283,6 +283,21 @@ impl World {
         operator_json(&self.node.ns, self.pins.path(), "list")
     }
 
+    /// The dataplane's counters by reason, as `status --json` reports them.
+    /// Its exit status is not checked: a problem `status` reports (a
+    /// conntrack table filled by churn, say) makes it exit non-zero, and
+    /// the counters are still what the test asks for.
+    pub fn counters(&self) -> Value {
+        let out = self.operator(&["status", "--json"]);
+        let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "ebpf-portmap status --json is not JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        status["counters"].clone()
+    }
+
     /// Maps, links and the node's network state, for failure messages.
     pub fn dump(&self) -> String {
         let maps = if self.pins.path().join("v1/maps/mappings").exists() {
@@ -329,6 +344,13 @@ impl World {
             Err(e) => panic!("{what}: {e}\n{}", self.dump()),
         }
     }
+}
+
+/// The counter of `reason` in [`World::counters`]' answer.
+pub fn counter(counters: &Value, reason: &str) -> u64 {
+    counters[reason]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {reason}: {counters:#}"))
 }
 
 /// A number as bpftool prints it: plain with BTF, else little-endian hex bytes.

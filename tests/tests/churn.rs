@@ -13,7 +13,7 @@ use portmap_tests::topology::{EXT_IP4, NODE_IP4};
 use portmap_tests::traffic::{
     TcpSession, echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
 };
-use portmap_tests::world::{PROBE, World, sock};
+use portmap_tests::world::{PROBE, World, counter, sock};
 use serde_json::Value;
 
 /// The smallest table the plugin accepts: churn of a few thousand flows is
@@ -29,26 +29,6 @@ fn small_table_world() -> World {
         json["plugins"][1]["conntrackSize"] = Value::from(TABLE);
         portmap_tests::Conflist::from_json(json).expect("conflist")
     })
-}
-
-/// The dataplane's counters by reason, as `status --json` reports them.
-/// Its exit status is not checked: a conntrack table filled by churn is a
-/// problem `status` reports (and exits non-zero for), on purpose here.
-fn counters(world: &World) -> Value {
-    let out = world.operator(&["status", "--json"]);
-    let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "ebpf-portmap status --json is not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    status["counters"].clone()
-}
-
-fn count(counters: &Value, reason: &str) -> u64 {
-    counters[reason]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {reason}: {counters:#}"))
 }
 
 /// A container `web` with a TCP echo server on 80 and a UDP one on 53,
@@ -97,7 +77,7 @@ fn assert_still_answers(world: &World, session: &mut TcpSession, when: &str) {
         Ok(answer) => assert_eq!(answer, echo_reply("web", "after"), "{when}"),
         Err(e) => panic!(
             "{when}: the idle connection was lost: {e} ({e:?})\ncounters: {:#}\n{}",
-            counters(world),
+            world.counters(),
             world.dump()
         ),
     }
@@ -110,15 +90,15 @@ fn an_idle_connection_survives_tcp_churn_of_four_times_the_table() {
     let mut idle = idle_session(&world);
     tcp_churn(&world, CHURN);
     assert_still_answers(&world, &mut idle, "after TCP churn");
-    let counters = counters(&world);
+    let counters = world.counters();
     assert!(
-        count(&counters, "ct_closed") >= CHURN,
+        counter(&counters, "ct_closed") >= CHURN,
         "every short connection closed and left the open table: {counters:#}"
     );
     // Nothing live was pushed out: no packet went without its flow.
-    assert_eq!(count(&counters, "skip_not_syn"), 0, "{counters:#}");
-    assert_eq!(count(&counters, "ct_recovered"), 0, "{counters:#}");
-    assert!(count(&counters, "dnat_new") > CHURN, "{counters:#}");
+    assert_eq!(counter(&counters, "skip_not_syn"), 0, "{counters:#}");
+    assert_eq!(counter(&counters, "ct_recovered"), 0, "{counters:#}");
+    assert!(counter(&counters, "dnat_new") > CHURN, "{counters:#}");
 }
 
 #[test]
@@ -133,15 +113,15 @@ fn an_idle_connection_survives_udp_churn_of_four_times_the_table() {
         assert_eq!(answer, echo_reply("web", "churn"), "datagram {i}");
     }
     assert_still_answers(&world, &mut idle, "after UDP churn");
-    let counters = counters(&world);
+    let counters = world.counters();
     // Source ports are reused now and then (a datagram of a known flow):
     // still far more new flows than the table holds.
     assert!(
-        count(&counters, "dnat_new") > 2 * TABLE,
+        counter(&counters, "dnat_new") > 2 * TABLE,
         "the churn went through the table: {counters:#}"
     );
-    assert_eq!(count(&counters, "skip_not_syn"), 0, "{counters:#}");
-    assert_eq!(count(&counters, "ct_recovered"), 0, "{counters:#}");
+    assert_eq!(counter(&counters, "skip_not_syn"), 0, "{counters:#}");
+    assert_eq!(counter(&counters, "ct_recovered"), 0, "{counters:#}");
 }
 
 /// A connection the node opens from the mapped port 8080 to a listener of
@@ -234,13 +214,13 @@ fn evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes() {
         "the node's own connection from the mapped port must stay the node's"
     );
     assert_still_answers(&world, &mut idle, "after its entries were pushed out");
-    let counters = counters(&world);
+    let counters = world.counters();
     assert!(
-        count(&counters, "ct_recovered") >= 1,
+        counter(&counters, "ct_recovered") >= 1,
         "the idle connection came back by recovery: {counters:#}"
     );
     assert!(
-        count(&counters, "skip_node_socket") >= 1,
+        counter(&counters, "skip_node_socket") >= 1,
         "the node's connection was recognised by its socket: {counters:#}"
     );
     // New connections keep working with the table full of live flows.
@@ -303,23 +283,23 @@ fn only_the_nodes_own_flows_from_a_mapped_port_are_recorded() {
 
     // The far host behind the node talks to the client: the node routes it
     // out of the uplink, where egress sees a mapped source port.
-    let before = count(&counters(&world), "pass_recorded");
+    let before = counter(&world.counters(), "pass_recorded");
     exchange_from_mapped_port(
         &world.node.far,
         IpAddr::V4(portmap_tests::topology::FAR_IP4),
         ext,
     );
-    let counters_after = counters(&world);
+    let counters_after = world.counters();
     assert_eq!(
-        count(&counters_after, "pass_recorded"),
+        counter(&counters_after, "pass_recorded"),
         before,
         "routed flows from the far host's port 8080 were recorded as the node's: {counters_after:#}"
     );
 
     exchange_from_mapped_port(&world.node.ns, IpAddr::V4(NODE_IP4), ext);
-    let counters_after = counters(&world);
+    let counters_after = world.counters();
     assert_eq!(
-        count(&counters_after, "pass_recorded"),
+        counter(&counters_after, "pass_recorded"),
         before + 2,
         "the node's own TCP and UDP flows from 8080 are recorded: {counters_after:#}"
     );

@@ -15,7 +15,7 @@ use portmap_tests::topology::{
     EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, NODE_UPLINK, POD_GATEWAY4, POD_GATEWAY6,
 };
 use portmap_tests::traffic::{echo_reply, tcp_echo_server, udp_echo_server};
-use portmap_tests::world::{World, sock};
+use portmap_tests::world::{World, counter, sock};
 use portmap_tests::{Container, NetNs, PortMapping};
 
 /// What a probe saw.
@@ -363,20 +363,6 @@ fn an_address_added_to_the_node_is_local_from_the_next_add_on() {
     );
 }
 
-/// The `drop_loopback` counter, as `status --json` reports it.
-fn loopback_drops(world: &World) -> u64 {
-    let out = world.operator(&["status", "--json"]);
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "ebpf-portmap status --json is not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    status["counters"]["drop_loopback"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no drop_loopback counter: {:#}", status["counters"]))
-}
-
 /// Sends one crafted packet from `ext` to the node's uplink MAC and returns
 /// how many segments or datagrams the container's transport layer took in
 /// because of it (the namespaces are otherwise quiet).
@@ -433,7 +419,7 @@ fn crafted_loopback_packets_from_the_link_never_reach_a_container() {
     ];
     let mut sport = 41000;
     let mut sent = 0;
-    let drops_before = loopback_drops(&world);
+    let drops_before = counter(&world.counters(), "drop_loopback");
     for transport in [Transport::TcpSyn, Transport::Udp] {
         // The control: the same crafting to the node's address arrives.
         for (src, dst) in [(ext4, node4), (ext6, node6)] {
@@ -472,7 +458,7 @@ fn crafted_loopback_packets_from_the_link_never_reach_a_container() {
         }
     }
     assert_eq!(
-        loopback_drops(&world) - drops_before,
+        counter(&world.counters(), "drop_loopback") - drops_before,
         sent,
         "every crafted loopback packet is dropped and counted as drop_loopback\n{}",
         world.dump()
@@ -494,24 +480,6 @@ fn crafted_loopback_packets_from_the_link_never_reach_a_container() {
         );
     }
     world.del(&web, &[]);
-}
-
-/// The dataplane's counters by reason, as `status --json` reports them.
-fn counters(world: &World) -> serde_json::Value {
-    let out = world.operator(&["status", "--json"]);
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "ebpf-portmap status --json is not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    status["counters"].clone()
-}
-
-fn counter(counters: &serde_json::Value, reason: &str) -> u64 {
-    counters[reason]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {reason}: {counters:#}"))
 }
 
 /// Issue #28: a process in the hooked cgroup but in another network
@@ -547,7 +515,7 @@ fn a_client_namespace_in_the_hooked_cgroup_is_served_by_the_packet_path() {
             PortMapping::udp(5355, 53).on(side6),
         ],
     );
-    let before = counters(&world);
+    let before = world.counters();
     let targets = [
         (sock(side4, 8080), "tcp"),
         (sock(side4, 5353), "udp"),
@@ -568,7 +536,7 @@ fn a_client_namespace_in_the_hooked_cgroup_is_served_by_the_packet_path() {
             "s",
         );
     }
-    let after = counters(&world);
+    let after = world.counters();
     assert_eq!(
         counter(&after, "sock_translated"),
         counter(&before, "sock_translated"),
@@ -598,7 +566,7 @@ fn hooked_containers_take_the_masqueraded_hairpin_path() {
         &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
     );
     world.add(&other, &[]);
-    let before = counters(&world);
+    let before = world.counters();
     for client in [&web, &other] {
         for (node_ip, gateway) in [
             (IpAddr::V4(NODE_IP4), IpAddr::V4(POD_GATEWAY4)),
@@ -629,7 +597,7 @@ fn hooked_containers_take_the_masqueraded_hairpin_path() {
             }
         }
     }
-    let after = counters(&world);
+    let after = world.counters();
     assert_eq!(
         counter(&after, "sock_translated"),
         counter(&before, "sock_translated"),
@@ -650,7 +618,7 @@ fn hooked_containers_take_the_masqueraded_hairpin_path() {
         "n",
     );
     assert!(
-        counter(&counters(&world), "sock_translated") > counter(&after, "sock_translated"),
+        counter(&world.counters(), "sock_translated") > counter(&after, "sock_translated"),
         "the node's own connection is translated at the socket"
     );
 }
