@@ -1,5 +1,6 @@
 //! The bpffs the pins live on: checking a pin root is on one, mounting it
-//! where a node has none, and the private (0700) directories under it. Also
+//! where a node has none, the private (0700) directories under it, and
+//! taking a pin root's emptied directories away again. Also
 //! mount(2) of the other pseudo filesystem we may need (cgroup2).
 
 use std::{
@@ -33,6 +34,27 @@ pub fn create_private_dir(path: &Path) -> Result<(), BpffsError> {
 }
 
 /// Whether `path` is on a bpffs (or below a directory that will be on one).
+/// Removes the directory of `root` (a pin root whose state is gone) if
+/// nothing else lives there; for a namespace's own root under the shared
+/// default one (`{root}/netns/{cookie}`), `netns/` and the shared root go
+/// too once nobody else's state is in them. `remove_dir` removes one
+/// directory and reports it as its caller reports (uninstall, the removal
+/// of a gone node's state).
+pub fn remove_root_if_empty(root: &Path, remove_dir: &mut dyn FnMut(&Path)) {
+    if !fs::read_dir(root).is_ok_and(|mut d| d.next().is_none()) {
+        return;
+    }
+    remove_dir(root);
+    if let Some(netns_dir) = root.parent()
+        && netns_dir.file_name().is_some_and(|name| name == "netns")
+        && fs::remove_dir(netns_dir).is_ok()
+        && let Some(shared) = netns_dir.parent()
+        && fs::read_dir(shared).is_ok_and(|mut d| d.next().is_none())
+    {
+        remove_dir(shared);
+    }
+}
+
 pub fn check_bpffs(root: &Path) -> Result<(), BpffsError> {
     const BPF_FS_MAGIC: i64 = 0xcafe4a11;
     let mut probe = root.to_path_buf();

@@ -321,19 +321,9 @@ pub fn remove(layout: &PinLayout) -> Option<Removal> {
     remove_tree(&layout.versioned(), &mut removal);
     // The root itself only once nothing else lives there (the default
     // root holds other namespaces' roots under `netns/`).
-    if fs::read_dir(layout.root()).is_ok_and(|mut d| d.next().is_none()) {
-        remove_entry(layout.root(), true, &mut removal);
-        // A namespace's own root under the shared default one: `netns/`
-        // and the shared root go too once nobody else's state is there.
-        if let Some(netns_dir) = layout.root().parent()
-            && netns_dir.file_name().is_some_and(|name| name == "netns")
-            && fs::remove_dir(netns_dir).is_ok()
-            && let Some(shared) = netns_dir.parent()
-            && fs::read_dir(shared).is_ok_and(|mut d| d.next().is_none())
-        {
-            remove_entry(shared, true, &mut removal);
-        }
-    }
+    crate::dataplane::bpffs::remove_root_if_empty(layout.root(), &mut |dir| {
+        remove_entry(dir, true, &mut removal);
+    });
     for record in [
         crate::dataplane::cgroup::hooks_record(layout),
         crate::dataplane::node_state::interfaces_record(layout),

@@ -195,21 +195,11 @@ pub fn uninstall(layout: &PinLayout, force: bool) -> Result<Report, UninstallErr
     // registration (see `dataplane::stale`).
     remove_pin(&crate::dataplane::cgroup::hooks_record(layout), &mut report);
     remove_pin(&crate::dataplane::stale::root_record(layout), &mut report);
-    // Only if nothing else (another layout version) lives there.
-    if fs::read_dir(layout.root()).is_ok_and(|mut d| d.next().is_none()) {
-        remove_dir(layout.root(), &mut report);
-        // A namespace's own root under the shared default one
-        // (`{root}/netns/{cookie}`): the `netns` directory and the shared
-        // root go too once nobody else's state is in them.
-        if let Some(netns_dir) = layout.root().parent()
-            && netns_dir.file_name().is_some_and(|name| name == "netns")
-            && fs::remove_dir(netns_dir).is_ok()
-            && let Some(shared) = netns_dir.parent()
-            && fs::read_dir(shared).is_ok_and(|mut d| d.next().is_none())
-        {
-            remove_dir(shared, &mut report);
-        }
-    }
+    // Only if nothing else (another layout version, other namespaces'
+    // roots) lives there.
+    crate::dataplane::bpffs::remove_root_if_empty(layout.root(), &mut |dir| {
+        remove_dir(dir, &mut report);
+    });
     Ok(report)
 }
 
