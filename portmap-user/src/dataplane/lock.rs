@@ -10,7 +10,7 @@
 use std::{
     fs, io,
     os::fd::AsRawFd,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::atomic::{AtomicU64, Ordering},
     time::{Duration, Instant},
 };
@@ -83,25 +83,32 @@ pub fn lock(layout: &PinLayout) -> Result<fs::File, LockError> {
         }
         return Ok(lock);
     };
+    flock_within(&lock, &lock_path, limit)?;
+    Ok(lock)
+}
+
+/// Takes `file`'s `flock` (the lock file at `path`), giving up after
+/// `limit` with [`LockError::TimedOut`].
+pub fn flock_within(file: &fs::File, path: &Path, limit: Duration) -> Result<(), LockError> {
     // flock has no timeout: try without blocking, a few times a tick.
     let start = Instant::now();
     let mut pause = Duration::from_millis(2);
     loop {
-        // SAFETY: as above.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(lock);
+        // SAFETY: flock on an fd the caller owns; released when it is closed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
         }
         let error = io::Error::last_os_error();
         if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
             return Err(LockError::Lock {
-                path: lock_path,
+                path: path.to_path_buf(),
                 source: error,
             });
         }
         let waited = start.elapsed();
         if waited >= limit {
             return Err(LockError::TimedOut {
-                path: lock_path,
+                path: path.to_path_buf(),
                 waited,
             });
         }

@@ -308,8 +308,11 @@ pub fn remove(layout: &PinLayout) -> Option<Removal> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(_) => return None,
     };
+    // The holder of a gone node's lock is another run removing it (done in
+    // milliseconds), and a plugin run must not hang on someone else's state.
     if let Some(file) = &lock
-        && !lock_within(file, std::time::Duration::from_secs(1))
+        && crate::dataplane::lock::flock_within(file, &lock_path, std::time::Duration::from_secs(1))
+            .is_err()
     {
         return None;
     }
@@ -336,23 +339,6 @@ pub fn remove(layout: &PinLayout) -> Option<Removal> {
     }
     drop(lock);
     Some(removal)
-}
-
-/// Takes `file`'s `flock`, waiting at most `limit`: the holder of a gone
-/// node's lock is another run removing it (done in milliseconds), and a
-/// plugin run must not hang on someone else's state.
-fn lock_within(file: &fs::File, limit: std::time::Duration) -> bool {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        // SAFETY: flock on an fd we own; released when `file` is closed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
 }
 
 /// Unlinks every pin under `dir`, depth first, then the directories.
