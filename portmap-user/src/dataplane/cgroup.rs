@@ -151,13 +151,10 @@ pub fn hooks_recorded(
 /// the next run a full check, never a wrong answer. Best effort, atomic (a
 /// whole file renamed over the old one).
 pub fn record_hooks(layout: &PinLayout, cgroup: &Path, build: u64, pins: &[(String, u64)]) {
-    let path = hooks_record(layout);
-    let temporary = path.with_extension(format!("hooks-{}", std::process::id()));
-    let written = fs::write(&temporary, hooks_record_text(build, cgroup, pins))
-        .and_then(|()| fs::rename(&temporary, &path));
-    if written.is_err() {
-        let _ = fs::remove_file(&temporary);
-    }
+    let _ = crate::dataplane::lock::write_record(
+        &hooks_record(layout),
+        &hooks_record_text(build, cgroup, pins),
+    );
 }
 
 /// Whether `program` (ID `want`) is attached to `cgroup` through our link.

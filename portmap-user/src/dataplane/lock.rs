@@ -6,6 +6,10 @@
 //! DEL chain, and a DEL that never ends keeps the main plugin from freeing
 //! the pod's address). Past the limit, [`lock`] fails with
 //! [`LockError::TimedOut`] and the caller skips what needed the lock.
+//!
+//! Beside each lock, in the same run directory, live the pin root's
+//! records (its hooks, its registration, STATUS's probe): [`write_record`]
+//! writes any of them.
 
 use std::{
     fs, io,
@@ -115,4 +119,23 @@ pub fn flock_within(file: &fs::File, path: &Path, limit: Duration) -> Result<(),
         std::thread::sleep(pause.min(limit - waited));
         pause = (pause * 2).min(Duration::from_millis(50));
     }
+}
+
+/// Writes the record `path` (a file beside the pin roots' locks) as a whole
+/// file renamed over the old one, so a reader sees the old record or the
+/// new, never half of one; creates the run directory if it is missing.
+pub fn write_record(path: &Path, text: &str) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        create_private_dir(dir).map_err(io::Error::other)?;
+    }
+    let extension = path
+        .extension()
+        .map(|e| e.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temporary = path.with_extension(format!("{extension}-{}", std::process::id()));
+    let written = fs::write(&temporary, text).and_then(|()| fs::rename(&temporary, path));
+    if written.is_err() {
+        let _ = fs::remove_file(&temporary);
+    }
+    written
 }

@@ -109,11 +109,7 @@ pub fn register(layout: &PinLayout) {
     if fs::read_to_string(&path).is_ok_and(|old| old == text) {
         return;
     }
-    let temporary = path.with_extension(format!("root-{}", std::process::id()));
-    let written = fs::write(&temporary, &text).and_then(|()| fs::rename(&temporary, &path));
-    if written.is_err() {
-        let _ = fs::remove_file(&temporary);
-    }
+    let _ = crate::dataplane::lock::write_record(&path, &text);
 }
 
 /// What the beacon says of a root's node.

@@ -131,16 +131,8 @@ impl ProbeKey {
 /// Writes the record atomically (a whole file renamed over the old one);
 /// best effort: without it the next STATUS probes again.
 fn write_record(path: &Path, text: &str) {
-    if let Some(dir) = path.parent()
-        && bpffs::create_private_dir(dir).is_err()
-    {
-        return;
-    }
-    let temporary = path.with_extension(format!("status-{}", std::process::id()));
-    let written = fs::write(&temporary, text).and_then(|()| fs::rename(&temporary, path));
-    if let Err(error) = written {
+    if let Err(error) = crate::dataplane::lock::write_record(path, text) {
         log::debug!("probe record {} not written: {error}", path.display());
-        let _ = fs::remove_file(&temporary);
     }
 }
 
