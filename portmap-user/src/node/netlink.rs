@@ -272,27 +272,7 @@ impl Rtnl {
     /// Interface `name` as a dump would report it; `None` if there is no
     /// such interface. One request, whatever the node has.
     pub fn link_named(&mut self, name: &str) -> Result<Option<Link>, NetlinkError> {
-        let mut request = LinkMessage::default();
-        request.attributes = vec![
-            LinkAttribute::IfName(name.to_owned()),
-            LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]),
-        ];
-        let mut found = None;
-        let outcome = self.exchange(
-            RouteNetlinkMessage::GetLink(request),
-            false,
-            |kind, payload| {
-                if kind == wire::RTM_NEWLINK {
-                    found = Some(link(payload)?);
-                }
-                Ok(())
-            },
-        );
-        match outcome {
-            Ok(()) => Ok(found),
-            Err(NetlinkError::Kernel { code }) if code == -libc::ENODEV => Ok(None),
-            Err(error) => Err(error),
-        }
+        self.get_link(name, link)
     }
 
     fn link_dump(&mut self, request: LinkMessage) -> Result<Vec<Link>, NetlinkError> {
@@ -313,6 +293,16 @@ impl Rtnl {
     /// Index of interface `name` and whether it is a bridge port; `None`
     /// if there is no such interface.
     pub fn link(&mut self, name: &str) -> Result<Option<LinkFacts>, NetlinkError> {
+        self.get_link(name, link_facts)
+    }
+
+    /// Interface `name`, read by `parse` from the kernel's one answer;
+    /// `None` if there is no such interface.
+    fn get_link<T>(
+        &mut self,
+        name: &str,
+        parse: fn(&[u8]) -> Result<T, NetlinkError>,
+    ) -> Result<Option<T>, NetlinkError> {
         let mut request = LinkMessage::default();
         request.attributes = vec![
             LinkAttribute::IfName(name.to_owned()),
@@ -325,7 +315,7 @@ impl Rtnl {
             false,
             |kind, payload| {
                 if kind == wire::RTM_NEWLINK {
-                    found = Some(link_facts(payload)?);
+                    found = Some(parse(payload)?);
                 }
                 Ok(())
             },
