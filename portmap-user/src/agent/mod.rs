@@ -60,18 +60,6 @@ pub enum AgentError {
     Signals(#[source] std::io::Error),
 }
 
-/// An error with its sources, for one log line.
-pub fn chain_of(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// How the agent runs.
 #[derive(Debug, Clone)]
 pub struct Settings {

@@ -26,6 +26,7 @@ use portmap_common::reason::{Kind, REASONS};
 
 use super::{AgentError, conf::ConfSource};
 use crate::{
+    cni::error::with_sources,
     dataplane::{
         maps::Maps,
         pin::PinLayout,
@@ -223,7 +224,7 @@ pub fn run(shared: Arc<Shared>, wake: Receiver<()>, timing: Timing) {
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
                     // Logged when it changes, not every second.
                     if last.as_deref() != Some(text.as_str()) {
-                        log::warn!("reconciliation failed: {}", super::chain_of(&error));
+                        log::warn!("reconciliation failed: {}", with_sources(&error));
                     }
                     *last = Some(text);
                 }
@@ -236,7 +237,7 @@ pub fn run(shared: Arc<Shared>, wake: Receiver<()>, timing: Timing) {
                     Ok(()) => {
                         shared.gc_runs.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(error) => log::warn!("node GC failed: {}", super::chain_of(&error)),
+                    Err(error) => log::warn!("node GC failed: {}", with_sources(&error)),
                 }
             }
             // Dead attachment pins go in the pass.

@@ -58,7 +58,10 @@ fn main() -> ExitCode {
     match agent::run(settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("ebpf-portmap-agent: {}", agent::chain_of(&error));
+            eprintln!(
+                "ebpf-portmap-agent: {}",
+                portmap_user::cni::error::with_sources(&error)
+            );
             ExitCode::FAILURE
         }
     }

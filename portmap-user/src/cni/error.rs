@@ -94,6 +94,17 @@ impl fmt::Display for CniError {
 
 impl std::error::Error for CniError {}
 
+/// `error`'s message and its sources', outermost first, joined with ": ":
+/// one line for a log.
+pub fn with_sources(error: &dyn std::error::Error) -> String {
+    let sources = source_chain(error);
+    if sources.is_empty() {
+        error.to_string()
+    } else {
+        format!("{error}: {sources}")
+    }
+}
+
 /// Messages of `error`'s sources, outermost first, joined with ": ".
 fn source_chain(error: &dyn std::error::Error) -> String {
     let mut chain = Vec::new();

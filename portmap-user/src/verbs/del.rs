@@ -28,6 +28,7 @@ use super::own_state;
 use super::require_privilege;
 use super::who;
 use crate::cni::Request;
+use crate::cni::error::with_sources;
 use crate::dataplane::lock;
 use crate::dataplane::maps::{self, MappingsEpoch, Maps};
 use crate::dataplane::ownership;
@@ -50,18 +51,6 @@ pub(super) fn del(req: &Request) {
             with_sources(&error)
         );
     }
-}
-
-/// `error` and its sources, joined with ": ".
-fn with_sources(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn release(req: &Request) -> Result<(), PluginError> {
