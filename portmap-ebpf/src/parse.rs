@@ -61,8 +61,10 @@ fn first_octet(word_be: u32) -> u8 {
     word_be.to_ne_bytes()[0]
 }
 
+/// Whether `addr_be` (of `family`, in our four-word form) is a loopback
+/// address: 127.0.0.0/8, ::1, or IPv4-mapped ::ffff:127.0.0.0/104.
 #[inline(always)]
-fn is_loopback(family: u8, addr_be: &[u32; 4]) -> bool {
+pub fn is_loopback(family: u8, addr_be: &[u32; 4]) -> bool {
     if family == FAMILY_V4 {
         return first_octet(addr_be[0]) == 127;
     }

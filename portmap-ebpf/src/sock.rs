@@ -15,7 +15,7 @@ use portmap_common::{
     local::SockOrigin, stat,
 };
 
-use crate::maps;
+use crate::{maps, parse};
 
 /// Allow the operation (the only verdict these hooks give).
 const ALLOW: i32 = 1;
@@ -160,15 +160,6 @@ fn protocol(ctx: &SockAddrContext) -> Option<u8> {
     }
 }
 
-#[inline(always)]
-fn is_loopback(endpoint: &Endpoint) -> bool {
-    if endpoint.family == FAMILY_V4 {
-        endpoint.addr_be[0].to_ne_bytes()[0] == 127
-    } else {
-        endpoint.addr_be == [0, 0, 0, 1u32.to_be()]
-    }
-}
-
 /// The mapping a socket dialling `endpoint` means, if any.
 ///
 /// Only for sockets of the node's own network namespace, whatever the
@@ -192,7 +183,7 @@ fn mapping_for(ctx: &SockAddrContext, endpoint: &Endpoint, proto: u8) -> Option<
         maps::find_mapping(endpoint.family, proto, &endpoint.addr_be, endpoint.port_be)?;
     // A wildcard mapping covers the node's own addresses only (loopback is
     // the node's, the namespace checked above).
-    if is_loopback(endpoint)
+    if parse::is_loopback(endpoint.family, &endpoint.addr_be)
         || key.host_addr_be == endpoint.addr_be
         || maps::is_local_addr(endpoint.family, &endpoint.addr_be)
     {
