@@ -423,6 +423,15 @@ impl PortMapping {
         }
     }
 
+    pub fn sctp(host_port: u16, container_port: u16) -> PortMapping {
+        PortMapping {
+            host_port,
+            container_port,
+            protocol: "sctp".to_owned(),
+            host_ip: None,
+        }
+    }
+
     /// Restricts the mapping to one node address (`hostIP`).
     pub fn on(mut self, host_ip: IpAddr) -> PortMapping {
         self.host_ip = Some(host_ip);

@@ -5,7 +5,8 @@
 //! (`0.0.0.0` and `[::]` with `IPV6_V6ONLY`), inside the namespace given, and
 //! answer with a server identity so a test can tell which container answered:
 //! - TCP echo: every line `L` gets `"<identity> L\n"` (a connection may carry
-//!   many lines, for tests that keep a flow open across changes);
+//!   many lines, for tests that keep a flow open across changes); SCTP echo
+//!   the same over a one-to-one association;
 //! - UDP echo: every datagram `D` gets `"<identity> D"`;
 //! - HTTP/1.0: any request gets `200 OK` with a fixed body.
 //!
@@ -157,19 +158,58 @@ fn bound_socket(ip: IpAddr, port: u16, kind: Type, protocol: Protocol) -> io::Re
     Ok(socket)
 }
 
-fn tcp_listeners(ns: &NetNs, port: u16) -> Vec<TcpListener> {
+/// SCTP's protocol number, for one-to-one style (`SOCK_STREAM`) sockets.
+pub const IPPROTO_SCTP: i32 = 132;
+
+/// Whether `ns`'s kernel offers SCTP sockets. Kernels without SCTP (built
+/// without it, or the module not loaded) refuse the socket with
+/// `EPROTONOSUPPORT`; the test runner says where SCTP must be there
+/// (`EPM_EXPECT_SCTP=1`, set by the VM tests, whose kernels load `sctp`),
+/// and there its absence fails the test instead of skipping its SCTP part.
+///
+/// # Panics
+/// If SCTP is missing where `EPM_EXPECT_SCTP=1` says it must be there.
+pub fn sctp_available(ns: &NetNs) -> bool {
+    let made = ns.run(|| {
+        Socket::new(
+            Domain::IPV4,
+            Type::STREAM,
+            Some(Protocol::from(IPPROTO_SCTP)),
+        )
+    });
+    match made {
+        Ok(_) => true,
+        Err(e) if std::env::var_os("EPM_EXPECT_SCTP").is_some_and(|v| v == "1") => {
+            panic!("EPM_EXPECT_SCTP=1 but this kernel has no SCTP sockets: {e}")
+        }
+        Err(e) => {
+            eprintln!("SCTP part skipped: this kernel has no SCTP sockets ({e})");
+            false
+        }
+    }
+}
+
+/// Listening stream sockets of `protocol` (TCP, or SCTP one-to-one style)
+/// on `port` of both families. An SCTP one-to-one socket takes the same
+/// `accept`, `recv` and `send` calls as TCP, so std's TCP types drive it.
+fn stream_listeners(ns: &NetNs, port: u16, protocol: Protocol) -> Vec<TcpListener> {
     ns.run(|| {
         unspecified()
             .into_iter()
             .map(|ip| {
-                let socket = bound_socket(ip, port, Type::STREAM, Protocol::TCP)?;
+                let socket = bound_socket(ip, port, Type::STREAM, protocol)?;
                 socket.listen(128)?;
                 socket.set_nonblocking(true)?;
                 Ok(TcpListener::from(socket))
             })
             .collect::<io::Result<Vec<_>>>()
     })
-    .unwrap_or_else(|e| panic!("binding TCP port {port} in netns {}: {e}", ns.name()))
+    .unwrap_or_else(|e| {
+        panic!(
+            "binding {protocol:?} stream port {port} in netns {}: {e}",
+            ns.name()
+        )
+    })
 }
 
 fn udp_sockets(ns: &NetNs, port: u16) -> Vec<UdpSocket> {
@@ -223,7 +263,17 @@ fn spawn_tcp_server(
     identity: &str,
     behaviour: TcpBehaviour,
 ) -> ServerHandle {
-    let listeners = tcp_listeners(ns, port);
+    spawn_stream_server(ns, port, identity, behaviour, Protocol::TCP)
+}
+
+fn spawn_stream_server(
+    ns: &NetNs,
+    port: u16,
+    identity: &str,
+    behaviour: TcpBehaviour,
+    protocol: Protocol,
+) -> ServerHandle {
+    let listeners = stream_listeners(ns, port, protocol);
     let stop = Arc::new(AtomicBool::new(false));
     let peers = Arc::new(Mutex::new(Vec::new()));
     let accept_thread = {
@@ -340,6 +390,23 @@ pub fn tcp_echo_server(ns: &NetNs, port: u16, identity: &str) -> ServerHandle {
         TcpBehaviour::Echo {
             identity: identity.to_owned(),
         },
+    )
+}
+
+/// An SCTP echo server on `port` (both families) inside `ns`, one-to-one
+/// style, with the TCP echo server's protocol (see [`sctp_available`]).
+///
+/// # Panics
+/// If the port cannot be bound (also on a kernel without SCTP).
+pub fn sctp_echo_server(ns: &NetNs, port: u16, identity: &str) -> ServerHandle {
+    spawn_stream_server(
+        ns,
+        port,
+        identity,
+        TcpBehaviour::Echo {
+            identity: identity.to_owned(),
+        },
+        Protocol::from(IPPROTO_SCTP),
     )
 }
 

@@ -14,7 +14,9 @@ use portmap_tests::crafted::{self, Crafted, Transport};
 use portmap_tests::topology::{
     EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, NODE_UPLINK, POD_GATEWAY4, POD_GATEWAY6,
 };
-use portmap_tests::traffic::{echo_reply, tcp_echo_server, udp_echo_server};
+use portmap_tests::traffic::{
+    echo_reply, sctp_available, sctp_echo_server, tcp_echo_server, udp_echo_server,
+};
 use portmap_tests::world::{World, counter, sock};
 use portmap_tests::{Container, NetNs, PortMapping};
 
@@ -488,7 +490,8 @@ fn crafted_loopback_packets_from_the_link_never_reach_a_container() {
 /// the node's address: the hooks leave its sockets alone (rewritten to the
 /// container's address, its connect() would fail with ENETUNREACH) and it
 /// is served by the packet path, on a specific hostIP and a wildcard one,
-/// TCP and UDP, v4 and v6.
+/// TCP, UDP and SCTP (where the kernel has SCTP: the VM kernels must), v4
+/// and v6.
 #[test]
 fn a_client_namespace_in_the_hooked_cgroup_is_served_by_the_packet_path() {
     let world = World::bridge();
@@ -500,23 +503,20 @@ fn a_client_namespace_in_the_hooked_cgroup_is_served_by_the_packet_path() {
     let side4: IpAddr = "198.51.100.1".parse().unwrap();
     let side6: IpAddr = "fd51::1".parse().unwrap();
     let web = world.node.add_container("side-web");
-    let _servers = [
+    let sctp = sctp_available(&web.ns);
+    let mut servers = vec![
         tcp_echo_server(&web.ns, 80, "side-web"),
         udp_echo_server(&web.ns, 53, "side-web"),
     ];
-    world.add(
-        &web,
-        &[
-            PortMapping::tcp(8080, 80),
-            PortMapping::udp(5353, 53),
-            PortMapping::tcp(8081, 80).on(side4),
-            PortMapping::udp(5354, 53).on(side4),
-            PortMapping::tcp(8082, 80).on(side6),
-            PortMapping::udp(5355, 53).on(side6),
-        ],
-    );
-    let before = world.counters();
-    let targets = [
+    let mut mappings = vec![
+        PortMapping::tcp(8080, 80),
+        PortMapping::udp(5353, 53),
+        PortMapping::tcp(8081, 80).on(side4),
+        PortMapping::udp(5354, 53).on(side4),
+        PortMapping::tcp(8082, 80).on(side6),
+        PortMapping::udp(5355, 53).on(side6),
+    ];
+    let mut targets = vec![
         (sock(side4, 8080), "tcp"),
         (sock(side4, 5353), "udp"),
         (sock(side4, 8081), "tcp"),
@@ -526,7 +526,23 @@ fn a_client_namespace_in_the_hooked_cgroup_is_served_by_the_packet_path() {
         (sock(side6, 8082), "tcp"),
         (sock(side6, 5355), "udp"),
     ];
-    for (target, mode) in targets {
+    if sctp {
+        servers.push(sctp_echo_server(&web.ns, 9899, "side-web"));
+        mappings.extend([
+            PortMapping::sctp(9900, 9899),
+            PortMapping::sctp(9901, 9899).on(side4),
+            PortMapping::sctp(9902, 9899).on(side6),
+        ]);
+        targets.extend([
+            (sock(side4, 9900), "sctp"),
+            (sock(side4, 9901), "sctp"),
+            (sock(side6, 9900), "sctp"),
+            (sock(side6, 9902), "sctp"),
+        ]);
+    }
+    world.add(&web, &mappings);
+    let before = world.counters();
+    for &(target, mode) in &targets {
         expect(
             &world,
             &format!("hooked client namespace -> {target} {mode}"),
@@ -546,6 +562,7 @@ fn a_client_namespace_in_the_hooked_cgroup_is_served_by_the_packet_path() {
         counter(&after, "sock_other_netns") >= counter(&before, "sock_other_netns") + 8,
         "each dial is counted as another namespace's: {after:#}"
     );
+    drop(servers);
 }
 
 /// Issue #28: a hooked process in a container dialling a host port through

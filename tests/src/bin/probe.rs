@@ -2,11 +2,12 @@
 //! server as a process of its own (in a given cgroup and network namespace,
 //! or inside a container image).
 //!
-//! As a one-shot client it sends one payload over TCP or UDP, or one HTTP
+//! As a one-shot client it sends one payload over TCP, SCTP (one-to-one
+//! style, the TCP echo protocol) or UDP, or one HTTP
 //! `GET /`, and prints what the socket API reports, one `key=value` per line:
 //!
 //! ```text
-//! probe tcp|udp|udp-unconnected|http ADDR:PORT PAYLOAD [TIMEOUT_MS]
+//! probe tcp|sctp|udp|udp-unconnected|http ADDR:PORT PAYLOAD [TIMEOUT_MS]
 //! peer=<getpeername or recvfrom source>
 //! reply=<the answer; for http the response body, trimmed>
 //! ```
@@ -27,10 +28,13 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
+/// SCTP's protocol number.
+const IPPROTO_SCTP: i32 = 132;
+
 fn run(args: &[String]) -> Result<(String, String), String> {
     let [mode, addr, payload, rest @ ..] = args else {
         return Err(
-            "usage: probe tcp|udp|udp-unconnected|http ADDR:PORT PAYLOAD [TIMEOUT_MS] | probe udp-echo-server PORT IDENTITY"
+            "usage: probe tcp|sctp|udp|udp-unconnected|http ADDR:PORT PAYLOAD [TIMEOUT_MS] | probe udp-echo-server PORT IDENTITY"
                 .into(),
         );
     };
@@ -45,34 +49,23 @@ fn run(args: &[String]) -> Result<(String, String), String> {
         "[::]:0"
     };
     match mode.as_str() {
-        "tcp" => {
-            let mut stream =
-                TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
-            stream
-                .set_read_timeout(Some(timeout))
-                .map_err(|e| e.to_string())?;
-            let peer = stream
-                .peer_addr()
-                .map_err(|e| format!("getpeername: {e}"))?;
-            stream
-                .write_all(format!("{payload}\n").as_bytes())
-                .map_err(|e| format!("send: {e}"))?;
-            let mut reply = Vec::new();
-            let mut buf = [0u8; 512];
-            loop {
-                let n = stream.read(&mut buf).map_err(|e| format!("recv: {e}"))?;
-                if n == 0 {
-                    break;
-                }
-                reply.extend_from_slice(&buf[..n]);
-                if reply.ends_with(b"\n") {
-                    break;
-                }
-            }
-            Ok((
-                peer.to_string(),
-                String::from_utf8_lossy(&reply).trim().to_owned(),
-            ))
+        "tcp" => stream_echo(
+            TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?,
+            payload,
+            timeout,
+        ),
+        "sctp" => {
+            let socket = Socket::new(
+                Domain::for_address(addr),
+                Type::STREAM,
+                Some(Protocol::from(IPPROTO_SCTP)),
+            )
+            .map_err(|e| format!("socket: {e}"))?;
+            socket
+                .connect_timeout(&addr.into(), timeout)
+                .map_err(|e| format!("connect: {e}"))?;
+            // A one-to-one SCTP socket takes TCP's recv and send calls.
+            stream_echo(TcpStream::from(socket), payload, timeout)
         }
         "udp" => {
             let socket = UdpSocket::bind(bind).map_err(|e| format!("bind: {e}"))?;
@@ -138,6 +131,40 @@ fn run(args: &[String]) -> Result<(String, String), String> {
         }
         other => Err(format!("unknown mode {other}")),
     }
+}
+
+/// One line of the echo protocol over a connected stream socket: the
+/// peer's address as the socket reports it and the answer.
+fn stream_echo(
+    mut stream: TcpStream,
+    payload: &str,
+    timeout: Duration,
+) -> Result<(String, String), String> {
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let peer = stream
+        .peer_addr()
+        .map_err(|e| format!("getpeername: {e}"))?;
+    stream
+        .write_all(format!("{payload}\n").as_bytes())
+        .map_err(|e| format!("send: {e}"))?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        let n = stream.read(&mut buf).map_err(|e| format!("recv: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        reply.extend_from_slice(&buf[..n]);
+        if reply.ends_with(b"\n") {
+            break;
+        }
+    }
+    Ok((
+        peer.to_string(),
+        String::from_utf8_lossy(&reply).trim().to_owned(),
+    ))
 }
 
 /// Serves until killed; returns only the reason it could not.

@@ -382,6 +382,7 @@ fn guest_env(series: &str, release: &str, expected_attach_mode: &str) -> String 
          export EPM_EXPECT_ATTACH_MODE={expected_attach_mode}\n\
          export EBPF_PORTMAP_BIN={GUEST_PLUGIN_BIN}\n\
          export EPM_PROBE_BIN={GUEST_PROBE_BIN}\n\
+         export EPM_EXPECT_SCTP=1\n\
          export RUST_BACKTRACE=1\n"
     )
 }

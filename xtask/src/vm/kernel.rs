@@ -14,7 +14,9 @@ use anyhow::{Context, Result, bail};
 /// every namespace link, the bridge plugin's bridge, clsact (in
 /// `sch_ingress`) and `cls_bpf` for the clsact attachment, `nf_tables` so
 /// `iptables-save` (nft backend) can show that no NAT rule exists, `vxlan`
-/// for the tunnel uplink of the `node_shapes` tests.
+/// for the tunnel uplink of the `node_shapes` tests, `sctp` for the SCTP
+/// traffic the host's kernel may lack (the guest says so with
+/// `EPM_EXPECT_SCTP=1`, so a missing `sctp` fails instead of skipping).
 pub const WANTED_MODULES: &[&str] = &[
     "veth",
     "bridge",
@@ -22,6 +24,7 @@ pub const WANTED_MODULES: &[&str] = &[
     "cls_bpf",
     "nf_tables",
     "vxlan",
+    "sctp",
 ];
 
 /// A kernel series the VM tests run, e.g. `6.1`.
