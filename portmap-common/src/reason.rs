@@ -66,7 +66,18 @@ pub mod stat {
     /// destination or source (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104):
     /// never a node's own traffic, so dropped rather than translated.
     pub const DROP_LOOPBACK: u32 = 25;
-    pub const COUNT: u32 = 26;
+    /// A hairpin flow's own client port passed over as its masquerade
+    /// port: a node connection holds that tuple with the container.
+    pub const MASQ_NODE_TUPLE: u32 = 26;
+    /// A connection the node opened to a container on a tuple a
+    /// masqueraded flow holds: its source port remapped, as netfilter
+    /// does, so the container's answers reach the node.
+    pub const NODE_FLOW_REMAPPED: u32 = 27;
+    /// A connection the node opened to a container on the tuple of a
+    /// closed masqueraded flow: that flow's lingering entries removed, so
+    /// the container's answers reach the node.
+    pub const MASQ_TUPLE_RELEASED: u32 = 28;
+    pub const COUNT: u32 = 29;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -296,6 +307,27 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         label: "dropped-loopback",
         meaning: "loopback destination or source (127.0.0.0/8, ::1) arriving from a link: dropped, never translated",
         kind: Kind::Problem,
+    },
+    Reason {
+        id: stat::MASQ_NODE_TUPLE,
+        name: "masq_port_node_held",
+        label: "masq-port-node-held",
+        meaning: "hairpin client's own port not kept as masquerade port: a node connection holds that tuple",
+        kind: Kind::Recorded,
+    },
+    Reason {
+        id: stat::NODE_FLOW_REMAPPED,
+        name: "node_flow_remapped",
+        label: "node-flow-remapped",
+        meaning: "node connection to a container on a tuple a masqueraded flow holds: its source port remapped",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::MASQ_TUPLE_RELEASED,
+        name: "masq_tuple_released",
+        label: "masq-tuple-released",
+        meaning: "node connection to a container on a closed masqueraded flow's tuple: the lingering entries removed",
+        kind: Kind::Recorded,
     },
 ];
 

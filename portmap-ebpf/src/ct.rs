@@ -267,22 +267,29 @@ fn move_to_closed(key: &CtKey, now: u64) {
 /// level under new_flow does not fit the 512-byte stack.
 #[inline(always)]
 pub fn node_socket_owns(ctx: &TcContext, packet: &Packet) -> bool {
+    node_socket_owns_tuple(ctx, &key_of(packet))
+}
+
+/// [`node_socket_owns`] for the TCP tuple `key` as a packet arriving at
+/// the node would carry it (source: the remote end).
+#[inline(always)]
+pub fn node_socket_owns_tuple(ctx: &TcContext, key: &CtKey) -> bool {
     let Some(scratch) = maps::scratch() else {
         // Without room for the tuple, the safe answer: the node's.
         return true;
     };
     // struct bpf_sock_tuple: addresses, then source and destination port
     // (network order, in that order in memory).
-    let ports = u32::from(packet.sport_be) | (u32::from(packet.dport_be) << 16);
+    let ports = u32::from(key.src_port_be) | (u32::from(key.dst_port_be) << 16);
     let tuple = &mut scratch.sock_tuple;
-    let size = if packet.family == FAMILY_V4 {
-        tuple[0] = packet.src_be[0];
-        tuple[1] = packet.dst_be[0];
+    let size = if key.family == FAMILY_V4 {
+        tuple[0] = key.src_addr_be[0];
+        tuple[1] = key.dst_addr_be[0];
         tuple[2] = ports;
         12
     } else {
-        tuple[..4].copy_from_slice(&packet.src_be);
-        tuple[4..8].copy_from_slice(&packet.dst_be);
+        tuple[..4].copy_from_slice(&key.src_addr_be);
+        tuple[4..8].copy_from_slice(&key.dst_addr_be);
         tuple[8] = ports;
         36
     };

@@ -3,7 +3,7 @@
 
 use aya_ebpf::{bindings::bpf_fib_lookup, helpers::bpf_get_prandom_u32, programs::TcContext};
 use portmap_common::{
-    CtEntry, CtKey, FAMILY_V4, ct_kind,
+    CtEntry, CtKey, FAMILY_V4, PROTO_TCP, ct_kind,
     local::{
         MASQ_PORT_COUNT, MASQ_PORT_MIN, MASQ_PORT_RESET_HOLD_NS, MASQ_PORT_TIME_WAIT_NS,
         MASQ_PORT_TRIES, iface_flags, node_flags,
@@ -12,9 +12,12 @@ use portmap_common::{
 };
 
 use crate::{
+    ct,
     fast::Offer,
     fib,
     maps::{self, Insert, PairFailed},
+    nat::{self, Side},
+    parse::Packet,
 };
 
 /// Whether a new flow arriving on this interface is masqueraded: every flow
@@ -93,8 +96,9 @@ pub fn masquerade(ctx: &TcContext) {
     };
     let table = maps::Table::for_proto(client.proto);
     // The first candidate is the port this client tuple had last, if
-    // any; then random ones.
-    let mut kept_be = earlier_port(&scratch.forward_key);
+    // any, else the client's own port (see `first_port`); then random
+    // ones.
+    let mut kept_be = first_port(&scratch.forward_key);
     let mut tries = 0;
     while tries < MASQ_PORT_TRIES {
         let kept = kept_be != 0;
@@ -108,6 +112,15 @@ pub fn masquerade(ctx: &TcContext) {
         kept_be = 0;
         scratch.reply_key.dst_port_be = port_be;
         scratch.forward.nat_port_be = port_be;
+        // A node connection on the tuple (the node dialled the container
+        // from its own address and this port) keeps it: the container's
+        // answers to that port are the node's.
+        if kept && client.proto == PROTO_TCP && ct::node_socket_owns_tuple(ctx, &scratch.reply_key)
+        {
+            maps::count(stat::MASQ_NODE_TUPLE);
+            tries += 1;
+            continue;
+        }
         // Another client's flow that closed there lately outranks this
         // client's earlier use of the port too: the container's
         // TIME_WAIT, if any, is that flow's now.
@@ -149,6 +162,33 @@ pub fn masquerade(ctx: &TcContext) {
         }
     }
     maps::count(stat::MASQ_NO_PORT);
+}
+
+/// The first masquerade port to try (network order) for the client tuple
+/// `forward_key` (client to container): the one its last flow had (see
+/// `earlier_port`), else, for TCP, the client's own source port, as
+/// netfilter's masquerade keeps it when the tuple is free. A container
+/// holds a closed flow's tuple in TIME_WAIT and takes a new SYN there only
+/// if its timestamps (or sequence) are later than the last ones it saw;
+/// Linux gives every tuple its own timestamp offset, so a port last used
+/// by another client tuple is refused half the time (an ACK, then the
+/// client's RST and its second SYN: a round trip and two jiffies lost).
+/// The client's own port makes the masqueraded tuple one to one with the
+/// client's, whose kernel keeps its own clocks monotonic per tuple and
+/// picks its ports far apart. Ports below 1024 are never kept: they may
+/// be a node service's. A port whose tuple a node connection holds is
+/// passed over (see `masquerade`).
+#[inline(always)]
+fn first_port(forward_key: &CtKey) -> u16 {
+    let earlier = earlier_port(forward_key);
+    if earlier != 0 || forward_key.proto != PROTO_TCP {
+        return earlier;
+    }
+    if u16::from_be(forward_key.src_port_be) >= 1024 {
+        forward_key.src_port_be
+    } else {
+        0
+    }
 }
 
 /// The masquerade port (network order) of the last flow of the client
@@ -238,4 +278,98 @@ fn masquerade_source(
     } else {
         (iface.addr6_be != [0; 4]).then_some(iface.addr6_be)
     }
+}
+
+/// A TCP SYN the node sends to a container (egress, not translated): if a
+/// masqueraded flow holds its tuple (a hairpin client's port kept, see
+/// `first_port`, that the node picked too), the container's answers would
+/// go to that flow's client. A closed flow's lingering entries give the
+/// tuple up; an open flow keeps it and the node's connection gets another
+/// source port (from the masquerade range, which the node's own ports
+/// never use), as netfilter remaps a clashing local connection. A SYN of a
+/// flow egress knows (a masqueraded one, or the node's own, remapped
+/// already and translated by egress) is left alone. Not inlined: egress's
+/// frame has no room for it, and most SYNs never get past the first
+/// lookups.
+#[inline(never)]
+pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    scratch.forward_key = ct::key_of(packet);
+    if maps::ct_get(maps::Table::Open, &scratch.forward_key).is_some() {
+        return;
+    }
+    scratch.reply_key = ct::reversed(&scratch.forward_key);
+    if let Some(entry) = maps::ct_get(maps::Table::Closed, &scratch.reply_key) {
+        // SAFETY: fields of a live map value, read once each.
+        let (kind, client_be, client_port_be) =
+            unsafe { ((*entry).kind, (*entry).nat_addr_be, (*entry).nat_port_be) };
+        if kind == ct_kind::UNMASQ {
+            maps::ct_remove(maps::Table::Closed, &scratch.reply_key);
+            // The client's side of it: its tuple towards the container.
+            scratch.forward_key.src_addr_be = client_be;
+            scratch.forward_key.src_port_be = client_port_be;
+            maps::ct_remove(maps::Table::Closed, &scratch.forward_key);
+            maps::count(stat::MASQ_TUPLE_RELEASED);
+        }
+        return;
+    }
+    let Some(entry) = maps::ct_get(maps::Table::Open, &scratch.reply_key) else {
+        return;
+    };
+    // SAFETY: fields of a live map value, read once each.
+    let (kind, mapping) = unsafe { ((*entry).kind, (*entry).mapping) };
+    if kind != ct_kind::UNMASQ {
+        return;
+    }
+    let node_addr = packet.src_be;
+    let now = ct::now();
+    scratch.forward = CtEntry {
+        nat_addr_be: node_addr,
+        kind: ct_kind::SNAT,
+        tcp_state: tcp_state::SYN_ONLY,
+        mapping,
+        last_seen_ns: now,
+        ..CtEntry::default()
+    };
+    scratch.reply = CtEntry {
+        nat_addr_be: node_addr,
+        nat_port_be: packet.sport_be,
+        kind: ct_kind::UNMASQ,
+        tcp_state: tcp_state::SYN_ONLY,
+        mapping,
+        last_seen_ns: now,
+        ..CtEntry::default()
+    };
+    let mut tries = 0;
+    while tries < MASQ_PORT_TRIES {
+        tries += 1;
+        // SAFETY: no arguments.
+        let random = unsafe { bpf_get_prandom_u32() };
+        let port_be = (MASQ_PORT_MIN + (random % MASQ_PORT_COUNT as u32) as u16).to_be();
+        scratch.reply_key.dst_port_be = port_be;
+        scratch.forward.nat_port_be = port_be;
+        match maps::ct_put_pair(
+            maps::Table::Open,
+            (&scratch.reply_key, &scratch.reply),
+            Insert::IfFree,
+            (&scratch.forward_key, &scratch.forward),
+        ) {
+            Ok(()) => {
+                if nat::rewrite(ctx, packet, Side::Source, &node_addr, port_be) {
+                    maps::count(stat::NODE_FLOW_REMAPPED);
+                } else {
+                    maps::count(stat::REWRITE_FAILED);
+                }
+                return;
+            }
+            Err(PairFailed::Second) => {
+                maps::count(stat::CT_INSERT_FAILED);
+                return;
+            }
+            Err(PairFailed::First) => {}
+        }
+    }
+    maps::count(stat::MASQ_NO_PORT);
 }

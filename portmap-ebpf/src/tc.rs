@@ -3,12 +3,12 @@
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 use portmap_common::{
-    PortRole,
+    FAMILY_V4, PROTO_TCP, PortRole,
     local::{MASQ_PORT_MIN, node_flags},
     trace_direction,
 };
 
-use crate::{counters::Way, ct, fast, flow, maps, parse, trace};
+use crate::{counters::Way, ct, fast, flow, maps, masq, parse, trace};
 
 /// Translates traffic that arrives at a node interface for a mapped
 /// (hostIP, hostPort, protocol) to the owning container.
@@ -45,7 +45,7 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
     let concerned = packet.fragment
         || maps::port_is(PortRole::Host, packet.proto, packet.dport_be)
         || (maps::port_is(PortRole::Container, packet.proto, packet.sport_be)
-            && answer_matters(packet.dport_be));
+            && answer_matters(ctx, &packet));
     if concerned {
         flow::ingress(ctx, &packet);
         fast::fast_path(ctx);
@@ -59,19 +59,38 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
     maps::scratch().map(|scratch| scratch.action)
 }
 
-/// Whether ingress has a use for a packet from a container port to
-/// `dport_be`: a masquerade port (the answer to a masqueraded flow, whose
-/// destination ingress restores), or any answer when `fastPath` is on
-/// (ingress hands it to the client's interface). Otherwise the answer of
-/// a translated flow is egress's to translate back, and looking up its
-/// entry here would only find that out: the bridge-side ingress hook of
-/// the default configuration skips the lookup for every answer.
-/// Not inlined: a call's result is one unknown value to the verifier,
-/// where the inlined branches doubled the states it walks in `ingress`.
+/// Whether ingress has a use for a packet from a container port: the
+/// answer to a masqueraded flow, whose destination ingress restores (to a
+/// masquerade port, or, for TCP, to the node's address on the interface it
+/// arrived on: a hairpin client's own port kept, see `masq::first_port`),
+/// or any answer when `fastPath` is on (ingress hands it to the client's
+/// interface). Otherwise the answer of a translated flow is egress's to
+/// translate back, and looking up its entry here would only find that
+/// out: the bridge-side ingress hook of the default configuration skips
+/// the lookup for every answer to a client elsewhere. Not inlined: a
+/// call's result is one unknown value to the verifier, where the inlined
+/// branches doubled the states it walks in `ingress`.
 #[inline(never)]
-fn answer_matters(dport_be: u16) -> bool {
-    u16::from_be(dport_be) >= MASQ_PORT_MIN
+fn answer_matters(ctx: &TcContext, packet: &parse::Packet) -> bool {
+    u16::from_be(packet.dport_be) >= MASQ_PORT_MIN
         || maps::node_config().is_some_and(|node| node.flags & node_flags::FAST_PATH != 0)
+        || (packet.proto == PROTO_TCP && to_arrival_address(ctx, packet))
+}
+
+/// Whether `packet` is addressed to the node's address on the interface it
+/// arrived on (the one a masquerade gives its flows, see
+/// `masq::masquerade_source`).
+#[inline(always)]
+fn to_arrival_address(ctx: &TcContext, packet: &parse::Packet) -> bool {
+    // SAFETY: reading a field of the context the program was handed.
+    let ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    maps::iface(ifindex).is_some_and(|iface| {
+        if packet.family == FAMILY_V4 {
+            iface.addr4_be != 0 && packet.dst_be[0] == iface.addr4_be
+        } else {
+            iface.addr6_be != [0; 4] && packet.dst_be == iface.addr6_be
+        }
+    })
 }
 
 /// Egress never redirects or drops: `None` only for a packet it does not
@@ -100,6 +119,15 @@ fn try_egress(ctx: &mut TcContext) -> Option<()> {
         }
         // After egress's frame is gone (see `ct::note_tcp_change`).
         ct::track_tcp(&packet, false);
+        // The node opening a connection to a container port: a
+        // masqueraded flow may hold its tuple. After egress's frame is
+        // gone too: stacked, the two exceed 512 bytes.
+        if packet.proto == PROTO_TCP
+            && packet.flags & (parse::TCP_SYN | parse::TCP_ACK) == parse::TCP_SYN
+            && maps::port_is(PortRole::Container, packet.proto, packet.dport_be)
+        {
+            masq::node_flow_on_masq_tuple(ctx, &packet);
+        }
     }
     trace::end_if_tracing(ctx, trace_direction::EGRESS);
     Some(())

@@ -501,6 +501,30 @@ pub fn tcp_connect(
     })
 }
 
+/// [`tcp_connect`] from a given local address and port (`local`, bound
+/// first, with `SO_REUSEADDR`), for tests that need a known client tuple.
+pub fn tcp_connect_from(
+    ns: &NetNs,
+    local: SocketAddr,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<TcpSession, ProbeError> {
+    let stream = ns
+        .run(|| -> io::Result<TcpStream> {
+            let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+            socket.set_reuse_address(true)?;
+            socket.bind(&local.into())?;
+            socket.connect_timeout(&addr.into(), timeout)?;
+            Ok(socket.into())
+        })
+        .map_err(|e| ProbeError::from_io("connecting", addr, timeout, e))?;
+    Ok(TcpSession {
+        stream,
+        addr,
+        pending: Vec::new(),
+    })
+}
+
 impl TcpSession {
     /// Sends `payload` plus a newline and returns the next line of answer
     /// (without the newline), all within `timeout`.
