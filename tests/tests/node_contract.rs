@@ -797,3 +797,54 @@ fn chain_install_refuses_a_crio_node_unless_forced() {
         "no CRI-O warning without CRI-O"
     );
 }
+
+// ---- a pod without host ports ---------------------------------------------
+
+/// Entries under the world's pin root (0 when it does not exist).
+fn pinned_entries(world: &World) -> Vec<PathBuf> {
+    fs::read_dir(world.pins.path())
+        .map(|dir| dir.map(|e| e.expect("a pin root entry").path()).collect())
+        .unwrap_or_default()
+}
+
+/// containerd 2.x leaves `portMappings` out of a pod without host ports;
+/// other runtimes send no `runtimeConfig` at all, or an empty one. Such an
+/// ADD, and its DEL, succeed and install nothing: no pin root content, so
+/// no maps and no programs (containerd 1.6's own request, `runtimeConfig`
+/// without the key, is run through the CRI in `containerd.rs`).
+#[test]
+fn add_without_a_port_mappings_key_installs_nothing() {
+    for (case, capability_args) in [
+        ("no runtimeConfig", Value::Null),
+        (
+            "runtimeConfig without portMappings",
+            json!({"bandwidth": {}}),
+        ),
+    ] {
+        let world = World::plugin_only();
+        let mut pod = FakeContainer::new(&world, "no-ports", 1, Vec::new());
+        pod.rt.capability_args = capability_args;
+        let config = world.our_config(&pod.rt, Some(&pod.prev));
+        assert!(
+            config.pointer("/runtimeConfig/portMappings").is_none(),
+            "{case}: the request has no portMappings key: {config:#}"
+        );
+        pod.add(&world)
+            .unwrap_or_else(|e| panic!("{case}: ADD without portMappings: {e}"));
+        assert_eq!(
+            pinned_entries(&world),
+            Vec::<PathBuf>::new(),
+            "{case}: an ADD without host ports installed something\n{}",
+            plugin_log(&world)
+        );
+        pod.check(&world)
+            .unwrap_or_else(|e| panic!("{case}: CHECK without portMappings: {e}"));
+        pod.del(&world)
+            .unwrap_or_else(|e| panic!("{case}: DEL without portMappings: {e}"));
+        assert_eq!(
+            pinned_entries(&world),
+            Vec::<PathBuf>::new(),
+            "{case}: CHECK or DEL without host ports installed something"
+        );
+    }
+}
