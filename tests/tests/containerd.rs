@@ -31,6 +31,14 @@
 //! under running pods both ways; [`containerd_pods_are_named_in_list`] checks
 //! that `ebpf-portmap list --json` names each mapping's pod.
 //!
+//! The field's cases (issue 33): TCP and UDP 53 on one host port, both
+//! families (both plugins); Kubernetes' hostPort conformance case on 54323
+//! checked from the node as that test checks it (both plugins), and its
+//! scheduler twin on 54322 (ours refuses the overlap); a pod recreated
+//! under its name while the old sandbox still holds the port (refused with
+//! code 100 naming it, served after the kubelet's retry); a pod without
+//! host ports installing nothing.
+//!
 //! All are `#[ignore]`d: they need containerd, runc, gcc and busybox-static.
 //! `cargo xtask e2e-containerd` installs those and runs them (and `cargo
 //! xtask test` does, unless `--skip-containerd` or EPM_SKIP_CONTAINERD=1).

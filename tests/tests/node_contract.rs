@@ -848,3 +848,56 @@ fn add_without_a_port_mappings_key_installs_nothing() {
         );
     }
 }
+
+/// `install.sh install` on a node whose root holds CRI-O's configuration:
+/// the chaining is refused (exit 1, the configuration untouched) until
+/// `EPM_FORCE_CRIO=1`.
+#[test]
+fn install_sh_refuses_a_crio_node_unless_forced() {
+    let root = TempDir::new("crio-install-sh");
+    let net_dir = root.path().join("etc/cni/net.d");
+    fs::create_dir_all(&net_dir).expect("net.d");
+    fs::create_dir_all(root.path().join("opt/cni/bin")).expect("bin dir");
+    fs::create_dir_all(root.path().join("etc/crio")).expect("/etc/crio");
+    fs::write(root.path().join("etc/crio/crio.conf"), "").expect("crio.conf");
+    let conflist = json!({"cniVersion": "1.0.0", "name": "crio", "plugins": [{"type": "bridge"}]});
+    fs::write(
+        net_dir.join("10-crio.conflist"),
+        serde_json::to_vec_pretty(&conflist).expect("JSON"),
+    )
+    .expect("the conflist");
+    let before = files_under(&net_dir);
+    let install = |force: &str| {
+        Command::new("/bin/sh")
+            .arg(portmap_tests::plugins::workspace_root().join("deploy/install.sh"))
+            .arg("install")
+            .env_remove("EPM_ACTION")
+            .env_remove("EPM_PLUGIN_CONF")
+            .env_remove("EPM_CNI_NETWORK")
+            .env_remove("CNI_COMMAND")
+            .env("HOST_ROOT", root.path())
+            .env("EPM_BINARY", plugin_bin())
+            .env("EPM_FORCE_CRIO", force)
+            .output()
+            .expect("running install.sh")
+    };
+    let out = install("");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "refused: {stderr}");
+    assert!(
+        stderr.contains("CRI-O") && stderr.contains("etc/crio/crio.conf"),
+        "names CRI-O and what it found: {stderr}"
+    );
+    assert_eq!(files_under(&net_dir), before, "nothing chained");
+
+    let out = install("1");
+    assert!(
+        out.status.success(),
+        "EPM_FORCE_CRIO=1: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let chained: Value =
+        serde_json::from_slice(&fs::read(net_dir.join("10-crio.conflist")).expect("read"))
+            .expect("JSON");
+    assert_eq!(chained["plugins"][1]["type"], "ebpf-portmap", "{chained:#}");
+}
