@@ -32,8 +32,12 @@
 #   CNI_NET_DIR      the node's CNI configuration directory [/etc/cni/net.d]
 #   EPM_BINARY       the ebpf-portmap binary to install [/usr/local/bin/ebpf-portmap]
 #   EPM_PLUGIN_CONF  keys for the chained entry, a JSON object [none]
-#   EPM_CNI_NETWORK  chain the network of this name (CRI-O's cni_default_network)
-#                    instead of the lexically first configuration [none]
+#   EPM_CNI_NETWORK  chain the network of this name (for a runtime that picks
+#                    its network by name) instead of the lexically first
+#                    configuration [none]
+#   EPM_FORCE_CRIO   1: chain even on a node CRI-O runs, where the plugin is
+#                    never asked to map a port (CRI-O maps host ports itself
+#                    and passes none to CNI) [unset: refuse, change nothing]
 #   EPM_PIN_ROOT     the plugin's pinRoot on the node [/sys/fs/bpf/ebpf-portmap]
 #   EPM_INTERVAL     seconds between two rounds of watch and cleanup [5]
 #
@@ -47,6 +51,7 @@ CNI_NET_DIR=${CNI_NET_DIR:-/etc/cni/net.d}
 EPM_BINARY=${EPM_BINARY:-/usr/local/bin/ebpf-portmap}
 EPM_PLUGIN_CONF=${EPM_PLUGIN_CONF:-}
 EPM_CNI_NETWORK=${EPM_CNI_NETWORK:-}
+EPM_FORCE_CRIO=${EPM_FORCE_CRIO:-}
 EPM_PIN_ROOT=${EPM_PIN_ROOT:-/sys/fs/bpf/ebpf-portmap}
 EPM_INTERVAL=${EPM_INTERVAL:-5}
 EPM_ACTION=${EPM_ACTION:-install}
@@ -77,6 +82,14 @@ chain() {
     fi
     if [ -n "$EPM_PLUGIN_CONF" ] && [ "$chain_action" != remove ]; then
         set -- "$@" --entry "$EPM_PLUGIN_CONF"
+    fi
+    # CRI-O's configuration and socket are looked for under the node's root
+    # (seen only where they are mounted); there the install is refused.
+    if [ "$chain_action" = install ]; then
+        set -- "$@" --host-root "${root:-/}"
+        if [ "$EPM_FORCE_CRIO" = 1 ]; then
+            set -- "$@" --force
+        fi
     fi
     "$EPM_BINARY" chain "$@"
 }

@@ -329,10 +329,22 @@ impl Containerd {
     pub fn run_pod(&self, name: &str, ports: &[PortMapping]) -> Result<Pod, CriError> {
         static UID: AtomicU64 = AtomicU64::new(0);
         let uid = format!("{name}-uid-{}", UID.fetch_add(1, Ordering::Relaxed));
+        self.run_pod_as(name, &uid, ports)
+    }
+
+    /// [`Containerd::run_pod`] with the pod's UID given: a pod recreated
+    /// under the same name (a StatefulSet's, a static pod) has a new UID,
+    /// and a kubelet retrying a failed RunPodSandbox sends the same one.
+    pub fn run_pod_as(
+        &self,
+        name: &str,
+        uid: &str,
+        ports: &[PortMapping],
+    ) -> Result<Pod, CriError> {
         let sandbox = sandbox_config(
             name,
-            &uid,
-            &self.dir.path().join("logs").join(&uid),
+            uid,
+            &self.dir.path().join("logs").join(uid),
             &self.cgroup_parent(),
             ports,
         );
@@ -952,8 +964,10 @@ pub fn cri_port_mapping(port: &PortMapping) -> crate::cri::PortMapping {
     }
 }
 
-/// The app container of pod `name`: httpd on 80 (body `name`, in the
-/// background), the UDP echo on 53 as the main process.
+/// The app container of pod `name`: httpd on 80 and on TCP 53 (`/` and
+/// `/hostname` answer `name`, in the background), the UDP echo on 53 as the
+/// main process (so one port can be published for both protocols, as a DNS
+/// server's is).
 pub fn app_config(name: &str) -> ContainerConfig {
     assert!(
         !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
@@ -969,7 +983,7 @@ pub fn app_config(name: &str) -> ContainerConfig {
         }),
         command: vec!["/bin/sh".to_owned(), "-c".to_owned()],
         args: vec![format!(
-            "mkdir -p /www && echo {name} > /www/index.html && httpd -p 80 -h /www && exec {IMAGE_PROBE} udp-echo-server 53 {name}"
+            "mkdir -p /www && echo {name} > /www/index.html && echo {name} > /www/hostname && httpd -p 80 -h /www && httpd -p 53 -h /www && exec {IMAGE_PROBE} udp-echo-server 53 {name}"
         )],
         log_path: "app.log".to_owned(),
     }

@@ -687,3 +687,217 @@ fn status_never_fails_while_parallel_adds_bootstrap_the_node() {
     }
     world.assert_clean("after DEL of every container");
 }
+
+// ---- CRI-O: chaining achieves nothing there ---------------------------------
+
+fn chain_install(net_dir: &Path, host_root: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(plugin_bin())
+        .args(["chain", "install", "--net-dir"])
+        .arg(net_dir)
+        .arg("--host-root")
+        .arg(host_root)
+        .args(extra)
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("running ebpf-portmap chain install")
+}
+
+fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files: Vec<(PathBuf, Vec<u8>)> = fs::read_dir(dir)
+        .expect("listing the configuration directory")
+        .map(|entry| {
+            let path = entry.expect("an entry").path();
+            let bytes = fs::read(&path).expect("reading a configuration");
+            (path, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// CRI-O maps host ports itself and passes none to CNI (cri-o#7217): on a
+/// node with CRI-O's configuration and socket `chain install` says so,
+/// exits 1 and writes nothing; `--force` chains the plugin anyway, with the
+/// warning. The node is a fake root in a temp directory (`--host-root`).
+#[test]
+fn chain_install_refuses_a_crio_node_unless_forced() {
+    let root = TempDir::new("crio-node");
+    let net_dir = root.path().join("etc/cni/net.d");
+    fs::create_dir_all(&net_dir).expect("net.d");
+    fs::create_dir_all(root.path().join("etc/crio/crio.conf.d")).expect("crio.conf.d");
+    fs::write(root.path().join("etc/crio/crio.conf"), "[crio.network]\n").expect("crio.conf");
+    fs::create_dir_all(root.path().join("var/run/crio")).expect("socket directory");
+    let socket = root.path().join("var/run/crio/crio.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("CRI-O's socket");
+    let conflist = json!({
+        "cniVersion": "1.0.0",
+        "name": "crio",
+        "plugins": [{"type": "bridge"}, {"type": "portmap", "capabilities": {"portMappings": true}}],
+    });
+    fs::write(
+        net_dir.join("11-crio-ipv4-bridge.conflist"),
+        serde_json::to_vec_pretty(&conflist).expect("JSON"),
+    )
+    .expect("the conflist");
+    let before = files_under(&net_dir);
+
+    let out = chain_install(&net_dir, root.path(), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "refused on a CRI-O node: {stderr}"
+    );
+    for needed in [
+        "CRI-O",
+        "maps host ports itself",
+        "cri-o/cri-o#7217",
+        "crio.sock",
+        "crio.conf",
+        "nothing changed",
+        "--force",
+    ] {
+        assert!(
+            stderr.contains(needed),
+            "the refusal says {needed:?}: {stderr}"
+        );
+    }
+    assert_eq!(
+        files_under(&net_dir),
+        before,
+        "a refused install writes nothing"
+    );
+
+    let out = chain_install(&net_dir, root.path(), &["--force"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "--force chains it anyway: {stderr}");
+    assert!(
+        stderr.contains("warning") && stderr.contains("CRI-O"),
+        "still warned: {stderr}"
+    );
+    let chained: Value = serde_json::from_slice(
+        &fs::read(net_dir.join("11-crio-ipv4-bridge.conflist")).expect("the chained conflist"),
+    )
+    .expect("JSON");
+    assert_eq!(
+        chained["plugins"][1]["type"], "ebpf-portmap",
+        "forced: chained in place of portmap: {chained:#}"
+    );
+
+    // A node without CRI-O's files is chained without a word about it.
+    let plain = TempDir::new("plain-node");
+    let out = chain_install(&net_dir, plain.path(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("CRI-O"),
+        "no CRI-O warning without CRI-O"
+    );
+}
+
+// ---- a pod without host ports ---------------------------------------------
+
+/// Entries under the world's pin root (0 when it does not exist).
+fn pinned_entries(world: &World) -> Vec<PathBuf> {
+    fs::read_dir(world.pins.path())
+        .map(|dir| dir.map(|e| e.expect("a pin root entry").path()).collect())
+        .unwrap_or_default()
+}
+
+/// containerd 2.x leaves `portMappings` out of a pod without host ports;
+/// other runtimes send no `runtimeConfig` at all, or an empty one. Such an
+/// ADD, and its DEL, succeed and install nothing: no pin root content, so
+/// no maps and no programs (containerd 1.6's own request, `runtimeConfig`
+/// without the key, is run through the CRI in `containerd.rs`).
+#[test]
+fn add_without_a_port_mappings_key_installs_nothing() {
+    for (case, capability_args) in [
+        ("no runtimeConfig", Value::Null),
+        (
+            "runtimeConfig without portMappings",
+            json!({"bandwidth": {}}),
+        ),
+    ] {
+        let world = World::plugin_only();
+        let mut pod = FakeContainer::new(&world, "no-ports", 1, Vec::new());
+        pod.rt.capability_args = capability_args;
+        let config = world.our_config(&pod.rt, Some(&pod.prev));
+        assert!(
+            config.pointer("/runtimeConfig/portMappings").is_none(),
+            "{case}: the request has no portMappings key: {config:#}"
+        );
+        pod.add(&world)
+            .unwrap_or_else(|e| panic!("{case}: ADD without portMappings: {e}"));
+        assert_eq!(
+            pinned_entries(&world),
+            Vec::<PathBuf>::new(),
+            "{case}: an ADD without host ports installed something\n{}",
+            plugin_log(&world)
+        );
+        pod.check(&world)
+            .unwrap_or_else(|e| panic!("{case}: CHECK without portMappings: {e}"));
+        pod.del(&world)
+            .unwrap_or_else(|e| panic!("{case}: DEL without portMappings: {e}"));
+        assert_eq!(
+            pinned_entries(&world),
+            Vec::<PathBuf>::new(),
+            "{case}: CHECK or DEL without host ports installed something"
+        );
+    }
+}
+
+/// `install.sh install` on a node whose root holds CRI-O's configuration:
+/// the chaining is refused (exit 1, the configuration untouched) until
+/// `EPM_FORCE_CRIO=1`.
+#[test]
+fn install_sh_refuses_a_crio_node_unless_forced() {
+    let root = TempDir::new("crio-install-sh");
+    let net_dir = root.path().join("etc/cni/net.d");
+    fs::create_dir_all(&net_dir).expect("net.d");
+    fs::create_dir_all(root.path().join("opt/cni/bin")).expect("bin dir");
+    fs::create_dir_all(root.path().join("etc/crio")).expect("/etc/crio");
+    fs::write(root.path().join("etc/crio/crio.conf"), "").expect("crio.conf");
+    let conflist = json!({"cniVersion": "1.0.0", "name": "crio", "plugins": [{"type": "bridge"}]});
+    fs::write(
+        net_dir.join("10-crio.conflist"),
+        serde_json::to_vec_pretty(&conflist).expect("JSON"),
+    )
+    .expect("the conflist");
+    let before = files_under(&net_dir);
+    let install = |force: &str| {
+        Command::new("/bin/sh")
+            .arg(portmap_tests::plugins::workspace_root().join("deploy/install.sh"))
+            .arg("install")
+            .env_remove("EPM_ACTION")
+            .env_remove("EPM_PLUGIN_CONF")
+            .env_remove("EPM_CNI_NETWORK")
+            .env_remove("CNI_COMMAND")
+            .env("HOST_ROOT", root.path())
+            .env("EPM_BINARY", plugin_bin())
+            .env("EPM_FORCE_CRIO", force)
+            .output()
+            .expect("running install.sh")
+    };
+    let out = install("");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "refused: {stderr}");
+    assert!(
+        stderr.contains("CRI-O") && stderr.contains("etc/crio/crio.conf"),
+        "names CRI-O and what it found: {stderr}"
+    );
+    assert_eq!(files_under(&net_dir), before, "nothing chained");
+
+    let out = install("1");
+    assert!(
+        out.status.success(),
+        "EPM_FORCE_CRIO=1: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let chained: Value =
+        serde_json::from_slice(&fs::read(net_dir.join("10-crio.conflist")).expect("read"))
+            .expect("JSON");
+    assert_eq!(chained["plugins"][1]["type"], "ebpf-portmap", "{chained:#}");
+}

@@ -21,7 +21,8 @@ use crate::plan::Step;
 /// containerd and runc, the reference plugins (bridge, host-local,
 /// loopback, portmap), busybox-static for the image, gcc and libc6-dev for
 /// the static `pause`, iptables for the upstream plugin, util-linux for
-/// nsenter/unshare.
+/// nsenter/unshare, curl for the Kubernetes conformance checks (run from
+/// the node with `curl`, as that test runs them).
 pub const CONTAINERD_APT_PACKAGES: &[&str] = &[
     "containerd",
     "runc",
@@ -31,6 +32,7 @@ pub const CONTAINERD_APT_PACKAGES: &[&str] = &[
     "libc6-dev",
     "iptables",
     "util-linux",
+    "curl",
 ];
 
 /// `EPM_SKIP_CONTAINERD=1` skips the containerd step of `cargo xtask test`,

@@ -15,11 +15,10 @@ use crate::cli::output::{OutputArgs, print, print_json};
 /// Chain ebpf-portmap into the CNI configuration the runtime uses, or
 /// take it out again.
 ///
-/// Which file: containerd, kubelet and CRI-O without cni_default_network
-/// use the lexically first *.conf, *.conflist or *.json file of the
-/// configuration directory, and so does this command by default. Runtimes
-/// that pick a network by name (CRI-O's cni_default_network, podman,
-/// Nomad's `cni/<name>`) need --network NAME, which finds the file as
+/// Which file: containerd and the kubelet use the lexically first *.conf,
+/// *.conflist or *.json file of the configuration directory, and so does
+/// this command by default. Runtimes that pick a network by name (podman,
+/// Nomad's `cni/<name>`, nerdctl) need --network NAME, which finds the file as
 /// libcni does (the first .conflist of that name, else the first .conf);
 /// --file PATH names the file outright. `install` puts an ebpf-portmap entry into that file in place of an
 /// upstream portmap entry (same position, its capabilities kept), or
@@ -30,12 +29,18 @@ use crate::cli::output::{OutputArgs, print, print_json};
 /// file. Nothing is written if the file is not valid, or if the plugin
 /// would refuse the chained entry.
 ///
+/// On a CRI-O node (its configuration under /etc/crio or its socket
+/// /var/run/crio/crio.sock under --host-root) `install` refuses and changes
+/// nothing: CRI-O maps host ports itself and passes none to CNI
+/// (cri-o/cri-o#7217), so the plugin would never be asked to map a port.
+/// --force chains it anyway.
+///
 /// `remove` restores every file from its backup. `check` exits 0 when the
 /// file the runtime uses is chained as `install` would leave it.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   ebpf-portmap chain install
-  ebpf-portmap chain install --network crio          (CRI-O with cni_default_network = \"crio\")
+  ebpf-portmap chain install --network mynet         (a runtime that picks the network by name)
   ebpf-portmap chain install --file /etc/cni/net.d/87-podman.conflist
   ebpf-portmap chain install --net-dir /host/etc/cni/net.d --entry '{\"hostPortListeners\":\"allow\"}'
   ebpf-portmap chain check || echo not chained
@@ -50,7 +55,7 @@ pub struct ChainArgs {
 #[derive(clap::Subcommand)]
 enum Action {
     /// Chain ebpf-portmap into the configuration the runtime uses.
-    Install(EntryArgs),
+    Install(InstallArgs),
     /// Restore the configurations `install` changed.
     Remove(DirArgs),
     /// Exit 0 if the configuration the runtime uses is chained as `install`
@@ -92,6 +97,20 @@ struct EntryArgs {
     entry: Option<String>,
 }
 
+#[derive(clap::Args)]
+struct InstallArgs {
+    #[command(flatten)]
+    entry: EntryArgs,
+    /// The node's root directory, where CRI-O's configuration and socket
+    /// are looked for (the installer passes its HOST_ROOT).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    host_root: PathBuf,
+    /// Chain the plugin even on a node that CRI-O runs (where it is never
+    /// asked to map a port).
+    #[arg(long)]
+    force: bool,
+}
+
 pub fn run(args: &ChainArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     match &args.action {
         Action::Install(args) => install(args, out),
@@ -111,7 +130,23 @@ fn emit(out: &OutputArgs, lines: &[String], document: Value) {
     }
 }
 
-fn install(args: &EntryArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
+fn install(install: &InstallArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
+    let args = &install.entry;
+    let crio = chain::crio::crio_markers(&install.host_root);
+    if !crio.is_empty() {
+        let found: Vec<String> = crio.iter().map(|p| p.display().to_string()).collect();
+        let why = format!(
+            "CRI-O runs this node (found {}): CRI-O maps host ports itself and passes none to CNI (cri-o/cri-o#7217), so {} would never be asked to map a port",
+            found.join(", "),
+            chain::PLUGIN_TYPE
+        );
+        if !install.force {
+            eprintln!("ebpf-portmap: {why}; nothing changed (--force chains it anyway)");
+            emit_refusal(out, &found);
+            return Ok(ExitCode::FAILURE);
+        }
+        eprintln!("ebpf-portmap: warning: {why}; chaining it anyway (--force)");
+    }
     let entry = chain::plugin_entry(args.entry.as_deref()).context("--entry")?;
     let installed = chain::install(&args.dir.net_dir, &args.dir.selection(), &entry)?;
     let plan = &installed.plan;
@@ -149,6 +184,14 @@ fn install(args: &EntryArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     }
     emit(out, &[line], document);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The JSON answer of an install refused on a CRI-O node (text output has
+/// only the message on stderr).
+fn emit_refusal(out: &OutputArgs, found: &[String]) {
+    if out.json() {
+        print_json(&json!({"changed": false, "refused": "cri-o", "crio": found}));
+    }
 }
 
 fn position(plan: &chain::Plan) -> String {

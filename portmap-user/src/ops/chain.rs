@@ -38,6 +38,8 @@ use serde_json::{Map, Value, json};
 
 use crate::cni::netconf::{self, ConfigError};
 
+pub mod crio;
+
 /// The plugin's `type`.
 pub const PLUGIN_TYPE: &str = "ebpf-portmap";
 /// The upstream plugin ours replaces.
