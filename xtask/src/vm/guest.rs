@@ -82,6 +82,13 @@ pub const GUEST_TESTS: &[GuestTest] = &[
         name: "local",
         args: &["--test-threads=1"],
     },
+    // The masquerade's port choice and the node's own connections on a
+    // kept tuple (issue 37): socket lookups and the verifier are the
+    // kernel's.
+    GuestTest {
+        name: "hairpin_ports",
+        args: &["--test-threads=1"],
+    },
     // Conntrack under churn (issue #16) on each kernel: the LRU and the
     // socket lookup are the kernel's.
     GuestTest {
