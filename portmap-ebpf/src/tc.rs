@@ -3,7 +3,7 @@
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
 use portmap_common::{
-    FAMILY_V4, PROTO_TCP, PortRole,
+    PROTO_TCP, PortRole,
     local::{MASQ_PORT_MIN, node_flags},
     trace_direction,
 };
@@ -45,7 +45,7 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
     let concerned = packet.fragment
         || maps::port_is(PortRole::Host, packet.proto, packet.dport_be)
         || (maps::port_is(PortRole::Container, packet.proto, packet.sport_be)
-            && answer_matters(ctx, &packet));
+            && answer_matters(ctx, packet.dport_be, packet.proto, &packet.dst_be));
     if concerned {
         flow::ingress(ctx, &packet);
         fast::fast_path(ctx);
@@ -71,25 +71,23 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
 /// call's result is one unknown value to the verifier, where the inlined
 /// branches doubled the states it walks in `ingress`.
 #[inline(never)]
-fn answer_matters(ctx: &TcContext, packet: &parse::Packet) -> bool {
-    u16::from_be(packet.dport_be) >= MASQ_PORT_MIN
+fn answer_matters(ctx: &TcContext, dport_be: u16, proto: u8, dst_be: &[u32; 4]) -> bool {
+    u16::from_be(dport_be) >= MASQ_PORT_MIN
         || maps::node_config().is_some_and(|node| node.flags & node_flags::FAST_PATH != 0)
-        || (packet.proto == PROTO_TCP && to_arrival_address(ctx, packet))
+        || (proto == PROTO_TCP && to_arrival_address(ctx, dst_be))
 }
 
 /// Whether `packet` is addressed to the node's address on the interface it
 /// arrived on (the one a masquerade gives its flows, see
 /// `masq::masquerade_source`).
 #[inline(always)]
-fn to_arrival_address(ctx: &TcContext, packet: &parse::Packet) -> bool {
+fn to_arrival_address(ctx: &TcContext, dst_be: &[u32; 4]) -> bool {
     // SAFETY: reading a field of the context the program was handed.
     let ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    // An IPv4 destination fills the first word only (see `parse`).
     maps::iface(ifindex).is_some_and(|iface| {
-        if packet.family == FAMILY_V4 {
-            iface.addr4_be != 0 && packet.dst_be[0] == iface.addr4_be
-        } else {
-            iface.addr6_be != [0; 4] && packet.dst_be == iface.addr6_be
-        }
+        (iface.addr4_be != 0 && dst_be[1..] == [0; 3] && dst_be[0] == iface.addr4_be)
+            || (iface.addr6_be != [0; 4] && *dst_be == iface.addr6_be)
     })
 }
 
@@ -122,12 +120,7 @@ fn try_egress(ctx: &mut TcContext) -> Option<()> {
         // The node opening a connection to a container port: a
         // masqueraded flow may hold its tuple. After egress's frame is
         // gone too: stacked, the two exceed 512 bytes.
-        if packet.proto == PROTO_TCP
-            && packet.flags & (parse::TCP_SYN | parse::TCP_ACK) == parse::TCP_SYN
-            && maps::port_is(PortRole::Container, packet.proto, packet.dport_be)
-        {
-            masq::node_flow_on_masq_tuple(ctx, &packet);
-        }
+        masq::node_flow_on_masq_tuple(ctx, &packet);
     }
     trace::end_if_tracing(ctx, trace_direction::EGRESS);
     Some(())
