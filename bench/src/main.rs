@@ -17,8 +17,12 @@
 //! The hairpin section measures pods that dial a hostPort through the
 //! node's address (issue 37), ebpf-portmap against iptables portmap.
 //!
+//! The pods section measures one more pod's ADD/DEL and STATUS on nodes of
+//! 0, 250 and 1 000 real pods (issues 36 and 33), ebpf-portmap against
+//! iptables portmap on the same nodes.
+//!
 //! `--only control` (or any of control, scale, dataplane, memory, hairpin,
-//! comma separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
+//! pods, comma separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
 //! or two; the targets of the sections left out are SKIP.
 
 // The parts: timed plugin runs, control-plane batches, load generators, the
@@ -33,6 +37,7 @@ mod invoke;
 mod iptables;
 mod load;
 mod memory;
+mod pods;
 mod provenance;
 mod report;
 mod results;
@@ -143,15 +148,20 @@ enum Section {
     /// Pods dialing nodeIP:hostPort (to itself, to another pod), v4 and
     /// v6, ebpf-portmap against iptables portmap, in worlds of their own.
     Hairpin,
+    /// One more pod's ADD/DEL and STATUS on nodes of 0, 250 and 1 000 real
+    /// pods (their own veths on the bridge), against iptables portmap on
+    /// the same nodes, with what each call does (issues 36 and 33).
+    Pods,
 }
 
 impl Section {
-    const ALL: [Section; 5] = [
+    const ALL: [Section; 6] = [
         Section::Control,
         Section::Scale,
         Section::Dataplane,
         Section::Memory,
         Section::Hairpin,
+        Section::Pods,
     ];
 
     fn name(self) -> &'static str {
@@ -161,6 +171,7 @@ impl Section {
             Section::Dataplane => "dataplane",
             Section::Memory => "memory",
             Section::Hairpin => "hairpin",
+            Section::Pods => "pods",
         }
     }
 }
@@ -584,6 +595,9 @@ fn run(
     }
     if plan.runs(Section::Hairpin) {
         hairpin::measure(plan, progress, &mut results)?;
+    }
+    if plan.runs(Section::Pods) {
+        pods::measure(plan, progress, &mut results)?;
     }
 
     let targets = judge(&results);
@@ -1214,7 +1228,7 @@ fn prefill_synthetic(world: &BenchWorld, fill: &mut Fill, size: usize) -> Result
         &world.node.ns,
         &prefill_id(template),
         &format!("pf-copy{first}-"),
-        count,
+        0..count,
         port,
     )?;
     fill.containers = target;
