@@ -1524,6 +1524,75 @@ mod tests {
         );
     }
 
+    fn pod_cell(flavor: Flavor, shape: Shape, verb: Verb, full: &[f64], empty: &[f64]) -> PodCell {
+        PodCell {
+            shape,
+            flavor,
+            verb,
+            reps: full.iter().map(|&l| batch(&[l], 0, &[])).collect(),
+            empty_reps: empty.iter().map(|&l| batch(&[l], 0, &[])).collect(),
+            account: None,
+        }
+    }
+
+    fn counted(bpf_calls: u64, address_records: u64) -> Option<Result<CallAccount, String>> {
+        Some(Ok(CallAccount {
+            bpf_calls,
+            program_loads: 0,
+            bpf_by_command: BTreeMap::new(),
+            netlink: [
+                ("link_records".to_owned(), 5),
+                ("address_records".to_owned(), address_records),
+            ]
+            .into(),
+        }))
+    }
+
+    #[test]
+    fn pod_rows_judge_the_full_node_against_its_twin_and_upstream_on_the_same_node() {
+        let mut results = Results::default();
+        let (empty, quarter, full) = (POD_SHAPES[0], POD_SHAPES[1], POD_SHAPES[2]);
+        results.pods.push(pod_cell(
+            Flavor::Ours,
+            quarter,
+            Verb::Add,
+            &[2.2, 2.1, 2.4],
+            &[2.0; 3],
+        ));
+        results.pods.push(pod_cell(
+            Flavor::Upstream,
+            quarter,
+            Verb::Add,
+            &[40.0, 42.0, 60.0],
+            &[10.0; 3],
+        ));
+        let mut at_0 = pod_cell(Flavor::Ours, empty, Verb::Add, &[2.0], &[2.0]);
+        at_0.account = counted(94, 14);
+        let mut at_full = pod_cell(Flavor::Ours, full, Verb::Add, &[2.0], &[2.0]);
+        at_full.account = counted(97, 1014);
+        results.pods.extend([at_0, at_full]);
+        let rows = judge(&results);
+        let ratio = find(&rows, "pods-add-250x2");
+        assert_eq!(ratio.values, [1.1, 1.05, 1.2]);
+        assert_eq!(ratio.threshold, 1.1);
+        assert_eq!(ratio.status, Status::Pass, "median 1.1 is within 1.1x");
+        assert_eq!(find(&rows, "pods-del-250x2").status, Status::Skip);
+        let speedup = find(&rows, "pods-add-vs-iptables-250x2");
+        assert_eq!(speedup.values, [40.0 / 2.2, 20.0, 25.0]);
+        assert_eq!(speedup.status, Status::Pass);
+        assert_eq!(find(&rows, "pods-add-1000x2").threshold, 1.2);
+        let bpf = find(&rows, "pods-add-bpf-calls");
+        assert_eq!(
+            (bpf.values.as_slice(), bpf.status),
+            (&[3.0][..], Status::Pass)
+        );
+        let netlink = find(&rows, "pods-add-netlink-messages");
+        assert_eq!(netlink.values, [1000.0]);
+        assert_eq!(netlink.status, Status::Miss, "{}", netlink.detail);
+        assert_eq!(find(&rows, "status-cpu-1000-pods").status, Status::Skip);
+        assert_eq!(find(&rows, "status-loads-1000-pods").status, Status::Skip);
+    }
+
     #[test]
     fn size_labels() {
         assert_eq!(size_label(0), "0");
