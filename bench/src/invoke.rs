@@ -13,6 +13,7 @@
 //! queued for a CPU.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -50,6 +51,22 @@ impl Timed {
     }
 }
 
+/// What runs in front of a plugin, and the environment it gets on top of
+/// the `CNI_*` variables (e.g. `strace` and `EPM_LOG_LEVEL=debug`).
+pub struct Wrapper<'a> {
+    /// The program and its arguments; the plugin's path goes last.
+    pub prefix: &'a [OsString],
+    pub env: &'a [(&'a str, &'a str)],
+}
+
+impl Wrapper<'_> {
+    /// The plugin alone, as a runtime runs it.
+    pub const NONE: Wrapper<'static> = Wrapper {
+        prefix: &[],
+        env: &[],
+    };
+}
+
 /// Runs plugins from one directory inside one node namespace.
 pub struct Invoker {
     dir: PathBuf,
@@ -74,10 +91,24 @@ impl Invoker {
         rt: &RuntimeAttachment,
         config: &Value,
     ) -> Timed {
+        self.exec_wrapped(plugin, command, rt, config, &Wrapper::NONE)
+    }
+
+    /// [`Invoker::exec`] through `wrapper` (a program in front of the
+    /// plugin, extra environment): the untimed runs that count what a call
+    /// does.
+    pub fn exec_wrapped(
+        &self,
+        plugin: &str,
+        command: CniCommand,
+        rt: &RuntimeAttachment,
+        config: &Value,
+        wrapper: &Wrapper<'_>,
+    ) -> Timed {
         let stdin_bytes = serde_json::to_vec(config).expect("a Value always serialises");
         let started = Instant::now();
         let mut cpu = Duration::ZERO;
-        let outcome = self.run(plugin, command, rt, &stdin_bytes, &mut cpu);
+        let outcome = self.run(plugin, command, rt, &stdin_bytes, wrapper, &mut cpu);
         let elapsed = started.elapsed();
         Timed {
             elapsed,
@@ -92,12 +123,22 @@ impl Invoker {
         command: CniCommand,
         rt: &RuntimeAttachment,
         stdin_bytes: &[u8],
+        wrapper: &Wrapper<'_>,
         cpu: &mut Duration,
     ) -> Result<Value, String> {
         let path = self.dir.join(plugin);
-        let mut child = self
-            .node
-            .command(&path)
+        let mut spawned = match wrapper.prefix.split_first() {
+            Some((program, args)) => {
+                let mut spawned = self.node.command(program);
+                spawned.args(args).arg(&path);
+                spawned
+            }
+            None => self.node.command(&path),
+        };
+        for (key, value) in wrapper.env {
+            spawned.env(key, value);
+        }
+        let mut child = spawned
             .env("CNI_COMMAND", command.as_str())
             .env("CNI_CONTAINERID", &rt.container_id)
             .env("CNI_NETNS", &rt.netns_path)
@@ -159,6 +200,21 @@ impl Invoker {
         let config = plugin_config(list, plugin, &rt.capability_args, Some(prev_result));
         let kind = plugin["type"].as_str().expect("validated conflist");
         self.exec(kind, command, rt, &config)
+    }
+
+    /// [`Invoker::port_plugin`] through `wrapper`.
+    pub fn port_plugin_wrapped(
+        &self,
+        list: &Conflist,
+        command: CniCommand,
+        rt: &RuntimeAttachment,
+        prev_result: &Value,
+        wrapper: &Wrapper<'_>,
+    ) -> Timed {
+        let plugin = list.plugins().last().expect("a list with plugins");
+        let config = plugin_config(list, plugin, &rt.capability_args, Some(prev_result));
+        let kind = plugin["type"].as_str().expect("validated conflist");
+        self.exec_wrapped(kind, command, rt, &config, wrapper)
     }
 
     /// ADD through the whole list, as libcni: in order, each plugin gets the

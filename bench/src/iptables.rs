@@ -108,21 +108,23 @@ pub fn synthetic_chain(index: usize) -> String {
     format!("CNI-DN-5e{index:019x}")
 }
 
-/// `iptables-restore` input adding `count` copies of `template` (container
-/// `template_id`), copy `k` as container `{id_prefix}{k}` whose host ports
-/// are `port(k, template_port)`.
+/// `iptables-restore` input adding a copy of `template` (container
+/// `template_id`) for each `k` of `copies`, as container `{id_prefix}{k}`
+/// in chain [`synthetic_chain`]`(k)` whose host ports are
+/// `port(k, template_port)`. Copies made by several calls must have
+/// distinct `k`s (their chains are named by it).
 pub fn replicate(
     template: &ContainerRules,
     template_id: &str,
     id_prefix: &str,
-    count: usize,
+    copies: std::ops::Range<usize>,
     port: impl Fn(usize, u16) -> u16,
 ) -> String {
     let mut text = String::from("*nat\n");
-    for k in 0..count {
+    for k in copies.clone() {
         text.push_str(&format!(":{} - [0:0]\n", synthetic_chain(k)));
     }
-    for k in 0..count {
+    for k in copies {
         let chain = synthetic_chain(k);
         let id = format!("{id_prefix}{k}");
         let map_port = |p: u16| port(k, p);
@@ -140,13 +142,13 @@ pub fn replicate(
     text
 }
 
-/// Copies container `template_id`'s rules `count` times in both families
-/// (see [`replicate`]). Returns the number of rules added.
+/// Copies container `template_id`'s rules once for each of `copies` in
+/// both families (see [`replicate`]). Returns the number of rules added.
 pub fn synthesize(
     node: &NetNs,
     template_id: &str,
     id_prefix: &str,
-    count: usize,
+    copies: std::ops::Range<usize>,
     port: impl Fn(usize, u16) -> u16 + Copy,
 ) -> Result<usize, String> {
     let mut added = 0;
@@ -161,8 +163,8 @@ pub fn synthesize(
             // The container has no address of this family.
             continue;
         };
-        let input = replicate(&template, template_id, id_prefix, count, port);
-        added += count * (template.jumps.len() + template.chain_rules.len());
+        let input = replicate(&template, template_id, id_prefix, copies.clone(), port);
+        added += copies.len() * (template.jumps.len() + template.chain_rules.len());
         let mut child = node
             .command(restore)
             .args(["--noflush", "-w"])
@@ -186,6 +188,29 @@ pub fn synthesize(
         }
     }
     Ok(added)
+}
+
+/// Removes every rule and chain of the node's nat tables (both families):
+/// upstream portmap's whole state, which nothing else in a bench node
+/// writes. Its next ADD creates its base chains again.
+pub fn flush_nat(node: &NetNs) -> Result<(), String> {
+    for (save, _) in FAMILIES {
+        let iptables = save.trim_end_matches("-save");
+        for flag in ["-F", "-X"] {
+            let out = node
+                .command(iptables)
+                .args(["-w", "-t", "nat", flag])
+                .output()
+                .map_err(|e| format!("{iptables}: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{iptables} -t nat {flag} failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -254,7 +279,7 @@ COMMIT
     #[test]
     fn replication_declares_chains_first() {
         let rules = container_rules(DUMP, "probe").unwrap();
-        let text = replicate(&rules, "probe", "syn-", 2, |k, p| p + 10 * k as u16);
+        let text = replicate(&rules, "probe", "syn-", 0..2, |k, p| p + 10 * k as u16);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "*nat");
         assert!(lines[1].starts_with(":CNI-DN-5e") && lines[2].starts_with(":CNI-DN-5e"));

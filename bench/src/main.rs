@@ -17,8 +17,12 @@
 //! The hairpin section measures pods that dial a hostPort through the
 //! node's address (issue 37), ebpf-portmap against iptables portmap.
 //!
+//! The pods section measures one more pod's ADD/DEL and STATUS on nodes of
+//! 0, 250 and 1 000 real pods (issues 36 and 33), ebpf-portmap against
+//! iptables portmap on the same nodes.
+//!
 //! `--only control` (or any of control, scale, dataplane, memory, hairpin,
-//! comma separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
+//! pods, comma separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
 //! or two; the targets of the sections left out are SKIP.
 
 // The parts: timed plugin runs, control-plane batches, load generators, the
@@ -33,6 +37,7 @@ mod invoke;
 mod iptables;
 mod load;
 mod memory;
+mod pods;
 mod provenance;
 mod report;
 mod results;
@@ -70,6 +75,10 @@ use serde_json::{Value, json};
 /// The default time budget per repetition: 3 repetitions (the default)
 /// took 6-9 min on 2 cores, 5 took 843 s.
 const BUDGET_SECS_PER_REP: u64 = 240;
+
+/// What the pods section adds to the default budget: it took 276-458 s
+/// with 3 repetitions on 2 shared cores.
+const POD_SECTION_BUDGET_SECS: u64 = 480;
 
 /// Mappings per prefilled container (a pod publishing 10 ports).
 const MAPPINGS_PER_PREFILL: usize = 10;
@@ -143,15 +152,20 @@ enum Section {
     /// Pods dialing nodeIP:hostPort (to itself, to another pod), v4 and
     /// v6, ebpf-portmap against iptables portmap, in worlds of their own.
     Hairpin,
+    /// One more pod's ADD/DEL and STATUS on nodes of 0, 250 and 1 000 real
+    /// pods (their own veths on the bridge), against iptables portmap on
+    /// the same nodes, with what each call does (issues 36 and 33).
+    Pods,
 }
 
 impl Section {
-    const ALL: [Section; 5] = [
+    const ALL: [Section; 6] = [
         Section::Control,
         Section::Scale,
         Section::Dataplane,
         Section::Memory,
         Section::Hairpin,
+        Section::Pods,
     ];
 
     fn name(self) -> &'static str {
@@ -161,6 +175,7 @@ impl Section {
             Section::Dataplane => "dataplane",
             Section::Memory => "memory",
             Section::Hairpin => "hairpin",
+            Section::Pods => "pods",
         }
     }
 }
@@ -236,10 +251,14 @@ impl Plan {
             cpu,
             sizes,
             upstream_real_prefill: args.upstream_real_prefill,
-            budget: Duration::from_secs(
-                args.budget_secs
-                    .unwrap_or(BUDGET_SECS_PER_REP * args.reps.max(1) as u64),
-            ),
+            budget: Duration::from_secs(args.budget_secs.unwrap_or(
+                BUDGET_SECS_PER_REP * args.reps.max(1) as u64
+                    + if sections.contains(&Section::Pods) {
+                        POD_SECTION_BUDGET_SECS
+                    } else {
+                        0
+                    },
+            )),
             sections,
             alone_sequential: if quick { (30, 8) } else { (100, 30) },
             alone_parallel: if quick { 32 } else { 64 },
@@ -364,7 +383,7 @@ fn main() -> ExitCode {
         plugin_bin().display()
     );
     println!(
-        "bench: time budget {} s (a full run of 3 repetitions takes 8-12 min on 2 cores, 1.5 of them the hairpin rows); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
+        "bench: time budget {} s (a full run of 3 repetitions takes 13-20 min on 2 cores, 1.5 of them the hairpin rows, 5-8 the pods rows); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
         plan.budget.as_secs(),
         plan.reps,
         plan.duration.as_millis(),
@@ -584,6 +603,9 @@ fn run(
     }
     if plan.runs(Section::Hairpin) {
         hairpin::measure(plan, progress, &mut results)?;
+    }
+    if plan.runs(Section::Pods) {
+        pods::measure(plan, progress, &mut results)?;
     }
 
     let targets = judge(&results);
@@ -1214,7 +1236,7 @@ fn prefill_synthetic(world: &BenchWorld, fill: &mut Fill, size: usize) -> Result
         &world.node.ns,
         &prefill_id(template),
         &format!("pf-copy{first}-"),
-        count,
+        0..count,
         port,
     )?;
     fill.containers = target;

@@ -10,8 +10,8 @@ use super::hairpin::{self, Family, Route};
 use super::load::{RunResult, Test};
 use super::memory::{self, MapInfo};
 use super::results::{
-    LoadProfile, REPORTED, Results, Scope, Status, TargetRow, Verb, cpu_per_rep, error_count,
-    errors_of, failures, ops_per_s_per_rep, pct_per_rep, size_label,
+    CallAccount, LoadProfile, POD_SHAPES, REPORTED, Results, Scope, Status, TargetRow, Verb,
+    cpu_per_rep, error_count, errors_of, failures, ops_per_s_per_rep, pct_per_rep, size_label,
 };
 use super::stats::{MinMedian, Pct};
 use super::svg::BarChart;
@@ -175,6 +175,50 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
         })).collect::<Vec<_>>(),
         "dataplane": data,
         "hairpin": hairpin,
+        "pods": results.pods.iter().map(|c| json!({
+            "pods": c.shape.pods,
+            "mappings_per_pod": c.shape.mappings_per_pod,
+            "plugin": flavor_key(c.flavor),
+            "verb": c.verb.name(),
+            "summary": {
+                "p50_ms": mm_json(&pct_per_rep(&c.reps, Pct::P50)),
+                "empty_node_p50_ms": mm_json(&pct_per_rep(&c.empty_reps, Pct::P50)),
+                "p50_ratio_to_empty_node": mm_json(&c.ratio_to_empty(Pct::P50)),
+                "cpu_p50_ms": mm_json(&cpu_per_rep(&c.reps)),
+                "failures": failures(&c.reps),
+            },
+            "account": c.account.as_ref().map(|a| match a {
+                Ok(a) => json!({"bpf_calls": a.bpf_calls, "program_loads": a.program_loads, "bpf_by_command": a.bpf_by_command, "netlink": a.netlink}),
+                Err(e) => json!({"error": e}),
+            }),
+            "reps": c.reps.iter().map(super::control::Batch::to_json).collect::<Vec<_>>(),
+            "empty_node_reps": c.empty_reps.iter().map(super::control::Batch::to_json).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "pods_prefill": results.pod_prefill.iter().map(|p| json!({
+            "pods": p.shape.pods,
+            "mappings_per_pod": p.shape.mappings_per_pod,
+            "plugin": flavor_key(p.flavor),
+            "method": p.method,
+            "seconds": p.seconds,
+            "nat_rules": p.nat_rules,
+        })).collect::<Vec<_>>(),
+        "status": results.status.iter().map(|r| json!({
+            "key": r.key,
+            "state": r.state,
+            "calls": r.calls.to_json(),
+            "cpu_ms": r.calls.cpu_ms,
+            "traced_calls": r.traced_calls,
+            "traced": match &r.account {
+                Ok(a) => json!({"bpf_calls": a.bpf_calls, "program_loads": a.program_loads, "bpf_by_command": a.bpf_by_command}),
+                Err(e) => json!({"error": e}),
+            },
+            "first_call_cpu_ms": r.first_call_cpu_ms,
+            "first_call": r.first_call.as_ref().map(|a| match a {
+                Ok(a) => json!({"bpf_calls": a.bpf_calls, "program_loads": a.program_loads}),
+                Err(e) => json!({"error": e}),
+            }),
+            "beside": r.beside.as_ref().map(super::control::Batch::to_json),
+        })).collect::<Vec<_>>(),
         "dataplane_ratios": ratios,
         "memory": results.memory.iter().map(|m| json!({
             "state": m.state,
@@ -305,6 +349,168 @@ fn hairpin_table(md: &mut String, results: &Results) {
                     cell(&results.hairpin_ratio(route, family, test), 3),
                 );
             }
+        }
+    }
+    let _ = writeln!(md);
+}
+
+/// Nodes of real pods (issue 36) and STATUS (issue 33).
+fn pods_table(md: &mut String, results: &Results) {
+    let _ = writeln!(
+        md,
+        "## Nodes of real pods
+"
+    );
+    if results.pods.is_empty() && results.status.is_empty() {
+        let _ = writeln!(
+            md,
+            "Not measured in this run (`--only pods` measures it alone).\n"
+        );
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "Every pod is a network namespace whose `eth0` is a veth on the node's bridge, attached by the \
+         reference `bridge` + `host-local` and ebpf-portmap (one TCP and one UDP mapping), as a runtime runs the \
+         chain; the 10-mapping row gives each of those pods 10 mappings (ebpf-portmap alone: DEL, then ADD with \
+         the pod's own prevResult). One more pod: a real pod attached by bridge + host-local, then the \
+         port-mapping plugin alone with a new container ID per operation and one TCP and one UDP mapping, \
+         ADD then DEL, op by op against an empty node (\"vs empty\"). iptables portmap runs on the same node; its \
+         rules for the pods are real ADDs for the first {}, copies of the last one's rules beyond. \
+         Latency: median over the repetitions of each repetition's p50 (worst in brackets); CPU: median CPU \
+         time of the plugin process (and, for iptables portmap, the `iptables` it runs). What one ADD or DEL of \
+         ebpf-portmap does is counted on an untimed run: `bpf()` calls with strace, netlink reads, bytes and \
+         records from the plugin's own debug account (`EPM_LOG_LEVEL=debug`).\n",
+        super::pods::UPSTREAM_REAL_PODS
+    );
+    let _ = writeln!(
+        md,
+        "| node | plugin | verb | ops/rep | p50 | vs empty | CPU ms/op | bpf() calls | netlink reads / bytes | link / address records | iptables / ebpf |"
+    );
+    let _ = writeln!(
+        md,
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for shape in POD_SHAPES {
+        for flavor in PLUGINS {
+            for verb in Verb::BOTH {
+                let Some(c) = results.pod_cell(flavor, shape, verb) else {
+                    continue;
+                };
+                let count = |f: &dyn Fn(&CallAccount) -> String| match &c.account {
+                    None => String::new(),
+                    Some(Ok(a)) => f(a),
+                    Some(Err(e)) => format!("not counted: {}", e.replace('|', "/")),
+                };
+                let key =
+                    |a: &CallAccount, k: &str| a.netlink.get(k).map_or("?".into(), u64::to_string);
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    shape.label(),
+                    flavor.label(),
+                    verb.name(),
+                    c.reps.first().map_or(0, super::control::Batch::ops),
+                    latency_cell(&pct_per_rep(&c.reps, Pct::P50)),
+                    cell(&c.ratio_to_empty(Pct::P50), 2),
+                    latency_cell(&cpu_per_rep(&c.reps)),
+                    count(&|a| a.bpf_calls.to_string()),
+                    count(&|a| format!(
+                        "{} / {}",
+                        key(a, "netlink_reads"),
+                        key(a, "netlink_bytes")
+                    )),
+                    count(&|a| format!(
+                        "{} / {}",
+                        key(a, "link_records"),
+                        key(a, "address_records")
+                    )),
+                    if flavor == Flavor::Upstream {
+                        cell(&results.pod_speedup(shape, verb), 1)
+                    } else {
+                        String::new()
+                    },
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nebpf-portmap's `bpf()` calls by command (one counted call each):\n"
+    );
+    for c in results.pods.iter().filter(|c| c.flavor == Flavor::Ours) {
+        if let Some(a) = c.counted() {
+            let by: Vec<String> = a
+                .bpf_by_command
+                .iter()
+                .map(|(command, calls)| format!("{command} {calls}"))
+                .collect();
+            let _ = writeln!(
+                md,
+                "- {}, {}: {}",
+                c.shape.label(),
+                c.verb.name(),
+                by.join(", ")
+            );
+        }
+    }
+    let _ = writeln!(md, "\nHow each node was reached:\n");
+    for p in &results.pod_prefill {
+        let _ = writeln!(
+            md,
+            "- {}, {}: {} ({:.1} s{})",
+            p.shape.label(),
+            p.flavor.label(),
+            p.method,
+            p.seconds,
+            p.nat_rules
+                .map_or(String::new(), |n| format!(", {n} nat rules"))
+        );
+    }
+    let _ = writeln!(md, "\n### STATUS\n");
+    let _ = writeln!(
+        md,
+        "ebpf-portmap's STATUS (cniVersion 1.1.0) as containerd 2.x sends it about every 5 s: CPU time per call \
+         (user + system of the plugin process, wait4), latency, and what more calls do under strace (`bpf()` \
+         calls, of them `BPF_PROG_LOAD`: programs loaded).\n"
+    );
+    let _ = writeln!(
+        md,
+        "| node | calls | CPU ms/call p50 (max) | latency p50 | failed | traced calls: bpf() / programs loaded |"
+    );
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- |");
+    for row in &results.status {
+        let max = row.calls.cpu_ms.iter().copied().fold(f64::NAN, f64::max);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} ({}) | {} | {} | {} |",
+            row.state,
+            row.calls.ops(),
+            row.calls.cpu_p50().map_or("n/a".into(), fmt_ms),
+            fmt_ms(max),
+            row.calls
+                .percentiles()
+                .map_or("n/a".into(), |p| fmt_ms(p.p50)),
+            row.calls.failures,
+            match &row.account {
+                Ok(a) => format!(
+                    "{}: {} / {}",
+                    row.traced_calls, a.bpf_calls, a.program_loads
+                ),
+                Err(e) => format!("not counted: {}", e.replace('|', "/")),
+            }
+        );
+        if let (Some(cpu), Some(first)) = (row.first_call_cpu_ms, &row.first_call) {
+            let _ = writeln!(
+                md,
+                "| {}: the first call after the probe record was written | 1 | {} | | | {} |",
+                row.state,
+                fmt_ms(cpu),
+                match first {
+                    Ok(a) => format!("the very first call: {} / {}", a.bpf_calls, a.program_loads),
+                    Err(e) => format!("not counted: {}", e.replace('|', "/")),
+                }
+            );
         }
     }
     let _ = writeln!(md);
@@ -744,6 +950,7 @@ pub fn markdown(
     }
 
     hairpin_table(&mut md, results);
+    pods_table(&mut md, results);
 
     let _ = writeln!(
         md,

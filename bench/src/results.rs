@@ -109,6 +109,146 @@ impl ScaleCell {
     }
 }
 
+/// A node of the pods section: `pods` real pods (a namespace each, its veth
+/// on the bridge), `mappings_per_pod` host ports each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub pods: usize,
+    pub mappings_per_pod: usize,
+}
+
+impl Shape {
+    pub const fn new(pods: usize, mappings_per_pod: usize) -> Shape {
+        Shape {
+            pods,
+            mappings_per_pod,
+        }
+    }
+
+    pub fn mappings(self) -> usize {
+        self.pods * self.mappings_per_pod
+    }
+
+    /// `1000x2`: ids and JSON.
+    pub fn key(self) -> String {
+        format!("{}x{}", self.pods, self.mappings_per_pod)
+    }
+
+    pub fn label(self) -> String {
+        format!(
+            "{} pods of {} mappings",
+            size_label(self.pods),
+            self.mappings_per_pod
+        )
+    }
+}
+
+/// The node shapes of the pods section, in the order they are filled (the
+/// last one gives the pods of the one before 10 mappings each).
+pub const POD_SHAPES: [Shape; 4] = [
+    Shape::new(0, 2),
+    Shape::new(250, 2),
+    Shape::new(1000, 2),
+    Shape::new(1000, 10),
+];
+
+/// What one plugin call did, counted on an untimed run of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallAccount {
+    /// `bpf()` syscalls (strace).
+    pub bpf_calls: u64,
+    /// Of them `BPF_PROG_LOAD`: programs the call loaded.
+    pub program_loads: u64,
+    /// The same calls by command, so a growth shows where it is.
+    pub bpf_by_command: BTreeMap<String, u64>,
+    /// The plugin's own account line: `netlink_reads`, `netlink_bytes`,
+    /// `link_records`, `address_records` (empty for STATUS, which logs
+    /// none).
+    pub netlink: BTreeMap<String, u64>,
+}
+
+impl CallAccount {
+    fn netlink(&self, key: &str) -> Option<u64> {
+        self.netlink.get(key).copied()
+    }
+
+    /// Netlink messages received: link and address records.
+    pub fn netlink_messages(&self) -> Option<u64> {
+        Some(self.netlink("link_records")? + self.netlink("address_records")?)
+    }
+
+    pub fn summary(&self) -> String {
+        let mut text = format!(
+            "{} bpf() calls ({} program loads)",
+            self.bpf_calls, self.program_loads
+        );
+        if !self.netlink.is_empty() {
+            let pairs: Vec<String> = self
+                .netlink
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            text.push_str(&format!(", {}", pairs.join(" ")));
+        }
+        text
+    }
+}
+
+/// ADD or DEL of the port-mapping plugin alone for one more pod on the node
+/// of `shape`, and the same on an empty node in the same repetition
+/// (`empty_reps`), op by op; with what one such call of ebpf-portmap did.
+#[derive(Debug, Clone)]
+pub struct PodCell {
+    pub shape: Shape,
+    pub flavor: Flavor,
+    pub verb: Verb,
+    pub reps: Vec<Batch>,
+    pub empty_reps: Vec<Batch>,
+    /// ebpf-portmap only; `Err` says why it could not be counted.
+    pub account: Option<Result<CallAccount, String>>,
+}
+
+impl PodCell {
+    /// Per repetition: p50 here / p50 on the empty node.
+    pub fn ratio_to_empty(&self, which: Pct) -> Vec<f64> {
+        paired_ratios(
+            &pct_per_rep(&self.reps, which),
+            &pct_per_rep(&self.empty_reps, which),
+        )
+    }
+
+    pub fn counted(&self) -> Option<&CallAccount> {
+        self.account.as_ref().and_then(|a| a.as_ref().ok())
+    }
+}
+
+/// How the pods node reached a shape, for one plugin.
+#[derive(Debug, Clone)]
+pub struct PodPrefill {
+    pub shape: Shape,
+    pub flavor: Flavor,
+    pub method: String,
+    pub seconds: f64,
+    pub nat_rules: Option<usize>,
+}
+
+/// STATUS calls of ebpf-portmap on one node state.
+#[derive(Debug, Clone)]
+pub struct StatusRow {
+    pub key: String,
+    pub state: String,
+    /// The timed calls (latency and CPU time each).
+    pub calls: Batch,
+    /// Summed over `traced_calls` more calls under strace.
+    pub account: Result<CallAccount, String>,
+    pub traced_calls: usize,
+    /// The very first STATUS on a fresh pin root: what it cost and did.
+    pub first_call_cpu_ms: Option<f64>,
+    pub first_call: Option<Result<CallAccount, String>>,
+    /// The ADDs running at the same time, if any.
+    pub beside: Option<Batch>,
+}
+
 /// Repetitions of one dataplane test over one path at one size.
 #[derive(Debug, Clone)]
 pub struct DataCell {
@@ -210,6 +350,11 @@ pub struct Results {
     /// Pods dialing nodeIP:hostPort (issue 37).
     pub hairpin: Vec<HairpinCell>,
     pub prefill: Vec<Prefill>,
+    /// One more pod on nodes of real pods (issue 36).
+    pub pods: Vec<PodCell>,
+    pub pod_prefill: Vec<PodPrefill>,
+    /// STATUS per node state (issue 33).
+    pub status: Vec<StatusRow>,
     pub memory: Vec<MemoryRow>,
     pub sizes: Vec<usize>,
     /// connect() rate of a node process to an unrelated remote port with
@@ -300,6 +445,27 @@ impl Results {
         self.scale
             .iter()
             .find(|c| c.flavor == flavor && c.size == size && c.verb == verb)
+    }
+
+    pub fn pod_cell(&self, flavor: Flavor, shape: Shape, verb: Verb) -> Option<&PodCell> {
+        self.pods
+            .iter()
+            .find(|c| c.flavor == flavor && c.shape == shape && c.verb == verb)
+    }
+
+    /// Per repetition: iptables portmap p50 / ebpf-portmap p50 for one more
+    /// pod on the same node of `shape`.
+    pub fn pod_speedup(&self, shape: Shape, verb: Verb) -> Vec<f64> {
+        match (
+            self.pod_cell(Flavor::Upstream, shape, verb),
+            self.pod_cell(Flavor::Ours, shape, verb),
+        ) {
+            (Some(up), Some(ours)) => paired_ratios(
+                &pct_per_rep(&up.reps, Pct::P50),
+                &pct_per_rep(&ours.reps, Pct::P50),
+            ),
+            _ => Vec::new(),
+        }
     }
 
     pub fn data_cell(&self, size: usize, test: Test, path: Flavor) -> Option<&DataCell> {
@@ -598,15 +764,18 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
     rows.push(ratio_target(
         "scale-add",
         format!(
-            "ADD p50 with {} existing mappings within 1.2x of an empty node",
+            "ADD p50 with {} existing mappings of containers without a veth of their own (plugin-alone prefill, no pods) within 1.2x of an empty node",
             size_label(largest)
         ),
         scale_values,
         Compare::AtMost,
         1.2,
         false,
-        "ebpf-portmap ADD p50 on the full node / on an empty node, paired by repetition".into(),
+        "ebpf-portmap ADD p50 on the full node / on an empty node, paired by repetition; every prefilled container \
+         shares the one server pod's veth, so this node has mappings but no pods: the pods-* rows measure nodes of real pods"
+            .into(),
     ));
+    rows.extend(pod_targets(results));
 
     // Zero failures at 32-way parallelism: every failure of our plugin,
     // alone or in the chain. Failures of other plugins in the chain are
@@ -774,6 +943,143 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
                 .into(),
         ));
     }
+    rows
+}
+
+/// Issue 36 on nodes of real pods, and issue 33's STATUS at 1 000 pods.
+fn pod_targets(results: &Results) -> Vec<TargetRow> {
+    let mut rows = Vec::new();
+    for shape in POD_SHAPES.into_iter().filter(|s| s.pods > 0) {
+        let threshold = if shape.pods >= 1000 { 1.2 } else { 1.1 };
+        for verb in Verb::BOTH {
+            rows.push(ratio_target(
+                &format!("pods-{}-{}", verb.name().to_lowercase(), shape.key()),
+                format!(
+                    "{} p50 of the plugin alone on a node of {} ({} mappings) <= {threshold}x an empty node",
+                    verb.name(),
+                    shape.label(),
+                    size_label(shape.mappings())
+                ),
+                results
+                    .pod_cell(Flavor::Ours, shape, verb)
+                    .map(|c| c.ratio_to_empty(Pct::P50))
+                    .unwrap_or_default(),
+                Compare::AtMost,
+                threshold,
+                false,
+                "ebpf-portmap p50 for one more pod on the full node / on an empty node, op by op, paired by repetition"
+                    .into(),
+            ));
+        }
+    }
+    for shape in POD_SHAPES {
+        for verb in Verb::BOTH {
+            rows.push(ratio_target(
+                &format!("pods-{}-vs-iptables-{}", verb.name().to_lowercase(), shape.key()),
+                format!(
+                    "{} of the plugin alone >= 20x faster than iptables portmap on a node of {}",
+                    verb.name(),
+                    shape.label()
+                ),
+                results.pod_speedup(shape, verb),
+                Compare::AtLeast,
+                20.0,
+                false,
+                "iptables portmap p50 / ebpf-portmap p50 for one more pod on the same node, paired by repetition \
+                 (Debian's portmap 1.1.1, iptables: the nftables 1.9.x peer is not on this machine)"
+                    .into(),
+            ));
+        }
+    }
+    let (empty, full) = (POD_SHAPES[0], POD_SHAPES[2]);
+    let counted = |shape| {
+        results
+            .pod_cell(Flavor::Ours, shape, Verb::Add)
+            .and_then(PodCell::counted)
+    };
+    let flat = |id: &str, what: &str, count: &dyn Fn(&CallAccount) -> Option<u64>| {
+        let pair = counted(empty)
+            .and_then(count)
+            .zip(counted(full).and_then(count));
+        let values = pair.map_or_else(Vec::new, |(at_0, at_full)| {
+            vec![at_full.abs_diff(at_0) as f64]
+        });
+        TargetRow {
+            id: id.into(),
+            text: format!(
+                "{what} per ADD the same on an empty node and with {} (within 5)",
+                full.label()
+            ),
+            compare: Compare::AtMost,
+            threshold: 5.0,
+            status: match values.first() {
+                None => Status::Skip,
+                Some(&d) if d <= 5.0 => Status::Pass,
+                Some(_) => Status::Miss,
+            },
+            values,
+            unit: "apart",
+            stretch: false,
+            detail: pair.map_or("not counted in this run".into(), |(a, b)| {
+                format!("{a} with 0 pods, {b} with {}", full.label())
+            }),
+        }
+    };
+    rows.push(flat("pods-add-bpf-calls", "bpf() calls", &|a| {
+        Some(a.bpf_calls)
+    }));
+    rows.push(flat(
+        "pods-add-netlink-messages",
+        "netlink messages (link and address records)",
+        &CallAccount::netlink_messages,
+    ));
+    let status = results
+        .status
+        .iter()
+        .find(|r| r.key == format!("installed-{}", full.key()));
+    let cpu = status.and_then(|r| r.calls.cpu_p50());
+    rows.push(TargetRow {
+        id: "status-cpu-1000-pods".into(),
+        text: format!(
+            "STATUS CPU time per call on a node of {} <= 5 ms",
+            full.label()
+        ),
+        compare: Compare::AtMost,
+        threshold: 5.0,
+        values: cpu.map_or_else(Vec::new, |v| vec![(v * 100.0).round() / 100.0]),
+        unit: "ms",
+        status: match cpu {
+            None => Status::Skip,
+            Some(v) if v <= 5.0 => Status::Pass,
+            Some(_) => Status::Miss,
+        },
+        stretch: false,
+        detail: "median user+system CPU time of the plugin process (wait4) over the timed calls"
+            .into(),
+    });
+    let loads = status
+        .and_then(|r| r.account.as_ref().ok())
+        .map(|a| a.program_loads);
+    rows.push(TargetRow {
+        id: "status-loads-1000-pods".into(),
+        text: format!("STATUS loads no program on a node of {}", full.label()),
+        compare: Compare::AtMost,
+        threshold: 0.0,
+        values: loads.map_or_else(Vec::new, |n| vec![n as f64]),
+        unit: "programs loaded",
+        status: match loads {
+            None => Status::Skip,
+            Some(0) => Status::Pass,
+            Some(_) => Status::Miss,
+        },
+        stretch: false,
+        detail: status.map_or("not measured in this run".into(), |r| {
+            format!(
+                "BPF_PROG_LOAD calls over {} STATUS calls under strace",
+                r.traced_calls
+            )
+        }),
+    });
     rows
 }
 
@@ -1216,6 +1522,75 @@ mod tests {
             "{}",
             row.detail
         );
+    }
+
+    fn pod_cell(flavor: Flavor, shape: Shape, verb: Verb, full: &[f64], empty: &[f64]) -> PodCell {
+        PodCell {
+            shape,
+            flavor,
+            verb,
+            reps: full.iter().map(|&l| batch(&[l], 0, &[])).collect(),
+            empty_reps: empty.iter().map(|&l| batch(&[l], 0, &[])).collect(),
+            account: None,
+        }
+    }
+
+    fn counted(bpf_calls: u64, address_records: u64) -> Option<Result<CallAccount, String>> {
+        Some(Ok(CallAccount {
+            bpf_calls,
+            program_loads: 0,
+            bpf_by_command: BTreeMap::new(),
+            netlink: [
+                ("link_records".to_owned(), 5),
+                ("address_records".to_owned(), address_records),
+            ]
+            .into(),
+        }))
+    }
+
+    #[test]
+    fn pod_rows_judge_the_full_node_against_its_twin_and_upstream_on_the_same_node() {
+        let mut results = Results::default();
+        let (empty, quarter, full) = (POD_SHAPES[0], POD_SHAPES[1], POD_SHAPES[2]);
+        results.pods.push(pod_cell(
+            Flavor::Ours,
+            quarter,
+            Verb::Add,
+            &[2.2, 2.1, 2.4],
+            &[2.0; 3],
+        ));
+        results.pods.push(pod_cell(
+            Flavor::Upstream,
+            quarter,
+            Verb::Add,
+            &[40.0, 42.0, 60.0],
+            &[10.0; 3],
+        ));
+        let mut at_0 = pod_cell(Flavor::Ours, empty, Verb::Add, &[2.0], &[2.0]);
+        at_0.account = counted(94, 14);
+        let mut at_full = pod_cell(Flavor::Ours, full, Verb::Add, &[2.0], &[2.0]);
+        at_full.account = counted(97, 1014);
+        results.pods.extend([at_0, at_full]);
+        let rows = judge(&results);
+        let ratio = find(&rows, "pods-add-250x2");
+        assert_eq!(ratio.values, [1.1, 1.05, 1.2]);
+        assert_eq!(ratio.threshold, 1.1);
+        assert_eq!(ratio.status, Status::Pass, "median 1.1 is within 1.1x");
+        assert_eq!(find(&rows, "pods-del-250x2").status, Status::Skip);
+        let speedup = find(&rows, "pods-add-vs-iptables-250x2");
+        assert_eq!(speedup.values, [40.0 / 2.2, 20.0, 25.0]);
+        assert_eq!(speedup.status, Status::Pass);
+        assert_eq!(find(&rows, "pods-add-1000x2").threshold, 1.2);
+        let bpf = find(&rows, "pods-add-bpf-calls");
+        assert_eq!(
+            (bpf.values.as_slice(), bpf.status),
+            (&[3.0][..], Status::Pass)
+        );
+        let netlink = find(&rows, "pods-add-netlink-messages");
+        assert_eq!(netlink.values, [1000.0]);
+        assert_eq!(netlink.status, Status::Miss, "{}", netlink.detail);
+        assert_eq!(find(&rows, "status-cpu-1000-pods").status, Status::Skip);
+        assert_eq!(find(&rows, "status-loads-1000-pods").status, Status::Skip);
     }
 
     #[test]

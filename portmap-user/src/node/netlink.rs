@@ -62,12 +62,14 @@ pub enum NetlinkError {
 /// single messages we ask for (a link without statistics) are far smaller.
 const RECEIVE_BUFFER: usize = 64 * 1024;
 
-/// What this process read over rtnetlink so far: datagrams, and the link
-/// and address records in them (every [`Rtnl`] counts into it). A plugin
-/// run logs it at debug level, so a cost that grows with the node shows.
+/// What this process read over rtnetlink so far: datagrams, their bytes,
+/// and the link and address records in them (every [`Rtnl`] counts into
+/// it). A plugin run logs it at debug level, so a cost that grows with the
+/// node shows.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Account {
     pub reads: u64,
+    pub bytes: u64,
     pub link_records: u64,
     pub address_records: u64,
 }
@@ -76,13 +78,14 @@ impl std::fmt::Display for Account {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "netlink_reads={} link_records={} address_records={}",
-            self.reads, self.link_records, self.address_records
+            "netlink_reads={} netlink_bytes={} link_records={} address_records={}",
+            self.reads, self.bytes, self.link_records, self.address_records
         )
     }
 }
 
 static READS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
 static LINK_RECORDS: AtomicU64 = AtomicU64::new(0);
 static ADDRESS_RECORDS: AtomicU64 = AtomicU64::new(0);
 
@@ -90,6 +93,7 @@ static ADDRESS_RECORDS: AtomicU64 = AtomicU64::new(0);
 pub fn account() -> Account {
     Account {
         reads: READS.load(Ordering::Relaxed),
+        bytes: BYTES.load(Ordering::Relaxed),
         link_records: LINK_RECORDS.load(Ordering::Relaxed),
         address_records: ADDRESS_RECORDS.load(Ordering::Relaxed),
     }
@@ -184,6 +188,7 @@ impl Rtnl {
                 .recv(&mut self.buffer, libc::MSG_TRUNC)
                 .map_err(io("recv"))?;
             READS.fetch_add(1, Ordering::Relaxed);
+            BYTES.fetch_add(length as u64, Ordering::Relaxed);
             if length > self.buffer.len() {
                 return Err(NetlinkError::Truncated);
             }
