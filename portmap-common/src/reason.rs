@@ -66,7 +66,11 @@ pub mod stat {
     /// destination or source (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104):
     /// never a node's own traffic, so dropped rather than translated.
     pub const DROP_LOOPBACK: u32 = 25;
-    pub const COUNT: u32 = 26;
+    /// A packet (or a node socket) that would open a flow by a mapping
+    /// whose configuration has `conditionsV4`/`conditionsV6` it does not
+    /// meet: left untranslated, as if no mapping existed.
+    pub const SKIP_CONDITIONS: u32 = 26;
+    pub const COUNT: u32 = 27;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -296,6 +300,13 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         label: "dropped-loopback",
         meaning: "loopback destination or source (127.0.0.0/8, ::1) arriving from a link: dropped, never translated",
         kind: Kind::Problem,
+    },
+    Reason {
+        id: stat::SKIP_CONDITIONS,
+        name: "skip_conditions",
+        label: "skipped-conditions",
+        meaning: "new flow that does not meet its mapping's conditionsV4/conditionsV6: left to the node untranslated",
+        kind: Kind::Skipped,
     },
 ];
 
