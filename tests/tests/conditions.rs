@@ -8,6 +8,7 @@
 
 use std::net::IpAddr;
 
+use portmap_tests::cni::CniCommand;
 use portmap_tests::topology::{NODE_IP4, NODE_IP6};
 use portmap_tests::traffic::{
     echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
@@ -227,21 +228,27 @@ fn containers_of_one_configuration_keep_their_own_conditions() {
 #[test]
 fn a_re_add_without_conditions_opens_the_port_to_everyone() {
     let world = world_with(json!({"conditionsV4": ["-s", "198.18.0.0/24"]}));
-    let (web, _servers) = serve(&world, "web");
+    let web = world.node.add_container("web");
+    let _server = tcp_echo_server(&web.ns, 80, "web");
+    let rt = web.with_port_mappings(&mappings());
+    let result = world
+        .runner
+        .add(&world.list, &rt)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
     expect_unreachable(
         "TCP from far under conditions",
         tcp_request(&world.node.far, sock(NODE_IP4, 8080), "denied", GONE),
     );
-    // The same container added again by a configuration without them.
-    let mut json = world.list.json().clone();
-    json["plugins"][1]
+    // Our plugin alone, ADD again with the same container and prevResult,
+    // from a configuration without the conditions.
+    let mut config = world.our_config(&rt, Some(&result));
+    config
         .as_object_mut()
-        .expect("ebpf-portmap's entry")
+        .expect("an object")
         .remove("conditionsV4");
-    let open = portmap_tests::Conflist::from_json(json).expect("conflist");
     world
         .runner
-        .add(&open, &web.with_port_mappings(&mappings()))
+        .exec_plugin("ebpf-portmap", CniCommand::Add, Some(&rt), &config)
         .unwrap_or_else(|e| panic!("re-ADD without conditions: {e}"));
     assert_eq!(condition_entries(&world), 0, "the re-ADD removed them");
     world.expect_answer(
@@ -298,4 +305,76 @@ fn unsupported_conditions_are_refused_with_code_7_and_change_nothing() {
         // The runtime's DEL after a failed ADD succeeds.
         world.del(&web, &mappings());
     }
+}
+
+/// Runs the probe client (`tcp` mode) from the node, in the test's cgroup
+/// where the socket hooks are attached; `Ok(reply)` or the probe's error.
+fn node_probe(
+    world: &World,
+    target: std::net::SocketAddr,
+    payload: &str,
+) -> Result<String, String> {
+    use std::os::unix::process::CommandExt;
+    let probe =
+        std::env::var_os("EPM_PROBE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_probe").into());
+    let mut command = world.node.ns.command(probe);
+    command.args(["tcp", &target.to_string(), payload, "2000"]);
+    let procs = world.pins.cgroup().procs_file();
+    // SAFETY: only async-signal-safe calls between fork and exec: open,
+    // write and close through std's file API on a path built before.
+    unsafe {
+        command.pre_exec(move || std::fs::write(&procs, b"0"));
+    }
+    let out = command.output().map_err(|e| format!("spawn probe: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    if out.status.success() {
+        Ok(field("reply"))
+    } else {
+        Err(field("error"))
+    }
+}
+
+/// The node's own connections (socket hooks) and a container's hairpin
+/// (tc on the bridge) are judged as upstream's OUTPUT and PREROUTING rules
+/// judge them: the node dialling its own address has that address as
+/// source; 127.0.0.1 has 127.0.0.1; a container has its own.
+#[test]
+fn the_nodes_own_connections_and_hairpin_are_judged_like_upstream() {
+    let world = world_with(json!({
+        "conditionsV4": ["-s", "198.18.0.0/24"],
+        "conditionsV6": ["-s", "fd18::/64"],
+    }));
+    let (web, _servers) = serve(&world, "web");
+    let other = world.node.add_container("other");
+    world.add(&other, &[]);
+    for ip in node_ips() {
+        let target = sock(ip, 8080);
+        assert_eq!(
+            node_probe(&world, target, "mine").unwrap_or_else(|e| panic!(
+                "the node dialling {target} (source {ip}, inside): {e}\n{}",
+                world.dump()
+            )),
+            echo_reply("web", "mine")
+        );
+        expect_unreachable(
+            &format!("container `other` dialling {target} (its source is outside)"),
+            tcp_request(&other.ns, target, "hairpin", GONE),
+        );
+    }
+    for loopback in ["127.0.0.1", "::1"] {
+        let target = sock(loopback.parse::<IpAddr>().expect("address"), 8080);
+        let seen = node_probe(&world, target, "loopback");
+        assert!(
+            seen.is_err(),
+            "the node dialling {target} has a loopback source, outside the conditions: {seen:?}"
+        );
+    }
+    world.del(&other, &[]);
+    world.del(&web, &mappings());
 }
