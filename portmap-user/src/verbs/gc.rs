@@ -67,7 +67,7 @@ pub fn collect_node_garbage(
     match maps.prune_conditions() {
         Ok(0) => {}
         Ok(pruned) => {
-            log::info!("{verb}: {pruned} conditions entr(y/ies) without an owner removed")
+            log::info!("{verb}: {pruned} conditions entr(y/ies) without an owner removed");
         }
         Err(error) => log::warn!("{verb}: conditions not pruned: {error}"),
     }

@@ -357,7 +357,7 @@ fn mask_words(family: u8, prefix: u8) -> [u32; 4] {
     let max: u8 = if family == FAMILY_V4 { 32 } else { 128 };
     let mut out = [0; 4];
     let mut left = u32::from(prefix.min(max));
-    for word in out.iter_mut() {
+    for word in &mut out {
         let bits = left.min(32);
         *word = u32::MAX.checked_shl(32 - bits).unwrap_or(0).to_be();
         left -= bits;
