@@ -7,6 +7,7 @@
 //! uses the first word and leaves the rest zero.
 #![no_std]
 
+pub mod conditions;
 pub mod crc32c;
 pub mod fnv;
 pub mod local;
@@ -69,7 +70,10 @@ pub struct MappingKey {
 pub struct MappingValue {
     pub container_addr_be: [u32; 4],
     pub container_port_be: u16,
-    pub _pad0: u16,
+    /// [`conditions::HAS_CONDITIONS`] when a new flow must meet its owner's
+    /// conditions for this family first; 0 for none. Was padding (always 0)
+    /// in builds before the conditions, whose mappings read as "none".
+    pub conditions: u16,
     pub _pad1: u32,
     /// Hash of the owner identity; the full identity is in `owners`.
     pub owner_id: u64,

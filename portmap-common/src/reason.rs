@@ -77,7 +77,11 @@ pub mod stat {
     /// closed masqueraded flow: that flow's lingering entries removed, so
     /// the container's answers reach the node.
     pub const MASQ_TUPLE_RELEASED: u32 = 28;
-    pub const COUNT: u32 = 29;
+    /// A packet (or a node socket) that would open a flow by a mapping
+    /// whose configuration has `conditionsV4`/`conditionsV6` it does not
+    /// meet: left untranslated, as if no mapping existed.
+    pub const SKIP_CONDITIONS: u32 = 29;
+    pub const COUNT: u32 = 30;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -328,6 +332,13 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         label: "masq-tuple-released",
         meaning: "node connection to a container on a closed masqueraded flow's tuple: the lingering entries removed",
         kind: Kind::Recorded,
+    },
+    Reason {
+        id: stat::SKIP_CONDITIONS,
+        name: "skip_conditions",
+        label: "skipped-conditions",
+        meaning: "new flow that does not meet its mapping's conditionsV4/conditionsV6: left to the node untranslated",
+        kind: Kind::Skipped,
     },
 ];
 

@@ -159,6 +159,25 @@ fn may_recover(ctx: &TcContext, packet: &Packet) -> bool {
     true
 }
 
+/// Whether a packet that would open a flow by a mapping of `owner_id` with
+/// conditions meets them (see `portmap_common::conditions`): judged by the
+/// interface it arrived on, as upstream's `PREROUTING` rule. A missing
+/// entry admits nothing. Counts a refusal. Not inlined: new_flow's frame
+/// has no room for the checks (see may_recover), and the verifier walks
+/// the bounded loops once, off the path of mappings without conditions.
+#[inline(never)]
+fn meets_conditions(ctx: &TcContext, packet: &Packet, owner_id: u64) -> bool {
+    // SAFETY: reading a field of the context the program was handed.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let admitted = maps::conditions_of(owner_id, packet.family).is_some_and(|conditions| {
+        conditions.admits(packet.proto, &packet.src_be, &packet.dst_be, ifindex)
+    });
+    if !admitted {
+        maps::count(stat::SKIP_CONDITIONS);
+    }
+    admitted
+}
+
 /// A packet that may open a translated flow: find its mapping, check it is
 /// for the node, record both directions and translate. Not inlined: it has
 /// its own stack frame, so its buffers do not add to the hot path's.
@@ -184,6 +203,10 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
     else {
         return false;
     };
+    // 0 for every mapping without conditions: one test, no lookup.
+    if mapping.conditions != 0 && !meets_conditions(ctx, packet, mapping.owner_id) {
+        return false;
+    }
     if !opens && !may_recover(ctx, packet) {
         return false;
     }

@@ -19,7 +19,9 @@ use aya_ebpf::{
 };
 use portmap_common::{
     CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OwnerRecord,
-    OwnerSlotKey, PROTO_TCP, PortRole, TraceEvent, TraceFilter, capacity, stat,
+    OwnerSlotKey, PROTO_TCP, PortRole, TraceEvent, TraceFilter, capacity,
+    conditions::{self, ConditionKey, Conditions},
+    stat,
 };
 
 use crate::{fast::Offer, parse};
@@ -254,6 +256,32 @@ pub fn mapping(key: &MappingKey) -> Option<MappingValue> {
     // SAFETY: the value is copied out at once; userspace may replace it
     // concurrently, and a copy is all we need.
     unsafe { MAPPINGS.get(key).copied() }
+}
+
+// ---- who may open a flow (see `portmap_common::conditions`) ----
+
+/// Each owner's conditions per family, written only by userspace; read
+/// only for a new flow by a mapping whose `conditions` field is set.
+#[btf_map(name = "conditions")]
+static CONDITIONS: HashMap<
+    ConditionKey,
+    Conditions,
+    { conditions::CAPACITY as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+/// The conditions of `owner_id` for `family`, in place (the value is
+/// larger than a frame may hold); `None` when the entry is missing.
+#[inline(always)]
+pub fn conditions_of(owner_id: u64, family: u8) -> Option<&'static Conditions> {
+    let key = ConditionKey {
+        owner_id,
+        family,
+        _pad0: [0; 7],
+    };
+    // SAFETY: a live map value, read field by field by the caller; userspace
+    // replaces whole entries, so a read racing an update sees either.
+    unsafe { CONDITIONS.get(key) }
 }
 
 // ---- the mappings' cache for established flows (see `cached_mapping`) ----

@@ -194,6 +194,30 @@ fn mapping_for(ctx: &SockAddrContext, endpoint: &Endpoint, proto: u8) -> Option<
     }
 }
 
+/// Whether the node's own connection to `dialled` meets the conditions of
+/// the mapping's owner (see `portmap_common::conditions`), judged as
+/// upstream's `OUTPUT` rule judges it: no input interface, the dialled
+/// address as destination, and as source the address the kernel gives an
+/// unbound socket towards a node address (that address itself; 127.0.0.1
+/// for the rest of 127.0.0.0/8). A socket bound to another source is judged
+/// as unbound: the hook runs before the kernel picks a source, and a
+/// client that binds one towards its own node is rare. A missing entry
+/// admits nothing; a connection not admitted is left alone, and with no
+/// listener of the node behind the dialled port it is refused, as by a
+/// node without the mapping.
+#[inline(always)]
+fn meets_conditions(dialled: &Endpoint, proto: u8, owner_id: u64) -> bool {
+    let Some(conditions) = maps::conditions_of(owner_id, dialled.family) else {
+        return false;
+    };
+    let source = if dialled.family == FAMILY_V4 && parse::is_loopback(FAMILY_V4, &dialled.addr_be) {
+        [u32::from_ne_bytes([127, 0, 0, 1]), 0, 0, 0]
+    } else {
+        dialled.addr_be
+    };
+    conditions.admits(proto, &source, &dialled.addr_be, 0)
+}
+
 #[inline(always)]
 fn translate(ctx: &SockAddrContext, socket_family: u8) {
     let Some(proto) = protocol(ctx) else {
@@ -209,6 +233,10 @@ fn translate(ctx: &SockAddrContext, socket_family: u8) {
     let Some(mapping) = mapping_for(ctx, &dialled, proto) else {
         return;
     };
+    if mapping.conditions != 0 && !meets_conditions(&dialled, proto, mapping.owner_id) {
+        maps::count(stat::SKIP_CONDITIONS);
+        return;
+    }
     let backend = Endpoint {
         family: dialled.family,
         addr_be: mapping.container_addr_be,

@@ -43,6 +43,7 @@ fn the_object_declares_exactly_the_named_maps_with_their_capacities() {
         .chain(&maps::PINNED_LOCAL)
         .chain(&maps::UNPINNED)
         .chain(&[portmap_common::TRACE_LOST_MAP])
+        .chain(&[portmap_common::conditions::CONDITIONS_MAP])
         .copied()
         .collect();
     assert_eq!(

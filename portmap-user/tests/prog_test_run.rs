@@ -18,6 +18,7 @@ use aya::{
 };
 use portmap_common::{
     CtEntry, CtKey, MappingKey, MappingValue,
+    conditions::{self, Cidr, ConditionKey, Conditions},
     local::{self, NodeConfig, Peer, PeerKey},
     map_names, program_names, stat,
 };
@@ -1236,5 +1237,220 @@ fn a_mid_flow_packet_a_node_socket_owns_is_never_recovered() {
         );
         assert_eq!(dp.stat(stat::CT_RECOVERED), 1);
         assert_eq!(dp.stat(stat::SKIP_NODE_SOCKET), 1);
+    });
+}
+
+// ---- conditionsV4/conditionsV6 (portmap_common::conditions) --------------------
+
+impl Dataplane {
+    /// Sets the `conditions` flag of every mapping, as ADD does for a
+    /// configuration with conditions for the mapping's family.
+    fn flag_conditions(&mut self) {
+        let mut mappings: HashMap<&mut MapData, MappingKey, MappingValue> = HashMap::try_from(
+            self.ebpf
+                .map_mut(map_names::MAPPINGS)
+                .expect("mappings map"),
+        )
+        .expect("typed mappings map");
+        let entries: Vec<_> = mappings.iter().map(|e| e.expect("entry")).collect();
+        for (key, mut value) in entries {
+            value.conditions = conditions::HAS_CONDITIONS;
+            mappings.insert(key, value, 0).expect("flag mapping");
+        }
+    }
+
+    /// Writes the conditions of owner 42 (every mapping's, see `map`) for
+    /// `family`.
+    fn set_conditions(&mut self, family: u8, entry: Conditions) {
+        let mut table: HashMap<&mut MapData, ConditionKey, Conditions> = HashMap::try_from(
+            self.ebpf
+                .map_mut(conditions::CONDITIONS_MAP)
+                .expect("conditions map"),
+        )
+        .expect("typed conditions map");
+        let key = ConditionKey {
+            owner_id: 42,
+            family,
+            _pad0: [0; 7],
+        };
+        table.insert(key, entry, 0).expect("insert conditions");
+    }
+}
+
+/// Conditions whose only condition is `-s` (or `! -s`) `net`/`prefix`.
+fn source_condition(net: IpAddr, prefix: u32, negate: bool) -> Conditions {
+    let mut words = words_from_addr(net);
+    let mut mask = [0u32; 4];
+    let mut left = prefix;
+    for (word, mask) in words.iter_mut().zip(&mut mask) {
+        let bits = left.min(32);
+        *mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0).to_be();
+        *word &= *mask;
+        left -= bits;
+    }
+    let mut entry = Conditions {
+        source_len: 1,
+        negated: if negate {
+            conditions::negated::SOURCE
+        } else {
+            0
+        },
+        ..Conditions::default()
+    };
+    entry.source[0] = Cidr {
+        net_be: words,
+        mask_be: mask,
+    };
+    entry
+}
+
+/// A SYN from `src` to the node's 8080 (mapped to the container's 80).
+fn syn_from(src: IpAddr, sport: u16) -> Flow {
+    Flow {
+        src,
+        dst: if src.is_ipv4() {
+            NODE_V4.into()
+        } else {
+            NODE_V6.into()
+        },
+        sport,
+        dport: 8080,
+        proto: TCP,
+        flags: SYN,
+    }
+}
+
+#[test]
+fn conditions_admit_only_their_sources_and_spare_established_flows() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        dp.map(None, true, 8080, TCP, CONTAINER_V6.into(), 80);
+        dp.flag_conditions();
+        dp.set_conditions(4, source_condition(CLIENT_V4.into(), 30, false));
+        dp.set_conditions(6, source_condition(CLIENT_V6.into(), 124, false));
+        let outsider_v4: IpAddr = "198.18.0.99".parse().unwrap();
+        let outsider_v6: IpAddr = "fd18::99".parse().unwrap();
+        for outsider in [outsider_v4, outsider_v6] {
+            let input = packet(&syn_from(outsider, 40000), b"");
+            assert_eq!(
+                dp.ingress(&input),
+                input,
+                "a SYN from {outsider}, outside the conditions, passes untouched"
+            );
+        }
+        assert_eq!(dp.stat(stat::SKIP_CONDITIONS), 2, "both refusals counted");
+        assert_eq!(dp.stat(stat::DNAT_NEW), 0);
+        assert!(
+            dp.conntrack(map_names::CONNTRACK).is_empty(),
+            "a refused packet records no flow"
+        );
+        for (client, container) in [
+            (IpAddr::from(CLIENT_V4), IpAddr::from(CONTAINER_V4)),
+            (CLIENT_V6.into(), CONTAINER_V6.into()),
+        ] {
+            assert_eq!(
+                inspect(&dp.ingress(&packet(&syn_from(client, 40000), b""))),
+                seen(client, 40000, container, 80),
+                "a SYN from {client}, inside the conditions, is translated"
+            );
+        }
+        assert_eq!(dp.stat(stat::DNAT_NEW), 2);
+        // The conditions change to exclude the client: its established
+        // flow goes on, a new flow of it does not.
+        dp.set_conditions(4, source_condition(CLIENT_V4.into(), 32, true));
+        let established = Flow {
+            flags: ACK,
+            ..syn_from(CLIENT_V4.into(), 40000)
+        };
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&established, b"data"))),
+            seen(CLIENT_V4.into(), 40000, CONTAINER_V4.into(), 80),
+            "an established flow is never judged again"
+        );
+        let input = packet(&syn_from(CLIENT_V4.into(), 40001), b"");
+        assert_eq!(dp.ingress(&input), input, "a new flow is");
+        assert_eq!(dp.stat(stat::SKIP_CONDITIONS), 3);
+        // The negated form admits the former outsider.
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&syn_from(outsider_v4, 40002), b""))),
+            seen(outsider_v4, 40002, CONTAINER_V4.into(), 80)
+        );
+    });
+}
+
+#[test]
+fn a_flagged_mapping_without_its_conditions_admits_nothing() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        dp.flag_conditions();
+        let input = packet(&syn_from(CLIENT_V4.into(), 40000), b"");
+        assert_eq!(dp.ingress(&input), input, "fails closed");
+        assert_eq!(dp.stat(stat::SKIP_CONDITIONS), 1);
+    });
+}
+
+#[test]
+fn a_mapping_without_the_flag_never_reads_the_conditions() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        // An entry that would refuse everyone, for the same owner.
+        dp.set_conditions(4, source_condition(CLIENT_V4.into(), 0, true));
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&syn_from(CLIENT_V4.into(), 40000), b""))),
+            translated_in()
+        );
+        assert_eq!(dp.stat(stat::SKIP_CONDITIONS), 0);
+    });
+}
+
+#[test]
+fn protocol_and_in_interface_conditions_are_checked_per_packet() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        dp.map(None, false, 8080, UDP, CONTAINER_V4.into(), 80);
+        dp.flag_conditions();
+        // -p tcp -i <the node's interface>
+        dp.set_conditions(
+            4,
+            Conditions {
+                protocols: conditions::protocol_bits::TCP,
+                has_in_interface: 1,
+                in_ifindex: ifindex,
+                ..Conditions::default()
+            },
+        );
+        assert_eq!(
+            inspect(&dp.ingress(&packet(&syn_from(CLIENT_V4.into(), 40000), b""))),
+            translated_in(),
+            "TCP arriving on the named interface"
+        );
+        let udp = Flow {
+            proto: UDP,
+            flags: 0,
+            ..syn_from(CLIENT_V4.into(), 40001)
+        };
+        let input = packet(&udp, b"q");
+        assert_eq!(dp.ingress(&input), input, "-p tcp refuses UDP");
+        // ! -i <the node's interface>
+        dp.set_conditions(
+            4,
+            Conditions {
+                has_in_interface: 1,
+                in_ifindex: ifindex,
+                negated: conditions::negated::IN_INTERFACE,
+                ..Conditions::default()
+            },
+        );
+        let input = packet(&syn_from(CLIENT_V4.into(), 40002), b"");
+        assert_eq!(
+            dp.ingress(&input),
+            input,
+            "! -i refuses the named interface"
+        );
+        assert_eq!(dp.stat(stat::SKIP_CONDITIONS), 2);
     });
 }

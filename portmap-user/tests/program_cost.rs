@@ -28,7 +28,9 @@ use aya::{
     Ebpf,
     programs::{CgroupSockAddr, ProgramInfo},
 };
-use common::{ACK, CLIENT, CONTAINER, CONTAINER_PORT, Flow, NODE, in_namespace, tcp_frame};
+use common::{
+    ACK, CLIENT, CONTAINER, CONTAINER_PORT, Flow, HOST_PORT, NODE, SYN, in_namespace, tcp_frame,
+};
 use portmap_common::{local, program_names};
 use portmap_user::dataplane::object::OBJECT;
 
@@ -185,7 +187,11 @@ fn program_cost() {
             let pod_out = tcp_frame(POD, 40003, FAR, 80, ACK);
             let pod_back = tcp_frame(FAR, 80, POD, 40003, ACK);
             let pod_back_unmapped = tcp_frame(FAR, 443, POD, 40004, ACK);
-            let cases: [(&str, &str, &[u8], bool); 10] = [
+            // A new flow's SYN: every run takes the mapping lookup and the
+            // new-flow path again (a SYN always starts over from the
+            // mappings), where a mapping's conditions would be checked.
+            let syn = tcp_frame(CLIENT, 40005, NODE, HOST_PORT, SYN);
+            let cases: [(&str, &str, &[u8], bool); 11] = [
                 // What a single timed run costs beyond the program: the floor
                 // under the cases timed one run per syscall.
                 (
@@ -198,6 +204,12 @@ fn program_cost() {
                     "uplink ingress, established",
                     program_names::TC_INGRESS,
                     ack,
+                    true,
+                ),
+                (
+                    "uplink ingress, new flow (SYN)",
+                    program_names::TC_INGRESS,
+                    &syn,
                     true,
                 ),
                 (

@@ -234,10 +234,11 @@ fn every_malformed_request_is_refused_cleanly_and_changes_nothing() {
         case("maxMappings zero", r().set("/maxMappings", json!(0)), 7, &["maxMappings"]),
         case("runtimeConfig not an object", r().set("/runtimeConfig", json!([])), 7, &["runtimeConfig"]),
         case("portMappings not a list", r().mappings(json!({"hostPort": 80})), 7, &["portMappings"]),
-        // Upstream portmap's source restrictions: refused until enforced.
-        case("conditionsV4 (upstream's)", r().set("/conditionsV4", json!(["-s", "10.0.0.0/8"])), 7, &["conditionsV4", "every source"]),
-        case("conditionsV6 (upstream's)", r().set("/conditionsV6", json!(["!", "-s", "fd00::/8"])), 7, &["conditionsV6", "every source"]),
-        case("conditionsV4 on STATUS", r().env("CNI_COMMAND", Some("STATUS")).set("/conditionsV4", json!(["-i", "eth0"])), 7, &["conditionsV4"]),
+        // Upstream portmap's conditions: the forms ebpf-portmap cannot
+        // enforce are refused, naming the argument.
+        case("conditionsV4 with a match", r().set("/conditionsV4", json!(["-m", "set", "--match-set", "x", "src"])), 7, &["conditionsV4[0]", "\"-m\" is not supported", "supported are"]),
+        case("conditionsV6 with an IPv4 source", r().set("/conditionsV6", json!(["!", "-s", "10.0.0.0/8"])), 7, &["conditionsV6[2]", "IPv4"]),
+        case("conditionsV4 -o on STATUS", r().env("CNI_COMMAND", Some("STATUS")).set("/conditionsV4", json!(["-o", "eth0"])), 7, &["conditionsV4[0]", "output interface"]),
         // Port mappings.
         case("hostPort 0", r().mappings(mapping(json!(0), json!(80), json!("tcp"))), 7, &["hostPort", "0"]),
         case("hostPort negative", r().mappings(mapping(json!(-1), json!(80), json!("tcp"))), 7, &["hostPort"]),
@@ -618,7 +619,7 @@ fn upstream_keys_without_use_here_are_accepted_with_one_warning() {
 
 #[test]
 fn del_after_an_add_refused_for_conditions_succeeds() {
-    let world = world_with(json!({"conditionsV4": ["-s", "10.0.0.0/8"]}));
+    let world = world_with(json!({"conditionsV4": ["-m", "comment", "--comment", "x"]}));
     let add = Request::add(&world);
     let out = invoke(&world, &add.env, &add.stdin());
     assert!(!out.status.success(), "ADD with conditionsV4 is refused");

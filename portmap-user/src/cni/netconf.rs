@@ -18,6 +18,10 @@ use crate::cni::json::{
 };
 use crate::cni::json_keys::{self, Field, Found, Object, Resolved};
 use crate::cni::port_mappings::{self, MappingError};
+pub mod conditions;
+
+use conditions::{ConditionError, ConditionSet};
+
 use crate::model::{
     Attachment, CONNTRACK_SIZE_MAX, CONNTRACK_SIZE_MIN, DEFAULT_PIN_ROOT, MAX_MAPPINGS_MAX,
     MAX_MAPPINGS_MIN, PortMapping,
@@ -102,6 +106,22 @@ pub struct NetConf {
     /// Keys of the upstream `portmap` plugin present here that ebpf-portmap
     /// accepts and does not use ([`UPSTREAM_UNUSED_KEYS`]), as spelled.
     pub upstream_unused: Vec<UpstreamKey>,
+    /// `conditionsV4`: who may open a flow through the IPv4 mappings
+    /// (`None`: everyone).
+    pub conditions_v4: Option<ConditionSet>,
+    /// `conditionsV6`, likewise for IPv6.
+    pub conditions_v6: Option<ConditionSet>,
+}
+
+impl NetConf {
+    /// The conditions of `family`'s mappings, if the configuration has any.
+    pub fn conditions(&self, family: u8) -> Option<&ConditionSet> {
+        if family == portmap_common::FAMILY_V4 {
+            self.conditions_v4.as_ref()
+        } else {
+            self.conditions_v6.as_ref()
+        }
+    }
 }
 
 /// An upstream `portmap` key found in the configuration that ebpf-portmap
@@ -124,10 +144,13 @@ impl std::fmt::Display for UpstreamKey {
 }
 
 /// Upstream `portmap` keys that restrict who may reach the host ports
-/// (iptables match conditions added to every DNAT rule). ebpf-portmap does
-/// not enforce them yet, so a configuration with conditions is refused:
-/// accepting it would serve the ports to every source.
-pub const UPSTREAM_CONDITION_KEYS: [&str; 2] = ["conditionsV4", "conditionsV6"];
+/// (iptables match conditions added to every DNAT rule), with the family
+/// of their mappings: enforced by the programs in their common forms
+/// ([`conditions`]), any other form refused.
+pub const UPSTREAM_CONDITION_KEYS: [(&str, u8); 2] = [
+    ("conditionsV4", portmap_common::FAMILY_V4),
+    ("conditionsV6", portmap_common::FAMILY_V6),
+];
 
 /// Upstream `portmap` keys about its iptables/nftables machinery, which
 /// ebpf-portmap does not have, each with what it does instead: accepted (a
@@ -292,9 +315,10 @@ pub enum ConfigError {
     #[error("{key}: {value} is not one of \"refuse\" or \"allow\"")]
     InvalidListenerPolicy { key: String, value: String },
     #[error(
-        "{key} restricts who may reach the host ports (upstream portmap adds it to every DNAT rule as iptables match conditions); ebpf-portmap does not enforce such conditions yet and would serve the ports to every source: remove {key}, or keep the upstream portmap plugin for this network"
+        "{key}: {reason}; {supported} (nothing was changed: fix the condition, or keep the upstream portmap plugin for this network)",
+        supported = conditions::SUPPORTED
     )]
-    UnsupportedConditions { key: String },
+    UnsupportedCondition { key: String, reason: ConditionError },
 }
 
 impl ConfigError {
@@ -319,7 +343,7 @@ impl ConfigError {
             | ConfigError::NotABool { .. }
             | ConfigError::InvalidCgroupPath { .. }
             | ConfigError::InvalidListenerPolicy { .. }
-            | ConfigError::UnsupportedConditions { .. } => code::INVALID_NETWORK_CONFIG,
+            | ConfigError::UnsupportedCondition { .. } => code::INVALID_NETWORK_CONFIG,
         }
     }
 }
@@ -473,16 +497,18 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
         strictness,
         &mut dropped,
     )?;
-    // Refused for ADD, CHECK and STATUS; DEL and GC go on (nothing was
-    // added under conditions, and teardown must not get stuck).
-    for name in UPSTREAM_CONDITION_KEYS {
-        tolerate(
-            refuse_conditions(value(name)?),
-            (),
+    // Refused for ADD, CHECK and STATUS; DEL and GC go on (they remove
+    // conditions by owner, and teardown must not get stuck).
+    let mut condition_sets = [None, None];
+    for ((name, family), slot) in UPSTREAM_CONDITION_KEYS.iter().zip(&mut condition_sets) {
+        *slot = tolerate(
+            parse_conditions(value(name)?, *family),
+            None,
             strictness,
             &mut dropped,
         )?;
     }
+    let [conditions_v4, conditions_v6] = condition_sets;
     let mut upstream_unused = Vec::new();
     for (name, instead) in UPSTREAM_UNUSED_KEYS {
         if let Some(Given { key, value }) = value(name)?
@@ -512,6 +538,8 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
             prev_result,
             valid_attachments,
             upstream_unused,
+            conditions_v4,
+            conditions_v6,
         },
         dropped,
     ))
@@ -536,17 +564,14 @@ fn tolerate<T>(
 }
 
 /// `conditionsV4`/`conditionsV6`: absent, `null` or an empty list adds
-/// no condition upstream either; anything else is refused.
-fn refuse_conditions(value: Option<Given>) -> Result<(), ConfigError> {
-    match value {
-        None => Ok(()),
-        Some(Given { value, .. }) if value.is_null() => Ok(()),
-        Some(Given {
-            value: Value::Array(list),
-            ..
-        }) if list.is_empty() => Ok(()),
-        Some(Given { key, .. }) => Err(ConfigError::UnsupportedConditions { key }),
-    }
+/// no condition (upstream neither); the supported forms become a
+/// [`ConditionSet`]; anything else is refused, naming the argument.
+fn parse_conditions(value: Option<Given>, family: u8) -> Result<Option<ConditionSet>, ConfigError> {
+    let Some(Given { key, value }) = value else {
+        return Ok(None);
+    };
+    conditions::parse(&key, family, &value)
+        .map_err(|(key, reason)| ConfigError::UnsupportedCondition { key, reason })
 }
 
 fn parse_version(value: Option<Given>) -> Result<String, ConfigError> {

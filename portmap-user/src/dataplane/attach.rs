@@ -440,6 +440,7 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
         .iter()
         .chain(local::map_names::ALL.iter())
         .chain([portmap_common::TRACE_LOST_MAP].iter())
+        .chain([portmap_common::conditions::CONDITIONS_MAP].iter())
         .map(|&name| (name, layout.map(name)))
         .collect();
     let mut loader = EbpfLoader::new();
@@ -728,6 +729,10 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
             size(size_of::<portmap_common::MappingCounters>()),
         ),
         map_names::TRACE_FILTER => (4, size(size_of::<portmap_common::TraceFilter>())),
+        portmap_common::conditions::CONDITIONS_MAP => (
+            size(size_of::<portmap_common::conditions::ConditionKey>()),
+            size(size_of::<portmap_common::conditions::Conditions>()),
+        ),
         _ => return None,
     })
 }
@@ -739,6 +744,7 @@ pub fn check_pinned_layouts(layout: &PinLayout) -> Result<(), AttachError> {
         .into_iter()
         .chain(local::map_names::ALL)
         .chain([portmap_common::TRACE_LOST_MAP])
+        .chain([portmap_common::conditions::CONDITIONS_MAP])
     {
         let path = layout.map(name);
         let Ok(info) = aya::maps::MapInfo::from_pin(&path) else {

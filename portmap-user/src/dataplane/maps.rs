@@ -8,7 +8,9 @@ use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashM
 use portmap_common::{
     CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, ORPHANS_MAP,
     OWNER_PODS_MAP, OwnerRecord, OwnerSlotKey, PodRecord, PortKey, SPECIFIC_PORTS_CAPACITY,
-    SPECIFIC_PORTS_MAP, TraceFilter, capacity, map_names,
+    SPECIFIC_PORTS_MAP, TraceFilter, capacity,
+    conditions::{CONDITIONS_MAP, ConditionKey, Conditions},
+    map_names,
 };
 
 use crate::dataplane::pin::PinLayout;
@@ -71,6 +73,10 @@ pub struct Maps {
     /// The programs' mappings epoch, raised after a mapping is deleted or
     /// re-pointed (see [`MappingsEpoch`]).
     pub epoch: MappingsEpoch,
+    /// Owners' `conditionsV4`/`conditionsV6` (see
+    /// `portmap_common::conditions`); `None` on a pin root whose programs
+    /// are of a build before them.
+    pub conditions: Option<HashMap<MapData, ConditionKey, Conditions>>,
 }
 
 pub fn open<T>(layout: &PinLayout, name: &str) -> Result<T, MapsError>
@@ -125,8 +131,19 @@ impl Maps {
                 None
             },
             epoch: MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)),
+            conditions: open_conditions(layout)?,
         })
     }
+}
+
+/// The conditions map, if the programs' load pinned it.
+pub fn open_conditions(
+    layout: &PinLayout,
+) -> Result<Option<HashMap<MapData, ConditionKey, Conditions>>, MapsError> {
+    if !layout.map(CONDITIONS_MAP).exists() {
+        return Ok(None);
+    }
+    open(layout, CONDITIONS_MAP).map(Some)
 }
 
 /// The programs' `mappings_epoch` (see

@@ -66,7 +66,9 @@ use aya::maps::MapError;
 use portmap_common::{
     FAMILY_V4, FAMILY_V6, MAX_SLOTS_PER_OWNER, MappingKey, MappingValue, NOMAD_FIELD_LEN,
     OWNER_IFNAME_LEN, OWNER_NAME_LEN, OwnerRecord, OwnerSlotKey, POD_NAME_LEN, POD_NAMESPACE_LEN,
-    PROTO_SCTP, PROTO_TCP, PROTO_UDP, PodRecord, PortKey, SPECIFIC_PORTS_MAP, owner_flags,
+    PROTO_SCTP, PROTO_TCP, PROTO_UDP, PodRecord, PortKey, SPECIFIC_PORTS_MAP,
+    conditions::{CONDITIONS_MAP, ConditionKey, Conditions},
+    owner_flags,
 };
 
 use crate::model::{
@@ -134,6 +136,10 @@ pub struct Translation {
     pub key: MappingKey,
     pub container_addr_be: [u32; 4],
     pub container_port_be: u16,
+    /// `portmap_common::conditions::HAS_CONDITIONS` when the owner's
+    /// configuration has conditions for this family (see
+    /// [`with_conditions`]); 0 for none.
+    pub conditions: u16,
 }
 
 impl Translation {
@@ -141,6 +147,7 @@ impl Translation {
         MappingValue {
             container_addr_be: self.container_addr_be,
             container_port_be: self.container_port_be,
+            conditions: self.conditions,
             owner_id,
             ..MappingValue::default()
         }
@@ -193,6 +200,10 @@ pub enum StoreError {
         #[source]
         source: Box<crate::dataplane::maps::MapsError>,
     },
+    #[error(
+        "the conditions map is not pinned under this pin root (programs of an older build?): the conditionsV4/conditionsV6 of this configuration cannot be enforced"
+    )]
+    NoConditionsMap,
     #[error("mapping {key} is missing or not owned by {container_id}")]
     Missing {
         key: KeyDisplay,
@@ -346,10 +357,23 @@ pub fn plan(mappings: &[PortMapping], container: &ContainerAddrs) -> Vec<Transla
                 },
                 container_addr_be: words_from_addr(container_addr),
                 container_port_be: mapping.container_port.to_be(),
+                conditions: 0,
             });
         }
     }
     plan
+}
+
+/// Flags the translations of every family in `families` (those whose
+/// configuration has conditions): their mappings send each new flow to the
+/// owner's entry in the conditions map first.
+pub fn with_conditions(mut translations: Vec<Translation>, families: &[u8]) -> Vec<Translation> {
+    for translation in &mut translations {
+        if families.contains(&translation.key.family) {
+            translation.conditions = portmap_common::conditions::HAS_CONDITIONS;
+        }
+    }
+    translations
 }
 
 /// Stable ID of an owner: hash of network, container ID and interface name.
@@ -457,6 +481,14 @@ pub fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+fn condition_key(owner_id: u64, family: u8) -> ConditionKey {
+    ConditionKey {
+        owner_id,
+        family,
+        _pad0: [0; 7],
+    }
+}
+
 fn slot_key(owner_id: u64, slot: u32) -> OwnerSlotKey {
     OwnerSlotKey {
         owner_id,
@@ -512,15 +544,30 @@ impl Maps {
     /// same owner is idempotent; a changed set replaces the old one (what
     /// the old set held and the new one does not is released first, so the
     /// new set only has to fit on its own).
+    ///
+    /// `conditions` holds the owner's conditions by family (see
+    /// `portmap_common::conditions`): written before any mapping that
+    /// names them, and those of the other family removed once the claim
+    /// holds (a re-ADD whose configuration dropped them).
     pub fn claim(
         &mut self,
         owner: &Owner,
         identity: &PodIdentity,
         translations: &[Translation],
+        conditions: &[(u8, Conditions)],
     ) -> Result<(), StoreError> {
         let id = owner_id(owner);
         let (new_owner, ours) = self.claim_owner(owner, id)?;
         self.record_pod(id, identity);
+        if let Err(error) = self.write_conditions(id, conditions) {
+            if new_owner && let Err(rollback) = self.release_id(id) {
+                log::error!(
+                    "rollback after failed ADD of {} left entries behind: {rollback}",
+                    owner.container_id
+                );
+            }
+            return Err(error);
+        }
 
         let existing = self.slots(id)?;
         let kept: Vec<MappingKey> = existing
@@ -544,6 +591,13 @@ impl Maps {
             .and_then(|()| self.check_overlaps(id, translations))
             .and_then(|()| self.still_owner(owner, id, &ours));
         let Err(error) = result else {
+            // Conditions of a family this configuration no longer has: no
+            // mapping names them any more.
+            for family in [FAMILY_V4, FAMILY_V6] {
+                if !conditions.iter().any(|(with, _)| *with == family) {
+                    self.remove_conditions(id, family)?;
+                }
+            }
             return Ok(());
         };
         // Roll back: a new owner leaves nothing behind at all; an existing
@@ -643,6 +697,7 @@ impl Maps {
         for translation in translations {
             self.remove_mapping_if_owned(&translation.key, id)?;
         }
+        self.remove_all_conditions(id)?;
         for slot in (0..slots).rev() {
             match self.owner_slots.remove(&slot_key(id, slot)) {
                 Ok(()) => {}
@@ -744,6 +799,76 @@ impl Maps {
             .unwrap_or_default()
     }
 
+    /// Writes the owner's conditions (whole entries: the programs read
+    /// either the old or the new one). Refuses when the map is missing: a
+    /// configuration with conditions must never be served without them.
+    fn write_conditions(
+        &mut self,
+        id: u64,
+        conditions: &[(u8, Conditions)],
+    ) -> Result<(), StoreError> {
+        if conditions.is_empty() {
+            return Ok(());
+        }
+        let Some(map) = self.conditions.as_mut() else {
+            return Err(StoreError::NoConditionsMap);
+        };
+        for (family, entry) in conditions {
+            map.insert(condition_key(id, *family), *entry, BPF_ANY)
+                .map_err(map_error(CONDITIONS_MAP, "update"))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the owner's conditions of `family`, if any.
+    fn remove_conditions(&mut self, id: u64, family: u8) -> Result<(), StoreError> {
+        let Some(map) = self.conditions.as_mut() else {
+            return Ok(());
+        };
+        match map.remove(&condition_key(id, family)) {
+            Ok(()) => Ok(()),
+            Err(e) if is_errno(&e, libc::ENOENT) => Ok(()),
+            Err(e) => Err(map_error(CONDITIONS_MAP, "delete")(e)),
+        }
+    }
+
+    fn remove_all_conditions(&mut self, id: u64) -> Result<(), StoreError> {
+        self.remove_conditions(id, FAMILY_V4)?;
+        self.remove_conditions(id, FAMILY_V6)
+    }
+
+    /// The owner's conditions of `family`, if any (for `list` and tests).
+    pub fn conditions_of(&self, id: u64, family: u8) -> Option<Conditions> {
+        self.conditions
+            .as_ref()?
+            .get(&condition_key(id, family), 0)
+            .ok()
+    }
+
+    /// Removes conditions whose owner is gone (an ADD that raced with the
+    /// DEL of the same owner, a killed DEL). Returns how many it removed.
+    pub fn prune_conditions(&mut self) -> Result<usize, StoreError> {
+        let Some(map) = self.conditions.as_mut() else {
+            return Ok(0);
+        };
+        let keys = map
+            .keys()
+            .collect::<Result<Vec<ConditionKey>, _>>()
+            .map_err(map_error(CONDITIONS_MAP, "iterate"))?;
+        let mut removed = 0;
+        for key in keys {
+            if self.owners.get(&key.owner_id, 0).is_err() {
+                let map = self.conditions.as_mut().expect("checked above");
+                match map.remove(&key) {
+                    Ok(()) => removed += 1,
+                    Err(e) if is_errno(&e, libc::ENOENT) => {}
+                    Err(e) => return Err(map_error(CONDITIONS_MAP, "delete")(e)),
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// Removes pod records whose owner is gone (left by an ADD that raced
     /// with the DEL of the same owner). Returns how many it removed.
     pub fn prune_pods(&mut self) -> Result<usize, StoreError> {
@@ -835,6 +960,8 @@ impl Maps {
                 Err(e) => return Err(map_error("owner_slots", "delete")(e)),
             }
         }
+        // The conditions after the mappings that name them.
+        self.remove_all_conditions(id)?;
         // The pod record before the owner record: a DEL interrupted here
         // leaves an owner without a label, never a label without an owner.
         if let Some(pods) = self.pods.as_mut() {
@@ -1151,6 +1278,7 @@ impl Maps {
                 if let Some(pods) = self.pods.as_mut() {
                     let _ = pods.remove(&id);
                 }
+                let _ = self.remove_all_conditions(id);
             }
             if let Some(seen_map) = self.orphans.as_mut() {
                 let _ = seen_map.remove(&id);

@@ -20,10 +20,47 @@ use crate::node::listeners;
 use crate::node::netlink;
 use crate::node::netlink::NodeAddress;
 use crate::node::netlink::Rtnl;
+use portmap_common::conditions::Conditions;
+use portmap_common::{FAMILY_V4, FAMILY_V6};
 use std::collections::BTreeSet;
 
+/// The mappings a request asks for, flagged where its configuration has
+/// conditions for their family (ADD writes them, CHECK expects them).
+pub(super) fn planned(req: &Request) -> Vec<Translation> {
+    let families: Vec<u8> = [FAMILY_V4, FAMILY_V6]
+        .into_iter()
+        .filter(|family| req.conf.conditions(*family).is_some())
+        .collect();
+    ownership::with_conditions(
+        ownership::plan(&req.conf.port_mappings, &req.container),
+        &families,
+    )
+}
+
+/// The conditions map entries of the request, by family: `-i` names
+/// resolved to the index the interface has now in the node's namespace.
+fn condition_entries(conf: &NetConf) -> Vec<(u8, Conditions)> {
+    let mut entries = Vec::new();
+    for family in [FAMILY_V4, FAMILY_V6] {
+        let Some(set) = conf.conditions(family) else {
+            continue;
+        };
+        let entry = set.to_map_value(|name| {
+            netlink::interface_index(name).unwrap_or_else(|| {
+                log::warn!(
+                    "{set}: the node has no interface {name:?} (yet): no packet matches it until ADD runs again after it exists"
+                );
+                0
+            })
+        });
+        log::info!("{set}: enforced on every new flow of this configuration's mappings");
+        entries.push((family, entry));
+    }
+    entries
+}
+
 pub(super) fn add(req: &Request) -> Result<(), PluginError> {
-    let translations = ownership::plan(&req.conf.port_mappings, &req.container);
+    let translations = planned(req);
     // A container without mappings still needs the programs on its
     // host-side interface once the node has a dataplane: that is where
     // its hairpin connections to other containers' host ports start.
@@ -53,7 +90,12 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
         maps.pods = Some(crate::dataplane::maps::create_pods(&layout)?);
     }
     maps.prepare_claim(&layout)?;
-    maps.claim(&req.owner, &req.identity, &translations)?;
+    maps.claim(
+        &req.owner,
+        &req.identity,
+        &translations,
+        &condition_entries(&req.conf),
+    )?;
     // Recorded whether or not `fastPath` is on now: it is a node-wide
     // switch, and containers added before it was turned on use it too.
     match peers::handover(&req.interfaces, &req.owner.ifname, |name| {

@@ -7,12 +7,11 @@ use super::require_privilege;
 use crate::cni::Request;
 use crate::dataplane::attach;
 use crate::dataplane::maps::Maps;
-use crate::dataplane::ownership;
 use crate::dataplane::scope;
 use crate::node::netlink::Rtnl;
 
 pub(super) fn check(req: &Request) -> Result<(), PluginError> {
-    let translations = ownership::plan(&req.conf.port_mappings, &req.container);
+    let translations = super::add::planned(req);
     let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
     let installed = layout.map(portmap_common::map_names::OWNERS).exists();
     if translations.is_empty() && !installed {

@@ -127,5 +127,7 @@ fn ownership_maps(layout: &PinLayout) -> Result<Maps, maps::MapsError> {
         orphans: None,
         mapped_ports: None,
         epoch: MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)),
+        // Best effort: a conditions entry left here is pruned by GC.
+        conditions: maps::open_conditions(layout).ok().flatten(),
     })
 }

@@ -64,6 +64,13 @@ pub fn collect_node_garbage(
         Ok(pruned) => log::info!("{verb}: {pruned} pod record(s) without an owner removed"),
         Err(error) => log::warn!("{verb}: pod records not pruned: {error}"),
     }
+    match maps.prune_conditions() {
+        Ok(0) => {}
+        Ok(pruned) => {
+            log::info!("{verb}: {pruned} conditions entr(y/ies) without an owner removed");
+        }
+        Err(error) => log::warn!("{verb}: conditions not pruned: {error}"),
+    }
     let pruned = peers::prune(layout, |owner| maps.owners.get(&owner, 0).is_ok());
     if pruned > 0 {
         log::info!("{verb}: {pruned} stale fast-path entr(y/ies) removed");

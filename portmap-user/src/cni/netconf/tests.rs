@@ -1301,31 +1301,208 @@ fn ifnames_follow_the_kernel_rule() {
 }
 
 #[test]
-fn upstream_conditions_are_refused_naming_the_key() {
-    for key in ["conditionsV4", "conditionsV6"] {
-        let input = with(&format!(r#","{key}":["-s","10.0.0.0/8"]"#));
-        let error = parse_netconf(input.as_bytes()).expect_err("conditions are refused");
+fn upstream_conditions_in_their_common_forms_are_parsed() {
+    let input = with(
+        r#","conditionsV4":["-s","10.1.2.3/8,192.168.7.7","!","-d","198.18.0.1","-p","TCP","!","-i","eth0"],"conditionsV6":["--source","fd18::/16","--protocol","17"]"#,
+    );
+    let conf = parse_netconf(input.as_bytes()).expect("supported conditions are accepted");
+    let v4 = conf.conditions_v4.as_ref().expect("conditionsV4 parsed");
+    assert_eq!(
+        v4.to_string(),
+        "conditionsV4: -s 10.0.0.0/8,192.168.7.7/32 ! -d 198.18.0.1/32 -p tcp ! -i eth0",
+        "addresses masked to their prefix, every condition kept with its negation"
+    );
+    let v6 = conf
+        .conditions(portmap_common::FAMILY_V6)
+        .expect("conditionsV6 parsed");
+    assert_eq!(v6.to_string(), "conditionsV6: -s fd18::/16 -p udp");
+    // A dotted IPv4 mask, as iptables takes it.
+    let dotted = with(r#","conditionsV4":["-s","10.0.0.0/255.255.0.0"]"#);
+    let conf = parse_netconf(dotted.as_bytes()).expect("dotted mask");
+    assert_eq!(
+        conf.conditions_v4.expect("parsed").to_string(),
+        "conditionsV4: -s 10.0.0.0/16"
+    );
+}
+
+#[test]
+fn upstream_conditions_become_the_map_entry_the_programs_check() {
+    use portmap_common::conditions::{negated, protocol_bits};
+    let input = with(
+        r#","conditionsV4":["!","-s","10.0.0.0/8","-p","udp","-i","eth1","-d","198.18.0.0/24"]"#,
+    );
+    let conf = parse_netconf(input.as_bytes()).expect("accepted");
+    let entry = conf
+        .conditions_v4
+        .expect("parsed")
+        .to_map_value(|name| if name == "eth1" { 7 } else { 0 });
+    assert_eq!(entry.source_len, 1);
+    assert_eq!(entry.source[0].net_be[0], u32::from_ne_bytes([10, 0, 0, 0]));
+    assert_eq!(
+        entry.source[0].mask_be[0],
+        u32::from_ne_bytes([255, 0, 0, 0])
+    );
+    assert_eq!(entry.destination_len, 1);
+    assert_eq!(
+        entry.destination[0].mask_be[0],
+        u32::from_ne_bytes([255, 255, 255, 0])
+    );
+    assert_eq!(entry.negated, negated::SOURCE, "only -s is negated");
+    assert_eq!(entry.protocols, protocol_bits::UDP);
+    assert_eq!((entry.has_in_interface, entry.in_ifindex), (1, 7));
+    let client = |a: [u8; 4]| [u32::from_ne_bytes(a), 0, 0, 0];
+    let node = client([198, 18, 0, 1]);
+    assert!(entry.admits(17, &client([198, 18, 0, 2]), &node, 7));
+    assert!(!entry.admits(17, &client([10, 0, 0, 2]), &node, 7), "! -s");
+    assert!(
+        !entry.admits(6, &client([198, 18, 0, 2]), &node, 7),
+        "-p udp"
+    );
+    assert!(
+        !entry.admits(17, &client([198, 18, 0, 2]), &node, 8),
+        "-i eth1"
+    );
+    // IPv6 prefixes span words.
+    let v6 = with(r#","conditionsV6":["-s","fd18:0:0:1::/72"]"#);
+    let entry = parse_netconf(v6.as_bytes())
+        .expect("accepted")
+        .conditions_v6
+        .expect("parsed")
+        .to_map_value(|_| 0);
+    assert_eq!(
+        entry.source[0].mask_be,
+        [u32::MAX, u32::MAX, 0xff00_0000u32.to_be(), 0]
+    );
+}
+
+#[test]
+fn unsupported_upstream_conditions_are_refused_naming_the_argument() {
+    for (conditions, names, says) in [
+        (
+            r#""conditionsV4":["-m","comment","--comment","x"]"#,
+            "conditionsV4[0]",
+            "\"-m\" is not supported",
+        ),
+        (
+            r#""conditionsV4":["-s","10.0.0.0/8","-o","eth0"]"#,
+            "conditionsV4[2]",
+            "output interface",
+        ),
+        (
+            r#""conditionsV4":["--out-interface","eth0"]"#,
+            "conditionsV4[0]",
+            "PREROUTING",
+        ),
+        (
+            r#""conditionsV4":["-s","fd18::/16"]"#,
+            "conditionsV4[1]",
+            "IPv6 address, but this list is for IPv4",
+        ),
+        (
+            r#""conditionsV6":["-d","10.0.0.1"]"#,
+            "conditionsV6[1]",
+            "IPv4 address, but this list is for IPv6",
+        ),
+        (
+            r#""conditionsV4":["-s","10.0.0.0/33"]"#,
+            "conditionsV4[1]",
+            "out of range",
+        ),
+        (
+            r#""conditionsV4":["-s","example.com"]"#,
+            "conditionsV4[1]",
+            "host names",
+        ),
+        (
+            r#""conditionsV4":["-s","10.0.0.0/255.0.255.0"]"#,
+            "conditionsV4[1]",
+            "not contiguous",
+        ),
+        (
+            r#""conditionsV4":["!","-s","10.0.0.0/8,11.0.0.0/8"]"#,
+            "conditionsV4[2]",
+            "negated list",
+        ),
+        (
+            r#""conditionsV4":["-s","10.0.0.1","-s","10.0.0.2"]"#,
+            "conditionsV4[2]",
+            "given twice",
+        ),
+        (
+            r#""conditionsV4":["-s"]"#,
+            "conditionsV4[0]",
+            "needs a value",
+        ),
+        (
+            r#""conditionsV4":["!"]"#,
+            "conditionsV4[0]",
+            "\"!\" must come before an option",
+        ),
+        (
+            r#""conditionsV4":["-s","10.0.0.0/8","!"]"#,
+            "conditionsV4[2]",
+            "before an option",
+        ),
+        (
+            r#""conditionsV4":["10.0.0.0/8"]"#,
+            "conditionsV4[0]",
+            "is not supported",
+        ),
+        (
+            r#""conditionsV4":["-p","icmp"]"#,
+            "conditionsV4[1]",
+            "not tcp, udp or sctp",
+        ),
+        (
+            r#""conditionsV4":["-i","eth+"]"#,
+            "conditionsV4[1]",
+            "wildcard",
+        ),
+        (
+            r#""conditionsV4":["-i","a/b"]"#,
+            "conditionsV4[1]",
+            "not allow",
+        ),
+        (
+            r#""conditionsV4":["-s",7]"#,
+            "conditionsV4[1]",
+            "7 is not a string",
+        ),
+        (
+            r#""conditionsV4":"-s 10.0.0.0/8""#,
+            "conditionsV4",
+            "must be an array",
+        ),
+        (
+            r#""conditionsV4":["-s","1.0.0.1,1.0.0.2,1.0.0.3,1.0.0.4,1.0.0.5,1.0.0.6,1.0.0.7,1.0.0.8,1.0.0.9"]"#,
+            "conditionsV4[1]",
+            "at most 8",
+        ),
+    ] {
+        let input = with(&format!(",{conditions}"));
+        let error =
+            parse_netconf(input.as_bytes()).expect_err(&format!("{conditions} must be refused"));
         assert_eq!(error.cni_code(), code::INVALID_NETWORK_CONFIG, "{error}");
         let text = error.to_string();
         assert!(
-            text.starts_with(key) && text.contains("every source"),
-            "the message names {key} and what accepting it would mean: {text}"
+            text.starts_with(&format!("{names}: ")) && text.contains(says),
+            "the message of {conditions} names {names} and says {says:?}: {text}"
         );
-        // Go's encoding/json matches keys case-insensitively: so do we.
-        let folded = with(&format!(
-            r#","{}":["!","-s","10.0.0.0/8"]"#,
-            key.to_lowercase()
-        ));
-        let error = parse_netconf(folded.as_bytes()).expect_err("any spelling is refused");
         assert!(
-            error.to_string().starts_with(&key.to_lowercase()),
-            "{error}"
+            text.contains("supported are [!] -s/--source"),
+            "the message says what is supported: {text}"
         );
         // Teardown goes on: a DEL after the refused ADD must succeed.
-        let (_, dropped) =
+        let (conf, dropped) =
             parse_netconf_for_teardown(input.as_bytes()).expect("DEL and GC tolerate it");
         assert_eq!(dropped.len(), 1, "{dropped:?}");
+        assert!(conf.conditions_v4.is_none() && conf.conditions_v6.is_none());
     }
+    // Go's encoding/json matches keys case-insensitively: so do we, and the
+    // message uses the spelling given.
+    let folded = with(r#","conditionsv4":["-m","set"]"#);
+    let error = parse_netconf(folded.as_bytes()).expect_err("any spelling is refused");
+    assert!(error.to_string().starts_with("conditionsv4[0]"), "{error}");
 }
 
 #[test]
@@ -1334,8 +1511,9 @@ fn upstream_conditions_that_add_nothing_are_accepted() {
         let input = with(&format!(
             r#","conditionsV4":{value},"conditionsV6":{value}"#
         ));
-        parse_netconf(input.as_bytes())
+        let conf = parse_netconf(input.as_bytes())
             .unwrap_or_else(|e| panic!("{value} adds no condition upstream: {e}"));
+        assert!(conf.conditions_v4.is_none() && conf.conditions_v6.is_none());
     }
 }
 
