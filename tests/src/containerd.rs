@@ -310,6 +310,45 @@ impl Containerd {
         }
     }
 
+    /// Replaces the conflist with ours carrying `keys` (merged into the
+    /// port-mapping plugin's entry, e.g. upstream's `conditionsV4`), and
+    /// waits until containerd has loaded it (its verbose `Status` shows
+    /// every key).
+    ///
+    /// # Panics
+    /// If containerd does not load it within 30 s.
+    pub fn set_port_plugin_keys(&self, keys: &Value) {
+        let mut conflist = self.conflist(PLUGIN_TYPE);
+        let plugins = conflist["plugins"]
+            .as_array_mut()
+            .expect("the conflist has plugins");
+        let port_plugin = plugins.last_mut().expect("the port plugin is last");
+        for (key, value) in keys.as_object().expect("keys is an object") {
+            port_plugin[key] = value.clone();
+        }
+        self.write_conflist_value(&conflist);
+        let deadline = Instant::now() + READY;
+        loop {
+            let loaded = self.cri().status(true).map(|status| {
+                status.info.get("cniconfig").is_some_and(|text| {
+                    keys.as_object()
+                        .into_iter()
+                        .flatten()
+                        .all(|(key, _)| text.contains(key.as_str()))
+                })
+            });
+            if loaded.as_ref().is_ok_and(|done| *done) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not load the conflist with {keys} within {READY:?}: {loaded:?}\n{}",
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The plugin types of the networks containerd has loaded, as its
     /// verbose CRI `Status` reports them (`cniconfig`).
     pub fn loaded_plugin_types(&self) -> Result<Vec<String>, String> {
@@ -578,8 +617,11 @@ impl Containerd {
     }
 
     fn write_conflist(&self, port_plugin_type: &str) {
-        let text = serde_json::to_string_pretty(&self.conflist(port_plugin_type))
-            .expect("a Value always serialises");
+        self.write_conflist_value(&self.conflist(port_plugin_type));
+    }
+
+    fn write_conflist_value(&self, conflist: &Value) {
+        let text = serde_json::to_string_pretty(conflist).expect("a Value always serialises");
         // Written aside and renamed: containerd watches the directory and
         // must never read half a file.
         let net_d = self.dir.path().join("net.d");

@@ -1423,3 +1423,52 @@ fn expected_translations_follow_the_host_ip_family() {
         ["Some(198.18.0.11) 8081/tcp->10.244.0.5:80"]
     );
 }
+
+/// Issue 33: upstream's `conditionsV4`/`conditionsV6` in the conflist
+/// containerd loads restrict who opens a flow to a pod's host port: `far`
+/// (198.19.0.2, fd19::2, inside the conditions) reaches the pod through the
+/// node's address, `ext` (198.18.0.2, fd18::2, outside) gets the node's
+/// own answer (nothing listens there: refused), v4 and v6.
+#[test]
+#[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
+fn containerd_conditions_restrict_who_reaches_a_host_port() {
+    let root_before = RootState::capture();
+    let mut t = E2e::new(PortPlugin::Ours);
+    t.ctrd.set_port_plugin_keys(&serde_json::json!({
+        "conditionsV4": ["-s", "198.19.0.0/24"],
+        "conditionsV6": ["-s", "fd19::/64"],
+    }));
+    let ports = [PortMapping::tcp(8400, 80)];
+    let web = t.run("cond", &ports);
+    t.assert_calls(PortPlugin::Ours, "ADD", &web, 1);
+    for node_ip in [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)] {
+        let target = sock(node_ip, 8400);
+        let deadline = Instant::now() + READY;
+        loop {
+            let last = match http_get(&t.node.far, target, Duration::from_secs(1)) {
+                Ok(response) if response.body.trim() == web.name => break,
+                Ok(response) => format!("{response:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                Instant::now() < deadline,
+                "far (inside conditionsV4/V6) never reached {} on {target}: {last}\n{}",
+                web.name,
+                t.dump()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let outside = http_get(&t.node.ext, target, Duration::from_secs(2));
+        assert!(
+            outside.is_err(),
+            "ext is outside conditionsV4/V6 and must not reach the pod on {target}: {outside:?}\n{}",
+            t.dump()
+        );
+    }
+    t.stop(&web);
+    t.remove(&web);
+    t.assert_calls(PortPlugin::Ours, "DEL", &web, 2);
+    assert_nothing_left(&mut t, &[PortPlugin::Ours], &[]);
+    drop(t);
+    assert_root_unchanged(&root_before);
+}
