@@ -212,7 +212,9 @@ pub fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32
     Ok(ids[..count].to_vec())
 }
 
-/// Map sizes chosen by configuration; they apply when the maps are created.
+/// Map sizes chosen by configuration (`None`: the default, see `sizing`);
+/// they apply when the maps are created, and a change resizes them in
+/// place (see `resize`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Capacities {
     pub mappings: Option<u32>,
@@ -436,6 +438,7 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
     }
     check_pinned_layouts(layout)?;
     let migration = Migration::prepare(layout);
+    let conntrack_was_pinned = layout.map(map_names::CONNTRACK).exists();
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
         .iter()
         .chain(local::map_names::ALL.iter())
@@ -446,28 +449,20 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
     for (name, path) in &map_paths {
         loader.map_pin_path(name, path.as_path());
     }
-    if let Some(size) = capacities.conntrack {
-        loader.map_max_entries(map_names::CONNTRACK, size);
-        loader.map_max_entries(map_names::CONNTRACK_OTHER, size);
-        loader.map_max_entries(
-            map_names::CONNTRACK_CLOSED,
-            portmap_common::capacity::conntrack_closed(size),
-        );
-    }
-    if let Some(size) = capacities.mappings {
-        loader.map_max_entries(map_names::MAPPINGS, size);
-        // Two index slots per mapping leaves room for re-ADDs.
-        let slots = size
-            .saturating_mul(2)
-            .max(portmap_common::capacity::OWNER_SLOTS);
-        loader.map_max_entries(map_names::OWNER_SLOTS, slots);
-        // At most one counter entry per mapping is live.
-        loader.map_max_entries(map_names::COUNTERS, size);
-    }
+    // The sizes apply to the maps this load creates; pinned ones keep
+    // theirs until a resize (see `resize`).
+    let sizes = crate::dataplane::sizing::Sizes::resolve(
+        capacities,
+        crate::dataplane::sizing::NodeShape::this(),
+    );
+    sizes.apply(&mut loader);
     let mut ebpf: Ebpf = loader
         .load(OBJECT)
         .map_err(|e| AttachError::Load(Box::new(e)))?;
     migration.finish(&mut ebpf);
+    if !conntrack_was_pinned && let Err(error) = crate::dataplane::sizing::record(layout, &sizes) {
+        log::warn!("{error}");
+    }
     for name in all_programs() {
         let fail = |source: ProgramError| AttachError::Program {
             program: name,
