@@ -311,6 +311,73 @@ pub fn mappings_reason(recorded: Option<&Recorded>) -> String {
     }
 }
 
+// ---- what is in force --------------------------------------------------------
+
+/// The sizes of the pinned maps, where they come from, and what the kernel
+/// charges for each pinned map now.
+#[derive(Debug, Clone, Default)]
+pub struct InForce {
+    /// max_entries of `conntrack`, `conntrack_other`, `conntrack_close`.
+    pub conntrack: Option<u32>,
+    pub conntrack_other: Option<u32>,
+    pub conntrack_closed: Option<u32>,
+    pub mappings: Option<u32>,
+    pub recorded: Option<Recorded>,
+    /// `memlock` of every pinned map, by pin name (`bytes_memlock` in
+    /// bpftool: what the kernel charges the map, which grows with the
+    /// entries of a non-preallocated hash on Linux 6.4 and later).
+    pub memory: Vec<(String, u64)>,
+}
+
+impl InForce {
+    /// Reads the pinned maps under `layout` (nothing when none are pinned).
+    pub fn read(layout: &PinLayout) -> InForce {
+        let max = |name: &str| {
+            aya::maps::MapInfo::from_pin(layout.map(name))
+                .ok()
+                .map(|info| info.max_entries())
+        };
+        let mut memory = Vec::new();
+        if let Ok(entries) = std::fs::read_dir(layout.maps_dir()) {
+            for entry in entries.flatten() {
+                if let Some(bytes) = pinned_memlock(&entry.path()) {
+                    memory.push((entry.file_name().to_string_lossy().into_owned(), bytes));
+                }
+            }
+        }
+        memory.sort();
+        InForce {
+            conntrack: max(map_names::CONNTRACK),
+            conntrack_other: max(map_names::CONNTRACK_OTHER),
+            conntrack_closed: max(map_names::CONNTRACK_CLOSED),
+            mappings: max(map_names::MAPPINGS),
+            recorded: recorded(layout),
+            memory,
+        }
+    }
+
+    /// What the kernel charges for the pinned maps, in all.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory.iter().map(|(_, bytes)| bytes).sum()
+    }
+}
+
+/// The kernel's `memlock` of the map pinned at `path`: the line of that
+/// name in the fdinfo of an fd of it.
+pub fn pinned_memlock(path: &std::path::Path) -> Option<u64> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let data = MapData::from_pin(path).ok()?;
+    let fd = data.fd().as_fd().as_raw_fd();
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    memlock_in_fdinfo(&text)
+}
+
+fn memlock_in_fdinfo(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix("memlock:"))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 // ---- what the maps cost -----------------------------------------------------
 
 /// Memory the kernel charges for the maps, as `bytes_memlock` reports it
@@ -519,6 +586,13 @@ mod tests {
         assert_eq!(default.conntrack_source, Source::Default);
         assert_eq!(default.mappings, capacity::MAPPINGS);
         assert_eq!(default.counters, capacity::COUNTERS);
+    }
+
+    #[test]
+    fn memlock_is_read_from_fdinfo() {
+        let text = "pos:\t0\nflags:\t02000002\nmap_type:\t9\nmemlock:\t2622400\nmap_id:\t7\n";
+        assert_eq!(memlock_in_fdinfo(text), Some(2_622_400));
+        assert_eq!(memlock_in_fdinfo("pos:\t0\n"), None);
     }
 
     #[test]
