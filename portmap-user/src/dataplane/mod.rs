@@ -20,6 +20,7 @@ pub mod object;
 pub mod ownership;
 pub mod peers;
 pub mod pin;
+pub mod resize;
 pub mod scope;
 pub mod sizing;
 pub mod stale;
