@@ -110,6 +110,11 @@ struct Table {
 pub struct Resize {
     tables: Vec<Table>,
     sizes: Sizes,
+    /// The pins are of a build before the split conntrack (no
+    /// `conntrack_other`): the UDP and SCTP entries of the old `conntrack`
+    /// go to the `conntrack_other` the load creates, which `attach.rs`'s
+    /// migration would otherwise fill from the (new, empty) `conntrack`.
+    split: bool,
 }
 
 impl Resize {
@@ -167,7 +172,12 @@ impl Resize {
                 }
             }
         }
-        Ok(Some(Resize { tables, sizes }))
+        let split = !layout.map(map_names::CONNTRACK_OTHER).exists();
+        Ok(Some(Resize {
+            tables,
+            sizes,
+            split,
+        }))
     }
 
     /// The sizes the load gives the maps it creates.
@@ -189,12 +199,20 @@ impl Resize {
         for table in &self.tables {
             let path = staging(layout, table.name);
             let mut new = open_staged(&path)?;
-            let (kept, dropped) = copy_newest(
-                &table.old,
-                &mut new,
-                table.size,
-                &mut table.copied.borrow_mut(),
-            );
+            let mut entries: Vec<(CtKey, CtEntry)> =
+                table.old.iter().filter_map(Result::ok).collect();
+            table
+                .copied
+                .borrow_mut()
+                .extend(entries.iter().map(|(key, _)| *key));
+            if self.split && table.name == map_names::CONNTRACK {
+                let (tcp, other): (Vec<_>, Vec<_>) = entries
+                    .into_iter()
+                    .partition(|(key, _)| key.proto == portmap_common::PROTO_TCP);
+                entries = tcp;
+                self.copy_split(layout, other);
+            }
+            let (kept, dropped) = copy_newest(entries, &mut new, table.size);
             if dropped > 0 {
                 log::warn!(
                     "resizing {}: {dropped} of {} live entries dropped (the table holds {}; the newest were kept)",
@@ -216,6 +234,21 @@ impl Resize {
             log::warn!("{error}");
         }
         Ok(())
+    }
+
+    /// The UDP and SCTP entries of a single-table conntrack, into the
+    /// `conntrack_other` the load made.
+    fn copy_split(&self, layout: &PinLayout, entries: Vec<(CtKey, CtEntry)>) {
+        let room = self.sizes.conntrack;
+        match open_staged(&layout.map(map_names::CONNTRACK_OTHER)) {
+            Ok(mut other) => {
+                let (kept, dropped) = copy_newest(entries, &mut other, room);
+                log::info!(
+                    "conntrack split: {kept} UDP/SCTP entries copied to conntrack_other ({dropped} did not fit)"
+                );
+            }
+            Err(error) => log::warn!("conntrack split: {error}"),
+        }
     }
 
     /// Step 5, once the new programs are attached everywhere: the entries
@@ -258,16 +291,13 @@ fn open_staged(path: &std::path::Path) -> Result<HashMap<MapData, CtKey, CtEntry
         .map_err(fail)
 }
 
-/// Copies `old`'s entries into `new`, at most `room` of them, the most
-/// recently seen first; returns (kept, dropped).
+/// Copies `entries` into `new`, at most `room` of them, the most recently
+/// seen first; returns (kept, dropped).
 fn copy_newest(
-    old: &HashMap<MapData, CtKey, CtEntry>,
+    entries: Vec<(CtKey, CtEntry)>,
     new: &mut HashMap<MapData, CtKey, CtEntry>,
     room: u32,
-    copied: &mut std::collections::HashSet<CtKey>,
 ) -> (usize, usize) {
-    let entries: Vec<(CtKey, CtEntry)> = old.iter().filter_map(Result::ok).collect();
-    copied.extend(entries.iter().map(|(key, _)| *key));
     let keep = newest(entries, room as usize);
     let mut kept = 0usize;
     for (key, entry) in &keep.0 {
