@@ -2,7 +2,8 @@
 //! `conntrackSize` takes effect at the next ADD, and the established TCP
 //! and UDP flows of both families carry on through a grow and a shrink
 //! with their entries (no recovery, no new flow); a shrink below the live
-//! entries keeps the newest flows and says how many it dropped. Real
+//! entries keeps the newest flows and says how many it dropped; a changed
+//! `maxMappings` is only logged (it is not resized in place). Real
 //! traffic from the external client through the reference bridge chain.
 //! Needs root.
 
@@ -256,5 +257,33 @@ fn a_shrink_below_the_live_flows_keeps_the_newest_and_says_how_many_it_dropped()
         dropped >= 2 * HELD as u64 + 4 - 1024,
         "{dropped} dropped of at least {} live entries: {line}",
         2 * HELD + 4
+    );
+}
+
+/// `maxMappings` is not resized in place: a changed one is named in the
+/// log with what to do, and the mappings map keeps its size.
+#[test]
+fn a_changed_max_mappings_is_logged_not_resized() {
+    let world = world_with(1024);
+    let _servers = serve_web(&world);
+    let mut json = world.list.json().clone();
+    json["plugins"][1]["maxMappings"] = Value::from(1000);
+    let list = Conflist::from_json(json).expect("conflist");
+    let other = world.node.add_container("other");
+    world
+        .runner
+        .add(
+            &list,
+            &other.with_port_mappings(&[PortMapping::tcp(8081, 80)]),
+        )
+        .unwrap_or_else(|e| panic!("ADD with maxMappings 1000: {e}\n{}", world.dump()));
+    assert_eq!(table_entries(&world, "mappings"), 65536, "not resized");
+    let log = std::fs::read_to_string(world.node.data_dir().join(PLUGIN_LOG))
+        .expect("read the plugin log");
+    assert!(
+        log.lines().any(|line| line
+            .contains("maxMappings 1000 differs from the mappings map's 65536")
+            && line.contains("uninstall")),
+        "{log}"
     );
 }

@@ -23,6 +23,10 @@
 //!    replacement (keys the copy did not see) are copied too, without
 //!    overwriting the new table's.
 //!
+//! `maxMappings` is not resized in place: the ownership protocol's writers
+//! take no lock (`ownership.rs`), so a run that opened the old mappings map
+//! would go on writing it after the swap. A changed one is logged as such.
+//!
 //! An established flow is in the new table before any packet reaches the
 //! new programs. Killed midway, a run leaves either the old tables (before
 //! the rename; the next run starts again) or new tables missing some
@@ -88,6 +92,17 @@ pub fn needed(layout: &PinLayout, capacities: Capacities) -> Option<Sizes> {
             .map(|info| info.max_entries())
     };
     let open = pinned(map_names::CONNTRACK)?;
+    // maxMappings is not resized in place (the ownership protocol's
+    // lock-free writers would keep writing the old map): say so when it
+    // was changed. Asked only when the conflist sets it.
+    if let Some(wanted) = capacities.mappings
+        && let Some(pinned) = pinned(map_names::MAPPINGS)
+        && pinned != wanted
+    {
+        log::warn!(
+            "maxMappings {wanted} differs from the mappings map's {pinned}: it applies only when the maps are made (`ebpf-portmap uninstall`, or a new pinRoot)"
+        );
+    }
     let sizes = Sizes::resolve(capacities, NodeShape::this());
     let differs = open != sizes.conntrack
         || pinned(map_names::CONNTRACK_OTHER).is_some_and(|n| n != sizes.conntrack)
