@@ -870,10 +870,11 @@ fn notes(plan: &Plan) -> Vec<String> {
             .into(),
         "Memory: `bytes_memlock` of every pinned map as `bpftool --json map show` reports it (the kernel's own \
          accounting), entries counted with BPF_MAP_GET_NEXT_KEY. The three conntrack tables are preallocated \
-         LRUs (`conntrack` and `conntrack_other` of conntrackSize entries each, `conntrack_close` a quarter of \
-         it): their memory is fixed from the first ADD on. \"full conntrack_other\" is after sending one UDP \
+         LRUs (`conntrack` and `conntrack_other` of the size the node formula gives without conntrackSize, \
+         `conntrack_close` a quarter of it; see README, Configuration): their memory is fixed from the first ADD on. \
+         Target (issue 30): at most 24 MiB at the fewest mappings. \"full conntrack_other\" is after sending one UDP \
          datagram from each of enough distinct source address:port pairs to a UDP hostPort to open 1.1 x \
-         conntrackSize/2 flows (UDP flows go to `conntrack_other`)."
+         its entries/2 flows (UDP flows go to `conntrack_other`)."
             .into(),
         "Not translated: `direct, ebpf-portmap loaded` reaches the container IP on a port no mapping uses in the \
          ebpf-portmap world, against the direct path of the world without a port-mapping plugin; the connect() \

@@ -925,6 +925,7 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
 
     rows.extend(hairpin_targets(results));
     rows.push(connect_errors_target(results));
+    rows.push(crate::memory::idle_target(&results.memory));
 
     let smallest = results.sizes.iter().copied().min().unwrap_or(0);
     for test in Test::ALL {

@@ -1,17 +1,18 @@
-//! Conntrack under churn (issue #16): with a small `conntrackSize`, flows
-//! that come and go must not push out the idle ones that stay, and a live
-//! flow whose entries were pushed out anyway is recovered, never reset,
-//! while the node's own flows from a mapped port stay the node's. Real
-//! traffic from the external client, through the reference bridge chain.
-//! Needs root.
+//! Conntrack under churn (issue #16): with a small `conntrackSize`, and
+//! with the default size the node formula gives (issue #30), flows that
+//! come and go must not push out the idle ones that stay, and a live flow
+//! whose entries were pushed out anyway is recovered, never reset, while
+//! the node's own flows from a mapped port stay the node's. Real traffic
+//! from the external client, through the reference bridge chain. Needs
+//! root.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 
 use portmap_tests::PortMapping;
 use portmap_tests::topology::{EXT_IP4, NODE_IP4};
 use portmap_tests::traffic::{
-    TcpSession, echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
+    TcpSession, echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server,
 };
 use portmap_tests::world::{PROBE, World, counter, sock};
 use serde_json::Value;
@@ -19,7 +20,6 @@ use serde_json::Value;
 /// The smallest table the plugin accepts: churn of a few thousand flows is
 /// four times it.
 const TABLE: u64 = 1024;
-const CHURN: u64 = 4 * TABLE;
 
 /// A bridge world whose ebpf-portmap entry has `conntrackSize` [`TABLE`].
 fn small_table_world() -> World {
@@ -29,6 +29,47 @@ fn small_table_world() -> World {
         json["plugins"][1]["conntrackSize"] = Value::from(TABLE);
         portmap_tests::Conflist::from_json(json).expect("conflist")
     })
+}
+
+/// Entries of the open TCP table as the kernel has it (after the first ADD).
+fn open_table_entries(world: &World) -> u64 {
+    let path = world.pins.path().join("v1/maps/conntrack");
+    let out = std::process::Command::new("bpftool")
+        .args(["--json", "map", "show", "pinned"])
+        .arg(&path)
+        .output()
+        .expect("run bpftool");
+    let info: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bpftool map show {}: {e}", path.display()));
+    info["max_entries"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no max_entries for {}: {info}", path.display()))
+}
+
+/// The table a world's conflist gives: [`TABLE`], or the default size
+/// (no `conntrackSize`), which the node formula sets and the kernel reports.
+#[derive(Clone, Copy)]
+enum Size {
+    Small,
+    Default,
+}
+
+/// The world for `size`, its web container served, and the open table's
+/// entries.
+fn churn_world(size: Size) -> (World, Web, u64) {
+    let world = match size {
+        Size::Small => small_table_world(),
+        Size::Default => World::bridge(),
+    };
+    let web = serve_web(&world);
+    let table = open_table_entries(&world);
+    if let Size::Small = size {
+        assert_eq!(table, TABLE, "conntrackSize sets the open table");
+    }
+    // Tens of thousands of short connections: the client keeps no
+    // TIME_WAIT sockets, or its ephemeral ports run out.
+    world.node.ext.sysctl("net.ipv4.tcp_max_tw_buckets", "0");
+    (world, web, table)
 }
 
 /// A container `web` with a TCP echo server on 80 and a UDP one on 53,
@@ -83,45 +124,97 @@ fn assert_still_answers(world: &World, session: &mut TcpSession, when: &str) {
     }
 }
 
-#[test]
-fn an_idle_connection_survives_tcp_churn_of_four_times_the_table() {
-    let world = small_table_world();
-    let _web = serve_web(&world);
+fn idle_connection_survives_tcp_churn(size: Size) {
+    let (world, _web, table) = churn_world(size);
+    let churn = 4 * table;
     let mut idle = idle_session(&world);
-    tcp_churn(&world, CHURN);
+    tcp_churn(&world, churn);
     assert_still_answers(&world, &mut idle, "after TCP churn");
     let counters = world.counters();
     assert!(
-        counter(&counters, "ct_closed") >= CHURN,
+        counter(&counters, "ct_closed") >= churn,
         "every short connection closed and left the open table: {counters:#}"
     );
     // Nothing live was pushed out: no packet went without its flow.
     assert_eq!(counter(&counters, "skip_not_syn"), 0, "{counters:#}");
     assert_eq!(counter(&counters, "ct_recovered"), 0, "{counters:#}");
-    assert!(counter(&counters, "dnat_new") > CHURN, "{counters:#}");
+    assert!(counter(&counters, "dnat_new") > churn, "{counters:#}");
 }
 
 #[test]
-fn an_idle_connection_survives_udp_churn_of_four_times_the_table() {
-    let world = small_table_world();
-    let _web = serve_web(&world);
+fn an_idle_connection_survives_tcp_churn_of_four_times_the_table() {
+    idle_connection_survives_tcp_churn(Size::Small);
+}
+
+#[test]
+fn an_idle_connection_survives_tcp_churn_of_four_times_the_default_table() {
+    idle_connection_survives_tcp_churn(Size::Default);
+}
+
+/// Extra addresses of the external client, for UDP churn larger than one
+/// address's ports: 198.18.0.40 and up.
+fn client_addresses(world: &World, needed: usize) -> Vec<Ipv4Addr> {
+    let mut addresses = vec![EXT_IP4];
+    for i in 1..needed {
+        let extra = Ipv4Addr::new(198, 18, 0, 39 + i as u8);
+        world
+            .node
+            .ext
+            .ip(&["addr", "add", &format!("{extra}/24"), "dev", "eth0"]);
+        addresses.push(extra);
+    }
+    addresses
+}
+
+/// A datagram to the web's UDP port from `source`, answered within [`PROBE`].
+fn udp_from(world: &World, source: SocketAddr) -> std::io::Result<String> {
+    world.node.ext.run(|| {
+        let socket = std::net::UdpSocket::bind(source)?;
+        socket.connect(sock(NODE_IP4, 5353))?;
+        socket.set_read_timeout(Some(PROBE))?;
+        socket.send(b"churn")?;
+        let mut buf = [0u8; 512];
+        let n = socket.recv(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    })
+}
+
+/// Source ports the UDP churn uses on each client address.
+const UDP_PORTS: std::ops::Range<u16> = 10_000..60_000;
+
+fn idle_connection_survives_udp_churn(size: Size) {
+    let (world, _web, table) = churn_world(size);
+    let churn = 4 * table;
+    let per_address = UDP_PORTS.len() as u64;
+    let addresses = client_addresses(&world, churn.div_ceil(per_address) as usize);
     let mut idle = idle_session(&world);
-    // Each request from a socket of its own: a new flow each.
-    for i in 0..CHURN {
-        let answer = udp_request(&world.node.ext, sock(NODE_IP4, 5353), "churn", PROBE)
-            .unwrap_or_else(|e| panic!("datagram {i} of {CHURN}: {e}\n{}", world.dump()));
+    // Each datagram from a source address and port of its own: a new flow
+    // each.
+    for i in 0..churn {
+        let address = addresses[(i / per_address) as usize];
+        let port = UDP_PORTS.start + (i % per_address) as u16;
+        let answer = udp_from(&world, SocketAddr::from((address, port)))
+            .unwrap_or_else(|e| panic!("datagram {i} of {churn}: {e}\n{}", world.dump()));
         assert_eq!(answer, echo_reply("web", "churn"), "datagram {i}");
     }
     assert_still_answers(&world, &mut idle, "after UDP churn");
     let counters = world.counters();
-    // Source ports are reused now and then (a datagram of a known flow):
-    // still far more new flows than the table holds.
     assert!(
-        counter(&counters, "dnat_new") > 2 * TABLE,
-        "the churn went through the table: {counters:#}"
+        counter(&counters, "dnat_new") >= churn,
+        "every datagram was a new flow through the table: {counters:#}"
     );
     assert_eq!(counter(&counters, "skip_not_syn"), 0, "{counters:#}");
     assert_eq!(counter(&counters, "ct_recovered"), 0, "{counters:#}");
+}
+
+#[test]
+fn an_idle_connection_survives_udp_churn_of_four_times_the_table() {
+    idle_connection_survives_udp_churn(Size::Small);
+}
+
+#[test]
+fn an_idle_connection_survives_udp_churn_of_four_times_the_default_table() {
+    idle_connection_survives_udp_churn(Size::Default);
 }
 
 /// A connection the node opens from the mapped port 8080 to a listener of
@@ -155,6 +248,8 @@ fn pass_line(from: &mut TcpStream, to: &TcpStream, line: &str) -> String {
     got.trim_end_matches('\n').to_owned()
 }
 
+/// At [`TABLE`] only: holding as many connections as a default table has
+/// entries would take more ephemeral ports than one client has.
 /// More flows open at once than the table holds: the LRU must push out
 /// live entries, the idle connection's and the node's among them. The
 /// idle connection is recovered by its mapping (its tuple is no node

@@ -905,9 +905,10 @@ fn every_pinned_map_dumps_with_named_fields() {
         // Maps bpftool cannot show with names: `sock_origin` is socket
         // storage, keyed by socket (the kernel has no key walk for it), and
         // `features` (portmap-user/src/dataplane/features.rs), `netns_owner`
-        // (scope.rs), `specific_ports` and `orphans_seen` (store.rs) and
-        // `verb_stats` (dataplane/verb_stats.rs, an array of u64 slots) are
-        // created by userspace without BTF, so they dump in hex.
+        // (scope.rs), `specific_ports` and `orphans_seen` (store.rs),
+        // `verb_stats` (dataplane/verb_stats.rs, an array of u64 slots) and
+        // `sizing` (dataplane/sizing.rs) are created by userspace without
+        // BTF, so they dump in hex.
         if [
             "sock_origin",
             "features",
@@ -915,6 +916,7 @@ fn every_pinned_map_dumps_with_named_fields() {
             "specific_ports",
             "orphans_seen",
             "verb_stats",
+            "sizing",
         ]
         .contains(&name.as_str())
         {

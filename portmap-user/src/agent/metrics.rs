@@ -27,6 +27,7 @@ use crate::{
         maps::{self},
         object,
         pin::{Direction, PinLayout},
+        sizing::{self, InForce},
         trace,
         verb_stats::{VerbRecord, VerbStats, records},
     },
@@ -42,6 +43,9 @@ pub struct Snapshot {
     pub mappings: Vec<MappingRow>,
     pub reasons: Vec<(&'static str, u64)>,
     pub maps: Vec<MapFill>,
+    /// Kernel memory (`memlock`) of each pinned map, and where the sizes
+    /// in force come from.
+    pub sizes: InForce,
     /// Live translated flows by protocol name.
     pub flows: BTreeMap<&'static str, u64>,
     pub attachments: Vec<TcAttachment>,
@@ -106,6 +110,7 @@ impl Snapshot {
         });
         snapshot.reasons = inspect::stats(layout);
         snapshot.maps = inspect::map_fills(layout).0;
+        snapshot.sizes = InForce::read(layout);
         snapshot.flows = flows_by_protocol(layout);
         snapshot.attachments = inspect::attachments(layout).0;
         snapshot.trace_lost = trace::lost_events(layout);
@@ -294,6 +299,37 @@ impl Collector for Snapshot {
                 .map(|map| (vec![("map", map.name.clone())], i64::from(map.max_entries)))
                 .collect::<Vec<_>>(),
         )?;
+        gauge_family(
+            e,
+            "ebpf_portmap_bpf_memory_bytes",
+            "Kernel memory of the pinned maps in all (bytes_memlock): what the memory cgroup of the process that made them is charged",
+            &[(vec![], self.sizes.memory_bytes() as i64)],
+        )?;
+        gauge_family(
+            e,
+            "ebpf_portmap_map_memory_bytes",
+            "Kernel memory (bytes_memlock) of a pinned map",
+            &self
+                .sizes
+                .memory
+                .iter()
+                .map(|(name, bytes)| (vec![("map", name.clone())], *bytes as i64))
+                .collect::<Vec<_>>(),
+        )?;
+        {
+            let recorded = self.sizes.recorded.as_ref();
+            let labels: Labels = vec![
+                ("conntrack", sizing::conntrack_reason(recorded)),
+                ("mappings", sizing::mappings_reason(recorded)),
+            ];
+            let mut metric = e.encode_descriptor(
+                "ebpf_portmap_map_sizes",
+                "Where the sizes of the conntrack tables and the mappings map come from (the node formula, the default or the conflist)",
+                None,
+                MetricType::Info,
+            )?;
+            metric.encode_info(&labels)?;
+        }
         gauge_family(
             e,
             "ebpf_portmap_conntrack_flows",
@@ -500,6 +536,7 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(text.contains("ebpf_portmap_bpf_memory_bytes 0"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
         let classic = render(Snapshot::default(), Format::Prometheus).unwrap();
         assert!(!classic.contains("# EOF"), "{classic}");

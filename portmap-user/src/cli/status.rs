@@ -7,6 +7,8 @@ use portmap_common::{
     reason::{self, Kind},
 };
 use portmap_user::{
+    dataplane::pin::PinLayout,
+    dataplane::sizing::{self, InForce, Source},
     logging::utc_timestamp,
     ops::inspect::{self, Status},
 };
@@ -40,6 +42,53 @@ Exit status: 0 healthy, 1 missing or degraded (the problems are listed), 3 canno
 pub struct StatusArgs {
     #[command(flatten)]
     pin: PinRootArg,
+}
+
+/// The sizes in force, why, and the pinned maps' kernel memory, as JSON
+/// (`status` and `version` both show them).
+pub fn sizes_json(sizes: &InForce) -> Value {
+    let recorded = sizes.recorded.as_ref();
+    json!({
+        "bytesMemlock": sizes.memory_bytes(),
+        "mapsBytesMemlock": sizes.memory.iter().map(|(name, bytes)| (name.clone(), json!(bytes))).collect::<serde_json::Map<_, _>>(),
+        "conntrack": {
+            "open": sizes.conntrack,
+            "other": sizes.conntrack_other,
+            "closed": sizes.conntrack_closed,
+            "source": recorded.and_then(|r| r.conntrack_source).map(source_name),
+            "why": sizing::conntrack_reason(recorded),
+        },
+        "mappings": {
+            "max": sizes.mappings,
+            "source": recorded.and_then(|r| r.mappings_source).map(source_name),
+            "why": sizing::mappings_reason(recorded),
+        },
+    })
+}
+
+fn source_name(source: Source) -> &'static str {
+    match source {
+        Source::Default => "formula",
+        Source::Conflist => "conflist",
+    }
+}
+
+/// The sizes in force, why, and the pinned maps' kernel memory, as lines.
+pub fn sizes_text(sizes: &InForce) -> String {
+    let recorded = sizes.recorded.as_ref();
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    format!(
+        "BPF map memory: {:.1} MiB (bytes_memlock of the pinned maps)\n\
+         conntrack: {} open TCP, {} other, {} closed entries ({})\n\
+         mappings: {} at most ({})\n",
+        mib(sizes.memory_bytes()),
+        opt(sizes.conntrack),
+        opt(sizes.conntrack_other),
+        opt(sizes.conntrack_closed),
+        sizing::conntrack_reason(recorded),
+        opt(sizes.mappings),
+        sizing::mappings_reason(recorded),
+    )
 }
 
 pub fn status_json(status: &Status) -> Value {
@@ -96,6 +145,7 @@ pub fn status_json(status: &Status) -> Value {
             "fillPercent": m.percent(),
         })).collect::<Vec<_>>(),
         "missingMaps": status.missing_maps,
+        "sizes": sizes_json(&InForce::read(&status_layout(status))),
         "counters": status.stats.iter().map(|(name, value)| (name.to_string(), json!(value))).collect::<serde_json::Map<_, _>>(),
         "tracing": status.tracing.filter(|f| f.enabled != 0).map(|f| json!({
             "pid": f.tracer_pid,
@@ -103,6 +153,11 @@ pub fn status_json(status: &Status) -> Value {
             "protocol": (f.proto != 0).then_some(f.proto),
         })),
     })
+}
+
+/// The pin layout `status` looked at.
+fn status_layout(status: &Status) -> PinLayout {
+    PinLayout::new(&status.root)
 }
 
 fn opt<T: ToString>(value: Option<T>) -> String {
@@ -219,6 +274,9 @@ fn render(status: &Status, style: Style) -> String {
         }
         out.push_str(&table.render(style));
     }
+
+    out.push_str(&section("Sizes and memory"));
+    out.push_str(&sizes_text(&InForce::read(&status_layout(status))));
 
     out.push_str(&section("Counters since the maps were created"));
     let mut table = Table::new(&["REASON", "PACKETS"]);

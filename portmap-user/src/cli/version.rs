@@ -9,6 +9,7 @@ use portmap_user::{
     dataplane::object,
     dataplane::pin::PinLayout,
     dataplane::scope::{self, Access},
+    dataplane::sizing::{self, InForce, NodeShape},
     ops::inspect::kernel_release,
 };
 use serde_json::json;
@@ -18,7 +19,9 @@ use super::{
     output::{OutputArgs, print, print_json},
 };
 
-/// Print the version, the eBPF object's build ID and the kernel's features.
+/// Print the version, the eBPF object's build ID, the kernel's features,
+/// the map sizes in force under the pin root (and why), their kernel
+/// memory, and the default conntrack size the node formula gives here.
 ///
 /// The build ID is the one `status` shows for pinned programs: when it
 /// differs from the pinned one, the next ADD replaces the programs in place.
@@ -57,6 +60,14 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             )
         })
         .collect();
+    let sizes = InForce::read(&layout);
+    let node = NodeShape::this();
+    let formula = json!({
+        "memoryMiB": node.memory_mib(),
+        "cpus": node.cpus,
+        "conntrack": sizing::conntrack_for(node),
+        "conntrackClosed": sizing::closed_for(sizing::conntrack_for(node), node.cpus),
+    });
     if out.json() {
         let features: Vec<_> = probed
             .iter()
@@ -69,6 +80,8 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "kernel": kernel,
             "attachMode": mode,
             "features": features,
+            "sizes": super::status::sizes_json(&sizes),
+            "defaultSizesHere": formula,
         });
         print_json(&document);
         return Ok(ExitCode::SUCCESS);
@@ -82,6 +95,14 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     for (name, since, supported) in &probed {
         text.push_str(&format!("  {supported:<7} {name} (Linux {since})\n"));
     }
+    text.push_str(&format!(
+        "default conntrack on this node: {} open TCP and other entries, {} closed (formula: {} MiB, {} CPUs)\n",
+        sizing::conntrack_for(node),
+        sizing::closed_for(sizing::conntrack_for(node), node.cpus),
+        node.memory_mib(),
+        node.cpus
+    ));
+    text.push_str(&super::status::sizes_text(&sizes));
     print(&text);
     Ok(ExitCode::SUCCESS)
 }

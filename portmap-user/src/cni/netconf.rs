@@ -70,7 +70,9 @@ pub struct NetConf {
     /// `interfaces`: names or shell-style patterns (`eth*`) of the node
     /// interfaces to attach to instead of the default (every up interface).
     pub interfaces: Option<Vec<String>>,
-    /// `conntrackSize`: entries in the conntrack map.
+    /// `conntrackSize`: entries of each open conntrack table; `None`: sized
+    /// from the node (`dataplane::sizing`). A change resizes the tables in
+    /// place at the next run (`dataplane::resize`).
     pub conntrack_size: Option<u32>,
     /// `logFile`: absolute path, default [`DEFAULT_LOG_FILE`].
     pub log_file: PathBuf,

@@ -33,6 +33,7 @@ use crate::{
     dataplane::lock::{LockError, lock},
     dataplane::object::{OBJECT, build_id},
     dataplane::pin::{Direction, PinLayout},
+    dataplane::resize,
     dataplane::stale,
     node::netlink,
 };
@@ -96,6 +97,8 @@ pub enum AttachError {
     },
     #[error("interface index {index} does not exist")]
     NoInterface { index: u32 },
+    #[error(transparent)]
+    Resize(#[from] crate::dataplane::resize::ResizeError),
 }
 
 /// A load failure, explained by the missing feature when the kernel lacks
@@ -212,7 +215,9 @@ pub fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32
     Ok(ids[..count].to_vec())
 }
 
-/// Map sizes chosen by configuration; they apply when the maps are created.
+/// Map sizes chosen by configuration (`None`: the default, see `sizing`);
+/// they apply when the maps are created, and a change resizes them in
+/// place (see `resize`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Capacities {
     pub mappings: Option<u32>,
@@ -258,7 +263,9 @@ pub fn ensure(
         forget_interfaces_not_in(layout, targets.live);
         listed = listed_links(layout);
     }
-    if is_ready(layout, targets, &listed, cgroup) {
+    // A changed conntrackSize (or node) is taken up by the slow path.
+    let resize_wanted = |layout: &PinLayout| resize::needed(layout, capacities).is_some();
+    if is_ready(layout, targets, &listed, cgroup) && !resize_wanted(layout) {
         if !has_beacon(&listed) {
             let _lock = lock(layout)?;
             attach_beacon_if_missing(layout);
@@ -268,14 +275,18 @@ pub fn ensure(
     mount_bpffs_if_missing(layout.root())?;
     let lock = lock(layout)?;
     // Someone may have finished the job while we waited.
-    if is_ready(layout, targets, &listed_links(layout), cgroup) {
+    if is_ready(layout, targets, &listed_links(layout), cgroup) && !resize_wanted(layout) {
         attach_beacon_if_missing(layout);
         return Ok(());
     }
     for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
         create_private_dir(&dir)?;
     }
-    load_and_pin(layout, capacities).map_err(explain_load_failure)?;
+    let resize = resize::Resize::begin(layout, capacities)?;
+    load_and_pin(layout, capacities, resize.as_ref()).map_err(explain_load_failure)?;
+    if let Some(resize) = &resize {
+        resize.copy_and_swap(layout)?;
+    }
     // Probed once per pin root (then read from the record): tcx or clsact.
     let mode = match pinned_program(layout, Direction::Ingress) {
         Some(program) => features::attach_mode(layout, &program)?,
@@ -328,6 +339,9 @@ pub fn ensure(
     // the other build deleted without raising the epoch.
     crate::dataplane::maps::MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)).raise();
     remove_other_builds(layout);
+    if let Some(resize) = resize {
+        resize.finish(layout);
+    }
     drop(lock);
     Ok(())
 }
@@ -427,7 +441,11 @@ fn pinned_id(path: &Path) -> Option<u32> {
 
 /// Loads the object (reusing pinned maps) and pins this build's programs,
 /// unless they are pinned already.
-fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), AttachError> {
+fn load_and_pin(
+    layout: &PinLayout,
+    capacities: Capacities,
+    resize: Option<&resize::Resize>,
+) -> Result<(), AttachError> {
     if all_programs()
         .iter()
         .all(|name| layout.program(build_id(), name).exists())
@@ -436,6 +454,7 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
     }
     check_pinned_layouts(layout)?;
     let migration = Migration::prepare(layout);
+    let conntrack_was_pinned = layout.map(map_names::CONNTRACK).exists();
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
         .iter()
         .chain(local::map_names::ALL.iter())
@@ -443,32 +462,34 @@ fn load_and_pin(layout: &PinLayout, capacities: Capacities) -> Result<(), Attach
         .chain([portmap_common::conditions::CONDITIONS_MAP].iter())
         .map(|&name| (name, layout.map(name)))
         .collect();
+    let staged = resize.map(|r| r.staged(layout)).unwrap_or_default();
     let mut loader = EbpfLoader::new();
     for (name, path) in &map_paths {
         loader.map_pin_path(name, path.as_path());
     }
-    if let Some(size) = capacities.conntrack {
-        loader.map_max_entries(map_names::CONNTRACK, size);
-        loader.map_max_entries(map_names::CONNTRACK_OTHER, size);
-        loader.map_max_entries(
-            map_names::CONNTRACK_CLOSED,
-            portmap_common::capacity::conntrack_closed(size),
-        );
+    // Tables being resized are made anew at their staging pins.
+    for (name, path) in &staged {
+        loader.map_pin_path(name, path.as_path());
     }
-    if let Some(size) = capacities.mappings {
-        loader.map_max_entries(map_names::MAPPINGS, size);
-        // Two index slots per mapping leaves room for re-ADDs.
-        let slots = size
-            .saturating_mul(2)
-            .max(portmap_common::capacity::OWNER_SLOTS);
-        loader.map_max_entries(map_names::OWNER_SLOTS, slots);
-        // At most one counter entry per mapping is live.
-        loader.map_max_entries(map_names::COUNTERS, size);
-    }
+    // The sizes apply to the maps this load creates; pinned ones keep
+    // theirs until a resize (see `resize`).
+    let sizes = resize.map_or_else(
+        || {
+            crate::dataplane::sizing::Sizes::resolve(
+                capacities,
+                crate::dataplane::sizing::NodeShape::this(),
+            )
+        },
+        |r| *r.sizes(),
+    );
+    sizes.apply(&mut loader);
     let mut ebpf: Ebpf = loader
         .load(OBJECT)
         .map_err(|e| AttachError::Load(Box::new(e)))?;
     migration.finish(&mut ebpf);
+    if !conntrack_was_pinned && let Err(error) = crate::dataplane::sizing::record(layout, &sizes) {
+        log::warn!("{error}");
+    }
     for name in all_programs() {
         let fail = |source: ProgramError| AttachError::Program {
             program: name,

@@ -1,7 +1,7 @@
 //! Every read or write of the pinned BPF state: where it is pinned ([`pin`],
 //! [`scope`]), the eBPF object ([`object`]), loading and attaching the
 //! programs ([`attach`], on [`bpffs`], under the pin root's [`lock`]; [`cgroup`],
-//! [`features`]), the maps ([`maps`]) and what is kept in them: which
+//! [`features`]), the maps ([`maps`], sized by [`sizing`]) and what is kept in them: which
 //! container owns which port ([`ownership`]), the node's own addresses
 //! ([`node_state`]), where containers hand packets over ([`peers`]), traffic
 //! counters ([`counters`]) and the trace ring ([`trace`]); the state of
@@ -20,7 +20,9 @@ pub mod object;
 pub mod ownership;
 pub mod peers;
 pub mod pin;
+pub mod resize;
 pub mod scope;
+pub mod sizing;
 pub mod stale;
 pub mod trace;
 pub mod verb_stats;
