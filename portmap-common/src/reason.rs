@@ -68,7 +68,7 @@ pub mod stat {
     pub const DROP_LOOPBACK: u32 = 25;
     /// A hairpin flow's own client port passed over as its masquerade
     /// port: a node connection holds that tuple with the container.
-    pub const MASQ_NODE_TUPLE: u32 = 26;
+    pub const MASQ_PORT_NODE_HELD: u32 = 26;
     /// A connection the node opened to a container on a tuple a
     /// masqueraded flow holds: its source port remapped, as netfilter
     /// does, so the container's answers reach the node.
@@ -313,7 +313,7 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         kind: Kind::Problem,
     },
     Reason {
-        id: stat::MASQ_NODE_TUPLE,
+        id: stat::MASQ_PORT_NODE_HELD,
         name: "masq_port_node_held",
         label: "masq-port-node-held",
         meaning: "hairpin client's own port not kept as masquerade port: a node connection holds that tuple",

@@ -117,7 +117,7 @@ pub fn masquerade(ctx: &TcContext) {
             && table != maps::Table::Other
             && ct::node_socket_owns_tuple(ctx, &scratch.reply_key)
         {
-            maps::count(stat::MASQ_NODE_TUPLE);
+            maps::count(stat::MASQ_PORT_NODE_HELD);
             tries += 1;
             continue;
         }
