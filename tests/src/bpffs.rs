@@ -64,6 +64,12 @@ pub fn status_record(pin_root: &Path) -> PathBuf {
     lock_file(pin_root).with_extension("status")
 }
 
+/// Where the plugin records the local addresses the last sync wrote for
+/// `pin_root` (with the inode of the map's pin).
+pub fn local_addrs_record(pin_root: &Path) -> PathBuf {
+    lock_file(pin_root).with_extension("local-addrs")
+}
+
 /// Whether `path` is on a bpffs mount.
 pub fn is_bpffs(path: &Path) -> bool {
     let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
@@ -216,6 +222,7 @@ impl Drop for PinRoot {
             hooks_record(&self.path),
             root_record(&self.path),
             status_record(&self.path),
+            local_addrs_record(&self.path),
         ] {
             let _ = std::fs::remove_file(file);
         }

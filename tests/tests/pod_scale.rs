@@ -1,9 +1,10 @@
 //! Issue #36: what one ADD and one DEL cost does not grow with the pods on
 //! the node. A node with 3 real pods (bridge + host-local + ebpf-portmap)
 //! and the same node with about 300 (each a network namespace with its veth
-//! on the bridge, as the bridge plugin leaves it; made with `ip -batch` to
-//! keep the test short) must see the same number of `bpf()` calls and of
-//! netlink link records per ADD and per DEL, within a small constant.
+//! on the bridge, as the bridge plugin leaves it, made with `ip -batch` to
+//! keep the test short, and two host ports claimed by a plugin ADD) must
+//! see the same number of `bpf()` calls and of netlink link and address
+//! records per ADD and per DEL, within a small constant.
 //!
 //! Counts, not times: the plugin writes its own account of netlink reads
 //! and records at the end of each run into its log (`EPM_LOG_LEVEL=debug`),
@@ -19,7 +20,7 @@ use std::process::{Command, Stdio};
 
 use portmap_tests::tmp::TempDir;
 use portmap_tests::topology::{BRIDGE_NAME, PLUGIN_LOG};
-use portmap_tests::world::World;
+use portmap_tests::world::{FakeContainer, World};
 use portmap_tests::{CniRunner, Container, PinRoot, PluginDirs, PortMapping, bridge_conflist};
 
 /// Pods on the small node, and on the large one.
@@ -182,6 +183,19 @@ fn bridge_pods(world: &World, count: usize) -> Vec<Container> {
     for pod in &pods {
         pod.ns.ip(&["link", "set", "eth0", "up"]);
     }
+    // Two host ports each, claimed by the plugin, as a real pod's are.
+    for i in 0..count {
+        let port = 30000 + 2 * u16::try_from(i).expect("a few hundred pods");
+        let owner = FakeContainer::new(
+            world,
+            &format!("bulk{i}"),
+            u32::try_from(i).expect("a few hundred pods"),
+            vec![PortMapping::tcp(port, 80), PortMapping::udp(port + 1, 53)],
+        );
+        owner
+            .add(world)
+            .unwrap_or_else(|e| panic!("ADD of the ports of pod {i}: {e}"));
+    }
     pods
 }
 
@@ -233,7 +247,16 @@ fn add_and_del_cost_the_same_with_3_and_300_pods() {
     );
     assert_close("bpf() calls per ADD", add_few.bpf(), add_many.bpf());
     assert_close("bpf() calls per DEL", del_few.bpf(), del_many.bpf());
-    // The address dump still grows (see docs/dataplane.md): printed above.
+    assert_close(
+        "address records per ADD",
+        add_few.account("address_records"),
+        add_many.account("address_records"),
+    );
+    assert_close(
+        "address records per DEL",
+        del_few.account("address_records"),
+        del_many.account("address_records"),
+    );
     assert_close(
         "link records per ADD",
         add_few.account("link_records"),

@@ -141,6 +141,56 @@ fn record_interfaces(layout: &PinLayout, interfaces: Option<&[String]>) -> io::R
     std::fs::rename(&temporary, &path)
 }
 
+/// Where the local addresses of the last sync are recorded ([`LocalRecord`]).
+pub fn local_addrs_record(layout: &PinLayout) -> std::path::PathBuf {
+    layout.lock_file().with_extension("local-addrs")
+}
+
+/// What the last sync wrote to the local addresses map, recorded next to
+/// the lock with the inode of the map's pin (a map made anew, by a reload
+/// or a new pin root, has another): while the record matches, the map
+/// holds exactly these addresses. Removed before the map is changed and
+/// written after, so an interrupted sync leaves no record, never a wrong
+/// one.
+struct LocalRecord {
+    path: std::path::PathBuf,
+    text: String,
+}
+
+impl LocalRecord {
+    /// The record `wanted` would make; `None` when the map is not pinned.
+    fn of(layout: &PinLayout, wanted: &BTreeSet<LocalAddrKey>) -> Option<LocalRecord> {
+        use std::fmt::Write;
+        use std::os::unix::fs::MetadataExt;
+        let inode = std::fs::metadata(layout.map(map_names::LOCAL_ADDRS))
+            .ok()?
+            .ino();
+        let mut text = format!("{inode}\n");
+        for key in wanted {
+            let [a, b, c, d] = key.addr_be;
+            let _ = writeln!(text, "{} {a:08x}{b:08x}{c:08x}{d:08x}", key.family);
+        }
+        Some(LocalRecord {
+            path: local_addrs_record(layout),
+            text,
+        })
+    }
+
+    fn is_current(&self) -> bool {
+        std::fs::read_to_string(&self.path).is_ok_and(|text| text == self.text)
+    }
+
+    fn forget(layout: &PinLayout) {
+        let _ = std::fs::remove_file(local_addrs_record(layout));
+    }
+
+    fn write(&self) -> io::Result<()> {
+        let temporary = self.path.with_extension("local-addrs-new");
+        std::fs::write(&temporary, &self.text)?;
+        std::fs::rename(&temporary, &self.path)
+    }
+}
+
 /// The node state an ADD wants, in the maps' terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Wanted {
@@ -261,16 +311,27 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
     }
     let _lock = lock::lock(layout)?;
 
-    let mut local: HashMap<MapData, LocalAddrKey, u8> = open(layout, map_names::LOCAL_ADDRS)?;
-    let present: Vec<LocalAddrKey> = local.keys().filter_map(Result::ok).collect();
-    for key in &wanted.local_addrs {
-        local
-            .insert(key, 1, 0)
-            .map_err(map_error(map_names::LOCAL_ADDRS))?;
-    }
-    for key in present.iter().filter(|k| !wanted.local_addrs.contains(k)) {
-        // Gone from the node.
-        let _ = local.remove(key);
+    // The node hash changes with every pod (its veth is among `live`);
+    // the addresses seldom do. Rewriting them only when they changed keeps
+    // the walk of the map, whose length is the node's, out of each run.
+    let record = LocalRecord::of(layout, &wanted.local_addrs);
+    if !record.as_ref().is_some_and(LocalRecord::is_current) {
+        LocalRecord::forget(layout);
+        let mut local: HashMap<MapData, LocalAddrKey, u8> = open(layout, map_names::LOCAL_ADDRS)?;
+        let present: Vec<LocalAddrKey> = local.keys().filter_map(Result::ok).collect();
+        for key in &wanted.local_addrs {
+            local
+                .insert(key, 1, 0)
+                .map_err(map_error(map_names::LOCAL_ADDRS))?;
+        }
+        for key in present.iter().filter(|k| !wanted.local_addrs.contains(k)) {
+            // Gone from the node.
+            let _ = local.remove(key);
+        }
+        if let Some(record) = record {
+            // Not written: the next sync walks the map again.
+            let _ = record.write();
+        }
     }
 
     let mut ifaces: HashMap<MapData, u32, IfaceConfig> = open(layout, map_names::IFACES)?;

@@ -326,6 +326,7 @@ pub fn remove(layout: &PinLayout) -> Option<Removal> {
     for record in [
         crate::dataplane::cgroup::hooks_record(layout),
         crate::dataplane::node_state::interfaces_record(layout),
+        crate::dataplane::node_state::local_addrs_record(layout),
         root_record(layout),
         // STATUS's probe record (`verbs/status.rs`).
         layout.lock_file().with_extension("status"),

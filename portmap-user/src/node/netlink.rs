@@ -246,6 +246,64 @@ impl Rtnl {
         Ok(found)
     }
 
+    /// The addresses of the interfaces `indexes`, in a dump per interface
+    /// that the kernel filters by `ifa_index` (strict checking,
+    /// `NETLINK_GET_STRICT_CHK`, Linux 4.20 and later): what a run reads
+    /// then grows with the interfaces it asks about, not with the pods'
+    /// veths, each of which has an IPv6 link-local address. An interface
+    /// gone meanwhile has none. `None` when the kernel cannot filter (no
+    /// strict checking, or it refuses the request): the caller then takes
+    /// the full dump ([`Rtnl::addresses`]).
+    pub fn addresses_of(
+        &mut self,
+        indexes: &BTreeSet<u32>,
+    ) -> Result<Option<Vec<NodeAddress>>, NetlinkError> {
+        if self.socket.set_netlink_get_strict_chk(true).is_err() {
+            return Ok(None);
+        }
+        let outcome = self.filtered_addresses(indexes);
+        // Link requests stay as they always were.
+        let _ = self.socket.set_netlink_get_strict_chk(false);
+        match outcome {
+            Ok(found) => Ok(Some(found)),
+            Err(NetlinkError::Kernel { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn filtered_addresses(
+        &mut self,
+        indexes: &BTreeSet<u32>,
+    ) -> Result<Vec<NodeAddress>, NetlinkError> {
+        let mut found = Vec::new();
+        for &index in indexes {
+            let mut request = AddressMessage::default();
+            request.header.index = index;
+            let outcome = self.exchange(
+                RouteNetlinkMessage::GetAddress(request),
+                true,
+                |kind, payload| {
+                    if kind == wire::RTM_NEWADDR {
+                        let address = node_address(payload)?;
+                        // A kernel that ignored the filter answered with
+                        // every address: keep the asked ones only.
+                        if address.index == index {
+                            found.push(address);
+                        }
+                    }
+                    Ok(())
+                },
+            );
+            match outcome {
+                Ok(()) => {}
+                // Gone since the link dump: it has no address.
+                Err(NetlinkError::Kernel { code }) if code == -libc::ENODEV => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(found)
+    }
+
     /// Every interface of the node, in one dump (statistics left out: they
     /// are most of a link message).
     pub fn links(&mut self) -> Result<Vec<Link>, NetlinkError> {

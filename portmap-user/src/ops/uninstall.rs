@@ -191,6 +191,10 @@ pub fn uninstall(layout: &PinLayout, force: bool) -> Result<Report, UninstallErr
         &crate::dataplane::node_state::interfaces_record(layout),
         &mut report,
     );
+    remove_pin(
+        &crate::dataplane::node_state::local_addrs_record(layout),
+        &mut report,
+    );
     // Likewise the record of the hooks found in place, and the root's
     // registration (see `dataplane::stale`).
     remove_pin(&crate::dataplane::cgroup::hooks_record(layout), &mut report);

@@ -28,6 +28,10 @@ pub struct NodeView {
     /// cannot filter the dump. A bridge's ports (the pods' veths) are
     /// otherwise left out: no run needs them, and there is one per pod.
     pub links: Vec<Link>,
+    /// The addresses of the interfaces in `links` when the link dump was
+    /// filtered (a request per interface, see [`Rtnl::addresses_of`]);
+    /// every address of the node otherwise. Either way, everything
+    /// [`recorded_addresses`] keeps of the interfaces in `links`.
     pub addresses: Vec<NodeAddress>,
     /// Where traffic from outside arrives ([`netlink::select_uplinks`]).
     pub uplinks: BTreeSet<u32>,
@@ -37,8 +41,9 @@ pub struct NodeView {
 
 impl NodeView {
     /// One link dump (filtered, see [`NodeView::links`]), a request per
-    /// host-side interface of the request the dump left out, and one
-    /// address dump. `interfaces` entries that match nothing are skipped
+    /// host-side interface of the request the dump left out, and an
+    /// address dump per interface found (one dump of all when the links
+    /// are all of the node's, or the kernel cannot filter addresses). `interfaces` entries that match nothing are skipped
     /// with a warning; none matching at all is an error (the configuration
     /// names another node's interfaces).
     pub fn read(
@@ -46,8 +51,16 @@ impl NodeView {
         conf: &NetConf,
         interfaces: &[PrevInterface],
     ) -> Result<NodeView, PluginError> {
-        let links = needed_links(rtnl, conf, interfaces)?;
-        let addresses = rtnl.addresses()?;
+        let (links, filtered) = needed_links(rtnl, conf, interfaces)?;
+        let indexes: BTreeSet<u32> = links.iter().map(|l| l.index).collect();
+        let addresses = match filtered {
+            true => rtnl.addresses_of(&indexes)?,
+            false => None,
+        };
+        let addresses = match addresses {
+            Some(addresses) => addresses,
+            None => rtnl.addresses()?,
+        };
         let selection = netlink::select_uplinks(&links, conf.interfaces.as_deref());
         if let Some(patterns) = &conf.interfaces
             && selection.uplinks.is_empty()
@@ -74,19 +87,20 @@ impl NodeView {
     }
 }
 
-/// The links a run needs ([`NodeView::links`]).
+/// The links a run needs ([`NodeView::links`]), and whether the kernel
+/// filtered them (`false`: they are every interface of the node).
 fn needed_links(
     rtnl: &mut Rtnl,
     conf: &NetConf,
     interfaces: &[PrevInterface],
-) -> Result<Vec<Link>, netlink::NetlinkError> {
+) -> Result<(Vec<Link>, bool), netlink::NetlinkError> {
     // `interfaces` may name any interface, ports included: matching it
     // needs every name.
     if conf.interfaces.is_some() {
-        return rtnl.links();
+        return Ok((rtnl.links()?, false));
     }
     let Some(mut links) = rtnl.links_without_controller()? else {
-        return rtnl.links();
+        return Ok((rtnl.links()?, false));
     };
     let own = interfaces
         .iter()
@@ -99,7 +113,7 @@ fn needed_links(
             links.push(link);
         }
     }
-    Ok(links)
+    Ok((links, true))
 }
 
 /// The addresses the node state records: every routable one, and the
