@@ -78,6 +78,35 @@ fn echo(session: &mut TcpSession, what: &str, payload: &str) {
     assert_eq!(answer, format!("hpp-web {payload}"), "{what}");
 }
 
+/// The client pod's connection from its own `port` to the node's host
+/// port 8080.
+fn pod_dials(h: &Hairpin, node: IpAddr, port: u16) -> TcpSession {
+    tcp_connect_from(
+        &h.client.ns,
+        SocketAddr::new(unspecified(node), port),
+        sock(node, 8080),
+        TIMEOUT,
+    )
+    .unwrap_or_else(|e| panic!("client pod :{port} -> {node}:8080: {e}\n{}", h.world.dump()))
+}
+
+/// The node's connection from its bridge address `gateway` and `port`
+/// straight to the container (`web`:80).
+fn node_dials(h: &Hairpin, gateway: IpAddr, port: u16, web: IpAddr, when: &str) -> TcpSession {
+    tcp_connect_from(
+        &h.world.node.ns,
+        SocketAddr::new(gateway, port),
+        sock(web, 80),
+        TIMEOUT,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "node {gateway}:{port} -> {web}:80 {when}: {e}\n{}",
+            h.world.dump()
+        )
+    })
+}
+
 /// The peer the server saw last.
 fn last_peer(server: &ServerHandle) -> SocketAddr {
     *server.peers().last().expect("the server saw a connection")
@@ -90,13 +119,7 @@ fn a_hairpin_flow_keeps_the_clients_port_when_it_is_free() {
     let h = hairpin();
     for (i, (node, gateway, _)) in families(&h).into_iter().enumerate() {
         let port = 41000 + i as u16;
-        let mut pod = tcp_connect_from(
-            &h.client.ns,
-            SocketAddr::new(unspecified(node), port),
-            sock(node, 8080),
-            TIMEOUT,
-        )
-        .unwrap_or_else(|e| panic!("client pod -> {node}:8080: {e}"));
+        let mut pod = pod_dials(&h, node, port);
         echo(&mut pod, "client pod through the node", "kept");
         assert_eq!(
             last_peer(&h.server),
@@ -115,21 +138,9 @@ fn a_port_a_node_connection_holds_is_not_kept() {
     let before = h.world.counters();
     for (i, (node, gateway, web)) in families(&h).into_iter().enumerate() {
         let port = 42000 + i as u16;
-        let mut direct = tcp_connect_from(
-            &h.world.node.ns,
-            SocketAddr::new(gateway, port),
-            sock(web, 80),
-            TIMEOUT,
-        )
-        .unwrap_or_else(|e| panic!("node {gateway}:{port} -> {web}:80: {e}"));
+        let mut direct = node_dials(&h, gateway, port, web, "before the pod dials");
         echo(&mut direct, "the node's own connection", "node");
-        let mut pod = tcp_connect_from(
-            &h.client.ns,
-            SocketAddr::new(unspecified(node), port),
-            sock(node, 8080),
-            TIMEOUT,
-        )
-        .unwrap_or_else(|e| panic!("client pod :{port} -> {node}:8080: {e}"));
+        let mut pod = pod_dials(&h, node, port);
         echo(&mut pod, "client pod through the node", "pod");
         let seen = last_peer(&h.server);
         assert_eq!(seen.ip(), gateway, "masqueraded to the bridge address");
@@ -163,27 +174,16 @@ fn a_node_connection_on_an_open_hairpin_tuple_is_remapped() {
     let before = h.world.counters();
     for (i, (node, gateway, web)) in families(&h).into_iter().enumerate() {
         let port = 43000 + i as u16;
-        let mut pod = tcp_connect_from(
-            &h.client.ns,
-            SocketAddr::new(unspecified(node), port),
-            sock(node, 8080),
-            TIMEOUT,
-        )
-        .unwrap_or_else(|e| panic!("client pod :{port} -> {node}:8080: {e}"));
+        let mut pod = pod_dials(&h, node, port);
         echo(&mut pod, "client pod through the node", "pod");
         assert_eq!(last_peer(&h.server), SocketAddr::new(gateway, port));
-        let mut direct = tcp_connect_from(
-            &h.world.node.ns,
-            SocketAddr::new(gateway, port),
-            sock(web, 80),
-            TIMEOUT,
-        )
-        .unwrap_or_else(|e| {
-            panic!(
-                "node {gateway}:{port} -> {web}:80 while a hairpin flow holds the tuple: {e}\n{}",
-                h.world.dump()
-            )
-        });
+        let mut direct = node_dials(
+            &h,
+            gateway,
+            port,
+            web,
+            "while a hairpin flow holds the tuple",
+        );
         echo(&mut direct, "the node's own connection", "node");
         echo(&mut pod, "client pod through the node, after", "pod again");
     }
@@ -204,30 +204,13 @@ fn a_node_connection_on_a_closed_hairpin_tuple_takes_it_over() {
     let before = h.world.counters();
     for (i, (node, gateway, web)) in families(&h).into_iter().enumerate() {
         let port = 44000 + i as u16;
-        let mut pod = tcp_connect_from(
-            &h.client.ns,
-            SocketAddr::new(unspecified(node), port),
-            sock(node, 8080),
-            TIMEOUT,
-        )
-        .unwrap_or_else(|e| panic!("client pod :{port} -> {node}:8080: {e}"));
+        let mut pod = pod_dials(&h, node, port);
         echo(&mut pod, "client pod through the node", "pod");
         // The pod closes first: the TIME_WAIT is the pod's, the container
         // forgets the tuple once the close is done.
         drop(pod);
         std::thread::sleep(Duration::from_millis(300));
-        let mut direct = tcp_connect_from(
-            &h.world.node.ns,
-            SocketAddr::new(gateway, port),
-            sock(web, 80),
-            TIMEOUT,
-        )
-        .unwrap_or_else(|e| {
-            panic!(
-                "node {gateway}:{port} -> {web}:80 after a hairpin flow there closed: {e}\n{}",
-                h.world.dump()
-            )
-        });
+        let mut direct = node_dials(&h, gateway, port, web, "after a hairpin flow there closed");
         echo(&mut direct, "the node's own connection", "node");
         assert_eq!(
             last_peer(&h.server),
