@@ -67,7 +67,57 @@ pub struct World {
     pub list: Conflist,
 }
 
+/// What the `probe` client reported: its `peer=` and `reply=` lines.
+#[derive(Debug)]
+pub struct Probed {
+    pub peer: String,
+    pub reply: String,
+}
+
 impl World {
+    /// Runs the `probe` client in `ns` with `args` (`probe` is the binary
+    /// cargo built for the calling test; `EPM_PROBE_BIN` overrides it, as
+    /// the VM tests stage it elsewhere); in the test's cgroup, where the
+    /// socket hooks are attached, when `hooked`. `Err` carries the probe's
+    /// `error=` line.
+    pub fn probe(
+        &self,
+        probe: &str,
+        ns: &crate::NetNs,
+        hooked: bool,
+        args: &[&str],
+    ) -> Result<Probed, String> {
+        use std::os::unix::process::CommandExt;
+        let probe = std::env::var_os("EPM_PROBE_BIN").unwrap_or_else(|| probe.into());
+        let mut command = ns.command(probe);
+        command.args(args);
+        if hooked {
+            let procs = self.pins.cgroup().procs_file();
+            // SAFETY: only async-signal-safe calls between fork and exec:
+            // open, write and close through std's file API on a path built
+            // before.
+            unsafe {
+                command.pre_exec(move || std::fs::write(&procs, b"0"));
+            }
+        }
+        let out = command.output().map_err(|e| format!("spawn probe: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let field = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        if out.status.success() {
+            Ok(Probed {
+                peer: field("peer"),
+                reply: field("reply"),
+            })
+        } else {
+            Err(field("error"))
+        }
+    }
+
     /// bridge + host-local + ebpf-portmap.
     pub fn bridge() -> World {
         World::with(|name, pins, data| bridge_conflist(name, "ebpf-portmap", Some(pins), data))

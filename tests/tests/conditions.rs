@@ -314,30 +314,14 @@ fn node_probe(
     target: std::net::SocketAddr,
     payload: &str,
 ) -> Result<String, String> {
-    use std::os::unix::process::CommandExt;
-    let probe =
-        std::env::var_os("EPM_PROBE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_probe").into());
-    let mut command = world.node.ns.command(probe);
-    command.args(["tcp", &target.to_string(), payload, "2000"]);
-    let procs = world.pins.cgroup().procs_file();
-    // SAFETY: only async-signal-safe calls between fork and exec: open,
-    // write and close through std's file API on a path built before.
-    unsafe {
-        command.pre_exec(move || std::fs::write(&procs, b"0"));
-    }
-    let out = command.output().map_err(|e| format!("spawn probe: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{key}=")))
-            .unwrap_or_default()
-            .to_owned()
-    };
-    if out.status.success() {
-        Ok(field("reply"))
-    } else {
-        Err(field("error"))
-    }
+    world
+        .probe(
+            env!("CARGO_BIN_EXE_probe"),
+            &world.node.ns,
+            true,
+            &["tcp", &target.to_string(), payload, "2000"],
+        )
+        .map(|seen| seen.reply)
 }
 
 /// The node's own connections (socket hooks) and a container's hairpin

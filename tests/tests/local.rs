@@ -8,7 +8,6 @@
 //! left out of it to exercise the packet-level hairpin.
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::process::CommandExt;
 
 use portmap_tests::crafted::{self, Crafted, Transport};
 use portmap_tests::topology::{
@@ -17,15 +16,8 @@ use portmap_tests::topology::{
 use portmap_tests::traffic::{
     echo_reply, sctp_available, sctp_echo_server, tcp_echo_server, udp_echo_server,
 };
-use portmap_tests::world::{World, counter, sock};
+use portmap_tests::world::{Probed, World, counter, sock};
 use portmap_tests::{Container, NetNs, PortMapping};
-
-/// What a probe saw.
-#[derive(Debug)]
-struct Seen {
-    peer: String,
-    reply: String,
-}
 
 /// Runs the probe client in `ns`; in the test's cgroup when `hooked`.
 fn probe(
@@ -35,41 +27,21 @@ fn probe(
     mode: &str,
     target: SocketAddr,
     payload: &str,
-) -> Result<Seen, String> {
-    // The VM tests stage the client elsewhere and say where.
-    let probe =
-        std::env::var_os("EPM_PROBE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_probe").into());
-    let mut command = ns.command(probe);
-    command.args([mode, &target.to_string(), payload, "3000"]);
-    if hooked {
-        let procs = world.pins.cgroup().procs_file();
-        // SAFETY: only async-signal-safe calls between fork and exec: open,
-        // write and close through std's file API on a path built before.
-        unsafe {
-            command.pre_exec(move || std::fs::write(&procs, b"0"));
-        }
-    }
-    let out = command.output().map_err(|e| format!("spawn probe: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{key}=")))
-            .unwrap_or_default()
-            .to_owned()
-    };
-    if !out.status.success() {
-        return Err(format!("probe {mode} {target} failed: {}", field("error")));
-    }
-    Ok(Seen {
-        peer: field("peer"),
-        reply: field("reply"),
-    })
+) -> Result<Probed, String> {
+    world
+        .probe(
+            env!("CARGO_BIN_EXE_probe"),
+            ns,
+            hooked,
+            &[mode, &target.to_string(), payload, "3000"],
+        )
+        .map_err(|e| format!("probe {mode} {target} failed: {e}"))
 }
 
 fn expect(
     world: &World,
     what: &str,
-    seen: Result<Seen, String>,
+    seen: Result<Probed, String>,
     target: SocketAddr,
     identity: &str,
     payload: &str,

@@ -9,7 +9,6 @@
 //! Needs root.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::unix::process::CommandExt;
 
 use serde_json::{Value, json};
 
@@ -395,32 +394,21 @@ fn an_interface_added_later_is_reported_then_attached_by_any_plugin_run() {
     assert!(ok, "{doc:#}");
 }
 
-/// `probe` (the test client) in the node namespace, in the test's cgroup
-/// where the socket hooks are attached: a node process connecting.
-fn node_probe(world: &World, target: SocketAddr, payload: &str) -> Result<String, String> {
-    let probe =
-        std::env::var_os("EPM_PROBE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_probe").into());
-    let mut command = world.node.ns.command(probe);
-    command.args(["tcp", &target.to_string(), payload, "3000"]);
-    let procs = world.pins.cgroup().procs_file();
-    // SAFETY: only async-signal-safe calls between fork and exec: open,
-    // write and close through std's file API on a path built before.
-    unsafe {
-        command.pre_exec(move || std::fs::write(&procs, b"0"));
-    }
-    let out = command.output().map_err(|e| format!("spawn probe: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{key}=")))
-            .unwrap_or_default()
-            .to_owned()
-    };
-    if out.status.success() {
-        Ok(field("reply"))
-    } else {
-        Err(field("error"))
-    }
+/// Runs the probe client (`tcp` mode) from the node, in the test's cgroup
+/// where the socket hooks are attached; `Ok(reply)` or the probe's error.
+fn node_probe(
+    world: &World,
+    target: std::net::SocketAddr,
+    payload: &str,
+) -> Result<String, String> {
+    world
+        .probe(
+            env!("CARGO_BIN_EXE_probe"),
+            &world.node.ns,
+            true,
+            &["tcp", &target.to_string(), payload, "3000"],
+        )
+        .map(|seen| seen.reply)
 }
 
 #[test]
