@@ -11,7 +11,7 @@ use portmap_user::{
     cni,
     cni::netconf,
     logging,
-    verbs::{Dataplane, logged::Logged, recorded::Recorded},
+    verbs::{Dataplane, logged::Logged, recorded},
 };
 
 mod cli;
@@ -79,15 +79,17 @@ fn run_plugin() -> ExitCode {
         .take(cni::MAX_STDIN_BYTES as u64 + 1)
         .read_to_end(&mut head);
     logging::init_plugin(&netconf::log_file_of(&head));
-    let mut input = Cursor::new(head).chain(stdin);
+    let started = std::time::Instant::now();
+    let mut input = Cursor::new(&head[..]).chain(stdin);
     let env = |name: &str| std::env::var(name).ok();
-    let code = cni::run(
+    let outcome = cni::run_for_outcome(
         &env,
         &mut input,
         &mut std::io::stdout().lock(),
-        &mut Recorded(Logged(Dataplane)),
+        &mut Logged(Dataplane),
     );
-    ExitCode::from(code as u8)
+    recorded::record(&outcome, started.elapsed(), || netconf::pin_root_of(&head));
+    ExitCode::from(outcome.exit as u8)
 }
 
 fn main() -> ExitCode {

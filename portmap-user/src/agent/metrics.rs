@@ -388,7 +388,7 @@ impl Collector for Snapshot {
         counter_family(
             e,
             "ebpf_portmap_cni_requests",
-            "CNI verbs the plugin ran, by result code (0 success; see the README's error codes)",
+            "CNI verbs the plugin ran, by result code (0 success; see the README's error codes), requests refused for their configuration or environment included",
             None,
             &self
                 .verbs

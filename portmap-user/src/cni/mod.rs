@@ -100,6 +100,18 @@ pub trait Plugin {
     fn status(&mut self, conf: &NetConf) -> Result<(), CniError>;
 }
 
+/// What one invocation came to, for the binary to count: every exit, the
+/// configuration errors refused before the plugin is reached included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// The verb `CNI_COMMAND` named; `None` when it named none.
+    pub command: Option<Command>,
+    /// The CNI result code: 0 for success, else the error object's code.
+    pub code: u32,
+    /// The process exit status (0 ok, 1 error).
+    pub exit: i32,
+}
+
 /// Runs one CNI invocation. `env` looks up environment variables (injected so
 /// tests need no real env). Writes the result or the error object as JSON to
 /// `stdout`; returns the process exit code (0 ok, 1 error).
@@ -111,6 +123,17 @@ pub fn run(
     stdout: &mut dyn Write,
     plugin: &mut dyn Plugin,
 ) -> i32 {
+    run_for_outcome(env, stdin, stdout, plugin).exit
+}
+
+/// [`run`], saying which verb ran and with which CNI code it ended.
+pub fn run_for_outcome(
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    plugin: &mut dyn Plugin,
+) -> Outcome {
+    let command = env("CNI_COMMAND").and_then(|value| Command::from_env_value(&value));
     let input = read_stdin(stdin);
     // Errors are answered in the caller's version when it gave a usable one.
     let reply_version = input
@@ -128,19 +151,24 @@ pub fn run(
             .unwrap_or_else(|payload| Err(panic_error(payload.as_ref()))),
     };
 
+    let ended = |code, exit| Outcome {
+        command,
+        code,
+        exit,
+    };
     match outcome {
-        Ok(None) => 0,
+        Ok(None) => ended(0, 0),
         Ok(Some(document)) => {
             if write_document(stdout, &document) {
-                0
+                ended(0, 0)
             } else {
-                1
+                ended(0, 1)
             }
         }
         Err(error) => {
             log::error!("{error}");
             write_document(stdout, &error.to_json(&reply_version));
-            1
+            ended(error.code, 1)
         }
     }
 }

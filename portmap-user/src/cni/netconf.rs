@@ -806,6 +806,20 @@ pub fn log_file_of(stdin: &[u8]) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_LOG_FILE))
 }
 
+/// `pinRoot` of a configuration, read leniently as [`log_file_of`] reads
+/// `logFile`: where a run that failed before its verb looked (a
+/// configuration error) is counted. The default when stdin is not a
+/// configuration or the key is invalid.
+pub fn pin_root_of(stdin: &[u8]) -> PathBuf {
+    serde_json::from_slice::<Object<'_>>(stdin)
+        .ok()
+        .and_then(|root| {
+            let fields = root.resolve(ROOT_FIELDS);
+            parse_pin_root(given(fields.get("pinRoot"), "").ok()?).ok()
+        })
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_PIN_ROOT))
+}
+
 fn parse_valid_attachments(
     root: &Resolved<'_, RawValue>,
 ) -> Result<Option<Vec<Attachment>>, ConfigError> {

@@ -83,26 +83,22 @@ pub fn resolve(root: &Path, access: Access) -> Result<PinLayout, ScopeError> {
     let layout = resolve_for(root, ours, access)?;
     *LAST_RESOLVED
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) =
-        Some((root.to_path_buf(), layout.clone()));
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(layout.clone());
     Ok(layout)
 }
 
 /// What the last [`resolve`] of this process returned, and for which root.
-static LAST_RESOLVED: std::sync::Mutex<Option<(std::path::PathBuf, PinLayout)>> =
-    std::sync::Mutex::new(None);
+static LAST_RESOLVED: std::sync::Mutex<Option<PinLayout>> = std::sync::Mutex::new(None);
 
-/// The layout the last [`resolve`] of this process found for `root`, if
-/// the last one was for `root`: what a CNI run's bookkeeping after its verb
-/// uses (the verb resolved it first thing), instead of resolving again
+/// What the last [`resolve`] of this process returned: what a CNI run's
+/// bookkeeping after its verb uses (the verb resolved it first thing; a
+/// run resolves one root, the configuration's), instead of resolving again
 /// (a socket and the owner record, about 7000 instructions of a run).
-pub fn last_resolved(root: &Path) -> Option<PinLayout> {
+pub fn last_resolved() -> Option<PinLayout> {
     LAST_RESOLVED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .as_ref()
-        .filter(|(last, _)| last == root)
-        .map(|(_, layout)| layout.clone())
+        .clone()
 }
 
 fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, ScopeError> {

@@ -1093,6 +1093,27 @@ fn log_file_is_found_before_parsing_and_never_fails() {
 }
 
 #[test]
+fn pin_root_is_found_before_parsing_and_never_fails() {
+    assert_eq!(
+        pin_root_of(br#"{"PINROOT":"/sys/fs/bpf/x","cniVersion":"9.9.9"}"#),
+        PathBuf::from("/sys/fs/bpf/x"),
+        "read even from a config that will be refused, its key matched as parsing matches it"
+    );
+    for stdin in [
+        &b"not json"[..],
+        br#"{"pinRoot":"relative"}"#,
+        br#"{"pinRoot":7}"#,
+    ] {
+        assert_eq!(
+            pin_root_of(stdin),
+            PathBuf::from(DEFAULT_PIN_ROOT),
+            "{}",
+            String::from_utf8_lossy(stdin)
+        );
+    }
+}
+
+#[test]
 fn invalid_json_keeps_the_parser_error_as_source() {
     let error = parse_netconf(b"{\"cniVersion\":").expect_err("truncated JSON must fail");
     let source = std::error::Error::source(&error).expect("the serde error must be the source");

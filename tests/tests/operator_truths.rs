@@ -1,0 +1,111 @@
+//! What an operator is told must be true (issue #38): every exit of the
+//! plugin is counted with its code, a misspelt key is named with the key
+//! meant, a wrong `pinRoot` or namespace is named as what it is, and each
+//! message names the fix. Needs root; every test has its own namespaces,
+//! pin root and log file.
+
+#![allow(
+    clippy::result_large_err,
+    reason = "CniFailure carries the whole plugin exchange on purpose (see cni.rs)"
+)]
+
+use portmap_tests::agent::Agent;
+use portmap_tests::cni::CniCommand;
+use portmap_tests::world::World;
+use portmap_tests::{PortMapping, RuntimeAttachment};
+use serde_json::Value;
+
+/// The value of the sample `series` (name and labels exactly as served) in
+/// a Prometheus exposition; 0 when it is absent (a code never seen).
+fn sample(exposition: &str, series: &str) -> f64 {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |value| {
+            value
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{series}: {value:?} is not a number: {e}"))
+        })
+}
+
+/// Runs our plugin alone with `config` on stdin; the CNI code it failed
+/// with (the test wants a failure).
+fn failing_code(world: &World, command: CniCommand, rt: &RuntimeAttachment, config: &Value) -> u64 {
+    match world
+        .runner
+        .exec_plugin("ebpf-portmap", command, Some(rt), config)
+    {
+        Ok(out) => panic!("{command:?} with {config:#} succeeded: {}", out.stdout),
+        Err(failure) => failure
+            .error_code()
+            .unwrap_or_else(|| panic!("{command:?} failed without an error code: {failure}")),
+    }
+}
+
+/// A broken conflist rollout (the most common failure) must show in
+/// `cni_requests_total`, which the README's `EbpfPortmapCniFailures` alert
+/// watches: requests refused for their configuration (codes 1 and 7) or
+/// environment (4) are counted with their code, for every verb.
+#[test]
+fn configuration_failures_are_counted_with_their_code() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    let rt = web.with_port_mappings(&[PortMapping::tcp(8080, 80)]);
+    let prev = world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let good = world.our_config(&rt, Some(&prev));
+
+    let with = |key: &str, value: Value| {
+        let mut config = good.clone();
+        config[key] = value;
+        config
+    };
+    let bad_id = RuntimeAttachment {
+        container_id: "not a container id!".into(),
+        ..rt.clone()
+    };
+    // (verb, code, attachment, stdin)
+    let failures = [
+        ("ADD", 1, &rt, with("cniVersion", "9.9.9".into())),
+        ("ADD", 7, &rt, with("maxMappings", 0.into())),
+        ("ADD", 7, &rt, with("hostPortListeners", "maybe".into())),
+        ("ADD", 4, &bad_id, good.clone()),
+        ("DEL", 7, &rt, with("name", "not a name!".into())),
+        ("CHECK", 7, &rt, with("maxMappings", 0.into())),
+    ];
+    for (verb, code, rt, config) in &failures {
+        let command = match *verb {
+            "ADD" => CniCommand::Add,
+            "DEL" => CniCommand::Del,
+            _ => CniCommand::Check,
+        };
+        assert_eq!(
+            failing_code(&world, command, rt, config),
+            *code,
+            "{verb} with {config:#}"
+        );
+    }
+
+    let agent = Agent::start(&world);
+    let exposition = agent.metrics();
+    for (verb, code) in [("ADD", 1), ("ADD", 7), ("ADD", 4), ("DEL", 7), ("CHECK", 7)] {
+        let expected = failures
+            .iter()
+            .filter(|(v, c, _, _)| *v == verb && *c == code)
+            .count() as f64;
+        let series = format!(r#"ebpf_portmap_cni_requests_total{{verb="{verb}",code="{code}"}}"#);
+        assert_eq!(
+            sample(&exposition, &series),
+            expected,
+            "{series}: each refused {verb} counted once; the agent serves:\n{exposition}"
+        );
+    }
+    assert_eq!(
+        sample(
+            &exposition,
+            r#"ebpf_portmap_cni_requests_total{verb="ADD",code="0"}"#
+        ),
+        1.0,
+        "the one good ADD:\n{exposition}"
+    );
+}
