@@ -11,9 +11,10 @@
 
 use portmap_tests::agent::Agent;
 use portmap_tests::cni::CniCommand;
+use portmap_tests::topology::PLUGIN_LOG;
 use portmap_tests::world::World;
-use portmap_tests::{PortMapping, RuntimeAttachment};
-use serde_json::Value;
+use portmap_tests::{Conflist, PortMapping, RuntimeAttachment};
+use serde_json::{Value, json};
 
 /// The value of the sample `series` (name and labels exactly as served) in
 /// a Prometheus exposition; 0 when it is absent (a code never seen).
@@ -107,5 +108,111 @@ fn configuration_failures_are_counted_with_their_code() {
         ),
         1.0,
         "the one good ADD:\n{exposition}"
+    );
+}
+
+/// The conflist of `world` with `edit` applied to ebpf-portmap's entry.
+fn edited_list(world: &World, edit: impl FnOnce(&mut Value)) -> Conflist {
+    let mut json = world.list.json().clone();
+    let plugin = json["plugins"]
+        .as_array_mut()
+        .expect("plugins")
+        .iter_mut()
+        .find(|p| p["type"] == "ebpf-portmap")
+        .expect("ebpf-portmap in the conflist");
+    edit(plugin);
+    Conflist::from_json(json).expect("a well-formed conflist")
+}
+
+fn plugin_log(world: &World) -> String {
+    std::fs::read_to_string(world.node.data_dir().join(PLUGIN_LOG)).unwrap_or_default()
+}
+
+/// `status --json`, whatever its exit status.
+fn status_json(world: &World) -> Value {
+    let out = world.operator(&["status", "--json"]);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "status --json is not JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn notes(status: &Value) -> Vec<String> {
+    status["notes"]
+        .as_array()
+        .expect("notes")
+        .iter()
+        .map(|n| n.as_str().expect("a note").to_owned())
+        .collect()
+}
+
+/// A misspelt key (`"interfcaes"`, `"hostPortListener"`) was ignored
+/// without a word: the ADD's log and `status` name it with the key meant,
+/// and a fixed conflist's next ADD clears the note.
+#[test]
+fn misspelt_keys_are_named_with_the_key_meant() {
+    let mut world = World::bridge();
+    world.list = edited_list(&world, |plugin| {
+        plugin["interfcaes"] = json!(["nothing*"]);
+        plugin["hostPortListener"] = json!("allow");
+    });
+    let web = world.node.add_container("web");
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+
+    let log = plugin_log(&world);
+    for (key, meant) in [
+        ("interfcaes", "interfaces"),
+        ("hostPortListener", "hostPortListeners"),
+    ] {
+        let said = format!(
+            r#"key "{key}" is not one ebpf-portmap knows and is ignored; did you mean "{meant}"?"#
+        );
+        assert!(log.contains(&said), "the ADD's log says {said:?}:\n{log}");
+    }
+    let status = status_json(&world);
+    let found = notes(&status);
+    for (key, meant) in [
+        ("interfcaes", "interfaces"),
+        ("hostPortListener", "hostPortListeners"),
+    ] {
+        assert!(
+            found.iter().any(|n| n.contains(&format!("{key:?}"))
+                && n.contains(&format!("did you mean {meant:?}"))
+                && n.contains(world.list.name())),
+            "status names {key} and {meant} for network {}: {found:#?}",
+            world.list.name()
+        );
+    }
+    let mut recorded: Vec<Value> = status["misspeltKeys"]
+        .as_array()
+        .expect("misspeltKeys")
+        .clone();
+    recorded.sort_by_key(|note| note["key"].to_string());
+    assert_eq!(
+        recorded,
+        [
+            json!({"network": world.list.name(), "key": "hostPortListener", "didYouMean": "hostPortListeners"}),
+            json!({"network": world.list.name(), "key": "interfcaes", "didYouMean": "interfaces"}),
+        ],
+        "{status:#}"
+    );
+
+    // Fixed: the next ADD clears the note.
+    world.list = edited_list(&world, |plugin| {
+        let plugin = plugin.as_object_mut().expect("an object");
+        plugin.remove("interfcaes");
+        plugin.remove("hostPortListener");
+    });
+    let api = world.node.add_container("api");
+    world.add(&api, &[PortMapping::tcp(9090, 80)]);
+    let status = status_json(&world);
+    assert_eq!(status["misspeltKeys"], json!([]), "{status:#}");
+    assert!(
+        !notes(&status).iter().any(|n| n.contains("did you mean")),
+        "{:#?}",
+        notes(&status)
     );
 }

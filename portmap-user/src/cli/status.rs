@@ -97,6 +97,11 @@ pub fn status_json(status: &Status) -> Value {
         "problems": status.problems,
         "notes": status.notes,
         "staleRoots": status.stale_roots,
+        "misspeltKeys": status.misspelt_keys.iter().map(|note| json!({
+            "network": note.network,
+            "key": note.key,
+            "didYouMean": note.meant,
+        })).collect::<Vec<_>>(),
         "version": env!("CARGO_PKG_VERSION"),
         "build": status.build,
         "kernel": status.kernel,

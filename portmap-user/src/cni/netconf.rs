@@ -19,6 +19,7 @@ use crate::cni::json::{
 use crate::cni::json_keys::{self, Field, Found, Object, Resolved};
 use crate::cni::port_mappings::{self, MappingError};
 pub mod conditions;
+pub mod spelling;
 
 use conditions::{ConditionError, ConditionSet};
 
@@ -108,6 +109,9 @@ pub struct NetConf {
     /// Keys of the upstream `portmap` plugin present here that ebpf-portmap
     /// accepts and does not use ([`UPSTREAM_UNUSED_KEYS`]), as spelled.
     pub upstream_unused: Vec<UpstreamKey>,
+    /// Keys that are none of ours but a typo away from one, with the key
+    /// meant: ignored, and warned about.
+    pub misspelt_keys: Vec<spelling::MisspeltKey>,
     /// `conditionsV4`: who may open a flow through the IPv4 mappings
     /// (`None`: everyone).
     pub conditions_v4: Option<ConditionSet>,
@@ -540,6 +544,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
             prev_result,
             valid_attachments,
             upstream_unused,
+            misspelt_keys: spelling::misspelt(root.entries().map(|(key, _)| key), ROOT_FIELDS),
             conditions_v4,
             conditions_v6,
         },

@@ -5,7 +5,8 @@
 //! container owns which port ([`ownership`]), the node's own addresses
 //! ([`node_state`]), where containers hand packets over ([`peers`]), traffic
 //! counters ([`counters`]) and the trace ring ([`trace`]); the state of
-//! nodes whose network namespace is gone ([`stale`]).
+//! nodes whose network namespace is gone ([`stale`]); the keys the last ADD
+//! took for typos ([`key_notes`]).
 
 pub mod attach;
 pub mod bpffs;
@@ -13,6 +14,7 @@ pub mod cgroup;
 pub mod counters;
 pub mod features;
 pub mod hash;
+pub mod key_notes;
 pub mod lock;
 pub mod maps;
 pub mod node_state;

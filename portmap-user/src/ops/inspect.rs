@@ -29,6 +29,7 @@ use crate::{
     dataplane::attach,
     dataplane::counters,
     dataplane::features::AttachMode,
+    dataplane::key_notes::{self, KeyNote},
     dataplane::maps::{self, Maps, MapsError},
     dataplane::node_state,
     dataplane::object::build_id,
@@ -631,6 +632,9 @@ pub struct Status {
     /// (see `dataplane::stale`): left until a plugin run, the agent or
     /// `uninstall --stale` removes them.
     pub stale_roots: Vec<PathBuf>,
+    /// Keys of a network's configuration that its last ADD took for typos
+    /// of ours, and ignored.
+    pub misspelt_keys: Vec<KeyNote>,
 }
 
 /// Where the node has moved on since the plugin's last run: between runs
@@ -776,6 +780,7 @@ pub fn status(layout: &PinLayout) -> Status {
             .into_iter()
             .map(|stale| stale.root().to_path_buf())
             .collect(),
+        misspelt_keys: key_notes::recorded(layout),
     };
     judge(&mut status);
     status
@@ -912,6 +917,12 @@ pub fn judge(status: &mut Status) {
         notes.push(format!(
             "{} is the state of a node whose network namespace is gone: its socket hooks still run (and exit at once) on every connect() in their cgroup until the next plugin run or agent pass removes it, or `ebpf-portmap uninstall --stale` now",
             root.display()
+        ));
+    }
+    for note in &status.misspelt_keys {
+        notes.push(format!(
+            "network {}: key {:?} of its configuration is not one ebpf-portmap knows and was ignored by the last ADD; did you mean {:?}? Fix the conflist (the next ADD clears this note)",
+            note.network, note.key, note.meant
         ));
     }
     status.problems = problems;
@@ -1069,6 +1080,7 @@ mod tests {
             problems: Vec::new(),
             notes: Vec::new(),
             stale_roots: Vec::new(),
+            misspelt_keys: Vec::new(),
         }
     }
 

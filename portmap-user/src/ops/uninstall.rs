@@ -199,6 +199,10 @@ pub fn uninstall(layout: &PinLayout, force: bool) -> Result<Report, UninstallErr
     // registration (see `dataplane::stale`).
     remove_pin(&crate::dataplane::cgroup::hooks_record(layout), &mut report);
     remove_pin(&crate::dataplane::stale::root_record(layout), &mut report);
+    remove_pin(
+        &crate::dataplane::key_notes::record_path(layout),
+        &mut report,
+    );
     // Only if nothing else (another layout version, other namespaces'
     // roots) lives there.
     crate::dataplane::bpffs::remove_root_if_empty(layout.root(), &mut |dir| {

@@ -149,6 +149,23 @@ fn warn_upstream_unused(conf: &NetConf) {
     log::warn!("network {}: {}", conf.name, notes.join("; "));
 }
 
+/// One warning per key of the configuration that is a typo away from one
+/// of ours (ignored as it is), and the same kept for `status`
+/// ([`crate::dataplane::key_notes`]). ADD only, like the upstream keys'
+/// warning.
+fn warn_misspelt(conf: &NetConf) {
+    for misspelt in &conf.misspelt_keys {
+        log::warn!("network {}: {misspelt}", conf.name);
+    }
+    if let Some(layout) = scope::last_resolved() {
+        crate::dataplane::key_notes::record(
+            &layout,
+            &conf.name,
+            conf.misspelt_keys.iter().map(|m| (m.key.as_str(), m.meant)),
+        );
+    }
+}
+
 /// The plugin as the binary runs it.
 #[derive(Debug, Default)]
 pub struct Dataplane;
@@ -182,7 +199,9 @@ fn prune_counters(layout: &PinLayout, maps: &Maps) {
 impl Plugin for Dataplane {
     fn add(&mut self, req: &Request) -> Result<(), CniError> {
         warn_upstream_unused(&req.conf);
-        add::add(req).map_err(CniError::from)
+        let result = add::add(req).map_err(CniError::from);
+        warn_misspelt(&req.conf);
+        result
     }
 
     fn del(&mut self, req: &Request) -> Result<(), CniError> {
