@@ -10,7 +10,7 @@
 )]
 
 use portmap_tests::agent::Agent;
-use portmap_tests::cni::CniCommand;
+use portmap_tests::cni::{CniCommand, inject_identity};
 use portmap_tests::topology::PLUGIN_LOG;
 use portmap_tests::world::World;
 use portmap_tests::{Conflist, PortMapping, RuntimeAttachment};
@@ -214,5 +214,58 @@ fn misspelt_keys_are_named_with_the_key_meant() {
         !notes(&status).iter().any(|n| n.contains("did you mean")),
         "{:#?}",
         notes(&status)
+    );
+}
+
+/// A `pinRoot` on a directory that is not bpffs is the configuration's
+/// mistake: ADD and STATUS answer code 7 naming `pinRoot` and the fix, not
+/// code 5 with "mount -t bpf bpf /sys/fs/bpf" (which changes nothing), and
+/// nothing is made there.
+#[test]
+fn a_pin_root_off_bpffs_is_a_configuration_error_naming_pin_root() {
+    let mut world = World::bridge();
+    let off_bpffs = world.node.data_dir().join("not-bpffs").join("pins");
+    world.list = edited_list(&world, |plugin| {
+        plugin["pinRoot"] = json!(off_bpffs);
+    });
+    let web = world.node.add_container("web");
+    let add = world
+        .runner
+        .add(
+            &world.list,
+            &web.with_port_mappings(&[PortMapping::tcp(8080, 80)]),
+        )
+        .expect_err("ADD with a pinRoot off bpffs");
+    assert_eq!(add.plugin, "ebpf-portmap", "{add}");
+    let list = world.list.clone().with_cni_version("1.1.0");
+    let status = world
+        .runner
+        .exec_plugin(
+            "ebpf-portmap",
+            CniCommand::Status,
+            None,
+            &inject_identity(&list, world.our_plugin()),
+        )
+        .expect_err("STATUS with a pinRoot off bpffs");
+    for (verb, failure) in [("ADD", &add), ("STATUS", &status)] {
+        assert_eq!(failure.error_code(), Some(7), "{verb}: {failure}");
+        let msg = failure.error_msg().unwrap_or_default();
+        for part in [
+            "pinRoot",
+            off_bpffs.to_str().expect("UTF-8"),
+            "not on a bpffs",
+            "/sys/fs/bpf/ebpf-portmap",
+        ] {
+            assert!(msg.contains(part), "{verb}'s message names {part:?}: {msg}");
+        }
+        assert!(
+            !msg.contains("mount -t bpf bpf /sys/fs/bpf"),
+            "{verb} gives advice that changes nothing: {msg}"
+        );
+    }
+    assert!(
+        !off_bpffs.exists(),
+        "a refused ADD makes nothing at {}",
+        off_bpffs.display()
     );
 }

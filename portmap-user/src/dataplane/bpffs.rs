@@ -3,6 +3,7 @@
 //! taking a pin root's emptied directories away again. Also
 //! mount(2) of the other pseudo filesystem we may need (cgroup2).
 
+use crate::model::DEFAULT_PIN_ROOT;
 use std::{
     fs, io,
     os::unix::fs::DirBuilderExt,
@@ -19,7 +20,27 @@ pub enum BpffsError {
     },
     #[error("bpffs is not mounted at {path}; mount it with `mount -t bpf bpf /sys/fs/bpf`")]
     NoBpffs { path: PathBuf },
+    #[error(
+        "pinRoot {root} is not on a bpffs ({found} is on {filesystem}), so nothing can be pinned there; set pinRoot to a directory on a bpffs mount (the default {DEFAULT_PIN_ROOT} is one; `findmnt -t bpf` lists them)"
+    )]
+    PinRootNotBpffs {
+        root: PathBuf,
+        /// The nearest existing directory of the root, which was looked at.
+        found: PathBuf,
+        filesystem: String,
+    },
 }
+
+impl BpffsError {
+    /// Whether this is a mistake of the configuration (its `pinRoot`)
+    /// rather than of the node.
+    pub fn is_configuration(&self) -> bool {
+        matches!(self, BpffsError::PinRootNotBpffs { .. })
+    }
+}
+
+/// Where ADD mounts a bpffs when the node has none.
+const DEFAULT_MOUNT: &str = "/sys/fs/bpf";
 
 /// Creates `path` and its parents, readable by root only.
 pub fn create_private_dir(path: &Path) -> Result<(), BpffsError> {
@@ -55,8 +76,11 @@ pub fn remove_root_if_empty(root: &Path, remove_dir: &mut dyn FnMut(&Path)) {
     }
 }
 
-pub fn check_bpffs(root: &Path) -> Result<(), BpffsError> {
-    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+/// The nearest existing directory of `root` (itself, or a parent) and the
+/// type of the filesystem it is on (`None` when statfs fails).
+fn filesystem_of(root: &Path) -> (PathBuf, Option<i64>) {
     let mut probe = root.to_path_buf();
     while !probe.exists() {
         if !probe.pop() {
@@ -68,19 +92,57 @@ pub fn check_bpffs(root: &Path) -> Result<(), BpffsError> {
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: statfs with a valid NUL-terminated path and an out struct.
     let ok = unsafe { libc::statfs(c_path.as_ptr(), &raw mut stat) } == 0;
-    if ok && stat.f_type as i64 == BPF_FS_MAGIC {
-        Ok(())
-    } else {
-        Err(BpffsError::NoBpffs { path: probe })
+    (probe, ok.then_some(stat.f_type as i64))
+}
+
+/// A filesystem type as `mount` names it, for messages.
+fn filesystem_name(magic: Option<i64>) -> String {
+    let name = match magic {
+        None => return "a filesystem that cannot be read (statfs failed)".into(),
+        Some(0x0102_1994) => "tmpfs",
+        Some(0xef53) => "ext4",
+        Some(0x5846_5342) => "xfs",
+        Some(0x9123_683e) => "btrfs",
+        Some(0x794c_7630) => "overlay",
+        Some(0x6265_6572) => "sysfs",
+        Some(0x9fa0) => "proc",
+        Some(0x6969) => "nfs",
+        Some(magic) => return format!("a filesystem of type {magic:#x}"),
+    };
+    name.into()
+}
+
+pub fn check_bpffs(root: &Path) -> Result<(), BpffsError> {
+    match filesystem_of(root) {
+        (_, Some(BPF_FS_MAGIC)) => Ok(()),
+        (probe, _) => Err(BpffsError::NoBpffs { path: probe }),
+    }
+}
+
+/// Whether `root` can hold pins, as ADD sees it: a root outside
+/// /sys/fs/bpf must be on a bpffs already, and one that is not is a
+/// mistake of `pinRoot`, named as such; under /sys/fs/bpf, the node's
+/// bpffs must be mounted there.
+pub fn check_pin_root(root: &Path) -> Result<(), BpffsError> {
+    if root.starts_with(DEFAULT_MOUNT) {
+        return check_bpffs(root);
+    }
+    match filesystem_of(root) {
+        (_, Some(BPF_FS_MAGIC)) => Ok(()),
+        (found, magic) => Err(BpffsError::PinRootNotBpffs {
+            root: root.to_path_buf(),
+            found,
+            filesystem: filesystem_name(magic),
+        }),
     }
 }
 
 /// A node without bpffs at /sys/fs/bpf gets it mounted, as the kernel docs
-/// and every eBPF dataplane expect; other roots must be on a bpffs already.
+/// and every eBPF dataplane expect; other roots must be on a bpffs already
+/// ([`check_pin_root`]).
 pub fn mount_bpffs_if_missing(root: &Path) -> Result<(), BpffsError> {
-    const DEFAULT_MOUNT: &str = "/sys/fs/bpf";
-    if check_bpffs(root).is_ok() || !root.starts_with(DEFAULT_MOUNT) {
-        return check_bpffs(root);
+    if check_pin_root(root).is_ok() || !root.starts_with(DEFAULT_MOUNT) {
+        return check_pin_root(root);
     }
     if let Err(error) = mount_fs("bpf", Path::new(DEFAULT_MOUNT)) {
         log::warn!("mounting bpffs at {DEFAULT_MOUNT}: {error}");

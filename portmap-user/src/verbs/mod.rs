@@ -83,6 +83,12 @@ impl PluginError {
             PluginError::Store(_) | PluginError::Maps(_) | PluginError::Netlink(_) => {
                 code::IO_FAILURE
             }
+            PluginError::Attach(AttachError::Bpffs(error))
+            | PluginError::Scope(scope::ScopeError::Bpffs(error))
+                if error.is_configuration() =>
+            {
+                code::INVALID_NETWORK_CONFIG
+            }
             PluginError::Attach(_) => code::DATAPLANE,
             PluginError::NoMatchingInterfaces { .. } => code::INVALID_NETWORK_CONFIG,
             PluginError::Privilege { .. } => code::PRIVILEGE,

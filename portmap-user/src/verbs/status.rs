@@ -68,7 +68,15 @@ pub(super) fn status(conf: &NetConf) -> Result<(), CniError> {
         CniError::from_error(code, error)
     };
     if !layout.root().starts_with(DEFAULT_BPFFS) {
-        bpffs::check_bpffs(layout.root()).map_err(|error| unavailable(&error))?;
+        // As ADD judges it: a pinRoot off bpffs is the configuration's
+        // mistake (code 7, as ADD answers), not the node's.
+        bpffs::check_pin_root(layout.root()).map_err(|error| {
+            if error.is_configuration() {
+                CniError::from_error(code::INVALID_NETWORK_CONFIG, &error)
+            } else {
+                unavailable(&error)
+            }
+        })?;
     }
     attach::check_pinned_layouts(&layout).map_err(|error| unavailable(&error))?;
     let Some(key) = ProbeKey::now() else {
