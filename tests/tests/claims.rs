@@ -403,7 +403,7 @@ fn mappings_without_an_owner_are_reported_and_reclaimed() {
     let out = op(&world, &["gc", "--orphans", "--min-age", "0"]);
     assert!(out.status.success(), "gc --orphans: {}", text(&out));
     assert!(
-        text(&out).contains(&format!("removed 2 mapping(s) of owner {id:016x}")),
+        text(&out).contains(&format!("removed 2 mappings of owner {id:016x}")),
         "{}",
         text(&out)
     );

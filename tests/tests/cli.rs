@@ -196,7 +196,11 @@ fn with_json_asked_errors_are_json_on_stdout() {
     assert_eq!(json(&out, "a usage error")["exitCode"], 2);
 
     let out = run(&["gc", "-o", "json"], pins.path());
-    assert_eq!(code(&out), Some(1), "gc without a what is refused");
+    assert_eq!(
+        code(&out),
+        Some(2),
+        "gc without a what is refused as a usage error"
+    );
     assert!(
         json(&out, "a refusal")["error"]
             .as_str()

@@ -269,3 +269,65 @@ fn a_pin_root_off_bpffs_is_a_configuration_error_naming_pin_root() {
         off_bpffs.display()
     );
 }
+
+/// `gc` with nothing to do is a usage error (exit 2, as clap's own), and
+/// `gc --dry-run` reports each class it looked at, in words ("no stale
+/// traffic counter", never "entr(y/ies)").
+#[test]
+fn gc_says_what_it_looked_at_and_refuses_an_empty_command_as_usage() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+
+    let nothing = world.operator(&["gc"]);
+    assert_eq!(
+        nothing.status.code(),
+        Some(2),
+        "gc without a class: {}",
+        String::from_utf8_lossy(&nothing.stderr)
+    );
+    let said = String::from_utf8_lossy(&nothing.stderr);
+    for option in ["--network", "--empty-owners", "--orphans", "--stale-links"] {
+        assert!(said.contains(option), "names {option}: {said}");
+    }
+
+    let network = world.list.name().to_owned();
+    for dry_run in [true, false] {
+        let mut args = vec![
+            "gc",
+            "--network",
+            &network,
+            "--keep",
+            "web/eth0",
+            "--empty-owners",
+            "--orphans",
+            "--stale-links",
+        ];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let out = world.operator(&args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for line in [
+            "no owner to remove",
+            "no mapping without an owner",
+            "no stale traffic counter",
+            "no stale attachment pin",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{args:?} reports {line:?}:\n{text}"
+            );
+        }
+        assert!(
+            !text.contains("(s)") && !text.contains("(y/ies)"),
+            "{args:?} counts in words:\n{text}"
+        );
+    }
+    assert_eq!(world.mapping_count(), 2, "the kept container's mappings");
+}

@@ -2,7 +2,7 @@
 
 use std::{process::ExitCode, time::Duration};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use portmap_user::{
     dataplane::counters, dataplane::maps, dataplane::maps::Maps,
     dataplane::ownership::record_strings, model::Attachment, ops::uninstall,
@@ -36,7 +36,8 @@ use crate::cli::{
 /// exist (the host ends of removed containers' veths) are unpinned.
 ///
 /// Whatever is asked, traffic counters of mappings that no longer exist are
-/// pruned.
+/// pruned (counted, with --dry-run). Each class asked for is reported, also
+/// when it finds nothing; without any, gc is a usage error (exit 2).
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   ebpf-portmap gc --network podman --keep 3f2a9c.../eth0 --keep 77b1e0.../eth0 --dry-run
@@ -90,11 +91,22 @@ fn parse_attachment(text: &str) -> Result<Attachment, String> {
     })
 }
 
+/// "1 mapping", "2 mappings": counts in words an operator reads.
+fn count(n: usize, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
 pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     if args.network.is_none() && !args.empty_owners && !args.stale_links && !args.orphans {
-        bail!(
-            "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, --orphans, or --stale-links"
-        );
+        // The command line is incomplete: a usage error, like clap's own.
+        return Ok(crate::cli::usage_refusal(
+            "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, --orphans, or --stale-links",
+            out,
+        ));
     }
     let root = &args.pin.pin_root;
     let Some(layout) = installed(root)? else {
@@ -148,7 +160,10 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         let removed = maps
             .remove_owner(*id)
             .with_context(|| format!("removing owner {owner}"))?;
-        lines.push(format!("{verb} owner {owner}: {removed} mapping(s)"));
+        lines.push(format!(
+            "{verb} owner {owner}: {}",
+            count(removed, "mapping", "mappings")
+        ));
         owners.push(json!({"owner": owner, "mappings": removed}));
     }
     let mut orphans = Vec::new();
@@ -156,20 +171,24 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         if args.dry_run {
             for (id, keys) in maps.orphans().context("reading the mappings")? {
                 lines.push(format!(
-                    "{verb} {} mapping(s) of owner {id:016x}, whose record is gone",
-                    keys.len()
+                    "{verb} {} of owner {id:016x}, whose record is gone",
+                    count(keys.len(), "mapping", "mappings")
                 ));
                 orphans.push(json!({"owner": format!("{id:016x}"), "mappings": keys.len()}));
+            }
+            if orphans.is_empty() {
+                lines.push("no mapping without an owner".into());
             }
         } else {
             let outcome = maps
                 .reclaim_orphans(&layout, args.min_age, now)
                 .context("reclaiming mappings without an owner")?;
-            for (id, count) in &outcome.reclaimed {
+            for (id, count_of) in &outcome.reclaimed {
                 lines.push(format!(
-                    "{verb} {count} mapping(s) of owner {id:016x}, whose record was gone"
+                    "{verb} {} of owner {id:016x}, whose record was gone",
+                    count(*count_of, "mapping", "mappings")
                 ));
-                orphans.push(json!({"owner": format!("{id:016x}"), "mappings": count}));
+                orphans.push(json!({"owner": format!("{id:016x}"), "mappings": count_of}));
             }
             for (id, first_seen) in &outcome.waiting {
                 lines.push(format!(
@@ -183,17 +202,26 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    // With --dry-run: how many a run would prune.
     let mut pruned_counters = None;
-    if !args.dry_run {
-        match maps::counters(&layout) {
-            Ok(mut map) => {
-                let pruned = counters::prune(&mut map, &maps.mappings)
-                    .context("pruning the traffic counters")?;
-                lines.push(format!("{verb} {} stale counter entr(y/ies)", pruned.len()));
-                pruned_counters = Some(pruned.len());
-            }
-            Err(error) => log::warn!("traffic counters not pruned: {error}"),
+    match maps::counters(&layout) {
+        Ok(mut map) => {
+            let stale = if args.dry_run {
+                counters::stale_keys(&map, &maps.mappings)
+                    .context("reading the traffic counters")?
+            } else {
+                counters::prune(&mut map, &maps.mappings).context("pruning the traffic counters")?
+            };
+            lines.push(match stale.len() {
+                0 => "no stale traffic counter".into(),
+                n => format!(
+                    "{verb} {}",
+                    count(n, "stale traffic counter", "stale traffic counters")
+                ),
+            });
+            pruned_counters = Some(stale.len());
         }
+        Err(error) => log::warn!("traffic counters not pruned: {error}"),
     }
     // A mapping whose ports are missing from the programs' port filter is
     // never translated; every GC that writes restores them.
@@ -202,7 +230,8 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         let restored = maps.mark_every_mapping();
         if restored > 0 {
             lines.push(format!(
-                "restored the port-filter bits of {restored} mapping(s)"
+                "restored the port-filter bits of {}",
+                count(restored, "mapping", "mappings")
             ));
         }
         port_filter_restored = Some(restored);
@@ -214,6 +243,9 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         for pin in &stale {
             lines.push(format!("{verb} stale attachment pin {}", pin.display()));
             stale_links.push(pin.display().to_string());
+        }
+        if stale.is_empty() {
+            lines.push("no stale attachment pin".into());
         }
     }
     if doomed.is_empty() && (args.network.is_some() || args.empty_owners) {

@@ -87,6 +87,16 @@ pub fn failed(error: &anyhow::Error, out: &OutputArgs) -> ExitCode {
     exit::code(code)
 }
 
+/// A command line clap took but a verb finds incomplete: `message` on
+/// stderr (and as JSON when asked), exit 2 as for clap's own refusals.
+pub fn usage_refusal(message: &str, out: &OutputArgs) -> ExitCode {
+    eprintln!("ebpf-portmap: {message}");
+    if out.json() {
+        output::print_json(&json!({"error": message, "exitCode": exit::USAGE}));
+    }
+    exit::code(exit::USAGE)
+}
+
 /// A command line clap refused (exit 2), or `--help`/`--version` (exit 0).
 /// With JSON asked for anywhere on the line, the refusal is also a JSON
 /// object on stdout.

@@ -99,6 +99,27 @@ pub fn is_stale(key: &CounterKey, current: Option<&MappingValue>) -> bool {
     current.is_none_or(|value| value.owner_id != key.owner_id)
 }
 
+/// Every stale entry (see [`is_stale`]), removing nothing: what
+/// [`prune`] would remove (`gc --dry-run`).
+pub fn stale_keys(
+    map: &CountersMap,
+    mappings: &HashMap<MapData, MappingKey, MappingValue>,
+) -> Result<Vec<CounterKey>, CountersError> {
+    let mut stale = Vec::new();
+    for key in map.keys() {
+        let key = key.map_err(map_error("iterate"))?;
+        let current = match mappings.get(&key.mapping, 0) {
+            Ok(value) => Some(value),
+            Err(e) if is_errno(&e, libc::ENOENT) => None,
+            Err(e) => return Err(map_error("mapping lookup")(e)),
+        };
+        if is_stale(&key, current.as_ref()) {
+            stale.push(key);
+        }
+    }
+    Ok(stale)
+}
+
 /// Removes every stale entry (see [`is_stale`]); returns their keys.
 pub fn prune(
     map: &mut CountersMap,

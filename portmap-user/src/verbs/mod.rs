@@ -195,7 +195,7 @@ fn prune_counters(layout: &PinLayout, maps: &Maps) {
         .and_then(|mut map| counters::prune(&mut map, &maps.mappings).map_err(|e| e.to_string()));
     match result {
         Ok(pruned) if !pruned.is_empty() => {
-            log::info!("GC: {} stale counter entr(y/ies) removed", pruned.len());
+            log::info!("GC: stale traffic counters removed: {}", pruned.len());
         }
         Ok(_) => {}
         Err(error) => log::warn!("stale traffic counters not pruned: {error}"),
