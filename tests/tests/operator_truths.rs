@@ -331,3 +331,107 @@ fn gc_says_what_it_looked_at_and_refuses_an_empty_command_as_usage() {
     }
     assert_eq!(world.mapping_count(), 2, "the kept container's mappings");
 }
+
+/// Runs our plugin as the unprivileged user `nobody` (no capabilities), in
+/// the node namespace, with `config` on stdin: (exit status, stdout).
+fn plugin_as_nobody(
+    world: &World,
+    command: &str,
+    rt: Option<&RuntimeAttachment>,
+    config: &Value,
+) -> (std::process::ExitStatus, String) {
+    use std::io::Write;
+    let mut child = world
+        .node
+        .ns
+        .command("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(portmap_tests::plugin_bin())
+        .env("CNI_COMMAND", command)
+        .env(
+            "CNI_CONTAINERID",
+            rt.map_or(String::new(), |rt| rt.container_id.clone()),
+        )
+        .env(
+            "CNI_NETNS",
+            rt.map_or(std::path::PathBuf::new(), |rt| rt.netns_path.clone()),
+        )
+        .env(
+            "CNI_IFNAME",
+            rt.map_or(String::new(), |rt| rt.ifname.clone()),
+        )
+        .env("CNI_PATH", "/nonexistent")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the plugin through setpriv");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(config.to_string().as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("the plugin's output");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// A plugin run without the privilege it needs answers one code, 104, and
+/// one text naming what is missing and "run it as root", whatever the
+/// verb and however far it got (ADD said 5 before); `version` says why
+/// the kernel's features read "unknown".
+#[test]
+fn a_run_without_privilege_says_so_with_one_code_and_one_text() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    let rt = web.with_port_mappings(&[PortMapping::tcp(8080, 80)]);
+    let prev = world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let config = world.our_config(&rt, Some(&prev));
+    let fresh = world.node.add_container("fresh");
+    let fresh_rt = fresh.with_port_mappings(&[PortMapping::tcp(9090, 80)]);
+    for (verb, rt) in [("ADD", &fresh_rt), ("CHECK", &rt)] {
+        let (status, stdout) = plugin_as_nobody(&world, verb, Some(rt), &config);
+        assert_eq!(status.code(), Some(1), "{verb} as nobody: {stdout}");
+        let error: Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{verb}: not an error document ({e}): {stdout}"));
+        assert_eq!(error["code"], 104, "{verb} as nobody: {error:#}");
+        let msg = error["msg"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("CAP_BPF") && msg.contains("run it as root"),
+            "{verb} names what is missing and the fix: {msg}"
+        );
+    }
+
+    let out = world
+        .node
+        .ns
+        .command("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(portmap_tests::plugin_bin())
+        .args(["version", "-o", "json"])
+        .env_remove("CNI_COMMAND")
+        .output()
+        .expect("version as nobody");
+    let version: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "version -o json ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let features = version["features"].as_array().expect("features");
+    assert!(
+        features.iter().all(|f| f["supported"] == "unknown"),
+        "nobody cannot ask the kernel: {version:#}"
+    );
+    let why = version["featuresUnknownBecause"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        why.contains("CAP_BPF") && why.contains("root"),
+        "version says why the features are unknown: {version:#}"
+    );
+}

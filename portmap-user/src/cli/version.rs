@@ -10,6 +10,7 @@ use portmap_user::{
     dataplane::pin::PinLayout,
     dataplane::scope::{self, Access},
     dataplane::sizing::{self, InForce, NodeShape},
+    node::privilege,
     ops::inspect::kernel_release,
 };
 use serde_json::json;
@@ -60,6 +61,17 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             )
         })
         .collect();
+    // Why a feature reads "unknown": asking the kernel is a BPF load,
+    // which needs privilege.
+    let missing = privilege::missing();
+    let unknown_because = (probed.iter().any(|(_, _, answer)| *answer == "unknown")
+        && !missing.is_empty())
+    .then(|| {
+        format!(
+            "asking the kernel loads a test program, which needs {}; run `ebpf-portmap version` as root",
+            missing.join(" and ")
+        )
+    });
     let sizes = InForce::read(&layout);
     let node = NodeShape::this();
     let formula = json!({
@@ -80,6 +92,7 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "kernel": kernel,
             "attachMode": mode,
             "features": features,
+            "featuresUnknownBecause": unknown_because,
             "sizes": super::status::sizes_json(&sizes),
             "defaultSizesHere": formula,
         });
@@ -94,6 +107,9 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     );
     for (name, since, supported) in &probed {
         text.push_str(&format!("  {supported:<7} {name} (Linux {since})\n"));
+    }
+    if let Some(why) = &unknown_because {
+        text.push_str(&format!("  (unknown: {why})\n"));
     }
     text.push_str(&format!(
         "default conntrack on this node: {} open TCP and other entries, {} closed (formula: {} MiB, {} CPUs)\n",

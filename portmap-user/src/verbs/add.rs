@@ -60,6 +60,9 @@ fn condition_entries(conf: &NetConf) -> Vec<(u8, Conditions)> {
 }
 
 pub(super) fn add(req: &Request) -> Result<(), PluginError> {
+    // First: a run without the privilege fails here, with the one code and
+    // text for it, not at whichever step the kernel refused first.
+    require_privilege()?;
     let translations = planned(req);
     // A container without mappings still needs the programs on its
     // host-side interface once the node has a dataplane: that is where
@@ -73,7 +76,6 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     }
     // The root becomes this network namespace's before anything is made.
     let layout = scope::resolve(&req.conf.pin_root, scope::Access::Claim)?;
-    require_privilege()?;
     // One rtnetlink socket, one link and one address dump serve every
     // question below.
     let mut rtnl = Rtnl::open()?;

@@ -17,7 +17,7 @@ mod status;
 
 use crate::model::{Owner, PodIdentity};
 use crate::{
-    cni::error::code,
+    cni::error::{code, with_sources},
     cni::netconf::NetConf,
     cni::{CniError, GcRequest, Plugin, Request},
     dataplane::attach::AttachError,
@@ -102,8 +102,37 @@ impl PluginError {
 
 impl From<PluginError> for CniError {
     fn from(error: PluginError) -> Self {
+        // A permission the kernel denied to a run that lacks capabilities is
+        // that lack, whichever step met it: one code (104) and one text.
+        if !matches!(error, PluginError::Privilege { .. }) && denied(&error) {
+            let missing = privilege::missing();
+            if !missing.is_empty() {
+                let privilege = PluginError::Privilege { missing };
+                return CniError::new(
+                    privilege.code(),
+                    privilege.to_string(),
+                    with_sources(&error),
+                );
+            }
+        }
         CniError::from_error(error.code(), &error)
     }
+}
+
+/// Whether `error` or one of its sources is a denied permission.
+fn denied(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(current) = cause {
+        if current
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .is_some_and(|errno| errno == libc::EPERM || errno == libc::EACCES)
+        {
+            return true;
+        }
+        cause = current.source();
+    }
+    false
 }
 
 fn require_privilege() -> Result<(), PluginError> {
