@@ -34,7 +34,7 @@ They take --pin-root, the plugin's `pinRoot` (default $EPM_PIN_ROOT, else /sys/f
 and -o table|wide|json. \
 `chain` puts the plugin into the node's CNI configuration (what the Kubernetes installer runs).\n\n\
 Exit codes (every verb): 0 done or healthy; 1 a problem found or left (degraded, not chained, refused); \
-2 usage; 3 cannot inspect (no permission, no bpffs at the pin root).",
+2 usage; 3 cannot inspect (no permission, no bpffs at the pin root, the pin root of another network namespace).",
     after_help = "Examples:
   ebpf-portmap list                    every published port, its container and traffic
   ebpf-portmap status                  is the dataplane healthy? (exit 1 if not)

@@ -435,3 +435,38 @@ fn a_run_without_privilege_says_so_with_one_code_and_one_text() {
         "version says why the features are unknown: {version:#}"
     );
 }
+
+/// An operator verb run in another network namespace than the node's got
+/// the ADD's advice ("set another pinRoot ... `rm -r` removes what it
+/// left": deleting a live dataplane), a bare cookie and exit 1. It names
+/// the node's namespace and `nsenter --net=`, and exits 3 (cannot inspect).
+#[test]
+fn a_verb_in_the_wrong_namespace_names_the_nodes_and_nsenter() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let node_netns = world.node.ns.path().display().to_string();
+    for verb in [&["status"][..], &["list"], &["gc", "--stale-links"]] {
+        let out = world
+            .node
+            .ext
+            .command(portmap_tests::plugin_bin())
+            .args(verb)
+            .arg("--pin-root")
+            .arg(world.pins.path())
+            .env_remove("CNI_COMMAND")
+            .env_remove("EPM_PIN_ROOT")
+            .output()
+            .expect("run ebpf-portmap");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{verb:?} elsewhere: {said}");
+        assert!(
+            said.contains(&format!("nsenter --net={node_netns}")),
+            "{verb:?} names the node's namespace {node_netns} and nsenter: {said}"
+        );
+        assert!(
+            !said.contains("rm -r"),
+            "{verb:?} never advises removing a live dataplane: {said}"
+        );
+    }
+}

@@ -6,7 +6,7 @@
 //! | 0 | done; for `status` and `chain check`: healthy, chained |
 //! | 1 | a problem was found or left (degraded dataplane, not chained, a refusal, a failed step) |
 //! | 2 | usage: the command line is wrong (clap's own code) |
-//! | 3 | cannot inspect: no permission (not root, no CAP_BPF/CAP_SYS_ADMIN) or no bpffs at the pin root |
+//! | 3 | cannot inspect: no permission (not root, no CAP_BPF/CAP_SYS_ADMIN), no bpffs at the pin root, or the pin root is another network namespace's |
 
 use std::{io, process::ExitCode};
 
@@ -54,6 +54,18 @@ pub enum CannotInspect {
     NotBpffs { path: String },
     #[error("reading {path} needs root (CAP_BPF and CAP_SYS_ADMIN)")]
     Denied { path: String },
+    #[error(
+        "{root} holds the state of the node in network namespace {netns}, not of the one this command runs in; operator commands read the node of the namespace they run in: run it there, `nsenter --net={netns} {command}`"
+    )]
+    InAnotherNamespace {
+        root: String,
+        netns: String,
+        command: String,
+    },
+    #[error(
+        "{root} holds the state of another network namespace (cookie {owner:#x}) that no /run/netns name and no process is in any more: that node is gone; `ebpf-portmap uninstall --stale` (run in the namespace of a live node) removes what it left"
+    )]
+    NamespaceGone { root: String, owner: u64 },
 }
 
 #[cfg(test)]

@@ -51,7 +51,21 @@ pub fn layout(pin_root: &Path) -> anyhow::Result<PinLayout> {
     bpffs::check_bpffs(pin_root).map_err(|_| CannotInspect::NotBpffs {
         path: pin_root.display().to_string(),
     })?;
-    Ok(scope::resolve(pin_root, Access::Read)?)
+    match scope::resolve(pin_root, Access::Read) {
+        Err(scope::ScopeError::InUse { root, owner, .. }) => {
+            let root = root.display().to_string();
+            Err(match portmap_user::ops::namespace::find(owner) {
+                Some(netns) => CannotInspect::InAnotherNamespace {
+                    root,
+                    netns: netns.display().to_string(),
+                    command: std::env::args().collect::<Vec<_>>().join(" "),
+                },
+                None => CannotInspect::NamespaceGone { root, owner },
+            }
+            .into())
+        }
+        resolved => Ok(resolved?),
+    }
 }
 
 /// The state under `pin_root`: `None` when nothing is installed there (no

@@ -1,7 +1,10 @@
 //! The operator library behind the CLI verbs: reading the installed state
 //! ([`inspect`]), removing it ([`uninstall`]) and putting the plugin into a
-//! node's CNI configuration ([`chain`]). `cli/` only prints what these return.
+//! node's CNI configuration ([`chain`]); finding the network namespace a
+//! pin root belongs to ([`namespace`]). `cli/` only prints what these
+//! return.
 
 pub mod chain;
 pub mod inspect;
+pub mod namespace;
 pub mod uninstall;
