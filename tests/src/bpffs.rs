@@ -70,6 +70,18 @@ pub fn local_addrs_record(pin_root: &Path) -> PathBuf {
     lock_file(pin_root).with_extension("local-addrs")
 }
 
+/// Where the plugin notes the keys the last ADD of each network took for
+/// typos, for `status`.
+pub fn key_notes_record(pin_root: &Path) -> PathBuf {
+    lock_file(pin_root).with_extension("keys")
+}
+
+/// Where the node agent records its PID for `pin_root` (`uninstall`
+/// refuses while it runs).
+pub fn agent_record(pin_root: &Path) -> PathBuf {
+    lock_file(pin_root).with_extension("agent")
+}
+
 /// Whether `path` is on a bpffs mount.
 pub fn is_bpffs(path: &Path) -> bool {
     let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
@@ -223,6 +235,8 @@ impl Drop for PinRoot {
             root_record(&self.path),
             status_record(&self.path),
             local_addrs_record(&self.path),
+            key_notes_record(&self.path),
+            agent_record(&self.path),
         ] {
             let _ = std::fs::remove_file(file);
         }

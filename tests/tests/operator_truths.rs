@@ -470,3 +470,77 @@ fn a_verb_in_the_wrong_namespace_names_the_nodes_and_nsenter() {
         );
     }
 }
+
+/// `uninstall` while the node agent runs was undone within a second (the
+/// agent re-creates everything): it refuses, naming the agent and how to
+/// stop it, and changes nothing; with `--stop-agent` it stops the agent
+/// first and the dataplane stays gone.
+#[test]
+fn uninstall_refuses_while_the_agent_runs_or_stops_it() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let agent = Agent::start(&world);
+    let record = portmap_tests::bpffs::agent_record(world.pins.path());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !record.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent recorded itself at {} within 20 s:\n{}",
+            record.display(),
+            agent.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    let refused = world.operator(&["uninstall", "--force"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "refused: {said}");
+    for part in [
+        &format!("pid {}", agent.pid())[..],
+        "systemctl stop ebpf-portmap-agent",
+        "--stop-agent",
+    ] {
+        assert!(said.contains(part), "names {part:?}: {said}");
+    }
+    assert_eq!(
+        world.mapping_count(),
+        2,
+        "a refused uninstall changes nothing"
+    );
+
+    let stopped = world.operator(&["uninstall", "--force", "--stop-agent"]);
+    let text = String::from_utf8_lossy(&stopped.stdout);
+    assert!(
+        stopped.status.success(),
+        "uninstall --stop-agent: {text}{}",
+        String::from_utf8_lossy(&stopped.stderr)
+    );
+    assert!(
+        text.contains(&format!("stopped the node agent (pid {})", agent.pid())),
+        "{text}"
+    );
+    // The agent exited (a zombie until the test reaps it on drop), so
+    // nothing re-creates the pins.
+    let exited = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !exited(agent.pid()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent did not exit:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        !world.pins.path().join("v1").exists(),
+        "the dataplane stays uninstalled:\n{}",
+        agent.log_text()
+    );
+    assert!(!record.exists(), "the agent's record is gone");
+}

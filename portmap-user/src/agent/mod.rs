@@ -127,6 +127,14 @@ async fn serve(settings: Settings) -> Result<(), AgentError> {
     if !matches!(joined, Ok(Ok(()))) {
         log::warn!("the worker thread did not end cleanly");
     }
+    if let Some(layout) = shared
+        .layout
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+    {
+        crate::dataplane::agent_record::release(layout);
+    }
     log::info!("agent stopped");
     Ok(())
 }

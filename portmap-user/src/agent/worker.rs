@@ -209,6 +209,8 @@ pub fn run(shared: Arc<Shared>, wake: Receiver<()>, timing: Timing) {
                     if last.take().is_some() {
                         log::info!("reconciliation succeeds again");
                     }
+                    // `uninstall` refuses while this record names a live agent.
+                    crate::dataplane::agent_record::claim(&layout);
                     *shared
                         .layout
                         .lock()

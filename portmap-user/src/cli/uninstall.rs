@@ -17,7 +17,9 @@ use crate::cli::{
 /// Detaches every tc attachment (tcx links, clsact filters) and other link
 /// the plugin made, unpins its programs and maps and removes the pin
 /// directories. Refuses while containers still have port mappings, unless
-/// --force. The next ADD installs everything again.
+/// --force, and while the node agent runs for this pin root (it would
+/// re-create everything within a second), unless --stop-agent. The next
+/// ADD installs everything again.
 ///
 /// With --stale, leaves this node alone and removes instead the state of
 /// every node on this machine whose network namespace is gone (the pin
@@ -40,6 +42,11 @@ pub struct UninstallArgs {
     /// node's.
     #[arg(long)]
     stale: bool,
+    /// Stop the node agent that keeps this dataplane (SIGTERM, waiting for
+    /// it to exit) instead of refusing. A supervisor (systemd with
+    /// Restart=, a DaemonSet) starts it again: stop it there instead.
+    #[arg(long, conflicts_with = "stale")]
+    stop_agent: bool,
 }
 
 fn remove_stale(root: &std::path::Path, out: &OutputArgs) -> ExitCode {
@@ -89,6 +96,15 @@ pub fn run(args: &UninstallArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     };
+    // A running agent re-creates everything within a second: refused, or
+    // stopped with --stop-agent, before anything is removed.
+    let stopped =
+        uninstall::stop_agent_first(&layout, args.stop_agent).context("cannot uninstall")?;
+    if let Some(pid) = stopped
+        && !out.json()
+    {
+        print(&format!("stopped the node agent (pid {pid})\n"));
+    }
     let report = uninstall::uninstall(&layout, args.force).context("cannot uninstall")?;
     let failures: Vec<String> = report.failures.iter().map(ToString::to_string).collect();
     if out.json() {

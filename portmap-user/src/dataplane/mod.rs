@@ -6,8 +6,10 @@
 //! ([`node_state`]), where containers hand packets over ([`peers`]), traffic
 //! counters ([`counters`]) and the trace ring ([`trace`]); the state of
 //! nodes whose network namespace is gone ([`stale`]); the keys the last ADD
-//! took for typos ([`key_notes`]).
+//! took for typos ([`key_notes`]); which agent keeps a pin root
+//! ([`agent_record`]).
 
+pub mod agent_record;
 pub mod attach;
 pub mod bpffs;
 pub mod cgroup;

@@ -38,6 +38,17 @@ pub enum UninstallError {
         "{mappings} port mapping(s) of {owners} container(s) are still installed; remove the containers first (or pass --force to cut them off)"
     )]
     InUse { mappings: usize, owners: usize },
+    #[error(
+        "the node agent (ebpf-portmap-agent, pid {pid}) keeps this dataplane and would re-create it within a second; stop it first (`systemctl stop ebpf-portmap-agent`, or remove the DaemonSet), or pass --stop-agent"
+    )]
+    AgentRunning { pid: u32 },
+    #[error(
+        "the node agent (pid {pid}) did not stop within {waited:?} of SIGTERM; nothing was removed"
+    )]
+    AgentDidNotStop {
+        pid: u32,
+        waited: std::time::Duration,
+    },
     #[error("cannot unpin {path}")]
     Unpin {
         path: PathBuf,
@@ -168,6 +179,39 @@ fn remove_pins_in(dir: &Path, report: &mut Report) {
             remove_pin(&entry.path(), report);
         }
     }
+}
+
+/// How long `uninstall --stop-agent` waits for the agent to end its pass
+/// and exit.
+pub const AGENT_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Refuses while a node agent keeps `layout` (it would re-create everything
+/// within a second), or, with `stop_agent`, stops it (SIGTERM, then waits
+/// [`AGENT_STOP_WAIT`] for it to exit). Returns the PID stopped.
+pub fn stop_agent_first(
+    layout: &PinLayout,
+    stop_agent: bool,
+) -> Result<Option<u32>, UninstallError> {
+    let Some(pid) = crate::dataplane::agent_record::running(layout) else {
+        return Ok(None);
+    };
+    if !stop_agent {
+        return Err(UninstallError::AgentRunning { pid });
+    }
+    // SAFETY: kill(2) with a PID read from the record and checked to be the
+    // agent's (its comm) just above.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + AGENT_STOP_WAIT;
+    while crate::dataplane::agent_record::running(layout).is_some() {
+        if std::time::Instant::now() > deadline {
+            return Err(UninstallError::AgentDidNotStop {
+                pid,
+                waited: AGENT_STOP_WAIT,
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Ok(Some(pid))
 }
 
 /// Takes everything of `layout` off the node; see the module docs.
