@@ -544,3 +544,82 @@ fn uninstall_refuses_while_the_agent_runs_or_stops_it() {
     );
     assert!(!record.exists(), "the agent's record is gone");
 }
+
+/// `chain install` in place of an upstream `portmap` entry turned
+/// `snat: false` into the default true and dropped `conditionsV4` and
+/// `markMasqBit` without a word. Keys with an equivalent are carried over
+/// (conditions are enforced by ebpf-portmap itself), every other key is
+/// named as left out with why, and chaining again changes nothing.
+#[test]
+fn chain_install_carries_snat_and_conditions_over_and_names_what_it_leaves() {
+    let dir = portmap_tests::tmp::TempDir::new("chain");
+    let file = dir.path().join("10-net.conflist");
+    std::fs::write(
+        &file,
+        json!({
+            "cniVersion": "1.0.0",
+            "name": "net",
+            "plugins": [
+                {"type": "bridge", "bridge": "cni0"},
+                {
+                    "type": "portmap",
+                    "capabilities": {"portMappings": true},
+                    "snat": false,
+                    "conditionsV4": ["-s", "198.18.0.0/16"],
+                    "conditionsV6": ["!", "-s", "fd18::/64"],
+                    "markMasqBit": 13,
+                },
+            ],
+        })
+        .to_string(),
+    )
+    .expect("write the conflist");
+    let chain = |args: &[&str]| {
+        std::process::Command::new(portmap_tests::plugin_bin())
+            .arg("chain")
+            .args(args)
+            .env_remove("CNI_COMMAND")
+            .output()
+            .expect("run ebpf-portmap chain")
+    };
+    let path = file.to_str().expect("UTF-8");
+    let out = chain(&["install", "--file", path]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Value =
+        serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("the chained JSON");
+    let ours = &list["plugins"][1];
+    assert_eq!(ours["type"], "ebpf-portmap", "{list:#}");
+    assert_eq!(ours["snat"], false, "snat carried over: {ours:#}");
+    assert_eq!(
+        ours["conditionsV4"],
+        json!(["-s", "198.18.0.0/16"]),
+        "{ours:#}"
+    );
+    assert_eq!(
+        ours["conditionsV6"],
+        json!(["!", "-s", "fd18::/64"]),
+        "{ours:#}"
+    );
+    assert_eq!(ours.get("markMasqBit"), None, "{ours:#}");
+    assert!(
+        ["snat", "conditionsV4", "conditionsV6"].iter().all(|k| said
+            .lines()
+            .any(|l| l.contains("carried over") && l.contains(k))),
+        "says what it carried over: {said}"
+    );
+    assert!(
+        said.lines()
+            .any(|l| l.contains("left out markMasqBit") && l.contains("marks no packets")),
+        "names the key it left out and why: {said}"
+    );
+
+    let again = chain(&["install", "--file", path]);
+    assert!(again.status.success());
+    let after: Value = serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("JSON");
+    assert_eq!(after, list, "chaining again keeps what was carried over");
+}

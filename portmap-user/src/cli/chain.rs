@@ -170,6 +170,14 @@ fn install(install: &InstallArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> 
     if let Placement::Replaced { replaced, .. } = &plan.chained.placement {
         document["replaced"] = json!(replaced);
     }
+    document["carried"] = json!(plan.chained.carried);
+    document["dropped"] = json!(
+        plan.chained
+            .dropped
+            .iter()
+            .map(|(key, why)| json!({"key": key, "why": why}))
+            .collect::<Vec<_>>()
+    );
     let position = position(plan);
     let mut line = format!(
         "{}: chained {} as plugin {position}",
@@ -182,7 +190,17 @@ fn install(install: &InstallArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> 
     if let Some(backup) = &installed.backup {
         line += &format!("; original kept as {}", file_name(backup));
     }
-    emit(out, &[line], document);
+    let mut lines = vec![line];
+    if !plan.chained.carried.is_empty() {
+        lines.push(format!(
+            "  carried over from the replaced entry: {}",
+            plan.chained.carried.join(", ")
+        ));
+    }
+    for (key, why) in &plan.chained.dropped {
+        lines.push(format!("  left out {key} of the replaced entry: {why}"));
+    }
+    emit(out, &lines, document);
     Ok(ExitCode::SUCCESS)
 }
 

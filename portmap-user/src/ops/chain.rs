@@ -199,7 +199,32 @@ pub enum Placement {
 pub struct Chained {
     pub list: Map<String, Value>,
     pub placement: Placement,
+    /// Keys of the replaced entry the new one took over (see [`CARRIED`]).
+    pub carried: Vec<String>,
+    /// Keys of a replaced upstream `portmap` entry left out, each with why.
+    pub dropped: Vec<(String, &'static str)>,
 }
+
+/// Keys of a replaced entry that mean the same to ebpf-portmap, carried
+/// over unless the operator's entry sets them: `snat` (masquerade hairpin
+/// flows), `conditionsV4`/`conditionsV6` (enforced by the programs). Also
+/// when the replaced entry is ours, so that chaining a chained list again
+/// keeps them.
+pub const CARRIED: [&str; 3] = ["snat", "conditionsV4", "conditionsV6"];
+
+/// Why an upstream `portmap` key with no equivalent is left out.
+fn why_dropped(key: &str) -> &'static str {
+    match key {
+        "markMasqBit" | "externalSetMarkChain" => {
+            "ebpf-portmap marks no packets and uses no iptables chain: its programs masquerade hairpin flows themselves (snat, masqAll)"
+        }
+        "backend" => "ebpf-portmap uses neither iptables nor nftables",
+        _ => "not a key of ebpf-portmap",
+    }
+}
+
+/// Keys every plugin entry has, which the entry sets itself.
+const ENTRY_OWN: [&str; 4] = ["type", "capabilities", "name", "cniVersion"];
 
 impl Chained {
     pub fn plugin_count(&self) -> usize {
@@ -354,6 +379,8 @@ pub fn chain_list(
     }
     let mut chained = Vec::with_capacity(entries.len() + 1);
     let mut placement = None;
+    let mut carried = Vec::new();
+    let mut dropped = Vec::new();
     for plugin in entries {
         if !is_port_plugin(plugin) {
             chained.push(plugin.clone());
@@ -366,7 +393,10 @@ pub fn chain_list(
             index: chained.len(),
             replaced: plugin_type(plugin).unwrap_or_default().to_owned(),
         });
-        chained.push(Value::Object(with_capabilities_of(entry, plugin)));
+        let (taken, carried_keys, dropped_keys) = carry_over(entry, plugin);
+        carried = carried_keys;
+        dropped = dropped_keys;
+        chained.push(Value::Object(taken));
     }
     let placement = placement.unwrap_or_else(|| {
         chained.push(Value::Object(entry.clone()));
@@ -376,7 +406,41 @@ pub fn chain_list(
     });
     let mut list = list.clone();
     list.insert("plugins".into(), Value::Array(chained));
-    Ok(Chained { list, placement })
+    Ok(Chained {
+        list,
+        placement,
+        carried,
+        dropped,
+    })
+}
+
+/// `entry` in place of `replaced`: the capabilities `replaced` declared
+/// added under its own, the [`CARRIED`] keys it set and `entry` does not
+/// taken over; with the keys carried and, for an upstream `portmap`
+/// entry, those left out and why (never dropped without a word).
+#[allow(clippy::type_complexity, reason = "one private call site")]
+fn carry_over(
+    entry: &Map<String, Value>,
+    replaced: &Value,
+) -> (Map<String, Value>, Vec<String>, Vec<(String, &'static str)>) {
+    let mut taken = with_capabilities_of(entry, replaced);
+    let mut carried = Vec::new();
+    let mut dropped = Vec::new();
+    let upstream = plugin_type(replaced) == Some(UPSTREAM_TYPE);
+    for (key, value) in replaced.as_object().into_iter().flatten() {
+        if ENTRY_OWN.contains(&key.as_str()) {
+            continue;
+        }
+        if CARRIED.contains(&key.as_str()) {
+            if !taken.contains_key(key) {
+                taken.insert(key.clone(), value.clone());
+                carried.push(key.clone());
+            }
+        } else if upstream {
+            dropped.push((key.clone(), why_dropped(key)));
+        }
+    }
+    (taken, carried, dropped)
 }
 
 /// `entry` with the capabilities `replaced` declared added under its own.

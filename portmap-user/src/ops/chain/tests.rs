@@ -138,10 +138,12 @@ fn upstream_portmap_is_replaced_in_place_keeping_its_capabilities() {
     );
     assert_eq!(
         chained.list["plugins"][1],
-        json!({"type": "ebpf-portmap",
+        json!({"type": "ebpf-portmap", "snat": true,
                "capabilities": {"portMappings": true, "io.kubernetes.cri.pod-annotations": true}}),
-        "upstream-only keys (snat) are dropped, capabilities kept"
+        "snat, which means the same to ebpf-portmap, is carried over, capabilities kept"
     );
+    assert_eq!(chained.carried, ["snat"]);
+    assert_eq!(chained.dropped, []);
     assert_eq!(chained.list["plugins"][0], list["plugins"][0]);
     assert_eq!(chained.list["name"], "mynet");
 }
