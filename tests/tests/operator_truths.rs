@@ -623,3 +623,45 @@ fn chain_install_carries_snat_and_conditions_over_and_names_what_it_leaves() {
     let after: Value = serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("JSON");
     assert_eq!(after, list, "chaining again keeps what was carried over");
 }
+
+/// `status` opened with ~90 lines of tables and gave its verdict last. It
+/// opens with the verdict and the problems, shows an interface that lacks
+/// the programs as a row of the interface table, and names the cgroup the
+/// socket hooks are on.
+#[test]
+fn status_opens_with_its_verdict_and_shows_what_lacks_the_programs() {
+    let world = World::bridge();
+    let added = world.add_until_hooks_recorded();
+    let _side = world
+        .node
+        .add_side_link("eth2", "198.20.0.1/24", "198.20.0.2/24");
+    let out = world.operator(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "degraded:\n{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    let at = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no line with {what:?}:\n{text}"))
+    };
+    assert!(at("degraded: ") < 5, "the verdict comes first:\n{text}");
+    assert!(
+        at("problem: eth2 (index") < at("Interfaces"),
+        "the problems come before the tables:\n{text}"
+    );
+    let row = lines[at("Interfaces")..]
+        .iter()
+        .find(|l| l.starts_with("eth2"))
+        .unwrap_or_else(|| panic!("eth2 is a row of the interface table:\n{text}"));
+    assert!(row.contains("no programs"), "{row}");
+    let cgroup = portmap_tests::cgroup::cgroup_for_pin_root(world.pins.path());
+    assert!(
+        text.contains(&format!("socket hooks on cgroup {}", cgroup.display())),
+        "names the hooks' cgroup {}:\n{text}",
+        cgroup.display()
+    );
+    for (container, mapping) in &added {
+        world.del(container, std::slice::from_ref(mapping));
+    }
+}

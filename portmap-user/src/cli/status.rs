@@ -97,6 +97,7 @@ pub fn status_json(status: &Status) -> Value {
         "problems": status.problems,
         "notes": status.notes,
         "staleRoots": status.stale_roots,
+        "hooksCgroup": status.hooks_cgroup,
         "misspeltKeys": status.misspelt_keys.iter().map(|note| json!({
             "network": note.network,
             "key": note.key,
@@ -184,18 +185,15 @@ fn render(status: &Status, style: Style) -> String {
         status.mode.map_or("none", |m| m.as_str())
     ));
 
+    // The verdict and what to do first (as `cilium-dbg status` does), the
+    // detail after.
+    out.push_str(&verdict(status, style));
     if !status.installed {
-        for problem in &status.problems {
-            out.push_str(&format!(
-                "{} {problem}\n",
-                style.paint(Colour::Red, "problem:")
-            ));
-        }
         return out;
     }
 
     out.push_str(&section("Interfaces"));
-    if status.tc.is_empty() {
+    if status.tc.is_empty() && status.drift.unattached.is_empty() {
         out.push_str("none\n");
     } else {
         let mut table = Table::new(&["INTERFACE", "DIRECTION", "MODE", "LINK", "PROGRAM", "STATE"]);
@@ -219,9 +217,28 @@ fn render(status: &Status, style: Style) -> String {
                 (state.into(), colour),
             ]);
         }
+        // An interface that should carry the programs and has none is a
+        // row too: it is where host ports get no traffic.
+        for (name, _) in &status.drift.unattached {
+            table.row(vec![
+                (name.clone(), Colour::Plain),
+                ("-".into(), Colour::Dim),
+                ("-".into(), Colour::Dim),
+                ("-".into(), Colour::Dim),
+                ("-".into(), Colour::Dim),
+                ("no programs".into(), Colour::Red),
+            ]);
+        }
         out.push_str(&table.render(style));
     }
     out.push_str(&section("Cgroup and other attachments"));
+    match &status.hooks_cgroup {
+        Some(cgroup) => out.push_str(&format!(
+            "socket hooks on cgroup {} (processes in it and below reach host ports at the socket)\n",
+            cgroup.display()
+        )),
+        None => out.push_str("socket hooks: no run recorded their cgroup yet\n"),
+    }
     if status.other_links.is_empty() {
         out.push_str("none\n");
     } else {
@@ -310,21 +327,54 @@ fn render(status: &Status, style: Style) -> String {
     }
 
     out.push('\n');
+    out.push_str(&if status.problems.is_empty() {
+        format!("{}\n", style.paint(Colour::Green, "healthy"))
+    } else {
+        format!(
+            "{} (the problems are listed at the top)\n",
+            style.paint(
+                Colour::Red,
+                &format!("degraded: {}", count_problems(status.problems.len()))
+            )
+        )
+    });
+    out
+}
+
+fn count_problems(n: usize) -> String {
+    if n == 1 {
+        "1 problem".into()
+    } else {
+        format!("{n} problems")
+    }
+}
+
+/// The summary `status` opens with: healthy or degraded, then each problem
+/// and note.
+fn verdict(status: &Status, style: Style) -> String {
+    let mut out = String::new();
+    if status.problems.is_empty() {
+        out.push_str(&format!("{}\n", style.paint(Colour::Green, "healthy")));
+    } else {
+        out.push_str(&format!(
+            "{}\n",
+            style.paint(
+                Colour::Red,
+                &format!("degraded: {}", count_problems(status.problems.len()))
+            )
+        ));
+    }
+    for problem in &status.problems {
+        out.push_str(&format!(
+            "{} {problem}\n",
+            style.paint(Colour::Red, "problem:")
+        ));
+    }
     for note in &status.notes {
         out.push_str(&format!(
             "{} {note}\n",
             style.paint(Colour::Yellow, "note:")
         ));
-    }
-    if status.problems.is_empty() {
-        out.push_str(&format!("{}\n", style.paint(Colour::Green, "healthy")));
-    } else {
-        for problem in &status.problems {
-            out.push_str(&format!(
-                "{} {problem}\n",
-                style.paint(Colour::Red, "problem:")
-            ));
-        }
     }
     out
 }

@@ -635,6 +635,18 @@ pub struct Status {
     /// Keys of a network's configuration that its last ADD took for typos
     /// of ours, and ignored.
     pub misspelt_keys: Vec<KeyNote>,
+    /// The cgroup the socket hooks are attached to, as the last run that
+    /// found them in place recorded it.
+    pub hooks_cgroup: Option<PathBuf>,
+}
+
+/// The cgroup named in the hooks record of `layout` (its `cgroup PATH`
+/// line), if a run recorded one.
+pub fn hooks_cgroup(layout: &PinLayout) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(crate::dataplane::cgroup::hooks_record(layout)).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("cgroup "))
+        .map(PathBuf::from)
 }
 
 /// Where the node has moved on since the plugin's last run: between runs
@@ -781,6 +793,7 @@ pub fn status(layout: &PinLayout) -> Status {
             .map(|stale| stale.root().to_path_buf())
             .collect(),
         misspelt_keys: key_notes::recorded(layout),
+        hooks_cgroup: hooks_cgroup(layout),
     };
     judge(&mut status);
     status
@@ -1081,6 +1094,7 @@ mod tests {
             notes: Vec::new(),
             stale_roots: Vec::new(),
             misspelt_keys: Vec::new(),
+            hooks_cgroup: None,
         }
     }
 
