@@ -661,6 +661,22 @@ fn status_opens_with_its_verdict_and_shows_what_lacks_the_programs() {
         "names the hooks' cgroup {}:\n{text}",
         cgroup.display()
     );
+    // One vocabulary: each counter beside what `trace` calls it.
+    for (counter, in_trace) in [
+        ("dnat_new", "translated-new"),
+        ("fwd_disabled", "forwarding-disabled"),
+        ("stale_flow", "no-backend"),
+    ] {
+        let row = lines[at("Counters since")..]
+            .iter()
+            .find(|l| l.split_whitespace().next() == Some(counter))
+            .unwrap_or_else(|| panic!("no counter row {counter}:\n{text}"));
+        assert_eq!(
+            row.split_whitespace().nth(1),
+            Some(in_trace),
+            "{counter} shown beside {in_trace}: {row}"
+        );
+    }
     for (container, mapping) in &added {
         world.del(container, std::slice::from_ref(mapping));
     }

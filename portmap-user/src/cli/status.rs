@@ -301,14 +301,21 @@ fn render(status: &Status, style: Style) -> String {
     out.push_str(&sizes_text(&InForce::read(&status_layout(status))));
 
     out.push_str(&section("Counters since the maps were created"));
-    let mut table = Table::new(&["REASON", "PACKETS"]);
+    // The counter name (also the metric's `reason` label) beside what
+    // `trace` calls the same decision: one vocabulary, both spellings.
+    let mut table = Table::new(&["REASON", "IN TRACE", "PACKETS"]);
     for (name, value) in &status.stats {
-        let colour = match (reason::by_name(name).map(|r| r.kind), *value) {
+        let found = reason::by_name(name);
+        let colour = match (found.map(|r| r.kind), *value) {
             (_, 0) => Colour::Dim,
             (Some(Kind::Problem), _) => Colour::Red,
             _ => Colour::Plain,
         };
-        table.row(vec![((*name).into(), colour), (value.to_string(), colour)]);
+        table.row(vec![
+            ((*name).into(), colour),
+            (found.map_or("-", |r| r.label).into(), colour),
+            (value.to_string(), colour),
+        ]);
     }
     out.push_str(&table.render(style));
 
