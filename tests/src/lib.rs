@@ -34,6 +34,7 @@ pub mod podman;
 pub mod profile;
 pub mod prometheus;
 pub mod release;
+pub mod stop;
 pub mod tmp;
 pub mod topology;
 pub mod traffic;
