@@ -33,23 +33,48 @@ impl<'a> Step<'a> {
 pub(crate) fn run_steps(verb: &str, steps: Vec<Step<'_>>) -> Result<()> {
     let total = steps.len();
     let started = Instant::now();
+    let mut timings: Vec<(String, f64, &str)> = Vec::new();
     for (index, step) in steps.iter().enumerate() {
         let number = index + 1;
         println!("xtask {verb}: step {number}/{total}: {}", step.name);
         let step_started = Instant::now();
-        (step.run)()
-            .with_context(|| format!("{verb} step {number}/{total} ({}) failed", step.name))?;
+        let outcome = (step.run)();
+        let took = step_started.elapsed().as_secs_f64();
+        timings.push((
+            step.name.clone(),
+            took,
+            if outcome.is_ok() { "ok" } else { "FAILED" },
+        ));
+        if let Err(error) = outcome {
+            print_stage_table(verb, &timings, started.elapsed().as_secs_f64());
+            return Err(error)
+                .with_context(|| format!("{verb} step {number}/{total} ({}) failed", step.name));
+        }
         println!(
-            "xtask {verb}: step {number}/{total} done in {:.1}s{}",
-            step_started.elapsed().as_secs_f64(),
+            "xtask {verb}: step {number}/{total} done in {took:.1}s{}",
             free_space_note()
         );
     }
+    print_stage_table(verb, &timings, started.elapsed().as_secs_f64());
     println!(
         "xtask {verb}: all {total} steps passed in {:.1}s",
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The time of every step that ran, in one table at the end of the log
+/// (where CI's truncated output still shows it).
+fn print_stage_table(verb: &str, timings: &[(String, f64, &str)], total: f64) {
+    println!("xtask {verb}: stage times");
+    for (number, (name, took, outcome)) in timings.iter().enumerate() {
+        println!(
+            "  {:>2}  {took:>7.1}s  {:>5.1}%  {outcome:<6}  {name}",
+            number + 1,
+            took * 100.0 / total.max(f64::EPSILON),
+        );
+    }
+    println!("      {total:>7.1}s  in all");
 }
 
 /// ", N MiB free for target/", from `df`, or nothing if it cannot say: a
@@ -297,10 +322,12 @@ pub(crate) fn vm_step(skip_vm: bool) -> Step<'static> {
 }
 
 pub(crate) fn vm_test_steps(args: &vm::VmTestArgs) -> Vec<Step<'_>> {
-    vec![
-        setup_step(),
-        Step::new("VM tests", move || vm::vm_test(args)),
-    ]
+    let mut steps = vec![setup_step()];
+    if !args.debug_plugin {
+        steps.push(shipped_plugin_step());
+    }
+    steps.push(Step::new("VM tests", move || vm::vm_test(args)));
+    steps
 }
 
 pub(crate) fn demo_steps(demo_args: &[String]) -> Vec<Step<'_>> {
