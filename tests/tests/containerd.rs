@@ -861,6 +861,20 @@ fn containerd_runs_pods_through(plugin: PortPlugin) {
     t.stop(&pinned);
     t.remove(&pinned);
     t.assert_calls(plugin, "DEL", &pinned, 2);
+    // What this containerd asked of the plugins (compare between versions).
+    let mut census = std::collections::BTreeMap::<(String, String), usize>::new();
+    for call in t.ctrd.calls() {
+        *census.entry((call.plugin, call.command)).or_default() += 1;
+    }
+    eprintln!(
+        "CNI calls containerd {} made: {}",
+        t.ctrd.runtime_version(),
+        census
+            .iter()
+            .map(|((plugin, command), n)| format!("{plugin} {command} x{n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     assert_nothing_left(&mut t, &[plugin], &seed_failures.leaked);
     phase("nothing left");
     drop(t);
