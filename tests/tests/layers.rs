@@ -44,23 +44,6 @@ const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
     ),
     // The verbs reach their parent through `use super::*`.
     ("portmap-user", &["verbs", "verbs::gc", "verbs::interfaces"]),
-    // The crate root's constants, cmd, plan and setup, and the runtimes.
-    (
-        "xtask",
-        &[
-            "",
-            "cmd",
-            "containerd",
-            "dist",
-            "image",
-            "plan",
-            "podman",
-            "previous",
-            "setup",
-            "vm",
-            "vm::kernel",
-        ],
-    ),
 ];
 
 /// The crates checked: their name, root file and source directory.

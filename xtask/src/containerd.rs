@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use crate::plan::Step;
+use crate::step::Step;
 
 /// Debian packages the containerd tests need on top of `setup`'s:
 /// containerd and runc, the reference plugins (bridge, host-local,
@@ -114,7 +114,7 @@ fn run_suite(test_args: &[String], root: Option<&Path>) -> Result<()> {
             "--test-threads=1",
         ])
         .args(test_args)
-        .env(crate::PLUGIN_BIN_ENV, crate::cmd::plugin_bin());
+        .env(crate::plugin::PLUGIN_BIN_ENV, crate::plugin::plugin_bin());
     match root {
         Some(root) => command.env(RUNTIME_ROOT_ENV, root),
         None => command.env_remove(RUNTIME_ROOT_ENV),
@@ -146,7 +146,7 @@ pub fn test_step(skip: bool) -> Step<'static> {
 pub fn steps(test_args: &[String]) -> Vec<Step<'_>> {
     vec![
         crate::setup::setup_step(),
-        crate::plan::build_plugin_step(),
+        crate::plugin::build_plugin_step(),
         Step::new(
             "containerd end to end on 1.6 and 2.x: ebpf-portmap, then upstream portmap",
             move || e2e_containerd(test_args),

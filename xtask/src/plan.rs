@@ -3,125 +3,15 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Instant;
 
-use crate::cmd::{
-    cargo, cargo_workspace, plugin_bin, run, shipped_plugin_bin, target_dir, workspace_root,
+use crate::cmd::{cargo, cargo_workspace, run, target_dir, workspace_root};
+use crate::plugin::{
+    PLUGIN_BIN_ENV, build_plugin_step, plugin_bin, shipped_plugin_bin, shipped_plugin_step,
 };
-use crate::setup::{plugin_target, setup_step, validator_bin};
-use crate::{
-    PLUGIN_BIN, PLUGIN_BIN_ENV, PLUGIN_PACKAGE, containerd, dist, image, podman, previous, vm,
-};
+use crate::setup::{setup_step, validator_bin};
+use crate::step::Step;
+use crate::{containerd, dist, image, podman, previous, vm};
 use anyhow::{Context, Result, bail};
-
-/// One named step of a verb. Verbs are plain lists of steps, so adding one
-/// (eBPF clippy, VM tests on older kernels, ...) is adding an entry.
-pub(crate) struct Step<'a> {
-    pub(crate) name: String,
-    pub(crate) run: Box<dyn Fn() -> Result<()> + 'a>,
-}
-
-impl<'a> Step<'a> {
-    pub(crate) fn new(name: impl Into<String>, run: impl Fn() -> Result<()> + 'a) -> Step<'a> {
-        Step {
-            name: name.into(),
-            run: Box::new(run),
-        }
-    }
-}
-
-pub(crate) fn run_steps(verb: &str, steps: Vec<Step<'_>>) -> Result<()> {
-    let total = steps.len();
-    let started = Instant::now();
-    let mut timings: Vec<(String, f64, &str)> = Vec::new();
-    for (index, step) in steps.iter().enumerate() {
-        let number = index + 1;
-        println!("xtask {verb}: step {number}/{total}: {}", step.name);
-        let step_started = Instant::now();
-        let outcome = (step.run)();
-        let took = step_started.elapsed().as_secs_f64();
-        timings.push((
-            step.name.clone(),
-            took,
-            if outcome.is_ok() { "ok" } else { "FAILED" },
-        ));
-        if let Err(error) = outcome {
-            print_stage_table(verb, &timings, started.elapsed().as_secs_f64());
-            return Err(error)
-                .with_context(|| format!("{verb} step {number}/{total} ({}) failed", step.name));
-        }
-        println!(
-            "xtask {verb}: step {number}/{total} done in {took:.1}s{}",
-            free_space_note()
-        );
-    }
-    print_stage_table(verb, &timings, started.elapsed().as_secs_f64());
-    println!(
-        "xtask {verb}: all {total} steps passed in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-/// The time of every step that ran, in one table at the end of the log
-/// (where CI's truncated output still shows it).
-fn print_stage_table(verb: &str, timings: &[(String, f64, &str)], total: f64) {
-    println!("xtask {verb}: stage times");
-    for (number, (name, took, outcome)) in timings.iter().enumerate() {
-        println!(
-            "  {:>2}  {took:>7.1}s  {:>5.1}%  {outcome:<6}  {name}",
-            number + 1,
-            took * 100.0 / total.max(f64::EPSILON),
-        );
-    }
-    println!("      {total:>7.1}s  in all");
-}
-
-/// ", N MiB free for target/", from `df`, or nothing if it cannot say: a
-/// CI log then shows which step filled a small disk.
-fn free_space_note() -> String {
-    let target = target_dir();
-    let Ok(out) = Command::new("df")
-        .args(["--output=avail", "-B1M"])
-        .arg(if target.exists() {
-            target
-        } else {
-            workspace_root()
-        })
-        .stderr(Stdio::null())
-        .output()
-    else {
-        return String::new();
-    };
-    match String::from_utf8_lossy(&out.stdout).lines().nth(1) {
-        Some(mib) if out.status.success() => format!(", {} MiB free for target/", mib.trim()),
-        _ => String::new(),
-    }
-}
-
-pub(crate) fn build_plugin_step() -> Step<'static> {
-    Step::new(
-        format!("cargo build -p {PLUGIN_PACKAGE} (builds {PLUGIN_BIN} with the eBPF object)"),
-        || run(&mut build_plugin(false)),
-    )
-}
-
-/// Cargo profile of the plugin as it ships (see the workspace Cargo.toml).
-pub(crate) const SHIPPED_PROFILE: &str = "dist";
-
-/// `cargo build [--profile dist] -p portmap-user`, for the plugin's target:
-/// the debug build, or with `shipped` the one that ships.
-pub(crate) fn build_plugin(shipped: bool) -> Command {
-    let mut command = cargo();
-    command.args(["build", "-p", PLUGIN_PACKAGE]);
-    if shipped {
-        command.args(["--profile", SHIPPED_PROFILE]);
-    }
-    if let Some(target) = plugin_target() {
-        command.args(["--target", target]);
-    }
-    command
-}
 
 pub(crate) fn test_steps(
     cargo_test_args: &[String],
@@ -222,15 +112,6 @@ pub(crate) fn clippy_ebpf() -> Result<()> {
         command.env_remove(variable);
     }
     run(&mut command)
-}
-
-pub(crate) fn shipped_plugin_step() -> Step<'static> {
-    Step::new(
-        format!(
-            "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
-        ),
-        || run(&mut build_plugin(true)),
-    )
 }
 
 pub(crate) fn image_steps() -> Vec<Step<'static>> {

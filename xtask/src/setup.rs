@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::cmd::{capture, cargo_home, path_with_first, run, target_dir};
-use crate::plan::Step;
-use crate::{PLUGIN_BIN, PLUGIN_TARGET};
+use crate::plugin::{PLUGIN_BIN, PLUGIN_TARGET, plugin_target_installed};
+use crate::step::Step;
 use anyhow::{Context, Result, bail};
 
 /// Debian packages the build and the tests need: LLVM 22 for bpf-linker
@@ -237,21 +237,6 @@ pub(crate) fn ensure_plugin_target() -> Result<()> {
         );
     }
     Ok(())
-}
-
-pub(crate) fn plugin_target_installed() -> bool {
-    capture(Command::new("rustup").args(["target", "list", "--installed"]))
-        .is_ok_and(|installed| installed.lines().any(|line| line.trim() == PLUGIN_TARGET))
-}
-
-/// [`PLUGIN_TARGET`] if its standard library is installed (setup adds it),
-/// else `None`: the host's target. Asked once per xtask run, so the build
-/// and the binary's path agree.
-pub(crate) fn plugin_target() -> Option<&'static str> {
-    static INSTALLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    INSTALLED
-        .get_or_init(plugin_target_installed)
-        .then_some(PLUGIN_TARGET)
 }
 
 pub(crate) fn ensure_bpffs() -> Result<()> {

@@ -187,7 +187,7 @@ pub fn vm_test(args: &VmTestArgs) -> Result<()> {
     if !args.debug_plugin {
         // What ships, on every kernel; it also runs a good deal faster than
         // the debug build under emulation.
-        let shipped = crate::cmd::shipped_plugin_bin();
+        let shipped = crate::plugin::shipped_plugin_bin();
         if !shipped.exists() {
             bail!(
                 "{} is missing: build the shipped plugin first (`cargo xtask test` does; by hand \
