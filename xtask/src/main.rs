@@ -91,7 +91,9 @@ enum Verb {
     },
     /// Setup, build ebpf-portmap, install Debian's containerd and runc, then
     /// drive containerd's CRI (in a test-owned network namespace) to run pods
-    /// with hostPorts through ebpf-portmap and through upstream portmap.
+    /// with hostPorts through ebpf-portmap and through upstream portmap: on
+    /// Debian 12's containerd 1.6, then on the containerd 2.x that setup
+    /// unpacks from Debian's unstable suite.
     /// Arguments after `--` go to the test binary (e.g. `-- --nocapture`).
     E2eContainerd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
