@@ -270,12 +270,7 @@ fn list_with_max_mappings(world_list: &Conflist, max: u64) -> Conflist {
 
 /// An ADD of a new container `id` mapping `host_port` with `maxMappings`
 /// `max` in the conflist: the run that takes the change up.
-fn add_with_max_mappings(
-    world: &World,
-    id: &str,
-    host_port: u16,
-    max: u64,
-) -> Result<(), portmap_tests::CniFailure> {
+fn add_with_max_mappings(world: &World, id: &str, host_port: u16, max: u64) {
     let list = list_with_max_mappings(&world.list, max);
     let container = world.node.add_container(id);
     world
@@ -284,7 +279,7 @@ fn add_with_max_mappings(
             &list,
             &container.with_port_mappings(&[PortMapping::tcp(host_port, 80)]),
         )
-        .map(|_| ())
+        .unwrap_or_else(|e| panic!("ADD of {id} with maxMappings {max}: {e}\n{}", world.dump()));
 }
 
 /// A new TCP connection to `port` on both families answers from `web`.
@@ -316,8 +311,7 @@ fn established_flows_survive_a_max_mappings_grow_and_shrink() {
     assert_eq!(table_entries(&world, "mappings"), 1024);
     assert_eq!(table_entries(&world, "counters"), 1024);
 
-    add_with_max_mappings(&world, "grow", 8081, 4096)
-        .unwrap_or_else(|e| panic!("ADD with maxMappings 4096: {e}\n{}", world.dump()));
+    add_with_max_mappings(&world, "grow", 8081, 4096);
     assert_eq!(table_entries(&world, "mappings"), 4096, "grown");
     assert_eq!(table_entries(&world, "counters"), 4096, "grown");
     assert_carried_over(&world, &mut flows, "after the maxMappings grow");
@@ -325,8 +319,7 @@ fn established_flows_survive_a_max_mappings_grow_and_shrink() {
     // web's 4, and grow's 2.
     assert_eq!(world.mapping_count(), 6, "{:#}", world.list());
 
-    add_with_max_mappings(&world, "shrink", 8082, 512)
-        .unwrap_or_else(|e| panic!("ADD with maxMappings 512: {e}\n{}", world.dump()));
+    add_with_max_mappings(&world, "shrink", 8082, 512);
     assert_eq!(table_entries(&world, "mappings"), 512, "shrunk");
     assert_eq!(table_entries(&world, "counters"), 512, "shrunk");
     assert_carried_over(&world, &mut flows, "after the maxMappings shrink");
@@ -382,8 +375,9 @@ fn a_max_mappings_below_the_live_mappings_is_refused_and_changes_nothing() {
             &refused.with_port_mappings(&[PortMapping::tcp(8081, 80)]),
         )
         .map(|_| ())
-        .expect_err("an ADD with maxMappings 16 below 20 live mappings succeeded")
-        .to_string();
+        .expect_err("an ADD with maxMappings 16 below 20 live mappings succeeded");
+    assert_eq!(error.error_code(), Some(7), "{error}");
+    let error = error.to_string();
     assert!(
         error.contains("maxMappings 16 is too small")
             && error.contains("holds 20 live entries")
