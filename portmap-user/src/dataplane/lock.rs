@@ -230,3 +230,49 @@ pub fn write_record(path: &Path, text: &str) -> io::Result<()> {
     }
     written
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The writers' lock keeps a resize out while any run holds its maps
+    /// open, and the runs out while a resize holds it. Writes a lock file
+    /// under /run/ebpf-portmap (root, as the plugin).
+    #[test]
+    fn a_resize_waits_for_the_writers_and_the_writers_for_a_resize() {
+        // SAFETY: a plain syscall without arguments.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to write under /run/ebpf-portmap");
+            return;
+        }
+        let layout = PinLayout::new(format!(
+            "/sys/fs/bpf/writers-lock-test-{}",
+            std::process::id()
+        ));
+        let path = writers_lock_file(&layout);
+        let wait = Duration::from_millis(50);
+        let reader = writers_shared(&layout).expect("shared");
+        let other = writers_shared(&layout).expect("two runs hold it at once");
+        assert!(holds_writers_shared());
+        assert!(
+            matches!(
+                writers_exclusive(&layout, wait),
+                Err(LockError::TimedOut { .. })
+            ),
+            "a resize took the lock while runs held their maps open"
+        );
+        drop((reader, other));
+        let resize = writers_exclusive(&layout, wait).expect("free once the runs are done");
+        let file = open_lock_file(&path).expect("open");
+        assert!(
+            matches!(
+                flock_kind_within(&file, &path, libc::LOCK_SH, wait),
+                Err(LockError::TimedOut { .. })
+            ),
+            "a run opened its maps while a resize held the lock"
+        );
+        drop(resize);
+        flock_kind_within(&file, &path, libc::LOCK_SH, wait).expect("free after the resize");
+        let _ = fs::remove_file(path);
+    }
+}
