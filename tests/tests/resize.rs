@@ -2,10 +2,11 @@
 //! `conntrackSize` takes effect at the next ADD, and the established TCP
 //! and UDP flows of both families carry on through a grow and a shrink
 //! with their entries (no recovery, no new flow); a shrink below the live
-//! entries keeps the newest flows and says how many it dropped; a changed
-//! `maxMappings` is only logged (it is not resized in place). Real
-//! traffic from the external client through the reference bridge chain.
-//! Needs root.
+//! entries keeps the newest flows and says how many it dropped. A changed
+//! `maxMappings` resizes the mappings in place too, at the next ADD and at
+//! the agent's next pass, with every mapping and flow carried over; one
+//! below the live mappings is refused, changing nothing. Real traffic from
+//! the external client through the reference bridge chain. Needs root.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration;
@@ -388,4 +389,39 @@ fn a_max_mappings_below_the_live_mappings_is_refused_and_changes_nothing() {
     assert_eq!(table_entries(&world, "conntrack"), 1024, "not resized");
     assert_eq!(world.dump_map("mappings"), before, "the mappings changed");
     assert_carried_over(&world, &mut flows, "after the refusal");
+}
+
+/// The agent's pass takes a changed `maxMappings` up too, with no CNI
+/// call: its conflist rewritten and any link event later, the maps have
+/// the new size and the established flows carry on.
+#[test]
+fn the_agent_resizes_the_mappings_on_its_next_pass() {
+    let world = World::with(|name, pins, data| {
+        let list = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data);
+        list_with_max_mappings(&list_with(&list, 1024), 1024)
+    });
+    let _servers = serve_web(&world);
+    let mut flows = open_flows(&world);
+    let agent = portmap_tests::agent::Agent::start(&world);
+    agent.wait_ready(Duration::from_secs(10), "at start");
+    assert_eq!(table_entries(&world, "mappings"), 1024);
+
+    let list = list_with_max_mappings(&world.list, 2048);
+    std::fs::write(&agent.conf, list.json().to_string()).expect("rewrite the agent's conflist");
+    // A link event wakes the agent for a pass.
+    world.node.ns.ip(&[
+        "link", "add", "epmwake", "type", "veth", "peer", "name", "epmwake1",
+    ]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while table_entries(&world, "mappings") != 2048 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent did not resize the mappings within 10 s:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_carried_over(&world, &mut flows, "after the agent's resize");
+    assert_new_connections(&world, 8080, "after the agent's resize");
+    assert_eq!(world.mapping_count(), 4, "{:#}", world.list());
 }
