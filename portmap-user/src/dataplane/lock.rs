@@ -250,6 +250,14 @@ mod tests {
             std::process::id()
         ));
         let path = writers_lock_file(&layout);
+        // Removed also when an assertion fails.
+        struct Remove(PathBuf);
+        impl Drop for Remove {
+            fn drop(&mut self) {
+                let _ = fs::remove_file(&self.0);
+            }
+        }
+        let _remove = Remove(path.clone());
         let wait = Duration::from_millis(50);
         let reader = writers_shared(&layout).expect("shared");
         let other = writers_shared(&layout).expect("two runs hold it at once");
@@ -273,6 +281,5 @@ mod tests {
         );
         drop(resize);
         flock_kind_within(&file, &path, libc::LOCK_SH, wait).expect("free after the resize");
-        let _ = fs::remove_file(path);
     }
 }
