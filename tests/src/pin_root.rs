@@ -102,6 +102,8 @@ impl Drop for PinRoot {
             root_record(&self.path),
             status_record(&self.path),
             local_addrs_record(&self.path),
+            // The mappings' writers lock (see the plugin's `resize.rs`).
+            lock_file(&self.path).with_extension("writers"),
         ] {
             let _ = std::fs::remove_file(file);
         }

@@ -119,6 +119,7 @@ fn release(req: &Request) -> Result<(), PluginError> {
 /// The three maps a release needs, and none of the others.
 fn ownership_maps(layout: &PinLayout) -> Result<Maps, maps::MapsError> {
     Ok(Maps {
+        writers: maps::writers(layout)?,
         mappings: maps::open(layout, map_names::MAPPINGS)?,
         owners: maps::open(layout, map_names::OWNERS)?,
         owner_slots: maps::open(layout, map_names::OWNER_SLOTS)?,

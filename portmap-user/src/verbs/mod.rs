@@ -83,6 +83,10 @@ impl PluginError {
             PluginError::Store(_) | PluginError::Maps(_) | PluginError::Netlink(_) => {
                 code::IO_FAILURE
             }
+            // A maxMappings below the live mappings: the conflist's to fix.
+            PluginError::Attach(AttachError::Resize(
+                crate::dataplane::resize::ResizeError::TooSmall { .. },
+            )) => code::INVALID_NETWORK_CONFIG,
             PluginError::Attach(_) => code::DATAPLANE,
             PluginError::NoMatchingInterfaces { .. } => code::INVALID_NETWORK_CONFIG,
             PluginError::Privilege { .. } => code::PRIVILEGE,
