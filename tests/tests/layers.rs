@@ -34,14 +34,6 @@ const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
             "cni::port_mappings",
         ],
     ),
-    (
-        "portmap-user",
-        &[
-            "dataplane::attach",
-            "dataplane::resize",
-            "dataplane::sizing",
-        ],
-    ),
     // The verbs reach their parent through `use super::*`.
     ("portmap-user", &["verbs", "verbs::gc", "verbs::interfaces"]),
 ];

@@ -75,11 +75,10 @@ use portmap_common::{
 };
 
 use crate::dataplane::{
-    attach::Capacities,
     lock,
     object::build_id,
     pin::PinLayout,
-    sizing::{NodeShape, Sizes},
+    sizing::{Capacities, NodeShape, Sizes},
 };
 
 /// `BPF_NOEXIST` (include/uapi/linux/bpf.h): never overwrite the new

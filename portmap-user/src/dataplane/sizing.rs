@@ -32,7 +32,16 @@ use std::path::PathBuf;
 use aya::maps::{Array, MapData};
 use portmap_common::{capacity, map_names};
 
-use crate::dataplane::{attach::Capacities, pin::PinLayout};
+use crate::dataplane::pin::PinLayout;
+
+/// Map sizes chosen by configuration (`None`: the default, see the module
+/// docs); they apply when the maps are created, and a change resizes them
+/// in place (see `resize`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Capacities {
+    pub mappings: Option<u32>,
+    pub conntrack: Option<u32>,
+}
 
 /// Smallest default open table (entries), whatever the node.
 pub const CONNTRACK_FLOOR: u32 = 4096;
