@@ -69,6 +69,25 @@ fn assert_answers(world: &World, name: &str, tcp: u16, udp: u16, when: &str) {
     }
 }
 
+/// The entries `list -o json` shows for upstream's mappings.
+fn upstream_listed(world: &World) -> Vec<String> {
+    world
+        .list()
+        .as_array()
+        .expect("list is an array")
+        .iter()
+        .filter(|entry| entry["upstream"] == "iptables-nft")
+        .map(|entry| {
+            format!(
+                "{} -> {} ({})",
+                entry["host"].as_str().unwrap_or("?"),
+                entry["containerID"].as_str().unwrap_or("?"),
+                entry["network"].as_str().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
 fn plugin_log(world: &World) -> String {
     let path = world.node.data_dir().join(PLUGIN_LOG);
     format!(
@@ -144,6 +163,18 @@ fn switching_in_keeps_upstreams_pods_and_their_del_leaves_no_upstream_rule() {
         8081,
         "after the refused ADDs and their DELs",
     );
+    let mut listed = upstream_listed(&world);
+    listed.sort();
+    assert_eq!(
+        listed,
+        [
+            "0.0.0.0:8080/tcp -> old (epm-test)",
+            "0.0.0.0:8081/udp -> old (epm-test)",
+            "[::]:8080/tcp -> old (epm-test)",
+            "[::]:8081/udp -> old (epm-test)",
+        ],
+        "list shows upstream's mappings in their own entries"
+    );
 
     // old goes away; its DEL goes to the chain the conflist names now.
     world
@@ -160,6 +191,11 @@ fn switching_in_keeps_upstreams_pods_and_their_del_leaves_no_upstream_rule() {
         Err(e) if e.is_unreachable() => {}
         other => panic!("8080 still answers after old's DEL: {other:?}"),
     }
+    assert_eq!(
+        upstream_listed(&world),
+        Vec::<String>::new(),
+        "list after old's DEL"
+    );
     // A second DEL (runtimes retry) finds nothing and succeeds.
     world
         .runner
