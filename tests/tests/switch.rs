@@ -222,3 +222,58 @@ fn switching_in_keeps_upstreams_pods_and_their_del_leaves_no_upstream_rule() {
     world.assert_clean("after every DEL");
     assert_eq!(nat_rules(&world), before, "nothing of upstream came back");
 }
+
+/// CNI GC with the runtime's keep-list removes upstream's rules of this
+/// network's containers it no longer lists (their DEL never came, or came
+/// before the switch to a build that knew upstream), and keeps the others'.
+#[test]
+fn gc_removes_upstreams_rules_of_containers_the_runtime_no_longer_lists() {
+    // ebpf-portmap alone at CNI 1.1.0 (GC), on the network upstream's pods use.
+    let world = World::plugin_only();
+    let before = nat_rules(&world);
+    let upstream = bridge_conflist(world.list.name(), "portmap", None, world.node.data_dir());
+    let kept = world.node.add_container("kept");
+    let _kept_servers = serve(&kept);
+    let gone = world.node.add_container("gone");
+    let kept_rt =
+        kept.with_port_mappings(&[PortMapping::tcp(8080, 80), PortMapping::udp(8081, 81)]);
+    let gone_rt = gone.with_port_mappings(&[PortMapping::tcp(8082, 80)]);
+    for rt in [&kept_rt, &gone_rt] {
+        world
+            .runner
+            .add(&upstream, rt)
+            .unwrap_or_else(|e| panic!("upstream ADD of {}: {e}", rt.container_id));
+    }
+    // The runtime lost `gone` (its DEL never comes): only GC can clean up.
+    assert!(world.runner.forget(&upstream, &gone_rt));
+    world
+        .runner
+        .gc(&world.list, &[(&kept_rt).into()])
+        .unwrap_or_else(|e| panic!("GC: {e}\n{}", plugin_log(&world)));
+    let left = nat_rules(&world);
+    assert!(
+        !left.iter().any(|rule| rule.contains("id: \\\"gone\\\"")),
+        "GC removed upstream's rules of the unlisted container: {left:#?}\n{}",
+        plugin_log(&world)
+    );
+    assert!(
+        left.iter().any(|rule| rule.contains("id: \\\"kept\\\"")),
+        "GC kept upstream's rules of the listed container: {left:#?}"
+    );
+    assert_answers(&world, "kept", 8080, 8081, "the kept pod after GC");
+
+    // Cleanup through upstream's own chain; bridge and host-local free
+    // `gone`'s address (upstream's DEL of it finds nothing, as ours would).
+    for rt in [&kept_rt, &gone_rt] {
+        world
+            .runner
+            .del(&upstream, rt)
+            .unwrap_or_else(|e| panic!("upstream DEL of {}: {e}", rt.container_id));
+    }
+    // Upstream's own DEL leaves its shared chains: a GC after that removes them.
+    world
+        .runner
+        .gc(&world.list, &[])
+        .unwrap_or_else(|e| panic!("GC: {e}"));
+    assert_eq!(nat_rules(&world), before, "nothing of upstream is left");
+}
