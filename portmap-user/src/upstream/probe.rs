@@ -87,15 +87,17 @@ fn nft_sources() -> io::Result<Vec<Source>> {
     let mut socket = netlink_sys::Socket::new(NETLINK_NETFILTER)?;
     socket.bind_auto()?;
     socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
-    let mut found = Vec::new();
-    let mut sequence = 0;
+    // The four questions in one datagram (the kernel answers each message
+    // of it in turn): one send, and the answers in as few reads.
+    let mut asked = Vec::new();
+    let mut batch = Vec::new();
     for family in [Family::V4, Family::V6] {
         let proto = match family {
             Family::V4 => NFPROTO_IPV4,
             Family::V6 => NFPROTO_IPV6,
         };
-        sequence += 1;
-        let chain = request(
+        let sequence = asked.len() as u32 + 1;
+        batch.extend(request(
             NFT_MSG_GETCHAIN,
             proto,
             sequence,
@@ -103,25 +105,81 @@ fn nft_sources() -> io::Result<Vec<Source>> {
                 (NFTA_CHAIN_TABLE, "nat"),
                 (NFTA_CHAIN_NAME, super::iptables::TOP_DNAT_CHAIN),
             ],
-        );
-        if exists(&mut socket, &chain, sequence, NFT_MSG_NEWCHAIN)? {
-            found.push(Source {
+        ));
+        asked.push((
+            Source {
                 backend: Backend::IptablesNft,
                 family,
-            });
-        }
-        sequence += 1;
-        let table = request(
+            },
+            NFT_MSG_NEWCHAIN,
+        ));
+        let sequence = asked.len() as u32 + 1;
+        batch.extend(request(
             NFT_MSG_GETTABLE,
             proto,
             sequence,
             &[(NFTA_TABLE_NAME, super::nft::TABLE)],
-        );
-        if exists(&mut socket, &table, sequence, NFT_MSG_NEWTABLE)? {
-            found.push(Source {
+        ));
+        asked.push((
+            Source {
                 backend: Backend::Nftables,
                 family,
-            });
+            },
+            NFT_MSG_NEWTABLE,
+        ));
+    }
+    socket.send(&batch, 0)?;
+    let found = answers(&mut socket, &asked)?;
+    Ok(asked
+        .iter()
+        .zip(found)
+        .filter_map(|((source, _), found)| found.then_some(*source))
+        .collect())
+}
+
+/// Reads until every question (sequence `i + 1` is `asked[i]`) has its
+/// acknowledgement: whether its object came back (the NEW message type
+/// asked for) or the kernel said ENOENT.
+fn answers(socket: &mut netlink_sys::Socket, asked: &[(Source, u16)]) -> io::Result<Vec<bool>> {
+    let mut found = vec![false; asked.len()];
+    let mut done = vec![false; asked.len()];
+    let mut buffer = vec![0u8; 16 * 1024];
+    while done.iter().any(|d| !d) {
+        let length = socket.recv(&mut &mut buffer[..], 0)?;
+        let mut offset = 0;
+        while offset + 16 <= length {
+            let word = |at: usize| {
+                u32::from_ne_bytes(
+                    buffer[offset + at..offset + at + 4]
+                        .try_into()
+                        .expect("4 bytes"),
+                )
+            };
+            let message_length = word(0) as usize;
+            let kind = u16::from_ne_bytes([buffer[offset + 4], buffer[offset + 5]]);
+            let index = (word(8) as usize).wrapping_sub(1);
+            if message_length < 16 || offset + message_length > length {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "short netlink message",
+                ));
+            }
+            if let Some((_, answer)) = asked.get(index) {
+                if kind == NLMSG_ERROR {
+                    let code = i32::from_ne_bytes(
+                        buffer[offset + 16..offset + 20]
+                            .try_into()
+                            .expect("4 bytes"),
+                    );
+                    if code != 0 && -code != libc::ENOENT {
+                        return Err(io::Error::from_raw_os_error(-code));
+                    }
+                    done[index] = true;
+                } else if kind == (NFNL_SUBSYS_NFTABLES << 8) | answer {
+                    found[index] = true;
+                }
+            }
+            offset += (message_length + 3) & !3;
         }
     }
     Ok(found)
@@ -148,59 +206,6 @@ fn request(message: u16, family: u8, sequence: u32, attributes: &[(u16, &str)]) 
     bytes[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
     bytes[8..12].copy_from_slice(&sequence.to_ne_bytes());
     bytes
-}
-
-/// Sends a GET and reads until its acknowledgement: whether the object
-/// came back (`answer` is its NEW message type) or the kernel said ENOENT.
-fn exists(
-    socket: &mut netlink_sys::Socket,
-    request: &[u8],
-    sequence: u32,
-    answer: u16,
-) -> io::Result<bool> {
-    socket.send(request, 0)?;
-    let mut found = false;
-    let mut buffer = vec![0u8; 16 * 1024];
-    loop {
-        let length = socket.recv(&mut &mut buffer[..], 0)?;
-        let mut offset = 0;
-        while offset + 16 <= length {
-            let word = |at: usize| {
-                u32::from_ne_bytes(
-                    buffer[offset + at..offset + at + 4]
-                        .try_into()
-                        .expect("4 bytes"),
-                )
-            };
-            let message_length = word(0) as usize;
-            let kind = u16::from_ne_bytes([buffer[offset + 4], buffer[offset + 5]]);
-            let seq = word(8);
-            if message_length < 16 || offset + message_length > length {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "short netlink message",
-                ));
-            }
-            if seq == sequence {
-                if kind == NLMSG_ERROR {
-                    let code = i32::from_ne_bytes(
-                        buffer[offset + 16..offset + 20]
-                            .try_into()
-                            .expect("4 bytes"),
-                    );
-                    return match code {
-                        0 => Ok(found),
-                        code if -code == libc::ENOENT => Ok(false),
-                        code => Err(io::Error::from_raw_os_error(-code)),
-                    };
-                }
-                if kind == (NFNL_SUBSYS_NFTABLES << 8) | answer {
-                    found = true;
-                }
-            }
-            offset += (message_length + 3) & !3;
-        }
-    }
 }
 
 /// `struct ipt_getinfo` (and `ip6t_getinfo`, the same layout).
