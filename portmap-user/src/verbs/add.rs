@@ -132,13 +132,16 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
 /// PREROUTING rules, so our mapping would silently take that pod's traffic.
 /// A node without upstream's state pays for one nfnetlink probe, no process.
 fn check_upstream(req: &Request, translations: &[Translation]) -> Result<(), PluginError> {
+    if translations.is_empty() {
+        return Ok(());
+    }
     let started = std::time::Instant::now();
     let sources = upstream::sources();
     log::debug!(
         "ADD: upstream portmap probe took {} µs, found {sources:?}",
         started.elapsed().as_micros()
     );
-    if sources.is_empty() || translations.is_empty() {
+    if sources.is_empty() {
         return Ok(());
     }
     let (held, errors) = upstream::mappings(&sources);
