@@ -59,6 +59,13 @@ pub enum PluginError {
         addr: std::net::IpAddr,
         holders: String,
     },
+    #[error(
+        "host port {key} is still mapped by {holder}: upstream's rules send its traffic there until that container's DEL. Pick another hostPort, or wait until that pod is gone (`ebpf-portmap list` shows upstream's mappings)"
+    )]
+    UpstreamHeld {
+        key: crate::dataplane::ownership::KeyDisplay,
+        holder: String,
+    },
     #[error("cannot read the node's sockets")]
     Sockets(#[source] std::io::Error),
     #[error(transparent)]
@@ -70,9 +77,8 @@ pub enum PluginError {
 impl PluginError {
     fn code(&self) -> u32 {
         match self {
-            PluginError::Store(StoreError::Conflict { .. } | StoreError::Overlap { .. }) => {
-                code::PORT_CONFLICT
-            }
+            PluginError::Store(StoreError::Conflict { .. } | StoreError::Overlap { .. })
+            | PluginError::UpstreamHeld { .. } => code::PORT_CONFLICT,
             PluginError::Store(StoreError::Removed { .. }) => code::TRY_AGAIN_LATER,
             PluginError::Store(StoreError::Capacity { .. } | StoreError::TooManySlots { .. }) => {
                 code::CAPACITY
