@@ -13,28 +13,12 @@ use portmap_common::{
     stat,
 };
 
-use crate::{fib::fib_lookup_as_received, maps, masq::wants_masquerade, tc};
-
-/// What the fast path may do with the packet being handled: left in
-/// scratch by the flow decisions, taken by [`fast_path`] once their frames
-/// are gone.
-#[repr(u8)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Offer {
-    /// The normal path. Zero, so a fresh scratch entry holds a valid offer.
-    Nothing = 0,
-    /// Translated towards the container (its address in
-    /// `scratch.forward.nat_addr_be`, the owner in `scratch.owner_id`).
-    Forward = 1,
-    /// A container's answer that egress translates back (its tuple in
-    /// `scratch.reply_key`).
-    Reply = 2,
-    /// Not an offer but the flow decision's verdict: the packet is
-    /// dropped (a crafted one, see `flow::ingress`). Carried here, the one
-    /// value [`fast_path`] turns into the action, so the entry point keeps
-    /// one state for every way a packet was decided.
-    Drop = 3,
-}
+use crate::{
+    fib::fib_lookup_as_received,
+    maps::{self, Offer},
+    mark,
+    masq::wants_masquerade,
+};
 
 /// The fast path, for what the handling code left in scratch: sets
 /// `scratch.action` (OK, or REDIRECT when the packet was handed over) and
@@ -61,7 +45,7 @@ pub fn fast_path(ctx: &TcContext) {
             // On the normal path, unmasqueraded: the next egress hook
             // has nothing to do.
             if action != TC_ACT_REDIRECT && not_masqueraded(ctx, flow_flags) {
-                tc::mark_translated(ctx);
+                mark::mark_translated(ctx);
             }
             action
         }

@@ -7,9 +7,8 @@ use portmap_common::{CtEntry, CtKey, PROTO_TCP, PortRole, ct_flags, ct_kind, sta
 use crate::{
     counters::{self, Way},
     ct,
-    fast::Offer,
     fib::{self, Locality, local_destination},
-    maps::{self, Insert, Table, find_mapping},
+    maps::{self, Insert, Offer, Table, find_mapping},
     masq::{masquerade, wants_masquerade},
     nat::{self, Side},
     parse::{Packet, TCP_ACK, TCP_RST, TCP_SYN},

@@ -6,9 +6,17 @@
 //! open one by a mapping) -> `masq` (masquerade) and `fast` (the fast-path
 //! hand-over), with `fib` answering routing questions; `sock` holds the
 //! socket hooks. Beneath them: `parse` (headers), `ct` (tuples, timeouts),
-//! `nat` (rewrites and checksums), `counters`, `trace`, and `maps` (every
-//! map and the per-CPU scratch space). `beacon` tells userspace whether the
-//! node's network namespace still exists.
+//! `nat` (rewrites and checksums), `counters`, `trace`, `mark` (the mark
+//! ingress leaves for egress), and `maps` (every map and the per-CPU
+//! scratch space, with the fast path's offer in it). `beacon` tells
+//! userspace whether the node's network namespace still exists.
+//!
+//! Imports only point down these layers, never back up (a test of the
+//! workspace checks that no module imports one that imports it):
+//! 1. `parse`, then `maps`;
+//! 2. `ct`, `nat`, `fib`, `counters`, `trace`, `mark`;
+//! 3. `masq`, then `fast`, then `flow`;
+//! 4. the entry points `tc`, `sock`, `beacon`.
 #![no_std]
 #![no_main]
 
@@ -19,6 +27,7 @@ mod fast;
 mod fib;
 mod flow;
 mod maps;
+mod mark;
 mod masq;
 mod nat;
 mod parse;

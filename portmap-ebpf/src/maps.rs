@@ -24,7 +24,7 @@ use portmap_common::{
     stat,
 };
 
-use crate::{fast::Offer, parse};
+use crate::parse;
 
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
 
@@ -209,6 +209,27 @@ pub struct Scratch {
     /// `ct::node_socket_owns`'s `bpf_sock_tuple` (the IPv6 layout holds
     /// either family).
     pub sock_tuple: [u32; 9],
+}
+
+/// What the fast path may do with the packet being handled: left in
+/// scratch by the flow decisions, taken by `fast::fast_path` once their frames
+/// are gone.
+#[repr(u8)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// The normal path. Zero, so a fresh scratch entry holds a valid offer.
+    Nothing = 0,
+    /// Translated towards the container (its address in
+    /// `scratch.forward.nat_addr_be`, the owner in `scratch.owner_id`).
+    Forward = 1,
+    /// A container's answer that egress translates back (its tuple in
+    /// `scratch.reply_key`).
+    Reply = 2,
+    /// Not an offer but the flow decision's verdict: the packet is
+    /// dropped (a crafted one, see `flow::ingress`). Carried here, the one
+    /// value `fast::fast_path` turns into the action, so the entry point keeps
+    /// one state for every way a packet was decided.
+    Drop = 3,
 }
 
 #[btf_map(name = "scratch")]

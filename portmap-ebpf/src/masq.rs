@@ -12,10 +12,8 @@ use portmap_common::{
 };
 
 use crate::{
-    ct,
-    fast::Offer,
-    fib,
-    maps::{self, Insert, PairFailed},
+    ct, fib,
+    maps::{self, Insert, Offer, PairFailed},
     nat::{self, Side},
     parse::{Packet, TCP_ACK, TCP_SYN},
 };

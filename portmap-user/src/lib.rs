@@ -12,6 +12,8 @@
 //!   sockets, privileges.
 //! - [`ops`]: the operator library (inspect, uninstall, chain) that `cli/`
 //!   prints.
+//! - [`upstream`]: upstream `portmap`'s live iptables/nftables state, read
+//!   so ADD never takes its ports, removed when its containers' DEL comes here.
 
 pub mod agent;
 pub mod cni;
@@ -20,4 +22,5 @@ pub mod logging;
 pub mod model;
 pub mod node;
 pub mod ops;
+pub mod upstream;
 pub mod verbs;

@@ -5,15 +5,22 @@
 //! (`unshare(CLONE_NEWNET)`), where a veth holds the "node"
 //! addresses; the FIB lookup that decides "is this for the node?" sees only
 //! that namespace. Needs root.
+//!
+//! The object is loaded (and the programs verified) once per table size
+//! and shared: the tests take turns on it, each starting with every map
+//! emptied, as a fresh load has them. Verifying the two programs is most of
+//! a load, and under the VM tests' emulation it took 10-15 s per test.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::fd::{AsFd, AsRawFd},
     process::Command,
+    sync::{Mutex, MutexGuard, OnceLock, PoisonError},
 };
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray},
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use portmap_common::{
@@ -96,17 +103,41 @@ fn in_node_namespace<T: Send + 'static>(test: impl FnOnce(u32) -> T + Send + 'st
 }
 
 struct Dataplane {
-    ebpf: Ebpf,
+    ebpf: MutexGuard<'static, Ebpf>,
     ifindex: u32,
 }
 
+/// The conntrack size of the one test that fills the tables.
+const SMALL_CONNTRACK: u32 = 1024;
+
 impl Dataplane {
+    /// The object with its default table sizes, emptied for this test.
     fn load(ifindex: u32) -> Self {
-        Self::load_with(ifindex, None)
+        static LOADED: OnceLock<Mutex<Ebpf>> = OnceLock::new();
+        Self::take_turn(&LOADED, None, ifindex)
     }
 
-    fn load_with(ifindex: u32, conntrack_size: Option<u32>) -> Self {
-        // Fresh, unpinned maps: nothing leaks out of the test.
+    /// The object with conntrack tables of [`SMALL_CONNTRACK`] entries.
+    fn load_small_conntrack(ifindex: u32) -> Self {
+        static LOADED: OnceLock<Mutex<Ebpf>> = OnceLock::new();
+        Self::take_turn(&LOADED, Some(SMALL_CONNTRACK), ifindex)
+    }
+
+    fn take_turn(
+        loaded: &'static OnceLock<Mutex<Ebpf>>,
+        conntrack_size: Option<u32>,
+        ifindex: u32,
+    ) -> Self {
+        let shared = loaded.get_or_init(|| Mutex::new(Self::load_object(conntrack_size)));
+        // A test that failed while holding it leaves nothing the emptying
+        // below does not remove.
+        let mut ebpf = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        empty_maps(&mut ebpf);
+        Self { ebpf, ifindex }
+    }
+
+    fn load_object(conntrack_size: Option<u32>) -> Ebpf {
+        // Unpinned maps: nothing leaks out of the test binary.
         let mut loader = EbpfLoader::new();
         if let Some(size) = conntrack_size {
             loader.map_max_entries(map_names::CONNTRACK, size);
@@ -127,7 +158,7 @@ impl Dataplane {
                 .load()
                 .unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
         }
-        Self { ebpf, ifindex }
+        ebpf
     }
 
     fn map(
@@ -277,6 +308,113 @@ impl Dataplane {
 
     fn egress(&self, packet: &[u8]) -> Vec<u8> {
         self.run(program_names::TC_EGRESS, packet)
+    }
+}
+
+/// Empties every map of `ebpf` to what a fresh load holds: hash-type maps
+/// lose every key, arrays hold zeroes. The frozen `.rodata` and the trace
+/// ring buffer (which no test reads) are left as they are, and so is
+/// socket storage.
+fn empty_maps(ebpf: &mut Ebpf) {
+    for (name, map) in ebpf.maps() {
+        if name.starts_with('.') {
+            continue;
+        }
+        let (data, per_cpu) = match map {
+            Map::HashMap(data)
+            | Map::LruHashMap(data)
+            | Map::PerCpuHashMap(data)
+            | Map::PerCpuLruHashMap(data)
+            | Map::LpmTrie(data) => {
+                delete_every_key(name, data);
+                continue;
+            }
+            Map::Array(data) => (data, false),
+            Map::PerCpuArray(data) => (data, true),
+            // Entries of socket storage live and die with their sockets;
+            // the tc programs under test own no socket.
+            Map::RingBuf(_) | Map::SkStorage(_) => continue,
+            _ => panic!("map {name}: this test does not know how to empty its type"),
+        };
+        let info = data.info().expect("map info");
+        // Per-CPU values are handed over 8-byte aligned, one per possible CPU.
+        let value_len = if per_cpu {
+            let cpus = aya::util::nr_cpus().expect("possible CPUs");
+            (info.value_size() as usize).next_multiple_of(8) * cpus
+        } else {
+            info.value_size() as usize
+        };
+        let zeroes = vec![0u8; value_len];
+        for index in 0..info.max_entries() {
+            map_elem(
+                BPF_MAP_UPDATE_ELEM,
+                data,
+                &index.to_ne_bytes(),
+                zeroes.as_ptr(),
+            )
+            .unwrap_or_else(|e| panic!("zeroing {name}[{index}]: {e}"));
+        }
+    }
+}
+
+fn delete_every_key(name: &str, data: &MapData) {
+    let info = data.info().expect("map info");
+    let mut key = vec![0u8; info.key_size() as usize];
+    // The first key, asked anew after each delete, until there is none.
+    while map_elem(BPF_MAP_GET_NEXT_KEY, data, &[], key.as_mut_ptr()).is_ok() {
+        map_elem(BPF_MAP_DELETE_ELEM, data, &key, std::ptr::null())
+            .unwrap_or_else(|e| panic!("deleting a key of {name}: {e}"));
+    }
+}
+
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+
+/// The element commands' part of `union bpf_attr`.
+#[repr(C)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    /// The value (update) or the next key (get-next-key).
+    value: u64,
+    flags: u64,
+}
+
+/// One element command on `data`; an empty `key` is NULL (the first key).
+fn map_elem(
+    cmd: libc::c_long,
+    data: &MapData,
+    key: &[u8],
+    value: *const u8,
+) -> std::io::Result<()> {
+    let mut attr = ElemAttr {
+        map_fd: data.fd().as_fd().as_raw_fd() as u32,
+        _pad: 0,
+        key: if key.is_empty() {
+            0
+        } else {
+            key.as_ptr() as u64
+        },
+        value: value as u64,
+        flags: 0,
+    };
+    // SAFETY: attr points at a live, correctly laid out attribute whose key
+    // and value buffers have the map's key and value sizes and outlive the
+    // call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            &raw mut attr,
+            std::mem::size_of::<ElemAttr>(),
+        )
+    };
+    if ret < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
     }
 }
 
@@ -887,7 +1025,7 @@ fn fragments_and_other_protocols_pass_untouched() {
 #[test]
 fn a_full_conntrack_table_evicts_old_flows_and_keeps_translating_new_ones() {
     in_node_namespace(|ifindex| {
-        let mut dp = Dataplane::load_with(ifindex, Some(1024));
+        let mut dp = Dataplane::load_small_conntrack(ifindex);
         dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
         let flows = 5000u16;
         for n in 0..flows {

@@ -1,8 +1,6 @@
-//! Per-test pin roots on bpffs.
-//!
-//! A [`PinRoot`] is a fresh directory `/sys/fs/bpf/<prefix>-test-<pid>-<n>` to
-//! pass as the plugin's `pinRoot`; it and every pin below it are removed on
-//! drop. bpffs is mounted at `/sys/fs/bpf` first if nothing is mounted there.
+//! bpffs as the tests meet it: where it is mounted (and mounting it when
+//! nothing is), removing a tree of pins, and the plugin's records beside a
+//! pin root. The per-test pin root itself is [`crate::pin_root`].
 
 use std::ffi::CString;
 use std::io;
@@ -142,103 +140,5 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
         std::fs::remove_dir(path)
     } else {
         std::fs::remove_file(path)
-    }
-}
-
-/// A private directory on bpffs, removed with all its pins on drop.
-/// Also owns the test's child cgroup for the socket hooks (see
-/// [`crate::cgroup`]); both go away on drop.
-#[derive(Debug)]
-pub struct PinRoot {
-    path: PathBuf,
-    cgroup: Option<crate::cgroup::TestCgroup>,
-}
-
-impl PinRoot {
-    /// Creates `/sys/fs/bpf/<prefix>-test-<pid>-<n>`, mounting bpffs if needed.
-    ///
-    /// # Panics
-    /// If bpffs cannot be mounted or the directory cannot be created.
-    pub fn new() -> PinRoot {
-        crate::naming::reap_stale();
-        ensure_bpffs().unwrap_or_else(|e| panic!("{e}: {:?}", std::error::Error::source(&e)));
-        let path = Path::new(BPFFS_MOUNT).join(crate::naming::unique_name("test"));
-        std::fs::create_dir(&path)
-            .unwrap_or_else(|e| panic!("creating pin root {}: {e}", path.display()));
-        let cgroup = crate::cgroup::TestCgroup::create(crate::cgroup::cgroup_for_pin_root(&path));
-        PinRoot {
-            path,
-            cgroup: Some(cgroup),
-        }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The child cgroup the plugin's socket hooks attach to in this test.
-    pub fn cgroup(&self) -> &crate::cgroup::TestCgroup {
-        self.cgroup
-            .as_ref()
-            .expect("the cgroup lives as long as the pin root")
-    }
-
-    /// Every file (pin) below the root, relative to it, sorted: for asserting
-    /// what a plugin pinned or left behind.
-    pub fn pins(&self) -> Vec<PathBuf> {
-        fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
-            let Ok(entries) = std::fs::read_dir(dir) else {
-                return;
-            };
-            for entry in entries.flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    walk(root, &path, out);
-                } else if let Ok(relative) = path.strip_prefix(root) {
-                    out.push(relative.to_path_buf());
-                }
-            }
-        }
-        let mut pins = Vec::new();
-        walk(&self.path, &self.path, &mut pins);
-        pins.sort();
-        pins
-    }
-}
-
-impl Default for PinRoot {
-    fn default() -> Self {
-        PinRoot::new()
-    }
-}
-
-impl Drop for PinRoot {
-    fn drop(&mut self) {
-        // Unpinning the links detaches the hooks; then the cgroup can go.
-        let cgroup = self.cgroup.take();
-        if let Err(e) = remove_tree(&self.path)
-            && e.kind() != io::ErrorKind::NotFound
-        {
-            eprintln!(
-                "harness: could not remove pin root {}: {e}",
-                self.path.display()
-            );
-        }
-        drop(cgroup);
-        // The plugin leaves its lock file on purpose (removing a lock
-        // someone may wait on would let two loaders in); this root is done
-        // with, so the test takes it and the records beside it away.
-        for file in [
-            lock_file(&self.path),
-            interfaces_record(&self.path),
-            hooks_record(&self.path),
-            root_record(&self.path),
-            status_record(&self.path),
-            local_addrs_record(&self.path),
-            key_notes_record(&self.path),
-            agent_record(&self.path),
-        ] {
-            let _ = std::fs::remove_file(file);
-        }
     }
 }

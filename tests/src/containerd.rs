@@ -1,5 +1,9 @@
-//! Debian's containerd (1.6, with its CRI plugin) confined to a test's node
-//! network namespace, driven through the CRI like a kubelet drives it.
+//! A containerd confined to a test's node network namespace, driven
+//! through the CRI like a kubelet drives it. Which one is the driver's
+//! parameter, [`Runtime`]: Debian 12's containerd 1.6 with its reference
+//! plugins 1.1 (the default), or, with `EPM_CONTAINERD_ROOT` naming the
+//! directory `cargo xtask setup` unpacks Debian unstable's packages into,
+//! containerd 2.x with the plugins 1.9 and `cniVersion` 1.1.0 (STATUS).
 //!
 //! What [`Containerd::start`] sets up, all of it removed on drop:
 //! - a directory `<tmp>/<prefix>-ctrd-<pid>-<n>` holding containerd's
@@ -51,7 +55,7 @@ use serde_json::{Value, json};
 
 use crate::cri::{
     ContainerConfig, ContainerMetadata, CriClient, CriError, ImageSpec, LinuxPodSandboxConfig,
-    PodSandboxConfig, PodSandboxMetadata, Protocol,
+    PodSandboxConfig, PodSandboxMetadata, Protocol, RuntimeCondition,
 };
 use crate::netns::NetNs;
 use crate::plugins::{PLUGIN_TYPE, UPSTREAM_PLUGIN_DIR, plugin_bin};
@@ -76,6 +80,58 @@ pub const UPSTREAM_TYPE: &str = "portmap";
 /// The plugins the bin directory offers: the chain, and `loopback`, which
 /// the CRI plugin runs for every pod's `lo`.
 const REFERENCE_PLUGINS: [&str; 4] = ["bridge", "host-local", "loopback", UPSTREAM_TYPE];
+/// Names the root of an unpacked containerd 2.x and plugins 1.9
+/// (`usr/bin/containerd`, `usr/lib/cni/bridge`, ...): the tests then drive
+/// that containerd instead of the machine's.
+pub const RUNTIME_ROOT_ENV: &str = "EPM_CONTAINERD_ROOT";
+
+/// The containerd under test and the reference plugins that go with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Runtime {
+    /// Where `containerd`, `ctr` and `containerd-shim-runc-v2` are.
+    pub bin_dir: PathBuf,
+    /// Where `bridge`, `host-local`, `loopback` and `portmap` are.
+    pub plugin_dir: PathBuf,
+    /// The conflist's `cniVersion`: 1.1.0 only where containerd and the
+    /// plugins speak it (containerd 1.6's libcni and the plugins 1.1
+    /// refuse it).
+    pub cni_version: &'static str,
+}
+
+impl Runtime {
+    /// The machine's containerd (Debian 12: 1.6) and plugins (1.1).
+    pub fn system() -> Runtime {
+        Runtime {
+            bin_dir: PathBuf::from("/usr/bin"),
+            plugin_dir: PathBuf::from(UPSTREAM_PLUGIN_DIR),
+            cni_version: "1.0.0",
+        }
+    }
+
+    /// An unpacked containerd 2.x and plugins 1.9 under `root`.
+    pub fn unpacked(root: &Path) -> Runtime {
+        Runtime {
+            bin_dir: root.join("usr/bin"),
+            plugin_dir: root.join("usr/lib/cni"),
+            cni_version: "1.1.0",
+        }
+    }
+
+    /// [`Runtime::unpacked`] under `EPM_CONTAINERD_ROOT` if it is set,
+    /// else [`Runtime::system`].
+    pub fn from_env() -> Runtime {
+        match std::env::var_os(RUNTIME_ROOT_ENV) {
+            Some(root) if !root.is_empty() => Runtime::unpacked(Path::new(&root)),
+            _ => Runtime::system(),
+        }
+    }
+
+    /// Whether containerd asks the plugins for STATUS (CNI 1.1.0; containerd
+    /// 2.x does on every CRI `Status`).
+    pub fn sends_status(&self) -> bool {
+        self.cni_version == "1.1.0"
+    }
+}
 /// How long containerd may take to serve the CRI, or to load a new conflist.
 const READY: Duration = Duration::from_secs(30);
 /// The `kind` in the names of the directory and the cgroup.
@@ -100,6 +156,8 @@ int main(void) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pod {
     pub name: String,
+    /// The pod's UID (`K8S_POD_UID` in `CNI_ARGS`).
+    pub uid: String,
     pub sandbox_id: String,
     pub container_id: String,
     pub ipv4: Ipv4Addr,
@@ -193,6 +251,9 @@ pub struct Containerd {
     mount_ns: String,
     /// The directory's name: also the name of the test cgroup.
     name: String,
+    runtime: Runtime,
+    /// What the CRI's `Version` says (`1.6.20~ds1`, `v2.1.9+unknown`).
+    runtime_version: String,
     /// What a fresh bpffs holds before anything is pinned (the kernel's
     /// `maps.debug` and `progs.debug` where bpf_preload is built in).
     fresh_bpffs: Vec<PathBuf>,
@@ -209,7 +270,12 @@ impl Containerd {
     ///
     /// # Panics
     /// If any step fails; whatever was already set up is removed.
-    pub fn start(node: &NetNs, port_plugin_type: &str, probe: &Path) -> Containerd {
+    pub fn start(
+        node: &NetNs,
+        runtime: &Runtime,
+        port_plugin_type: &str,
+        probe: &Path,
+    ) -> Containerd {
         let dir = TempDir::new(KIND);
         let root = dir.path().to_path_buf();
         let name = root
@@ -231,6 +297,8 @@ impl Containerd {
             holder,
             mount_ns,
             name,
+            runtime: runtime.clone(),
+            runtime_version: String::new(),
             fresh_bpffs: Vec::new(),
             dir,
         };
@@ -258,6 +326,16 @@ impl Containerd {
         self.dir.path()
     }
 
+    /// The containerd and plugins under test.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// containerd's version as its CRI reports it.
+    pub fn runtime_version(&self) -> &str {
+        &self.runtime_version
+    }
+
     /// The CRI client.
     pub fn cri(&self) -> &CriClient {
         self.client
@@ -280,7 +358,11 @@ impl Containerd {
 
     /// The conflist for `port_plugin_type` (see [`conflist`]).
     pub fn conflist(&self, port_plugin_type: &str) -> Value {
-        conflist(port_plugin_type, &self.hooks_cgroup())
+        conflist(
+            port_plugin_type,
+            &self.hooks_cgroup(),
+            self.runtime.cni_version,
+        )
     }
 
     /// Replaces the conflist on disk (atomically, as a config manager
@@ -410,11 +492,26 @@ impl Containerd {
         };
         Ok(Pod {
             name: name.to_owned(),
+            uid: uid.to_owned(),
             sandbox_id,
             container_id,
             ipv4,
             ipv6,
         })
+    }
+
+    /// RunPodSandbox alone (no app container): the sandbox's ID once its
+    /// network is set up.
+    pub fn run_sandbox(&self, name: &str, ports: &[PortMapping]) -> Result<String, CriError> {
+        let uid = format!("{name}-uid");
+        let sandbox = sandbox_config(
+            name,
+            &uid,
+            &self.dir.path().join("logs").join(&uid),
+            &self.cgroup_parent(),
+            ports,
+        );
+        self.cri().run_pod_sandbox(sandbox)
     }
 
     /// Every plugin execution recorded so far, oldest first.
@@ -596,7 +693,7 @@ impl Containerd {
         let root = self.dir.path();
         let mut plugins: Vec<(String, PathBuf)> = REFERENCE_PLUGINS
             .iter()
-            .map(|name| (name.to_string(), Path::new(UPSTREAM_PLUGIN_DIR).join(name)))
+            .map(|name| (name.to_string(), self.runtime.plugin_dir.join(name)))
             .collect();
         plugins.push((PLUGIN_TYPE.to_owned(), plugin_bin()));
         for (name, source) in plugins {
@@ -700,8 +797,14 @@ impl Containerd {
         let log = std::fs::File::create(root.join("containerd.log"))
             .unwrap_or_else(|e| panic!("creating containerd.log: {e}"));
         let log_err = log.try_clone().expect("cloning a file handle");
-        let mut command = self.node_command("containerd");
+        let mut command = self.node_command(self.runtime.bin_dir.join("containerd"));
+        // containerd finds its shim (`containerd-shim-runc-v2`) on PATH.
+        let path = std::env::join_paths(std::iter::once(self.runtime.bin_dir.clone()).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ))
+        .expect("PATH entries without ':'");
         command
+            .env("PATH", path)
             .arg("--config")
             .arg(root.join("config.toml"))
             .stdout(log)
@@ -743,6 +846,7 @@ impl Containerd {
                             version.runtime_api_version,
                             socket.display()
                         );
+                        self.runtime_version = version.runtime_version;
                         self.client = Some(client);
                         return;
                     }
@@ -760,12 +864,49 @@ impl Containerd {
     fn import_image(&self, archive: &Path) {
         let socket = self.dir.path().join("containerd.sock");
         run_tool(
-            Command::new("ctr")
+            Command::new(self.runtime.bin_dir.join("ctr"))
                 .arg("--address")
                 .arg(&socket)
                 .args(["--namespace", "k8s.io", "images", "import"])
                 .arg(archive),
         );
+    }
+
+    /// The `NetworkReady` condition of a CRI `Status` (one request: with a
+    /// `cniVersion` 1.1.0 list, containerd 2.x asks every plugin for STATUS
+    /// to answer it).
+    pub fn network_condition(&self) -> Result<RuntimeCondition, String> {
+        let status = self.cri().status(false).map_err(|e| e.to_string())?;
+        status
+            .status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .find(|c| c.r#type == "NetworkReady")
+            .cloned()
+            .ok_or_else(|| format!("no NetworkReady condition in {status:?}"))
+    }
+
+    /// Polls [`Containerd::network_condition`] until its status is `ready`;
+    /// the condition then.
+    ///
+    /// # Panics
+    /// If it is not within 30 s.
+    pub fn wait_network_ready_is(&self, ready: bool) -> RuntimeCondition {
+        let deadline = Instant::now() + READY;
+        loop {
+            let condition = self.network_condition();
+            if let Ok(condition) = &condition
+                && condition.status == ready
+            {
+                return condition.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "NetworkReady is not {ready} after {READY:?}: {condition:?}\n{}",
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Waits until the CRI reports `NetworkReady` (the conflist is loaded).
@@ -847,14 +988,14 @@ impl Drop for Containerd {
 /// also gets `cgroupPath` (its default, the root of the cgroup2 hierarchy,
 /// would hook every process of the machine); everything else is left to the
 /// defaults, which the private mount namespace keeps on the node.
-pub fn conflist(port_plugin_type: &str, hooks_cgroup: &Path) -> Value {
+pub fn conflist(port_plugin_type: &str, hooks_cgroup: &Path, cni_version: &str) -> Value {
     let mut port_plugin =
         json!({ "type": port_plugin_type, "capabilities": { "portMappings": true } });
     if port_plugin_type == PLUGIN_TYPE {
         port_plugin["cgroupPath"] = Value::from(hooks_cgroup.to_string_lossy().into_owned());
     }
     json!({
-        "cniVersion": "1.0.0",
+        "cniVersion": cni_version,
         "name": NETWORK,
         "plugins": [
             {
@@ -1492,7 +1633,8 @@ mod tests {
     #[test]
     fn conflists_are_the_minimal_drop_in() {
         let hooks = Path::new("/sys/fs/cgroup/unified/ct-ctrd-1-2/hooks");
-        let ours = conflist("ebpf-portmap", hooks);
+        let ours = conflist("ebpf-portmap", hooks, "1.1.0");
+        assert_eq!(ours["cniVersion"], "1.1.0");
         assert_eq!(ours["name"], NETWORK);
         assert_eq!(ours["plugins"][0]["type"], "bridge");
         assert_eq!(ours["plugins"][0]["ipam"]["type"], "host-local");
@@ -1508,12 +1650,29 @@ mod tests {
                 "cgroupPath": "/sys/fs/cgroup/unified/ct-ctrd-1-2/hooks",
             })
         );
-        let upstream = conflist("portmap", hooks);
+        let upstream = conflist("portmap", hooks, "1.0.0");
+        assert_eq!(upstream["cniVersion"], "1.0.0");
         assert_eq!(
             upstream["plugins"][1],
             json!({ "type": "portmap", "capabilities": { "portMappings": true } })
         );
         assert_eq!(upstream["plugins"][0], ours["plugins"][0]);
+    }
+
+    #[test]
+    fn the_runtime_is_the_machines_unless_a_root_is_named() {
+        let unpacked = Runtime::unpacked(Path::new("/t/debian-unstable/root"));
+        assert_eq!(
+            (unpacked.bin_dir.as_path(), unpacked.plugin_dir.as_path()),
+            (
+                Path::new("/t/debian-unstable/root/usr/bin"),
+                Path::new("/t/debian-unstable/root/usr/lib/cni")
+            )
+        );
+        assert!(unpacked.sends_status());
+        let system = Runtime::system();
+        assert_eq!(system.plugin_dir, Path::new("/usr/lib/cni"));
+        assert!(!system.sends_status(), "Debian 12's plugins refuse 1.1.0");
     }
 
     #[test]

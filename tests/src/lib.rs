@@ -29,20 +29,22 @@ pub mod cri;
 pub mod image;
 pub mod naming;
 pub mod netns;
+pub mod pin_root;
 pub mod plugins;
 pub mod podman;
 pub mod profile;
 pub mod prometheus;
 pub mod release;
+pub mod stop;
 pub mod tmp;
 pub mod topology;
 pub mod traffic;
 pub mod world;
 
-pub use bpffs::PinRoot;
 pub use cni::{
     CniCommand, CniFailure, CniFailures, CniRunner, Conflist, GcAttachment, RuntimeAttachment,
 };
 pub use netns::NetNs;
+pub use pin_root::PinRoot;
 pub use plugins::{PluginDirs, plugin_bin, plugin_dirs};
 pub use topology::{Container, Node, PortMapping, bridge_conflist, ptp_conflist};

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use portmap_tests::agent::{Agent, hold_pin_root_lock, promtool_check, sample};
 use portmap_tests::prometheus::{JOB, Prometheus};
+use portmap_tests::stop::RaiseOnDrop;
 use portmap_tests::topology::{NODE_IP4, NODE_UPLINK};
 use portmap_tests::traffic::{
     echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
@@ -340,6 +341,9 @@ fn killing_the_agent_under_traffic_leaves_the_dataplane_forwarding() {
     let ok = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
     let agent = std::thread::scope(|scope| {
+        // Raised however this closure ends: a failed step must not leave the
+        // scope waiting for the dialling thread forever.
+        let raise = RaiseOnDrop::new(&stop);
         scope.spawn(|| {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -372,7 +376,7 @@ fn killing_the_agent_under_traffic_leaves_the_dataplane_forwarding() {
         let agent = Agent::start(&world);
         agent.wait_ready(Duration::from_secs(10), "after the restart");
         std::thread::sleep(Duration::from_millis(300));
-        stop.store(true, Ordering::Relaxed);
+        drop(raise);
         agent
     });
     let failures = failures.lock().unwrap();
@@ -436,6 +440,7 @@ fn the_agent_and_32_parallel_add_del_for_30_seconds() {
     let (adds, dels) = (AtomicU64::new(0), AtomicU64::new(0));
     let links_stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
+        let _raise = RaiseOnDrop::new(&links_stop);
         // Links come and go meanwhile: rtnetlink events, passes that
         // attach and drop pins under the lock, racing the verbs.
         scope.spawn(|| {
@@ -486,7 +491,6 @@ fn the_agent_and_32_parallel_add_del_for_30_seconds() {
         for worker in workers {
             worker.join().expect("worker");
         }
-        links_stop.store(true, Ordering::Relaxed);
     });
     let failures = failures.into_inner().unwrap();
     assert!(

@@ -1,9 +1,16 @@
-//! End to end with Kubernetes' own path: Debian's containerd 1.6 and its CRI
-//! plugin, driven through the CRI (`runtime.v1`) as a kubelet drives it, run
-//! pods with hostPorts through a minimal drop-in conflist (`bridge` +
-//! dual-stack `host-local` + the port-mapping plugin). Every check runs with
+//! End to end with Kubernetes' own path: containerd and its CRI plugin,
+//! driven through the CRI (`runtime.v1`) as a kubelet drives it, run pods
+//! with hostPorts through a minimal drop-in conflist (`bridge` + dual-stack
+//! `host-local` + the port-mapping plugin). Every check runs with
 //! `ebpf-portmap` and with the upstream `portmap` in its place, so the
 //! checks themselves are proven against the reference.
+//!
+//! The containerd is the driver's parameter
+//! (`portmap_tests::containerd::Runtime`): Debian 12's containerd 1.6 with
+//! the reference plugins 1.1 (`cniVersion` 1.0.0), or, with
+//! `EPM_CONTAINERD_ROOT` set, containerd 2.x with the plugins 1.9 from
+//! Debian unstable (`cniVersion` 1.1.0, so containerd asks for STATUS).
+//! `cargo xtask e2e-containerd` runs this file once for each.
 //!
 //! containerd runs inside the node namespace of the standard test world (see
 //! `portmap_tests::topology`) with its own root, state, socket, CNI
@@ -18,7 +25,9 @@
 //!    to localhost; a pod with a `hostIP` answers on that address only;
 //! 2. StopPodSandbox then RemovePodSandbox: containerd sends two DELs, the
 //!    second with `CNI_NETNS=""` and no `prevResult`; both succeed, the
-//!    first removes the pod's translations, the second changes nothing;
+//!    first removes the pod's translations, the second changes nothing,
+//!    not even those of a new pod that took the freed host ports between
+//!    the two;
 //! 3. the seed race: 8 concurrent StopPodSandbox of one sandbox, 3 rounds:
 //!    every call returns OK and nothing is left (upstream's failures are
 //!    recorded and printed, not asserted);
@@ -30,6 +39,10 @@
 //! [`containerd_deletes_through_the_current_conflist`] switches the conflist
 //! under running pods both ways; [`containerd_pods_are_named_in_list`] checks
 //! that `ebpf-portmap list --json` names each mapping's pod.
+//! [`containerd_status_follows_the_plugin`] (containerd 2.x only: 1.6 asks
+//! for no STATUS) checks that the CRI's `NetworkReady` is ebpf-portmap's
+//! STATUS: true while it passes, also during 32 sandboxes set up at once,
+//! false while it fails.
 //!
 //! The field's cases (issue 33): TCP and UDP 53 on one host port, both
 //! families (both plugins); Kubernetes' hostPort conformance case on 54323
@@ -47,12 +60,13 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use portmap_tests::containerd::{
-    CniCall, Containerd, NETWORK, POD_NAMESPACE, Pod, RootState, UPSTREAM_TYPE, short,
+    CniCall, Containerd, NETWORK, POD_NAMESPACE, Pod, RootState, Runtime, UPSTREAM_TYPE, short,
 };
 use portmap_tests::cri::CriError;
 use portmap_tests::topology::{NODE_IP4, NODE_IP4_SECONDARY, NODE_IP6};
@@ -111,6 +125,7 @@ impl E2e {
         let node = Node::new();
         let ctrd = Containerd::start(
             &node.ns,
+            &Runtime::from_env(),
             plugin.plugin_type(),
             Path::new(env!("CARGO_BIN_EXE_probe")),
         );
@@ -514,6 +529,13 @@ fn reachable_pods(t: &E2e, plugin: PortPlugin) -> (Pod, Pod) {
     );
     assert_eq!(adds[0].cni_arg("K8S_POD_NAMESPACE"), Some(POD_NAMESPACE));
     assert_eq!(adds[0].cni_arg("K8S_POD_NAME"), Some("web"));
+    assert_eq!(
+        adds[0].cni_arg("K8S_POD_UID"),
+        Some(web.uid.as_str()),
+        "containerd {} sends the pod's UID: {}",
+        t.ctrd.runtime_version(),
+        adds[0].args
+    );
     t.assert_translations(plugin, &web, &web_ports, "after RunPodSandbox");
     let both = [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)];
     t.wait_serving(&web, both[0], 8080, Some(8053));
@@ -551,6 +573,13 @@ fn stop_then_remove(t: &E2e, plugin: PortPlugin, web: &Pod, bystander: &Pod) {
         "a stopped pod's host port",
         http_get(&t.node.ext, sock(NODE_IP4, 8080), GONE).map(|r| r.body),
     );
+    // Between the two DELs a new pod takes the freed host ports: the
+    // second DEL (no netns, no prevResult: nothing says which mappings)
+    // must not take them from it.
+    let ports = [PortMapping::tcp(8080, 80), PortMapping::udp(8053, 53)];
+    let next = t.run("web-next", &ports);
+    t.assert_translations(plugin, &next, &ports, "the freed ports' new pod");
+    t.wait_serving(&next, IpAddr::V4(NODE_IP4), 8080, Some(8053));
     t.remove(web);
     let dels = t.assert_calls(plugin, "DEL", web, 2);
     assert!(
@@ -566,6 +595,17 @@ fn stop_then_remove(t: &E2e, plugin: PortPlugin, web: &Pod, bystander: &Pod) {
         bystander.name,
         t.dump()
     );
+    t.assert_translations(
+        plugin,
+        &next,
+        &ports,
+        "the old pod's second DEL, after a new pod took its ports",
+    );
+    let both = [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)];
+    t.check_external(&next, &both, 8080, Some(8053));
+    t.stop(&next);
+    t.remove(&next);
+    t.assert_calls(plugin, "DEL", &next, 2);
 }
 
 /// What went wrong in the seed race, by whose fault.
@@ -821,6 +861,20 @@ fn containerd_runs_pods_through(plugin: PortPlugin) {
     t.stop(&pinned);
     t.remove(&pinned);
     t.assert_calls(plugin, "DEL", &pinned, 2);
+    // What this containerd asked of the plugins (compare between versions).
+    let mut census = std::collections::BTreeMap::<(String, String), usize>::new();
+    for call in t.ctrd.calls() {
+        *census.entry((call.plugin, call.command)).or_default() += 1;
+    }
+    eprintln!(
+        "CNI calls containerd {} made: {}",
+        t.ctrd.runtime_version(),
+        census
+            .iter()
+            .map(|((plugin, command), n)| format!("{plugin} {command} x{n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     assert_nothing_left(&mut t, &[plugin], &seed_failures.leaked);
     phase("nothing left");
     drop(t);
@@ -988,6 +1042,7 @@ fn containerd_pods_are_named_in_list() {
     let pod = t.run("named-web", &ports);
     let adds = t.assert_calls(PortPlugin::Ours, "ADD", &pod, 1);
     assert_eq!(adds[0].cni_arg("K8S_POD_NAME"), Some("named-web"));
+    assert_eq!(adds[0].cni_arg("K8S_POD_UID"), Some(pod.uid.as_str()));
     let list = t.ctrd.operator_json("list");
     let entries: Vec<&Value> = list
         .as_array()
@@ -1010,6 +1065,210 @@ fn containerd_pods_are_named_in_list() {
     t.stop(&pod);
     t.remove(&pod);
     assert_nothing_left(&mut t, &[PortPlugin::Ours], &[]);
+    drop(t);
+    assert_root_unchanged(&root_before);
+}
+
+/// Sandboxes [`containerd_status_follows_the_plugin`] sets up at once.
+const STATUS_SANDBOXES: u16 = 32;
+
+/// Sets the flag when dropped: a thread polling until it is set stops also
+/// when the test panics.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// containerd 2.x asks every plugin of a `cniVersion` 1.1.0 list for STATUS
+/// on each CRI `Status` and reports the answer as `NetworkReady`, which the
+/// kubelet turns into the node's Ready condition: ebpf-portmap's STATUS
+/// must pass while the node can serve ADD, also while 32 sandboxes are set
+/// up at once (the first ADDs install the dataplane that STATUS inspects),
+/// and fail (NetworkReady=false, its message the plugin's) while it cannot.
+#[test]
+#[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
+fn containerd_status_follows_the_plugin() {
+    let runtime = Runtime::from_env();
+    if !runtime.sends_status() {
+        eprintln!(
+            "skipped: with cniVersion {} (containerd 1.6, plugins 1.1) containerd asks for no STATUS; \
+             the containerd 2.x pass (EPM_CONTAINERD_ROOT, set by `cargo xtask e2e-containerd`) runs it",
+            runtime.cni_version
+        );
+        return;
+    }
+    let root_before = RootState::capture();
+    let mut t = E2e::new(PortPlugin::Ours);
+    let plugin = PortPlugin::Ours;
+    let statuses = |t: &E2e| -> Vec<CniCall> {
+        t.ctrd
+            .calls()
+            .into_iter()
+            .filter(|c| c.plugin == plugin.plugin_type() && c.command == "STATUS")
+            .collect()
+    };
+
+    let condition = t.ctrd.wait_network_ready_is(true);
+    let before = statuses(&t);
+    assert!(
+        !before.is_empty(),
+        "containerd {} reported {condition:?} without asking ebpf-portmap for STATUS\n{}",
+        t.ctrd.runtime_version(),
+        t.dump()
+    );
+
+    // 32 sandboxes at once, the CRI status asked for all along.
+    let started = Instant::now();
+    let stop = AtomicBool::new(false);
+    let (sandboxes, polled) = std::thread::scope(|scope| {
+        let stop_poller = StopOnDrop(&stop);
+        let poller = scope.spawn(|| {
+            let mut seen = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                seen.push(t.ctrd.network_condition());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            seen
+        });
+        let runs: Vec<_> = (0..STATUS_SANDBOXES)
+            .map(|i| {
+                let t = &t;
+                scope.spawn(move || {
+                    t.ctrd
+                        .run_sandbox(&format!("status-{i}"), &[PortMapping::tcp(8600 + i, 80)])
+                })
+            })
+            .collect();
+        let sandboxes: Vec<Result<String, CriError>> = runs
+            .into_iter()
+            .map(|r| r.join().expect("a RunPodSandbox thread"))
+            .collect();
+        drop(stop_poller);
+        (sandboxes, poller.join().expect("the status poller"))
+    });
+    let took = started.elapsed();
+    let sandboxes: Vec<String> = sandboxes
+        .into_iter()
+        .enumerate()
+        .map(|(i, id)| id.unwrap_or_else(|e| panic!("sandbox status-{i}: {e}\n{}", t.dump())))
+        .collect();
+    let not_ready: Vec<String> = polled
+        .iter()
+        .filter(|c| !c.as_ref().is_ok_and(|c| c.status))
+        .map(|c| format!("{c:?}"))
+        .collect();
+    assert!(
+        not_ready.is_empty(),
+        "NetworkReady was not true {} of {} times while {STATUS_SANDBOXES} sandboxes were set up:\n{}\n{}",
+        not_ready.len(),
+        polled.len(),
+        not_ready.join("\n"),
+        t.dump()
+    );
+    let during = statuses(&t);
+    let failed: Vec<String> = during
+        .iter()
+        .filter(|c| c.exit_code.is_some_and(|code| code != 0))
+        .map(CniCall::summary)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "STATUS of ebpf-portmap failed:\n{}\n{}",
+        failed.join("\n"),
+        t.dump()
+    );
+    assert!(
+        during.len() > before.len(),
+        "no STATUS ran while the sandboxes were set up\n{}",
+        t.dump()
+    );
+    let translations = t.translations_of(plugin);
+    for id in &sandboxes {
+        t.assert_calls(
+            plugin,
+            "ADD",
+            &Pod {
+                name: id.clone(),
+                uid: String::new(),
+                sandbox_id: id.clone(),
+                container_id: String::new(),
+                ipv4: Ipv4Addr::UNSPECIFIED,
+                ipv6: Ipv6Addr::UNSPECIFIED,
+            },
+            1,
+        );
+        let owned = translations.iter().filter(|(owner, _)| owner == id).count();
+        assert_eq!(
+            owned,
+            2,
+            "sandbox {} holds one translation per family",
+            short(id)
+        );
+    }
+    eprintln!(
+        "{STATUS_SANDBOXES} sandboxes at once with containerd {}: set up in {:.1}s, {} CRI Status answered NetworkReady=true, {} STATUS of ebpf-portmap ran, none failed",
+        t.ctrd.runtime_version(),
+        took.as_secs_f64(),
+        polled.len(),
+        during.len() - before.len()
+    );
+    let outcomes: Vec<Result<(), CriError>> = std::thread::scope(|scope| {
+        let ends: Vec<_> = sandboxes
+            .iter()
+            .map(|id| {
+                let cri = t.ctrd.cri();
+                scope.spawn(move || {
+                    cri.stop_pod_sandbox(id)
+                        .and_then(|()| cri.remove_pod_sandbox(id))
+                })
+            })
+            .collect();
+        ends.into_iter()
+            .map(|e| e.join().expect("a stop/remove thread"))
+            .collect()
+    });
+    for (id, outcome) in sandboxes.iter().zip(outcomes) {
+        if let Err(e) = outcome {
+            panic!(
+                "stopping and removing sandbox {}: {e}\n{}",
+                short(id),
+                t.dump()
+            );
+        }
+    }
+
+    // A pin root that is not on a bpffs: no ADD could succeed.
+    let not_bpffs = "/var/lib/epm-not-bpffs";
+    std::fs::create_dir_all(t.ctrd.node_path(not_bpffs))
+        .unwrap_or_else(|e| panic!("creating {not_bpffs} on the node: {e}"));
+    t.ctrd
+        .set_port_plugin_keys(&serde_json::json!({ "pinRoot": not_bpffs }));
+    let condition = t.ctrd.wait_network_ready_is(false);
+    let last = statuses(&t)
+        .into_iter()
+        .rev()
+        .find(|c| c.exit_code.is_some())
+        .unwrap_or_else(|| panic!("no STATUS recorded\n{}", t.dump()));
+    let result: Value = serde_json::from_str(&last.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        (last.exit_code, result["code"].as_u64()),
+        (Some(1), Some(50)),
+        "STATUS with pinRoot {not_bpffs} fails with code 50 (not available): {}",
+        last.summary()
+    );
+    assert!(
+        condition.message.contains(&last.error_message()),
+        "NetworkReady=false carries the plugin's message {:?}: {condition:?}",
+        last.error_message()
+    );
+    eprintln!("NetworkReady with a failing STATUS: {condition:?}");
+
+    t.ctrd.switch_port_plugin(plugin.plugin_type());
+    t.ctrd.wait_network_ready_is(true);
+    assert_nothing_left(&mut t, &[plugin], &[]);
     drop(t);
     assert_root_unchanged(&root_before);
 }
@@ -1395,6 +1654,7 @@ COMMIT
 fn expected_translations_follow_the_host_ip_family() {
     let pod = Pod {
         name: "web".into(),
+        uid: "web-uid-0".into(),
         sandbox_id: "abc".into(),
         container_id: "def".into(),
         ipv4: "10.244.0.5".parse().unwrap(),

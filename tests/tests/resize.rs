@@ -2,10 +2,11 @@
 //! `conntrackSize` takes effect at the next ADD, and the established TCP
 //! and UDP flows of both families carry on through a grow and a shrink
 //! with their entries (no recovery, no new flow); a shrink below the live
-//! entries keeps the newest flows and says how many it dropped; a changed
-//! `maxMappings` is only logged (it is not resized in place). Real
-//! traffic from the external client through the reference bridge chain.
-//! Needs root.
+//! entries keeps the newest flows and says how many it dropped. A changed
+//! `maxMappings` resizes the mappings in place too, at the next ADD and at
+//! the agent's next pass, with every mapping and flow carried over; one
+//! below the live mappings is refused, changing nothing. Real traffic from
+//! the external client through the reference bridge chain. Needs root.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration;
@@ -260,30 +261,167 @@ fn a_shrink_below_the_live_flows_keeps_the_newest_and_says_how_many_it_dropped()
     );
 }
 
-/// `maxMappings` is not resized in place: a changed one is named in the
-/// log with what to do, and the mappings map keeps its size.
-#[test]
-fn a_changed_max_mappings_is_logged_not_resized() {
-    let world = world_with(1024);
-    let _servers = serve_web(&world);
-    let mut json = world.list.json().clone();
-    json["plugins"][1]["maxMappings"] = Value::from(1000);
-    let list = Conflist::from_json(json).expect("conflist");
-    let other = world.node.add_container("other");
+/// The world's conflist with `maxMappings` `max` (and `conntrackSize`
+/// 1024, as the other tests here).
+fn list_with_max_mappings(world_list: &Conflist, max: u64) -> Conflist {
+    let mut json = world_list.json().clone();
+    json["plugins"][1]["maxMappings"] = Value::from(max);
+    Conflist::from_json(json).expect("conflist")
+}
+
+/// An ADD of a new container `id` mapping `host_port` with `maxMappings`
+/// `max` in the conflist: the run that takes the change up.
+fn add_with_max_mappings(world: &World, id: &str, host_port: u16, max: u64) {
+    let list = list_with_max_mappings(&world.list, max);
+    let container = world.node.add_container(id);
     world
         .runner
         .add(
             &list,
-            &other.with_port_mappings(&[PortMapping::tcp(8081, 80)]),
+            &container.with_port_mappings(&[PortMapping::tcp(host_port, 80)]),
         )
-        .unwrap_or_else(|e| panic!("ADD with maxMappings 1000: {e}\n{}", world.dump()));
-    assert_eq!(table_entries(&world, "mappings"), 65536, "not resized");
-    let log = std::fs::read_to_string(world.node.data_dir().join(PLUGIN_LOG))
-        .expect("read the plugin log");
-    assert!(
-        log.lines().any(|line| line
-            .contains("maxMappings 1000 differs from the mappings map's 65536")
-            && line.contains("uninstall")),
-        "{log}"
+        .unwrap_or_else(|e| panic!("ADD of {id} with maxMappings {max}: {e}\n{}", world.dump()));
+}
+
+/// A new TCP connection to `port` on both families answers from `web`.
+fn assert_new_connections(world: &World, port: u16, when: &str) {
+    for node in [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)] {
+        let mut session = tcp_connect(&world.node.ext, sock(node, port), PROBE)
+            .unwrap_or_else(|e| panic!("{when}: connect to {node}:{port}: {e}\n{}", world.dump()));
+        let answer = session
+            .request(when, PROBE)
+            .unwrap_or_else(|e| panic!("{when}: request to {node}:{port}: {e}\n{}", world.dump()));
+        assert_eq!(answer, echo_reply("web", when), "{when}");
+    }
+}
+
+/// A changed `maxMappings` resizes `mappings` and `counters` in place at
+/// the next ADD: the established TCP and UDP flows of both families carry
+/// on with their entries through a grow and a shrink (still above the
+/// live mappings), every mapping is still there and reachable, and the
+/// owners' index came along (DEL of the first container removes exactly
+/// its mappings).
+#[test]
+fn established_flows_survive_a_max_mappings_grow_and_shrink() {
+    let world = World::with(|name, pins, data| {
+        let list = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data);
+        list_with_max_mappings(&list_with(&list, 1024), 1024)
+    });
+    let _servers = serve_web(&world);
+    let mut flows = open_flows(&world);
+    assert_eq!(table_entries(&world, "mappings"), 1024);
+    assert_eq!(table_entries(&world, "counters"), 1024);
+
+    add_with_max_mappings(&world, "grow", 8081, 4096);
+    assert_eq!(table_entries(&world, "mappings"), 4096, "grown");
+    assert_eq!(table_entries(&world, "counters"), 4096, "grown");
+    assert_carried_over(&world, &mut flows, "after the maxMappings grow");
+    assert_new_connections(&world, 8080, "after the maxMappings grow");
+    // web's 4, and grow's 2.
+    assert_eq!(world.mapping_count(), 6, "{:#}", world.list());
+
+    add_with_max_mappings(&world, "shrink", 8082, 512);
+    assert_eq!(table_entries(&world, "mappings"), 512, "shrunk");
+    assert_eq!(table_entries(&world, "counters"), 512, "shrunk");
+    assert_carried_over(&world, &mut flows, "after the maxMappings shrink");
+    assert_new_connections(&world, 8080, "after the maxMappings shrink");
+    assert_eq!(world.mapping_count(), 8, "{:#}", world.list());
+
+    // The index was carried over: DEL finds grow's mappings through it.
+    let grow = world.node.add_container("grow");
+    world
+        .runner
+        .del(
+            &list_with_max_mappings(&world.list, 512),
+            &grow.with_port_mappings(&[PortMapping::tcp(8081, 80)]),
+        )
+        .unwrap_or_else(|e| panic!("DEL of grow: {e}\n{}", world.dump()));
+    assert_eq!(world.mapping_count(), 6, "{:#}", world.list());
+    assert_carried_over(&world, &mut flows, "after a DEL");
+
+    let out = world.operator(&["status", "--json"]);
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(
+        status["sizes"]["mappings"]["source"], "conflist",
+        "{:#}",
+        status["sizes"]
     );
+}
+
+/// A `maxMappings` below the live mappings is refused: the ADD fails with
+/// an error that names the key and the live count, and nothing changes
+/// (the maps keep their size and entries, the flows carry on, and the
+/// conntrack tables, whose size the same conflist changes, are not
+/// resized either).
+#[test]
+fn a_max_mappings_below_the_live_mappings_is_refused_and_changes_nothing() {
+    let world = world_with(1024);
+    let _servers = serve_web(&world);
+    let mut flows = open_flows(&world);
+    // 8 ports of both families and web's 4: 20 live mappings.
+    let many = world.node.add_container("many");
+    let ports: Vec<PortMapping> = (0..8).map(|i| PortMapping::tcp(9000 + i, 80)).collect();
+    world.add(&many, &ports);
+    assert_eq!(world.mapping_count(), 20);
+    let before = world.dump_map("mappings");
+
+    let mut json = list_with_max_mappings(&world.list, 16).json().clone();
+    json["plugins"][1]["conntrackSize"] = Value::from(2048);
+    let list = Conflist::from_json(json).expect("conflist");
+    let refused = world.node.add_container("refused");
+    let error = world
+        .runner
+        .add(
+            &list,
+            &refused.with_port_mappings(&[PortMapping::tcp(8081, 80)]),
+        )
+        .map(|_| ())
+        .expect_err("an ADD with maxMappings 16 below 20 live mappings succeeded");
+    assert_eq!(error.error_code(), Some(7), "{error}");
+    let error = error.to_string();
+    assert!(
+        error.contains("maxMappings 16 is too small")
+            && error.contains("holds 20 live entries")
+            && error.contains("at least 20"),
+        "the error does not name maxMappings and the live count: {error}"
+    );
+    assert_eq!(table_entries(&world, "mappings"), 65536, "not resized");
+    assert_eq!(table_entries(&world, "conntrack"), 1024, "not resized");
+    assert_eq!(world.dump_map("mappings"), before, "the mappings changed");
+    assert_carried_over(&world, &mut flows, "after the refusal");
+}
+
+/// The agent's pass takes a changed `maxMappings` up too, with no CNI
+/// call: its conflist rewritten and any link event later, the maps have
+/// the new size and the established flows carry on.
+#[test]
+fn the_agent_resizes_the_mappings_on_its_next_pass() {
+    let world = World::with(|name, pins, data| {
+        let list = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data);
+        list_with_max_mappings(&list_with(&list, 1024), 1024)
+    });
+    let _servers = serve_web(&world);
+    let mut flows = open_flows(&world);
+    let agent = portmap_tests::agent::Agent::start(&world);
+    agent.wait_ready(Duration::from_secs(10), "at start");
+    assert_eq!(table_entries(&world, "mappings"), 1024);
+
+    let list = list_with_max_mappings(&world.list, 2048);
+    std::fs::write(&agent.conf, list.json().to_string()).expect("rewrite the agent's conflist");
+    // A link event wakes the agent for a pass.
+    world.node.ns.ip(&[
+        "link", "add", "epmwake", "type", "veth", "peer", "name", "epmwake1",
+    ]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while table_entries(&world, "mappings") != 2048 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent did not resize the mappings within 10 s:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_carried_over(&world, &mut flows, "after the agent's resize");
+    assert_new_connections(&world, 8080, "after the agent's resize");
+    assert_eq!(world.mapping_count(), 4, "{:#}", world.list());
 }

@@ -4,9 +4,6 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::PLUGIN_BIN;
-use crate::plan::SHIPPED_PROFILE;
-use crate::setup::plugin_target;
 use anyhow::{Context, Result, bail};
 
 /// The workspace root (xtask lives one level below it).
@@ -22,25 +19,6 @@ pub(crate) fn target_dir() -> PathBuf {
         Some(dir) if !dir.is_empty() => workspace_root().join(dir),
         _ => workspace_root().join("target"),
     }
-}
-
-/// The binary [`build_plugin`] produces in `profile` (its directory name).
-pub(crate) fn plugin_bin_of(profile: &str) -> PathBuf {
-    let mut dir = target_dir();
-    if let Some(target) = plugin_target() {
-        dir.push(target);
-    }
-    dir.join(profile).join(PLUGIN_BIN)
-}
-
-/// The binary `build_plugin(false)` produces.
-pub(crate) fn plugin_bin() -> PathBuf {
-    plugin_bin_of("debug")
-}
-
-/// The binary `build_plugin(true)` produces: the plugin as it ships.
-pub(crate) fn shipped_plugin_bin() -> PathBuf {
-    plugin_bin_of(SHIPPED_PROFILE)
 }
 
 pub(crate) fn cargo_home() -> PathBuf {

@@ -26,10 +26,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{
-    PLUGIN_BIN, PLUGIN_TARGET, cmd::capture, cmd::run, cmd::shipped_plugin_bin,
-    setup::plugin_target,
-};
+use crate::cmd::{capture, run};
+use crate::plugin::{PLUGIN_BIN, PLUGIN_TARGET, plugin_target, shipped_plugin_bin};
 
 /// The image the manifest names in the repository; the tarball's copy names
 /// the version instead.

@@ -27,10 +27,10 @@
 use std::process::ExitCode;
 
 use crate::plan::{
-    bench_steps, demo_steps, dist_steps, e2e_podman_steps, image_steps, run_steps, test_steps,
-    vm_test_steps,
+    bench_steps, demo_steps, dist_steps, e2e_podman_steps, image_steps, test_steps, vm_test_steps,
 };
 use crate::setup::setup;
+use crate::step::run_steps;
 use clap::{Parser, Subcommand};
 
 mod cmd;
@@ -38,22 +38,12 @@ mod containerd;
 mod dist;
 mod image;
 mod plan;
+mod plugin;
 mod podman;
 mod previous;
 mod setup;
+mod step;
 mod vm;
-
-/// The package that builds the `ebpf-portmap` binary (its build.rs builds the eBPF crate).
-const PLUGIN_PACKAGE: &str = "portmap-user";
-/// The plugin ships as a static musl binary: a container runtime starts it
-/// for every ADD and DEL, and glibc's start-up (the dynamic loader, and
-/// CPU-feature probing whose `cpuid` instructions trap to the hypervisor on
-/// a VM) cost about 0.9 ms of every run on these machines, more than the
-/// plugin's own work. Where the target cannot be installed, the plugin is
-/// built for the host instead (see [`plugin_target`]).
-const PLUGIN_TARGET: &str = "x86_64-unknown-linux-musl";
-const PLUGIN_BIN: &str = "ebpf-portmap";
-const PLUGIN_BIN_ENV: &str = "EBPF_PORTMAP_BIN";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -101,7 +91,9 @@ enum Verb {
     },
     /// Setup, build ebpf-portmap, install Debian's containerd and runc, then
     /// drive containerd's CRI (in a test-owned network namespace) to run pods
-    /// with hostPorts through ebpf-portmap and through upstream portmap.
+    /// with hostPorts through ebpf-portmap and through upstream portmap: on
+    /// Debian 12's containerd 1.6, then on the containerd 2.x that setup
+    /// unpacks from Debian's unstable suite.
     /// Arguments after `--` go to the test binary (e.g. `-- --nocapture`).
     E2eContainerd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

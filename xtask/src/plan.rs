@@ -3,100 +3,15 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Instant;
 
-use crate::cmd::{
-    cargo, cargo_workspace, plugin_bin, run, shipped_plugin_bin, target_dir, workspace_root,
+use crate::cmd::{cargo, cargo_workspace, run, target_dir, workspace_root};
+use crate::plugin::{
+    PLUGIN_BIN_ENV, build_plugin_step, plugin_bin, shipped_plugin_bin, shipped_plugin_step,
 };
-use crate::setup::{plugin_target, setup_step, validator_bin};
-use crate::{
-    PLUGIN_BIN, PLUGIN_BIN_ENV, PLUGIN_PACKAGE, containerd, dist, image, podman, previous, vm,
-};
+use crate::setup::{setup_step, validator_bin};
+use crate::step::Step;
+use crate::{containerd, dist, image, podman, previous, vm};
 use anyhow::{Context, Result, bail};
-
-/// One named step of a verb. Verbs are plain lists of steps, so adding one
-/// (eBPF clippy, VM tests on older kernels, ...) is adding an entry.
-pub(crate) struct Step<'a> {
-    pub(crate) name: String,
-    pub(crate) run: Box<dyn Fn() -> Result<()> + 'a>,
-}
-
-impl<'a> Step<'a> {
-    pub(crate) fn new(name: impl Into<String>, run: impl Fn() -> Result<()> + 'a) -> Step<'a> {
-        Step {
-            name: name.into(),
-            run: Box::new(run),
-        }
-    }
-}
-
-pub(crate) fn run_steps(verb: &str, steps: Vec<Step<'_>>) -> Result<()> {
-    let total = steps.len();
-    let started = Instant::now();
-    for (index, step) in steps.iter().enumerate() {
-        let number = index + 1;
-        println!("xtask {verb}: step {number}/{total}: {}", step.name);
-        let step_started = Instant::now();
-        (step.run)()
-            .with_context(|| format!("{verb} step {number}/{total} ({}) failed", step.name))?;
-        println!(
-            "xtask {verb}: step {number}/{total} done in {:.1}s{}",
-            step_started.elapsed().as_secs_f64(),
-            free_space_note()
-        );
-    }
-    println!(
-        "xtask {verb}: all {total} steps passed in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-/// ", N MiB free for target/", from `df`, or nothing if it cannot say: a
-/// CI log then shows which step filled a small disk.
-fn free_space_note() -> String {
-    let target = target_dir();
-    let Ok(out) = Command::new("df")
-        .args(["--output=avail", "-B1M"])
-        .arg(if target.exists() {
-            target
-        } else {
-            workspace_root()
-        })
-        .stderr(Stdio::null())
-        .output()
-    else {
-        return String::new();
-    };
-    match String::from_utf8_lossy(&out.stdout).lines().nth(1) {
-        Some(mib) if out.status.success() => format!(", {} MiB free for target/", mib.trim()),
-        _ => String::new(),
-    }
-}
-
-pub(crate) fn build_plugin_step() -> Step<'static> {
-    Step::new(
-        format!("cargo build -p {PLUGIN_PACKAGE} (builds {PLUGIN_BIN} with the eBPF object)"),
-        || run(&mut build_plugin(false)),
-    )
-}
-
-/// Cargo profile of the plugin as it ships (see the workspace Cargo.toml).
-pub(crate) const SHIPPED_PROFILE: &str = "dist";
-
-/// `cargo build [--profile dist] -p portmap-user`, for the plugin's target:
-/// the debug build, or with `shipped` the one that ships.
-pub(crate) fn build_plugin(shipped: bool) -> Command {
-    let mut command = cargo();
-    command.args(["build", "-p", PLUGIN_PACKAGE]);
-    if shipped {
-        command.args(["--profile", SHIPPED_PROFILE]);
-    }
-    if let Some(target) = plugin_target() {
-        command.args(["--target", target]);
-    }
-    command
-}
 
 pub(crate) fn test_steps(
     cargo_test_args: &[String],
@@ -199,15 +114,6 @@ pub(crate) fn clippy_ebpf() -> Result<()> {
     run(&mut command)
 }
 
-pub(crate) fn shipped_plugin_step() -> Step<'static> {
-    Step::new(
-        format!(
-            "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
-        ),
-        || run(&mut build_plugin(true)),
-    )
-}
-
 pub(crate) fn image_steps() -> Vec<Step<'static>> {
     vec![
         setup_step(),
@@ -297,10 +203,12 @@ pub(crate) fn vm_step(skip_vm: bool) -> Step<'static> {
 }
 
 pub(crate) fn vm_test_steps(args: &vm::VmTestArgs) -> Vec<Step<'_>> {
-    vec![
-        setup_step(),
-        Step::new("VM tests", move || vm::vm_test(args)),
-    ]
+    let mut steps = vec![setup_step()];
+    if !args.debug_plugin {
+        steps.push(shipped_plugin_step());
+    }
+    steps.push(Step::new("VM tests", move || vm::vm_test(args)));
+    steps
 }
 
 pub(crate) fn demo_steps(demo_args: &[String]) -> Vec<Step<'_>> {

@@ -66,6 +66,6 @@ pub fn e2e_podman(test_args: &[String]) -> Result<()> {
                 "--test-threads=1",
             ])
             .args(test_args)
-            .env(crate::PLUGIN_BIN_ENV, crate::cmd::plugin_bin()),
+            .env(crate::plugin::PLUGIN_BIN_ENV, crate::plugin::plugin_bin()),
     )
 }

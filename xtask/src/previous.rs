@@ -14,8 +14,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 use crate::cmd::{cargo, run, target_dir, workspace_root};
-use crate::setup::plugin_target;
-use crate::{PLUGIN_BIN, PLUGIN_PACKAGE};
+use crate::plugin::{PLUGIN_BIN, PLUGIN_PACKAGE, plugin_target};
 
 /// The previous release: main at the last commit before the owner record
 /// gained pod identity.

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::cmd::{capture, cargo_home, path_with_first, run, target_dir};
-use crate::plan::Step;
-use crate::{PLUGIN_BIN, PLUGIN_TARGET};
+use crate::plugin::{PLUGIN_BIN, PLUGIN_TARGET, plugin_target_installed};
+use crate::step::Step;
 use anyhow::{Context, Result, bail};
 
 /// Debian packages the build and the tests need: LLVM 22 for bpf-linker
@@ -67,6 +67,10 @@ pub(crate) fn setup_steps() -> Vec<Step<'static>> {
         Step::new("musl target for the plugin", ensure_plugin_target),
         Step::new("bpffs mount", ensure_bpffs),
         Step::new("kubernetes-validate", ensure_kubernetes_validate),
+        Step::new(
+            "containerd 2.x and the CNI plugins 1.9 from Debian unstable",
+            ensure_unstable_runtime,
+        ),
     ]
 }
 
@@ -235,21 +239,6 @@ pub(crate) fn ensure_plugin_target() -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn plugin_target_installed() -> bool {
-    capture(Command::new("rustup").args(["target", "list", "--installed"]))
-        .is_ok_and(|installed| installed.lines().any(|line| line.trim() == PLUGIN_TARGET))
-}
-
-/// [`PLUGIN_TARGET`] if its standard library is installed (setup adds it),
-/// else `None`: the host's target. Asked once per xtask run, so the build
-/// and the binary's path agree.
-pub(crate) fn plugin_target() -> Option<&'static str> {
-    static INSTALLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    INSTALLED
-        .get_or_init(plugin_target_installed)
-        .then_some(PLUGIN_TARGET)
-}
-
 pub(crate) fn ensure_bpffs() -> Result<()> {
     let mounts =
         std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
@@ -311,4 +300,331 @@ pub(crate) fn ensure_kubernetes_validate() -> Result<()> {
         .arg(format!(
             "{KUBERNETES_VALIDATE}=={KUBERNETES_VALIDATE_VERSION}"
         )))
+}
+
+// ---- containerd 2.x and the reference plugins 1.9 from Debian unstable ----
+
+/// What the second containerd pass of the CRI suite needs and Debian 12 does
+/// not carry: `(package, lowest version, first version refused)`. containerd
+/// 2.x is what Kubernetes nodes run today (two DELs per pod, STATUS); the
+/// plugins 1.9 speak `cniVersion` 1.1.0, which STATUS needs (Debian 12's
+/// 1.1.1 refuse it). A 3.x or 2.x would change the runtime under test, so it
+/// is a fallback, not an upgrade.
+pub(crate) const UNSTABLE_PACKAGES: &[(&str, &str, &str)] = &[
+    ("containerd", "2.1.9", "3"),
+    ("containernetworking-plugins", "1.9.1", "2"),
+];
+
+/// The Debian suite they come from.
+pub(crate) const UNSTABLE_SUITE: &str = "sid";
+
+/// Where `apt-get download` and `dpkg-deb -x` work: `apt/` (the private
+/// configuration, lists and cache), `debs/`, and `root/`, the unpacked
+/// packages (`root/usr/bin/containerd`, `root/usr/lib/cni/portmap`, ...).
+pub(crate) fn unstable_dir() -> PathBuf {
+    target_dir().join("tools").join("debian-unstable")
+}
+
+/// The unpacked packages (see [`unstable_dir`]).
+pub(crate) fn unstable_root() -> PathBuf {
+    unstable_dir().join("root")
+}
+
+/// Written last into [`unstable_root`]: one `package version` line per
+/// package. Its presence means the root is complete.
+const UNSTABLE_STAMP: &str = ".packages";
+
+/// Fetches [`UNSTABLE_PACKAGES`] with a private apt configuration (its own
+/// sources list naming [`UNSTABLE_SUITE`] on this machine's Debian mirror,
+/// its own lists and cache; nothing under `/etc/apt` changes and nothing is
+/// installed), verified by apt against the signed index, and unpacks them
+/// into [`unstable_root`]. Debian 12's `runc` stays in use: the unstable
+/// one needs glibc 2.38. When the suite no longer carries a usable version,
+/// or the binaries do not run here, it says so and goes on: the CRI suite
+/// then runs on containerd 1.6 only, and its step says why.
+pub(crate) fn ensure_unstable_runtime() -> Result<()> {
+    let root = unstable_root();
+    if let Some(found) = unstable_root_ready(&root) {
+        println!("setup: {found} present in {}, skipping", root.display());
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    match fetch_unstable_runtime(&root) {
+        Ok(found) => {
+            println!(
+                "setup: {found} from Debian {UNSTABLE_SUITE} unpacked into {} in {:.1}s",
+                root.display(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Err(error) => {
+            let _ = std::fs::remove_dir_all(&root);
+            println!(
+                "setup: WARNING: no usable containerd 2.x from Debian {UNSTABLE_SUITE}: {error:#}. \
+                 The CRI suite runs on containerd 1.6 only. Wanted: {} \
+                 (UNSTABLE_PACKAGES in xtask/src/setup.rs; move its bounds once a newer release passes the suite).",
+                UNSTABLE_PACKAGES
+                    .iter()
+                    .map(|(p, low, high)| format!("{p} >= {low} and < {high}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `containerd 2.1.9+ds1-5, containernetworking-plugins 1.9.1+ds1-1` if
+/// `root` holds a complete unpack whose containerd runs, else `None`.
+pub(crate) fn unstable_root_ready(root: &Path) -> Option<String> {
+    let stamp = std::fs::read_to_string(root.join(UNSTABLE_STAMP)).ok()?;
+    let containerd = root.join("usr/bin/containerd");
+    capture(Command::new(&containerd).arg("--version")).ok()?;
+    let versions: Vec<&str> = stamp.lines().filter(|l| !l.trim().is_empty()).collect();
+    (versions.len() == UNSTABLE_PACKAGES.len()).then(|| versions.join(", "))
+}
+
+fn fetch_unstable_runtime(root: &Path) -> Result<String> {
+    let dir = unstable_dir();
+    let apt_dir = dir.join("apt");
+    let debs = dir.join("debs");
+    let _ = std::fs::remove_dir_all(root);
+    let _ = std::fs::remove_dir_all(&debs);
+    for sub in [
+        apt_dir.join("lists/partial"),
+        apt_dir.join("cache/archives/partial"),
+        apt_dir.join("etc/sources.list.d"),
+        apt_dir.join("etc/preferences.d"),
+        apt_dir.join("state"),
+        debs.clone(),
+        root.to_path_buf(),
+    ] {
+        std::fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
+    }
+    let mirror = debian_mirror();
+    std::fs::write(
+        apt_dir.join("etc/sources.list"),
+        unstable_sources_list(&mirror),
+    )
+    .context("writing the private sources.list")?;
+    let config = apt_dir.join("apt.conf");
+    std::fs::write(&config, private_apt_config(&apt_dir)?)
+        .context("writing the private apt.conf")?;
+    // The machine's apt.conf.d, read after APT_CONFIG, may turn the
+    // binary cache off (Debian's container images do): without it every
+    // apt call parses the whole unstable index again. Options on the
+    // command line come last.
+    let cache = apt_dir.join("cache");
+    let private_apt = |program: &str| {
+        let mut command = Command::new(program);
+        command
+            .env("APT_CONFIG", &config)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .arg("-q")
+            .arg("-o")
+            .arg(format!(
+                "Dir::Cache::pkgcache={}",
+                cache.join("pkgcache.bin").display()
+            ))
+            .arg("-o")
+            .arg(format!(
+                "Dir::Cache::srcpkgcache={}",
+                cache.join("srcpkgcache.bin").display()
+            ));
+        command
+    };
+    println!("setup: apt-get update of Debian {UNSTABLE_SUITE} from {mirror} (private lists) ...");
+    run(private_apt("apt-get")
+        .arg("update")
+        .args([
+            "-o",
+            "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false",
+        ])
+        .args([
+            "-o",
+            "Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false",
+        ])
+        .args([
+            "-o",
+            "Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false",
+        ]))?;
+    // The candidates (the suite's versions), checked before unpacking.
+    run(private_apt("apt-get")
+        .current_dir(&debs)
+        .arg("download")
+        .args(UNSTABLE_PACKAGES.iter().map(|(package, _, _)| package)))?;
+    let mut found = Vec::new();
+    for (package, lowest, refused) in UNSTABLE_PACKAGES {
+        let deb = std::fs::read_dir(&debs)
+            .context("listing the downloaded packages")?
+            .flatten()
+            .map(|entry| entry.path())
+            .find(|path| {
+                path.file_name()
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| name.starts_with(&format!("{package}_")))
+            })
+            .with_context(|| format!("apt-get download left no {package}_*.deb"))?;
+        let version = capture(
+            Command::new("dpkg-deb")
+                .args(["-f"])
+                .arg(&deb)
+                .arg("Version"),
+        )?
+        .trim()
+        .to_owned();
+        let usable = version_at_least(&version, lowest)? && !version_at_least(&version, refused)?;
+        if !usable {
+            bail!(
+                "Debian {UNSTABLE_SUITE} carries {package} {version}, not >= {lowest} and < {refused}"
+            );
+        }
+        run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(root))?;
+        found.push(format!("{package} {version}"));
+    }
+    // They need glibc >= 2.34: say so here if this machine's is older.
+    let version = capture(Command::new(root.join("usr/bin/containerd")).arg("--version"))
+        .context("the unpacked containerd does not run on this machine")?;
+    capture(
+        Command::new(root.join("usr/lib/cni/portmap"))
+            .env("CNI_COMMAND", "VERSION")
+            .stdin(Stdio::null()),
+    )
+    .context("the unpacked portmap plugin does not run on this machine")?;
+    println!("setup: unpacked {}", version.trim());
+    let stamp: String = found.iter().map(|f| format!("{f}\n")).collect();
+    std::fs::write(root.join(UNSTABLE_STAMP), &stamp).context("writing the stamp")?;
+    Ok(stamp.trim().replace('\n', ", "))
+}
+
+/// The URI of this machine's Debian archive (the repository apt uses for
+/// its own release), or deb.debian.org.
+fn debian_mirror() -> String {
+    let codename = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|text| os_release_value(&text, "VERSION_CODENAME"));
+    let targets = capture(Command::new("apt-get").args([
+        "indextargets",
+        "--format",
+        "$(REPO_URI) $(RELEASE)",
+        "Identifier: Packages",
+    ]))
+    .unwrap_or_default();
+    codename
+        .and_then(|codename| mirror_of_release(&targets, &codename))
+        .unwrap_or_else(|| "http://deb.debian.org/debian/".to_owned())
+}
+
+/// `KEY=value` (or `KEY="value"`) from `/etc/os-release`.
+fn os_release_value(text: &str, key: &str) -> Option<String> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+        .map(|value| value.trim().trim_matches('"').to_owned())
+        .filter(|value| !value.is_empty())
+}
+
+/// From `apt-get indextargets --format '$(REPO_URI) $(RELEASE)'`: the URI
+/// serving `codename` itself (not `-updates` or `-security`).
+fn mirror_of_release(targets: &str, codename: &str) -> Option<String> {
+    targets.lines().find_map(|line| {
+        let (uri, release) = line.trim().split_once(' ')?;
+        (release == codename).then(|| uri.to_owned())
+    })
+}
+
+fn unstable_sources_list(mirror: &str) -> String {
+    format!(
+        "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {mirror} {UNSTABLE_SUITE} main\n"
+    )
+}
+
+/// The private configuration: every list, cache and state file under
+/// `apt_dir`, no sources or pins of the machine's. The machine's
+/// `apt.conf.d` still applies (its proxy, its checks).
+fn private_apt_config(apt_dir: &Path) -> Result<String> {
+    let text = apt_dir
+        .to_str()
+        .context("the target directory is not UTF-8")?;
+    if text.contains(['"', '\\', '{', '}', ';']) || text.chars().any(char::is_control) {
+        bail!("{text} cannot be written into an apt configuration");
+    }
+    Ok(format!(
+        r#"Dir::Etc::SourceList "{text}/etc/sources.list";
+Dir::Etc::SourceParts "{text}/etc/sources.list.d";
+Dir::Etc::Preferences "{text}/etc/preferences";
+Dir::Etc::PreferencesParts "{text}/etc/preferences.d";
+Dir::State "{text}/state";
+Dir::State::Lists "{text}/lists";
+Dir::Cache "{text}/cache";
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+APT::Sandbox::User "root";
+Acquire::Languages "none";
+"#
+    ))
+}
+
+/// `dpkg --compare-versions VERSION ge LOWEST`.
+fn version_at_least(version: &str, lowest: &str) -> Result<bool> {
+    let status = Command::new("dpkg")
+        .args(["--compare-versions", version, "ge", lowest])
+        .status()
+        .context("running dpkg --compare-versions")?;
+    Ok(status.success())
+}
+
+#[cfg(test)]
+mod unstable_tests {
+    use super::*;
+
+    #[test]
+    fn the_mirror_is_the_one_serving_this_release() {
+        let targets = "http://deb.debian.org/debian-security/ bookworm-security\n\
+                       http://mirror.example/debian/ bookworm-updates\n\
+                       http://mirror.example/debian/ bookworm\n";
+        assert_eq!(
+            mirror_of_release(targets, "bookworm").as_deref(),
+            Some("http://mirror.example/debian/")
+        );
+        assert_eq!(mirror_of_release(targets, "trixie"), None);
+        assert_eq!(
+            os_release_value(
+                "NAME=\"Debian\"\nVERSION_CODENAME=bookworm\n",
+                "VERSION_CODENAME"
+            )
+            .as_deref(),
+            Some("bookworm")
+        );
+        assert_eq!(
+            os_release_value("VERSION_CODENAME=\n", "VERSION_CODENAME"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_private_configuration_stays_under_its_directory() {
+        let config = private_apt_config(Path::new("/w/target/tools/debian-unstable/apt")).unwrap();
+        for line in config.lines() {
+            if line.starts_with("Dir::") && !line.contains("cache \"\"") {
+                assert!(
+                    line.contains("\"/w/target/tools/debian-unstable/apt/"),
+                    "{line}"
+                );
+            }
+        }
+        assert!(config.contains("Dir::Etc::SourceList "), "{config}");
+        assert!(private_apt_config(Path::new("/w/a\"b")).is_err());
+        assert_eq!(
+            unstable_sources_list("http://deb.debian.org/debian/"),
+            "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian/ sid main\n"
+        );
+    }
+
+    #[test]
+    fn versions_are_read_and_compared_as_dpkg_does() {
+        assert!(version_at_least("2.1.9+ds1-5", "2.1.9").unwrap());
+        assert!(version_at_least("2.10.0", "2.1.9").unwrap());
+        assert!(!version_at_least("2.1.9~rc1", "2.1.9").unwrap());
+        assert!(!version_at_least("1.9.1+ds1-1", "2").unwrap());
+    }
 }

@@ -6,6 +6,7 @@ use anyhow::Context;
 use portmap_user::{
     logging::utc_timestamp,
     ops::inspect::{self, MappingRow},
+    upstream,
 };
 use serde_json::{Value, json};
 
@@ -35,7 +36,10 @@ use crate::cli::{
   ebpf-portmap list --container 3f2a -o json | jq '.[].activeFlows'
   ebpf-portmap list --watch 1 --port 8080       counters refreshed every second
 
-On a node where nothing is installed the list is empty (`[]` in JSON), exit 0.")]
+On a node where nothing is installed the list is empty (`[]` in JSON), exit 0.
+Mappings that upstream `portmap` still holds on this node (its iptables or
+nftables rules, from before a switch to ebpf-portmap) follow in a section
+of their own (in JSON: entries with `upstream` naming its backend).")]
 pub struct ListArgs {
     #[command(flatten)]
     pin: PinRootArg,
@@ -101,6 +105,82 @@ pub fn row_json(row: &MappingRow) -> Value {
         "bytes": c.bytes_in + c.bytes_out,
         "activeFlows": row.active_flows,
     })
+}
+
+fn wanted_upstream(args: &ListArgs, mapping: &upstream::Mapping) -> bool {
+    args.port.is_none_or(|port| mapping.host_port == port)
+        && args.container.as_deref().is_none_or(|prefix| {
+            mapping
+                .container_id
+                .as_deref()
+                .is_some_and(|id| id.starts_with(prefix))
+        })
+        && args
+            .network
+            .as_deref()
+            .is_none_or(|name| mapping.network.as_deref() == Some(name))
+}
+
+/// What upstream `portmap` still maps here; nothing (and no process run)
+/// on a node without its state. What cannot be read is said on stderr.
+fn upstream_rows(args: &ListArgs) -> Vec<upstream::Mapping> {
+    let sources = upstream::sources();
+    if sources.is_empty() {
+        return Vec::new();
+    }
+    let (mut mappings, errors) = upstream::mappings(&sources);
+    for error in errors {
+        eprintln!(
+            "upstream portmap's mappings not read: {}",
+            portmap_user::cni::error::with_sources(&error)
+        );
+    }
+    mappings.retain(|m| wanted_upstream(args, m));
+    mappings
+}
+
+fn upstream_json(mapping: &upstream::Mapping) -> Value {
+    json!({
+        "upstream": mapping.source.backend.to_string(),
+        "host": mapping.host(),
+        "hostIP": mapping.host_addr.map(|ip| ip.to_string()),
+        "hostPort": mapping.host_port,
+        "protocol": mapping.protocol.as_str(),
+        "family": match mapping.source.family {
+            upstream::Family::V4 => "ipv4",
+            upstream::Family::V6 => "ipv6",
+        },
+        "containerIP": mapping.container_addr.to_string(),
+        "containerPort": mapping.container_port,
+        "containerID": mapping.container_id,
+        "network": mapping.network,
+    })
+}
+
+fn upstream_table(mappings: &[upstream::Mapping]) -> Table {
+    let mut table = Table::new(&["HOST", "CONTAINER", "OWNER", "NETWORK", "BACKEND"]);
+    for m in mappings {
+        let container = match m.container_addr {
+            std::net::IpAddr::V4(a) => format!("{a}:{}", m.container_port),
+            std::net::IpAddr::V6(a) => format!("[{a}]:{}", m.container_port),
+        };
+        table.row(vec![
+            (m.host(), Colour::Plain),
+            (container, Colour::Plain),
+            (
+                m.container_id
+                    .as_deref()
+                    .map_or_else(|| "-".into(), short_id),
+                Colour::Plain,
+            ),
+            (
+                m.network.clone().unwrap_or_else(|| "-".into()),
+                Colour::Plain,
+            ),
+            (m.source.backend.to_string(), Colour::Plain),
+        ]);
+    }
+    table
 }
 
 fn table(rows: &[&MappingRow], wide: bool) -> Table {
@@ -175,8 +255,10 @@ fn rows(args: &ListArgs) -> anyhow::Result<Vec<MappingRow>> {
 
 fn render(args: &ListArgs, out: &OutputArgs, rows: &[MappingRow], style: Style) -> String {
     let rows: Vec<&MappingRow> = rows.iter().collect();
+    let upstream = upstream_rows(args);
     if out.json() {
-        let list: Vec<Value> = rows.iter().map(|row| row_json(row)).collect();
+        let mut list: Vec<Value> = rows.iter().map(|row| row_json(row)).collect();
+        list.extend(upstream.iter().map(upstream_json));
         // One document per line while watching, so a reader can split them.
         let text = if args.watch.is_some() {
             serde_json::to_string(&list)
@@ -185,10 +267,18 @@ fn render(args: &ListArgs, out: &OutputArgs, rows: &[MappingRow], style: Style) 
         };
         return format!("{}\n", text.expect("JSON serialises"));
     }
-    if rows.is_empty() && style.terminal {
-        return "no port mappings\n".into();
+    let mut text = if rows.is_empty() && style.terminal {
+        "no port mappings\n".into()
+    } else {
+        table(&rows, out.wide()).render(style)
+    };
+    if !upstream.is_empty() {
+        text.push_str(
+            "\nstill mapped by upstream portmap (its DEL through ebpf-portmap removes them):\n",
+        );
+        text.push_str(&upstream_table(&upstream).render(style));
     }
-    table(&rows, out.wide()).render(style)
+    text
 }
 
 pub fn run(args: &ListArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {

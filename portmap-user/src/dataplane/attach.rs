@@ -34,6 +34,7 @@ use crate::{
     dataplane::object::{OBJECT, build_id},
     dataplane::pin::{Direction, PinLayout},
     dataplane::resize,
+    dataplane::sizing::Capacities,
     dataplane::stale,
     node::netlink,
 };
@@ -213,15 +214,6 @@ pub fn tcx_program_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32
     }
     let count = (attr.prog_cnt as usize).min(ids.len());
     Ok(ids[..count].to_vec())
-}
-
-/// Map sizes chosen by configuration (`None`: the default, see `sizing`);
-/// they apply when the maps are created, and a change resizes them in
-/// place (see `resize`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Capacities {
-    pub mappings: Option<u32>,
-    pub conntrack: Option<u32>,
 }
 
 /// The interfaces one run wants to carry the programs, and the node's

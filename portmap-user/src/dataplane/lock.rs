@@ -94,12 +94,22 @@ pub fn lock(layout: &PinLayout) -> Result<fs::File, LockError> {
 /// Takes `file`'s `flock` (the lock file at `path`), giving up after
 /// `limit` with [`LockError::TimedOut`].
 pub fn flock_within(file: &fs::File, path: &Path, limit: Duration) -> Result<(), LockError> {
+    flock_kind_within(file, path, libc::LOCK_EX, limit)
+}
+
+/// [`flock_within`] for a lock of kind `operation` (`LOCK_EX`, `LOCK_SH`).
+fn flock_kind_within(
+    file: &fs::File,
+    path: &Path,
+    operation: libc::c_int,
+    limit: Duration,
+) -> Result<(), LockError> {
     // flock has no timeout: try without blocking, a few times a tick.
     let start = Instant::now();
     let mut pause = Duration::from_millis(2);
     loop {
         // SAFETY: flock on an fd the caller owns; released when it is closed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        if unsafe { libc::flock(file.as_raw_fd(), operation | libc::LOCK_NB) } == 0 {
             return Ok(());
         }
         let error = io::Error::last_os_error();
@@ -121,6 +131,87 @@ pub fn flock_within(file: &fs::File, path: &Path, limit: Duration) -> Result<(),
     }
 }
 
+// ---- the ownership maps' writers --------------------------------------------
+
+/// Beside the pin root's lock, a second one guards the maps the ownership
+/// protocol writes (`mappings`, `owner_slots`) against a resize that
+/// replaces them (see `resize.rs`): every process that opens them takes it
+/// shared for as long as it holds them (`Maps`), so plugin runs never wait
+/// for each other; a resize takes it exclusive, so no run writes a map
+/// that is being copied and replaced. Released by the kernel if the holder
+/// dies, like the pin root's lock.
+pub fn writers_lock_file(layout: &PinLayout) -> PathBuf {
+    layout.lock_file().with_extension("writers")
+}
+
+/// Shared locks of the writers' lock this process holds (any pin root):
+/// a run holding one must not wait for the exclusive lock, which its own
+/// shared one would keep from it for ever.
+static SHARED_HELD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The writers' lock, held shared (see [`writers_lock_file`]).
+#[derive(Debug)]
+pub struct WritersLock {
+    _file: fs::File,
+}
+
+impl Drop for WritersLock {
+    fn drop(&mut self) {
+        SHARED_HELD.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn open_lock_file(path: &Path) -> Result<fs::File, LockError> {
+    if let Some(dir) = path.parent() {
+        create_private_dir(dir)?;
+    }
+    fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|source| LockError::Lock {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Takes the writers' lock shared, waiting while a resize holds it (within
+/// the limit set by [`limit_waits`], if any).
+pub fn writers_shared(layout: &PinLayout) -> Result<WritersLock, LockError> {
+    let path = writers_lock_file(layout);
+    let file = open_lock_file(&path)?;
+    match wait_limit() {
+        Some(limit) => flock_kind_within(&file, &path, libc::LOCK_SH, limit)?,
+        // SAFETY: flock on an fd we own; released when `file` is closed.
+        None if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH) } != 0 => {
+            return Err(LockError::Lock {
+                path,
+                source: io::Error::last_os_error(),
+            });
+        }
+        None => {}
+    }
+    SHARED_HELD.fetch_add(1, Ordering::SeqCst);
+    Ok(WritersLock { _file: file })
+}
+
+/// Whether this process holds the writers' lock shared (of any pin root).
+pub fn holds_writers_shared() -> bool {
+    SHARED_HELD.load(Ordering::SeqCst) > 0
+}
+
+/// Takes the writers' lock exclusive, waiting at most `limit`: the caller
+/// holds the pin root's lock, which a writer may be waiting for while it
+/// holds the shared one (a DEL reconciles with its maps open), so an
+/// unbounded wait could never end.
+pub fn writers_exclusive(layout: &PinLayout, limit: Duration) -> Result<fs::File, LockError> {
+    let path = writers_lock_file(layout);
+    let file = open_lock_file(&path)?;
+    flock_kind_within(&file, &path, libc::LOCK_EX, limit)?;
+    Ok(file)
+}
+
 /// Writes the record `path` (a file beside the pin roots' locks) as a whole
 /// file renamed over the old one, so a reader sees the old record or the
 /// new, never half of one; creates the run directory if it is missing.
@@ -138,4 +229,57 @@ pub fn write_record(path: &Path, text: &str) -> io::Result<()> {
         let _ = fs::remove_file(&temporary);
     }
     written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The writers' lock keeps a resize out while any run holds its maps
+    /// open, and the runs out while a resize holds it. Writes a lock file
+    /// under /run/ebpf-portmap (root, as the plugin).
+    #[test]
+    fn a_resize_waits_for_the_writers_and_the_writers_for_a_resize() {
+        // SAFETY: a plain syscall without arguments.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to write under /run/ebpf-portmap");
+            return;
+        }
+        let layout = PinLayout::new(format!(
+            "/sys/fs/bpf/writers-lock-test-{}",
+            std::process::id()
+        ));
+        let path = writers_lock_file(&layout);
+        // Removed also when an assertion fails.
+        struct Remove(PathBuf);
+        impl Drop for Remove {
+            fn drop(&mut self) {
+                let _ = fs::remove_file(&self.0);
+            }
+        }
+        let _remove = Remove(path.clone());
+        let wait = Duration::from_millis(50);
+        let reader = writers_shared(&layout).expect("shared");
+        let other = writers_shared(&layout).expect("two runs hold it at once");
+        assert!(holds_writers_shared());
+        assert!(
+            matches!(
+                writers_exclusive(&layout, wait),
+                Err(LockError::TimedOut { .. })
+            ),
+            "a resize took the lock while runs held their maps open"
+        );
+        drop((reader, other));
+        let resize = writers_exclusive(&layout, wait).expect("free once the runs are done");
+        let file = open_lock_file(&path).expect("open");
+        assert!(
+            matches!(
+                flock_kind_within(&file, &path, libc::LOCK_SH, wait),
+                Err(LockError::TimedOut { .. })
+            ),
+            "a run opened its maps while a resize held the lock"
+        );
+        drop(resize);
+        flock_kind_within(&file, &path, libc::LOCK_SH, wait).expect("free after the resize");
+    }
 }

@@ -51,10 +51,16 @@ pub enum MapsError {
         #[source]
         source: MapError,
     },
+    #[error("cannot take the mappings' writers lock")]
+    Writers(#[from] crate::dataplane::lock::LockError),
 }
 
 /// The maps ADD/DEL/CHECK/GC and the CLI work on.
 pub struct Maps {
+    /// Held for as long as the maps are open: a resize of `mappings` and
+    /// `owner_slots` waits for it, so nothing is written to a map being
+    /// replaced (see `resize.rs`). Taken before the maps are opened.
+    pub writers: crate::dataplane::lock::WritersLock,
     pub mappings: HashMap<MapData, MappingKey, MappingValue>,
     pub owners: HashMap<MapData, u64, OwnerRecord>,
     pub owner_slots: HashMap<MapData, OwnerSlotKey, MappingKey>,
@@ -114,6 +120,8 @@ impl Maps {
 
     pub fn open(layout: &PinLayout) -> Result<Self, MapsError> {
         Ok(Self {
+            // First: the maps opened below are then the ones in place.
+            writers: writers(layout)?,
             mappings: open(layout, map_names::MAPPINGS)?,
             owners: open(layout, map_names::OWNERS)?,
             owner_slots: open(layout, map_names::OWNER_SLOTS)?,
@@ -134,6 +142,11 @@ impl Maps {
             conditions: open_conditions(layout)?,
         })
     }
+}
+
+/// The mappings' writers lock, shared (see [`Maps::writers`]).
+pub fn writers(layout: &PinLayout) -> Result<crate::dataplane::lock::WritersLock, MapsError> {
+    Ok(crate::dataplane::lock::writers_shared(layout)?)
 }
 
 /// The conditions map, if the programs' load pinned it.

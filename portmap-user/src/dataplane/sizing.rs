@@ -32,7 +32,16 @@ use std::path::PathBuf;
 use aya::maps::{Array, MapData};
 use portmap_common::{capacity, map_names};
 
-use crate::dataplane::{attach::Capacities, pin::PinLayout};
+use crate::dataplane::pin::PinLayout;
+
+/// Map sizes chosen by configuration (`None`: the default, see the module
+/// docs); they apply when the maps are created, and a change resizes them
+/// in place (see `resize`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Capacities {
+    pub mappings: Option<u32>,
+    pub conntrack: Option<u32>,
+}
 
 /// Smallest default open table (entries), whatever the node.
 pub const CONNTRACK_FLOOR: u32 = 4096;
@@ -602,6 +611,50 @@ mod tests {
         assert_eq!(count_cpu_list("0"), Some(1));
         assert_eq!(count_cpu_list(""), None);
         assert_eq!(count_cpu_list("3-1"), None);
+    }
+
+    /// README's footprint table is what [`footprint`] computes for those
+    /// nodes with the default conflist: change one, and this says which
+    /// row to change in the other.
+    #[test]
+    fn the_readme_footprint_table_is_the_model() {
+        let readme = include_str!("../../../README.md");
+        let rows = [
+            ("2 GiB, 2 CPUs", 2, 2),
+            ("24 GiB, 2 CPUs", 24, 2),
+            ("24 GiB, 64 CPUs", 24, 64),
+            ("256 GiB, 64 CPUs", 256, 64),
+            ("24 GiB, 256 CPUs", 24, 256),
+            ("1 TiB, 256 CPUs", 1024, 256),
+        ];
+        for (label, gib, cpus) in rows {
+            let sizes = Sizes::resolve(Capacities::default(), node(gib, cpus));
+            let mib = |mappings| {
+                format!(
+                    "{:.1}",
+                    footprint(&sizes, cpus, mappings).total() as f64 / (1u64 << 20) as f64
+                )
+            };
+            let cells: Vec<String> = vec![
+                label.to_owned(),
+                format!("{} / {}", sizes.conntrack, sizes.conntrack_closed),
+                mib(0),
+                mib(1000),
+                mib(10_000),
+            ];
+            let line = readme
+                .lines()
+                .find(|line| line.starts_with(&format!("| {label} |")))
+                .unwrap_or_else(|| panic!("README has no footprint row for {label}"));
+            let found: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+            for (i, cell) in cells.iter().enumerate() {
+                assert!(
+                    found.get(i).is_some_and(|f| f.starts_with(cell.as_str())),
+                    "README's row {line:?}: column {} should read {cell} (computed: {cells:?})",
+                    i + 1
+                );
+            }
+        }
     }
 
     /// The model against what the kernel reported for one map of each kind

@@ -330,6 +330,7 @@ pub fn remove(layout: &PinLayout) -> Option<Removal> {
         root_record(layout),
         // STATUS's probe record (`verbs/status.rs`).
         layout.lock_file().with_extension("status"),
+        crate::dataplane::lock::writers_lock_file(layout),
         lock_path,
     ] {
         remove_entry(&record, false, &mut removal);

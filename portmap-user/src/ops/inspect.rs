@@ -338,6 +338,13 @@ pub struct MapFill {
 
 impl MapFill {
     /// Percentage in use, for hash maps.
+    /// Whether the kernel makes room in this map by dropping its least
+    /// recently used entries (the conntrack tables): full is its steady
+    /// state under churn, not a fault. Other maps refuse the next insert.
+    pub fn recycles(&self) -> bool {
+        self.map_type.starts_with("lru_")
+    }
+
     pub fn percent(&self) -> Option<f64> {
         self.entries
             .map(|n| n as f64 * 100.0 / f64::from(self.max_entries.max(1)))
@@ -398,6 +405,7 @@ fn map_type_name(map_type: Result<MapType, MapError>) -> String {
     match map_type {
         Ok(MapType::Hash) => "hash".into(),
         Ok(MapType::LruHash) => "lru_hash".into(),
+        Ok(MapType::LruPerCpuHash) => "lru_percpu_hash".into(),
         Ok(MapType::PerCpuHash) => "percpu_hash".into(),
         Ok(MapType::PerCpuArray) => "percpu_array".into(),
         Ok(MapType::Array) => "array".into(),
@@ -870,12 +878,19 @@ pub fn judge(status: &mut Status) {
         if let Some(percent) = map.percent()
             && percent >= FILL_WARNING_PERCENT
         {
-            problems.push(format!(
+            let fill = format!(
                 "map {} is {percent:.0}% full ({} of {})",
                 map.name,
                 map.entries.unwrap_or(0),
                 map.max_entries
-            ));
+            );
+            if map.recycles() {
+                notes.push(format!(
+                    "{fill}: it drops its least recently used entries to make room, by design; a table this full under steady load may be worth a larger conntrackSize"
+                ));
+            } else {
+                problems.push(fill);
+            }
         }
     }
     if let Some(filter) = &status.tracing
@@ -1142,6 +1157,27 @@ mod tests {
         assert_eq!(
             judged(full).problems,
             ["map mappings is 95% full (95 of 100)"]
+        );
+
+        // A conntrack table full of flows is what churn leaves: the kernel
+        // recycles it. Said, but the node stays healthy.
+        let mut churned = healthy();
+        churned.maps.push(MapFill {
+            name: "conntrack_close".into(),
+            map_type: "lru_hash".into(),
+            entries: Some(4028),
+            max_entries: 4096,
+            id: 2,
+        });
+        let churned = judged(churned);
+        assert_eq!(churned.problems, Vec::<String>::new());
+        assert!(
+            churned
+                .notes
+                .iter()
+                .any(|n| n.starts_with("map conntrack_close is 98% full (4028 of 4096): it drops")),
+            "{:?}",
+            churned.notes
         );
 
         let mut no_program = healthy();

@@ -7,6 +7,7 @@ use super::interfaces::reconcile;
 use super::require_privilege;
 use super::who;
 use crate::cni::Request;
+use crate::cni::error::with_sources;
 use crate::cni::netconf::ListenerPolicy;
 use crate::cni::netconf::NetConf;
 use crate::dataplane::maps::Maps;
@@ -16,10 +17,12 @@ use crate::dataplane::peers;
 use crate::dataplane::scope;
 use crate::model::HostIp;
 use crate::model::Owner;
+use crate::model::Protocol;
 use crate::node::listeners;
 use crate::node::netlink;
 use crate::node::netlink::NodeAddress;
 use crate::node::netlink::Rtnl;
+use crate::upstream;
 use portmap_common::conditions::Conditions;
 use portmap_common::{FAMILY_V4, FAMILY_V6};
 use std::collections::BTreeSet;
@@ -76,6 +79,7 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     }
     // The root becomes this network namespace's before anything is made.
     let layout = scope::resolve(&req.conf.pin_root, scope::Access::Claim)?;
+    check_upstream(req, &translations)?;
     // One rtnetlink socket, one link and one address dump serve every
     // question below.
     let mut rtnl = Rtnl::open()?;
@@ -123,6 +127,63 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
         translations.len()
     );
     Ok(())
+}
+
+/// Refuses a host port that upstream `portmap` still maps for another
+/// container (a node switching from it): tc ingress runs before its
+/// PREROUTING rules, so our mapping would silently take that pod's traffic.
+/// A node without upstream's state pays for one nfnetlink probe, no process.
+fn check_upstream(req: &Request, translations: &[Translation]) -> Result<(), PluginError> {
+    if translations.is_empty() {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let sources = upstream::sources();
+    log::debug!(
+        "ADD: upstream portmap probe took {} µs, found {sources:?}",
+        started.elapsed().as_micros()
+    );
+    if sources.is_empty() {
+        return Ok(());
+    }
+    let (held, errors) = upstream::mappings(&sources);
+    for error in &errors {
+        log::warn!(
+            "ADD {}: upstream portmap's state not read: {}; its ports are not checked",
+            who(&req.owner, &req.identity),
+            with_sources(error)
+        );
+    }
+    for translation in translations {
+        let key = translation.key;
+        let family = if key.family == FAMILY_V6 {
+            upstream::Family::V6
+        } else {
+            upstream::Family::V4
+        };
+        let Some(protocol) = protocol_of(key.proto) else {
+            continue;
+        };
+        let addr = (key.host_addr_be != [0; 4])
+            .then(|| ownership::addr_from_words(key.family, &key.host_addr_be));
+        let port = u16::from_be(key.host_port_be);
+        if let Some(holder) = held.iter().find(|m| {
+            m.container_id.as_deref() != Some(req.owner.container_id.as_str())
+                && m.overlaps(family, protocol, port, addr)
+        }) {
+            return Err(PluginError::UpstreamHeld {
+                key: ownership::KeyDisplay(key),
+                holder: holder.holder(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn protocol_of(number: u8) -> Option<Protocol> {
+    [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+        .into_iter()
+        .find(|p| p.number() == number)
 }
 
 /// Logs the mappings whose hostIP the node does not have (yet): accepted,

@@ -34,6 +34,7 @@ use crate::dataplane::maps::{self, MappingsEpoch, Maps};
 use crate::dataplane::ownership;
 use crate::dataplane::peers;
 use crate::dataplane::pin::PinLayout;
+use crate::upstream;
 use portmap_common::map_names;
 
 /// How long DEL waits for the pin root's lock: longer than a first ADD
@@ -44,9 +45,54 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// DEL: always a success for the runtime; see the module docs.
 pub(super) fn del(req: &Request) {
     lock::limit_waits(LOCK_WAIT);
+    release_upstream(req);
     if let Err(error) = release(req) {
         log::warn!(
             "DEL {}: {}; what it holds stays until GC removes it (the runtime's GC, which no longer lists it, or `ebpf-portmap gc`)",
+            who(&req.owner, &req.identity),
+            with_sources(&error)
+        );
+    }
+}
+
+/// Removes what upstream `portmap` set up for this container, when the
+/// node switched to us while it ran: its DEL now comes here, and nobody
+/// else would ever remove those rules. Independent of our own state (a
+/// node may have none yet). Failures are logged, like every DEL failure.
+fn release_upstream(req: &Request) {
+    let sources = upstream::sources();
+    if sources.is_empty() {
+        return;
+    }
+    let network = req.conf.name.as_str();
+    let container = req.owner.container_id.as_str();
+    let select = |net: Option<&str>, id: &str| id == container && net.is_none_or(|n| n == network);
+    let (removed, errors) = upstream::remove(&sources, &select);
+    for done in removed {
+        if !done.containers.is_empty() {
+            log::info!(
+                "DEL {}: upstream portmap's {} {} rules of this container removed{}",
+                who(&req.owner, &req.identity),
+                done.source.backend,
+                done.source.family,
+                if done.shared {
+                    ", and its shared chains, now empty"
+                } else {
+                    ""
+                }
+            );
+        } else if done.shared {
+            log::info!(
+                "DEL {}: upstream portmap's empty {} {} chains removed",
+                who(&req.owner, &req.identity),
+                done.source.backend,
+                done.source.family
+            );
+        }
+    }
+    for error in errors {
+        log::warn!(
+            "DEL {}: upstream portmap's rules of this container not removed: {}",
             who(&req.owner, &req.identity),
             with_sources(&error)
         );
@@ -119,6 +165,7 @@ fn release(req: &Request) -> Result<(), PluginError> {
 /// The three maps a release needs, and none of the others.
 fn ownership_maps(layout: &PinLayout) -> Result<Maps, maps::MapsError> {
     Ok(Maps {
+        writers: maps::writers(layout)?,
         mappings: maps::open(layout, map_names::MAPPINGS)?,
         owners: maps::open(layout, map_names::OWNERS)?,
         owner_slots: maps::open(layout, map_names::OWNER_SLOTS)?,

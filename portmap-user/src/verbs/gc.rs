@@ -11,9 +11,11 @@ use crate::dataplane::maps::Maps;
 use crate::dataplane::ownership;
 use crate::dataplane::peers;
 use crate::dataplane::pin::PinLayout;
+use crate::upstream;
 
 pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
     require_privilege()?;
+    collect_upstream_garbage(req);
     let Some(layout) = own_state(&req.conf.pin_root)? else {
         return Ok(());
     };
@@ -25,6 +27,42 @@ pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
     collect_node_garbage("GC", &layout, &mut maps)?;
     reconcile_after("GC", &layout, &req.conf);
     Ok(())
+}
+
+/// Removes upstream `portmap`'s rules of this network's containers that
+/// the runtime's keep-list no longer names (their DEL may have come to us
+/// before this build, or never). The nftables backend records no network:
+/// there a container ID in no attachment of this network goes.
+fn collect_upstream_garbage(req: &GcRequest) {
+    let sources = upstream::sources();
+    if sources.is_empty() {
+        return;
+    }
+    let network = req.conf.name.as_str();
+    let valid: std::collections::BTreeSet<&str> =
+        req.valid.iter().map(|a| a.container_id.as_str()).collect();
+    let select =
+        |net: Option<&str>, id: &str| net.is_none_or(|n| n == network) && !valid.contains(id);
+    let (removed, errors) = upstream::remove(&sources, &select);
+    for done in removed {
+        log::info!(
+            "GC {network}: upstream portmap's {} {} rules of {:?} removed{}",
+            done.source.backend,
+            done.source.family,
+            done.containers,
+            if done.shared {
+                ", and its shared chains, now empty"
+            } else {
+                ""
+            }
+        );
+    }
+    for error in errors {
+        log::warn!(
+            "GC {network}: upstream portmap's rules not removed: {}",
+            crate::cni::error::with_sources(&error)
+        );
+    }
 }
 
 /// The part of GC that needs no word from the runtime: mappings whose owner

@@ -59,6 +59,13 @@ pub enum PluginError {
         addr: std::net::IpAddr,
         holders: String,
     },
+    #[error(
+        "host port {key} is still mapped by {holder}: upstream's rules send its traffic there until that container's DEL. Pick another hostPort, or wait until that pod is gone (`ebpf-portmap list` shows upstream's mappings)"
+    )]
+    UpstreamHeld {
+        key: crate::dataplane::ownership::KeyDisplay,
+        holder: String,
+    },
     #[error("cannot read the node's sockets")]
     Sockets(#[source] std::io::Error),
     #[error(transparent)]
@@ -70,9 +77,8 @@ pub enum PluginError {
 impl PluginError {
     fn code(&self) -> u32 {
         match self {
-            PluginError::Store(StoreError::Conflict { .. } | StoreError::Overlap { .. }) => {
-                code::PORT_CONFLICT
-            }
+            PluginError::Store(StoreError::Conflict { .. } | StoreError::Overlap { .. })
+            | PluginError::UpstreamHeld { .. } => code::PORT_CONFLICT,
             PluginError::Store(StoreError::Removed { .. }) => code::TRY_AGAIN_LATER,
             PluginError::Store(StoreError::Capacity { .. } | StoreError::TooManySlots { .. }) => {
                 code::CAPACITY
@@ -89,6 +95,10 @@ impl PluginError {
             {
                 code::INVALID_NETWORK_CONFIG
             }
+            // A maxMappings below the live mappings: the conflist's to fix.
+            PluginError::Attach(AttachError::Resize(
+                crate::dataplane::resize::ResizeError::TooSmall { .. },
+            )) => code::INVALID_NETWORK_CONFIG,
             PluginError::Attach(_) => code::DATAPLANE,
             PluginError::NoMatchingInterfaces { .. } => code::INVALID_NETWORK_CONFIG,
             PluginError::Privilege { .. } => code::PRIVILEGE,

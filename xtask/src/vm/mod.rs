@@ -75,9 +75,15 @@ pub struct VmTestArgs {
     #[arg(long)]
     pub serial: bool,
     /// Run only these test targets in the guest (repeatable): kernel,
-    /// prog_test_run, local, churn, node_shapes, stale, plugin. Default: all of them.
+    /// prog_test_run, local, hairpin_ports, churn, node_shapes, stale, plugin.
+    /// Default: all of them.
     #[arg(long = "only", value_name = "TEST")]
     pub only: Vec<String>,
+    /// Put the debug build of ebpf-portmap in the guest (quick to rebuild
+    /// while working on a VM test) instead of the shipped one (`--profile
+    /// dist`, fat LTO), which `cargo xtask test` tests on every kernel.
+    #[arg(long)]
+    pub debug_plugin: bool,
 }
 
 impl Default for VmTestArgs {
@@ -90,6 +96,7 @@ impl Default for VmTestArgs {
             memory: 1536,
             serial: false,
             only: Vec::new(),
+            debug_plugin: false,
         }
     }
 }
@@ -176,7 +183,22 @@ pub fn vm_test(args: &VmTestArgs) -> Result<()> {
     if let Some(version) = qemu_version() {
         println!("vm: {version}");
     }
-    let artifacts = guest::build_artifacts(&tests)?;
+    let mut artifacts = guest::build_artifacts(&tests)?;
+    if !args.debug_plugin {
+        // What ships, on every kernel; it also runs a good deal faster than
+        // the debug build under emulation.
+        let shipped = crate::plugin::shipped_plugin_bin();
+        if !shipped.exists() {
+            bail!(
+                "{} is missing: build the shipped plugin first (`cargo xtask test` does; by hand \
+                 `cargo build --profile dist -p portmap-user --target x86_64-unknown-linux-musl`), \
+                 or pass --debug-plugin",
+                shipped.display()
+            );
+        }
+        artifacts.plugin = shipped;
+    }
+    println!("vm: the guest runs {}", artifacts.plugin.display());
     let common = guest::common_tree(&artifacts, &cache.join("stage"))?;
 
     let outcome = |series: &Series, package: String, run: Result<qemu::Run>| match run {

@@ -194,7 +194,9 @@ pub fn boot(boot: &Boot<'_>) -> Result<Run> {
     let mut tests = Vec::new();
     let mut timed_out = None;
     let mut stage = Stage::new("the boot", started);
-    let prefix = format!("[{}]", boot.series);
+    // Each line carries the seconds since the boot: the time of one test
+    // is the gap to the line before it.
+    let prefix = || format!("[{} {:>4}s]", boot.series, started.elapsed().as_secs());
     loop {
         let exited = child.try_wait()?.is_some();
         let mut chunk = Vec::new();
@@ -203,7 +205,7 @@ pub fn boot(boot: &Boot<'_>) -> Result<Run> {
         while let Some(end) = pending.find('\n') {
             let line: String = pending.drain(..=end).collect();
             let line = line.trim_end();
-            println!("{prefix} {line}");
+            println!("{} {line}", prefix());
             if let Some(result) = result_of(line, boot.series) {
                 passed = Some(result);
             }
@@ -214,7 +216,7 @@ pub fn boot(boot: &Boot<'_>) -> Result<Run> {
         }
         if exited {
             if !pending.is_empty() {
-                println!("{prefix} {pending}");
+                println!("{} {pending}", prefix());
             }
             break;
         }

@@ -1,0 +1,517 @@
+//! No module imports one that imports it back, in any crate of the
+//! workspace (issue 32): a reader can then take a crate bottom-up, and a
+//! change low down cannot depend on what sits above it.
+//!
+//! The modules are the source files; an edge is any path that names
+//! another module of the same crate (`use crate::a::b`, `super::x`,
+//! `self::y`, a child named in a `use`, or an inline `crate::a::f()`).
+//! A circle is a strongly connected set of two or more modules. Reading
+//! the source with a small scanner keeps this test free of a parser
+//! dependency; comments and string literals are blanked first so that
+//! neither counts as an import.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Circles that exist today and are to go, each as its sorted modules.
+/// The test fails on any circle not listed here, and on a listed one that
+/// no longer exists (so the list only shrinks, and says what is left).
+const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
+    // main.rs holds the plan, progress and warm-up its sections use: to
+    // go with the split of the bench's main into its sections.
+    (
+        "portmap-bench",
+        &["", "hairpin", "memory", "pods", "report", "results"],
+    ),
+    // The CNI wire format and the conflist's keys reach each other.
+    (
+        "portmap-user",
+        &[
+            "cni",
+            "cni::env",
+            "cni::netconf",
+            "cni::netconf::conditions",
+            "cni::port_mappings",
+        ],
+    ),
+    // The verbs reach their parent through `use super::*`.
+    ("portmap-user", &["verbs", "verbs::gc", "verbs::interfaces"]),
+];
+
+/// The crates checked: their name, root file and source directory.
+const CRATES: &[(&str, &str, &str)] = &[
+    (
+        "portmap-common",
+        "portmap-common/src/lib.rs",
+        "portmap-common/src",
+    ),
+    (
+        "portmap-ebpf",
+        "portmap-ebpf/src/main.rs",
+        "portmap-ebpf/src",
+    ),
+    (
+        "portmap-user",
+        "portmap-user/src/lib.rs",
+        "portmap-user/src",
+    ),
+    ("portmap-tests", "tests/src/lib.rs", "tests/src"),
+    ("portmap-bench", "bench/src/main.rs", "bench/src"),
+    ("xtask", "xtask/src/main.rs", "xtask/src"),
+];
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn no_module_imports_one_that_imports_it_back() {
+    let mut found = BTreeSet::new();
+    for (name, root, dir) in CRATES {
+        let graph = module_graph(&workspace().join(root), &workspace().join(dir));
+        for circle in circles(&graph) {
+            found.insert((name.to_string(), circle));
+        }
+    }
+    let known: BTreeSet<(String, Vec<String>)> = KNOWN_CIRCLES
+        .iter()
+        .map(|(krate, modules)| {
+            let mut modules: Vec<String> = modules.iter().map(ToString::to_string).collect();
+            modules.sort();
+            (krate.to_string(), modules)
+        })
+        .collect();
+    let new: Vec<_> = found.difference(&known).collect();
+    let gone: Vec<_> = known.difference(&found).collect();
+    assert!(
+        new.is_empty() && gone.is_empty(),
+        "import circles (crate, modules):\n  new: {new:#?}\n  listed but gone (remove them from KNOWN_CIRCLES): {gone:#?}"
+    );
+}
+
+/// Module path (`a::b`, empty for the root) of every source file under
+/// `dir`, with the modules each one names.
+fn module_graph(root: &Path, dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = BTreeMap::new();
+    collect(dir, dir, root, &mut files);
+    let modules: BTreeSet<String> = files.keys().cloned().collect();
+    files
+        .iter()
+        .map(|(module, path)| {
+            let text = blank_comments_and_strings(&std::fs::read_to_string(path).unwrap());
+            let named = named_modules(module, &text, &modules);
+            (module.clone(), named)
+        })
+        .collect()
+}
+
+fn collect(base: &Path, dir: &Path, root: &Path, files: &mut BTreeMap<String, PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            // Binaries under src/bin are crates of their own.
+            if path.file_name().is_some_and(|n| n != "bin") {
+                collect(base, &path, root, files);
+            }
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let relative = path.strip_prefix(base).unwrap().with_extension("");
+        let mut parts: Vec<String> = relative
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts.last().is_some_and(|p| p == "mod") {
+            parts.pop();
+        }
+        if path == root {
+            parts.clear();
+        } else if parts.len() == 1 && (parts[0] == "main" || parts[0] == "lib") {
+            // The other root of a crate with both (a binary's main.rs
+            // beside lib.rs) is a crate of its own.
+            continue;
+        }
+        files.insert(parts.join("::"), path);
+    }
+}
+
+/// Replaces comments, string and char literals with spaces, keeping
+/// lengths and newlines.
+fn blank_comments_and_strings(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = bytes.to_vec();
+    let mut i = 0;
+    let blank = |out: &mut Vec<u8>, from: usize, to: usize| {
+        for b in &mut out[from..to] {
+            if *b != b'\n' {
+                *b = b' ';
+            }
+        }
+    };
+    while i < bytes.len() {
+        match bytes[i] {
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                let end = text[i..].find('\n').map_or(bytes.len(), |n| i + n);
+                blank(&mut out, i, end);
+                i = end;
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                let end = text[i + 2..]
+                    .find("*/")
+                    .map_or(bytes.len(), |n| i + 2 + n + 2);
+                blank(&mut out, i, end);
+                i = end;
+            }
+            b'r' if bytes.get(i + 1) == Some(&b'#') || bytes.get(i + 1) == Some(&b'"') => {
+                // A raw string: r"..." or r#"..."#.
+                let hashes = bytes[i + 1..].iter().take_while(|b| **b == b'#').count();
+                if bytes.get(i + 1 + hashes) != Some(&b'"') || is_ident(bytes, i) {
+                    i += 1;
+                    continue;
+                }
+                let closing = format!("\"{}", "#".repeat(hashes));
+                let start = i + 2 + hashes;
+                let end = text[start..]
+                    .find(&closing)
+                    .map_or(bytes.len(), |n| start + n + closing.len());
+                blank(&mut out, i, end);
+                i = end;
+            }
+            b'"' => {
+                let mut j = i + 1;
+                while j < bytes.len() && bytes[j] != b'"' {
+                    j += if bytes[j] == b'\\' { 2 } else { 1 };
+                }
+                blank(&mut out, i, (j + 1).min(bytes.len()));
+                i = j + 1;
+            }
+            b'\'' => {
+                // A char literal ('a', '\n', '\'') but not a lifetime ('a).
+                let end = if bytes.get(i + 1) == Some(&b'\\') {
+                    text[i + 2..].find('\'').map(|n| i + 2 + n + 1)
+                } else if bytes.get(i + 2) == Some(&b'\'') {
+                    Some(i + 3)
+                } else {
+                    None
+                };
+                match end {
+                    Some(end) => {
+                        blank(&mut out, i, end);
+                        i = end;
+                    }
+                    None => i += 1,
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Whether the byte before `i` continues an identifier (so `r` at `i` is
+/// not the start of a raw string).
+fn is_ident(bytes: &[u8], i: usize) -> bool {
+    i > 0 && (bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_')
+}
+
+/// The modules of `modules` that the file of `module` names, itself
+/// excluded.
+fn named_modules(module: &str, text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let here: Vec<&str> = if module.is_empty() {
+        Vec::new()
+    } else {
+        module.split("::").collect()
+    };
+    let inline = inline_module_spans(text);
+    let mut named = BTreeSet::new();
+    for (at, path, in_use) in paths(text) {
+        // Inside an inline module (`mod tests { ... }`), `super` is this
+        // file's module and `self` the inline one.
+        let depth = inline.iter().filter(|(s, e)| *s <= at && at < *e).count();
+        if let Some(target) = resolve(&here, depth, &path, in_use, modules)
+            && target != module
+        {
+            named.insert(target);
+        }
+    }
+    named
+}
+
+/// Byte spans of `mod name { ... }` blocks.
+fn inline_module_spans(text: &str) -> Vec<(usize, usize)> {
+    let bytes = text.as_bytes();
+    let mut spans = Vec::new();
+    for (at, _) in text.match_indices("mod ") {
+        if is_ident(bytes, at) {
+            continue;
+        }
+        let rest = &text[at + 4..];
+        let name_len = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+            .count();
+        let after = rest[name_len..].trim_start();
+        if name_len == 0 || !after.starts_with('{') {
+            continue;
+        }
+        let open = at + 4 + name_len + (rest[name_len..].len() - after.len());
+        let mut depth = 0;
+        for (offset, b) in text[open..].bytes().enumerate() {
+            match b {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        spans.push((open, open + offset));
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    spans
+}
+
+/// Every path worth resolving, with its offset and whether it comes from a
+/// `use` declaration: the expanded trees of `use` declarations, and inline
+/// `crate::`/`super::`/`self::` paths elsewhere.
+fn paths(text: &str) -> Vec<(usize, Vec<String>, bool)> {
+    let bytes = text.as_bytes();
+    let mut found = Vec::new();
+    let mut uses = Vec::new();
+    for (at, _) in text.match_indices("use ") {
+        if is_ident(bytes, at) {
+            continue;
+        }
+        let Some(end) = text[at..].find(';') else {
+            continue;
+        };
+        uses.push((at, at + end));
+        // One space for any run of whitespace, so that `a as b` keeps
+        // its keyword apart.
+        let tree = text[at + 4..at + end]
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let tree = tree.trim_start_matches("::");
+        for path in expand(tree) {
+            found.push((at, path, true));
+        }
+    }
+    for start in ["crate::", "super::", "self::"] {
+        for (at, _) in text.match_indices(start) {
+            // Not the second `super` of `super::super`, nor inside a `use`.
+            if is_ident(bytes, at)
+                || text[..at].ends_with("::")
+                || uses.iter().any(|(s, e)| *s <= at && at < *e)
+            {
+                continue;
+            }
+            let path: Vec<String> = text[at..]
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .next()
+                .unwrap_or("")
+                .split("::")
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
+            found.push((at, path, false));
+        }
+    }
+    found
+}
+
+/// `a::{b, c::{d, e}}` into `a::b`, `a::c::d`, `a::c::e` (`self` in braces
+/// names the prefix itself; `as` renames are dropped).
+fn expand(tree: &str) -> Vec<Vec<String>> {
+    let Some(open) = tree.find('{') else {
+        let path = tree.split(" as ").next().unwrap_or(tree);
+        return vec![
+            path.split("::")
+                .map(str::trim)
+                .filter(|s| !s.is_empty() && *s != "*")
+                .map(str::to_owned)
+                .collect(),
+        ];
+    };
+    let prefix: Vec<String> = tree[..open]
+        .split("::")
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    let mut items = Vec::new();
+    let (mut depth, mut from) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&inner[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&inner[from..]);
+    let mut out = Vec::new();
+    for item in items.into_iter().map(str::trim).filter(|i| !i.is_empty()) {
+        if item == "self" {
+            out.push(prefix.clone());
+            continue;
+        }
+        for rest in expand(item) {
+            let mut path = prefix.clone();
+            path.extend(rest);
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The longest module of `modules` that `path` names from the module
+/// `here` (`depth` inline modules deep), if any.
+fn resolve(
+    here: &[&str],
+    depth: usize,
+    path: &[String],
+    in_use: bool,
+    modules: &BTreeSet<String>,
+) -> Option<String> {
+    let first = path.first()?;
+    let (mut base, rest): (Vec<String>, &[String]) = match first.as_str() {
+        "crate" => (Vec::new(), &path[1..]),
+        "self" => (here.iter().map(ToString::to_string).collect(), &path[1..]),
+        "super" => {
+            let supers = path.iter().take_while(|s| *s == "super").count();
+            // The first `depth` hops leave inline modules within the file.
+            let up = supers.saturating_sub(depth);
+            let keep = here.len().checked_sub(up)?;
+            (
+                here[..keep].iter().map(ToString::to_string).collect(),
+                &path[supers..],
+            )
+        }
+        // A `use child::...` of a module declared by this file.
+        _ if in_use => {
+            let mut child: Vec<String> = here.iter().map(ToString::to_string).collect();
+            child.push(first.clone());
+            if !modules.contains(&child.join("::")) {
+                return None;
+            }
+            (child, &path[1..])
+        }
+        _ => return None,
+    };
+    for segment in rest {
+        base.push(segment.clone());
+        if !modules.contains(&base.join("::")) {
+            base.pop();
+            break;
+        }
+    }
+    Some(base.join("::"))
+}
+
+/// The strongly connected sets of two or more modules, each sorted.
+fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    // Kosaraju: finish order on the graph, then components on its reverse.
+    let mut order = Vec::new();
+    let mut seen = BTreeSet::new();
+    for start in graph.keys() {
+        if seen.contains(start) {
+            continue;
+        }
+        // Iterative DFS recording the finish order.
+        let mut stack = vec![(start.clone(), false)];
+        while let Some((node, done)) = stack.pop() {
+            if done {
+                order.push(node);
+                continue;
+            }
+            if !seen.insert(node.clone()) {
+                continue;
+            }
+            stack.push((node.clone(), true));
+            for next in graph.get(&node).into_iter().flatten() {
+                if !seen.contains(next) {
+                    stack.push((next.clone(), false));
+                }
+            }
+        }
+    }
+    let mut reverse: BTreeMap<&String, Vec<&String>> = BTreeMap::new();
+    for (from, tos) in graph {
+        for to in tos {
+            reverse.entry(to).or_default().push(from);
+        }
+    }
+    let mut assigned = BTreeSet::new();
+    let mut found = Vec::new();
+    for node in order.iter().rev() {
+        if assigned.contains(node) {
+            continue;
+        }
+        let mut component = Vec::new();
+        let mut stack = vec![node];
+        assigned.insert(node.clone());
+        while let Some(n) = stack.pop() {
+            component.push(n.clone());
+            for prev in reverse.get(n).into_iter().flatten() {
+                if assigned.insert((*prev).clone()) {
+                    stack.push(prev);
+                }
+            }
+        }
+        if component.len() > 1 {
+            component.sort();
+            found.push(component);
+        }
+    }
+    found
+}
+
+#[test]
+fn the_scanner_finds_a_circle_through_use_trees_super_and_inline_paths() {
+    let modules: BTreeSet<String> = ["", "a", "a::b", "c"]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let a = blank_comments_and_strings(
+        "use crate::{c::{self, Thing}, x};\n// use crate::a::b;\nfn f() { let s = \"crate::a::b\"; }",
+    );
+    // `x` is no module: an item of the crate root.
+    assert_eq!(
+        named_modules("a", &a, &modules),
+        BTreeSet::from(["".to_owned(), "c".to_owned()])
+    );
+    let b = "fn g() { super::super::c::h() }\nmod tests { use super::*; }";
+    assert_eq!(
+        named_modules("a::b", b, &modules),
+        BTreeSet::from(["c".to_owned()])
+    );
+    // A module whose name holds "as", and a rename.
+    let renamed = blank_comments_and_strings("use crate::{c as cas, a::b::G as Gas};");
+    assert_eq!(
+        named_modules("", &renamed, &modules),
+        BTreeSet::from(["a::b".to_owned(), "c".to_owned()])
+    );
+    let c = "use b::X;\nfn h() { crate::a::b::g() }";
+    let named = named_modules("c", c, &modules);
+    assert_eq!(named, BTreeSet::from(["a::b".to_owned()]));
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("a".to_owned(), named_modules("a", &a, &modules)),
+        ("a::b".to_owned(), named_modules("a::b", b, &modules)),
+        ("c".to_owned(), named),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(
+        circles(&graph),
+        vec![vec!["a::b".to_owned(), "c".to_owned()]]
+    );
+}
