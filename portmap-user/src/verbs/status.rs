@@ -68,15 +68,11 @@ pub(super) fn status(conf: &NetConf) -> Result<(), CniError> {
         CniError::from_error(code, error)
     };
     if !layout.root().starts_with(DEFAULT_BPFFS) {
-        // As ADD judges it: a pinRoot off bpffs is the configuration's
-        // mistake (code 7, as ADD answers), not the node's.
-        bpffs::check_pin_root(layout.root()).map_err(|error| {
-            if error.is_configuration() {
-                CniError::from_error(code::INVALID_NETWORK_CONFIG, &error)
-            } else {
-                unavailable(&error)
-            }
-        })?;
+        // ADD answers a pinRoot off bpffs with code 7 (the configuration's
+        // mistake); STATUS speaks the spec's two codes (the plugin cannot
+        // serve ADD), with the same message naming pinRoot. containerd
+        // turns either into NetworkReady=false with that message.
+        bpffs::check_pin_root(layout.root()).map_err(|error| unavailable(&error))?;
     }
     attach::check_pinned_layouts(&layout).map_err(|error| unavailable(&error))?;
     let Some(key) = ProbeKey::now() else {
