@@ -215,6 +215,20 @@ impl E2e {
         ours_translations(&self.ctrd.operator_json("list"))
     }
 
+    /// The owners of the upstream mappings `ebpf-portmap list --json` shows.
+    fn listed_upstream_owners(&self) -> Vec<String> {
+        if !self.ours_installed() {
+            return Vec::new();
+        }
+        let list = self.ctrd.operator_json("list");
+        list.as_array()
+            .unwrap_or_else(|| panic!("list --json is an array: {list}"))
+            .iter()
+            .filter(|entry| entry.get("upstream").is_some())
+            .filter_map(|entry| entry["containerID"].as_str().map(str::to_owned))
+            .collect()
+    }
+
     fn ours_installed(&self) -> bool {
         self.ctrd
             .node_path("/sys/fs/bpf/ebpf-portmap/v1/maps")
@@ -432,11 +446,14 @@ fn expected_translations(pod: &Pod, ports: &[PortMapping]) -> Vec<Translation> {
     expected
 }
 
-/// `(containerID, translation)` for every entry of `ebpf-portmap list --json`.
+/// `(containerID, translation)` for every entry of `ebpf-portmap list --json`
+/// that is ours (`list` also shows what upstream portmap still maps, marked
+/// with the `upstream` key).
 fn ours_translations(list: &Value) -> Vec<(String, Translation)> {
     list.as_array()
         .unwrap_or_else(|| panic!("list --json is an array: {list}"))
         .iter()
+        .filter(|entry| entry.get("upstream").is_none())
         .map(|entry| {
             let text = |key: &str| {
                 entry[key]
@@ -919,9 +936,10 @@ fn containerd_with_upstream_portmap() {
 
 /// DEL goes to the plugin the conflist names when it runs, not to the one
 /// that ran ADD: a pod set up by upstream and removed after the switch to
-/// ours gets our DEL, which succeeds and changes nothing of ours; a pod set
-/// up by ours and removed after the switch back gets upstream's DEL, and
-/// `ebpf-portmap gc` then removes what ours still holds for it.
+/// ours gets our DEL, which changes nothing of ours and removes upstream's
+/// rules for the pod (issue 29); a pod set up by ours and removed after the
+/// switch back gets upstream's DEL, and `ebpf-portmap gc` then removes what
+/// ours still holds for it.
 #[test]
 #[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
 fn containerd_deletes_through_the_current_conflist() {
@@ -953,6 +971,11 @@ fn containerd_deletes_through_the_current_conflist() {
     t.wait_serving(&theirs, node_ip, 8301, None);
     let ours_before = t.translations_of(PortPlugin::Ours);
     t.ctrd.switch_port_plugin("ebpf-portmap");
+    assert!(
+        t.listed_upstream_owners().contains(&theirs.sandbox_id),
+        "list shows upstream's mappings of the pod it set up\n{}",
+        t.dump()
+    );
     t.stop(&theirs);
     t.remove(&theirs);
     t.assert_calls(PortPlugin::Ours, "DEL", &theirs, 2);
@@ -963,12 +986,17 @@ fn containerd_deletes_through_the_current_conflist() {
         "our DEL of a pod we never set up changed our mappings\n{}",
         t.dump()
     );
-    // Upstream never saw the DEL: its rules for the pod are still there.
-    t.assert_translations(
+    // Upstream never saw the DEL; ours removed its rules for the pod.
+    t.assert_no_translations(
         PortPlugin::Upstream,
         &theirs,
-        &theirs_ports,
         "upstream's pod after ours ran its DEL",
+    );
+    assert_eq!(
+        t.listed_upstream_owners(),
+        Vec::<String>::new(),
+        "list shows no upstream mapping once the pod is gone\n{}",
+        t.dump()
     );
     t.expect_answer(
         "ours is untouched by the DEL",
