@@ -272,6 +272,24 @@ fn open_new<T: TryFrom<Map, Error = MapError>>(path: &std::path::Path) -> Result
     Map::from_map_data(data).and_then(T::try_from).map_err(fail)
 }
 
+/// Every entry of `old` into the staged map at `path`; how many.
+fn copy_whole<K: aya::Pod, V: aya::Pod>(
+    old: &HashMap<MapData, K, V>,
+    path: &std::path::Path,
+) -> Result<usize, ResizeError> {
+    let mut new: HashMap<MapData, K, V> = open_new(path)?;
+    let mut n = 0usize;
+    for (key, value) in old.iter().filter_map(Result::ok) {
+        new.insert(key, value, 0)
+            .map_err(|source| ResizeError::Copy {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        n += 1;
+    }
+    Ok(n)
+}
+
 /// The smallest `maxMappings` whose `map` has room for `live` entries.
 fn at_least(map: &str, live: usize) -> u32 {
     let live = u32::try_from(live).unwrap_or(u32::MAX);
@@ -488,29 +506,9 @@ impl Resize {
     fn copy_mappings(&self, layout: &PinLayout) -> Result<(), ResizeError> {
         for table in &self.mapping_tables {
             let path = staging(layout, table.name);
-            let fail = |source| ResizeError::Copy {
-                path: path.clone(),
-                source,
-            };
             let copied = match &table.old {
-                Old::Mappings(old) => {
-                    let mut new: HashMap<MapData, MappingKey, MappingValue> = open_new(&path)?;
-                    let mut n = 0usize;
-                    for (key, value) in old.iter().filter_map(Result::ok) {
-                        new.insert(key, value, 0).map_err(fail)?;
-                        n += 1;
-                    }
-                    n
-                }
-                Old::Slots(old) => {
-                    let mut new: HashMap<MapData, OwnerSlotKey, MappingKey> = open_new(&path)?;
-                    let mut n = 0usize;
-                    for (key, value) in old.iter().filter_map(Result::ok) {
-                        new.insert(key, value, 0).map_err(fail)?;
-                        n += 1;
-                    }
-                    n
-                }
+                Old::Mappings(old) => copy_whole(old, &path)?,
+                Old::Slots(old) => copy_whole(old, &path)?,
                 Old::Counters(old) => {
                     let mut new: PerCpuHashMap<MapData, CounterKey, MappingCounters> =
                         open_new(&path)?;
