@@ -667,6 +667,8 @@ pub struct NodeDrift {
     pub unattached: Vec<(String, u32)>,
     /// Entries of the recorded `interfaces` that match no interface.
     pub unmatched: Vec<String>,
+    /// The node's interfaces but loopback, named beside `unmatched`.
+    pub interfaces: Vec<String>,
     /// Node addresses the socket hooks do not know as the node's.
     pub unsynced: Vec<IpAddr>,
     /// Addresses the socket hooks take for the node's that it no longer has.
@@ -695,6 +697,7 @@ pub fn node_drift(layout: &PinLayout, tc: &[TcAttachment]) -> NodeDrift {
     let patterns = node_state::recorded_interfaces(layout);
     let selection = netlink::select_uplinks(&links, patterns.as_deref());
     drift.unmatched = selection.unmatched;
+    drift.interfaces = netlink::interface_names(&links);
     let mut wanted = selection.uplinks;
     wanted.extend(node_state::container_side_indexes(layout));
     // An interface with pins but a direction missing or inactive is judged
@@ -980,7 +983,8 @@ fn judge_drift(drift: &NodeDrift, problems: &mut Vec<String>, notes: &mut Vec<St
     }
     for entry in &drift.unmatched {
         notes.push(format!(
-            "`interfaces` entry {entry:?} matches no interface of this node; skipped"
+            "`interfaces` entry {entry:?} matches no interface of this node (it has {}); skipped",
+            drift.interfaces.join(", ")
         ));
     }
     for addr in &drift.unsynced {
