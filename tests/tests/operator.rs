@@ -1206,3 +1206,56 @@ fn the_readmes_hand_run_example_maps_a_port() {
         .unwrap_or_else(|e| panic!("the README's DEL failed: {e}"));
     assert!(hosts(&json_of(&world, &["list", "--json"])).is_empty());
 }
+
+/// Issue 38 item 11: a problem `status` reports names the operator command
+/// that fixes it, and that command does: an interface added after the last
+/// plugin run lacks the programs until `reconcile`, which reads the
+/// plugin's entry of the conflist as the runtime would.
+#[test]
+fn reconcile_fixes_what_status_reports() {
+    let world = World::bridge();
+    let web = world.node.add_container("reconcile");
+    let _server = tcp_echo_server(&web.ns, 80, "reconcile");
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let side = world
+        .node
+        .add_side_link("eth2", "198.20.0.1/24", "198.20.0.2/24");
+    let (code, doc) = status_json(&world);
+    let problems = doc["problems"].to_string();
+    assert!(
+        !code.success() && problems.contains("eth2") && problems.contains("ebpf-portmap reconcile"),
+        "status names the new interface and the command: {doc:#}"
+    );
+
+    let conflist = world.node.data_dir().join("reconcile.conflist");
+    let plugins = world.list.plugins().to_vec();
+    let list = json!({"cniVersion": world.list.cni_version(), "name": world.list.name(), "plugins": plugins});
+    std::fs::write(&conflist, list.to_string()).expect("write the conflist");
+    let reconcile = |extra: &[&str]| {
+        world
+            .node
+            .ns
+            .command(plugin_bin())
+            .arg("reconcile")
+            .args(extra)
+            .env_remove("CNI_COMMAND")
+            .output()
+            .expect("run ebpf-portmap reconcile")
+    };
+    let missing = reconcile(&["--cni-conf", "/nonexistent/none.conflist"]);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/none.conflist"));
+    let out = reconcile(&["--cni-conf", conflist.to_str().expect("UTF-8 path")]);
+    assert!(out.status.success(), "reconcile: {out:?}");
+
+    let (code, doc) = status_json(&world);
+    assert!(code.success(), "healthy after reconcile: {doc:#}");
+    let answer = tcp_request(
+        &side,
+        sock(Ipv4Addr::new(198, 20, 0, 1), 8080),
+        "fixed",
+        BOUND,
+    )
+    .unwrap_or_else(|e| panic!("the new interface carries the mapping: {e:?}"));
+    assert_eq!(answer, echo_reply("reconcile", "fixed"));
+}

@@ -975,7 +975,7 @@ fn key_list(keys: &[MappingKey]) -> String {
 
 /// The problems and notes of [`NodeDrift`]: each problem with its fix.
 fn judge_drift(drift: &NodeDrift, problems: &mut Vec<String>, notes: &mut Vec<String>) {
-    const NEXT_RUN: &str = "the next CNI ADD, DEL, CHECK or GC on this node does it (start or stop any container with a port mapping)";
+    const NEXT_RUN: &str = "run `ebpf-portmap reconcile` (the next CNI ADD, DEL, CHECK or GC, or the node agent's pass, does it too)";
     for (name, index) in &drift.unattached {
         problems.push(format!(
             "{name} (index {index}) does not carry the programs (added or re-created since the last plugin run), so host ports get no traffic there: {NEXT_RUN}"
@@ -1262,6 +1262,7 @@ mod tests {
         drifted.drift = NodeDrift {
             unattached: vec![("eth2".into(), 9)],
             unmatched: vec!["bond0.*".into()],
+            interfaces: vec!["eth0".into(), "eth2".into()],
             unsynced: vec!["198.18.0.77".parse().unwrap()],
             stale: vec!["198.18.0.66".parse().unwrap()],
             absent_host_ips: vec!["198.18.0.99:8080/tcp".into()],
@@ -1273,7 +1274,7 @@ mod tests {
         assert!(drifted.problems[1].starts_with("node address 198.18.0.77 is not known"));
         for problem in &drifted.problems {
             assert!(
-                problem.contains("the next CNI ADD, DEL, CHECK or GC"),
+                problem.contains("run `ebpf-portmap reconcile`"),
                 "{problem}"
             );
         }
