@@ -134,7 +134,7 @@ fn prometheus_scrapes_the_agent_and_sees_a_mappings_traffic() {
                 prometheus.log()
             )
         });
-    let series = r#"ebpf_portmap_mapping_packets_total{host_port="8053",protocol="udp",family="ipv4",direction="in",network="epm-test",namespace="shop",pod="web-0"}"#;
+    let series = r#"ebpf_portmap_mapping_packets_total{host_ip="0.0.0.0",host_port="8053",protocol="udp",family="ipv4",direction="in",network="epm-test",namespace="shop",pod="web-0"}"#;
     let before = prometheus
         .wait_for(series, Duration::from_secs(10), |_| true)
         .unwrap_or_else(|_| {
@@ -162,7 +162,7 @@ fn prometheus_scrapes_the_agent_and_sees_a_mappings_traffic() {
             )
         });
     eprintln!("packets in: {before} -> {grown} after {SENT} datagrams");
-    let replies = r#"ebpf_portmap_mapping_packets_total{host_port="8053",protocol="udp",family="ipv4",direction="out",pod="web-0"}"#;
+    let replies = r#"ebpf_portmap_mapping_packets_total{host_ip="0.0.0.0",host_port="8053",protocol="udp",family="ipv4",direction="out",pod="web-0"}"#;
     prometheus
         .wait_for(replies, Duration::from_secs(5), |v| v >= SENT as f64)
         .unwrap_or_else(|last| panic!("{replies}: {last:?}"));

@@ -131,10 +131,8 @@ fn mapping_labels(row: &MappingRow) -> Vec<(&'static str, String)> {
     let (network, _, _) = row.owner_strings();
     let pod = &row.pod;
     vec![
-        (
-            "host_ip",
-            row.host_ip().map_or_else(String::new, |ip| ip.to_string()),
-        ),
+        // The wildcard as `list` shows it, so a series and a row match.
+        ("host_ip", row.host_addr().to_string()),
         ("host_port", row.host_port().to_string()),
         ("protocol", row.protocol().to_owned()),
         ("family", row.family().to_owned()),

@@ -122,6 +122,12 @@ impl MappingRow {
         KeyDisplay(self.key).to_string()
     }
 
+    /// The host address as `list` shows it: the family's wildcard
+    /// (`0.0.0.0`, `::`) for a mapping on every node address.
+    pub fn host_addr(&self) -> IpAddr {
+        addr_from_words(self.key.family, &self.key.host_addr_be)
+    }
+
     /// The host address, `None` for the family's wildcard.
     pub fn host_ip(&self) -> Option<IpAddr> {
         (self.key.host_addr_be != [0; 4])
