@@ -37,6 +37,7 @@
 #![allow(clippy::result_large_err, reason = "rich failure values, see above")]
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -465,6 +466,8 @@ pub struct CniRunner {
     timeout: Duration,
     cache: Mutex<BTreeMap<AttachmentKey, CachedAttachment>>,
     calls: Mutex<Vec<PluginCall>>,
+    /// Set in every plugin's environment (e.g. a `PATH` with `nft`).
+    env: Vec<(OsString, OsString)>,
 }
 
 impl CniRunner {
@@ -478,7 +481,16 @@ impl CniRunner {
             timeout: DEFAULT_PLUGIN_TIMEOUT,
             cache: Mutex::new(BTreeMap::new()),
             calls: Mutex::new(Vec::new()),
+            env: Vec::new(),
         }
+    }
+
+    /// Sets `key` to `value` in every plugin's environment, as a runtime's
+    /// own environment would (upstream portmap's nftables backend finds
+    /// `nft` on `PATH`).
+    pub fn with_env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> CniRunner {
+        self.env.push((key.into(), value.into()));
+        self
     }
 
     /// Changes the per-plugin timeout.
@@ -742,6 +754,7 @@ impl CniRunner {
             .env("CNI_ARGS", cni_args_string(&rt.cni_args))
             .env("CNI_IFNAME", &rt.ifname)
             .env("CNI_PATH", self.cni_path())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -39,6 +39,7 @@ pub mod stop;
 pub mod tmp;
 pub mod topology;
 pub mod traffic;
+pub mod upstream_nft;
 pub mod world;
 
 pub use cni::{

@@ -1,6 +1,7 @@
 //! `cargo xtask setup`: every tool the build and the tests need, installed
 //! idempotently (one line per step says what it found or did).
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -70,6 +71,10 @@ pub(crate) fn setup_steps() -> Vec<Step<'static>> {
         Step::new(
             "containerd 2.x and the CNI plugins 1.9 from Debian unstable",
             ensure_unstable_runtime,
+        ),
+        Step::new(
+            "nft for upstream portmap's nftables backend",
+            ensure_private_nft,
         ),
     ]
 }
@@ -564,6 +569,147 @@ Acquire::Languages "none";
     ))
 }
 
+// ---- nft for upstream portmap's nftables backend ----
+
+/// Upstream portmap 1.9 with `"backend": "nftables"` execs `nft` (knftables).
+/// Debian 12's, fetched as packages and never installed: the `nftables`
+/// package's service would load `/etc/nftables.conf`, whose first line
+/// flushes the root namespace's ruleset.
+pub(crate) const NFT_PACKAGES: &[&str] = &["nftables", "libnftables1"];
+
+/// What `libnftables1` links besides glibc; fetched too when the machine
+/// lacks one (iptables and LLVM bring them all on Debian 12).
+const NFT_LIBRARY_DEPENDS: &[&str] = &[
+    "libedit2",
+    "libgmp10",
+    "libjansson4",
+    "libmnl0",
+    "libnftnl11",
+    "libxtables12",
+];
+
+/// `target/tools/nftables`: `debs/`, `root/` (the unpacked packages) and
+/// `bin/nft`, a wrapper that runs `root/usr/sbin/nft` with the unpacked
+/// library. Tests and the bench put `bin/` first on upstream portmap's
+/// `PATH` (`portmap_tests::upstream_nft`, which must agree on this layout).
+pub(crate) fn nft_tools_dir() -> PathBuf {
+    target_dir().join("tools").join("nftables")
+}
+
+/// Fetches [`NFT_PACKAGES`] with `apt-get download` (checked by apt against
+/// the machine's signed index), unpacks them into [`nft_tools_dir`] and
+/// writes the wrapper. When that fails it says so and goes on: the tests of
+/// upstream's nftables backend then skip, naming this step.
+pub(crate) fn ensure_private_nft() -> Result<()> {
+    let dir = nft_tools_dir();
+    if let Ok(version) = capture(Command::new(dir.join("bin/nft")).arg("--version")) {
+        println!(
+            "setup: {} present in {}, skipping",
+            version.trim(),
+            dir.display()
+        );
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    match fetch_private_nft(&dir) {
+        Ok(version) => println!(
+            "setup: {version} (Debian's {}) unpacked into {} in {:.1}s",
+            NFT_PACKAGES.join(", "),
+            dir.display(),
+            started.elapsed().as_secs_f64()
+        ),
+        Err(error) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            println!(
+                "setup: WARNING: no private nft: {error:#}. The tests of upstream portmap's \
+                 nftables backend will skip (NFT_PACKAGES in xtask/src/setup.rs)."
+            );
+        }
+    }
+    Ok(())
+}
+
+fn fetch_private_nft(dir: &Path) -> Result<String> {
+    let debs = dir.join("debs");
+    let root = dir.join("root");
+    let bin = dir.join("bin");
+    let _ = std::fs::remove_dir_all(dir);
+    for sub in [&debs, &root, &bin] {
+        std::fs::create_dir_all(sub).with_context(|| format!("creating {}", sub.display()))?;
+    }
+    let mut packages: Vec<&str> = NFT_PACKAGES.to_vec();
+    packages.extend(
+        NFT_LIBRARY_DEPENDS
+            .iter()
+            .filter(|package| !dpkg_installed(package)),
+    );
+    let download = || {
+        capture(
+            Command::new("apt-get")
+                .current_dir(&debs)
+                .args(["-q", "download"])
+                .args(&packages),
+        )
+    };
+    if download().is_err() {
+        // A fresh machine may have no package lists yet.
+        run(apt_get().arg("update"))?;
+        download()?;
+    }
+    for entry in std::fs::read_dir(&debs).context("listing the downloaded packages")? {
+        let deb = entry?.path();
+        run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+    }
+    let library = find_file(&root.join("usr/lib"), "libnftables.so.1")
+        .context("the unpacked libnftables1 holds no libnftables.so.1")?;
+    let library_dir = library.parent().context("library path has a parent")?;
+    let wrapper = bin.join("nft");
+    std::fs::write(
+        &wrapper,
+        nft_wrapper(&root.join("usr/sbin/nft"), library_dir)?,
+    )
+    .context("writing the nft wrapper")?;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+        .context("making the nft wrapper executable")?;
+    let version = capture(Command::new(&wrapper).arg("--version"))
+        .context("the unpacked nft does not run on this machine")?;
+    Ok(version.trim().to_owned())
+}
+
+/// The first file called `name` under `dir`, depth first.
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.file_name().is_some_and(|n| n == name) {
+            return Some(path);
+        }
+        if path.is_dir()
+            && let Some(found) = find_file(&path, name)
+        {
+            return Some(found);
+        }
+    }
+    None
+}
+
+/// A `/bin/sh` script running `nft` with its library directory first.
+fn nft_wrapper(nft: &Path, library_dir: &Path) -> Result<String> {
+    let quote = |path: &Path| -> Result<String> {
+        let text = path.to_str().context("the target directory is not UTF-8")?;
+        if text.contains('\'') {
+            bail!("{text} cannot be quoted for /bin/sh");
+        }
+        Ok(format!("'{text}'"))
+    };
+    Ok(format!(
+        "#!/bin/sh\n\
+         # Debian 12's nft, unpacked by `cargo xtask setup` (never installed).\n\
+         LD_LIBRARY_PATH={}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} exec {} \"$@\"\n",
+        quote(library_dir)?,
+        quote(nft)?
+    ))
+}
+
 /// `dpkg --compare-versions VERSION ge LOWEST`.
 fn version_at_least(version: &str, lowest: &str) -> Result<bool> {
     let status = Command::new("dpkg")
@@ -618,6 +764,22 @@ mod unstable_tests {
             unstable_sources_list("http://deb.debian.org/debian/"),
             "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian/ sid main\n"
         );
+    }
+
+    #[test]
+    fn the_nft_wrapper_runs_the_unpacked_binary_with_its_library() {
+        assert_eq!(
+            nft_wrapper(
+                Path::new("/t/nftables/root/usr/sbin/nft"),
+                Path::new("/t/nftables/root/usr/lib/x86_64-linux-gnu")
+            )
+            .unwrap(),
+            "#!/bin/sh\n\
+             # Debian 12's nft, unpacked by `cargo xtask setup` (never installed).\n\
+             LD_LIBRARY_PATH='/t/nftables/root/usr/lib/x86_64-linux-gnu'${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+             exec '/t/nftables/root/usr/sbin/nft' \"$@\"\n"
+        );
+        assert!(nft_wrapper(Path::new("/t/it's"), Path::new("/t")).is_err());
     }
 
     #[test]
