@@ -142,11 +142,14 @@ impl Table {
     /// The `nft -f -` script that removes the rules of the containers
     /// `remove` selects and, when no mapping rule is left after that, the
     /// whole table (as the state before upstream's first ADD had none).
-    /// `None` when there is nothing to remove.
+    /// Upstream's own DEL never removes its table, so a table without any
+    /// mapping goes even when `remove` selects nothing in it. `None` when
+    /// there is nothing to remove.
     pub fn removal_script(&self, remove: impl Fn(&str) -> bool) -> Option<String> {
         let (gone, kept): (Vec<&OwnedRule>, Vec<&OwnedRule>) =
             self.rules.iter().partition(|r| remove(&r.container_id));
-        if gone.is_empty() {
+        let unused = self.unowned_mappings == 0 && !self.rules.iter().any(|r| r.mapping.is_some());
+        if gone.is_empty() && !unused {
             return None;
         }
         let family = if self.family.is_empty() {
@@ -248,5 +251,60 @@ mod tests {
             Some("delete table ip cni_hostport\n")
         );
         assert_eq!(table.removal_script(|id| id == "c3"), None);
+    }
+
+    /// `nft -j list table ip|ip6 cni_hostport` (nft 1.0.6) after upstream
+    /// portmap 1.9.1's ADD of container `old` with 8080->80/tcp and
+    /// 8081->81/udp, captured in tests/tests/switch.rs's node namespace.
+    const REAL_IP: &str = include_str!("testdata/portmap-1.9.1-ip.json");
+    const REAL_IP6: &str = include_str!("testdata/portmap-1.9.1-ip6.json");
+
+    #[test]
+    fn upstream_1_9_1s_real_tables_are_read() {
+        for (text, family, addr) in [(REAL_IP, "ip", "10.244.0.2"), (REAL_IP6, "ip6", "fd44::2")] {
+            let table = parse_table(&serde_json::from_str(text).unwrap());
+            assert_eq!(table.family, family);
+            assert_eq!(table.unowned_mappings, 0, "{family}");
+            let mappings: Vec<NftMapping> = table
+                .rules
+                .iter()
+                .filter_map(|r| r.mapping.clone())
+                .collect();
+            let addr: IpAddr = addr.parse().unwrap();
+            assert_eq!(
+                mappings,
+                [(Protocol::Tcp, 8080, 80), (Protocol::Udp, 8081, 81)].map(
+                    |(protocol, host_port, container_port)| NftMapping {
+                        protocol,
+                        host_port,
+                        host_addr: None,
+                        container_addr: addr,
+                        container_port,
+                    }
+                ),
+                "{family}"
+            );
+            assert!(table.rules.iter().all(|r| r.container_id == "old"));
+            // Hairpin (and, for IPv4, localhost) masquerading is old's too.
+            assert!(table.rules.iter().any(|r| r.chain == "masquerading"));
+            assert_eq!(
+                table.removal_script(|id| id == "old").as_deref(),
+                Some(format!("delete table {family} cni_hostport\n").as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn a_table_upstreams_own_del_emptied_goes_whoever_is_selected() {
+        let mut emptied = listed();
+        emptied["nftables"].as_array_mut().unwrap().retain(|item| {
+            item.get("rule")
+                .is_none_or(|rule| rule.get("comment").is_none())
+        });
+        let table = parse_table(&emptied);
+        assert_eq!(
+            table.removal_script(|_| false).as_deref(),
+            Some("delete table ip cni_hostport\n")
+        );
     }
 }
