@@ -321,7 +321,7 @@ fn switch_in(world: &World, upstream: &Upstream) {
             .unwrap_or_else(|e| panic!("DEL after the refused ADD: {e}"));
     }
     assert_answers(
-        &world,
+        world,
         "old",
         8080,
         8081,
@@ -375,7 +375,7 @@ fn switch_in(world: &World, upstream: &Upstream) {
     let _heir_servers = serve(&heir);
     world.add(&heir, &old_ports);
     assert_answers(
-        &world,
+        world,
         "heir",
         8080,
         8081,
