@@ -108,7 +108,7 @@ pub fn row_json(row: &MappingRow) -> Value {
 }
 
 fn wanted_upstream(args: &ListArgs, mapping: &upstream::Mapping) -> bool {
-    args.port.is_none_or(|port| mapping.host_port == port)
+    args.port.is_none_or(|port| mapping.port.host_port == port)
         && args.container.as_deref().is_none_or(|prefix| {
             mapping
                 .container_id
@@ -143,15 +143,15 @@ fn upstream_json(mapping: &upstream::Mapping) -> Value {
     json!({
         "upstream": mapping.source.backend.to_string(),
         "host": mapping.host(),
-        "hostIP": mapping.host_addr.map(|ip| ip.to_string()),
-        "hostPort": mapping.host_port,
-        "protocol": mapping.protocol.as_str(),
+        "hostIP": mapping.port.host_addr.map(|ip| ip.to_string()),
+        "hostPort": mapping.port.host_port,
+        "protocol": mapping.port.protocol.as_str(),
         "family": match mapping.source.family {
             upstream::Family::V4 => "ipv4",
             upstream::Family::V6 => "ipv6",
         },
-        "containerIP": mapping.container_addr.to_string(),
-        "containerPort": mapping.container_port,
+        "containerIP": mapping.port.container_addr.to_string(),
+        "containerPort": mapping.port.container_port,
         "containerID": mapping.container_id,
         "network": mapping.network,
     })
@@ -160,9 +160,9 @@ fn upstream_json(mapping: &upstream::Mapping) -> Value {
 fn upstream_table(mappings: &[upstream::Mapping]) -> Table {
     let mut table = Table::new(&["HOST", "CONTAINER", "OWNER", "NETWORK", "BACKEND"]);
     for m in mappings {
-        let container = match m.container_addr {
-            std::net::IpAddr::V4(a) => format!("{a}:{}", m.container_port),
-            std::net::IpAddr::V6(a) => format!("[{a}]:{}", m.container_port),
+        let container = match m.port.container_addr {
+            std::net::IpAddr::V4(a) => format!("{a}:{}", m.port.container_port),
+            std::net::IpAddr::V6(a) => format!("[{a}]:{}", m.port.container_port),
         };
         table.row(vec![
             (m.host(), Colour::Plain),

@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use super::Port;
 use crate::model::Protocol;
 
 pub const TOP_DNAT_CHAIN: &str = "CNI-HOSTPORT-DNAT";
@@ -64,11 +65,7 @@ pub struct ChainMapping {
     /// with that comment (a leftover nobody owns).
     pub network: Option<String>,
     pub container_id: Option<String>,
-    pub protocol: Protocol,
-    pub host_port: u16,
-    pub host_addr: Option<IpAddr>,
-    pub container_addr: IpAddr,
-    pub container_port: u16,
+    pub port: Port,
 }
 
 /// Splits one line as `iptables-save` quotes it: words separated by
@@ -200,11 +197,13 @@ impl NatTable {
                 chain: rule.chain.clone(),
                 network: owner.map(|o| o.0.clone()),
                 container_id: owner.map(|o| o.1.clone()),
-                protocol,
-                host_port,
-                host_addr: rule.value("-d").and_then(strip_prefix_len),
-                container_addr,
-                container_port,
+                port: Port {
+                    protocol,
+                    host_port,
+                    host_addr: rule.value("-d").and_then(strip_prefix_len),
+                    container_addr,
+                    container_port,
+                },
             });
         }
         mappings
@@ -359,11 +358,11 @@ COMMIT
             .iter()
             .map(|m| {
                 (
-                    m.host_port,
-                    m.protocol,
-                    m.host_addr,
-                    m.container_addr,
-                    m.container_port,
+                    m.port.host_port,
+                    m.port.protocol,
+                    m.port.host_addr,
+                    m.port.container_addr,
+                    m.port.container_port,
                     m.container_id.as_deref(),
                 )
             })

@@ -73,6 +73,17 @@ pub struct Source {
     pub family: Family,
 }
 
+/// One translation upstream writes, as either backend's rule says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Port {
+    pub protocol: Protocol,
+    pub host_port: u16,
+    /// `None`: every address of the family.
+    pub host_addr: Option<IpAddr>,
+    pub container_addr: IpAddr,
+    pub container_port: u16,
+}
+
 /// One port upstream maps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapping {
@@ -82,12 +93,7 @@ pub struct Mapping {
     pub network: Option<String>,
     /// `None` for a container chain no jump names any more.
     pub container_id: Option<String>,
-    pub protocol: Protocol,
-    pub host_port: u16,
-    /// `None`: every address of the family.
-    pub host_addr: Option<IpAddr>,
-    pub container_addr: IpAddr,
-    pub container_port: u16,
+    pub port: Port,
 }
 
 impl Mapping {
@@ -108,13 +114,14 @@ impl Mapping {
 
     /// `198.18.0.1:8080/tcp`, `0.0.0.0:8080/udp`, `[::]:80/tcp`.
     pub fn host(&self) -> String {
-        let addr = self.host_addr.unwrap_or(match self.source.family {
+        let port = &self.port;
+        let addr = port.host_addr.unwrap_or(match self.source.family {
             Family::V4 => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             Family::V6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
         });
         match addr {
-            IpAddr::V4(a) => format!("{a}:{}/{}", self.host_port, self.protocol),
-            IpAddr::V6(a) => format!("[{a}]:{}/{}", self.host_port, self.protocol),
+            IpAddr::V4(a) => format!("{a}:{}/{}", port.host_port, port.protocol),
+            IpAddr::V6(a) => format!("[{a}]:{}/{}", port.host_port, port.protocol),
         }
     }
 
@@ -130,9 +137,9 @@ impl Mapping {
         addr: Option<IpAddr>,
     ) -> bool {
         self.source.family == family
-            && self.protocol == protocol
-            && self.host_port == port
-            && match (self.host_addr, addr) {
+            && self.port.protocol == protocol
+            && self.port.host_port == port
+            && match (self.port.host_addr, addr) {
                 (Some(held), Some(asked)) => held == asked,
                 _ => true,
             }
@@ -311,27 +318,18 @@ fn mappings_of(source: Source, read: &Read) -> Vec<Mapping> {
                 source,
                 network: m.network,
                 container_id: m.container_id,
-                protocol: m.protocol,
-                host_port: m.host_port,
-                host_addr: m.host_addr,
-                container_addr: m.container_addr,
-                container_port: m.container_port,
+                port: m.port,
             })
             .collect(),
         Read::Nft(table) => table
             .rules
             .iter()
             .filter_map(|rule| {
-                let m = rule.mapping.as_ref()?;
                 Some(Mapping {
                     source,
                     network: None,
                     container_id: Some(rule.container_id.clone()),
-                    protocol: m.protocol,
-                    host_port: m.host_port,
-                    host_addr: m.host_addr,
-                    container_addr: m.container_addr,
-                    container_port: m.container_port,
+                    port: rule.mapping?,
                 })
             })
             .collect(),
@@ -449,11 +447,13 @@ mod tests {
             },
             network: Some("net".into()),
             container_id: Some("c1".into()),
-            protocol: Protocol::Tcp,
-            host_port: port,
-            host_addr: addr.map(|a| a.parse().unwrap()),
-            container_addr: "10.244.0.5".parse().unwrap(),
-            container_port: 80,
+            port: Port {
+                protocol: Protocol::Tcp,
+                host_port: port,
+                host_addr: addr.map(|a| a.parse().unwrap()),
+                container_addr: "10.244.0.5".parse().unwrap(),
+                container_port: 80,
+            },
         }
     }
 

@@ -16,6 +16,7 @@ use std::net::IpAddr;
 
 use serde_json::Value;
 
+use super::Port;
 use crate::model::Protocol;
 
 pub const TABLE: &str = "cni_hostport";
@@ -30,16 +31,7 @@ pub struct OwnedRule {
     pub handle: u64,
     pub container_id: String,
     /// Set for a port mapping (`hostports`); `None` for the masquerading rules.
-    pub mapping: Option<NftMapping>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NftMapping {
-    pub protocol: Protocol,
-    pub host_port: u16,
-    pub host_addr: Option<IpAddr>,
-    pub container_addr: IpAddr,
-    pub container_port: u16,
+    pub mapping: Option<Port>,
 }
 
 /// The table as `nft -j list table` prints it.
@@ -60,7 +52,7 @@ fn payload_match<'a>(expr: &'a Value, field: &str) -> Option<(&'a str, &'a Value
     Some((payload.get("protocol")?.as_str()?, matched.get("right")?))
 }
 
-fn mapping_of(exprs: &[Value]) -> Option<NftMapping> {
+fn mapping_of(exprs: &[Value]) -> Option<Port> {
     let mut protocol = None;
     let mut host_port = None;
     let mut host_addr = None;
@@ -81,7 +73,7 @@ fn mapping_of(exprs: &[Value]) -> Option<NftMapping> {
         }
     }
     let (container_addr, container_port) = destination?;
-    Some(NftMapping {
+    Some(Port {
         protocol: protocol?,
         host_port: host_port?,
         host_addr,
@@ -203,17 +195,17 @@ mod tests {
     fn mapping_rules_are_read_with_their_container() {
         let table = parse_table(&listed());
         assert_eq!(table.family, "ip");
-        let mappings: Vec<(&str, NftMapping)> = table
+        let mappings: Vec<(&str, Port)> = table
             .rules
             .iter()
-            .filter_map(|r| Some((r.container_id.as_str(), r.mapping.clone()?)))
+            .filter_map(|r| Some((r.container_id.as_str(), r.mapping?)))
             .collect();
         assert_eq!(
             mappings,
             [
                 (
                     "c1",
-                    NftMapping {
+                    Port {
                         protocol: Protocol::Tcp,
                         host_port: 8080,
                         host_addr: None,
@@ -223,7 +215,7 @@ mod tests {
                 ),
                 (
                     "c2",
-                    NftMapping {
+                    Port {
                         protocol: Protocol::Udp,
                         host_port: 53,
                         host_addr: Some("198.18.0.1".parse().unwrap()),
@@ -265,16 +257,12 @@ mod tests {
             let table = parse_table(&serde_json::from_str(text).unwrap());
             assert_eq!(table.family, family);
             assert_eq!(table.unowned_mappings, 0, "{family}");
-            let mappings: Vec<NftMapping> = table
-                .rules
-                .iter()
-                .filter_map(|r| r.mapping.clone())
-                .collect();
+            let mappings: Vec<Port> = table.rules.iter().filter_map(|r| r.mapping).collect();
             let addr: IpAddr = addr.parse().unwrap();
             assert_eq!(
                 mappings,
                 [(Protocol::Tcp, 8080, 80), (Protocol::Udp, 8081, 81)].map(
-                    |(protocol, host_port, container_port)| NftMapping {
+                    |(protocol, host_port, container_port)| Port {
                         protocol,
                         host_port,
                         host_addr: None,
