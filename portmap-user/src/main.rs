@@ -40,6 +40,7 @@ Exit codes (every verb): 0 done or healthy; 1 a problem found or left (degraded,
   ebpf-portmap status                  is the dataplane healthy? (exit 1 if not)
   ebpf-portmap trace --port 8080       watch what happens to traffic for port 8080
   ebpf-portmap chain install           chain the plugin into /etc/cni/net.d
+  ebpf-portmap migrate --remove        remove upstream portmap's rules of containers that are gone
   ebpf-portmap version                 this build, its eBPF object and the kernel's features
   ebpf-portmap help <command>          more about one command"
 )]
@@ -61,6 +62,7 @@ enum Verb {
     Gc(cli::gc::GcArgs),
     Uninstall(cli::uninstall::UninstallArgs),
     Reconcile(cli::reconcile::ReconcileArgs),
+    Migrate(cli::migrate::MigrateArgs),
     Chain(cli::chain::ChainArgs),
     Version(cli::version::VersionArgs),
     Completions(cli::completions::CompletionsArgs),
@@ -110,6 +112,7 @@ fn main() -> ExitCode {
         Verb::Gc(gc) => cli::gc::run(gc, out),
         Verb::Uninstall(uninstall) => cli::uninstall::run(uninstall, out),
         Verb::Reconcile(reconcile) => cli::reconcile::run(reconcile, out),
+        Verb::Migrate(migrate) => cli::migrate::run(migrate, out),
         Verb::Chain(chain) => cli::chain::run(chain, out),
         Verb::Version(version) => cli::version::run(version, out),
         Verb::Completions(completions) => cli::completions::run(completions, Args::command()),

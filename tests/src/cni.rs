@@ -468,6 +468,8 @@ pub struct CniRunner {
     calls: Mutex<Vec<PluginCall>>,
     /// Set in every plugin's environment (e.g. a `PATH` with `nft`).
     env: Vec<(OsString, OsString)>,
+    /// libcni's `results` directory, when the runner keeps one on disk.
+    results_dir: Option<PathBuf>,
 }
 
 impl CniRunner {
@@ -482,6 +484,48 @@ impl CniRunner {
             cache: Mutex::new(BTreeMap::new()),
             calls: Mutex::new(Vec::new()),
             env: Vec::new(),
+            results_dir: None,
+        }
+    }
+
+    /// Also keeps the result cache on disk, as libcni does (the evidence
+    /// `ebpf-portmap migrate` reads): after a successful ADD,
+    /// `<dir>/<network>-<containerID>-<ifname>` holds a `cniCacheV1` entry
+    /// with the attachment's `netns`; a successful DEL, or
+    /// [`CniRunner::forget`], removes it. (libcni also stores the list's
+    /// bytes in `config`; nothing here reads them.)
+    pub fn with_results_dir(mut self, dir: &Path) -> CniRunner {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        self.results_dir = Some(dir.to_path_buf());
+        self
+    }
+
+    fn results_file(&self, list: &Conflist, rt: &RuntimeAttachment) -> Option<PathBuf> {
+        let dir = self.results_dir.as_ref()?;
+        Some(dir.join(format!("{}-{}-{}", list.name(), rt.container_id, rt.ifname)))
+    }
+
+    fn cache_on_disk(&self, list: &Conflist, rt: &RuntimeAttachment, result: &Value) {
+        let Some(file) = self.results_file(list, rt) else {
+            return;
+        };
+        let entry = json!({
+            "kind": "cniCacheV1",
+            "containerId": rt.container_id,
+            "ifName": rt.ifname,
+            "networkName": list.name(),
+            "netns": rt.netns_path,
+            "cniArgs": rt.cni_args.iter().map(|(k, v)| [k, v]).collect::<Vec<_>>(),
+            "capabilityArgs": rt.capability_args,
+            "result": result,
+        });
+        std::fs::write(&file, entry.to_string())
+            .unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
+    }
+
+    fn uncache_on_disk(&self, list: &Conflist, rt: &RuntimeAttachment) {
+        if let Some(file) = self.results_file(list, rt) {
+            let _ = std::fs::remove_file(file);
         }
     }
 
@@ -526,6 +570,7 @@ impl CniRunner {
                 result: result.clone(),
             },
         );
+        self.cache_on_disk(list, rt, &result);
         Ok(result)
     }
 
@@ -549,6 +594,7 @@ impl CniRunner {
         }
         if failures.is_empty() {
             self.lock_cache().remove(&key);
+            self.uncache_on_disk(list, rt);
             Ok(())
         } else {
             Err(CniFailures(failures))
@@ -648,6 +694,7 @@ impl CniRunner {
     /// tests of DEL without prevResult, or of plugin GC of leaked state).
     /// Returns whether there was one.
     pub fn forget(&self, list: &Conflist, rt: &RuntimeAttachment) -> bool {
+        self.uncache_on_disk(list, rt);
         self.lock_cache()
             .remove(&AttachmentKey::new(list, rt))
             .is_some()

@@ -58,11 +58,7 @@ impl Upstream {
                 return None;
             }
         };
-        world.runner = CniRunner::new(
-            vec![found.plugin_dir.clone(), world.plugins.path().to_path_buf()],
-            &world.node.ns,
-        )
-        .with_env("PATH", found.path_env());
+        world.runner = runner(world, Some(&found));
         let mut json = bridge_conflist(world.list.name(), "portmap", None, world.node.data_dir())
             .json()
             .clone();
@@ -85,6 +81,19 @@ impl Upstream {
             None => state.contains(&format!("id: \\\"{id}\\\"")),
             Some(_) => state.contains(&format!("comment \"{id}\"")),
         }
+    }
+}
+
+/// A runner over the world's plugins; with `nft`, the upstream 1.9 plugins
+/// first and a `PATH` with `nft` for every plugin.
+fn runner(world: &World, nft: Option<&UpstreamNft>) -> CniRunner {
+    match nft {
+        None => CniRunner::new(world.plugins.paths(), &world.node.ns),
+        Some(found) => CniRunner::new(
+            vec![found.plugin_dir.clone(), world.plugins.path().to_path_buf()],
+            &world.node.ns,
+        )
+        .with_env("PATH", found.path_env()),
     }
 }
 
@@ -184,19 +193,11 @@ fn assert_answers(world: &World, name: &str, tcp: u16, udp: u16, when: &str) {
 
 /// `ebpf-portmap <args> --pin-root <pins>` in the node namespace, with
 /// upstream's `PATH` (as an operator on that node has it); must succeed.
+/// ([`operator_output`] runs `ebpf-portmap <args>` alone.)
 fn operator(world: &World, upstream: &Upstream, args: &[&str]) -> String {
-    let mut command = world.node.ns.command(plugin_bin());
-    command
-        .args(args)
-        .arg("--pin-root")
-        .arg(world.pins.path())
-        .env_remove("CNI_COMMAND");
-    if let Some(path) = upstream.path_env() {
-        command.env("PATH", path);
-    }
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("run ebpf-portmap {args:?}: {e}"));
+    let pins = world.pins.path().to_str().expect("UTF-8 pin root");
+    let args = [args, &["--pin-root", pins]].concat();
+    let out = operator_output(world, upstream, &args);
     assert!(
         out.status.success(),
         "ebpf-portmap {args:?}: {}{}",
@@ -204,6 +205,17 @@ fn operator(world: &World, upstream: &Upstream, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stdout)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn operator_output(world: &World, upstream: &Upstream, args: &[&str]) -> std::process::Output {
+    let mut command = world.node.ns.command(plugin_bin());
+    command.args(args).env_remove("CNI_COMMAND");
+    if let Some(path) = upstream.path_env() {
+        command.env("PATH", path);
+    }
+    command
+        .output()
+        .unwrap_or_else(|e| panic!("run ebpf-portmap {args:?}: {e}"))
 }
 
 /// The entries `list --json` shows for upstream's mappings:
@@ -466,5 +478,166 @@ fn gc_of_upstream(world: &World, upstream: &Upstream) {
         before,
         "nothing of upstream is left\n{}",
         plugin_log(world)
+    );
+}
+
+/// `migrate` judges each container upstream still maps on the runtime's
+/// result cache: a live one is kept; one the runtime lost (no cache entry)
+/// and one whose network namespace is gone (the entry outlived it) are
+/// reported, then removed with `--remove`, and a second run finds nothing.
+/// Without a cache it refuses, changing nothing.
+#[test]
+fn migrate_removes_upstreams_rules_of_gone_containers_only() {
+    let world = World::bridge();
+    let upstream = Upstream::iptables(&world);
+    migrate_leftovers(world, upstream);
+}
+
+#[test]
+fn migrate_removes_the_nftables_backends_rules_of_gone_containers_only() {
+    let mut world = World::bridge();
+    let Some(upstream) = Upstream::nftables(&mut world) else {
+        return;
+    };
+    migrate_leftovers(world, upstream);
+}
+
+fn migrate_leftovers(mut world: World, upstream: Upstream) {
+    let results = world.node.data_dir().join("cni-cache").join("results");
+    world.runner = runner(&world, upstream.nft.as_ref()).with_results_dir(&results);
+    let results_arg = results.to_str().expect("UTF-8 temp path").to_owned();
+    let migrate = |extra: &[&str]| {
+        let mut args = vec!["migrate", "--json", "--results-dir", &results_arg];
+        args.extend_from_slice(extra);
+        let out = operator_output(&world, &upstream, &args);
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "migrate {extra:?} printed no JSON ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code(), json)
+    };
+    let states = |json: &Value| -> Vec<String> {
+        let mut states: Vec<String> = json["leftovers"]
+            .as_array()
+            .expect("leftovers is an array")
+            .iter()
+            .map(|l| {
+                format!(
+                    "{} {}",
+                    l["containerID"].as_str().unwrap_or("-"),
+                    l["state"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        states.dedup();
+        states
+    };
+    let before = node_state(&world, &upstream);
+    let conflist = &upstream.conflist;
+    let alive = world.node.add_container("alive");
+    let _alive_servers = serve(&alive);
+    let alive_rt =
+        alive.with_port_mappings(&[PortMapping::tcp(8080, 80), PortMapping::udp(8081, 81)]);
+    let lost = world.node.add_container("lost");
+    let lost_rt = lost.with_port_mappings(&[PortMapping::tcp(8082, 80)]);
+    let crashed = world.node.add_container("crashed");
+    let crashed_rt = crashed.with_port_mappings(&[PortMapping::tcp(8083, 80)]);
+    for rt in [&alive_rt, &lost_rt, &crashed_rt] {
+        world
+            .runner
+            .add(conflist, rt)
+            .unwrap_or_else(|e| panic!("upstream ADD of {}: {e}", rt.container_id));
+    }
+    // The runtime lost `lost`; `crashed`'s namespace went without a DEL.
+    assert!(world.runner.forget(conflist, &lost_rt));
+    drop(crashed);
+    let mapped = node_state(&world, &upstream);
+
+    let (code, report) = migrate(&[]);
+    assert_eq!(
+        states(&report),
+        ["alive live", "crashed gone", "lost gone"],
+        "the verdicts: {report:#}"
+    );
+    assert_eq!(code, Some(1), "gone containers' rules are left: {report:#}");
+    assert_eq!(
+        node_state(&world, &upstream),
+        mapped,
+        "a report changes nothing"
+    );
+
+    // No cache: no evidence, a refusal naming the option, nothing changed.
+    let out = operator_output(
+        &world,
+        &upstream,
+        &[
+            "migrate",
+            "--remove",
+            "--results-dir",
+            "/nonexistent/cni/results",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--results-dir"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        node_state(&world, &upstream),
+        mapped,
+        "a refusal changes nothing"
+    );
+
+    let (code, report) = migrate(&["--remove"]);
+    assert_eq!(code, Some(0), "{report:#}");
+    let left = node_state(&world, &upstream);
+    for id in ["lost", "crashed"] {
+        assert!(
+            !upstream.mentions(&left, id),
+            "{id}'s rules removed:\n{left}"
+        );
+    }
+    assert!(
+        upstream.mentions(&left, "alive"),
+        "alive's rules kept:\n{left}"
+    );
+    assert_answers(
+        &world,
+        "alive",
+        8080,
+        8081,
+        "the live pod after migrate --remove",
+    );
+
+    // Idempotent: nothing more to find or remove.
+    let (code, report) = migrate(&["--remove"]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(states(&report), ["alive live"], "{report:#}");
+    assert_eq!(report["removed"], Value::Array(Vec::new()), "{report:#}");
+    assert_eq!(
+        node_state(&world, &upstream),
+        left,
+        "a second run changes nothing"
+    );
+
+    // alive's own DEL through upstream, then migrate takes what upstream leaves.
+    world
+        .runner
+        .del(conflist, &alive_rt)
+        .unwrap_or_else(|e| panic!("upstream DEL of alive: {e}"));
+    for rt in [&lost_rt, &crashed_rt] {
+        // bridge and host-local free their addresses.
+        let _ = world.runner.del(conflist, rt);
+    }
+    let (code, report) = migrate(&["--remove"]);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(
+        node_state(&world, &upstream),
+        before,
+        "nothing of upstream is left: {report:#}"
     );
 }

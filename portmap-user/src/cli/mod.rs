@@ -22,6 +22,7 @@ pub mod exit;
 pub mod gc;
 pub mod list;
 pub mod man;
+pub mod migrate;
 pub mod output;
 pub mod reconcile;
 pub mod status;
