@@ -176,14 +176,19 @@ impl Survey {
 
 /// Reads upstream's state (no process run when there is none) and judges
 /// each container against the cache in `results_dir`. The cache is read
-/// only when upstream has state: a node without any needs no cache.
+/// only when upstream maps a container: a node without any needs none.
 pub fn survey(results_dir: &Path) -> Result<Survey, MigrateError> {
     let sources = upstream::sources();
     if sources.is_empty() {
         return Ok(Survey::default());
     }
     let (mappings, errors) = upstream::mappings(&sources);
-    let cache = read_cache(results_dir)?;
+    // Only a container needs the evidence: an emptied table needs none.
+    let cache = if mappings.iter().any(|m| m.container_id.is_some()) {
+        read_cache(results_dir)?
+    } else {
+        Vec::new()
+    };
     let mut by_owner: BTreeMap<(Option<String>, Option<String>), Vec<Mapping>> = BTreeMap::new();
     for mapping in mappings {
         by_owner
