@@ -1,6 +1,7 @@
 //! A live node switched from upstream `portmap` to ebpf-portmap: the pods
 //! upstream set up keep their ports, a new pod cannot take them, and their
-//! DEL, which now comes to ebpf-portmap, leaves none of upstream's rules.
+//! DEL, which now comes to ebpf-portmap, leaves none of upstream's rules;
+//! GC and `ebpf-portmap migrate` remove those of containers that are gone.
 //! Each scenario runs twice: with Debian's upstream `portmap` 1.1
 //! (iptables-nft) and the reference `bridge` and `host-local`, and with
 //! upstream `portmap` 1.9 and `"backend": "nftables"` (its own
