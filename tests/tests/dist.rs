@@ -25,6 +25,7 @@ const VERBS: &[&str] = &[
     "trace",
     "gc",
     "uninstall",
+    "reconcile",
     "migrate",
     "chain",
     "version",
