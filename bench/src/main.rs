@@ -85,7 +85,9 @@ const POD_SECTION_BUDGET_SECS: u64 = 480;
 const MAPPINGS_PER_PREFILL: usize = 10;
 
 #[derive(Debug, Parser)]
-#[command(about = "Benchmark ebpf-portmap against iptables portmap and the direct path")]
+#[command(
+    about = "Benchmark ebpf-portmap against iptables portmap, nftables portmap and the direct path"
+)]
 struct Args {
     /// Repetitions of every measurement (at least 3 for the report).
     #[arg(long, default_value_t = 3)]
@@ -383,8 +385,12 @@ fn main() -> ExitCode {
         .clone()
         .unwrap_or_else(|| workspace_root().join("bench/results"));
     println!(
-        "bench: ebpf-portmap ({}) vs iptables portmap (/usr/lib/cni/portmap) vs direct path",
-        plugin_bin().display()
+        "bench: ebpf-portmap ({}) vs iptables portmap (/usr/lib/cni/portmap) vs nftables portmap ({}) vs direct path",
+        plugin_bin().display(),
+        nftables::peer().map_or_else(
+            |e| format!("SKIP: {e}"),
+            |p| format!("{}, {}", p.plugin.display(), p.version)
+        )
     );
     println!(
         "bench: time budget {} s (a full run of 3 repetitions takes 13-20 min on 2 cores, 1.5 of them the hairpin rows, 5-8 the pods rows); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
@@ -1724,18 +1730,15 @@ fn scale_and_dataplane(
             .as_ref()
             .map(|nftables| prefill_nftables(plan, nftables, &mut nftables_fill, size, results));
         let nftables_here = matches!(nftables_outcome, Some(Ok(())));
-        progress.say(&format!(
-            "scale {label}: nftables portmap {}",
-            match &nftables_outcome {
-                None => nftables::skip_reason().unwrap_or_else(|| "not needed by these sections".into()),
-                Some(Ok(())) => format!(
-                    "{} mappings, {} nftables rules",
-                    nftables_fill.containers * MAPPINGS_PER_PREFILL,
-                    results.prefill.last().and_then(|p| p.nat_rules).unwrap_or(0)
-                ),
-                Some(Err(e)) => format!("skipped: {e}"),
-            }
-        ));
+        let rules_of = |flavor: Flavor| {
+            results
+                .prefill
+                .iter()
+                .rev()
+                .find(|p| p.flavor == flavor && p.size == size)
+                .and_then(|p| p.nat_rules)
+                .unwrap_or(0)
+        };
         progress.say(&format!(
             "scale {label}: prefilled (ebpf-portmap {} mappings; iptables portmap {})",
             ours_fill.containers * MAPPINGS_PER_PREFILL,
@@ -1744,11 +1747,19 @@ fn scale_and_dataplane(
                 Some(Ok(())) => format!(
                     "{} mappings, {} nat rules",
                     upstream_fill.containers * MAPPINGS_PER_PREFILL,
-                    results
-                        .prefill
-                        .last()
-                        .and_then(|p| p.nat_rules)
-                        .unwrap_or(0)
+                    rules_of(Flavor::Upstream)
+                ),
+                Some(Err(e)) => format!("skipped: {e}"),
+            }
+        ));
+        progress.say(&format!(
+            "scale {label}: nftables portmap {}",
+            match &nftables_outcome {
+                None => nftables::skip_reason().unwrap_or_else(|| "not needed by these sections".into()),
+                Some(Ok(())) => format!(
+                    "{} mappings, {} nftables rules",
+                    nftables_fill.containers * MAPPINGS_PER_PREFILL,
+                    rules_of(Flavor::Nftables)
                 ),
                 Some(Err(e)) => format!("skipped: {e}"),
             }

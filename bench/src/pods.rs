@@ -837,10 +837,13 @@ fn status_beside_adds(node: &PodNode, shape: Shape, plan: &Plan) -> StatusRow {
                 made += 1;
             }
         });
+        // Set however the batch ends, a panic included: the STATUS loop
+        // waits for it.
+        let stop = StopOnDrop(&done);
         let adds = run_batch(&work, |(id, mappings)| {
             node.one_more_op(Flavor::Ours, CniCommand::Add, id, mappings)
         });
-        done.store(true, Ordering::SeqCst);
+        drop(stop);
         adds
     });
     let _ = run_batch(&work, |(id, mappings)| {
@@ -865,6 +868,15 @@ fn status_beside_adds(node: &PodNode, shape: Shape, plan: &Plan) -> StatusRow {
         first_call_cpu_ms: None,
         first_call: None,
         beside: Some(adds),
+    }
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 

@@ -1133,6 +1133,68 @@ fn pod_targets(results: &Results) -> Vec<TargetRow> {
         detail: "median user+system CPU time of the plugin process (wait4) over the timed calls"
             .into(),
     });
+    // The same 5 ms on the other node states: nothing installed (the
+    // calls after the first, which probes), and beside 32 parallel ADDs;
+    // and no STATUS call may fail on any of them.
+    for (id, key, what) in [
+        (
+            "status-cpu-empty",
+            "empty".to_owned(),
+            "a node where nothing is installed (after the first call)".to_owned(),
+        ),
+        (
+            "status-cpu-beside-adds",
+            format!("beside-adds-{}", full.key()),
+            format!("a node of {} while 32 callers ADD at once", full.label()),
+        ),
+    ] {
+        let cpu = results
+            .status
+            .iter()
+            .find(|r| r.key == key)
+            .and_then(|r| r.calls.cpu_p50());
+        rows.push(TargetRow {
+            id: id.into(),
+            text: format!("STATUS CPU time per call on {what} <= 5 ms"),
+            compare: Compare::AtMost,
+            threshold: 5.0,
+            values: cpu.map_or_else(Vec::new, |v| vec![(v * 100.0).round() / 100.0]),
+            unit: "ms",
+            status: match cpu {
+                None => Status::Skip,
+                Some(v) if v <= 5.0 => Status::Pass,
+                Some(_) => Status::Miss,
+            },
+            stretch: false,
+            detail:
+                "median user+system CPU time of the plugin process (wait4) over the timed calls"
+                    .into(),
+        });
+    }
+    let status_failures: usize = results.status.iter().map(|r| r.calls.failures).sum();
+    let status_calls: usize = results.status.iter().map(|r| r.calls.ops()).sum();
+    rows.push(TargetRow {
+        id: "status-failures".into(),
+        text: "No STATUS call fails, on any node state (also beside 32 parallel ADDs)".into(),
+        compare: Compare::AtMost,
+        threshold: 0.0,
+        values: if results.status.is_empty() {
+            Vec::new()
+        } else {
+            vec![status_failures as f64]
+        },
+        unit: "failures",
+        status: match (results.status.is_empty(), status_failures) {
+            (true, _) => Status::Skip,
+            (false, 0) => Status::Pass,
+            (false, _) => Status::Miss,
+        },
+        stretch: false,
+        detail: format!(
+            "over {status_calls} timed STATUS calls on {} node states",
+            results.status.len()
+        ),
+    });
     let loads = status
         .and_then(|r| r.account.as_ref().ok())
         .map(|a| a.program_loads);
@@ -1419,6 +1481,48 @@ mod tests {
             rows.iter()
                 .any(|r| r.id.starts_with("hairpin-") && r.id.ends_with("-vs-nftables")),
             "hairpin rows against nftables portmap"
+        );
+    }
+
+    #[test]
+    fn status_rows_are_judged_on_every_node_state() {
+        let row = |key: &str, cpu_ms: f64, failures: usize| StatusRow {
+            key: key.into(),
+            state: key.into(),
+            calls: Batch {
+                latencies_ms: vec![1.0; 4],
+                cpu_ms: vec![cpu_ms; 4],
+                failures,
+                ..Batch::default()
+            },
+            account: Err("not traced".into()),
+            traced_calls: 0,
+            first_call_cpu_ms: None,
+            first_call: None,
+            beside: None,
+        };
+        let mut results = Results::default();
+        assert_eq!(
+            find(&judge(&results), "status-failures").status,
+            Status::Skip
+        );
+        results.status = vec![
+            row("empty", 1.5, 0),
+            row("installed-1000x2", 2.0, 0),
+            row("beside-adds-1000x2", 7.0, 1),
+        ];
+        let rows = judge(&results);
+        assert_eq!(find(&rows, "status-cpu-empty").status, Status::Pass);
+        assert_eq!(find(&rows, "status-cpu-1000-pods").status, Status::Pass);
+        let beside = find(&rows, "status-cpu-beside-adds");
+        assert_eq!(
+            (beside.status, beside.values.as_slice()),
+            (Status::Miss, &[7.0][..])
+        );
+        let failures = find(&rows, "status-failures");
+        assert_eq!(
+            (failures.status, failures.values.as_slice()),
+            (Status::Miss, &[1.0][..])
         );
     }
 
