@@ -5,10 +5,12 @@
 //! `cargo xtask setup` unpacks privately into
 //! `target/tools/debian-unstable/root` (`EPM_CONTAINERD_ROOT` names another
 //! unpack). Its nftables backend (knftables) execs `nft` from `PATH`; this
-//! Debian has none installed, so the bench looks for one in `EPM_NFT_DIR`
-//! (a directory holding an `nft` that runs) and then on its own `PATH`, and
-//! hands the plugin a `PATH` that starts with that directory. Either
-//! missing makes every nftables row SKIP with the reason; the run goes on.
+//! Debian has none installed, so setup unpacks Debian 12's into
+//! `target/tools/nftables` (`EPM_NFT_TOOLS`), and the bench hands the
+//! plugin a `PATH` that starts with its `bin/` (both found by
+//! [`UpstreamNft`], as the tests find them). Either missing, or an `nft`
+//! that does not run, makes every nftables row SKIP with the reason; the
+//! run goes on.
 //!
 //! In a world's plugin directory the 1.9.x binary is linked as
 //! [`PLUGIN_TYPE`], beside Debian's `portmap`, so one node can run both;
@@ -23,13 +25,11 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use portmap_tests::netns::NetNs;
+use portmap_tests::upstream_nft::UpstreamNft;
 use serde_json::Value;
 
 /// The `type` the 1.9.x plugin is linked under in a plugin directory.
 pub const PLUGIN_TYPE: &str = "portmap-nftables";
-
-/// Environment variable naming a directory that holds a runnable `nft`.
-pub const NFT_DIR_ENV: &str = "EPM_NFT_DIR";
 
 /// The table upstream's nftables backend keeps its rules in.
 const TABLE: &str = "cni_hostport";
@@ -59,48 +59,28 @@ pub fn skip_reason() -> Option<String> {
         .map(|e| format!("nftables portmap not measured: {e}"))
 }
 
-fn unstable_root() -> PathBuf {
-    match std::env::var_os("EPM_CONTAINERD_ROOT") {
-        Some(root) if !root.is_empty() => PathBuf::from(root),
-        _ => portmap_tests::plugins::workspace_root().join("target/tools/debian-unstable/root"),
-    }
-}
-
 fn locate() -> Result<Peer, String> {
-    let root = unstable_root();
-    let plugin = root.join("usr/lib/cni/portmap");
-    if !plugin.is_file() {
-        return Err(format!(
-            "{} is missing (`cargo xtask setup` unpacks Debian unstable's containernetworking-plugins 1.9.x there)",
-            plugin.display()
-        ));
-    }
-    let packages = std::fs::read_to_string(root.join(".packages")).unwrap_or_default();
+    let found = UpstreamNft::find()?;
+    let nft_version = runs_nft(&found.nft_bin_dir).ok_or_else(|| {
+        format!(
+            "{} does not run (`cargo xtask setup` unpacks it again)",
+            found.nft().display()
+        )
+    })?;
+    let packages = found
+        .plugin_dir
+        .ancestors()
+        .nth(3)
+        .and_then(|root| std::fs::read_to_string(root.join(".packages")).ok())
+        .unwrap_or_default();
     let plugins_version = packages
         .lines()
         .find(|l| l.starts_with("containernetworking-plugins "))
         .unwrap_or("containernetworking-plugins (version not recorded)")
         .to_owned();
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some(dir) = std::env::var_os(NFT_DIR_ENV).filter(|d| !d.is_empty()) {
-        dirs.push(PathBuf::from(dir));
-    }
-    let system_path = std::env::var_os("PATH").unwrap_or_default();
-    dirs.extend(std::env::split_paths(&system_path));
-    let (dir, nft_version) = dirs
-        .iter()
-        .find_map(|dir| runs_nft(dir).map(|v| (dir.clone(), v)))
-        .ok_or_else(|| {
-            format!(
-                "no runnable `nft` in ${NFT_DIR_ENV} or on PATH (upstream's nftables backend execs it; `cargo xtask setup` unpacks one)"
-            )
-        })?;
-    let path_env =
-        std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&system_path)))
-            .map_err(|e| format!("PATH for the plugin: {e}"))?;
     Ok(Peer {
-        plugin,
-        path_env,
+        plugin: found.plugin_dir.join("portmap"),
+        path_env: found.path_env(),
         version: format!("{plugins_version}, {nft_version}"),
     })
 }
