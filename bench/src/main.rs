@@ -81,6 +81,12 @@ const BUDGET_SECS_PER_REP: u64 = 240;
 /// with 3 repetitions on 2 shared cores.
 const POD_SECTION_BUDGET_SECS: u64 = 480;
 
+/// What nftables portmap, when it can run, adds to the default budget: its
+/// prefills are all real ADDs (1 000 to reach 10 000 mappings, 2 000 in the
+/// pods section, 0.1-0.4 s each in the smoke runs of 2026-12-03 on a
+/// loaded machine) besides its share of every section.
+const NFTABLES_BUDGET_SECS: u64 = 600;
+
 /// Mappings per prefilled container (a pod publishing 10 ports).
 const MAPPINGS_PER_PREFILL: usize = 10;
 
@@ -107,7 +113,8 @@ struct Args {
     upstream_real_prefill: usize,
     /// Total time budget in seconds; steps that would exceed it are skipped
     /// with the reason in the report. Default: 240 per repetition (a full
-    /// run of 5 repetitions took 843 s on 2 cores).
+    /// run of 5 repetitions took 843 s on 2 cores), plus 480 with the pods
+    /// section and 600 when nftables portmap can run.
     #[arg(long)]
     budget_secs: Option<u64>,
     /// Fewer operations per batch and shorter runs, for trying the bench out
@@ -260,6 +267,11 @@ impl Plan {
                 BUDGET_SECS_PER_REP * args.reps.max(1) as u64
                     + if sections.contains(&Section::Pods) {
                         POD_SECTION_BUDGET_SECS
+                    } else {
+                        0
+                    }
+                    + if nftables::peer().is_ok() {
+                        NFTABLES_BUDGET_SECS
                     } else {
                         0
                     },
@@ -862,7 +874,8 @@ fn notes(plan: &Plan) -> Vec<String> {
             "Plugin alone: the port-mapping plugin binary run by itself with the real prevResult of one real \
              container (bridge + host-local result), one TCP mapping per operation, a new container ID and \
              host port each time; a batch runs all ADDs, then all DELs. Sequential batches: {} ADDs for \
-             ebpf-portmap, {} for iptables portmap; parallel batches: {} operations over 16 or 32 callers.",
+             ebpf-portmap, {} each for iptables and nftables portmap; parallel batches: {} operations over 16 \
+             or 32 callers.",
             plan.alone_sequential.0, plan.alone_sequential.1, plan.alone_parallel
         ),
         format!(
@@ -875,9 +888,11 @@ fn notes(plan: &Plan) -> Vec<String> {
              is prefilled by real ADDs; iptables portmap by real ADDs up to {} mappings, beyond that by copying \
              the rules its own ADD wrote for a 10-mapping container (new chain name, container ID and ports) \
              with one iptables-restore per family, because ~1 000 real ADDs would not fit the time budget. \
-             The ADDs and DELs measured on top are real plugin runs. The dataplane probe container (TCP RR, TCP \
+             nftables portmap (upstream 1.9.x, `backend: nftables`) is prefilled by its own real ADDs to every \
+             size (within {} s). The ADDs and DELs measured on top are real plugin runs. The dataplane probe container (TCP RR, TCP \
              stream, UDP and a conntrack-fill mapping) is added after the prefill, so it is the last-added one.",
-            plan.upstream_real_prefill
+            plan.upstream_real_prefill,
+            plan.nftables_prefill_allowance.as_secs()
         ),
         format!(
             "Dataplane: client in the `ext` namespace, servers in a real container attached by the real bridge \
@@ -885,8 +900,8 @@ fn notes(plan: &Plan) -> Vec<String> {
              request/response, client closes; TCP stream: 128 KiB writes from client to server, counted until \
              the server has read everything; UDP RR: 64-byte ping-pong, a reply missing after 200 ms counts as \
              an error. The client keeps no TIME_WAIT sockets (tcp_max_tw_buckets=0 in its namespace), so \
-             the connection loops leave nothing behind in the kernel's machine-wide TCP hash. Each run lasts {} ms, cut into {} slices that alternate between the three paths \
-             (ebpf-portmap, iptables portmap, direct, ebpf-portmap, ...), after a {} ms warm-up per path and \
+             the connection loops leave nothing behind in the kernel's machine-wide TCP hash. Each run lasts {} ms, cut into {} slices that alternate between the paths \
+             (ebpf-portmap, iptables portmap, nftables portmap, direct, ebpf-portmap, ...), after a {} ms warm-up per path and \
              size. Client, servers and hence the veth softirq work are pinned to one CPU ({}), so a rate is the \
              CPU cost of the path and not cross-CPU wake-up latency (unpinned, the same run varies by 5x on \
              this 2-core VM).",

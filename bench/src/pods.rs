@@ -671,12 +671,18 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
             let started = Instant::now();
             match full.fill_nftables(shape.mappings_per_pod) {
                 Ok(how) => {
+                    let seconds = started.elapsed().as_secs_f64();
+                    let rules = nftables::rule_count(&full.node.ns);
+                    progress.say(&format!(
+                        "pods: nftables portmap's rules for {} in {seconds:.1} s ({rules} rules)",
+                        shape.label()
+                    ));
                     results.pod_prefill.push(PodPrefill {
                         shape,
                         flavor: Flavor::Nftables,
                         method: how,
-                        seconds: started.elapsed().as_secs_f64(),
-                        nat_rules: Some(nftables::rule_count(&full.node.ns)),
+                        seconds,
+                        nat_rules: Some(rules),
                     });
                     true
                 }
