@@ -607,6 +607,11 @@ fn run(
         .filter(|s| !plan.runs(**s))
         .map(|s| s.name())
         .collect();
+    if let Some(reason) = &results.nftables_skipped {
+        results
+            .skipped
+            .push(format!("every nftables portmap row: {reason}"));
+    }
     if !left_out.is_empty() {
         results.skipped.push(format!(
             "sections not run (--only {}): {}",
