@@ -136,14 +136,30 @@ impl HairpinWorld {
     }
 }
 
-/// Builds the two worlds, warms every path up, then measures each
-/// (route, family, test) with both plugins interleaved, `plan.reps` times.
+/// Builds the worlds (ebpf-portmap, iptables portmap and, where it can
+/// run, nftables portmap), warms every path up, then measures each
+/// (route, family, test) with the plugins interleaved, `plan.reps` times.
 pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyhow::Result<()> {
-    progress.say("hairpin: building an ebpf-portmap and an iptables portmap world");
-    let sides = [
+    let mut sides = vec![
         HairpinWorld::new(Flavor::Ours, "bench-ebpf-hairpin", plan)?,
         HairpinWorld::new(Flavor::Upstream, "bench-iptables-hairpin", plan)?,
     ];
+    match crate::nftables::skip_reason() {
+        None => sides.push(HairpinWorld::new(
+            Flavor::Nftables,
+            "bench-nftables-hairpin",
+            plan,
+        )?),
+        Some(reason) => progress.say(&format!("hairpin: {reason}")),
+    }
+    progress.say(&format!(
+        "hairpin: built the worlds of {}",
+        sides
+            .iter()
+            .map(|s| s.world.flavor.label())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     warm_up_every_path(plan, &sides)?;
     for rep in 0..plan.reps {
         let mut line = Vec::new();
@@ -169,9 +185,14 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
             }
         }
         progress.say(&format!(
-            "hairpin, rep {}/{} (ebpf/iptables, rate[errors]): {}",
+            "hairpin, rep {}/{} ({}, rate[errors]): {}",
             rep + 1,
             plan.reps,
+            sides
+                .iter()
+                .map(|s| s.world.flavor.label())
+                .collect::<Vec<_>>()
+                .join("/"),
             line.join(", ")
         ));
     }

@@ -71,6 +71,8 @@ impl Wrapper<'_> {
 pub struct Invoker {
     dir: PathBuf,
     node: NsHandle,
+    /// Environment every plugin run gets (e.g. the `PATH` holding `nft`).
+    env: Vec<(OsString, OsString)>,
     watchdog: Watchdog,
 }
 
@@ -79,8 +81,15 @@ impl Invoker {
         Invoker {
             dir,
             node,
+            env: Vec::new(),
             watchdog: Watchdog::start(),
         }
+    }
+
+    /// The same, with `env` set for every plugin run.
+    pub fn with_env(mut self, env: Vec<(OsString, OsString)>) -> Invoker {
+        self.env = env;
+        self
     }
 
     /// Runs `plugin` once with `config` on stdin and times it from spawn to reap.
@@ -135,6 +144,7 @@ impl Invoker {
             }
             None => self.node.command(&path),
         };
+        spawned.envs(self.env.iter().map(|(k, v)| (k, v)));
         for (key, value) in wrapper.env {
             spawned.env(key, value);
         }

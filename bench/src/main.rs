@@ -37,6 +37,7 @@ mod invoke;
 mod iptables;
 mod load;
 mod memory;
+mod nftables;
 mod pods;
 mod provenance;
 mod report;
@@ -80,11 +81,19 @@ const BUDGET_SECS_PER_REP: u64 = 240;
 /// with 3 repetitions on 2 shared cores.
 const POD_SECTION_BUDGET_SECS: u64 = 480;
 
+/// What nftables portmap, when it can run, adds to the default budget: its
+/// prefills are all real ADDs (1 000 to reach 10 000 mappings, 2 000 in the
+/// pods section, 0.1-0.4 s each in the smoke runs of 2026-12-03 on a
+/// loaded machine) besides its share of every section.
+const NFTABLES_BUDGET_SECS: u64 = 600;
+
 /// Mappings per prefilled container (a pod publishing 10 ports).
 const MAPPINGS_PER_PREFILL: usize = 10;
 
 #[derive(Debug, Parser)]
-#[command(about = "Benchmark ebpf-portmap against iptables portmap and the direct path")]
+#[command(
+    about = "Benchmark ebpf-portmap against iptables portmap, nftables portmap and the direct path"
+)]
 struct Args {
     /// Repetitions of every measurement (at least 3 for the report).
     #[arg(long, default_value_t = 3)]
@@ -104,7 +113,8 @@ struct Args {
     upstream_real_prefill: usize,
     /// Total time budget in seconds; steps that would exceed it are skipped
     /// with the reason in the report. Default: 240 per repetition (a full
-    /// run of 5 repetitions took 843 s on 2 cores).
+    /// run of 5 repetitions took 843 s on 2 cores), plus 480 with the pods
+    /// section and 600 when nftables portmap can run.
     #[arg(long)]
     budget_secs: Option<u64>,
     /// Fewer operations per batch and shorter runs, for trying the bench out
@@ -207,6 +217,8 @@ struct Plan {
     upstream_scale_allowance: Duration,
     /// Most time upstream's real prefill may take.
     upstream_prefill_allowance: Duration,
+    /// Most time nftables portmap's prefill (real ADDs only) may take.
+    nftables_prefill_allowance: Duration,
 }
 
 impl Plan {
@@ -257,6 +269,11 @@ impl Plan {
                         POD_SECTION_BUDGET_SECS
                     } else {
                         0
+                    }
+                    + if nftables::peer().is_ok() {
+                        NFTABLES_BUDGET_SECS
+                    } else {
+                        0
                     },
             )),
             sections,
@@ -267,6 +284,7 @@ impl Plan {
             scale_ops: if quick { (10, 3) } else { (30, 10) },
             upstream_scale_allowance: Duration::from_secs(if quick { 20 } else { 60 }),
             upstream_prefill_allowance: Duration::from_secs(if quick { 60 } else { 150 }),
+            nftables_prefill_allowance: Duration::from_secs(if quick { 120 } else { 400 }),
         })
     }
 
@@ -379,8 +397,12 @@ fn main() -> ExitCode {
         .clone()
         .unwrap_or_else(|| workspace_root().join("bench/results"));
     println!(
-        "bench: ebpf-portmap ({}) vs iptables portmap (/usr/lib/cni/portmap) vs direct path",
-        plugin_bin().display()
+        "bench: ebpf-portmap ({}) vs iptables portmap (/usr/lib/cni/portmap) vs nftables portmap ({}) vs direct path",
+        plugin_bin().display(),
+        nftables::peer().map_or_else(
+            |e| format!("SKIP: {e}"),
+            |p| format!("{}, {}", p.plugin.display(), p.version)
+        )
     );
     println!(
         "bench: time budget {} s (a full run of 3 repetitions takes 13-20 min on 2 cores, 1.5 of them the hairpin rows, 5-8 the pods rows); {} repetitions; dataplane runs of {} ms; load pinned to CPU {}",
@@ -483,6 +505,10 @@ struct Worlds {
     /// scale ratios.
     ours_empty: Option<BenchWorld>,
     upstream_empty: Option<BenchWorld>,
+    /// nftables portmap's, as iptables portmap's; `None` when the peer
+    /// cannot run here ([`nftables::skip_reason`] says why).
+    nftables: Option<BenchWorld>,
+    nftables_empty: Option<BenchWorld>,
     plain: Option<BenchWorld>,
     /// Kept empty, with `--baseline-bin`: the other side of the
     /// control-plane comparison with another build.
@@ -494,11 +520,18 @@ impl Worlds {
         let build =
             |needed: bool, flavor, name| needed.then(|| BenchWorld::new(flavor, name, plan.cpu));
         let empty = plan.runs(Section::Control) || plan.runs(Section::Scale);
+        let nft = nftables::peer().is_ok();
         Worlds {
             ours: build(plan.fills(), Flavor::Ours, "bench-ebpf"),
             upstream: build(plan.fills_upstream(), Flavor::Upstream, "bench-iptables"),
             ours_empty: build(empty, Flavor::Ours, "bench-ebpf-empty"),
             upstream_empty: build(empty, Flavor::Upstream, "bench-iptables-empty"),
+            nftables: build(
+                nft && plan.fills_upstream(),
+                Flavor::Nftables,
+                "bench-nftables",
+            ),
+            nftables_empty: build(nft && empty, Flavor::Nftables, "bench-nftables-empty"),
             plain: build(plan.runs(Section::Dataplane), Flavor::Plain, "bench-direct"),
             baseline_empty: build(
                 plan.runs(Section::Control) && world::BASELINE_BIN.get().is_some(),
@@ -514,6 +547,8 @@ impl Worlds {
             &self.upstream,
             &self.ours_empty,
             &self.upstream_empty,
+            &self.nftables,
+            &self.nftables_empty,
             &self.plain,
             &self.baseline_empty,
         ]
@@ -526,6 +561,7 @@ impl Worlds {
     fn port_plugin_config(&self, flavor: Flavor) -> Value {
         let (filled, empty) = match flavor {
             Flavor::Ours => (&self.ours, &self.ours_empty),
+            Flavor::Nftables => (&self.nftables, &self.nftables_empty),
             _ => (&self.upstream, &self.upstream_empty),
         };
         filled
@@ -563,6 +599,7 @@ fn run(
         } else {
             Vec::new()
         },
+        nftables_skipped: nftables::skip_reason(),
         ..Results::default()
     };
     let left_out: Vec<&str> = Section::ALL
@@ -570,6 +607,11 @@ fn run(
         .filter(|s| !plan.runs(**s))
         .map(|s| s.name())
         .collect();
+    if let Some(reason) = &results.nftables_skipped {
+        results
+            .skipped
+            .push(format!("every nftables portmap row: {reason}"));
+    }
     if !left_out.is_empty() {
         results.skipped.push(format!(
             "sections not run (--only {}): {}",
@@ -638,7 +680,12 @@ fn run(
         "port_plugin_configs": {
             "ebpf-portmap": worlds.port_plugin_config(Flavor::Ours),
             "portmap": worlds.port_plugin_config(Flavor::Upstream),
+            nftables::PLUGIN_TYPE: worlds.port_plugin_config(Flavor::Nftables),
         },
+        "nftables_peer": nftables::peer().map_or_else(
+            |e| format!("not measured: {e}"),
+            |p| format!("{}, {}", p.version, p.plugin.display())
+        ),
     });
     drop(worlds);
 
@@ -832,7 +879,8 @@ fn notes(plan: &Plan) -> Vec<String> {
             "Plugin alone: the port-mapping plugin binary run by itself with the real prevResult of one real \
              container (bridge + host-local result), one TCP mapping per operation, a new container ID and \
              host port each time; a batch runs all ADDs, then all DELs. Sequential batches: {} ADDs for \
-             ebpf-portmap, {} for iptables portmap; parallel batches: {} operations over 16 or 32 callers.",
+             ebpf-portmap, {} each for iptables and nftables portmap; parallel batches: {} operations over 16 \
+             or 32 callers.",
             plan.alone_sequential.0, plan.alone_sequential.1, plan.alone_parallel
         ),
         format!(
@@ -845,9 +893,11 @@ fn notes(plan: &Plan) -> Vec<String> {
              is prefilled by real ADDs; iptables portmap by real ADDs up to {} mappings, beyond that by copying \
              the rules its own ADD wrote for a 10-mapping container (new chain name, container ID and ports) \
              with one iptables-restore per family, because ~1 000 real ADDs would not fit the time budget. \
-             The ADDs and DELs measured on top are real plugin runs. The dataplane probe container (TCP RR, TCP \
+             nftables portmap (upstream 1.9.x, `backend: nftables`) is prefilled by its own real ADDs to every \
+             size (within {} s). The ADDs and DELs measured on top are real plugin runs. The dataplane probe container (TCP RR, TCP \
              stream, UDP and a conntrack-fill mapping) is added after the prefill, so it is the last-added one.",
-            plan.upstream_real_prefill
+            plan.upstream_real_prefill,
+            plan.nftables_prefill_allowance.as_secs()
         ),
         format!(
             "Dataplane: client in the `ext` namespace, servers in a real container attached by the real bridge \
@@ -855,8 +905,8 @@ fn notes(plan: &Plan) -> Vec<String> {
              request/response, client closes; TCP stream: 128 KiB writes from client to server, counted until \
              the server has read everything; UDP RR: 64-byte ping-pong, a reply missing after 200 ms counts as \
              an error. The client keeps no TIME_WAIT sockets (tcp_max_tw_buckets=0 in its namespace), so \
-             the connection loops leave nothing behind in the kernel's machine-wide TCP hash. Each run lasts {} ms, cut into {} slices that alternate between the three paths \
-             (ebpf-portmap, iptables portmap, direct, ebpf-portmap, ...), after a {} ms warm-up per path and \
+             the connection loops leave nothing behind in the kernel's machine-wide TCP hash. Each run lasts {} ms, cut into {} slices that alternate between the paths \
+             (ebpf-portmap, iptables portmap, nftables portmap, direct, ebpf-portmap, ...), after a {} ms warm-up per path and \
              size. Client, servers and hence the veth softirq work are pinned to one CPU ({}), so a rate is the \
              CPU cost of the path and not cross-CPU wake-up latency (unpinned, the same run varies by 5x on \
              this 2-core VM).",
@@ -1052,10 +1102,13 @@ fn control_plane(
     worlds: &Worlds,
     results: &mut Results,
 ) -> anyhow::Result<()> {
-    let pair = [
+    let mut pair = vec![
         (world(&worlds.ours_empty), plan.alone_sequential.0),
         (world(&worlds.upstream_empty), plan.alone_sequential.1),
     ];
+    if let Some(nftables) = &worlds.nftables_empty {
+        pair.push((nftables, plan.alone_sequential.1));
+    }
     for rep in 0..plan.reps {
         progress.check()?;
         let items: Vec<Vec<(String, PortMapping)>> = pair
@@ -1126,7 +1179,7 @@ fn control_plane(
     for callers in [16, 32] {
         for rep in 0..plan.reps {
             progress.check()?;
-            for (world, _) in pair {
+            for &(world, _) in &pair {
                 let items = alone_items(&format!("par{callers}r{rep}"), plan.alone_parallel);
                 let (add, del) = alone_add_del(world, &items, callers);
                 progress.say(&format!(
@@ -1147,7 +1200,7 @@ fn control_plane(
     ] {
         for rep in 0..plan.reps {
             progress.check()?;
-            for (world, _) in pair {
+            for &(world, _) in &pair {
                 let (add, del) = chain_add_del(world, &format!("ch{callers}r{rep}"), ops, callers);
                 progress.say(&format!(
                     "control plane, whole chain, {callers} caller(s), rep {}/{}: {}",
@@ -1669,6 +1722,7 @@ fn scale_and_dataplane(
     let ours = world(&worlds.ours);
     let mut ours_fill = Fill::default();
     let mut upstream_fill = Fill::default();
+    let mut nftables_fill = Fill::default();
     for &size in &plan.sizes {
         progress.check()?;
         let label = size_label(size);
@@ -1691,6 +1745,20 @@ fn scale_and_dataplane(
             .as_ref()
             .map(|upstream| prefill_upstream(plan, upstream, &mut upstream_fill, size, results));
         let upstream_here = matches!(upstream_outcome, Some(Ok(())));
+        let nftables_outcome = worlds
+            .nftables
+            .as_ref()
+            .map(|nftables| prefill_nftables(plan, nftables, &mut nftables_fill, size, results));
+        let nftables_here = matches!(nftables_outcome, Some(Ok(())));
+        let rules_of = |flavor: Flavor| {
+            results
+                .prefill
+                .iter()
+                .rev()
+                .find(|p| p.flavor == flavor && p.size == size)
+                .and_then(|p| p.nat_rules)
+                .unwrap_or(0)
+        };
         progress.say(&format!(
             "scale {label}: prefilled (ebpf-portmap {} mappings; iptables portmap {})",
             ours_fill.containers * MAPPINGS_PER_PREFILL,
@@ -1699,11 +1767,19 @@ fn scale_and_dataplane(
                 Some(Ok(())) => format!(
                     "{} mappings, {} nat rules",
                     upstream_fill.containers * MAPPINGS_PER_PREFILL,
-                    results
-                        .prefill
-                        .last()
-                        .and_then(|p| p.nat_rules)
-                        .unwrap_or(0)
+                    rules_of(Flavor::Upstream)
+                ),
+                Some(Err(e)) => format!("skipped: {e}"),
+            }
+        ));
+        progress.say(&format!(
+            "scale {label}: nftables portmap {}",
+            match &nftables_outcome {
+                None => nftables::skip_reason().unwrap_or_else(|| "not needed by these sections".into()),
+                Some(Ok(())) => format!(
+                    "{} mappings, {} nftables rules",
+                    nftables_fill.containers * MAPPINGS_PER_PREFILL,
+                    rules_of(Flavor::Nftables)
                 ),
                 Some(Err(e)) => format!("skipped: {e}"),
             }
@@ -1716,8 +1792,10 @@ fn scale_and_dataplane(
                 progress,
                 worlds,
                 size,
-                upstream_here,
-                &upstream_fill,
+                [
+                    (Flavor::Upstream, upstream_here, &upstream_fill),
+                    (Flavor::Nftables, nftables_here, &nftables_fill),
+                ],
                 results,
             );
         }
@@ -1740,6 +1818,11 @@ fn scale_and_dataplane(
                 probe_add(upstream, size)?;
                 paths.push((Flavor::Upstream, upstream));
             }
+            if nftables_here {
+                let nftables = world(&worlds.nftables);
+                probe_add(nftables, size)?;
+                paths.push((Flavor::Nftables, nftables));
+            }
             let plain = world(&worlds.plain);
             paths.push((Flavor::Plain, plain));
             // The floor: the plain world with programs that do nothing
@@ -1755,7 +1838,25 @@ fn scale_and_dataplane(
                     .push("the floor: no tc hook of ebpf-portmap's found".into()),
                 Err(e) => results.skipped.push(format!("the floor: {e}")),
             }
-            let measured = dataplane(plan, progress, &paths, size, upstream_here, results);
+            let mut missing = Vec::new();
+            if !upstream_here {
+                missing.push((
+                    Flavor::Upstream,
+                    "iptables portmap could not be prefilled to this size".to_owned(),
+                ));
+            }
+            if !nftables_here {
+                missing.push((
+                    Flavor::Nftables,
+                    match &nftables_outcome {
+                        Some(Err(e)) => {
+                            format!("nftables portmap could not be prefilled to this size: {e}")
+                        }
+                        _ => nftables::skip_reason().unwrap_or_default(),
+                    },
+                ));
+            }
+            let measured = dataplane(plan, progress, &paths, size, &missing, results);
             plain.set_floor(false);
             measured?;
             if size == plan.sizes.iter().copied().min().unwrap_or(0) {
@@ -1764,6 +1865,9 @@ fn scale_and_dataplane(
             probe_del(ours, size);
             if upstream_here {
                 probe_del(upstream, size);
+            }
+            if nftables_here {
+                probe_del(world(&worlds.nftables), size);
             }
         }
 
@@ -1830,15 +1934,42 @@ fn prefill_upstream(
     outcome
 }
 
+/// Fills nftables portmap to `size` with its own real ADDs and records
+/// how, or why it could not.
+fn prefill_nftables(
+    plan: &Plan,
+    nftables: &BenchWorld,
+    fill: &mut Fill,
+    size: usize,
+    results: &mut Results,
+) -> Result<(), String> {
+    let started = Instant::now();
+    let outcome = match &fill.failed {
+        Some(reason) => Err(reason.clone()),
+        None => prefill_real(nftables, fill, size, plan.nftables_prefill_allowance),
+    };
+    if let Err(reason) = &outcome {
+        fill.failed.get_or_insert(reason.clone());
+    }
+    results.prefill.push(Prefill {
+        flavor: Flavor::Nftables,
+        size,
+        method: "real ADDs".into(),
+        seconds: started.elapsed().as_secs_f64(),
+        nat_rules: Some(nftables::rule_count(&nftables.node.ns)),
+        skipped: outcome.as_ref().err().cloned(),
+    });
+    outcome
+}
+
 /// One more container's ADD and DEL on the filled nodes, each paired with
-/// its empty twin.
+/// its empty twin; each upstream peer `(flavor, prefilled to size, fill)`.
 fn one_more_container(
     plan: &Plan,
     progress: &Progress,
     worlds: &Worlds,
     size: usize,
-    upstream_here: bool,
-    upstream_fill: &Fill,
+    peers: [(Flavor, bool, &Fill); 2],
     results: &mut Results,
 ) {
     let ours_scale = scale_reps(
@@ -1858,66 +1989,73 @@ fn one_more_container(
             skipped: None,
         });
     }
-    let upstream = world(&worlds.upstream);
-    let upstream_ops = if upstream_here {
-        // Size the upstream batches from one untimed ADD+DEL, so slow
-        // large tables stay inside the allowance.
-        let warm = [PortMapping::tcp(OP_PORT_BASE, 80)];
-        let add = upstream.port_add("warm", &warm);
-        let del = upstream.port_del("warm", &warm);
-        let pair = (add.elapsed + del.elapsed).as_secs_f64() * 2.0; // filled + empty
-        let fit = (plan
-            .upstream_scale_allowance
-            .min(progress.left() / 4)
-            .as_secs_f64()
-            / (pair * plan.reps as f64)) as usize;
-        Some(fit.clamp(1, plan.scale_ops.1))
-    } else {
-        None
-    };
-    match upstream_ops {
-        Some(ops) => {
-            for (verb, reps, empty_reps) in
-                scale_reps(plan, upstream, world(&worlds.upstream_empty), size, ops)
-            {
-                results.scale.push(ScaleCell {
-                    flavor: Flavor::Upstream,
-                    size,
-                    verb,
-                    reps,
-                    empty_reps,
-                    skipped: None,
-                });
+    let mut said = Vec::new();
+    for (flavor, here, fill) in peers {
+        let (filled, empty) = match flavor {
+            Flavor::Nftables => (&worlds.nftables, &worlds.nftables_empty),
+            _ => (&worlds.upstream, &worlds.upstream_empty),
+        };
+        let ops = match (here, filled, empty) {
+            (true, Some(filled), Some(_)) => {
+                // Size the upstream batches from one untimed ADD+DEL, so
+                // slow large tables stay inside the allowance.
+                let warm = [PortMapping::tcp(OP_PORT_BASE, 80)];
+                let add = filled.port_add("warm", &warm);
+                let del = filled.port_del("warm", &warm);
+                let pair = (add.elapsed + del.elapsed).as_secs_f64() * 2.0; // filled + empty
+                let fit = (plan
+                    .upstream_scale_allowance
+                    .min(progress.left() / 4)
+                    .as_secs_f64()
+                    / (pair * plan.reps as f64)) as usize;
+                Some(fit.clamp(1, plan.scale_ops.1))
             }
-        }
-        None => {
-            for verb in Verb::BOTH {
-                results.scale.push(ScaleCell {
-                    flavor: Flavor::Upstream,
-                    size,
-                    verb,
-                    reps: Vec::new(),
-                    empty_reps: Vec::new(),
-                    skipped: upstream_fill.failed.clone(),
+            _ => None,
+        };
+        match (ops, filled, empty) {
+            (Some(ops), Some(filled), Some(empty)) => {
+                for (verb, reps, empty_reps) in scale_reps(plan, filled, empty, size, ops) {
+                    results.scale.push(ScaleCell {
+                        flavor,
+                        size,
+                        verb,
+                        reps,
+                        empty_reps,
+                        skipped: None,
+                    });
+                }
+                said.push(format!(
+                    "{} {} ms ({}x empty node, {ops} ops/rep)",
+                    flavor.label(),
+                    scale_p50(results, flavor, size),
+                    scale_ratio(results, flavor, size),
+                ));
+            }
+            _ => {
+                let reason = fill.failed.clone().or_else(|| match flavor {
+                    Flavor::Nftables => nftables::skip_reason(),
+                    _ => None,
                 });
+                for verb in Verb::BOTH {
+                    results.scale.push(ScaleCell {
+                        flavor,
+                        size,
+                        verb,
+                        reps: Vec::new(),
+                        empty_reps: Vec::new(),
+                        skipped: reason.clone(),
+                    });
+                }
+                said.push(format!("{} skipped", flavor.label()));
             }
         }
     }
     progress.say(&format!(
-        "scale {}: one more ADD p50: ebpf-portmap {} ms ({}x empty node), iptables portmap {}",
+        "scale {}: one more ADD p50: ebpf-portmap {} ms ({}x empty node), {}",
         size_label(size),
         scale_p50(results, Flavor::Ours, size),
         scale_ratio(results, Flavor::Ours, size),
-        if upstream_here {
-            format!(
-                "{} ms ({}x empty node, {} ops/rep)",
-                scale_p50(results, Flavor::Upstream, size),
-                scale_ratio(results, Flavor::Upstream, size),
-                upstream_ops.unwrap_or(0)
-            )
-        } else {
-            "skipped".into()
-        }
+        said.join(", ")
     ));
 }
 
@@ -1963,7 +2101,7 @@ fn enter(path: Flavor, world: &BenchWorld) {
         Flavor::OursFast => world.set_fast_path(true),
         Flavor::Plain => world.set_floor(false),
         Flavor::PlainFloor => world.set_floor(true),
-        Flavor::Upstream | Flavor::Baseline => {}
+        Flavor::Upstream | Flavor::Nftables | Flavor::Baseline => {}
     }
 }
 
@@ -1995,7 +2133,7 @@ fn dataplane(
     progress: &Progress,
     paths: &[(Flavor, &BenchWorld)],
     size: usize,
-    upstream_here: bool,
+    missing: &[(Flavor, String)],
     results: &mut Results,
 ) -> anyhow::Result<()> {
     // Warm-up: neighbours resolved, first flows through every path.
@@ -2054,11 +2192,12 @@ fn dataplane(
                         .map_or("-".into(), report::short_measurement)
                 };
                 format!(
-                    "{} {}/{}/{}/{}/{}/{}",
+                    "{} {}/{}/{}/{}/{}/{}/{}",
                     test.key(),
                     rate(Flavor::Ours),
                     rate(Flavor::OursFast),
                     rate(Flavor::Upstream),
+                    rate(Flavor::Nftables),
                     rate(Flavor::Plain),
                     rate(Flavor::OursDirect),
                     rate(Flavor::PlainFloor)
@@ -2066,21 +2205,21 @@ fn dataplane(
             })
             .collect();
         progress.say(&format!(
-            "dataplane {} mappings, rep {}/{} (ebpf/ebpf fastPath/iptables/direct/direct with ebpf loaded/direct with empty programs, rate[errors]): {}",
+            "dataplane {} mappings, rep {}/{} (ebpf/ebpf fastPath/iptables/nftables/direct/direct with ebpf loaded/direct with empty programs, rate[errors]): {}",
             size_label(size),
             rep + 1,
             plan.reps,
             line.join(", ")
         ));
     }
-    if !upstream_here {
+    for (path, reason) in missing {
         for test in Test::ALL {
             cells.push(DataCell {
                 size,
                 test,
-                path: Flavor::Upstream,
+                path: *path,
                 reps: Vec::new(),
-                skipped: Some("iptables portmap could not be prefilled to this size".into()),
+                skipped: Some(reason.clone()),
             });
         }
     }

@@ -12,8 +12,8 @@
 //!
 //! On each shape: ADD and DEL of the port-mapping plugin alone for one more
 //! pod (a real pod attached by bridge + host-local, a new container ID per
-//! operation), ebpf-portmap and Debian's iptables `portmap` on the same
-//! node; what one ADD and one DEL of ebpf-portmap do (`bpf()` calls and
+//! operation), ebpf-portmap, Debian's iptables `portmap` (1.1.1) and
+//! upstream `portmap` 1.9.x with its nftables backend on the same node; what one ADD and one DEL of ebpf-portmap do (`bpf()` calls and
 //! program loads counted by `strace` on an untimed run, the netlink reads,
 //! bytes and records the plugin's own debug account reports, and the CPU
 //! time of the timed runs from `wait4`); STATUS's CPU time per call.
@@ -21,9 +21,12 @@
 //! iptables portmap's rules for the pods are real ADDs for the first
 //! [`UPSTREAM_REAL_PODS`] pods, then copies of the last one's rules loaded
 //! with `iptables-restore` (see [`super::iptables`]): the ruleset those ADDs
-//! would write, in a minute instead of a quarter of an hour. Both plugins
-//! share the node (ebpf-portmap writes no iptables rule, iptables portmap
-//! no BPF state); each plugin's ADD and DEL on top are real runs.
+//! would write, in a minute instead of a quarter of an hour. nftables
+//! portmap's rules are all its own real ADDs (about 0.1 s each, flat in
+//! the size of its table); a new mapping count starts from no table. The
+//! plugins share the node (ebpf-portmap writes no iptables or nftables
+//! rule, the others no BPF state, iptables and nftables portmap separate
+//! tables); each plugin's ADD and DEL on top are real runs.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -45,6 +48,7 @@ use serde_json::{Value, json};
 use super::control::{Batch, deal, run_batch, run_interleaved};
 use super::invoke::{Invoker, Timed, Wrapper};
 use super::iptables;
+use super::nftables;
 use super::results::{
     CallAccount, POD_SHAPES, PodCell, PodPrefill, Results, Shape, StatusRow, Verb, size_label,
 };
@@ -120,6 +124,12 @@ struct PodNode {
     upstream_mappings: usize,
     /// Copies made so far (their chains are numbered by it).
     upstream_copies: usize,
+    /// nftables portmap (1.9.x), when it can run here.
+    nftables: Option<Conflist>,
+    /// Pods whose nftables portmap rules are in place (all real ADDs), and
+    /// with how many mappings each.
+    nftables_pods: usize,
+    nftables_mappings: usize,
     trace_dir: TempDir,
     _plugins: PluginDirs,
 }
@@ -138,9 +148,18 @@ impl PodNode {
         let node = Node::new();
         let pins = PinRoot::new();
         let plugins = PluginDirs::with_plugin_copy(&plugin_bin());
-        let invoker = Invoker::new(plugins.path().to_path_buf(), node.ns.handle());
+        // The PATH holding `nft` (nftables portmap's), harmless to the others.
+        let invoker = Invoker::new(plugins.path().to_path_buf(), node.ns.handle())
+            .with_env(nftables::plugin_env());
         let ours = pod_conflist(name, "ebpf-portmap", Some(pins.path()), &node);
         let upstream = pod_conflist(name, "portmap", None, &node);
+        let nftables = nftables::peer().is_ok().then(|| {
+            nftables::link_into(plugins.path());
+            let mut json = upstream.json().clone();
+            let plugins = json["plugins"].as_array_mut().expect("plugins array");
+            nftables::configure(plugins.last_mut().expect("the port plugin"));
+            Conflist::from_json(json).expect("a valid conflist")
+        });
         let mut bridge_only = ours.json().clone();
         bridge_only["plugins"]
             .as_array_mut()
@@ -165,6 +184,9 @@ impl PodNode {
             upstream_real: 0,
             upstream_mappings: 0,
             upstream_copies: 0,
+            nftables,
+            nftables_pods: 0,
+            nftables_mappings: 0,
             trace_dir: TempDir::new("bench-trace"),
             _plugins: plugins,
         })
@@ -173,6 +195,10 @@ impl PodNode {
     fn list(&self, flavor: Flavor) -> &Conflist {
         match flavor {
             Flavor::Upstream => &self.upstream,
+            Flavor::Nftables => self
+                .nftables
+                .as_ref()
+                .expect("nftables portmap is only run where it can run"),
             _ => &self.ours,
         }
     }
@@ -351,6 +377,53 @@ impl PodNode {
         })
     }
 
+    /// nftables portmap's rules for every pod with `mappings` each, all
+    /// real ADDs ([`PREFILL_CALLERS`] at a time) with the pod's own
+    /// `prevResult`. A new mapping count starts over from no table.
+    fn fill_nftables(&mut self, mappings: usize) -> Result<String, String> {
+        let Some(list) = &self.nftables else {
+            return Err(nftables::skip_reason().unwrap_or_default());
+        };
+        if mappings != self.nftables_mappings {
+            nftables::flush(&self.node.ns)?;
+            self.nftables_pods = 0;
+            self.nftables_mappings = mappings;
+        }
+        let indices: Vec<usize> = (self.nftables_pods..self.pods.len()).collect();
+        let failed: Mutex<Option<String>> = Mutex::new(None);
+        let work = deal(&indices, PREFILL_CALLERS);
+        std::thread::scope(|scope| {
+            for items in &work {
+                let (failed, this) = (&failed, &*self);
+                scope.spawn(move || {
+                    for &index in items {
+                        let pod = &this.pods[index];
+                        let rt = pod
+                            .container
+                            .with_port_mappings(&pod_mappings(index, mappings));
+                        let added =
+                            this.invoker
+                                .port_plugin(list, CniCommand::Add, &rt, &pod.prev_result);
+                        if let Err(e) = added.result {
+                            failed
+                                .lock()
+                                .expect("failure")
+                                .get_or_insert(format!("nftables portmap ADD of pod {index}: {e}"));
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().expect("failure") {
+            return Err(e);
+        }
+        self.nftables_pods = self.pods.len();
+        Ok(format!(
+            "real ADDs of nftables portmap for every pod, {PREFILL_CALLERS} at a time"
+        ))
+    }
+
     /// The plugin's log (its debug account lines).
     fn log(&self) -> PathBuf {
         self.node.data_dir().join(PLUGIN_LOG)
@@ -498,6 +571,7 @@ fn one_more_pod(
     let mut del = (Vec::new(), Vec::new());
     let tag = match flavor {
         Flavor::Upstream => "u",
+        Flavor::Nftables => "n",
         _ => "e",
     };
     for rep in 0..plan.reps {
@@ -555,6 +629,7 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
     progress.say(&status_line(&row));
     results.status.push(row);
 
+    let mut nftables_failed: Option<String> = None;
     for shape in POD_SHAPES {
         progress.check()?;
         let started = Instant::now();
@@ -592,6 +667,39 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
             seconds: started.elapsed().as_secs_f64(),
             nat_rules: Some(iptables::nat_rule_count(&full.node.ns)),
         });
+        let nftables_here = if full.nftables.is_some() && nftables_failed.is_none() {
+            let started = Instant::now();
+            match full.fill_nftables(shape.mappings_per_pod) {
+                Ok(how) => {
+                    let seconds = started.elapsed().as_secs_f64();
+                    let rules = nftables::rule_count(&full.node.ns);
+                    progress.say(&format!(
+                        "pods: nftables portmap's rules for {} in {seconds:.1} s ({rules} rules)",
+                        shape.label()
+                    ));
+                    results.pod_prefill.push(PodPrefill {
+                        shape,
+                        flavor: Flavor::Nftables,
+                        method: how,
+                        seconds,
+                        nat_rules: Some(rules),
+                    });
+                    true
+                }
+                Err(e) => {
+                    let reason = format!(
+                        "pods: nftables portmap's rules for {}: {e}; its later pod rows are skipped",
+                        shape.label()
+                    );
+                    progress.say(&reason);
+                    results.skipped.push(reason.clone());
+                    nftables_failed = Some(reason);
+                    false
+                }
+            }
+        } else {
+            false
+        };
         progress.say(&format!(
             "pods: node at {} ({} mappings) in {ours_seconds:.1} s",
             shape.label(),
@@ -631,32 +739,37 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
             });
         }
 
-        // iptables portmap on the same node: batches sized by one untimed
-        // ADD + DEL so a slow table stays within the allowance.
-        let warm = one_more_mappings(9_998);
-        let pair = full
-            .one_more_op(Flavor::Upstream, CniCommand::Add, "uwarm", &warm)
-            .elapsed
-            + full
-                .one_more_op(Flavor::Upstream, CniCommand::Del, "uwarm", &warm)
-                .elapsed;
-        let fit = (plan
-            .upstream_scale_allowance
-            .min(progress.left() / 8)
-            .as_secs_f64()
-            / (pair.as_secs_f64() * 2.0 * plan.reps as f64)) as usize;
-        let upstream_ops = fit.clamp(1, plan.scale_ops.1);
-        for (verb, reps, empty_reps) in
-            one_more_pod(plan, &full, &empty, shape, Flavor::Upstream, upstream_ops)
-        {
-            results.pods.push(PodCell {
-                shape,
-                flavor: Flavor::Upstream,
-                verb,
-                reps,
-                empty_reps,
-                account: None,
-            });
+        // iptables and nftables portmap on the same node: batches sized by
+        // one untimed ADD + DEL so a slow table stays within the allowance.
+        let mut peer_ops = Vec::new();
+        for peer in [Flavor::Upstream, Flavor::Nftables] {
+            if peer == Flavor::Nftables && !nftables_here {
+                continue;
+            }
+            let warm = one_more_mappings(9_998);
+            let pair = full
+                .one_more_op(peer, CniCommand::Add, "uwarm", &warm)
+                .elapsed
+                + full
+                    .one_more_op(peer, CniCommand::Del, "uwarm", &warm)
+                    .elapsed;
+            let fit = (plan
+                .upstream_scale_allowance
+                .min(progress.left() / 8)
+                .as_secs_f64()
+                / (pair.as_secs_f64() * 2.0 * plan.reps as f64)) as usize;
+            let ops = fit.clamp(1, plan.scale_ops.1);
+            peer_ops.push(format!("{} {ops}", peer.label()));
+            for (verb, reps, empty_reps) in one_more_pod(plan, &full, &empty, shape, peer, ops) {
+                results.pods.push(PodCell {
+                    shape,
+                    flavor: peer,
+                    verb,
+                    reps,
+                    empty_reps,
+                    account: None,
+                });
+            }
         }
         let cells = |flavor, verb| {
             results
@@ -671,12 +784,15 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
                 })
         };
         progress.say(&format!(
-            "pods: {}: ebpf-portmap ADD {}, DEL {}; iptables portmap ADD {}, DEL {} ({upstream_ops} ops/rep); ADD account: {}",
+            "pods: {}: ebpf-portmap ADD {}, DEL {}; iptables portmap ADD {}, DEL {}; nftables portmap ADD {}, DEL {} (ops/rep: {}); ADD account: {}",
             shape.label(),
             cells(Flavor::Ours, Verb::Add),
             cells(Flavor::Ours, Verb::Del),
             cells(Flavor::Upstream, Verb::Add),
             cells(Flavor::Upstream, Verb::Del),
+            cells(Flavor::Nftables, Verb::Add),
+            cells(Flavor::Nftables, Verb::Del),
+            peer_ops.join(", "),
             results
                 .pod_cell(Flavor::Ours, shape, Verb::Add)
                 .and_then(|c| c.account.as_ref())
@@ -727,10 +843,13 @@ fn status_beside_adds(node: &PodNode, shape: Shape, plan: &Plan) -> StatusRow {
                 made += 1;
             }
         });
+        // Set however the batch ends, a panic included: the STATUS loop
+        // waits for it.
+        let stop = StopOnDrop(&done);
         let adds = run_batch(&work, |(id, mappings)| {
             node.one_more_op(Flavor::Ours, CniCommand::Add, id, mappings)
         });
-        done.store(true, Ordering::SeqCst);
+        drop(stop);
         adds
     });
     let _ = run_batch(&work, |(id, mappings)| {
@@ -755,6 +874,15 @@ fn status_beside_adds(node: &PodNode, shape: Shape, plan: &Plan) -> StatusRow {
         first_call_cpu_ms: None,
         first_call: None,
         beside: Some(adds),
+    }
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 

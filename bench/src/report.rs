@@ -18,7 +18,7 @@ use super::svg::BarChart;
 use super::world::Flavor;
 
 /// The plugins compared, in table order.
-const PLUGINS: [Flavor; 2] = [Flavor::Ours, Flavor::Upstream];
+const PLUGINS: [Flavor; 3] = [Flavor::Ours, Flavor::Upstream, Flavor::Nftables];
 
 /// A plot file and how the Markdown introduces it.
 pub struct Plot {
@@ -34,11 +34,20 @@ fn mm_json(values: &[f64]) -> Value {
     }
 }
 
+/// What a peer's rule count counts.
+fn rules_of(flavor: Flavor) -> &'static str {
+    match flavor {
+        Flavor::Nftables => "nftables rules",
+        _ => "nat rules",
+    }
+}
+
 fn flavor_key(flavor: Flavor) -> &'static str {
     match flavor {
         Flavor::Ours => "ebpf-portmap",
         Flavor::OursFast => "ebpf-portmap-fastpath",
         Flavor::Upstream => "portmap",
+        Flavor::Nftables => "portmap-nftables",
         Flavor::Plain => "direct",
         Flavor::OursDirect => "direct-ebpf-portmap-loaded",
         Flavor::PlainFloor => "direct-empty-programs",
@@ -135,6 +144,9 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
                 (Flavor::Upstream, Flavor::Plain),
                 (Flavor::Ours, Flavor::Upstream),
                 (Flavor::OursFast, Flavor::Upstream),
+                (Flavor::Nftables, Flavor::Plain),
+                (Flavor::Ours, Flavor::Nftables),
+                (Flavor::OursFast, Flavor::Nftables),
                 (Flavor::OursDirect, Flavor::Plain),
                 (Flavor::PlainFloor, Flavor::Plain),
                 (Flavor::OursDirect, Flavor::PlainFloor),
@@ -321,14 +333,17 @@ fn hairpin_table(md: &mut String, results: &Results) {
         "A pod dials the node's address and a hostPort mapped to itself or to another pod on the same bridge; \
          the pods are outside the cgroup the socket hooks are attached to, so their traffic takes the packet \
          path (masqueraded back into the bridge). Connect+request+close dials a server that closes first, so \
-         the server holds every closed tuple in TIME_WAIT. The two plugins are interleaved slice by slice. \
+         the server holds every closed tuple in TIME_WAIT. The plugins are interleaved slice by slice. \
          Each cell: median rate over the repetitions (min in brackets), and the errors over all repetitions.\n"
     );
     let _ = writeln!(
         md,
-        "| path | family | test | unit | ebpf-portmap | iptables portmap | ebpf/iptables |"
+        "| path | family | test | unit | ebpf-portmap | iptables portmap | nftables portmap | ebpf/iptables | ebpf/nftables |"
     );
-    let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(
+        md,
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
     for route in Route::BOTH {
         for family in Family::BOTH {
             for test in hairpin::TESTS {
@@ -339,14 +354,22 @@ fn hairpin_table(md: &mut String, results: &Results) {
                 };
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     route.title(),
                     family.title(),
                     test.title(),
                     test.unit(),
                     rate(Flavor::Ours),
                     rate(Flavor::Upstream),
-                    cell(&results.hairpin_ratio(route, family, test), 3),
+                    rate(Flavor::Nftables),
+                    cell(
+                        &results.hairpin_ratio(Flavor::Upstream, route, family, test),
+                        3
+                    ),
+                    cell(
+                        &results.hairpin_ratio(Flavor::Nftables, route, family, test),
+                        3
+                    ),
                 );
             }
         }
@@ -376,7 +399,8 @@ fn pods_table(md: &mut String, results: &Results) {
          the pod's own prevResult). One more pod: a real pod attached by bridge + host-local, then the \
          port-mapping plugin alone with a new container ID per operation and one TCP and one UDP mapping, \
          ADD then DEL, op by op against an empty node (\"vs empty\"). iptables portmap runs on the same node; its \
-         rules for the pods are real ADDs for the first {}, copies of the last one's rules beyond. \
+         rules for the pods are real ADDs for the first {}, copies of the last one's rules beyond. nftables portmap \
+         (upstream 1.9.x, `backend: nftables`) runs on the same node too, its rules for the pods all its own real ADDs. \
          Latency: median over the repetitions of each repetition's p50 (worst in brackets); CPU: median CPU \
          time of the plugin process (and, for iptables portmap, the `iptables` it runs). What one ADD or DEL of \
          ebpf-portmap does is counted on an untimed run: `bpf()` calls with strace, netlink reads, bytes and \
@@ -385,7 +409,7 @@ fn pods_table(md: &mut String, results: &Results) {
     );
     let _ = writeln!(
         md,
-        "| node | plugin | verb | ops/rep | p50 | vs empty | CPU ms/op | bpf() calls | netlink reads / bytes | link / address records | iptables / ebpf |"
+        "| node | plugin | verb | ops/rep | p50 | vs empty | CPU ms/op | bpf() calls | netlink reads / bytes | link / address records | peer / ebpf |"
     );
     let _ = writeln!(
         md,
@@ -425,8 +449,8 @@ fn pods_table(md: &mut String, results: &Results) {
                         key(a, "link_records"),
                         key(a, "address_records")
                     )),
-                    if flavor == Flavor::Upstream {
-                        cell(&results.pod_speedup(shape, verb), 1)
+                    if matches!(flavor, Flavor::Upstream | Flavor::Nftables) {
+                        cell(&results.pod_speedup(flavor, shape, verb), 1)
                     } else {
                         String::new()
                     },
@@ -464,7 +488,7 @@ fn pods_table(md: &mut String, results: &Results) {
             p.method,
             p.seconds,
             p.nat_rules
-                .map_or(String::new(), |n| format!(", {n} nat rules"))
+                .map_or(String::new(), |n| format!(", {n} {}", rules_of(p.flavor)))
         );
     }
     let _ = writeln!(md, "\n### STATUS\n");
@@ -861,7 +885,7 @@ pub fn markdown(
             let how = prefill.map_or(String::new(), |p| {
                 let rules = p
                     .nat_rules
-                    .map_or(String::new(), |r| format!(", {r} nat rules"));
+                    .map_or(String::new(), |r| format!(", {r} {}", rules_of(flavor)));
                 match &p.skipped {
                     Some(reason) => format!("skipped: {reason}"),
                     None => format!("{} ({:.1} s{rules})", p.method, p.seconds),
@@ -902,7 +926,7 @@ pub fn markdown(
     let _ = writeln!(md, "\n## Dataplane\n");
     let _ = writeln!(
         md,
-        "Client namespace -> node IP:hostPort -> container, for ebpf-portmap and iptables portmap; \
+        "Client namespace -> node IP:hostPort -> container, for ebpf-portmap, iptables portmap and nftables portmap; \
          client -> container IP (routed by the node, no translation, no port-mapping plugin) for direct. \
          \"fast\" is ebpf-portmap with `fastPath` on (translated packets handed straight to the container's veth, \
          answers straight to the client's interface), measured in the same world with the node's flag switched per slice. \
@@ -912,11 +936,11 @@ pub fn markdown(
         let _ = writeln!(md, "### {} existing mappings\n", size_label(size));
         let _ = writeln!(
             md,
-            "| test | unit | ebpf-portmap | ebpf-portmap fast | iptables portmap | direct | direct, ebpf-portmap loaded | ebpf/direct | fast/direct | iptables/direct | ebpf/iptables | fast/iptables | loaded/direct |"
+            "| test | unit | ebpf-portmap | ebpf-portmap fast | iptables portmap | nftables portmap | direct | direct, ebpf-portmap loaded | ebpf/direct | fast/direct | iptables/direct | nftables/direct | ebpf/iptables | fast/iptables | ebpf/nftables | fast/nftables | loaded/direct |"
         );
         let _ = writeln!(
             md,
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
         for test in Test::ALL {
             let rate = |path: Flavor| match results.data_cell(size, test, path) {
@@ -930,19 +954,23 @@ pub fn markdown(
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 test.title(),
                 test.unit(),
                 rate(Flavor::Ours),
                 rate(Flavor::OursFast),
                 rate(Flavor::Upstream),
+                rate(Flavor::Nftables),
                 rate(Flavor::Plain),
                 rate(Flavor::OursDirect),
                 ratio_cell(results, size, test, Flavor::Ours, Flavor::Plain),
                 ratio_cell(results, size, test, Flavor::OursFast, Flavor::Plain),
                 ratio_cell(results, size, test, Flavor::Upstream, Flavor::Plain),
+                ratio_cell(results, size, test, Flavor::Nftables, Flavor::Plain),
                 ratio_cell(results, size, test, Flavor::Ours, Flavor::Upstream),
                 ratio_cell(results, size, test, Flavor::OursFast, Flavor::Upstream),
+                ratio_cell(results, size, test, Flavor::Ours, Flavor::Nftables),
+                ratio_cell(results, size, test, Flavor::OursFast, Flavor::Nftables),
                 ratio_cell(results, size, test, Flavor::OursDirect, Flavor::Plain),
             );
         }
@@ -1128,12 +1156,10 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
         svg: BarChart {
             title: "ADD/DEL latency, sequential (ms, log scale; lower is better)".into(),
             y_label: "ms".into(),
-            series: vec![
-                "ebpf-portmap p50".into(),
-                "ebpf-portmap p99".into(),
-                "iptables portmap p50".into(),
-                "iptables portmap p99".into(),
-            ],
+            series: PLUGINS
+                .iter()
+                .flat_map(|f| [format!("{} p50", f.label()), format!("{} p99", f.label())])
+                .collect(),
             groups,
             log: true,
             reference_lines: Vec::new(),
@@ -1171,7 +1197,7 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
                 "ADD/DEL operations per second with 1, 16, 32 callers (log scale; higher is better)"
                     .into(),
             y_label: "ops/s".into(),
-            series: vec!["ebpf-portmap".into(), "iptables portmap".into()],
+            series: PLUGINS.iter().map(|f| f.label().to_owned()).collect(),
             groups,
             log: true,
             reference_lines: Vec::new(),
@@ -1203,7 +1229,7 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
         svg: BarChart {
             title: "ADD/DEL of one more container, p50 by existing mappings (ms, log scale)".into(),
             y_label: "ms".into(),
-            series: vec!["ebpf-portmap".into(), "iptables portmap".into()],
+            series: PLUGINS.iter().map(|f| f.label().to_owned()).collect(),
             groups,
             log: true,
             reference_lines: Vec::new(),
@@ -1219,6 +1245,7 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
                 Flavor::Ours,
                 Flavor::OursFast,
                 Flavor::Upstream,
+                Flavor::Nftables,
                 Flavor::OursDirect,
                 Flavor::PlainFloor,
             ]
@@ -1242,6 +1269,7 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
             None,
             None,
             None,
+            None,
             median_of(&results.connect_ratio()),
             median_of(&results.connect_floor_ratio()),
         ],
@@ -1257,6 +1285,7 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
                 "ebpf-portmap".into(),
                 "ebpf-portmap fastPath".into(),
                 "iptables portmap".into(),
+                "nftables portmap".into(),
                 "not translated, ebpf-portmap loaded".into(),
                 "not translated, empty programs at its hooks".into(),
             ],
@@ -1605,6 +1634,7 @@ mod tests {
             Flavor::Ours,
             Flavor::OursFast,
             Flavor::Upstream,
+            Flavor::Nftables,
             Flavor::Plain,
             Flavor::OursDirect,
             Flavor::PlainFloor,
@@ -1631,7 +1661,7 @@ mod tests {
         for route in Route::BOTH {
             for family in Family::BOTH {
                 for test in hairpin::TESTS {
-                    for flavor in [Flavor::Ours, Flavor::Upstream] {
+                    for flavor in PLUGINS {
                         results.hairpin.push(super::super::results::HairpinCell {
                             route,
                             family,
@@ -1725,12 +1755,12 @@ mod tests {
         );
         assert!(
             md.contains(
-                "| pod -> nodeIP:hostPort of another pod | IPv6 | TCP connect+request+close | conn/s | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 1.000 (1.000) |"
+                "| pod -> nodeIP:hostPort of another pod | IPv6 | TCP connect+request+close | conn/s | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 1.000 (1.000) | 1.000 (1.000) |"
             ),
             "{md}"
         );
         let json = to_json(&results, &targets, &meta);
-        assert_eq!(json["hairpin"].as_array().map(Vec::len), Some(24));
+        assert_eq!(json["hairpin"].as_array().map(Vec::len), Some(36));
         assert_eq!(json["hairpin"][0]["connect_errors"], 3);
         // 3 samples of 1 ms over 1000 transactions; a pipe in the source
         // text does not split the cell.

@@ -366,6 +366,31 @@ pub struct Results {
     pub profiles: Vec<LoadProfile>,
     /// Steps skipped for lack of time or a failure, with the reason.
     pub skipped: Vec<String>,
+    /// Why nftables portmap was not measured at all (no `nft`, no 1.9.x
+    /// plugins), if it was not: its rows are SKIP with this reason.
+    pub nftables_skipped: Option<String>,
+}
+
+/// The upstream plugins ebpf-portmap is measured against: Debian's
+/// iptables portmap 1.1.1 and portmap 1.9.x with its nftables backend.
+pub const PEERS: [Flavor; 2] = [Flavor::Upstream, Flavor::Nftables];
+
+/// How a peer's target ids differ from iptables portmap's.
+pub fn peer_id(peer: Flavor, iptables_id: &str) -> String {
+    match peer {
+        Flavor::Nftables => format!("{iptables_id}-vs-nftables"),
+        _ => iptables_id.to_owned(),
+    }
+}
+
+impl Results {
+    /// `detail`, or why `peer` was not measured at all.
+    fn peer_detail(&self, peer: Flavor, values: &[f64], detail: String) -> String {
+        match (&self.nftables_skipped, peer, values.is_empty()) {
+            (Some(reason), Flavor::Nftables, true) => format!("SKIP: {reason}"),
+            _ => detail,
+        }
+    }
 }
 
 /// One repetition of the connect() rate, calls/s, the two sides
@@ -453,11 +478,11 @@ impl Results {
             .find(|c| c.flavor == flavor && c.shape == shape && c.verb == verb)
     }
 
-    /// Per repetition: iptables portmap p50 / ebpf-portmap p50 for one more
-    /// pod on the same node of `shape`.
-    pub fn pod_speedup(&self, shape: Shape, verb: Verb) -> Vec<f64> {
+    /// Per repetition: `peer`'s p50 (iptables or nftables portmap) /
+    /// ebpf-portmap p50 for one more pod on the same node of `shape`.
+    pub fn pod_speedup(&self, peer: Flavor, shape: Shape, verb: Verb) -> Vec<f64> {
         match (
-            self.pod_cell(Flavor::Upstream, shape, verb),
+            self.pod_cell(peer, shape, verb),
             self.pod_cell(Flavor::Ours, shape, verb),
         ) {
             (Some(up), Some(ours)) => paired_ratios(
@@ -503,12 +528,18 @@ impl Results {
         })
     }
 
-    /// Per repetition: ebpf-portmap's hairpin rate / iptables portmap's on
-    /// the same path (the two interleaved in each repetition).
-    pub fn hairpin_ratio(&self, route: Route, family: Family, test: Test) -> Vec<f64> {
+    /// Per repetition: ebpf-portmap's hairpin rate / `peer`'s (iptables or
+    /// nftables portmap) on the same path (interleaved in each repetition).
+    pub fn hairpin_ratio(
+        &self,
+        peer: Flavor,
+        route: Route,
+        family: Family,
+        test: Test,
+    ) -> Vec<f64> {
         match (
             self.hairpin_cell(route, family, test, Flavor::Ours),
-            self.hairpin_cell(route, family, test, Flavor::Upstream),
+            self.hairpin_cell(route, family, test, peer),
         ) {
             (Some(n), Some(d)) => paired_ratios(&n.rates(), &d.rates()),
             _ => Vec::new(),
@@ -592,9 +623,9 @@ impl Results {
         }
     }
 
-    pub fn speedup(&self, verb: Verb, which: Pct) -> Vec<f64> {
+    pub fn speedup(&self, peer: Flavor, verb: Verb, which: Pct) -> Vec<f64> {
         match (
-            self.control_cell(Scope::Alone, Flavor::Upstream, verb, 1),
+            self.control_cell(Scope::Alone, peer, verb, 1),
             self.control_cell(Scope::Alone, Flavor::Ours, verb, 1),
         ) {
             (Some(up), Some(ours)) => paired_ratios(
@@ -715,22 +746,36 @@ pub fn size_label(size: usize) -> String {
 /// to it); a target with nothing measured is SKIP with the reason.
 pub fn judge(results: &Results) -> Vec<TargetRow> {
     let mut rows = Vec::new();
-    for verb in Verb::BOTH {
-        for which in [Pct::P50, Pct::P99] {
-            rows.push(ratio_target(
-                &format!("cp-{}-{}", verb.name().to_lowercase(), which.name()),
-                format!(
-                    "{} of the plugin alone >= 20x faster than iptables portmap at {}",
-                    verb.name(),
-                    which.name()
-                ),
-                results.speedup(verb, which),
-                Compare::AtLeast,
-                20.0,
-                false,
-                "iptables portmap latency / ebpf-portmap latency, sequential, paired by repetition"
-                    .into(),
-            ));
+    for peer in PEERS {
+        for verb in Verb::BOTH {
+            for which in [Pct::P50, Pct::P99] {
+                let values = results.speedup(peer, verb, which);
+                let detail = results.peer_detail(
+                    peer,
+                    &values,
+                    format!(
+                        "{} latency / ebpf-portmap latency, sequential, paired by repetition",
+                        peer.label()
+                    ),
+                );
+                rows.push(ratio_target(
+                    &peer_id(
+                        peer,
+                        &format!("cp-{}-{}", verb.name().to_lowercase(), which.name()),
+                    ),
+                    format!(
+                        "{} of the plugin alone >= 20x faster than {} at {}",
+                        verb.name(),
+                        peer.label(),
+                        which.name()
+                    ),
+                    values,
+                    Compare::AtLeast,
+                    20.0,
+                    false,
+                    detail,
+                ));
+            }
         }
     }
     // Issue 17: the plugin's ADD must not get slower for what the agent
@@ -840,17 +885,29 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
                 1000 => 1.2,
                 _ => 1.0,
             };
-            rows.push(ratio_target(
-                &format!("crr-vs-iptables-{size}{suffix}"),
-                format!(
-                    "connect+request+close rate through hostPort >= {over_iptables}x iptables DNAT, {at}"
-                ),
-                results.data_ratio(size, Test::TcpCrr, path, Flavor::Upstream),
-                Compare::AtLeast,
-                over_iptables,
-                false,
-                format!("{label} rate / iptables portmap rate"),
-            ));
+            for peer in PEERS {
+                let values = results.data_ratio(size, Test::TcpCrr, path, peer);
+                let (id, dnat) = match peer {
+                    Flavor::Nftables => ("nftables", "nftables"),
+                    _ => ("iptables", "iptables"),
+                };
+                let detail = results.peer_detail(
+                    peer,
+                    &values,
+                    format!("{label} rate / {} rate", peer.label()),
+                );
+                rows.push(ratio_target(
+                    &format!("crr-vs-{id}-{size}{suffix}"),
+                    format!(
+                        "connect+request+close rate through hostPort >= {over_iptables}x {dnat} DNAT, {at}"
+                    ),
+                    values,
+                    Compare::AtLeast,
+                    over_iptables,
+                    false,
+                    detail,
+                ));
+            }
             rows.push(ratio_target(
                 &format!("crr-vs-direct-{size}{suffix}"),
                 format!("connect+request+close rate through hostPort >= 0.88x direct, {at}"),
@@ -973,23 +1030,41 @@ fn pod_targets(results: &Results) -> Vec<TargetRow> {
             ));
         }
     }
-    for shape in POD_SHAPES {
-        for verb in Verb::BOTH {
-            rows.push(ratio_target(
-                &format!("pods-{}-vs-iptables-{}", verb.name().to_lowercase(), shape.key()),
-                format!(
-                    "{} of the plugin alone >= 20x faster than iptables portmap on a node of {}",
-                    verb.name(),
-                    shape.label()
-                ),
-                results.pod_speedup(shape, verb),
-                Compare::AtLeast,
-                20.0,
-                false,
-                "iptables portmap p50 / ebpf-portmap p50 for one more pod on the same node, paired by repetition \
-                 (Debian's portmap 1.1.1, iptables: the nftables 1.9.x peer is not on this machine)"
-                    .into(),
-            ));
+    for peer in PEERS {
+        for shape in POD_SHAPES {
+            for verb in Verb::BOTH {
+                let values = results.pod_speedup(peer, shape, verb);
+                let id = match peer {
+                    Flavor::Nftables => "nftables",
+                    _ => "iptables",
+                };
+                let detail = results.peer_detail(
+                    peer,
+                    &values,
+                    format!(
+                        "{} p50 / ebpf-portmap p50 for one more pod on the same node, paired by repetition",
+                        peer.label()
+                    ),
+                );
+                rows.push(ratio_target(
+                    &format!(
+                        "pods-{}-vs-{id}-{}",
+                        verb.name().to_lowercase(),
+                        shape.key()
+                    ),
+                    format!(
+                        "{} of the plugin alone >= 20x faster than {} on a node of {}",
+                        verb.name(),
+                        peer.label(),
+                        shape.label()
+                    ),
+                    values,
+                    Compare::AtLeast,
+                    20.0,
+                    false,
+                    detail,
+                ));
+            }
         }
     }
     let (empty, full) = (POD_SHAPES[0], POD_SHAPES[2]);
@@ -1058,6 +1133,68 @@ fn pod_targets(results: &Results) -> Vec<TargetRow> {
         detail: "median user+system CPU time of the plugin process (wait4) over the timed calls"
             .into(),
     });
+    // The same 5 ms on the other node states: nothing installed (the
+    // calls after the first, which probes), and beside 32 parallel ADDs;
+    // and no STATUS call may fail on any of them.
+    for (id, key, what) in [
+        (
+            "status-cpu-empty",
+            "empty".to_owned(),
+            "a node where nothing is installed (after the first call)".to_owned(),
+        ),
+        (
+            "status-cpu-beside-adds",
+            format!("beside-adds-{}", full.key()),
+            format!("a node of {} while 32 callers ADD at once", full.label()),
+        ),
+    ] {
+        let cpu = results
+            .status
+            .iter()
+            .find(|r| r.key == key)
+            .and_then(|r| r.calls.cpu_p50());
+        rows.push(TargetRow {
+            id: id.into(),
+            text: format!("STATUS CPU time per call on {what} <= 5 ms"),
+            compare: Compare::AtMost,
+            threshold: 5.0,
+            values: cpu.map_or_else(Vec::new, |v| vec![(v * 100.0).round() / 100.0]),
+            unit: "ms",
+            status: match cpu {
+                None => Status::Skip,
+                Some(v) if v <= 5.0 => Status::Pass,
+                Some(_) => Status::Miss,
+            },
+            stretch: false,
+            detail:
+                "median user+system CPU time of the plugin process (wait4) over the timed calls"
+                    .into(),
+        });
+    }
+    let status_failures: usize = results.status.iter().map(|r| r.calls.failures).sum();
+    let status_calls: usize = results.status.iter().map(|r| r.calls.ops()).sum();
+    rows.push(TargetRow {
+        id: "status-failures".into(),
+        text: "No STATUS call fails, on any node state (also beside 32 parallel ADDs)".into(),
+        compare: Compare::AtMost,
+        threshold: 0.0,
+        values: if results.status.is_empty() {
+            Vec::new()
+        } else {
+            vec![status_failures as f64]
+        },
+        unit: "failures",
+        status: match (results.status.is_empty(), status_failures) {
+            (true, _) => Status::Skip,
+            (false, 0) => Status::Pass,
+            (false, _) => Status::Miss,
+        },
+        stretch: false,
+        detail: format!(
+            "over {status_calls} timed STATUS calls on {} node states",
+            results.status.len()
+        ),
+    });
     let loads = status
         .and_then(|r| r.account.as_ref().ok())
         .map(|a| a.program_loads);
@@ -1089,37 +1226,47 @@ fn pod_targets(results: &Results) -> Vec<TargetRow> {
 /// carries both sides' error counts, so no ratio stands without them.
 fn hairpin_targets(results: &Results) -> Vec<TargetRow> {
     let mut rows = Vec::new();
-    for route in Route::BOTH {
-        for family in Family::BOTH {
-            for test in hairpin::TESTS {
-                let threshold = if test == Test::TcpCrr { 1.0 } else { 0.95 };
-                let errors = |flavor: Flavor| {
-                    results.hairpin_cell(route, family, test, flavor).map_or(
-                        "not measured".into(),
-                        |c| {
-                            let (all, connect) = errors_of(&c.reps);
-                            error_count(all, connect)
-                        },
-                    )
-                };
-                rows.push(ratio_target(
-                    &hairpin::row_id(route, family, test),
+    for peer in PEERS {
+        for route in Route::BOTH {
+            for family in Family::BOTH {
+                for test in hairpin::TESTS {
+                    let threshold = if test == Test::TcpCrr { 1.0 } else { 0.95 };
+                    let errors = |flavor: Flavor| {
+                        results.hairpin_cell(route, family, test, flavor).map_or(
+                            "not measured".into(),
+                            |c| {
+                                let (all, connect) = errors_of(&c.reps);
+                                error_count(all, connect)
+                            },
+                        )
+                    };
+                    let values = results.hairpin_ratio(peer, route, family, test);
+                    let detail = results.peer_detail(
+                    peer,
+                    &values,
                     format!(
-                        "hairpin {} ({}): {} >= {threshold}x iptables portmap",
-                        route.title(),
-                        family.title(),
-                        test.title()
-                    ),
-                    results.hairpin_ratio(route, family, test),
-                    Compare::AtLeast,
-                    threshold,
-                    false,
-                    format!(
-                        "ebpf-portmap rate / iptables portmap rate, pods outside the hooks' cgroup, interleaved, paired by repetition; ebpf-portmap {}, iptables portmap {}",
+                        "ebpf-portmap rate / {peer} rate, pods outside the hooks' cgroup, interleaved, paired by repetition; ebpf-portmap {}, {peer} {}",
                         errors(Flavor::Ours),
-                        errors(Flavor::Upstream)
+                        errors(peer),
+                        peer = peer.label(),
                     ),
-                ));
+                );
+                    rows.push(ratio_target(
+                        &peer_id(peer, &hairpin::row_id(route, family, test)),
+                        format!(
+                            "hairpin {} ({}): {} >= {threshold}x {}",
+                            route.title(),
+                            family.title(),
+                            test.title(),
+                            peer.label()
+                        ),
+                        values,
+                        Compare::AtLeast,
+                        threshold,
+                        false,
+                        detail,
+                    ));
+                }
             }
         }
     }
@@ -1139,13 +1286,17 @@ fn connect_errors_target(results: &Results) -> TargetRow {
             (all > 0).then(|| format!("{name}: {}", error_count(all, connect)))
         })
         .collect();
-    let (upstream_all, upstream_connect) = results
-        .measurements_of(&[Flavor::Upstream])
-        .iter()
-        .fold((0, 0), |(a, c), (_, reps)| {
-            let (all, connect) = errors_of(reps);
-            (a + all, c + connect)
-        });
+    let peer_errors = |peer: Flavor| {
+        let (all, connect) =
+            results
+                .measurements_of(&[peer])
+                .iter()
+                .fold((0, 0), |(a, c), (_, reps)| {
+                    let (all, connect) = errors_of(reps);
+                    (a + all, c + connect)
+                });
+        error_count(all, connect)
+    };
     let status = if ours.is_empty() {
         Status::Skip
     } else if connect == 0 {
@@ -1167,14 +1318,15 @@ fn connect_errors_target(results: &Results) -> TargetRow {
         status,
         stretch: false,
         detail: format!(
-            "over {} measurements, all repetitions; {}; iptables portmap: {}",
+            "over {} measurements, all repetitions; {}; iptables portmap: {}; nftables portmap: {}",
             ours.len(),
             if with_errors.is_empty() {
                 "none had an error".to_owned()
             } else {
                 format!("with errors: {}", with_errors.join("; "))
             },
-            error_count(upstream_all, upstream_connect)
+            peer_errors(Flavor::Upstream),
+            peer_errors(Flavor::Nftables)
         ),
     }
 }
@@ -1255,7 +1407,10 @@ mod tests {
                 batch(&[2.0], 0, &[]),
             ],
         ));
-        assert_eq!(results.speedup(Verb::Add, Pct::P50), [25.0, 30.0, 15.0]);
+        assert_eq!(
+            results.speedup(Flavor::Upstream, Verb::Add, Pct::P50),
+            [25.0, 30.0, 15.0]
+        );
         let rows = judge(&results);
         let add = find(&rows, "cp-add-p50");
         assert_eq!(
@@ -1265,6 +1420,127 @@ mod tests {
         );
         assert_eq!(add.summary().unwrap().min, 15.0);
         assert_eq!(find(&rows, "cp-del-p50").status, Status::Skip);
+    }
+
+    #[test]
+    fn nftables_portmap_gets_the_same_targets_as_rows_of_its_own() {
+        let mut results = Results {
+            sizes: vec![0],
+            ..Results::default()
+        };
+        let reps = |ms: f64| vec![batch(&[ms], 0, &[]), batch(&[ms], 0, &[])];
+        results.control.push(cell(
+            Scope::Alone,
+            Flavor::Upstream,
+            Verb::Add,
+            1,
+            reps(100.0),
+        ));
+        results.control.push(cell(
+            Scope::Alone,
+            Flavor::Nftables,
+            Verb::Add,
+            1,
+            reps(30.0),
+        ));
+        results
+            .control
+            .push(cell(Scope::Alone, Flavor::Ours, Verb::Add, 1, reps(2.0)));
+        let rows = judge(&results);
+        let iptables = find(&rows, "cp-add-p50");
+        assert_eq!(iptables.values, [50.0, 50.0]);
+        assert_eq!(iptables.status, Status::Pass);
+        let nftables = find(&rows, "cp-add-p50-vs-nftables");
+        assert_eq!(
+            nftables.values,
+            [15.0, 15.0],
+            "judged on nftables portmap's own cell"
+        );
+        assert_eq!(
+            nftables.status,
+            Status::Miss,
+            "a miss is reported, not hidden"
+        );
+        assert!(
+            nftables.text.contains("nftables portmap"),
+            "{}",
+            nftables.text
+        );
+        for id in [
+            "crr-vs-nftables-0",
+            "pods-add-vs-nftables-1000x10",
+            "pods-del-vs-nftables-0x2",
+        ] {
+            assert_eq!(
+                find(&rows, id).status,
+                Status::Skip,
+                "{id}: nothing measured"
+            );
+        }
+        assert!(
+            rows.iter()
+                .any(|r| r.id.starts_with("hairpin-") && r.id.ends_with("-vs-nftables")),
+            "hairpin rows against nftables portmap"
+        );
+    }
+
+    #[test]
+    fn status_rows_are_judged_on_every_node_state() {
+        let row = |key: &str, cpu_ms: f64, failures: usize| StatusRow {
+            key: key.into(),
+            state: key.into(),
+            calls: Batch {
+                latencies_ms: vec![1.0; 4],
+                cpu_ms: vec![cpu_ms; 4],
+                failures,
+                ..Batch::default()
+            },
+            account: Err("not traced".into()),
+            traced_calls: 0,
+            first_call_cpu_ms: None,
+            first_call: None,
+            beside: None,
+        };
+        let mut results = Results::default();
+        assert_eq!(
+            find(&judge(&results), "status-failures").status,
+            Status::Skip
+        );
+        results.status = vec![
+            row("empty", 1.5, 0),
+            row("installed-1000x2", 2.0, 0),
+            row("beside-adds-1000x2", 7.0, 1),
+        ];
+        let rows = judge(&results);
+        assert_eq!(find(&rows, "status-cpu-empty").status, Status::Pass);
+        assert_eq!(find(&rows, "status-cpu-1000-pods").status, Status::Pass);
+        let beside = find(&rows, "status-cpu-beside-adds");
+        assert_eq!(
+            (beside.status, beside.values.as_slice()),
+            (Status::Miss, &[7.0][..])
+        );
+        let failures = find(&rows, "status-failures");
+        assert_eq!(
+            (failures.status, failures.values.as_slice()),
+            (Status::Miss, &[1.0][..])
+        );
+    }
+
+    #[test]
+    fn without_the_nftables_peer_its_rows_skip_with_the_reason() {
+        let results = Results {
+            sizes: vec![0],
+            nftables_skipped: Some("nftables portmap not measured: no runnable `nft`".into()),
+            ..Results::default()
+        };
+        let rows = judge(&results);
+        let row = find(&rows, "cp-del-p99-vs-nftables");
+        assert_eq!(row.status, Status::Skip);
+        assert!(row.detail.contains("no runnable `nft`"), "{}", row.detail);
+        assert!(
+            !find(&rows, "cp-del-p99").detail.contains("nft"),
+            "iptables portmap's rows keep their own detail"
+        );
     }
 
     #[test]
@@ -1503,7 +1779,7 @@ mod tests {
         assert!(row.detail.contains("2 requests lost"), "{}", row.detail);
         assert!(
             row.detail
-                .ends_with("iptables portmap: 4 errors: 4 connects failed"),
+                .contains("iptables portmap: 4 errors: 4 connects failed;"),
             "{}",
             row.detail
         );

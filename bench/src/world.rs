@@ -37,6 +37,9 @@ pub enum Flavor {
     /// the `Ours` world with the node's fast-path flag switched on.
     OursFast,
     Upstream,
+    /// Upstream portmap 1.9.x with its nftables backend (see
+    /// [`crate::nftables`]).
+    Nftables,
     Plain,
     /// Direct traffic to the container (no hostPort, a port no mapping
     /// uses) in the `Ours` world: what ebpf-portmap's programs cost the
@@ -64,6 +67,7 @@ impl Flavor {
                 Some("ebpf-portmap")
             }
             Flavor::Upstream => Some("portmap"),
+            Flavor::Nftables => Some(crate::nftables::PLUGIN_TYPE),
             Flavor::Plain | Flavor::PlainFloor => None,
         }
     }
@@ -73,6 +77,7 @@ impl Flavor {
             Flavor::Ours => "ebpf-portmap",
             Flavor::OursFast => "ebpf-portmap fastPath",
             Flavor::Upstream => "iptables portmap",
+            Flavor::Nftables => "nftables portmap",
             Flavor::Plain => "direct (no translation)",
             Flavor::OursDirect => "direct, ebpf-portmap loaded",
             Flavor::PlainFloor => "direct, empty programs at ebpf-portmap's hooks",
@@ -148,16 +153,29 @@ impl BenchWorld {
             (Flavor::Ours | Flavor::OursFast | Flavor::OursDirect, _) => {
                 PluginDirs::with_plugin_copy(&portmap_tests::plugin_bin())
             }
-            (Flavor::Upstream | Flavor::Plain | Flavor::PlainFloor, _) => PluginDirs::new(),
+            (Flavor::Upstream | Flavor::Nftables | Flavor::Plain | Flavor::PlainFloor, _) => {
+                PluginDirs::new()
+            }
         };
-        let invoker = Invoker::new(plugins.path().to_path_buf(), node.ns.handle());
+        let mut invoker = Invoker::new(plugins.path().to_path_buf(), node.ns.handle());
         let full = bridge_conflist(
             name,
-            flavor.plugin_type().unwrap_or("portmap"),
+            match flavor {
+                Flavor::Nftables => "portmap",
+                _ => flavor.plugin_type().unwrap_or("portmap"),
+            },
             pins.as_ref().map(PinRoot::path),
             node.data_dir(),
         );
         let list = match flavor {
+            Flavor::Nftables => {
+                crate::nftables::link_into(plugins.path());
+                invoker = invoker.with_env(crate::nftables::plugin_env());
+                let mut json = full.json().clone();
+                let plugins = json["plugins"].as_array_mut().expect("plugins array");
+                crate::nftables::configure(plugins.last_mut().expect("the port plugin"));
+                Conflist::from_json(json).expect("a valid conflist")
+            }
             Flavor::Plain => {
                 let mut json = full.json().clone();
                 json["plugins"]
