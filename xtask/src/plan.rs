@@ -241,7 +241,7 @@ pub(crate) fn bench_steps(bench_args: &[String]) -> Vec<Step<'_>> {
             ]))
         }),
         Step::new(
-            "bench: ebpf-portmap vs iptables portmap vs the direct path",
+            "bench: ebpf-portmap vs iptables and nftables portmap vs the direct path",
             move || {
                 run(Command::new(target_dir().join("release/bench"))
                     .current_dir(workspace_root())
