@@ -48,12 +48,20 @@ use crate::dataplane::bpffs;
 use crate::dataplane::object::build_id;
 use crate::dataplane::pin::PinLayout;
 use crate::dataplane::scope;
+use crate::node::netlink;
 
 /// Where ADD mounts a bpffs when there is none (see `bpffs::mount_bpffs_if_missing`).
 const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
 
-/// The STATUS verb.
+/// The STATUS verb, with its netlink account in the debug log (a count
+/// per call that must not grow with the pods on the node).
 pub(super) fn status(conf: &NetConf) -> Result<(), CniError> {
+    let result = answer(conf);
+    log::debug!("STATUS account: {}", netlink::account());
+    result
+}
+
+fn answer(conf: &NetConf) -> Result<(), CniError> {
     require_privilege()
         .map_err(|error| CniError::from_error(code::PLUGIN_NOT_AVAILABLE, &error))?;
     let layout = scope::resolve(&conf.pin_root, scope::Access::Read).map_err(|error| {
