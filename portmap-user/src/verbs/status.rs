@@ -5,7 +5,8 @@
 //!
 //! Every STATUS checks, with no lock and no program load: the privileges
 //! ADD needs, that the pin root is this network namespace's, that it is on
-//! a bpffs (or under /sys/fs/bpf, where ADD mounts one), and that no pinned
+//! a bpffs (or under /sys/fs/bpf, where ADD mounts one when the mount is
+//! the node's; see `bpffs`), and that no pinned
 //! map has a layout this build would refuse. Whether the kernel loads and
 //! verifies this build's tc programs is asked once per boot and build:
 //!
@@ -64,6 +65,11 @@ pub(super) fn status(conf: &NetConf) -> Result<(), CniError> {
 fn answer(conf: &NetConf) -> Result<(), CniError> {
     require_privilege()
         .map_err(|error| CniError::from_error(code::PLUGIN_NOT_AVAILABLE, &error))?;
+    // A mount namespace that is not the node's and has no bpffs: ADD
+    // refuses there with the same message (see `bpffs`'s module docs).
+    if let Some(error) = bpffs::unreachable_node_bpffs(&conf.pin_root) {
+        return Err(CniError::from_error(code::PLUGIN_NOT_AVAILABLE, &error));
+    }
     let layout = scope::resolve(&conf.pin_root, scope::Access::Read).map_err(|error| {
         CniError::from_error(code::PLUGIN_NOT_AVAILABLE, &PluginError::from(error))
     })?;
