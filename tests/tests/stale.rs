@@ -507,6 +507,11 @@ fn records_of_a_pin_root_removed_by_hand_are_listed_and_removed() {
         format!("{}\n", gone_root.display()),
         "the records name their pin root"
     );
+    assert_eq!(
+        std::fs::read_to_string(lock_file(&gone_root)).expect("the lock file"),
+        format!("{}\n", gone_root.display()),
+        "its lock file names it too (which outlives the .root record)"
+    );
     let live_records = records_of(live.pins.path());
 
     // Removed by hand, as an operator does when a node is torn down.

@@ -89,9 +89,9 @@ fn same_file(file: &fs::File, path: &Path) -> bool {
     }
 }
 
-/// Names the pin root in the run directory (`{hash}.root`), so that an
-/// operator, `status` and the stale sweep can tell whose records these
-/// are (see `stale::orphan_records`); only for a root that exists.
+/// Names the pin root in the run directory (see `stale::register`), so
+/// that an operator, `status` and the stale sweep can tell whose records
+/// these are; only for a root that exists.
 fn register_root(layout: &PinLayout) {
     if layout.root().exists() {
         crate::dataplane::stale::register(layout);

@@ -109,10 +109,20 @@ pub fn attach_beacon(layout: &PinLayout, program_pin: &Path) -> Result<(), Beaco
 }
 
 /// Records `layout`'s root in the machine's run directory (best effort:
-/// roots under the default one are found without it).
+/// roots under the default one are found without it): in `{id}.root`,
+/// and as the text of its lock file when that is empty (which outlives a
+/// `.root` record an older build's sweep removed, and names the lock for
+/// an operator).
 pub fn register(layout: &PinLayout) {
     let path = root_record(layout);
     let text = format!("{}\n", layout.root().display());
+    if let Ok(lock) = fs::OpenOptions::new().write(true).open(layout.lock_file())
+        && lock.metadata().is_ok_and(|m| m.len() == 0)
+    {
+        use std::os::unix::fs::FileExt;
+        // Every writer writes the same text at the same place.
+        let _ = lock.write_all_at(text.as_bytes(), 0);
+    }
     if fs::read_to_string(&path).is_ok_and(|old| old == text) {
         return;
     }
@@ -375,17 +385,19 @@ pub struct OrphanRecords {
 /// root's bpffs is visible (the nearest existing directory of the root is
 /// on a bpffs): a run that cannot see the node's bpffs (a private mount
 /// namespace) sees no root and must not take the live ones' records for
-/// orphans. A set without a `.root` record (a build before it named its
-/// roots) is never judged.
+/// orphans. A set that names no root (a build before roots were named)
+/// is never judged.
 pub fn orphan_records() -> Vec<OrphanRecords> {
     let Ok(entries) = fs::read_dir(RUN_DIR) else {
         return Vec::new();
     };
-    let mut orphans = Vec::new();
+    let mut roots = std::collections::BTreeSet::new();
+    // Named by the `.root` record, or by the lock file's text (which an
+    // older build's sweep, removing `.root` records, leaves).
     for record in entries
         .flatten()
         .map(|entry| entry.path())
-        .filter(|path| path.extension().is_some_and(|e| e == "root"))
+        .filter(|path| path.extension().is_some_and(|e| e == "root" || e == "lock"))
     {
         let Ok(text) = fs::read_to_string(&record) else {
             continue;
@@ -393,19 +405,21 @@ pub fn orphan_records() -> Vec<OrphanRecords> {
         let root = PathBuf::from(text.trim_end());
         let layout = PinLayout::new(&root);
         // The record must name the root it is filed under.
-        if !root.is_absolute() || root_record(&layout) != record || root.exists() {
+        if !root.is_absolute() || layout.lock_file().file_stem() != record.file_stem() {
             continue;
         }
-        if crate::dataplane::bpffs::check_bpffs(&root).is_err() {
+        if root.exists() || crate::dataplane::bpffs::check_bpffs(&root).is_err() {
             continue;
         }
-        orphans.push(OrphanRecords {
-            records: records_of(&layout),
-            root,
-        });
+        roots.insert(root);
     }
-    orphans.sort_by(|a, b| a.root.cmp(&b.root));
-    orphans
+    roots
+        .into_iter()
+        .map(|root| OrphanRecords {
+            records: records_of(&PinLayout::new(&root)),
+            root,
+        })
+        .collect()
 }
 
 /// Removes the records of `orphan`, under its lock and its writers' lock
