@@ -11,6 +11,7 @@
 
 use portmap_tests::agent::Agent;
 use portmap_tests::cni::{CniCommand, inject_identity};
+use portmap_tests::tmp::TempDir;
 use portmap_tests::topology::PLUGIN_LOG;
 use portmap_tests::world::World;
 use portmap_tests::{Conflist, PortMapping, RuntimeAttachment};
@@ -682,4 +683,163 @@ fn status_opens_with_its_verdict_and_shows_what_lacks_the_programs() {
     for (container, mapping) in &added {
         world.del(container, std::slice::from_ref(mapping));
     }
+}
+
+/// A world whose `ebpf-portmap` is a wrapper that, while `private` exists
+/// in `dir`, runs the plugin as a runtime in a container or a unit with
+/// `PrivateMounts` would: in a mount namespace of its own with private
+/// propagation (`unshare --mount`), where /sys/fs/bpf is not mounted. The
+/// namespace dies with the run; nothing of it reaches the test's.
+fn private_mount_world(dir: &TempDir) -> World {
+    let wrapper = dir.path().join("ebpf-portmap-private");
+    let script = format!(
+        "#!/bin/sh\n\
+         if [ -e '{dir}/private' ]; then\n\
+         exec unshare --mount --propagation private -- sh -c '\
+         while grep -q \" /sys/fs/bpf \" /proc/self/mounts; do umount -l /sys/fs/bpf || exit 97; done; \
+         exec \"$0\" \"$@\"' '{bin}' \"$@\"\n\
+         fi\n\
+         exec '{bin}' \"$@\"\n",
+        dir = dir.path().display(),
+        bin = portmap_tests::plugin_bin().display(),
+    );
+    std::fs::write(&wrapper, script).expect("write the wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod the wrapper");
+    let node = portmap_tests::Node::new();
+    let pins = portmap_tests::PinRoot::new();
+    let plugins = portmap_tests::PluginDirs::with_plugin_bin(&wrapper);
+    let runner = portmap_tests::CniRunner::new(plugins.paths(), &node.ns);
+    let list = portmap_tests::bridge_conflist(
+        "epm-test",
+        "ebpf-portmap",
+        Some(pins.path()),
+        node.data_dir(),
+    );
+    World {
+        node,
+        pins,
+        plugins,
+        runner,
+        list,
+    }
+}
+
+/// The container IDs of the `list --json` rows (one row per family).
+fn listed_containers(world: &World) -> Vec<String> {
+    world
+        .list()
+        .as_array()
+        .expect("list is an array")
+        .iter()
+        .map(|r| r["containerID"].as_str().expect("containerID").to_owned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// Issue #38 item 1: a plugin that does not see the node's bpffs (a
+/// private mount namespace without /sys/fs/bpf, no propagation) must not
+/// mount a private one and report success. ADD fails naming the fix
+/// (bind-mount /sys/fs/bpf into the runtime's namespace), STATUS says the
+/// same, DEL and GC exit 0 and log what they could not reach, and a GC
+/// that sees the node's bpffs removes what that DEL left.
+#[test]
+fn a_plugin_without_the_nodes_bpffs_refuses_add_and_says_what_del_left() {
+    let dir = TempDir::new("privmnt");
+    let world = private_mount_world(&dir);
+    let web = world.node.add_container("web");
+    let web_rt = web.with_port_mappings(&[PortMapping::tcp(8080, 80)]);
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    assert_eq!(
+        listed_containers(&world),
+        std::slice::from_ref(&web_rt.container_id)
+    );
+
+    std::fs::write(dir.path().join("private"), b"").expect("write the marker");
+    // STATUS and GC exist from CNI 1.1.0; the reference bridge speaks 1.0.0.
+    let list_1_1 = world.list.clone().with_cni_version("1.1.0");
+    let status = world
+        .runner
+        .exec_plugin(
+            "ebpf-portmap",
+            CniCommand::Status,
+            None,
+            &inject_identity(&list_1_1, world.our_plugin()),
+        )
+        .expect_err("STATUS without the node's bpffs");
+    let db = world.node.add_container("db");
+    let add = world
+        .runner
+        .add(
+            &world.list,
+            &db.with_port_mappings(&[PortMapping::tcp(8081, 80)]),
+        )
+        .map(|_| plugin_log(&world))
+        .expect_err("ADD without the node's bpffs must fail, not mount a private bpffs");
+    assert_eq!(add.plugin, "ebpf-portmap", "{add}");
+    assert_eq!(status.error_code(), Some(50), "STATUS: {status}");
+    let status_msg = status.error_msg().unwrap_or_default().to_owned();
+    let add_msg = add.error_msg().unwrap_or_default().to_owned();
+    for (verb, msg) in [("STATUS", &status_msg), ("ADD", &add_msg)] {
+        for part in [
+            "not the node's",
+            "Bind-mount the node's /sys/fs/bpf",
+            "mount namespace",
+        ] {
+            assert!(msg.contains(part), "{verb}'s message names {part:?}: {msg}");
+        }
+        assert!(
+            !msg.contains("mount -t bpf"),
+            "{verb} gives advice that changes nothing here: {msg}"
+        );
+    }
+    assert_eq!(status_msg, add_msg, "STATUS and ADD agree");
+
+    // DEL of the container the node's dataplane serves: exit 0 (the
+    // runtime's chain goes on), and the log says what was left.
+    world
+        .runner
+        .del(&world.list, &web_rt)
+        .unwrap_or_else(|e| panic!("DEL must exit 0 without the node's bpffs: {e}"));
+    let log = plugin_log(&world);
+    let said = log
+        .lines()
+        .find(|l| {
+            l.contains("DEL") && l.contains(&web_rt.container_id) && l.contains("nothing removed")
+        })
+        .unwrap_or_else(|| panic!("DEL logs what it could not reach:\n{log}"));
+    assert!(said.contains("Bind-mount") && said.contains("GC"), "{said}");
+    let gc = portmap_tests::cni::gc_plugin_config(&list_1_1, world.our_plugin(), &[]);
+    world
+        .runner
+        .exec_plugin("ebpf-portmap", CniCommand::Gc, None, &gc)
+        .unwrap_or_else(|e| panic!("GC without the node's bpffs exits 0: {e}"));
+    let log = plugin_log(&world);
+    assert!(
+        log.lines().any(|l| l.contains("GC")
+            && l.contains("nothing collected")
+            && l.contains("Bind-mount")),
+        "GC logs what it could not reach:\n{log}"
+    );
+    assert_eq!(
+        listed_containers(&world),
+        std::slice::from_ref(&web_rt.container_id),
+        "the node's mapping of web is still there, and nothing of db's"
+    );
+
+    // Where the node's bpffs is visible, GC removes what DEL left.
+    std::fs::remove_file(dir.path().join("private")).expect("remove the marker");
+    world
+        .runner
+        .exec_plugin("ebpf-portmap", CniCommand::Gc, None, &gc)
+        .unwrap_or_else(|e| panic!("GC on the node: {e}"));
+    assert_eq!(
+        listed_containers(&world),
+        Vec::<String>::new(),
+        "GC removed web's mapping"
+    );
 }

@@ -1,10 +1,10 @@
-//! Issue #36: what one ADD and one DEL cost does not grow with the pods on
-//! the node. A node with 3 real pods (bridge + host-local + ebpf-portmap)
+//! Issue #36: what one ADD, one DEL and one STATUS cost does not grow with
+//! the pods on the node. A node with 3 real pods (bridge + host-local + ebpf-portmap)
 //! and the same node with about 300 (each a network namespace with its veth
 //! on the bridge, as the bridge plugin leaves it, made with `ip -batch` to
 //! keep the test short, and two host ports claimed by a plugin ADD) must
 //! see the same number of `bpf()` calls and of netlink link and address
-//! records per ADD and per DEL, within a small constant.
+//! records per ADD, per DEL and per STATUS, within a small constant.
 //!
 //! Counts, not times: the plugin writes its own account of netlink reads
 //! and records at the end of each run into its log (`EPM_LOG_LEVEL=debug`),
@@ -136,6 +136,63 @@ fn measured(world: &World, dir: &TempDir, verb: &str, run: impl FnOnce()) -> Cos
     }
 }
 
+/// One STATUS of our plugin, as libcni sends it (cniVersion 1.1.0, the
+/// first with STATUS), run through the counting wrapper in the node
+/// namespace; panics unless it succeeds. Returns its CPU time (user +
+/// system, from `wait4`), for the log only: the test asserts counts.
+#[allow(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which std does not offer, for its CPU time"
+)]
+fn status(world: &World, dir: &TempDir) -> std::time::Duration {
+    let mut config = portmap_tests::cni::inject_identity(&world.list, world.our_plugin());
+    config["cniVersion"] = "1.1.0".into();
+    let mut child = world
+        .node
+        .ns
+        .command(dir.path().join("ebpf-portmap-counted"))
+        .env("CNI_COMMAND", "STATUS")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn STATUS");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let _ = stdin.write_all(config.to_string().as_bytes());
+    drop(stdin);
+    let mut stdout = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stdout.take().expect("stdout"), &mut stdout);
+    let mut raw_status = 0;
+    // SAFETY: an all-zero rusage is a valid value; wait4 fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, with valid out pointers; the `Child`
+    // is never waited for after this (dropping it does not wait).
+    let pid = unsafe { libc::wait4(child.id() as i32, &raw mut raw_status, 0, &raw mut usage) };
+    assert_eq!(
+        pid,
+        child.id() as i32,
+        "wait4: {}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(
+        raw_status, 0,
+        "STATUS failed (wait status {raw_status:#x}): {stdout}"
+    );
+    let time = |t: libc::timeval| {
+        std::time::Duration::from_secs(t.tv_sec as u64)
+            + std::time::Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// The median CPU time of `calls` uncounted STATUS calls (for the log).
+fn status_cpu(world: &World, dir: &TempDir, calls: usize) -> std::time::Duration {
+    let mut times: Vec<_> = (0..calls).map(|_| status(world, dir)).collect();
+    times.sort();
+    times[calls / 2]
+}
+
 /// ADD then DEL of one more real pod, each counted.
 fn add_and_del(world: &World, dir: &TempDir, id: &str) -> (Cost, Cost) {
     let pod = world.node.add_container(id);
@@ -207,7 +264,7 @@ fn assert_close(what: &str, few: u64, many: u64) {
 }
 
 #[test]
-fn add_and_del_cost_the_same_with_3_and_300_pods() {
+fn add_del_and_status_cost_the_same_with_3_and_300_pods() {
     // `cargo xtask setup` installs strace: under CI its absence is a
     // failure, not a skip that would pass without measuring anything.
     if Command::new("strace").arg("-V").output().is_err() {
@@ -228,8 +285,27 @@ fn add_and_del_cost_the_same_with_3_and_300_pods() {
     }
     // The first ADD of a node attaches the dataplane; measure a steady one.
     let (add_few, del_few) = add_and_del(&world, &dir, "probe-few");
+    // The first STATUS of a boot probes the kernel; measure a steady one.
+    status(&world, &dir);
+    let status_few = measured(&world, &dir, "STATUS", || {
+        status(&world, &dir);
+    });
+    let status_cpu_few = status_cpu(&world, &dir, 9);
     let bulk = bridge_pods(&world, MANY - FEW);
     let (add_many, del_many) = add_and_del(&world, &dir, "probe-many");
+    let status_many = measured(&world, &dir, "STATUS", || {
+        status(&world, &dir);
+    });
+    let status_cpu_many = status_cpu(&world, &dir, 9);
+    eprintln!(
+        "STATUS bpf {} -> {}, CPU p50 {status_cpu_few:?} -> {status_cpu_many:?}\nSTATUS {:?} -> {:?}\naccounts: STATUS {:?} -> {:?}",
+        status_few.bpf(),
+        status_many.bpf(),
+        status_few.syscalls,
+        status_many.syscalls,
+        status_few.account,
+        status_many.account,
+    );
     eprintln!(
         "ADD bpf {} -> {}, DEL bpf {} -> {}\nADD {:?} -> {:?}\nDEL {:?} -> {:?}",
         add_few.bpf(),
@@ -267,6 +343,18 @@ fn add_and_del_cost_the_same_with_3_and_300_pods() {
         del_few.account("link_records"),
         del_many.account("link_records"),
     );
+    assert_close(
+        "bpf() calls per STATUS",
+        status_few.bpf(),
+        status_many.bpf(),
+    );
+    for record in ["link_records", "address_records", "netlink_reads"] {
+        assert_close(
+            &format!("netlink {record} per STATUS"),
+            status_few.account(record),
+            status_many.account(record),
+        );
+    }
     drop(bulk);
     drop(pods);
 }

@@ -453,3 +453,115 @@ fn the_agents_gc_pass_removes_a_gone_nodes_state() {
     drop(agent);
     live.del(&web, &[PortMapping::tcp(8080, 80)]);
 }
+
+/// Every file in the run directory beside `pin_root`'s lock (`{hash}.*`).
+fn records_of(pin_root: &Path) -> Vec<PathBuf> {
+    let lock = lock_file(pin_root);
+    let stem = lock.file_stem().expect("a lock file name").to_owned();
+    let mut records: Vec<PathBuf> = std::fs::read_dir(lock.parent().expect("the run directory"))
+        .expect("read the run directory")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.file_stem() == Some(stem.as_os_str()))
+        .collect();
+    records.sort();
+    records
+}
+
+/// Issue #38 item 14: the records in /run/ebpf-portmap of a pin root that
+/// was removed without `uninstall` (`rm -r`) name that root, `status`
+/// lists them, and another node's next run removes them all (the lock,
+/// hooks, probe and agent records included); a live root's records are
+/// never touched.
+#[test]
+fn records_of_a_pin_root_removed_by_hand_are_listed_and_removed() {
+    let _serial = one_at_a_time();
+    let live = World::bridge();
+    let web = live.node.add_container("orphan-web");
+    live.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let gone = World::bridge();
+    let db = gone.node.add_container("orphan-db");
+    gone.add(&db, &[PortMapping::tcp(8080, 80)]);
+    let gone_root = gone.pins.path().to_path_buf();
+    // The agent's record, as a node agent leaves it when killed.
+    std::fs::write(lock_file(&gone_root).with_extension("agent"), "1\n")
+        .expect("write an agent record");
+    let left = records_of(&gone_root);
+    let names: Vec<String> = left
+        .iter()
+        .map(|p| {
+            p.extension()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    for kind in ["root", "lock", "writers", "agent"] {
+        assert!(
+            names.iter().any(|n| n == kind),
+            "a .{kind} record: {left:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(root_record(&gone_root)).expect("the root record"),
+        format!("{}\n", gone_root.display()),
+        "the records name their pin root"
+    );
+    assert_eq!(
+        std::fs::read_to_string(lock_file(&gone_root)).expect("the lock file"),
+        format!("{}\n", gone_root.display()),
+        "its lock file names it too (which outlives the .root record)"
+    );
+    let live_records = records_of(live.pins.path());
+
+    // Removed by hand, as an operator does when a node is torn down.
+    let rm = Command::new("rm")
+        .arg("-r")
+        .arg(&gone_root)
+        .status()
+        .expect("run rm");
+    assert!(rm.success(), "rm -r {}", gone_root.display());
+
+    let listed = status(&live)["orphanRecords"].clone();
+    let entry = listed
+        .as_array()
+        .expect("status lists orphanRecords")
+        .iter()
+        .find(|o| o["pinRoot"].as_str() == gone_root.to_str())
+        .unwrap_or_else(|| panic!("status lists {}: {listed:#}", gone_root.display()))
+        .clone();
+    let listed_records: Vec<PathBuf> = entry["records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| PathBuf::from(r.as_str().expect("a path")))
+        .collect();
+    assert_eq!(listed_records, left, "status lists every record of it");
+    assert!(
+        !listed
+            .as_array()
+            .expect("orphanRecords")
+            .iter()
+            .any(|o| o["pinRoot"].as_str() == live.pins.path().to_str()),
+        "a live root is not listed: {listed:#}"
+    );
+
+    // Another node's next run removes them, and nothing of its own.
+    let second = live.node.add_container("orphan-second");
+    live.add(&second, &[PortMapping::tcp(8081, 80)]);
+    let still: Vec<&PathBuf> = left.iter().filter(|p| p.exists()).collect();
+    assert!(
+        still.is_empty(),
+        "records of the removed root left: {still:?}"
+    );
+    for record in &live_records {
+        assert!(
+            record.exists(),
+            "the live root's {} is kept",
+            record.display()
+        );
+    }
+    for (container, port) in [(&web, 8080), (&second, 8081)] {
+        live.del(container, &[PortMapping::tcp(port, 80)]);
+    }
+}

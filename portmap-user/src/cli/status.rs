@@ -97,6 +97,10 @@ pub fn status_json(status: &Status) -> Value {
         "problems": status.problems,
         "notes": status.notes,
         "staleRoots": status.stale_roots,
+        "orphanRecords": status.orphan_records.iter().map(|orphan| json!({
+            "pinRoot": orphan.root,
+            "records": orphan.records,
+        })).collect::<Vec<_>>(),
         "hooksCgroup": status.hooks_cgroup,
         "misspeltKeys": status.misspelt_keys.iter().map(|note| json!({
             "network": note.network,

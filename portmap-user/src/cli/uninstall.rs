@@ -24,8 +24,9 @@ use crate::cli::{
 /// With --stale, leaves this node alone and removes instead the state of
 /// every node on this machine whose network namespace is gone (the pin
 /// roots `status` lists as stale): their pins, their socket hooks on the
-/// shared cgroup, their records. Plugin runs and the agent do the same on
-/// their own; this does it now.
+/// shared cgroup, their records; and the records in /run/ebpf-portmap of
+/// pin roots removed without `uninstall` (`status` lists them too). Plugin
+/// runs and the agent do the same on their own; this does it now.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   ebpf-portmap uninstall
@@ -60,14 +61,32 @@ fn remove_stale(root: &std::path::Path, out: &OutputArgs) -> ExitCode {
             failures.extend(removal.failures);
         }
     }
+    // Records of roots removed without `uninstall` (never ours).
+    let mut records = Vec::new();
+    for orphan in stale::orphan_records() {
+        if orphan.root == ours.root() {
+            continue;
+        }
+        if let Some(removal) = stale::remove_orphan(&orphan) {
+            records.push(orphan.root.display().to_string());
+            failures.extend(removal.failures);
+        }
+    }
     if out.json() {
-        print_json(&json!({"removedRoots": removed, "failures": failures}));
-    } else if removed.is_empty() && failures.is_empty() {
+        print_json(
+            &json!({"removedRoots": removed, "removedRecordsOf": records, "failures": failures}),
+        );
+    } else if removed.is_empty() && records.is_empty() && failures.is_empty() {
         print("no state of a gone node on this machine\n");
     } else {
         for root in &removed {
             print(&format!(
                 "removed {root}: its node's network namespace is gone (its socket hooks are detached)\n"
+            ));
+        }
+        for root in &records {
+            print(&format!(
+                "removed the records of {root} in /run/ebpf-portmap: that pin root no longer exists\n"
             ));
         }
         for failure in &failures {

@@ -2,6 +2,18 @@
 //! where a node has none, the private (0700) directories under it, and
 //! taking a pin root's emptied directories away again. Also
 //! mount(2) of the other pseudo filesystem we may need (cgroup2).
+//!
+//! # Whose bpffs
+//! A bpffs mounted at /sys/fs/bpf is the node's only where the mount
+//! reaches the node: in the node's own mount namespace (PID 1's), or on a
+//! mount that propagates (`shared:` in `/proc/self/mountinfo`). A runtime
+//! in a container (a KIND node) or a unit with `PrivateMounts` runs the
+//! plugin in a private mount namespace: a bpffs mounted there would hold a
+//! whole dataplane that dies with that namespace while the port refuses
+//! connections, and a DEL there cannot see the node's mappings. So there
+//! ADD refuses (naming the fix: bind-mount the node's /sys/fs/bpf into the
+//! runtime's namespace), STATUS says the same, and DEL and GC log what
+//! they could not reach and leave it to a GC that can.
 
 use crate::model::DEFAULT_PIN_ROOT;
 use std::{
@@ -20,6 +32,10 @@ pub enum BpffsError {
     },
     #[error("bpffs is not mounted at {path}; mount it with `mount -t bpf bpf /sys/fs/bpf`")]
     NoBpffs { path: PathBuf },
+    #[error(
+        "the node's bpffs is not visible here: this plugin runs in a mount namespace that is not the node's, without a bpffs at {DEFAULT_MOUNT} (mount {mount} is private: a bpffs mounted there would hold a dataplane that dies with this namespace, not the node's). Bind-mount the node's {DEFAULT_MOUNT} into the container runtime's mount namespace (for example `-v {DEFAULT_MOUNT}:{DEFAULT_MOUNT}`, a hostPath volume, or BindPaths={DEFAULT_MOUNT} for a systemd unit), as Cilium and Calico ask"
+    )]
+    NotTheNodes { mount: PathBuf },
     #[error(
         "pinRoot {root} is not on a bpffs ({found} is on {filesystem}), so nothing can be pinned there; set pinRoot to a directory on a bpffs mount (the default {DEFAULT_PIN_ROOT} is one; `findmnt -t bpf` lists them)"
     )]
@@ -138,16 +154,107 @@ pub fn check_pin_root(root: &Path) -> Result<(), BpffsError> {
 }
 
 /// A node without bpffs at /sys/fs/bpf gets it mounted, as the kernel docs
-/// and every eBPF dataplane expect; other roots must be on a bpffs already
+/// and every eBPF dataplane expect, where the mount is the node's (see the
+/// module docs); other roots must be on a bpffs already
 /// ([`check_pin_root`]).
 pub fn mount_bpffs_if_missing(root: &Path) -> Result<(), BpffsError> {
     if check_pin_root(root).is_ok() || !root.starts_with(DEFAULT_MOUNT) {
         return check_pin_root(root);
     }
+    if let Some(error) = unreachable_node_bpffs(root) {
+        return Err(error);
+    }
     if let Err(error) = mount_fs("bpf", Path::new(DEFAULT_MOUNT)) {
         log::warn!("mounting bpffs at {DEFAULT_MOUNT}: {error}");
     }
     check_bpffs(root)
+}
+
+/// The error of a run that cannot reach the node's bpffs for `root`: a
+/// root under /sys/fs/bpf, no bpffs there, and a mount namespace where
+/// mounting one would not be the node's. `None` when the bpffs is there,
+/// or may be mounted (the node's namespace, or a propagating mount), or
+/// for a root elsewhere (which [`check_pin_root`] judges).
+pub fn unreachable_node_bpffs(root: &Path) -> Option<BpffsError> {
+    if !root.starts_with(DEFAULT_MOUNT) || check_bpffs(root).is_ok() {
+        return None;
+    }
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    if in_init_mount_namespace(&mountinfo) {
+        return None;
+    }
+    match covering_mount(&mountinfo, Path::new(DEFAULT_MOUNT)) {
+        Some(covering) if !covering.shared => Some(BpffsError::NotTheNodes {
+            mount: covering.mount_point,
+        }),
+        _ => None,
+    }
+}
+
+/// Whether this process runs in the node's mount namespace: PID 1's.
+/// Where PID 1's cannot be read (a sandbox that hides it), by the root
+/// mount: in the namespace the kernel made at boot it sits on the initial
+/// rootfs (mount ID 1); a namespace copied from it (`unshare --mount`, a
+/// container, `PrivateMounts`) numbers its mounts anew.
+fn in_init_mount_namespace(mountinfo: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (
+        fs::metadata("/proc/self/ns/mnt"),
+        fs::metadata("/proc/1/ns/mnt"),
+    ) {
+        (Ok(ours), Ok(init)) => ours.dev() == init.dev() && ours.ino() == init.ino(),
+        _ => root_on_initial_rootfs(mountinfo),
+    }
+}
+
+/// Whether the root mount of `mountinfo` has the initial rootfs (mount
+/// ID 1) as its parent.
+fn root_on_initial_rootfs(mountinfo: &str) -> bool {
+    mountinfo.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        fields.len() > 4 && fields[4] == "/" && fields[1] == "1"
+    })
+}
+
+/// The mount a new mount at some path would be made on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Covering {
+    mount_point: PathBuf,
+    /// In a peer group (`shared:N`): mounts on it propagate to its peers.
+    shared: bool,
+}
+
+/// The mount of `mountinfo` (`/proc/self/mountinfo`'s format) that `path`
+/// lies on: the one with the longest mount point containing it, the last
+/// listed of equal ones (mounted over the others).
+fn covering_mount(mountinfo: &str, path: &Path) -> Option<Covering> {
+    let mut best: Option<Covering> = None;
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        // id parent major:minor root mount_point options [optional...] - type source super
+        let Some(separator) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        if separator < 6 {
+            continue;
+        }
+        let mount_point = PathBuf::from(fields[4].replace("\\040", " "));
+        if !path.starts_with(&mount_point) {
+            continue;
+        }
+        let longer = best
+            .as_ref()
+            .is_none_or(|b| mount_point.as_os_str().len() >= b.mount_point.as_os_str().len());
+        if longer {
+            best = Some(Covering {
+                shared: fields[6..separator]
+                    .iter()
+                    .any(|f| f.starts_with("shared:")),
+                mount_point,
+            });
+        }
+    }
+    best
 }
 
 /// mount(2) of a pseudo filesystem (`fstype`, no device, no options).
@@ -171,5 +278,58 @@ pub fn mount_fs(fstype: &str, target: &Path) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+23 22 0:21 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+24 23 0:22 / /sys/fs/cgroup rw shared:8 - cgroup2 cgroup2 rw
+25 23 0:23 / /sys/fs/bpf rw shared:9 - bpf bpf rw,mode=700
+";
+
+    #[test]
+    fn the_covering_mount_is_the_longest_prefix() {
+        let found = covering_mount(MOUNTINFO, Path::new("/sys/fs/bpf")).expect("a mount");
+        assert_eq!(found.mount_point, Path::new("/sys/fs/bpf"));
+        let found = covering_mount(MOUNTINFO, Path::new("/sys/fs/bpfx")).expect("a mount");
+        assert_eq!(
+            found.mount_point,
+            Path::new("/sys"),
+            "a path prefix, not a string one"
+        );
+        assert!(found.shared);
+    }
+
+    #[test]
+    fn the_boot_namespace_has_its_root_on_the_initial_rootfs() {
+        assert!(root_on_initial_rootfs(MOUNTINFO));
+        let copied = "48 47 254:0 / / rw,relatime - ext4 /dev/vda rw\n";
+        assert!(!root_on_initial_rootfs(copied));
+    }
+
+    #[test]
+    fn a_private_parent_does_not_propagate() {
+        // A private mount namespace (`unshare --mount`): no `shared:`
+        // tags, and /sys/fs/bpf unmounted.
+        let private = "\
+122 121 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+123 122 0:21 / /sys rw,nosuid master:7 - sysfs sysfs rw
+";
+        let found = covering_mount(private, Path::new("/sys/fs/bpf")).expect("a mount");
+        assert_eq!(found.mount_point, Path::new("/sys"));
+        assert!(!found.shared, "master: only receives: {found:?}");
+    }
+
+    #[test]
+    fn the_last_of_stacked_mounts_counts() {
+        let stacked = format!("{MOUNTINFO}26 25 0:24 / /sys/fs/bpf rw - bpf bpf rw\n");
+        let found =
+            covering_mount(&stacked, Path::new("/sys/fs/bpf/ebpf-portmap")).expect("a mount");
+        assert!(!found.shared, "the mount on top decides: {found:?}");
     }
 }

@@ -64,6 +64,41 @@ fn wait_limit() -> Option<Duration> {
 /// node-state writes; released when the returned file is dropped, or by
 /// the kernel if the holder dies.
 pub fn lock(layout: &PinLayout) -> Result<fs::File, LockError> {
+    // The stale sweep removes the lock file of a root that is gone, under
+    // that lock (`stale::remove_orphan`): a run that opened the old file
+    // and got its lock after that holds a lock nobody else can see, so it
+    // opens the file again. Twice is enough: the sweep removes a lock file
+    // only while the root does not exist, which the run that held the
+    // lock is about to change.
+    for _ in 0..2 {
+        let lock = lock_once(layout)?;
+        if same_file(&lock, &layout.lock_file()) {
+            register_root(layout);
+            return Ok(lock);
+        }
+    }
+    lock_once(layout)
+}
+
+/// Whether `file` is (still) the file at `path`.
+fn same_file(file: &fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), fs::metadata(path)) {
+        (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
+        _ => false,
+    }
+}
+
+/// Names the pin root in the run directory (see `stale::register`), so
+/// that an operator, `status` and the stale sweep can tell whose records
+/// these are; only for a root that exists.
+fn register_root(layout: &PinLayout) {
+    if layout.root().exists() {
+        crate::dataplane::stale::register(layout);
+    }
+}
+
+fn lock_once(layout: &PinLayout) -> Result<fs::File, LockError> {
     let lock_path = layout.lock_file();
     if let Some(dir) = lock_path.parent() {
         create_private_dir(dir)?;

@@ -25,6 +25,13 @@
 //! (open the pin, read the link's info, close): nothing that grows with
 //! the pods of a node.
 //!
+//! Records of a root that is gone without `uninstall` (`rm -r`, or its
+//! namespace deleted with it): every root names itself in
+//! `/run/ebpf-portmap/{id}.root` (written by its lock's holders), so the
+//! files beside it (`.hooks`, `.lock`, `.status`, `.keys`, ...) whose root
+//! no longer exists are found ([`orphan_records`]), listed by `status`
+//! and removed by the same sweep, never those of a root that exists.
+//!
 //! Removing one: under that root's lock (skipped if someone holds it), all
 //! its pins are unlinked (a link whose last reference goes is detached, so
 //! the socket hooks leave the cgroup; the tc links and clsact filters died
@@ -102,10 +109,20 @@ pub fn attach_beacon(layout: &PinLayout, program_pin: &Path) -> Result<(), Beaco
 }
 
 /// Records `layout`'s root in the machine's run directory (best effort:
-/// roots under the default one are found without it).
+/// roots under the default one are found without it): in `{id}.root`,
+/// and as the text of its lock file when that is empty (which outlives a
+/// `.root` record an older build's sweep removed, and names the lock for
+/// an operator).
 pub fn register(layout: &PinLayout) {
     let path = root_record(layout);
     let text = format!("{}\n", layout.root().display());
+    if let Ok(lock) = fs::OpenOptions::new().write(true).open(layout.lock_file())
+        && lock.metadata().is_ok_and(|m| m.len() == 0)
+    {
+        use std::os::unix::fs::FileExt;
+        // Every writer writes the same text at the same place.
+        let _ = lock.write_all_at(text.as_bytes(), 0);
+    }
     if fs::read_to_string(&path).is_ok_and(|old| old == text) {
         return;
     }
@@ -261,11 +278,10 @@ pub fn candidates(ours: &PinLayout) -> Vec<PinLayout> {
                 continue;
             };
             let root = PathBuf::from(text.trim_end());
-            // A root removed by hand (`rm -r`) names nothing any more.
+            // A root removed by hand (`rm -r`): its records are orphans,
+            // which `orphan_records` finds by this record.
             if root.exists() {
                 roots.push(root);
-            } else {
-                let _ = fs::remove_file(&record);
             }
         }
     }
@@ -323,20 +339,148 @@ pub fn remove(layout: &PinLayout) -> Option<Removal> {
     crate::dataplane::bpffs::remove_root_if_empty(layout.root(), &mut |dir| {
         remove_entry(dir, true, &mut removal);
     });
-    for record in [
-        crate::dataplane::cgroup::hooks_record(layout),
-        crate::dataplane::node_state::interfaces_record(layout),
-        crate::dataplane::node_state::local_addrs_record(layout),
-        root_record(layout),
-        // STATUS's probe record (`verbs/status.rs`).
-        layout.lock_file().with_extension("status"),
-        crate::dataplane::lock::writers_lock_file(layout),
-        lock_path,
-    ] {
-        remove_entry(&record, false, &mut removal);
+    // Every record of the root (hooks, interfaces, addresses, probe, key
+    // notes, agent, writers, its name), the lock last.
+    for record in records_of(layout) {
+        if record != lock_path {
+            remove_entry(&record, false, &mut removal);
+        }
     }
+    remove_entry(&lock_path, false, &mut removal);
     drop(lock);
     Some(removal)
+}
+
+/// Every record of `layout` in the run directory: the files named
+/// `{hash}.*` beside its lock (the lock itself included, and a temporary
+/// file a killed writer left).
+pub fn records_of(layout: &PinLayout) -> Vec<PathBuf> {
+    let lock = layout.lock_file();
+    let Some(stem) = lock.file_stem() else {
+        return Vec::new();
+    };
+    let mut records: Vec<PathBuf> = fs::read_dir(RUN_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.file_stem() == Some(stem))
+        .collect();
+    records.sort();
+    records
+}
+
+/// The records of a pin root that no longer exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrphanRecords {
+    /// The root its `.root` record names.
+    pub root: PathBuf,
+    /// Every record of that root, its name included.
+    pub records: Vec<PathBuf>,
+}
+
+/// The record sets in the run directory whose pin root is gone: removed
+/// without `uninstall` (`rm -r`, or its node's namespace deleted and the
+/// root with it), so nothing would ever remove them. Judged only where the
+/// root's bpffs is visible (the nearest existing directory of the root is
+/// on a bpffs): a run that cannot see the node's bpffs (a private mount
+/// namespace) sees no root and must not take the live ones' records for
+/// orphans. A set that names no root (a build before roots were named)
+/// is never judged.
+pub fn orphan_records() -> Vec<OrphanRecords> {
+    let Ok(entries) = fs::read_dir(RUN_DIR) else {
+        return Vec::new();
+    };
+    let mut roots = std::collections::BTreeSet::new();
+    // Named by the `.root` record, or by the lock file's text (which an
+    // older build's sweep, removing `.root` records, leaves).
+    for record in entries
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|e| e == "root" || e == "lock"))
+    {
+        let Ok(text) = fs::read_to_string(&record) else {
+            continue;
+        };
+        let root = PathBuf::from(text.trim_end());
+        let layout = PinLayout::new(&root);
+        // The record must name the root it is filed under.
+        if !root.is_absolute() || layout.lock_file().file_stem() != record.file_stem() {
+            continue;
+        }
+        if root.exists() || crate::dataplane::bpffs::check_bpffs(&root).is_err() {
+            continue;
+        }
+        roots.insert(root);
+    }
+    roots
+        .into_iter()
+        .map(|root| OrphanRecords {
+            records: records_of(&PinLayout::new(&root)),
+            root,
+        })
+        .collect()
+}
+
+/// Removes the records of `orphan`, under its lock and its writers' lock
+/// (taken at once or not at all: a holder is a run about to make the root
+/// again), once its root is still gone under them. `None` when skipped.
+pub fn remove_orphan(orphan: &OrphanRecords) -> Option<Removal> {
+    let layout = PinLayout::new(&orphan.root);
+    let mut held = Vec::new();
+    for path in [
+        layout.lock_file(),
+        crate::dataplane::lock::writers_lock_file(&layout),
+    ] {
+        match fs::OpenOptions::new().write(true).open(&path) {
+            Ok(file) => {
+                // SAFETY: flock on an fd we own; released when it closes.
+                if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                    return None;
+                }
+                held.push(file);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(_) => return None,
+        }
+    }
+    if orphan.root.exists() {
+        return None;
+    }
+    let mut removal = Removal::default();
+    let lock = layout.lock_file();
+    for record in records_of(&layout) {
+        if record != lock {
+            remove_entry(&record, false, &mut removal);
+        }
+    }
+    remove_entry(&lock, false, &mut removal);
+    drop(held);
+    Some(removal)
+}
+
+/// Removes every orphan record set but `ours`' (see [`orphan_records`]),
+/// logging each; returns the roots whose records went.
+pub fn sweep_orphans(ours: &PinLayout) -> Vec<PathBuf> {
+    let mut swept = Vec::new();
+    for orphan in orphan_records() {
+        if orphan.root == ours.root() {
+            continue;
+        }
+        let Some(removal) = remove_orphan(&orphan) else {
+            continue;
+        };
+        for failure in &removal.failures {
+            log::warn!("removing the records of a removed pin root: {failure}");
+        }
+        log::info!(
+            "removed the records of pin root {}, which no longer exists ({} records in {RUN_DIR})",
+            orphan.root.display(),
+            removal.removed.len()
+        );
+        swept.push(orphan.root);
+    }
+    swept
 }
 
 /// Unlinks every pin under `dir`, depth first, then the directories.
@@ -388,6 +532,7 @@ pub fn sweep(ours: &PinLayout) -> Vec<PathBuf> {
         );
         swept.push(layout.root().to_path_buf());
     }
+    swept.extend(sweep_orphans(ours));
     swept
 }
 

@@ -646,6 +646,10 @@ pub struct Status {
     /// (see `dataplane::stale`): left until a plugin run, the agent or
     /// `uninstall --stale` removes them.
     pub stale_roots: Vec<PathBuf>,
+    /// Records in /run/ebpf-portmap of pin roots that no longer exist
+    /// (removed without `uninstall`; see `dataplane::stale`): left until a
+    /// plugin run, the agent or `uninstall --stale` removes them.
+    pub orphan_records: Vec<crate::dataplane::stale::OrphanRecords>,
     /// Keys of a network's configuration that its last ADD took for typos
     /// of ours, and ignored.
     pub misspelt_keys: Vec<KeyNote>,
@@ -809,6 +813,10 @@ pub fn status(layout: &PinLayout) -> Status {
             .into_iter()
             .map(|stale| stale.root().to_path_buf())
             .collect(),
+        orphan_records: crate::dataplane::stale::orphan_records()
+            .into_iter()
+            .filter(|orphan| orphan.root != layout.root())
+            .collect(),
         misspelt_keys: key_notes::recorded(layout),
         hooks_cgroup: hooks_cgroup(layout),
     };
@@ -954,6 +962,19 @@ pub fn judge(status: &mut Status) {
         notes.push(format!(
             "{} is the state of a node whose network namespace is gone: its socket hooks still run (and exit at once) on every connect() in their cgroup until the next plugin run or agent pass removes it, or `ebpf-portmap uninstall --stale` now",
             root.display()
+        ));
+    }
+    for orphan in &status.orphan_records {
+        notes.push(format!(
+            "pin root {} no longer exists (removed without `ebpf-portmap uninstall`), but {} record(s) of it are left in /run/ebpf-portmap ({}): the next plugin run or agent pass removes them, or `ebpf-portmap uninstall --stale` now",
+            orphan.root.display(),
+            orphan.records.len(),
+            orphan
+                .records
+                .iter()
+                .filter_map(|r| r.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     for note in &status.misspelt_keys {
@@ -1118,6 +1139,7 @@ mod tests {
             problems: Vec::new(),
             notes: Vec::new(),
             stale_roots: Vec::new(),
+            orphan_records: Vec::new(),
             misspelt_keys: Vec::new(),
             hooks_cgroup: None,
         }

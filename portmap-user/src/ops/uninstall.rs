@@ -252,6 +252,18 @@ pub fn uninstall(layout: &PinLayout, force: bool) -> Result<Report, UninstallErr
     crate::dataplane::bpffs::remove_root_if_empty(layout.root(), &mut |dir| {
         remove_dir(dir, &mut report);
     });
+    // With the root gone, every record of it goes too (the probe record,
+    // the agent's, the locks), or they would outlive it unnamed; the lock
+    // last (a run waiting for it opens the new one, see `lock::lock`).
+    if !layout.root().exists() {
+        let lock = layout.lock_file();
+        for record in crate::dataplane::stale::records_of(layout) {
+            if record != lock {
+                remove_pin(&record, &mut report);
+            }
+        }
+        remove_pin(&lock, &mut report);
+    }
     Ok(report)
 }
 

@@ -8,6 +8,9 @@
 //! - what cannot hold anything of the container is nothing to remove: no
 //!   pin root, no bpffs under it, a root of another network namespace, an
 //!   owner never added;
+//! - a mount namespace that is not the node's and has no bpffs (see
+//!   `bpffs`) cannot see what the node holds: that is logged, and left to
+//!   a GC that can;
 //! - maps of another layout are opened no further: this build wrote
 //!   nothing there (`ebpf-portmap uninstall` removes them);
 //! - what it cannot remove (no privilege, a map that cannot be opened or
@@ -29,6 +32,7 @@ use super::require_privilege;
 use super::who;
 use crate::cni::Request;
 use crate::cni::error::with_sources;
+use crate::dataplane::bpffs;
 use crate::dataplane::lock;
 use crate::dataplane::maps::{self, MappingsEpoch, Maps};
 use crate::dataplane::ownership;
@@ -101,6 +105,16 @@ fn release_upstream(req: &Request) {
 
 fn release(req: &Request) -> Result<(), PluginError> {
     require_privilege()?;
+    if let Some(error) = bpffs::unreachable_node_bpffs(&req.conf.pin_root) {
+        // The node's dataplane may hold this container's mappings; this
+        // run cannot see it. Said, and left to a GC that can.
+        log::warn!(
+            "DEL {}: nothing removed: {}; this container's mappings, if any, stay in the node's dataplane until a GC run where the node's bpffs is visible removes them (the agent's pass, or `ebpf-portmap gc` on the node)",
+            who(&req.owner, &req.identity),
+            with_sources(&error)
+        );
+        return Ok(());
+    }
     let Some(layout) = own_state(&req.conf.pin_root)? else {
         return Ok(());
     };

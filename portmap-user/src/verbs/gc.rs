@@ -16,6 +16,15 @@ use crate::upstream;
 pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
     require_privilege()?;
     collect_upstream_garbage(req);
+    if let Some(error) = crate::dataplane::bpffs::unreachable_node_bpffs(&req.conf.pin_root) {
+        // Like DEL: said, and left to a run that sees the node's state.
+        log::warn!(
+            "GC {}: nothing collected: {}; the node's mappings are collected by a GC run where the node's bpffs is visible (the agent's pass, or `ebpf-portmap gc` on the node)",
+            req.conf.name,
+            crate::cni::error::with_sources(&error)
+        );
+        return Ok(());
+    }
     let Some(layout) = own_state(&req.conf.pin_root)? else {
         return Ok(());
     };

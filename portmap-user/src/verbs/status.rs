@@ -5,7 +5,8 @@
 //!
 //! Every STATUS checks, with no lock and no program load: the privileges
 //! ADD needs, that the pin root is this network namespace's, that it is on
-//! a bpffs (or under /sys/fs/bpf, where ADD mounts one), and that no pinned
+//! a bpffs (or under /sys/fs/bpf, where ADD mounts one when the mount is
+//! the node's; see `bpffs`), and that no pinned
 //! map has a layout this build would refuse. Whether the kernel loads and
 //! verifies this build's tc programs is asked once per boot and build:
 //!
@@ -48,14 +49,27 @@ use crate::dataplane::bpffs;
 use crate::dataplane::object::build_id;
 use crate::dataplane::pin::PinLayout;
 use crate::dataplane::scope;
+use crate::node::netlink;
 
 /// Where ADD mounts a bpffs when there is none (see `bpffs::mount_bpffs_if_missing`).
 const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
 
-/// The STATUS verb.
+/// The STATUS verb, with its netlink account in the debug log (a count
+/// per call that must not grow with the pods on the node).
 pub(super) fn status(conf: &NetConf) -> Result<(), CniError> {
+    let result = answer(conf);
+    log::debug!("STATUS account: {}", netlink::account());
+    result
+}
+
+fn answer(conf: &NetConf) -> Result<(), CniError> {
     require_privilege()
         .map_err(|error| CniError::from_error(code::PLUGIN_NOT_AVAILABLE, &error))?;
+    // A mount namespace that is not the node's and has no bpffs: ADD
+    // refuses there with the same message (see `bpffs`'s module docs).
+    if let Some(error) = bpffs::unreachable_node_bpffs(&conf.pin_root) {
+        return Err(CniError::from_error(code::PLUGIN_NOT_AVAILABLE, &error));
+    }
     let layout = scope::resolve(&conf.pin_root, scope::Access::Read).map_err(|error| {
         CniError::from_error(code::PLUGIN_NOT_AVAILABLE, &PluginError::from(error))
     })?;
