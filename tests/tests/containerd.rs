@@ -957,9 +957,12 @@ fn containerd_deletes_through_the_current_conflist() {
     );
     t.wait_serving(&keep, node_ip, 8300, None);
 
-    // Upstream sets a pod up, ours tears it down.
+    // Upstream sets a pod up (TCP and UDP, both families), ours tears it
+    // down. The node's nat tables before upstream's first ADD: what must
+    // be back once ours ran the pod's DEL.
+    let nat_before = node_nat_rules(&t);
     t.ctrd.switch_port_plugin(UPSTREAM_TYPE);
-    let theirs_ports = [PortMapping::tcp(8301, 80)];
+    let theirs_ports = [PortMapping::tcp(8301, 80), PortMapping::udp(8303, 53)];
     let theirs = t.run("theirs", &theirs_ports);
     t.assert_calls(PortPlugin::Upstream, "ADD", &theirs, 1);
     t.assert_translations(
@@ -968,14 +971,47 @@ fn containerd_deletes_through_the_current_conflist() {
         &theirs_ports,
         "upstream's pod",
     );
-    t.wait_serving(&theirs, node_ip, 8301, None);
+    let both = [node_ip, IpAddr::V6(NODE_IP6)];
+    t.wait_serving(&theirs, node_ip, 8301, Some(8303));
     let ours_before = t.translations_of(PortPlugin::Ours);
     t.ctrd.switch_port_plugin("ebpf-portmap");
-    assert!(
-        t.listed_upstream_owners().contains(&theirs.sandbox_id),
-        "list shows upstream's mappings of the pod it set up\n{}",
+    let mut listed = t.listed_upstream_owners();
+    listed.retain(|owner| *owner == theirs.sandbox_id);
+    assert_eq!(
+        listed.len(),
+        4,
+        "list shows upstream's four mappings of the pod it set up (TCP and UDP, IPv4 and IPv6)\n{}",
         t.dump()
     );
+    // Its ports keep answering through the switch, and ours refuses them
+    // to a new pod, naming the holder: TCP on every address, UDP on the
+    // node's IPv6 address.
+    t.check_external(&theirs, &both, 8301, Some(8303));
+    for (uid, port) in [
+        ("grab-tcp-uid", PortMapping::tcp(8301, 80)),
+        (
+            "grab-udp6-uid",
+            PortMapping::udp(8303, 53).on(IpAddr::V6(NODE_IP6)),
+        ),
+    ] {
+        if let Ok(pod) = t.ctrd.run_pod_as("grab", uid, std::slice::from_ref(&port)) {
+            panic!(
+                "{port:?} was granted to pod {} ({}) while upstream's pod {} holds it\n{}",
+                pod.name,
+                short(&pod.sandbox_id),
+                short(&theirs.sandbox_id),
+                t.dump()
+            );
+        }
+        let add = refused_add(&t, uid);
+        assert!(
+            add.error_message().contains(short(&theirs.sandbox_id)),
+            "the refusal of {port:?} names upstream's pod {}: {}",
+            short(&theirs.sandbox_id),
+            add.summary()
+        );
+    }
+    t.check_external(&theirs, &both, 8301, Some(8303));
     t.stop(&theirs);
     t.remove(&theirs);
     t.assert_calls(PortPlugin::Ours, "DEL", &theirs, 2);
@@ -996,6 +1032,12 @@ fn containerd_deletes_through_the_current_conflist() {
         t.listed_upstream_owners(),
         Vec::<String>::new(),
         "list shows no upstream mapping once the pod is gone\n{}",
+        t.dump()
+    );
+    assert_eq!(
+        node_nat_rules(&t),
+        nat_before,
+        "the node's nat tables after ours ran the DEL of upstream's pod are not as before upstream's first ADD\n{}",
         t.dump()
     );
     t.expect_answer(
@@ -1057,6 +1099,26 @@ fn containerd_deletes_through_the_current_conflist() {
     assert_nothing_left(&mut t, &[PortPlugin::Ours], &[]);
     drop(t);
     assert_root_unchanged(&root_before);
+}
+
+/// `iptables-save -t nat` and `ip6tables-save -t nat` of the node, without
+/// comments and packet counters (they change with traffic).
+fn node_nat_rules(t: &E2e) -> Vec<String> {
+    ["iptables-save", "ip6tables-save"]
+        .iter()
+        .flat_map(|tool| {
+            t.node
+                .ns
+                .exec(tool, &["-t", "nat"])
+                .lines()
+                .filter(|line| !line.starts_with('#'))
+                .map(|line| match line.rsplit_once(" [") {
+                    Some((chain, _)) if line.starts_with(':') => chain.to_owned(),
+                    _ => line.to_owned(),
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// `ebpf-portmap list --json` names each mapping's pod (`podNamespace`,
