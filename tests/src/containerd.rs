@@ -62,6 +62,7 @@ use crate::netns::NetNs;
 use crate::plugins::{PLUGIN_TYPE, UPSTREAM_PLUGIN_DIR, plugin_bin};
 use crate::runtime::conf_dir::{CniConfDir, toml_string};
 use crate::runtime::daemon::Daemon;
+use crate::runtime::e2e::operator_output;
 use crate::runtime::holder::{HolderSpec, MountNsHolder};
 use crate::runtime::rootfs::{IMAGE_PROBE, build_rootfs, oci_archive, run_tool};
 use crate::runtime::{Driver, PluginCall, PortPlugin, Workload};
@@ -546,20 +547,7 @@ impl Containerd {
 
     /// `ebpf-portmap <verb> --json` on the node; the verb must succeed.
     pub fn operator_json(&self, verb: &str) -> Value {
-        let out = self.operator(&[verb, "--json"]);
-        assert!(
-            out.status.success(),
-            "ebpf-portmap {verb} --json ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "ebpf-portmap {verb} --json printed no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
+        operator_output(verb, &self.operator(&[verb, "--json"])).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// `<path>` as the node's mount namespace sees it (through the holder's
@@ -917,21 +905,7 @@ impl Driver for Containerd {
         if !self.ours_installed() {
             return Ok(None);
         }
-        let out = self.operator(&[verb, "--json"]);
-        if !out.status.success() {
-            return Err(format!(
-                "ebpf-portmap {verb} --json ({}): {}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr),
-                String::from_utf8_lossy(&out.stdout)
-            ));
-        }
-        serde_json::from_slice(&out.stdout).map(Some).map_err(|e| {
-            format!(
-                "ebpf-portmap {verb} --json printed no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
+        operator_output(verb, &self.operator(&[verb, "--json"])).map(Some)
     }
 
     fn hooks_procs(&self) -> PathBuf {

@@ -45,6 +45,7 @@ use crate::netns::{NetNs, NsHandle};
 use crate::pin_root::PinRoot;
 use crate::plugins::{PluginDirs, TracedExec, plugin_bin};
 use crate::runtime::conf_dir::{CniConfDir, toml_string};
+use crate::runtime::e2e::operator_output;
 use crate::runtime::holder::{HolderSpec, MountNsHolder};
 use crate::runtime::rootfs::{IMAGE_PROBE, build_rootfs, tar_dir};
 use crate::runtime::{Driver, PluginCall, PortPlugin, Workload};
@@ -569,16 +570,7 @@ impl Driver for PodmanDriver {
             .arg(self.pins.path())
             .output()
             .map_err(|e| format!("running ebpf-portmap {verb}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "ebpf-portmap {verb} --json ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        serde_json::from_slice(&out.stdout)
-            .map(Some)
-            .map_err(|e| format!("ebpf-portmap {verb} --json printed no JSON: {e}"))
+        operator_output(verb, &out).map(Some)
     }
 
     fn hooks_procs(&self) -> PathBuf {

@@ -268,18 +268,26 @@ impl Drop for UninstallOnDrop<'_> {
     }
 }
 
-/// Our programs attached anywhere in the machine's cgroup tree, as
-/// `bpftool cgroup tree` lists them.
-fn our_cgroup_programs() -> Vec<String> {
+/// Our programs attached to the root of the cgroup2 hierarchy (where the
+/// hooks go without `cgroupPath`), as `bpftool cgroup tree` lists them.
+/// Programs in child cgroups are other tests' (each hooks its own cgroup),
+/// possibly running at the same time.
+fn root_cgroup_programs() -> Vec<String> {
     let out = std::process::Command::new("bpftool")
         .args(["cgroup", "tree"])
         .output()
         .expect("run bpftool cgroup tree");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|line| line.contains("portmap_"))
-        .map(str::to_owned)
-        .collect()
+    let root = portmap_tests::cgroup::cgroup2_mount();
+    let mut in_root = false;
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if line.starts_with('/') {
+            in_root = Path::new(line.trim()) == root;
+        } else if in_root && line.contains("portmap_") {
+            found.push(line.to_owned());
+        }
+    }
+    found
 }
 
 /// Issue #28, as a new user met it: podman with the minimal conflist (no
@@ -287,8 +295,8 @@ fn our_cgroup_programs() -> Vec<String> {
 /// test's own client threads are too) and an external client that is
 /// another network namespace joined to the node by a veth, with no route
 /// beyond the shared subnet. Every published port answers it; the hooks
-/// rewrite none of its sockets. At the end nothing of ours is left in the
-/// cgroup tree.
+/// rewrite none of its sockets. At the end nothing of ours is left on the
+/// cgroup2 root.
 fn podman_serves_a_client_namespace_with_the_default_cgroup() {
     let t = e2e(PortPlugin::Ours, false, HooksAt::Default);
     let uninstall = UninstallOnDrop(&t);
@@ -320,12 +328,17 @@ fn podman_serves_a_client_namespace_with_the_default_cgroup() {
         "no socket of another namespace may be rewritten: {:#}",
         status["counters"]
     );
+    assert!(
+        !root_cgroup_programs().is_empty(),
+        "bpftool cgroup tree lists our hooks on the cgroup2 root {} while the container runs",
+        portmap_tests::cgroup::cgroup2_mount().display()
+    );
     t.remove_workload(&web);
     drop(uninstall);
     assert_eq!(
-        our_cgroup_programs(),
+        root_cgroup_programs(),
         Vec::<String>::new(),
-        "bpftool cgroup tree still lists programs of ours"
+        "bpftool cgroup tree still lists programs of ours on the cgroup2 root"
     );
 }
 

@@ -105,6 +105,25 @@ pub trait Driver: Sync {
     fn diagnostics(&self) -> String;
 }
 
+/// What `ebpf-portmap <verb> --json` printed, for [`Driver::operator_json`]:
+/// the verb must have succeeded and printed JSON.
+pub fn operator_output(verb: &str, out: &std::process::Output) -> Result<Value, String> {
+    if !out.status.success() {
+        return Err(format!(
+            "ebpf-portmap {verb} --json ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "ebpf-portmap {verb} --json printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
 /// One test's world. Field order is drop order: the runtime goes first
 /// (removing its workloads runs the CNI DELs while the namespaces exist).
 pub struct E2e<D> {
