@@ -257,11 +257,14 @@ fn interfaces_take_patterns_and_skip_what_matches_nothing() {
         sock(NODE_FAR_IP4, 8080),
         "patterns",
     );
+    // Each unmatched entry is named with the interfaces the node does
+    // have (issue 38 item 15), in the log, in `status` and in the error.
+    let has = "(it has cni0, eth0, eth1";
     let log = plugin_log(&world);
     for entry in ["bond0.*", "ens9"] {
         assert!(
             log.contains(&format!(
-                "`interfaces` entry {entry:?} matches no interface"
+                "`interfaces` entry {entry:?} matches no interface of this node {has}"
             )),
             "the log warns about {entry}:\n{log}"
         );
@@ -271,7 +274,9 @@ fn interfaces_take_patterns_and_skip_what_matches_nothing() {
     let notes = texts(&doc, "notes").join("\n");
     for entry in ["bond0.*", "ens9"] {
         assert!(
-            notes.contains(&format!("{entry:?} matches no interface")),
+            notes.contains(&format!(
+                "{entry:?} matches no interface of this node {has}"
+            )),
             "{doc:#}"
         );
     }
@@ -289,6 +294,7 @@ fn interfaces_take_patterns_and_skip_what_matches_nothing() {
     assert_eq!(failure.error_code(), Some(7), "{failure}");
     let msg = failure.error_msg().unwrap_or_default();
     assert!(msg.contains("nic*") && msg.contains("ens9"), "{msg}");
+    assert!(msg.contains("this node has cni0, eth0, eth1"), "{msg}");
 }
 
 #[test]

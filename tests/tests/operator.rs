@@ -1126,3 +1126,136 @@ fn a_containerd_pod_is_mapped_and_named_in_list_conflicts_and_the_log() {
     );
     world.del(&plain, &[PortMapping::tcp(9090, 80)]);
 }
+
+/// The `add.json` of the README's "One container, with only the binary"
+/// (issue 38 item 15), as written: only the namespace path is this test's,
+/// and its own pin root, cgroup and log are added. The topology is the
+/// README's, built in this test's namespaces.
+fn readme_hand_run_json() -> Value {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .expect("read README.md");
+    let section = readme
+        .split_once("#### One container, with only the binary")
+        .expect("the README's hand-run section")
+        .1;
+    let block = section
+        .split_once("```json\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("the section's add.json block")
+        .0;
+    serde_json::from_str(block).expect("add.json is JSON")
+}
+
+#[test]
+fn the_readmes_hand_run_example_maps_a_port() {
+    let world = World::plugin_only();
+    let web = world.node.add_container("hand");
+    let node = &world.node.ns;
+    node.ip(&[
+        "link",
+        "add",
+        "veth-web",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        web.ns.name(),
+    ]);
+    node.ip(&["addr", "add", "10.99.0.1/24", "dev", "veth-web"]);
+    node.ip(&["link", "set", "veth-web", "up"]);
+    web.ns.ip(&["addr", "add", "10.99.0.2/24", "dev", "eth0"]);
+    web.ns.ip(&["link", "set", "eth0", "up"]);
+    web.ns.ip(&["route", "add", "default", "via", "10.99.0.1"]);
+    let _server = tcp_echo_server(&web.ns, 80, "hand");
+
+    let mut config = readme_hand_run_json();
+    let netns = web.ns.path().display().to_string();
+    assert_eq!(
+        config["prevResult"]["interfaces"][1]["sandbox"],
+        "/run/netns/web"
+    );
+    config["prevResult"]["interfaces"][1]["sandbox"] = json!(netns);
+    for key in ["pinRoot", "cgroupPath", "logFile"] {
+        config[key] = world.our_plugin()[key].clone();
+    }
+    let rt = RuntimeAttachment {
+        container_id: "web-1".to_owned(),
+        netns_path: web.ns.path().to_path_buf(),
+        ifname: "eth0".to_owned(),
+        capability_args: Value::Null,
+        cni_args: Vec::new(),
+    };
+    world
+        .runner
+        .exec_plugin("ebpf-portmap", CniCommand::Add, Some(&rt), &config)
+        .unwrap_or_else(|e| panic!("the README's ADD failed: {e}"));
+    let answer = tcp_request(&world.node.ext, sock(NODE_IP4, 8080), "readme", BOUND)
+        .unwrap_or_else(|e| panic!("the README's mapping does not answer: {e:?}"));
+    assert_eq!(answer, echo_reply("hand", "readme"));
+    assert_eq!(
+        hosts(&json_of(&world, &["list", "--json"])),
+        ["0.0.0.0:8080/tcp"]
+    );
+
+    world
+        .runner
+        .exec_plugin("ebpf-portmap", CniCommand::Del, Some(&rt), &config)
+        .unwrap_or_else(|e| panic!("the README's DEL failed: {e}"));
+    assert!(hosts(&json_of(&world, &["list", "--json"])).is_empty());
+}
+
+/// Issue 38 item 11: a problem `status` reports names the operator command
+/// that fixes it, and that command does: an interface added after the last
+/// plugin run lacks the programs until `reconcile`, which reads the
+/// plugin's entry of the conflist as the runtime would.
+#[test]
+fn reconcile_fixes_what_status_reports() {
+    let world = World::bridge();
+    let web = world.node.add_container("reconcile");
+    let _server = tcp_echo_server(&web.ns, 80, "reconcile");
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let side = world
+        .node
+        .add_side_link("eth2", "198.20.0.1/24", "198.20.0.2/24");
+    let (code, doc) = status_json(&world);
+    let problems = doc["problems"].to_string();
+    assert!(
+        !code.success() && problems.contains("eth2") && problems.contains("ebpf-portmap reconcile"),
+        "status names the new interface and the command: {doc:#}"
+    );
+
+    let conflist = world.node.data_dir().join("reconcile.conflist");
+    let plugins = world.list.plugins().to_vec();
+    let list = json!({"cniVersion": world.list.cni_version(), "name": world.list.name(), "plugins": plugins});
+    std::fs::write(&conflist, list.to_string()).expect("write the conflist");
+    let reconcile = |extra: &[&str]| {
+        world
+            .node
+            .ns
+            .command(plugin_bin())
+            .arg("reconcile")
+            .args(extra)
+            .env_remove("CNI_COMMAND")
+            .output()
+            .expect("run ebpf-portmap reconcile")
+    };
+    let missing = reconcile(&["--cni-conf", "/nonexistent/none.conflist"]);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/none.conflist"));
+    let out = reconcile(&["--cni-conf", conflist.to_str().expect("UTF-8 path")]);
+    assert!(out.status.success(), "reconcile: {out:?}");
+
+    let (code, doc) = status_json(&world);
+    assert!(code.success(), "healthy after reconcile: {doc:#}");
+    let answer = tcp_request(
+        &side,
+        sock(Ipv4Addr::new(198, 20, 0, 1), 8080),
+        "fixed",
+        BOUND,
+    )
+    .unwrap_or_else(|e| panic!("the new interface carries the mapping: {e:?}"));
+    assert_eq!(answer, echo_reply("reconcile", "fixed"));
+}

@@ -23,6 +23,7 @@ pub mod gc;
 pub mod list;
 pub mod man;
 pub mod output;
+pub mod reconcile;
 pub mod status;
 pub mod trace;
 pub mod uninstall;

@@ -506,6 +506,18 @@ pub fn select_uplinks(links: &[Link], patterns: Option<&[String]>) -> Selection 
     selection
 }
 
+/// The names of the node's interfaces but loopback, sorted: what an
+/// operator may name in `interfaces`, shown when an entry matches nothing.
+pub fn interface_names(links: &[Link]) -> Vec<String> {
+    let mut names: Vec<String> = links
+        .iter()
+        .filter(|l| !l.loopback)
+        .map(|l| l.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
 /// Index of the interface that holds `address` (as its local address or
 /// its address), if any does.
 pub fn interface_with_address(addresses: &[NodeAddress], address: IpAddr) -> Option<u32> {

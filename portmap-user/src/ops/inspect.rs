@@ -667,6 +667,8 @@ pub struct NodeDrift {
     pub unattached: Vec<(String, u32)>,
     /// Entries of the recorded `interfaces` that match no interface.
     pub unmatched: Vec<String>,
+    /// The node's interfaces but loopback, named beside `unmatched`.
+    pub interfaces: Vec<String>,
     /// Node addresses the socket hooks do not know as the node's.
     pub unsynced: Vec<IpAddr>,
     /// Addresses the socket hooks take for the node's that it no longer has.
@@ -695,6 +697,7 @@ pub fn node_drift(layout: &PinLayout, tc: &[TcAttachment]) -> NodeDrift {
     let patterns = node_state::recorded_interfaces(layout);
     let selection = netlink::select_uplinks(&links, patterns.as_deref());
     drift.unmatched = selection.unmatched;
+    drift.interfaces = netlink::interface_names(&links);
     let mut wanted = selection.uplinks;
     wanted.extend(node_state::container_side_indexes(layout));
     // An interface with pins but a direction missing or inactive is judged
@@ -972,7 +975,7 @@ fn key_list(keys: &[MappingKey]) -> String {
 
 /// The problems and notes of [`NodeDrift`]: each problem with its fix.
 fn judge_drift(drift: &NodeDrift, problems: &mut Vec<String>, notes: &mut Vec<String>) {
-    const NEXT_RUN: &str = "the next CNI ADD, DEL, CHECK or GC on this node does it (start or stop any container with a port mapping)";
+    const NEXT_RUN: &str = "run `ebpf-portmap reconcile` (the next CNI ADD, DEL, CHECK or GC, or the node agent's pass, does it too)";
     for (name, index) in &drift.unattached {
         problems.push(format!(
             "{name} (index {index}) does not carry the programs (added or re-created since the last plugin run), so host ports get no traffic there: {NEXT_RUN}"
@@ -980,7 +983,8 @@ fn judge_drift(drift: &NodeDrift, problems: &mut Vec<String>, notes: &mut Vec<St
     }
     for entry in &drift.unmatched {
         notes.push(format!(
-            "`interfaces` entry {entry:?} matches no interface of this node; skipped"
+            "`interfaces` entry {entry:?} matches no interface of this node (it has {}); skipped",
+            drift.interfaces.join(", ")
         ));
     }
     for addr in &drift.unsynced {
@@ -1258,6 +1262,7 @@ mod tests {
         drifted.drift = NodeDrift {
             unattached: vec![("eth2".into(), 9)],
             unmatched: vec!["bond0.*".into()],
+            interfaces: vec!["eth0".into(), "eth2".into()],
             unsynced: vec!["198.18.0.77".parse().unwrap()],
             stale: vec!["198.18.0.66".parse().unwrap()],
             absent_host_ips: vec!["198.18.0.99:8080/tcp".into()],
@@ -1269,7 +1274,7 @@ mod tests {
         assert!(drifted.problems[1].starts_with("node address 198.18.0.77 is not known"));
         for problem in &drifted.problems {
             assert!(
-                problem.contains("the next CNI ADD, DEL, CHECK or GC"),
+                problem.contains("run `ebpf-portmap reconcile`"),
                 "{problem}"
             );
         }

@@ -67,10 +67,16 @@ impl NodeView {
         {
             return Err(PluginError::NoMatchingInterfaces {
                 patterns: patterns.clone(),
+                available: netlink::interface_names(&links),
             });
         }
-        for entry in &selection.unmatched {
-            log::warn!("`interfaces` entry {entry:?} matches no interface of this node; skipped");
+        if !selection.unmatched.is_empty() {
+            let available = netlink::interface_names(&links).join(", ");
+            for entry in &selection.unmatched {
+                log::warn!(
+                    "`interfaces` entry {entry:?} matches no interface of this node (it has {available}); skipped"
+                );
+            }
         }
         let container_side = container_side_interfaces(&links, interfaces);
         Ok(NodeView {

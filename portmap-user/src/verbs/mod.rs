@@ -42,10 +42,14 @@ pub enum PluginError {
     #[error("cannot read the node's interfaces and routes")]
     Netlink(#[from] NetlinkError),
     #[error(
-        "no interface of this node matches `interfaces` ({}); list interfaces it has, or patterns such as \"eth*\", or remove the key to attach to every up interface",
-        patterns.join(", ")
+        "no interface of this node matches `interfaces` ({}); this node has {}: list interfaces it has, or patterns such as \"eth*\", or remove the key to attach to every up interface",
+        patterns.join(", "),
+        available.join(", ")
     )]
-    NoMatchingInterfaces { patterns: Vec<String> },
+    NoMatchingInterfaces {
+        patterns: Vec<String>,
+        available: Vec<String>,
+    },
     #[error("the eBPF programs are not attached to interface index {index}")]
     NotAttached { index: u32 },
     #[error("ebpf-portmap needs {} to load and attach its programs; run it as root", missing.join(" and "))]
