@@ -36,8 +36,7 @@ use portmap_tests::plugin_bin;
 use portmap_tests::podman::{ContainerInfo, PodmanDriver};
 use portmap_tests::runtime::PortPlugin;
 use portmap_tests::runtime::e2e::{
-    PARALLEL, check_fleet_member, fleet_at_once, nothing_translated, publish_and_reach,
-    remove_at_once, web_ports,
+    PARALLEL, check_fleet_member, fleet_at_once, nothing_translated, publish_and_reach, web_ports,
 };
 use portmap_tests::topology::{NODE_IP4, NODE_IP6};
 use portmap_tests::traffic::{echo_reply, http_get, udp_request};
@@ -210,9 +209,14 @@ fn podman_publishes_ports_through(plugin: PortPlugin, fast_path: bool) {
     t.wait_serving(&again, node_ip, 8080, None);
     t.check_external(&again, &[node_ip, IpAddr::V6(NODE_IP6)], 8080, None);
 
-    // 6. Remove everything at once: nothing is left on the node.
-    remove_at_once(&t, plugin, &fleet, 2);
-    remove_at_once(&t, plugin, std::slice::from_ref(&again), 1);
+    // 6. Remove everything with one `podman rm`: nothing is left on the node.
+    let mut rm = vec!["rm", "--force", "--time", "0", "again"];
+    rm.extend(fleet.iter().map(|c| c.name.as_str()));
+    t.driver.podman(&rm);
+    for container in &fleet {
+        t.assert_calls(plugin, "DEL", container, 2);
+    }
+    t.assert_calls(plugin, "DEL", &again, 1);
     nothing_translated(&t, plugin, &[]);
     eprintln!(
         "podman e2e with {}: setup {:.1}s, {PARALLEL} parallel runs {:.1}s, total {:.1}s",
