@@ -16,15 +16,15 @@
 //!   answered (exit code, stdout, stderr) under `calls/`, then returns
 //!   exactly that answer. The real binaries are copies in `real/`, so
 //!   nothing can ever write through to `/usr/lib/cni`;
-//! - a holder process (`sleep`) in the node's network namespace and in a
-//!   private mount namespace (`unshare --propagation slave`: mounts of the
-//!   machine still reach it, none of its own leave it) with its own tmpfs
-//!   on `/run` and `/dev/shm`, bind mounts of the test directory over
-//!   `/var/lib` (containerd, runc, libcni's cache, host-local's leases) and
-//!   `/var/log` (ebpf-portmap's default log), and a private bpffs on
-//!   `/sys/fs/bpf` (ebpf-portmap's default pin root). containerd runs in
-//!   both namespaces of the holder (`nsenter`), so the conflist needs no
-//!   key but the ones a user writes, and nothing lands on the machine;
+//! - the runtime harness's holder ([`crate::runtime::holder`]; propagation
+//!   `slave`: mounts of the machine still reach it, none of its own leave
+//!   it) with bind mounts of the test directory over `/var/lib`
+//!   (containerd, runc, libcni's cache, host-local's leases) and `/var/log`
+//!   (ebpf-portmap's default log), and a private bpffs on `/sys/fs/bpf`
+//!   (ebpf-portmap's default pin root). containerd runs in both namespaces
+//!   of the holder (`nsenter`, a [`crate::runtime::daemon::Daemon`]), so
+//!   the conflist needs no key but the ones a user writes, and nothing
+//!   lands on the machine;
 //! - a cgroup `/<prefix>-ctrd-<pid>-<n>` in every hierarchy: the pods'
 //!   `cgroup_parent`; in cgroup2 also its children `containerd` (the daemon
 //!   and its shims) and `hooks` (ebpf-portmap's `cgroupPath`, where the
@@ -40,14 +40,15 @@
 //! [`crate::naming::reap_stale`] kills what is in it (the daemon, its shims,
 //! the pods) and removes it; the holder and containerd get SIGKILL when
 //! their creator thread dies (`PR_SET_PDEATHSIG`).
+//!
+//! [`Containerd`] is the CRI's [`crate::runtime::Driver`]: the shared
+//! end-to-end scenarios run through it.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -59,16 +60,18 @@ use crate::cri::{
 };
 use crate::netns::NetNs;
 use crate::plugins::{PLUGIN_TYPE, UPSTREAM_PLUGIN_DIR, plugin_bin};
+use crate::runtime::conf_dir::{CniConfDir, toml_string};
+use crate::runtime::daemon::Daemon;
+use crate::runtime::e2e::operator_output;
+use crate::runtime::holder::{HolderSpec, MountNsHolder};
+use crate::runtime::rootfs::{IMAGE_PROBE, build_rootfs, oci_archive, run_tool};
+use crate::runtime::{Driver, PluginCall, PortPlugin, Workload};
 use crate::tmp::TempDir;
 use crate::topology::{BRIDGE_NAME, POD_SUBNET4, POD_SUBNET6, PortMapping};
 
 /// The image [`Containerd::start`] imports: the pods' sandbox image (its
 /// entrypoint is a static `pause`) and the image of every app container.
 pub const IMAGE: &str = "localhost/epm-ctrd:1";
-/// Where the image has the test's connection tester.
-pub const IMAGE_PROBE: &str = "/usr/local/bin/probe";
-/// The busybox the app runs (`sh`, `httpd`).
-pub const BUSYBOX: &str = "/bin/busybox";
 /// The CNI network (the conflist's `name`).
 pub const NETWORK: &str = "epm-ctrd";
 /// The Kubernetes namespace of every pod.
@@ -139,6 +142,13 @@ const KIND: &str = "ctrd";
 /// The cgroup2 children of the test cgroup (see the module docs).
 const DAEMON_CGROUP: &str = "containerd";
 const HOOKS_CGROUP: &str = "hooks";
+/// containerd's private mount namespace.
+const HOLDER: HolderSpec = HolderSpec {
+    tag: "epm-ctrd",
+    propagation: "slave",
+    binds: &[("var-lib", "/var/lib"), ("var-log", "/var/log")],
+    private_bpffs: true,
+};
 /// A 10-line `pause` for the sandbox: sleeps until a signal, exits on TERM/INT.
 const PAUSE_C: &str = r#"#include <signal.h>
 #include <unistd.h>
@@ -245,10 +255,9 @@ pub fn short(id: &str) -> &str {
 #[derive(Debug)]
 pub struct Containerd {
     client: Option<CriClient>,
-    daemon: Option<Child>,
-    holder: Child,
-    /// `mnt:[inode]` of the holder's mount namespace.
-    mount_ns: String,
+    daemon: Option<Daemon>,
+    holder: MountNsHolder,
+    conf: CniConfDir,
     /// The directory's name: also the name of the test cgroup.
     name: String,
     runtime: Runtime,
@@ -284,18 +293,17 @@ impl Containerd {
             .expect("a harness temp dir has a UTF-8 name")
             .to_owned();
         for sub in [
-            "net.d", "bin", "real", "calls", "root", "state", "opt", "runc", "var-lib", "var-log",
-            "logs", "image",
+            "bin", "real", "calls", "root", "state", "opt", "runc", "var-lib", "var-log", "logs",
+            "image",
         ] {
             create_dir(&root.join(sub));
         }
-        let holder = spawn_holder(node, &root);
-        let mount_ns = mount_ns_of(holder.id());
+        let holder = MountNsHolder::spawn(node, &root, &HOLDER);
         let mut containerd = Containerd {
             client: None,
             daemon: None,
             holder,
-            mount_ns,
+            conf: CniConfDir::new(root.join("net.d"), CONFLIST_FILE),
             name,
             runtime: runtime.clone(),
             runtime_version: String::new(),
@@ -307,10 +315,6 @@ impl Containerd {
         let cgroup2 = crate::cgroup::cgroup2_mount().join(&containerd.name);
         create_dir(&cgroup2.join(DAEMON_CGROUP));
         create_dir(&cgroup2.join(HOOKS_CGROUP));
-        assert!(
-            !containerd.mount_ns.is_empty(),
-            "reading the holder's mount namespace"
-        );
         containerd.install_plugins();
         containerd.write_conflist(port_plugin_type);
         write_file(&root.join("config.toml"), &config_toml(&root));
@@ -530,15 +534,7 @@ impl Containerd {
     /// A command run in the node's network namespace and the private mount
     /// namespace (where containerd runs and ebpf-portmap's pins live).
     pub fn node_command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut command = Command::new("nsenter");
-        command
-            .arg(format!("--target={}", self.holder.id()))
-            .args(["--mount", "--net"])
-            .arg(format!("--wd={}", self.dir.path().display()))
-            .arg("--")
-            .arg(program)
-            .stdin(Stdio::null());
-        command
+        self.holder.command(program)
     }
 
     /// `ebpf-portmap args...` on the node, as an operator runs it there.
@@ -551,26 +547,13 @@ impl Containerd {
 
     /// `ebpf-portmap <verb> --json` on the node; the verb must succeed.
     pub fn operator_json(&self, verb: &str) -> Value {
-        let out = self.operator(&[verb, "--json"]);
-        assert!(
-            out.status.success(),
-            "ebpf-portmap {verb} --json ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "ebpf-portmap {verb} --json printed no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
+        operator_output(verb, &self.operator(&[verb, "--json"])).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// `<path>` as the node's mount namespace sees it (through the holder's
     /// `/proc/<pid>/root`).
     pub fn node_path(&self, path: &str) -> PathBuf {
-        Path::new(&format!("/proc/{}/root", self.holder.id())).join(path.trim_start_matches('/'))
+        self.holder.node_path(path)
     }
 
     /// Every pin on the node's private bpffs, relative to it, sorted: the
@@ -589,6 +572,16 @@ impl Containerd {
         files
     }
 
+    /// Whether ebpf-portmap has pinned its maps on the node (its first ADD
+    /// with host ports does).
+    pub fn ours_installed(&self) -> bool {
+        self.node_path(&format!(
+            "{}/ebpf-portmap/v1/maps",
+            crate::bpffs::BPFFS_MOUNT
+        ))
+        .exists()
+    }
+
     /// ebpf-portmap's log (its default `logFile`, in the private `/var/log`).
     pub fn plugin_log(&self) -> String {
         std::fs::read_to_string(self.node_path("/var/log/ebpf-portmap.log")).unwrap_or_default()
@@ -597,15 +590,7 @@ impl Containerd {
     /// Processes in the private mount namespace other than the holder:
     /// `(pid, comm)`.
     pub fn processes(&self) -> Vec<(i32, String)> {
-        let holder = i32::try_from(self.holder.id()).unwrap_or_default();
-        processes_in_mount_ns(&self.mount_ns)
-            .into_iter()
-            .filter(|pid| *pid != holder)
-            .map(|pid| {
-                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-                (pid, comm.trim().to_owned())
-            })
-            .collect()
+        self.holder.processes()
     }
 
     /// Cgroups of pods still under the test cgroup, in any hierarchy.
@@ -631,20 +616,7 @@ impl Containerd {
     /// (`None` if it was stopped before).
     pub fn stop_daemon(&mut self) -> Option<ExitStatus> {
         self.client = None;
-        let mut daemon = self.daemon.take()?;
-        let pid = i32::try_from(daemon.id()).unwrap_or_default();
-        // SAFETY: signalling the child we started; no memory involved.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = daemon.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!("harness: containerd did not stop on SIGTERM within 10 s; killing it");
-        let _ = daemon.kill();
-        daemon.wait().ok()
+        self.daemon.take()?.stop(Duration::from_secs(10))
     }
 
     /// Best-effort state for failure messages: sandboxes, the calls, the
@@ -718,16 +690,7 @@ impl Containerd {
     }
 
     fn write_conflist_value(&self, conflist: &Value) {
-        let text = serde_json::to_string_pretty(conflist).expect("a Value always serialises");
-        // Written aside and renamed: containerd watches the directory and
-        // must never read half a file.
-        let net_d = self.dir.path().join("net.d");
-        let staged = net_d.join(".conflist.tmp");
-        write_file(&staged, &text);
-        let target = net_d.join(CONFLIST_FILE);
-        std::fs::rename(&staged, &target).unwrap_or_else(|e| {
-            panic!("renaming {} to {}: {e}", staged.display(), target.display())
-        });
+        self.conf.write(conflist);
     }
 
     /// Builds the image as an OCI image-layout archive (one uncompressed
@@ -736,13 +699,7 @@ impl Containerd {
     fn build_image(&self, probe: &Path) -> PathBuf {
         let image = self.dir.path().join("image");
         let rootfs = image.join("rootfs");
-        crate::podman::install_binary(&rootfs, Path::new(BUSYBOX), Path::new(BUSYBOX));
-        for applet in ["sh", "httpd", "mkdir"] {
-            let link = rootfs.join("bin").join(applet);
-            std::os::unix::fs::symlink("busybox", &link)
-                .unwrap_or_else(|e| panic!("linking {}: {e}", link.display()));
-        }
-        crate::podman::install_binary(&rootfs, probe, Path::new(IMAGE_PROBE));
+        build_rootfs(&rootfs, probe);
         let source = image.join("pause.c");
         write_file(&source, PAUSE_C);
         run_tool(
@@ -751,52 +708,13 @@ impl Containerd {
                 .arg(rootfs.join("pause"))
                 .arg(&source),
         );
-        let layout = image.join("layout");
-        let blobs = layout.join("blobs/sha256");
-        create_dir(&blobs);
-        let layer = image.join("layer.tar");
-        run_tool(
-            Command::new("tar")
-                .arg("-C")
-                .arg(&rootfs)
-                .args(["--numeric-owner", "-cf"])
-                .arg(&layer)
-                .arg("."),
-        );
-        let layer_digest = sha256_file(&layer);
-        let layer_size = file_size(&layer);
-        std::fs::rename(&layer, blobs.join(&layer_digest)).expect("moving the layer blob");
-        let config = image_config(&layer_digest);
-        let (config_digest, config_size) = add_blob(&blobs, &config);
-        let manifest = image_manifest(&config_digest, config_size, &layer_digest, layer_size);
-        let (manifest_digest, manifest_size) = add_blob(&blobs, &manifest);
-        write_file(
-            &layout.join("index.json"),
-            &image_index(IMAGE, &manifest_digest, manifest_size).to_string(),
-        );
-        write_file(
-            &layout.join("oci-layout"),
-            r#"{"imageLayoutVersion":"1.0.0"}"#,
-        );
-        let archive = image.join("image.tar");
-        run_tool(
-            Command::new("tar")
-                .arg("-C")
-                .arg(&layout)
-                .arg("-cf")
-                .arg(&archive)
-                .args(["oci-layout", "index.json", "blobs"]),
-        );
-        archive
+        oci_archive(&image, &rootfs, IMAGE, "/pause")
     }
 
     /// Starts containerd in the holder's namespaces and waits until it
     /// serves the CRI.
     fn start_daemon(&mut self) {
         let root = self.dir.path().to_path_buf();
-        let log = std::fs::File::create(root.join("containerd.log"))
-            .unwrap_or_else(|e| panic!("creating containerd.log: {e}"));
-        let log_err = log.try_clone().expect("cloning a file handle");
         let mut command = self.node_command(self.runtime.bin_dir.join("containerd"));
         // containerd finds its shim (`containerd-shim-runc-v2`) on PATH.
         let path = std::env::join_paths(std::iter::once(self.runtime.bin_dir.clone()).chain(
@@ -806,31 +724,22 @@ impl Containerd {
         command
             .env("PATH", path)
             .arg("--config")
-            .arg(root.join("config.toml"))
-            .stdout(log)
-            .stderr(log_err);
+            .arg(root.join("config.toml"));
         let procs = crate::cgroup::cgroup2_mount()
             .join(&self.name)
             .join(DAEMON_CGROUP)
             .join("cgroup.procs");
-        // SAFETY: between fork and exec only prctl and std's open/write/close
-        // on a path built before the fork.
-        unsafe {
-            command.pre_exec(move || {
-                std::fs::write(&procs, b"0")?;
-                die_with_parent()
-            });
-        }
-        self.daemon = Some(
-            command
-                .spawn()
-                .unwrap_or_else(|e| panic!("starting containerd: {e}")),
-        );
+        self.daemon = Some(Daemon::spawn(
+            "containerd",
+            command,
+            &root.join("containerd.log"),
+            procs,
+        ));
         let socket = root.join("containerd.sock");
         let deadline = Instant::now() + READY;
         let mut last = String::from("no socket yet");
         while Instant::now() < deadline {
-            if let Some(Ok(Some(status))) = self.daemon.as_mut().map(Child::try_wait) {
+            if let Some(status) = self.daemon.as_mut().and_then(Daemon::exited) {
                 panic!(
                     "containerd exited at start ({status})\n{}",
                     self.diagnostics()
@@ -934,6 +843,80 @@ impl Containerd {
     }
 }
 
+impl Workload for Pod {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The sandbox: what containerd runs the CNI plugins for.
+    fn cni_id(&self) -> &str {
+        &self.sandbox_id
+    }
+
+    fn ipv4(&self) -> Ipv4Addr {
+        self.ipv4
+    }
+
+    fn ipv6(&self) -> Ipv6Addr {
+        self.ipv6
+    }
+}
+
+impl PluginCall for CniCall {
+    fn exit_code(&self) -> Option<i32> {
+        self.exit_code
+    }
+
+    fn summary(&self) -> String {
+        CniCall::summary(self)
+    }
+}
+
+impl Driver for Containerd {
+    type Workload = Pod;
+    type Call = CniCall;
+
+    fn describe(&self) -> String {
+        format!("containerd {}", self.runtime_version)
+    }
+
+    fn start(&self, name: &str, ports: &[PortMapping]) -> Result<Pod, String> {
+        self.run_pod(name, ports).map_err(|e| e.to_string())
+    }
+
+    /// StopPodSandbox, then RemovePodSandbox: a DEL each.
+    fn remove(&self, pod: &Pod) -> Result<(), String> {
+        let cri = self.cri();
+        cri.stop_pod_sandbox(&pod.sandbox_id)
+            .and_then(|()| cri.remove_pod_sandbox(&pod.sandbox_id))
+            .map_err(|e| e.to_string())
+    }
+
+    fn dels_per_remove(&self) -> usize {
+        2
+    }
+
+    fn calls(&self, plugin: PortPlugin, command: &str, id: &str) -> Vec<CniCall> {
+        self.calls_of(plugin.plugin_type(), command, id)
+    }
+
+    fn operator_json(&self, verb: &str) -> Result<Option<Value>, String> {
+        // Nothing is pinned before the first ADD of ours.
+        if !self.ours_installed() {
+            return Ok(None);
+        }
+        operator_output(verb, &self.operator(&[verb, "--json"])).map(Some)
+    }
+
+    fn hooks_procs(&self) -> PathBuf {
+        self.hooks_cgroup().join("cgroup.procs")
+    }
+
+    fn diagnostics(&self) -> String {
+        Containerd::diagnostics(self)
+    }
+}
+
 impl Drop for Containerd {
     fn drop(&mut self) {
         // Removing the pods runs their CNI DELs while plugins, pins and
@@ -967,14 +950,7 @@ impl Drop for Containerd {
             }
         }
         self.stop_daemon();
-        for (pid, comm) in self.processes() {
-            eprintln!(
-                "harness: killing process {pid} ({comm}) left in containerd's mount namespace"
-            );
-            crate::cgroup::kill(pid);
-        }
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
+        self.holder.kill_leftovers("containerd");
         for hierarchy in crate::cgroup::hierarchies() {
             crate::cgroup::remove_tree(&hierarchy.join(&self.name));
         }
@@ -1077,18 +1053,6 @@ disabled_plugins = [
     )
 }
 
-/// A path as a TOML basic string (harness paths need no escapes; refuse any).
-fn toml_string(path: &Path) -> String {
-    let text = path
-        .to_str()
-        .unwrap_or_else(|| panic!("{} is not UTF-8", path.display()));
-    assert!(
-        !text.contains(['"', '\\']) && !text.chars().any(char::is_control),
-        "{text} needs escaping in TOML"
-    );
-    format!("\"{text}\"")
-}
-
 /// The plugin types of every network in containerd's verbose `cniconfig`
 /// (go-cni's `ConfigResult`: `Networks[].Config.Plugins[].Network.type`).
 pub fn loaded_plugin_types(cniconfig: &Value) -> Vec<String> {
@@ -1181,65 +1145,6 @@ pub fn pod_ips(status: &crate::cri::PodSandboxStatus) -> Vec<IpAddr> {
         .chain(network.additional_ips.iter().map(|ip| ip.ip.as_str()))
         .filter_map(|ip| ip.parse().ok())
         .collect()
-}
-
-/// The image's config: amd64/arm64 Linux, `pause` as the entrypoint.
-fn image_config(layer_digest: &str) -> Value {
-    json!({
-        "architecture": oci_architecture(),
-        "os": "linux",
-        "config": { "Entrypoint": ["/pause"], "WorkingDir": "/" },
-        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
-    })
-}
-
-fn image_manifest(
-    config_digest: &str,
-    config_size: u64,
-    layer_digest: &str,
-    layer_size: u64,
-) -> Value {
-    json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "digest": format!("sha256:{config_digest}"),
-            "size": config_size,
-        },
-        "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar",
-            "digest": format!("sha256:{layer_digest}"),
-            "size": layer_size,
-        }],
-    })
-}
-
-/// `index.json`: the manifest, named `name` for containerd's import.
-fn image_index(name: &str, manifest_digest: &str, manifest_size: u64) -> Value {
-    let tag = name.rsplit_once(':').map_or("latest", |(_, tag)| tag);
-    json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": format!("sha256:{manifest_digest}"),
-            "size": manifest_size,
-            "annotations": {
-                "io.containerd.image.name": name,
-                "org.opencontainers.image.ref.name": tag,
-            },
-            "platform": { "architecture": oci_architecture(), "os": "linux" },
-        }],
-    })
-}
-
-/// The OCI name of this machine's architecture.
-fn oci_architecture() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    }
 }
 
 /// The shim for plugin `name`: records the call under `calls` as
@@ -1342,99 +1247,6 @@ pub fn parse_call(
     }
 }
 
-/// The script the holder runs in its new mount namespace; `cgroup2` is the
-/// cgroup2 mount the harness uses.
-fn holder_script(root: &Path, cgroup2: &Path) -> String {
-    let mut script = String::from("set -e\n");
-    script.push_str("mount -t tmpfs -o mode=0755 epm-ctrd-run /run\n");
-    script.push_str("mount -t tmpfs -o mode=1777 epm-ctrd-shm /dev/shm\n");
-    for (source, target) in [("var-lib", "/var/lib"), ("var-log", "/var/log")] {
-        let _ = writeln!(
-            script,
-            "mount --bind '{}' {target}",
-            root.join(source).display()
-        );
-    }
-    let _ = writeln!(
-        script,
-        "mount -t bpf epm-ctrd-bpf {}",
-        crate::bpffs::BPFFS_MOUNT
-    );
-    // The harness's cgroup2 mount, if it lives under /run (a machine without
-    // one), would be hidden by the new tmpfs: mount the hierarchy again.
-    if cgroup2.starts_with("/run") {
-        let _ = writeln!(
-            script,
-            "mkdir -p '{0}' && mount -t cgroup2 none '{0}'",
-            cgroup2.display()
-        );
-    }
-    script.push_str("echo ready\nexec sleep infinity\n");
-    script
-}
-
-/// Starts the holder in `node` and waits until its mounts are in place.
-fn spawn_holder(node: &NetNs, root: &Path) -> Child {
-    let text = root.to_string_lossy();
-    assert!(!text.contains('\''), "{text} contains a single quote");
-    let mut command = node.command("unshare");
-    command
-        .args(["--mount", "--propagation", "slave", "--", "/bin/sh", "-c"])
-        .arg(holder_script(root, crate::cgroup::cgroup2_mount()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
-    unsafe {
-        command.pre_exec(die_with_parent);
-    }
-    let mut holder = command
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting unshare in netns {}: {e}", node.name()));
-    let mut line = String::new();
-    let stdout = holder.stdout.take().expect("stdout is piped");
-    let _ = BufReader::new(stdout).read_line(&mut line);
-    if line.trim() != "ready" {
-        let _ = holder.kill();
-        let out = holder.wait_with_output();
-        panic!(
-            "the private mount namespace for containerd could not be set up: {:?}",
-            out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
-        );
-    }
-    holder
-}
-
-/// `PR_SET_PDEATHSIG(SIGKILL)`, for a `pre_exec` hook.
-fn die_with_parent() -> std::io::Result<()> {
-    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
-    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-fn mount_ns_of(pid: u32) -> String {
-    std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
-        .map(|link| link.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-/// Pids of the processes in the mount namespace `mount_ns` (`mnt:[inode]`).
-fn processes_in_mount_ns(mount_ns: &str) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
-                .is_ok_and(|link| link.to_string_lossy() == mount_ns)
-        })
-        .collect()
-}
-
 fn walk_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -1455,175 +1267,6 @@ fn create_dir(path: &Path) {
 
 fn write_file(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
-}
-
-fn file_size(path: &Path) -> u64 {
-    std::fs::metadata(path)
-        .unwrap_or_else(|e| panic!("stat {}: {e}", path.display()))
-        .len()
-}
-
-/// Runs a tool that must succeed; its stdout.
-fn run_tool(command: &mut Command) -> String {
-    let shown = format!("{command:?}");
-    let out = command
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("starting {shown}: {e}"));
-    assert!(
-        out.status.success(),
-        "{shown} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The hex SHA-256 of a file (`sha256sum`, coreutils).
-fn sha256_file(path: &Path) -> String {
-    let out = run_tool(Command::new("sha256sum").arg(path));
-    let digest = out.split_whitespace().next().unwrap_or_default().to_owned();
-    assert!(
-        digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
-        "sha256sum printed {out:?}"
-    );
-    digest
-}
-
-/// Writes `value` as a blob: its digest and size.
-fn add_blob(blobs: &Path, value: &Value) -> (String, u64) {
-    let staged = blobs.join("staged");
-    write_file(&staged, &value.to_string());
-    let digest = sha256_file(&staged);
-    let size = file_size(&staged);
-    std::fs::rename(&staged, blobs.join(&digest)).expect("naming a blob by its digest");
-    (digest, size)
-}
-
-/// What the machine outside the test's namespaces looks like: the root
-/// network namespace (links, addresses, routes, firewall rules) and the
-/// places a runtime or a plugin would write to if it escaped its
-/// confinement. Compared before and after a test.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RootState {
-    pub network: BTreeMap<String, String>,
-    /// Whether each path exists.
-    pub paths: BTreeMap<&'static str, bool>,
-    /// Mounts in the root mount namespace that name containerd, CNI or a
-    /// path of this harness's kind.
-    pub mounts: Vec<String>,
-}
-
-/// Paths a runtime, libcni, runc or ebpf-portmap write to by default.
-const ROOT_PATHS: [&str; 10] = [
-    "/run/containerd",
-    "/var/lib/containerd",
-    "/run/runc",
-    "/var/lib/cni",
-    "/run/cni",
-    "/etc/cni/net.d",
-    "/opt/cni/bin",
-    "/var/log/ebpf-portmap.log",
-    "/run/ebpf-portmap",
-    "/sys/fs/bpf/ebpf-portmap",
-];
-
-impl RootState {
-    /// Captures the state (the test process runs in the root namespaces).
-    pub fn capture() -> RootState {
-        let mut network = BTreeMap::new();
-        for args in [
-            &["ip", "-o", "link", "show"][..],
-            &["ip", "-o", "addr", "show"],
-            &["ip", "route", "show", "table", "all"],
-            &["ip", "-6", "route", "show", "table", "all"],
-            &["iptables", "-t", "nat", "-S"],
-            &["iptables", "-t", "filter", "-S"],
-            &["ip6tables", "-t", "nat", "-S"],
-            &["ip6tables", "-t", "filter", "-S"],
-        ] {
-            let out = Command::new(args[0]).args(&args[1..]).output();
-            let text = match out {
-                Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
-                Err(e) => format!("(could not run: {e})"),
-            };
-            network.insert(args.join(" "), without_lifetimes(&text));
-        }
-        let paths = ROOT_PATHS
-            .iter()
-            .map(|path| (*path, Path::new(path).exists()))
-            .collect();
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let marker = format!("{}-{KIND}-", crate::naming::name_prefix());
-        let mounts = mountinfo
-            .lines()
-            .filter(|l| {
-                l.contains("containerd")
-                    || l.contains("/cni")
-                    || l.contains(&marker)
-                    || l.contains("epm-ctrd")
-            })
-            .map(str::to_owned)
-            .collect();
-        RootState {
-            network,
-            paths,
-            mounts,
-        }
-    }
-
-    /// What differs from `before`, one line per difference.
-    pub fn differences(&self, before: &RootState) -> Vec<String> {
-        let mut found = Vec::new();
-        for (what, text) in &self.network {
-            if before.network.get(what) != Some(text) {
-                found.push(format!(
-                    "`{what}` changed:\nbefore:\n{}\nafter:\n{text}",
-                    before.network.get(what).map_or("", String::as_str)
-                ));
-            }
-        }
-        for (path, exists) in &self.paths {
-            if before.paths.get(path) != Some(exists) {
-                found.push(format!(
-                    "{path}: existed {:?}, now {exists}",
-                    before.paths.get(path)
-                ));
-            }
-        }
-        if self.mounts != before.mounts {
-            found.push(format!(
-                "root mounts changed:\nbefore:\n{}\nafter:\n{}",
-                before.mounts.join("\n"),
-                self.mounts.join("\n")
-            ));
-        }
-        found
-    }
-}
-
-/// `ip` output without the counting-down lifetimes of dynamic addresses
-/// and routes (`valid_lft 86390sec`, `expires 1799sec`).
-fn without_lifetimes(text: &str) -> String {
-    text.lines()
-        .map(|line| {
-            let mut words = Vec::new();
-            let mut skip_next = false;
-            for word in line.split_whitespace() {
-                if skip_next {
-                    skip_next = false;
-                    continue;
-                }
-                if matches!(word, "valid_lft" | "preferred_lft" | "expires") {
-                    skip_next = true;
-                    continue;
-                }
-                words.push(word);
-            }
-            words.join(" ")
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[cfg(test)]
@@ -1828,52 +1471,5 @@ mod tests {
             .map(|c| (c.plugin.as_str(), c.command.as_str()))
             .collect();
         assert_eq!(seen, [("bridge", "ADD"), ("ebpf-portmap", "DEL")]);
-    }
-
-    #[test]
-    fn holder_mounts_private_state_and_bpffs() {
-        let script = holder_script(Path::new("/tmp/c"), Path::new("/sys/fs/cgroup/unified"));
-        assert!(script.starts_with("set -e\n"));
-        assert!(script.contains("mount -t tmpfs -o mode=0755 epm-ctrd-run /run\n"));
-        assert!(script.contains("mount --bind '/tmp/c/var-lib' /var/lib\n"));
-        assert!(script.contains("mount --bind '/tmp/c/var-log' /var/log\n"));
-        assert!(script.contains("mount -t bpf epm-ctrd-bpf /sys/fs/bpf\n"));
-        assert!(!script.contains("cgroup2"), "{script}");
-        assert!(script.ends_with("echo ready\nexec sleep infinity\n"));
-    }
-
-    #[test]
-    fn image_documents_reference_each_other() {
-        let index = image_index(IMAGE, "ab", 12);
-        assert_eq!(
-            index["manifests"][0]["annotations"]["io.containerd.image.name"],
-            IMAGE
-        );
-        assert_eq!(
-            index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
-            "1"
-        );
-        assert_eq!(index["manifests"][0]["digest"], "sha256:ab");
-        let manifest = image_manifest("cd", 3, "ef", 4);
-        assert_eq!(manifest["config"]["digest"], "sha256:cd");
-        assert_eq!(manifest["layers"][0]["digest"], "sha256:ef");
-        assert_eq!(manifest["layers"][0]["size"], 4);
-        let config = image_config("ef");
-        assert_eq!(config["rootfs"]["diff_ids"][0], "sha256:ef");
-        assert_eq!(config["config"]["Entrypoint"][0], "/pause");
-    }
-
-    #[test]
-    fn lifetimes_do_not_count_as_changes() {
-        assert_eq!(
-            without_lifetimes(
-                "2: eth0    inet 10.0.0.5/24 brd 10.0.0.255 scope global dynamic eth0\\       valid_lft 86390sec preferred_lft 86390sec"
-            ),
-            "2: eth0 inet 10.0.0.5/24 brd 10.0.0.255 scope global dynamic eth0\\"
-        );
-        assert_eq!(
-            without_lifetimes("fe80::/64 dev eth0 proto ra metric 100 expires 1799sec pref medium"),
-            "fe80::/64 dev eth0 proto ra metric 100 pref medium"
-        );
     }
 }

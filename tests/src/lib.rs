@@ -35,6 +35,7 @@ pub mod podman;
 pub mod profile;
 pub mod prometheus;
 pub mod release;
+pub mod runtime;
 pub mod stop;
 pub mod tmp;
 pub mod topology;

@@ -7,14 +7,11 @@
 //!   `registries.conf` (named by `CONTAINERS_CONF`,
 //!   `CONTAINERS_STORAGE_CONF` and `CONTAINERS_REGISTRIES_CONF`), its CNI
 //!   config directory with the test's conflist, its storage and event log;
-//! - a holder process (`sleep`) in the node's network namespace and in a
-//!   private mount namespace with its own tmpfs on `/run` and `/dev/shm` and
-//!   bind mounts of the test directory over `/var/lib` and `/var/tmp`, where
+//! - the runtime harness's holder ([`crate::runtime::holder`]) with bind
+//!   mounts of the test directory over `/var/lib` and `/var/tmp`, where
 //!   podman, runc and libcni keep state (`/run/netns`, `/run/runc`,
 //!   `/run/libpod`, shm locks, `/var/lib/cni`). Every podman command enters
-//!   both namespaces of the holder with `nsenter`, so nothing lands on the
-//!   machine's real `/run` or `/var/lib` and the root network namespace is
-//!   never touched;
+//!   both namespaces of the holder with `nsenter`;
 //! - a cgroup parent `/<prefix>-podman-<pid>-<n>` for every container
 //!   (`--cgroup-parent`; podman's cgroupfs manager puts conmon in its
 //!   `conmon` child), removed from every mounted hierarchy at the end.
@@ -31,32 +28,43 @@
 //! [`crate::naming::reap_stale`] kills the processes in it (conmon, the
 //! containers) and removes it; the holder dies with its creator thread
 //! (`PR_SET_PDEATHSIG`), and its mount namespace with its last process.
+//!
+//! [`PodmanDriver`] is podman's [`crate::runtime::Driver`]: the shared
+//! end-to-end scenarios run through it.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::cni::Conflist;
-use crate::netns::NetNs;
+use crate::netns::{NetNs, NsHandle};
+use crate::pin_root::PinRoot;
+use crate::plugins::{PluginDirs, TracedExec, plugin_bin};
+use crate::runtime::conf_dir::{CniConfDir, toml_string};
+use crate::runtime::e2e::operator_output;
+use crate::runtime::holder::{HolderSpec, MountNsHolder};
+use crate::runtime::rootfs::{IMAGE_PROBE, build_rootfs, tar_dir};
+use crate::runtime::{Driver, PluginCall, PortPlugin, Workload};
 use crate::tmp::TempDir;
-use crate::topology::PortMapping;
+use crate::topology::{Node, PortMapping, bridge_conflist};
 
 /// The image [`Podman::import_image`] makes.
 pub const IMAGE: &str = "localhost/epm-e2e:latest";
-/// Where the image has the test's connection tester.
-pub const IMAGE_PROBE: &str = "/usr/local/bin/probe";
-/// The busybox every container of the image runs (`httpd`, `sh`).
-pub const BUSYBOX: &str = "/bin/busybox";
 /// How long one podman command may take before it is killed.
 pub const PODMAN_TIMEOUT: Duration = Duration::from_secs(120);
 /// The `kind` in the names of the directory and the cgroup parent.
 const KIND: &str = "podman";
+/// podman's private mount namespace.
+const HOLDER: HolderSpec = HolderSpec {
+    tag: "epm-podman",
+    propagation: "private",
+    binds: &[("var-lib", "/var/lib"), ("var-tmp", "/var/tmp")],
+    private_bpffs: false,
+};
 
 /// A podman command that failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,10 +87,9 @@ pub enum PodmanError {
 /// A podman confined to a node namespace (see the module docs).
 #[derive(Debug)]
 pub struct Podman {
-    holder: Child,
-    /// `mnt:[inode]` of the holder's mount namespace: every process podman
-    /// starts there (conmon, runc) is ours.
-    mount_ns: String,
+    /// Every process podman starts in its mount namespace (conmon, runc)
+    /// is ours.
+    holder: MountNsHolder,
     cgroup_parent: String,
     network: String,
     dir: TempDir,
@@ -109,7 +116,7 @@ impl Podman {
     pub fn start(node: &NetNs, plugin_dir: &Path, conflist: &Conflist) -> Podman {
         let dir = TempDir::new(KIND);
         let root = dir.path();
-        for sub in ["net.d", "storage", "runroot", "var-lib", "var-tmp", "image"] {
+        for sub in ["storage", "runroot", "var-lib", "var-tmp", "image"] {
             std::fs::create_dir(root.join(sub))
                 .unwrap_or_else(|e| panic!("creating {}: {e}", root.join(sub).display()));
         }
@@ -126,10 +133,7 @@ impl Podman {
         write("storage.conf", &storage_conf(root));
         write("registries.conf", "");
         let network = conflist.name().to_owned();
-        write(
-            &format!("net.d/{network}.conflist"),
-            &serde_json::to_string_pretty(conflist.json()).expect("a Value always serialises"),
-        );
+        CniConfDir::new(root.join("net.d"), &format!("{network}.conflist")).write(conflist.json());
         // The cgroup parent's name: the directory's own name, so that both
         // carry the creator's pid for the stale sweep.
         let cgroup_parent = root
@@ -138,22 +142,13 @@ impl Podman {
             .expect("a harness temp dir has a UTF-8 name")
             .to_owned();
         debug_assert!(cgroup_parent.contains(&format!("-{KIND}-")));
-        let holder = spawn_holder(node, root);
-        let mount_ns = std::fs::read_link(format!("/proc/{}/ns/mnt", holder.id()))
-            .map(|link| link.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let podman = Podman {
+        let holder = MountNsHolder::spawn(node, root, &HOLDER);
+        Podman {
             holder,
-            mount_ns,
             cgroup_parent,
             network,
             dir,
-        };
-        assert!(
-            !podman.mount_ns.is_empty(),
-            "reading the holder's mount namespace"
-        );
-        podman
+        }
     }
 
     /// The test directory (configuration, storage, event log).
@@ -181,10 +176,7 @@ impl Podman {
             .arg("--kill-after=5")
             .arg(PODMAN_TIMEOUT.as_secs().to_string())
             .arg("nsenter")
-            .arg(format!("--target={}", self.holder.id()))
-            .args(["--mount", "--net"])
-            // nsenter --mount resets the working directory.
-            .arg(format!("--wd={}", self.dir.path().display()))
+            .args(self.holder.nsenter_args())
             .arg("podman")
             .args(args)
             .env("CONTAINERS_CONF", conf("containers.conf"))
@@ -225,27 +217,9 @@ impl Podman {
     /// If a file cannot be copied, `tar` fails or `podman import` fails.
     pub fn import_image(&self, probe: &Path) {
         let rootfs = self.dir.path().join("image/rootfs");
-        install_binary(&rootfs, Path::new(BUSYBOX), Path::new(BUSYBOX));
-        for applet in ["sh", "httpd", "mkdir"] {
-            let link = rootfs.join("bin").join(applet);
-            std::os::unix::fs::symlink("busybox", &link)
-                .unwrap_or_else(|e| panic!("linking {}: {e}", link.display()));
-        }
-        install_binary(&rootfs, probe, Path::new(IMAGE_PROBE));
+        build_rootfs(&rootfs, probe);
         let tarball = self.dir.path().join("image/rootfs.tar");
-        let out = Command::new("tar")
-            .arg("-C")
-            .arg(&rootfs)
-            .arg("-cf")
-            .arg(&tarball)
-            .arg(".")
-            .output()
-            .expect("run tar");
-        assert!(
-            out.status.success(),
-            "tar of the image rootfs: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        tar_dir(&rootfs, &tarball);
         let tarball = tarball.to_string_lossy().into_owned();
         self.run(&["import", &tarball, IMAGE])
             .unwrap_or_else(|e| panic!("{e}"));
@@ -300,20 +274,6 @@ impl Podman {
         }
         report
     }
-
-    /// Pids of the processes in the holder's mount namespace, holder included.
-    fn processes_in_mount_ns(&self) -> Vec<i32> {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        entries
-            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
-                    .is_ok_and(|link| link.to_string_lossy() == self.mount_ns)
-            })
-            .collect()
-    }
 }
 
 impl Drop for Podman {
@@ -323,15 +283,7 @@ impl Drop for Podman {
         if let Err(e) = self.run(&["rm", "--all", "--force", "--time", "0"]) {
             eprintln!("harness: podman rm --all at teardown: {e}");
         }
-        let holder = i32::try_from(self.holder.id()).unwrap_or_default();
-        for pid in self.processes_in_mount_ns() {
-            if pid != holder {
-                eprintln!("harness: killing process {pid} left in podman's mount namespace");
-                crate::cgroup::kill(pid);
-            }
-        }
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
+        self.holder.kill_leftovers("podman");
         for hierarchy in crate::cgroup::hierarchies() {
             crate::cgroup::remove_tree(&hierarchy.join(&self.cgroup_parent));
         }
@@ -368,18 +320,6 @@ fn storage_conf(root: &Path) -> String {
         toml_string(&root.join("storage")),
         toml_string(&root.join("runroot")),
     )
-}
-
-/// A path as a TOML basic string (harness paths need no escapes; refuse any).
-fn toml_string(path: &Path) -> String {
-    let text = path
-        .to_str()
-        .unwrap_or_else(|| panic!("{} is not UTF-8", path.display()));
-    assert!(
-        !text.contains(['"', '\\']) && !text.chars().any(char::is_control),
-        "{text} needs escaping in TOML"
-    );
-    format!("\"{text}\"")
 }
 
 /// `(nofile, nproc)` for every container: at most 1024 and 4096, and never
@@ -470,109 +410,191 @@ pub fn container_info(json: &Value, network: &str) -> Option<ContainerInfo> {
     })
 }
 
-/// Copies `binary` to `rootfs/<at>` and every shared library `ldd` names to
-/// the same path inside `rootfs` (the loader included).
-pub fn install_binary(rootfs: &Path, binary: &Path, at: &Path) {
-    let copy = |from: &Path, to: &Path| {
-        let target = rootfs.join(to.strip_prefix("/").unwrap_or(to));
-        if target.exists() {
-            return;
+/// podman's [`Driver`]: a [`Podman`] on the node with the bridge conflist
+/// whose port-mapping plugin is `plugin`, traced plugin shims (evidence the
+/// plugin really ran: podman drops a network whose plugin it cannot find
+/// with only a warning) and ebpf-portmap's own pin root, cgroup and log.
+/// Field order is drop order: podman first (removing its containers runs
+/// the CNI DELs while the plugins and the pin root still exist).
+#[derive(Debug)]
+pub struct PodmanDriver {
+    pub podman: Podman,
+    pub plugins: PluginDirs,
+    pub pins: PinRoot,
+    pub plugin: PortPlugin,
+    node: NsHandle,
+    data_dir: PathBuf,
+}
+
+impl PodmanDriver {
+    /// The conflist's network (podman's config is private).
+    pub const NETWORK: &str = "epm-e2e";
+
+    /// Starts podman in `node` with `plugin` in the conflist, its entry
+    /// changed by `edit` (e.g. `fastPath`), and imports the image with
+    /// `probe` in it.
+    pub fn start(
+        node: &Node,
+        plugin: PortPlugin,
+        edit: impl FnOnce(&mut serde_json::Map<String, Value>),
+        probe: &Path,
+    ) -> PodmanDriver {
+        let pins = PinRoot::new();
+        let plugins = PluginDirs::traced();
+        let conflist = bridge_conflist(
+            Self::NETWORK,
+            plugin.plugin_type(),
+            Some(pins.path()),
+            node.data_dir(),
+        );
+        let mut json = conflist.json().clone();
+        edit(
+            json["plugins"][1]
+                .as_object_mut()
+                .expect("the plugin's entry"),
+        );
+        let conflist = Conflist::from_json(json).expect("conflist");
+        let podman = Podman::start(&node.ns, plugins.path(), &conflist);
+        podman.import_image(probe);
+        PodmanDriver {
+            podman,
+            plugins,
+            pins,
+            plugin,
+            node: node.ns.handle(),
+            data_dir: node.data_dir().to_path_buf(),
         }
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .unwrap_or_else(|e| panic!("creating {}: {e}", parent.display()));
-        }
-        // Symlinked library paths are copied as the files they name.
-        std::fs::copy(from, &target)
-            .unwrap_or_else(|e| panic!("copying {} to {}: {e}", from.display(), target.display()));
-    };
-    copy(binary, at);
-    let out = Command::new("ldd").arg(binary).output().expect("run ldd");
-    // A static binary makes ldd fail ("not a dynamic executable"): nothing to add.
-    if out.status.success() {
-        for library in parse_ldd(&String::from_utf8_lossy(&out.stdout)) {
-            copy(&library, &library);
+    }
+
+    /// `podman args...`, which must succeed.
+    pub fn podman(&self, args: &[&str]) -> String {
+        self.podman
+            .run(args)
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.diagnostics()))
+    }
+
+    /// The running container `name` with an IPv4 and an IPv6 address.
+    pub fn inspect(&self, name: &str) -> Result<ContainerInfo, String> {
+        let info = self.podman.inspect(name);
+        if info.running && info.ipv4.is_some() && info.ipv6.is_some() {
+            Ok(info)
+        } else {
+            Err(format!(
+                "{name} must be running with an address of each family on the dual-stack network: {info:?}"
+            ))
         }
     }
 }
 
-/// The absolute paths in `ldd` output (libraries and the loader).
-pub fn parse_ldd(text: &str) -> Vec<PathBuf> {
-    text.lines()
-        .filter_map(|line| {
-            let line = line.trim();
-            let path = match line.split_once("=>") {
-                Some((_, rest)) => rest.split_whitespace().next()?,
-                None => line.split_whitespace().next()?,
-            };
-            path.starts_with('/').then(|| PathBuf::from(path))
-        })
-        .collect()
+impl Workload for ContainerInfo {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn cni_id(&self) -> &str {
+        &self.id
+    }
+
+    fn ipv4(&self) -> Ipv4Addr {
+        self.ipv4
+            .expect("a running container on the dual-stack network has an IPv4 address")
+    }
+
+    fn ipv6(&self) -> Ipv6Addr {
+        self.ipv6
+            .expect("a running container on the dual-stack network has an IPv6 address")
+    }
 }
 
-/// The shell script the holder runs in its new mount namespace; `cgroup2` is
-/// the cgroup2 mount the harness uses.
-fn holder_script(root: &Path, cgroup2: &Path) -> String {
-    let mut script = String::from("set -e\n");
-    script.push_str("mount -t tmpfs -o mode=0755 epm-podman-run /run\n");
-    script.push_str("mount -t tmpfs -o mode=1777 epm-podman-shm /dev/shm\n");
-    for (source, target) in [("var-lib", "/var/lib"), ("var-tmp", "/var/tmp")] {
-        let _ = writeln!(
-            script,
-            "mount --bind '{}' {target}",
-            root.join(source).display()
-        );
+impl PluginCall for TracedExec {
+    /// The traced shims record the start of an execution only.
+    fn exit_code(&self) -> Option<i32> {
+        None
     }
-    // The plugin's socket hooks need the cgroup2 mount the harness uses; if
-    // that lives under /run (no cgroup2 mount on the machine), mount the same
-    // hierarchy again under the new tmpfs.
-    if cgroup2.starts_with("/run") {
-        let _ = writeln!(
-            script,
-            "mkdir -p '{0}' && mount -t cgroup2 none '{0}'",
-            cgroup2.display()
-        );
+
+    fn summary(&self) -> String {
+        format!("{} {} {}", self.plugin, self.command, self.container_id)
     }
-    script.push_str("echo ready\nexec sleep infinity\n");
-    script
 }
 
-/// Starts the holder and waits until its mounts are in place.
-fn spawn_holder(node: &NetNs, root: &Path) -> Child {
-    let text = root.to_string_lossy();
-    assert!(!text.contains('\''), "{text} contains a single quote");
-    let mut command = node.command("unshare");
-    command
-        .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
-        .arg(holder_script(root, crate::cgroup::cgroup2_mount()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
+impl Driver for PodmanDriver {
+    type Workload = ContainerInfo;
+    type Call = TracedExec;
+
+    fn describe(&self) -> String {
+        "podman".to_owned()
     }
-    let mut holder = command
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting unshare in netns {}: {e}", node.name()));
-    let mut line = String::new();
-    let stdout = holder.stdout.take().expect("stdout is piped");
-    let _ = BufReader::new(stdout).read_line(&mut line);
-    if line.trim() != "ready" {
-        let _ = holder.kill();
-        let out = holder.wait_with_output();
-        panic!(
-            "the private mount namespace for podman could not be set up: {:?}",
-            out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
-        );
+
+    fn start(&self, name: &str, ports: &[PortMapping]) -> Result<ContainerInfo, String> {
+        let id = self
+            .podman
+            .run_web(name, ports)
+            .map_err(|e| e.to_string())?;
+        let info = self.inspect(name)?;
+        if info.id != id {
+            return Err(format!("podman run printed {id}, inspect shows {info:?}"));
+        }
+        Ok(info)
     }
-    holder
+
+    fn remove(&self, container: &ContainerInfo) -> Result<(), String> {
+        self.podman
+            .run(&["rm", "--force", "--time", "0", &container.name])
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn dels_per_remove(&self) -> usize {
+        1
+    }
+
+    fn calls(&self, plugin: PortPlugin, command: &str, id: &str) -> Vec<TracedExec> {
+        self.plugins
+            .trace()
+            .into_iter()
+            .filter(|e| {
+                e.plugin == plugin.plugin_type() && e.command == command && e.container_id == id
+            })
+            .collect()
+    }
+
+    fn operator_json(&self, verb: &str) -> Result<Option<Value>, String> {
+        // Nothing is pinned before the first ADD of ours.
+        if !self.pins.path().join("v1/maps").exists() {
+            return Ok(None);
+        }
+        let out = self
+            .node
+            .command(plugin_bin())
+            .args([verb, "--json", "--pin-root"])
+            .arg(self.pins.path())
+            .output()
+            .map_err(|e| format!("running ebpf-portmap {verb}: {e}"))?;
+        operator_output(verb, &out).map(Some)
+    }
+
+    fn hooks_procs(&self) -> PathBuf {
+        self.pins.cgroup().procs_file()
+    }
+
+    fn diagnostics(&self) -> String {
+        let log = std::fs::read_to_string(self.data_dir.join(crate::topology::PLUGIN_LOG))
+            .unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        let trace: Vec<String> = self
+            .plugins
+            .trace()
+            .iter()
+            .filter(|e| e.command != "VERSION")
+            .map(PluginCall::summary)
+            .collect();
+        format!(
+            "{}--- plugin log (newest first)\n{}\n--- plugin executions\n{}\n",
+            self.podman.diagnostics(),
+            tail.join("\n"),
+            trace.join("\n"),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -658,19 +680,6 @@ mod tests {
     }
 
     #[test]
-    fn ldd_paths() {
-        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x1)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x2)\n\t/lib64/ld-linux-x86-64.so.2 (0x3)\n";
-        assert_eq!(
-            parse_ldd(text),
-            [
-                PathBuf::from("/lib/x86_64-linux-gnu/libgcc_s.so.1"),
-                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
-                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
-            ]
-        );
-    }
-
-    #[test]
     fn configuration_files() {
         let conf = containers_conf(Path::new("/tmp/p"), Path::new("/tmp/plugins"), 1024, 4096);
         assert!(conf.contains("network_backend = \"cni\""), "{conf}");
@@ -692,22 +701,6 @@ mod tests {
         assert!(
             storage.contains("graphroot = \"/tmp/p/storage\""),
             "{storage}"
-        );
-    }
-
-    #[test]
-    fn holder_mounts_private_state_dirs() {
-        let script = holder_script(Path::new("/tmp/p"), Path::new("/sys/fs/cgroup"));
-        assert!(script.starts_with("set -e\n"));
-        assert!(script.contains("mount -t tmpfs -o mode=0755 epm-podman-run /run\n"));
-        assert!(script.contains("mount --bind '/tmp/p/var-lib' /var/lib\n"));
-        assert!(!script.contains("cgroup2"), "{script}");
-        assert!(script.ends_with("echo ready\nexec sleep infinity\n"));
-        // The harness's own cgroup2 mount would be hidden by the new /run.
-        let script = holder_script(Path::new("/tmp/p"), Path::new("/run/epm-test-cgroup2"));
-        assert!(
-            script.contains("mount -t cgroup2 none '/run/epm-test-cgroup2'"),
-            "{script}"
         );
     }
 }

@@ -17,7 +17,10 @@
 //! directories, private mount namespace and bpffs (see
 //! `portmap_tests::containerd`). Shims in the CNI bin directory record every
 //! plugin execution: evidence of what containerd sent and that every ADD and
-//! DEL really ran.
+//! DEL really ran. The checks and the scenarios every runtime runs (a pod
+//! published and reached, eight at once, nothing translated at the end) are
+//! the runtime harness's (`portmap_tests::runtime::e2e`); this file adds
+//! what only the CRI has.
 //!
 //! Per plugin, [`containerd_runs_pods_through`]:
 //! 1. a pod with TCP and UDP hostPorts answers from the external namespace
@@ -56,9 +59,7 @@
 //! `cargo xtask e2e-containerd` installs those and runs them (and `cargo
 //! xtask test` does, unless `--skip-containerd` or EPM_SKIP_CONTAINERD=1).
 
-use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::unix::process::CommandExt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -66,161 +67,67 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use portmap_tests::containerd::{
-    CniCall, Containerd, NETWORK, POD_NAMESPACE, Pod, RootState, Runtime, UPSTREAM_TYPE, short,
+    CniCall, Containerd, NETWORK, POD_NAMESPACE, Pod, Runtime, UPSTREAM_TYPE, short,
 };
 use portmap_tests::cri::CriError;
+use portmap_tests::runtime::e2e::{
+    PARALLEL, READY, fleet_at_once, nothing_translated, publish_and_reach, remove_at_once,
+    web_ports,
+};
+use portmap_tests::runtime::firewall::{RootState, nat_rules};
+use portmap_tests::runtime::{Driver, PortPlugin};
 use portmap_tests::topology::{NODE_IP4, NODE_IP4_SECONDARY, NODE_IP6};
-use portmap_tests::traffic::{ProbeError, echo_reply, http_get, udp_request};
+use portmap_tests::traffic::{echo_reply, http_get};
 use portmap_tests::world::{GONE, PROBE, expect_unreachable, sock};
 use portmap_tests::{Node, PortMapping};
 
-/// How long a freshly started pod may take to answer.
-const READY: Duration = Duration::from_secs(20);
-/// Pods started at once, and concurrent StopPodSandbox calls of one sandbox.
-const PARALLEL: u16 = 8;
 /// Rounds of the seed race.
 const SEED_ROUNDS: u16 = 3;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PortPlugin {
-    Ours,
-    /// The reference plugin from Debian's containernetworking-plugins
-    /// (iptables inside the node namespace).
-    Upstream,
-}
+/// One test's world: containerd on the standard node.
+type E2e = portmap_tests::runtime::E2e<Containerd>;
 
-impl PortPlugin {
-    fn plugin_type(self) -> &'static str {
-        match self {
-            PortPlugin::Ours => "ebpf-portmap",
-            PortPlugin::Upstream => UPSTREAM_TYPE,
-        }
-    }
-
-    /// Upstream cannot translate `[::1]` (IPv6 has no `route_localnet`).
-    fn translates_ipv6_loopback(self) -> bool {
-        self == PortPlugin::Ours
+fn e2e(plugin: PortPlugin) -> E2e {
+    let node = Node::new();
+    let probe = Path::new(env!("CARGO_BIN_EXE_probe"));
+    let driver = Containerd::start(&node.ns, &Runtime::from_env(), plugin.plugin_type(), probe);
+    E2e {
+        driver,
+        node,
+        probe: probe.to_path_buf(),
     }
 }
 
-/// One DNAT the node holds.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Translation {
-    protocol: String,
-    /// `None`: every local address of the family.
-    host_ip: Option<IpAddr>,
-    host_port: u16,
-    container: SocketAddr,
+/// What only the CRI has: a pod's two removal steps, upstream's entries in
+/// `list`.
+trait CriSteps {
+    fn stop(&self, pod: &Pod);
+    fn remove(&self, pod: &Pod);
+    /// The owners of the upstream mappings `ebpf-portmap list --json` shows.
+    fn listed_upstream_owners(&self) -> Vec<String>;
 }
 
-/// Everything one test needs. Field order is drop order: containerd goes
-/// first (removing its pods runs the CNI DELs while the namespaces exist).
-struct E2e {
-    ctrd: Containerd,
-    node: Node,
-}
-
-impl E2e {
-    fn new(plugin: PortPlugin) -> E2e {
-        let node = Node::new();
-        let ctrd = Containerd::start(
-            &node.ns,
-            &Runtime::from_env(),
-            plugin.plugin_type(),
-            Path::new(env!("CARGO_BIN_EXE_probe")),
-        );
-        E2e { ctrd, node }
-    }
-
-    /// Runs a pod, which must succeed.
-    fn run(&self, name: &str, ports: &[PortMapping]) -> Pod {
-        self.ctrd
-            .run_pod(name, ports)
-            .unwrap_or_else(|e| panic!("running pod {name}: {e}\n{}", self.dump()))
-    }
-
+impl CriSteps for E2e {
     fn stop(&self, pod: &Pod) {
-        self.ctrd
+        self.driver
             .cri()
             .stop_pod_sandbox(&pod.sandbox_id)
             .unwrap_or_else(|e| panic!("stopping pod {}: {e}\n{}", pod.name, self.dump()));
     }
 
     fn remove(&self, pod: &Pod) {
-        self.ctrd
+        self.driver
             .cri()
             .remove_pod_sandbox(&pod.sandbox_id)
             .unwrap_or_else(|e| panic!("removing pod {}: {e}\n{}", pod.name, self.dump()));
     }
 
-    /// The calls of `plugin` running `command` for `pod`.
-    fn calls(&self, plugin: PortPlugin, command: &str, pod: &Pod) -> Vec<CniCall> {
-        self.ctrd
-            .calls_of(plugin.plugin_type(), command, &pod.sandbox_id)
-    }
-
-    /// `expected` calls of `plugin` running `command` for `pod`, each of
-    /// which succeeded.
-    fn assert_calls(
-        &self,
-        plugin: PortPlugin,
-        command: &str,
-        pod: &Pod,
-        expected: usize,
-    ) -> Vec<CniCall> {
-        let calls = self.calls(plugin, command, pod);
-        assert_eq!(
-            calls.len(),
-            expected,
-            "{} {command} calls for pod {} ({})\n{}",
-            plugin.plugin_type(),
-            pod.name,
-            short(&pod.sandbox_id),
-            self.dump()
-        );
-        for call in &calls {
-            assert_eq!(
-                call.exit_code,
-                Some(0),
-                "{} {command} of pod {} failed: {}\n{}",
-                plugin.plugin_type(),
-                pod.name,
-                call.summary(),
-                self.dump()
-            );
-        }
-        calls
-    }
-
-    /// Every translation `plugin` holds on the node, with its owner (the
-    /// sandbox ID): `ebpf-portmap list --json` for ours, the `CNI-DN-*`
-    /// chains of iptables and ip6tables for upstream.
-    fn translations_of(&self, plugin: PortPlugin) -> Vec<(String, Translation)> {
-        let mut found = match plugin {
-            PortPlugin::Ours => self.ours_translations(),
-            PortPlugin::Upstream => ["iptables-save", "ip6tables-save"]
-                .iter()
-                .flat_map(|tool| upstream_translations(&self.node.ns.exec(tool, &["-t", "nat"])))
-                .collect(),
-        };
-        found.sort();
-        found
-    }
-
-    fn ours_translations(&self) -> Vec<(String, Translation)> {
-        // Nothing is pinned before the first ADD of ours: no mapping.
-        if !self.ours_installed() {
-            return Vec::new();
-        }
-        ours_translations(&self.ctrd.operator_json("list"))
-    }
-
-    /// The owners of the upstream mappings `ebpf-portmap list --json` shows.
     fn listed_upstream_owners(&self) -> Vec<String> {
-        if !self.ours_installed() {
-            return Vec::new();
-        }
-        let list = self.ctrd.operator_json("list");
+        let list = match Driver::operator_json(&self.driver, "list") {
+            Ok(Some(list)) => list,
+            Ok(None) => return Vec::new(),
+            Err(e) => panic!("{e}\n{}", self.dump()),
+        };
         list.as_array()
             .unwrap_or_else(|| panic!("list --json is an array: {list}"))
             .iter()
@@ -228,314 +135,13 @@ impl E2e {
             .filter_map(|entry| entry["containerID"].as_str().map(str::to_owned))
             .collect()
     }
-
-    fn ours_installed(&self) -> bool {
-        self.ctrd
-            .node_path("/sys/fs/bpf/ebpf-portmap/v1/maps")
-            .exists()
-    }
-
-    /// The translations owned by `pod`, sorted.
-    fn translations(&self, plugin: PortPlugin, pod: &Pod) -> Vec<Translation> {
-        self.translations_of(plugin)
-            .into_iter()
-            .filter(|(owner, _)| *owner == pod.sandbox_id)
-            .map(|(_, t)| t)
-            .collect()
-    }
-
-    fn assert_translations(
-        &self,
-        plugin: PortPlugin,
-        pod: &Pod,
-        ports: &[PortMapping],
-        when: &str,
-    ) {
-        assert_eq!(
-            self.translations(plugin, pod),
-            expected_translations(pod, ports),
-            "{when}: translations of pod {}\n{}",
-            pod.name,
-            self.dump()
-        );
-    }
-
-    fn assert_no_translations(&self, plugin: PortPlugin, pod: &Pod, when: &str) {
-        assert_eq!(
-            self.translations(plugin, pod),
-            [],
-            "{when}: pod {} still has translations\n{}",
-            pod.name,
-            self.dump()
-        );
-    }
-
-    /// Polls from the external namespace until `pod` answers HTTP on
-    /// `host_ip:tcp_port` and, if given, the UDP echo on `udp_port`.
-    fn wait_serving(&self, pod: &Pod, host_ip: IpAddr, tcp_port: u16, udp_port: Option<u16>) {
-        let deadline = Instant::now() + READY;
-        let tcp = sock(host_ip, tcp_port);
-        loop {
-            let last = match http_get(&self.node.ext, tcp, Duration::from_secs(1)) {
-                Ok(response) if response.body.trim() == pod.name => break,
-                Ok(response) => format!("{response:?}"),
-                Err(e) => e.to_string(),
-            };
-            assert!(
-                Instant::now() < deadline,
-                "pod {} never answered on {tcp} within {READY:?}: {last}\n{}",
-                pod.name,
-                self.dump()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        if let Some(udp_port) = udp_port {
-            let udp = sock(host_ip, udp_port);
-            self.expect_answer(
-                &format!("pod {} UDP on {udp}", pod.name),
-                udp_request(&self.node.ext, udp, "ready", READY),
-                &echo_reply(&pod.name, "ready"),
-            );
-        }
-    }
-
-    fn expect_answer(&self, what: &str, answer: Result<String, ProbeError>, expected: &str) {
-        match answer {
-            Ok(got) => assert_eq!(got.trim(), expected, "{what}: answered by the wrong server"),
-            Err(e) => panic!("{what}: {e}\n{}", self.dump()),
-        }
-    }
-
-    /// From the external namespace to `host_ips`: HTTP on `tcp_port`, the
-    /// UDP echo on `udp_port` if given.
-    fn check_external(&self, pod: &Pod, host_ips: &[IpAddr], tcp_port: u16, udp_port: Option<u16>) {
-        for &host_ip in host_ips {
-            let tcp = sock(host_ip, tcp_port);
-            self.expect_answer(
-                &format!("external -> {tcp}"),
-                http_get(&self.node.ext, tcp, PROBE).map(|r| r.body),
-                &pod.name,
-            );
-            if let Some(udp_port) = udp_port {
-                let udp = sock(host_ip, udp_port);
-                let payload = format!("ext-{host_ip}");
-                self.expect_answer(
-                    &format!("external -> {udp}/udp"),
-                    udp_request(&self.node.ext, udp, &payload, PROBE),
-                    &echo_reply(&pod.name, &payload),
-                );
-            }
-        }
-    }
-
-    /// From the node's own namespace to its addresses and to localhost, by
-    /// a client in the cgroup ebpf-portmap's socket hooks are attached to.
-    fn check_from_node(&self, plugin: PortPlugin, pod: &Pod, tcp_port: u16, udp_port: u16) {
-        let mut targets = vec![
-            IpAddr::V4(NODE_IP4),
-            IpAddr::V6(NODE_IP6),
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-        ];
-        if plugin.translates_ipv6_loopback() {
-            targets.push(IpAddr::V6(Ipv6Addr::LOCALHOST));
-        }
-        for ip in targets {
-            let tcp = sock(ip, tcp_port);
-            let seen = self.node_probe("http", tcp, "-");
-            self.expect_seen(&format!("node -> {tcp}"), seen, tcp, &pod.name);
-            let udp = sock(ip, udp_port);
-            let seen = self.node_probe("udp", udp, "node");
-            self.expect_seen(
-                &format!("node -> {udp}/udp"),
-                seen,
-                udp,
-                &echo_reply(&pod.name, "node"),
-            );
-        }
-    }
-
-    /// `program` to run in the node namespace inside the hooks cgroup (a
-    /// process of the node, as the socket hooks see it).
-    fn node_client(&self, program: &str) -> std::process::Command {
-        let mut command = self.node.ns.command(program);
-        let procs = self.ctrd.hooks_cgroup().join("cgroup.procs");
-        // SAFETY: only async-signal-safe calls between fork and exec: open,
-        // write and close through std's file API on a path built before.
-        unsafe {
-            command.pre_exec(move || std::fs::write(&procs, b"0"));
-        }
-        command
-    }
-
-    /// Runs the `probe` client in the node namespace inside the hooks cgroup.
-    fn node_probe(&self, mode: &str, target: SocketAddr, payload: &str) -> Result<Seen, String> {
-        let mut command = self.node_client(env!("CARGO_BIN_EXE_probe"));
-        command.args([mode, &target.to_string(), payload, "3000"]);
-        let out = command.output().map_err(|e| format!("spawn probe: {e}"))?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let field = |key: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(&format!("{key}=")))
-                .unwrap_or_default()
-                .to_owned()
-        };
-        if !out.status.success() {
-            return Err(format!("probe {mode} {target}: {}", field("error")));
-        }
-        Ok(Seen {
-            peer: field("peer"),
-            reply: field("reply"),
-        })
-    }
-
-    fn expect_seen(&self, what: &str, seen: Result<Seen, String>, target: SocketAddr, reply: &str) {
-        let seen = seen.unwrap_or_else(|e| panic!("{what}: {e}\n{}", self.dump()));
-        assert_eq!(seen.reply, reply, "{what}: answered by the wrong server");
-        assert_eq!(
-            seen.peer,
-            target.to_string(),
-            "{what}: the client must see the address it dialled"
-        );
-    }
-
-    /// State for failure messages: containerd, the calls, both plugins'
-    /// state, the node.
-    fn dump(&self) -> String {
-        let list = if self.ours_installed() {
-            let out = self.ctrd.operator(&["list"]);
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        } else {
-            "(ebpf-portmap not installed)".to_owned()
-        };
-        format!(
-            "{}--- ebpf-portmap list\n{list}\n{}",
-            self.ctrd.diagnostics(),
-            self.node.diagnostics()
-        )
-    }
-}
-
-/// What the probe client saw.
-#[derive(Debug)]
-struct Seen {
-    peer: String,
-    reply: String,
-}
-
-/// Each port of `pod` to its IPv4 and IPv6 address (to the one family of
-/// its `hostIP`, if it has one).
-fn expected_translations(pod: &Pod, ports: &[PortMapping]) -> Vec<Translation> {
-    let mut expected: Vec<Translation> = ports
-        .iter()
-        .flat_map(|port| {
-            [IpAddr::V4(pod.ipv4), IpAddr::V6(pod.ipv6)]
-                .into_iter()
-                .filter(|ip| {
-                    port.host_ip
-                        .is_none_or(|host| host.is_ipv4() == ip.is_ipv4())
-                })
-                .map(|ip| Translation {
-                    protocol: port.protocol.clone(),
-                    host_ip: port.host_ip,
-                    host_port: port.host_port,
-                    container: SocketAddr::new(ip, port.container_port),
-                })
-        })
-        .collect();
-    expected.sort();
-    expected
-}
-
-/// `(containerID, translation)` for every entry of `ebpf-portmap list --json`
-/// that is ours (`list` also shows what upstream portmap still maps, marked
-/// with the `upstream` key).
-fn ours_translations(list: &Value) -> Vec<(String, Translation)> {
-    list.as_array()
-        .unwrap_or_else(|| panic!("list --json is an array: {list}"))
-        .iter()
-        .filter(|entry| entry.get("upstream").is_none())
-        .map(|entry| {
-            let text = |key: &str| {
-                entry[key]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("list entry without {key}: {entry}"))
-                    .to_owned()
-            };
-            let host_ip = entry["hostIP"].as_str().map(|ip| {
-                ip.parse()
-                    .unwrap_or_else(|e| panic!("list entry's hostIP: {e}: {entry}"))
-            });
-            let translation = Translation {
-                protocol: text("protocol"),
-                host_ip,
-                host_port: entry["hostPort"]
-                    .as_u64()
-                    .and_then(|p| u16::try_from(p).ok())
-                    .unwrap_or_else(|| panic!("list entry without hostPort: {entry}")),
-                container: text("container")
-                    .parse()
-                    .unwrap_or_else(|e| panic!("list entry's container address: {e}: {entry}")),
-            };
-            (text("containerID"), translation)
-        })
-        .collect()
-}
-
-/// `(containerID, translation)` for every DNAT rule of the upstream plugin in
-/// `iptables-save -t nat` output: `CNI-HOSTPORT-DNAT` jumps to a `CNI-DN-*`
-/// chain per container, commented with its ID; that chain's DNAT rules are
-/// the translations (`-d` for a `hostIP`).
-fn upstream_translations(save: &str) -> Vec<(String, Translation)> {
-    let word_after = |line: &str, option: &str| -> Option<String> {
-        let mut words = line.split_whitespace();
-        words.find(|w| *w == option)?;
-        words.next().map(str::to_owned)
-    };
-    let owners: std::collections::BTreeMap<String, String> = save
-        .lines()
-        .filter(|l| l.starts_with("-A CNI-HOSTPORT-DNAT "))
-        .filter_map(|line| {
-            let id = line.split_once("id: \\\"")?.1.split_once("\\\"")?.0;
-            Some((word_after(line, "-j")?, id.to_owned()))
-        })
-        .collect();
-    save.lines()
-        .filter(|l| l.starts_with("-A CNI-DN-") && word_after(l, "-j").as_deref() == Some("DNAT"))
-        .map(|line| {
-            let chain = line.split_whitespace().nth(1).unwrap_or_default();
-            let owner = owners
-                .get(chain)
-                .cloned()
-                .unwrap_or_else(|| format!("(no CNI-HOSTPORT-DNAT jump to {chain})"));
-            let get = |option: &str| {
-                word_after(line, option)
-                    .unwrap_or_else(|| panic!("DNAT rule without {option}: {line}"))
-            };
-            let host_ip = word_after(line, "-d").map(|cidr| {
-                let ip = cidr.split_once('/').map_or(cidr.as_str(), |(ip, _)| ip);
-                ip.parse().unwrap_or_else(|e| panic!("-d of {line}: {e}"))
-            });
-            let translation = Translation {
-                protocol: get("-p"),
-                host_ip,
-                host_port: get("--dport")
-                    .parse()
-                    .unwrap_or_else(|e| panic!("--dport of {line}: {e}")),
-                container: get("--to-destination")
-                    .parse()
-                    .unwrap_or_else(|e| panic!("--to-destination of {line}: {e}")),
-            };
-            (owner, translation)
-        })
-        .collect()
 }
 
 // ---- scenarios ------------------------------------------------------------
 
 /// Step 1: a pod with TCP and UDP hostPorts, both families; a pod on one `hostIP`.
 fn reachable_pods(t: &E2e, plugin: PortPlugin) -> (Pod, Pod) {
-    let web_ports = [PortMapping::tcp(8080, 80), PortMapping::udp(8053, 53)];
-    let web = t.run("web", &web_ports);
+    let web = publish_and_reach(t, plugin, "web");
     let adds = t.assert_calls(plugin, "ADD", &web, 1);
     // What containerd sends (go-cni's PortMapping has no JSON tags), and
     // the pod's identity in CNI_ARGS.
@@ -550,14 +156,10 @@ fn reachable_pods(t: &E2e, plugin: PortPlugin) -> (Pod, Pod) {
         adds[0].cni_arg("K8S_POD_UID"),
         Some(web.uid.as_str()),
         "containerd {} sends the pod's UID: {}",
-        t.ctrd.runtime_version(),
+        t.driver.runtime_version(),
         adds[0].args
     );
-    t.assert_translations(plugin, &web, &web_ports, "after RunPodSandbox");
     let both = [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)];
-    t.wait_serving(&web, both[0], 8080, Some(8053));
-    t.check_external(&web, &both, 8080, Some(8053));
-    t.check_from_node(plugin, &web, 8080, 8053);
 
     let pinned_ports = [PortMapping::tcp(8081, 80).on(IpAddr::V4(NODE_IP4_SECONDARY))];
     let pinned = t.run("pinned", &pinned_ports);
@@ -593,7 +195,7 @@ fn stop_then_remove(t: &E2e, plugin: PortPlugin, web: &Pod, bystander: &Pod) {
     // Between the two DELs a new pod takes the freed host ports: the
     // second DEL (no netns, no prevResult: nothing says which mappings)
     // must not take them from it.
-    let ports = [PortMapping::tcp(8080, 80), PortMapping::udp(8053, 53)];
+    let ports = web_ports();
     let next = t.run("web-next", &ports);
     t.assert_translations(plugin, &next, &ports, "the freed ports' new pod");
     t.wait_serving(&next, IpAddr::V4(NODE_IP4), 8080, Some(8053));
@@ -651,7 +253,7 @@ fn concurrent_stops(t: &E2e, plugin: PortPlugin) -> SeedFailures {
         t.wait_serving(&pod, IpAddr::V4(NODE_IP4), 8090, None);
         let mut outcomes: Vec<Result<(), CriError>> = std::thread::scope(|scope| {
             let stops: Vec<_> = (0..PARALLEL)
-                .map(|_| scope.spawn(|| t.ctrd.cri().stop_pod_sandbox(&pod.sandbox_id)))
+                .map(|_| scope.spawn(|| t.driver.cri().stop_pod_sandbox(&pod.sandbox_id)))
                 .collect();
             stops
                 .into_iter()
@@ -659,7 +261,7 @@ fn concurrent_stops(t: &E2e, plugin: PortPlugin) -> SeedFailures {
                 .collect()
         });
         let stops_ok = outcomes.iter().filter(|o| o.is_ok()).count();
-        outcomes.push(t.ctrd.cri().remove_pod_sandbox(&pod.sandbox_id));
+        outcomes.push(t.driver.cri().remove_pod_sandbox(&pod.sandbox_id));
         let mut round_failures = SeedFailures::default();
         for error in outcomes.iter().filter_map(|o| o.as_ref().err()) {
             let line = format!("round {round}: {error}");
@@ -716,66 +318,8 @@ fn concurrent_stops(t: &E2e, plugin: PortPlugin) -> SeedFailures {
 
 /// Step 4: eight pods at once, all reachable, stopped and removed at once.
 fn parallel_pods(t: &E2e, plugin: PortPlugin) {
-    let ports = |i: u16| {
-        [
-            PortMapping::tcp(8100 + i, 80),
-            PortMapping::udp(8200 + i, 53),
-        ]
-    };
-    let started = Instant::now();
-    let pods: Vec<Pod> = std::thread::scope(|scope| {
-        let runs: Vec<_> = (0..PARALLEL)
-            .map(|i| scope.spawn(move || t.ctrd.run_pod(&format!("par-{i}"), &ports(i))))
-            .collect();
-        runs.into_iter()
-            .map(|r| r.join().expect("a RunPodSandbox thread"))
-            .collect::<Vec<_>>()
-    })
-    .into_iter()
-    .enumerate()
-    .map(|(i, pod)| pod.unwrap_or_else(|e| panic!("parallel pod {i}: {e}\n{}", t.dump())))
-    .collect();
-    let took = started.elapsed();
-    let addresses: BTreeSet<Ipv4Addr> = pods.iter().map(|p| p.ipv4).collect();
-    assert_eq!(addresses.len(), pods.len(), "distinct addresses: {pods:?}");
-    let both = [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)];
-    for (i, pod) in (0..PARALLEL).zip(&pods) {
-        t.assert_calls(plugin, "ADD", pod, 1);
-        t.assert_translations(plugin, pod, &ports(i), "after parallel RunPodSandbox");
-        t.wait_serving(pod, both[0], 8100 + i, Some(8200 + i));
-        t.check_external(pod, &both, 8100 + i, Some(8200 + i));
-    }
-    let outcomes: Vec<Result<(), CriError>> = std::thread::scope(|scope| {
-        let ends: Vec<_> = pods
-            .iter()
-            .map(|pod| {
-                scope.spawn(move || {
-                    let cri = t.ctrd.cri();
-                    cri.stop_pod_sandbox(&pod.sandbox_id)
-                        .and_then(|()| cri.remove_pod_sandbox(&pod.sandbox_id))
-                })
-            })
-            .collect();
-        ends.into_iter()
-            .map(|e| e.join().expect("a stop/remove thread"))
-            .collect()
-    });
-    for (pod, outcome) in pods.iter().zip(outcomes) {
-        if let Err(e) = outcome {
-            panic!(
-                "stopping and removing pod {} in parallel: {e}\n{}",
-                pod.name,
-                t.dump()
-            );
-        }
-        t.assert_calls(plugin, "DEL", pod, 2);
-        t.assert_no_translations(plugin, pod, "after parallel stop and remove");
-    }
-    eprintln!(
-        "{PARALLEL} pods at once with {}: running in {:.1}s",
-        plugin.plugin_type(),
-        took.as_secs_f64()
-    );
+    let pods = fleet_at_once(t, plugin);
+    remove_at_once(t, plugin, &pods, t.driver.dels_per_remove());
 }
 
 /// Step 5, nothing is left: no pod, no translation of `plugins` (but those
@@ -784,32 +328,16 @@ fn parallel_pods(t: &E2e, plugin: PortPlugin) {
 /// stopped.
 fn assert_nothing_left(t: &mut E2e, plugins: &[PortPlugin], leaked: &[String]) {
     let pods = t
-        .ctrd
+        .driver
         .cri()
         .list_pod_sandboxes()
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(pods.is_empty(), "pods left: {pods:?}");
     for &plugin in plugins {
-        let mut left = t.translations_of(plugin);
-        left.retain(|(owner, _)| !leaked.contains(owner));
-        assert!(
-            left.is_empty(),
-            "{} translations left: {left:?}\n{}",
-            plugin.plugin_type(),
-            t.dump()
-        );
+        nothing_translated(t, plugin, leaked);
     }
-    if plugins.contains(&PortPlugin::Upstream) && leaked.is_empty() {
-        for tool in ["iptables-save", "ip6tables-save"] {
-            let save = t.node.ns.exec(tool, &["-t", "nat"]);
-            assert!(
-                !save.contains(":CNI-DN-") && !save.contains("DNAT --to-destination"),
-                "{tool} still has per-pod chains or DNAT rules:\n{save}"
-            );
-        }
-    }
-    if t.ours_installed() {
-        let status = t.ctrd.operator_json("status");
+    if t.driver.ours_installed() {
+        let status = t.driver.operator_json("status");
         for map in ["mappings", "owners", "owner_slots"] {
             let entries = status["maps"]
                 .as_array()
@@ -817,7 +345,7 @@ fn assert_nothing_left(t: &mut E2e, plugins: &[PortPlugin], leaked: &[String]) {
                 .and_then(|m| m["entries"].as_u64());
             assert_eq!(entries, Some(0), "{map} entries left: {status:#}");
         }
-        let out = t.ctrd.operator(&["uninstall"]);
+        let out = t.driver.operator(&["uninstall"]);
         assert!(
             out.status.success(),
             "ebpf-portmap uninstall: {}",
@@ -825,27 +353,27 @@ fn assert_nothing_left(t: &mut E2e, plugins: &[PortPlugin], leaked: &[String]) {
         );
     }
     assert_eq!(
-        t.ctrd.pins(),
+        t.driver.pins(),
         Vec::<std::path::PathBuf>::new(),
         "pins left on the node's bpffs"
     );
-    let status = t.ctrd.stop_daemon();
+    let status = t.driver.stop_daemon();
     assert!(
         status.is_some_and(|s| s.success()),
         "containerd exits cleanly on SIGTERM: {status:?}"
     );
     // Shims exit as their pods go; give the last ones a moment.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !t.ctrd.processes().is_empty() && Instant::now() < deadline {
+    while !t.driver.processes().is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(
-        t.ctrd.processes(),
+        t.driver.processes(),
         [],
         "processes left in containerd's mount namespace"
     );
     assert_eq!(
-        t.ctrd.pod_cgroups(),
+        t.driver.pod_cgroups(),
         Vec::<std::path::PathBuf>::new(),
         "pod cgroups left"
     );
@@ -863,7 +391,7 @@ fn assert_root_unchanged(before: &RootState) {
 fn containerd_runs_pods_through(plugin: PortPlugin) {
     let root_before = RootState::capture();
     let started = Instant::now();
-    let mut t = E2e::new(plugin);
+    let mut t = e2e(plugin);
 
     let mut phases = vec![("containerd ready", started.elapsed())];
     let mut phase = |name: &'static str| phases.push((name, started.elapsed()));
@@ -880,12 +408,12 @@ fn containerd_runs_pods_through(plugin: PortPlugin) {
     t.assert_calls(plugin, "DEL", &pinned, 2);
     // What this containerd asked of the plugins (compare between versions).
     let mut census = std::collections::BTreeMap::<(String, String), usize>::new();
-    for call in t.ctrd.calls() {
+    for call in t.driver.calls() {
         *census.entry((call.plugin, call.command)).or_default() += 1;
     }
     eprintln!(
         "CNI calls containerd {} made: {}",
-        t.ctrd.runtime_version(),
+        t.driver.runtime_version(),
         census
             .iter()
             .map(|((plugin, command), n)| format!("{plugin} {command} x{n}"))
@@ -944,7 +472,7 @@ fn containerd_with_upstream_portmap() {
 #[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
 fn containerd_deletes_through_the_current_conflist() {
     let root_before = RootState::capture();
-    let mut t = E2e::new(PortPlugin::Ours);
+    let mut t = e2e(PortPlugin::Ours);
     let node_ip = IpAddr::V4(NODE_IP4);
 
     let keep_ports = [PortMapping::tcp(8300, 80)];
@@ -957,9 +485,12 @@ fn containerd_deletes_through_the_current_conflist() {
     );
     t.wait_serving(&keep, node_ip, 8300, None);
 
-    // Upstream sets a pod up, ours tears it down.
-    t.ctrd.switch_port_plugin(UPSTREAM_TYPE);
-    let theirs_ports = [PortMapping::tcp(8301, 80)];
+    // Upstream sets a pod up (TCP and UDP, both families), ours tears it
+    // down. The node's nat tables before upstream's first ADD: what must
+    // be back once ours ran the pod's DEL.
+    let nat_before = nat_rules(&t.node.ns);
+    t.driver.switch_port_plugin(UPSTREAM_TYPE);
+    let theirs_ports = [PortMapping::tcp(8301, 80), PortMapping::udp(8303, 53)];
     let theirs = t.run("theirs", &theirs_ports);
     t.assert_calls(PortPlugin::Upstream, "ADD", &theirs, 1);
     t.assert_translations(
@@ -968,14 +499,50 @@ fn containerd_deletes_through_the_current_conflist() {
         &theirs_ports,
         "upstream's pod",
     );
-    t.wait_serving(&theirs, node_ip, 8301, None);
+    let both = [node_ip, IpAddr::V6(NODE_IP6)];
+    t.wait_serving(&theirs, node_ip, 8301, Some(8303));
     let ours_before = t.translations_of(PortPlugin::Ours);
-    t.ctrd.switch_port_plugin("ebpf-portmap");
-    assert!(
-        t.listed_upstream_owners().contains(&theirs.sandbox_id),
-        "list shows upstream's mappings of the pod it set up\n{}",
+    t.driver.switch_port_plugin("ebpf-portmap");
+    let mut listed = t.listed_upstream_owners();
+    listed.retain(|owner| *owner == theirs.sandbox_id);
+    assert_eq!(
+        listed.len(),
+        4,
+        "list shows upstream's four mappings of the pod it set up (TCP and UDP, IPv4 and IPv6)\n{}",
         t.dump()
     );
+    // Its ports keep answering through the switch, and ours refuses them
+    // to a new pod, naming the holder: TCP on every address, UDP on the
+    // node's IPv6 address.
+    t.check_external(&theirs, &both, 8301, Some(8303));
+    for (uid, port) in [
+        ("grab-tcp-uid", PortMapping::tcp(8301, 80)),
+        (
+            "grab-udp6-uid",
+            PortMapping::udp(8303, 53).on(IpAddr::V6(NODE_IP6)),
+        ),
+    ] {
+        if let Ok(pod) = t
+            .driver
+            .run_pod_as("grab", uid, std::slice::from_ref(&port))
+        {
+            panic!(
+                "{port:?} was granted to pod {} ({}) while upstream's pod {} holds it\n{}",
+                pod.name,
+                short(&pod.sandbox_id),
+                short(&theirs.sandbox_id),
+                t.dump()
+            );
+        }
+        let add = refused_add(&t, uid);
+        assert!(
+            add.error_message().contains(short(&theirs.sandbox_id)),
+            "the refusal of {port:?} names upstream's pod {}: {}",
+            short(&theirs.sandbox_id),
+            add.summary()
+        );
+    }
+    t.check_external(&theirs, &both, 8301, Some(8303));
     t.stop(&theirs);
     t.remove(&theirs);
     t.assert_calls(PortPlugin::Ours, "DEL", &theirs, 2);
@@ -998,6 +565,12 @@ fn containerd_deletes_through_the_current_conflist() {
         "list shows no upstream mapping once the pod is gone\n{}",
         t.dump()
     );
+    assert_eq!(
+        nat_rules(&t.node.ns),
+        nat_before,
+        "the node's nat tables after ours ran the DEL of upstream's pod are not as before upstream's first ADD\n{}",
+        t.dump()
+    );
     t.expect_answer(
         "ours is untouched by the DEL",
         http_get(&t.node.ext, sock(node_ip, 8300), PROBE).map(|r| r.body),
@@ -1012,7 +585,7 @@ fn containerd_deletes_through_the_current_conflist() {
     t.wait_serving(&mine, node_ip, 8302, None);
     let ours_before = t.translations_of(PortPlugin::Ours);
     let upstream_before = t.translations_of(PortPlugin::Upstream);
-    t.ctrd.switch_port_plugin(UPSTREAM_TYPE);
+    t.driver.switch_port_plugin(UPSTREAM_TYPE);
     t.stop(&mine);
     t.remove(&mine);
     t.assert_calls(PortPlugin::Upstream, "DEL", &mine, 2);
@@ -1032,7 +605,7 @@ fn containerd_deletes_through_the_current_conflist() {
     // The operator's remedy: keep what still runs, remove the rest.
     let keep_arg = format!("{}/eth0", keep.sandbox_id);
     let out = t
-        .ctrd
+        .driver
         .operator(&["gc", "--network", NETWORK, "--keep", &keep_arg]);
     assert!(
         out.status.success(),
@@ -1048,7 +621,7 @@ fn containerd_deletes_through_the_current_conflist() {
         "the kept pod after gc",
     );
 
-    t.ctrd.switch_port_plugin("ebpf-portmap");
+    t.driver.switch_port_plugin("ebpf-portmap");
     t.stop(&keep);
     t.remove(&keep);
     t.assert_calls(PortPlugin::Ours, "DEL", &keep, 2);
@@ -1065,13 +638,13 @@ fn containerd_deletes_through_the_current_conflist() {
 #[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
 fn containerd_pods_are_named_in_list() {
     let root_before = RootState::capture();
-    let mut t = E2e::new(PortPlugin::Ours);
+    let mut t = e2e(PortPlugin::Ours);
     let ports = [PortMapping::tcp(8400, 80), PortMapping::udp(8401, 53)];
     let pod = t.run("named-web", &ports);
     let adds = t.assert_calls(PortPlugin::Ours, "ADD", &pod, 1);
     assert_eq!(adds[0].cni_arg("K8S_POD_NAME"), Some("named-web"));
     assert_eq!(adds[0].cni_arg("K8S_POD_UID"), Some(pod.uid.as_str()));
-    let list = t.ctrd.operator_json("list");
+    let list = t.driver.operator_json("list");
     let entries: Vec<&Value> = list
         .as_array()
         .unwrap_or_else(|| panic!("list --json is an array: {list}"))
@@ -1129,22 +702,22 @@ fn containerd_status_follows_the_plugin() {
         return;
     }
     let root_before = RootState::capture();
-    let mut t = E2e::new(PortPlugin::Ours);
+    let mut t = e2e(PortPlugin::Ours);
     let plugin = PortPlugin::Ours;
     let statuses = |t: &E2e| -> Vec<CniCall> {
-        t.ctrd
+        t.driver
             .calls()
             .into_iter()
             .filter(|c| c.plugin == plugin.plugin_type() && c.command == "STATUS")
             .collect()
     };
 
-    let condition = t.ctrd.wait_network_ready_is(true);
+    let condition = t.driver.wait_network_ready_is(true);
     let before = statuses(&t);
     assert!(
         !before.is_empty(),
         "containerd {} reported {condition:?} without asking ebpf-portmap for STATUS\n{}",
-        t.ctrd.runtime_version(),
+        t.driver.runtime_version(),
         t.dump()
     );
 
@@ -1156,7 +729,7 @@ fn containerd_status_follows_the_plugin() {
         let poller = scope.spawn(|| {
             let mut seen = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                seen.push(t.ctrd.network_condition());
+                seen.push(t.driver.network_condition());
                 std::thread::sleep(Duration::from_millis(20));
             }
             seen
@@ -1165,7 +738,7 @@ fn containerd_status_follows_the_plugin() {
             .map(|i| {
                 let t = &t;
                 scope.spawn(move || {
-                    t.ctrd
+                    t.driver
                         .run_sandbox(&format!("status-{i}"), &[PortMapping::tcp(8600 + i, 80)])
                 })
             })
@@ -1238,7 +811,7 @@ fn containerd_status_follows_the_plugin() {
     }
     eprintln!(
         "{STATUS_SANDBOXES} sandboxes at once with containerd {}: set up in {:.1}s, {} CRI Status answered NetworkReady=true, {} STATUS of ebpf-portmap ran, none failed",
-        t.ctrd.runtime_version(),
+        t.driver.runtime_version(),
         took.as_secs_f64(),
         polled.len(),
         during.len() - before.len()
@@ -1247,7 +820,7 @@ fn containerd_status_follows_the_plugin() {
         let ends: Vec<_> = sandboxes
             .iter()
             .map(|id| {
-                let cri = t.ctrd.cri();
+                let cri = t.driver.cri();
                 scope.spawn(move || {
                     cri.stop_pod_sandbox(id)
                         .and_then(|()| cri.remove_pod_sandbox(id))
@@ -1270,11 +843,11 @@ fn containerd_status_follows_the_plugin() {
 
     // A pin root that is not on a bpffs: no ADD could succeed.
     let not_bpffs = "/var/lib/epm-not-bpffs";
-    std::fs::create_dir_all(t.ctrd.node_path(not_bpffs))
+    std::fs::create_dir_all(t.driver.node_path(not_bpffs))
         .unwrap_or_else(|e| panic!("creating {not_bpffs} on the node: {e}"));
-    t.ctrd
+    t.driver
         .set_port_plugin_keys(&serde_json::json!({ "pinRoot": not_bpffs }));
-    let condition = t.ctrd.wait_network_ready_is(false);
+    let condition = t.driver.wait_network_ready_is(false);
     let last = statuses(&t)
         .into_iter()
         .rev()
@@ -1294,8 +867,8 @@ fn containerd_status_follows_the_plugin() {
     );
     eprintln!("NetworkReady with a failing STATUS: {condition:?}");
 
-    t.ctrd.switch_port_plugin(plugin.plugin_type());
-    t.ctrd.wait_network_ready_is(true);
+    t.driver.switch_port_plugin(plugin.plugin_type());
+    t.driver.wait_network_ready_is(true);
     assert_nothing_left(&mut t, &[plugin], &[]);
     drop(t);
     assert_root_unchanged(&root_before);
@@ -1308,7 +881,7 @@ fn containerd_status_follows_the_plugin() {
 /// both answer over IPv4 and IPv6, from outside and from the node.
 fn tcp_and_udp_share_a_host_port(plugin: PortPlugin) {
     let root_before = RootState::capture();
-    let mut t = E2e::new(plugin);
+    let mut t = e2e(plugin);
     let ports = [PortMapping::tcp(53, 53), PortMapping::udp(53, 53)];
     let dns = t.run("dns", &ports);
     t.assert_calls(plugin, "ADD", &dns, 1);
@@ -1438,7 +1011,7 @@ fn wildcard_then_node_ip_is_refused(t: &E2e) {
     let first_ports = [PortMapping::tcp(PORT, 80)];
     let first = t.run("wild", &first_ports);
     t.wait_serving(&first, node_ip, PORT, None);
-    let refused = t.ctrd.run_pod_as(
+    let refused = t.driver.run_pod_as(
         "specific",
         "specific-uid",
         &[PortMapping::tcp(PORT, 80).on(node_ip)],
@@ -1473,7 +1046,7 @@ fn wildcard_then_node_ip_is_refused(t: &E2e) {
 /// code 100.
 fn refused_add(t: &E2e, uid: &str) -> CniCall {
     let adds: Vec<CniCall> = t
-        .ctrd
+        .driver
         .calls()
         .into_iter()
         .filter(|c| {
@@ -1501,7 +1074,7 @@ fn refused_add(t: &E2e, uid: &str) -> CniCall {
 
 fn containerd_conformance(plugin: PortPlugin) {
     let root_before = RootState::capture();
-    let mut t = E2e::new(plugin);
+    let mut t = e2e(plugin);
     let pods = hostport_conformance(&t, plugin);
     for pod in &pods {
         t.stop(pod);
@@ -1540,18 +1113,18 @@ fn containerd_hostport_conformance_with_upstream_portmap() {
 #[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
 fn containerd_recreated_pod_waits_for_the_old_sandbox() {
     let root_before = RootState::capture();
-    let mut t = E2e::new(PortPlugin::Ours);
+    let mut t = e2e(PortPlugin::Ours);
     let plugin = PortPlugin::Ours;
     let both = [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)];
     let ports = [PortMapping::tcp(8500, 80), PortMapping::udp(8500, 53)];
     let old = t
-        .ctrd
+        .driver
         .run_pod_as("sts-0", "sts-0-uid-old", &ports)
         .unwrap_or_else(|e| panic!("the old pod: {e}\n{}", t.dump()));
     t.wait_serving(&old, both[0], 8500, Some(8500));
     let old_translations = t.translations(plugin, &old);
 
-    let refused = t.ctrd.run_pod_as("sts-0", "sts-0-uid-new", &ports);
+    let refused = t.driver.run_pod_as("sts-0", "sts-0-uid-new", &ports);
     if let Ok(pod) = &refused {
         panic!(
             "the recreated pod's sandbox {} got the port the old sandbox {} holds\n{}",
@@ -1569,7 +1142,7 @@ fn containerd_recreated_pod_waits_for_the_old_sandbox() {
     );
     // containerd tears the failed sandbox down: our DEL for it succeeds
     // and removes nothing of the old pod's.
-    for del in t.ctrd.calls_of("ebpf-portmap", "DEL", &add.container_id) {
+    for del in t.driver.calls_of("ebpf-portmap", "DEL", &add.container_id) {
         assert_eq!(
             del.exit_code,
             Some(0),
@@ -1590,7 +1163,7 @@ fn containerd_recreated_pod_waits_for_the_old_sandbox() {
     t.remove(&old);
     t.assert_calls(plugin, "DEL", &old, 2);
     let new = t
-        .ctrd
+        .driver
         .run_pod_as("sts-0", "sts-0-uid-new", &ports)
         .unwrap_or_else(|e| panic!("the kubelet's retry after the old DEL: {e}\n{}", t.dump()));
     assert_ne!(new.sandbox_id, old.sandbox_id, "a new sandbox");
@@ -1613,14 +1186,14 @@ fn containerd_recreated_pod_waits_for_the_old_sandbox() {
 #[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
 fn containerd_pod_without_host_ports_installs_nothing() {
     let root_before = RootState::capture();
-    let mut t = E2e::new(PortPlugin::Ours);
+    let mut t = e2e(PortPlugin::Ours);
     let pod = t.run("no-ports", &[]);
     let adds = t.assert_calls(PortPlugin::Ours, "ADD", &pod, 1);
     eprintln!(
         "containerd ADD for a pod without host ports: runtimeConfig {}",
         adds[0].config["runtimeConfig"]
     );
-    let pin_root = t.ctrd.node_path("/sys/fs/bpf/ebpf-portmap");
+    let pin_root = t.driver.node_path("/sys/fs/bpf/ebpf-portmap");
     assert!(
         !pin_root.exists(),
         "an ADD without host ports created {}\n{}",
@@ -1640,78 +1213,6 @@ fn containerd_pod_without_host_ports_installs_nothing() {
     assert_root_unchanged(&root_before);
 }
 
-#[test]
-fn upstream_rules_parse_into_translations() {
-    // As upstream portmap wrote them for a pod with 8080:80 and one with
-    // a hostIP.
-    let save = r#"*nat
-:CNI-DN-0794e4ed92904a55f2da5 - [0:0]
-:CNI-HOSTPORT-DNAT - [0:0]
--A CNI-DN-0794e4ed92904a55f2da5 -s 10.244.0.0/24 -p tcp -m tcp --dport 8080 -j CNI-HOSTPORT-SETMARK
--A CNI-DN-0794e4ed92904a55f2da5 -p tcp -m tcp --dport 8080 -j DNAT --to-destination 10.244.0.7:80
--A CNI-DN-0794e4ed92904a55f2da5 -d 198.18.0.11/32 -p tcp -m tcp --dport 8081 -j DNAT --to-destination 10.244.0.7:80
--A CNI-HOSTPORT-DNAT -p tcp -m comment --comment "dnat name: \"epm-ctrd\" id: \"f1cf1a39\"" -m multiport --dports 8080,8081 -j CNI-DN-0794e4ed92904a55f2da5
-COMMIT
-"#;
-    assert_eq!(
-        upstream_translations(save),
-        [
-            (
-                "f1cf1a39".to_owned(),
-                Translation {
-                    protocol: "tcp".into(),
-                    host_ip: None,
-                    host_port: 8080,
-                    container: "10.244.0.7:80".parse().unwrap(),
-                }
-            ),
-            (
-                "f1cf1a39".to_owned(),
-                Translation {
-                    protocol: "tcp".into(),
-                    host_ip: Some("198.18.0.11".parse().unwrap()),
-                    host_port: 8081,
-                    container: "10.244.0.7:80".parse().unwrap(),
-                }
-            ),
-        ]
-    );
-}
-
-#[test]
-fn expected_translations_follow_the_host_ip_family() {
-    let pod = Pod {
-        name: "web".into(),
-        uid: "web-uid-0".into(),
-        sandbox_id: "abc".into(),
-        container_id: "def".into(),
-        ipv4: "10.244.0.5".parse().unwrap(),
-        ipv6: "fd44::5".parse().unwrap(),
-    };
-    let shown = |ports: &[PortMapping]| -> Vec<String> {
-        expected_translations(&pod, ports)
-            .iter()
-            .map(|t| {
-                format!(
-                    "{:?} {}/{}->{}",
-                    t.host_ip, t.host_port, t.protocol, t.container
-                )
-            })
-            .collect()
-    };
-    assert_eq!(
-        shown(&[PortMapping::udp(8053, 53)]),
-        [
-            "None 8053/udp->10.244.0.5:53",
-            "None 8053/udp->[fd44::5]:53"
-        ]
-    );
-    assert_eq!(
-        shown(&[PortMapping::tcp(8081, 80).on("198.18.0.11".parse().unwrap())]),
-        ["Some(198.18.0.11) 8081/tcp->10.244.0.5:80"]
-    );
-}
-
 /// Issue 33: upstream's `conditionsV4`/`conditionsV6` in the conflist
 /// containerd loads restrict who opens a flow to a pod's host port: `far`
 /// (198.19.0.2, fd19::2, inside the conditions) reaches the pod through the
@@ -1721,8 +1222,8 @@ fn expected_translations_follow_the_host_ip_family() {
 #[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
 fn containerd_conditions_restrict_who_reaches_a_host_port() {
     let root_before = RootState::capture();
-    let mut t = E2e::new(PortPlugin::Ours);
-    t.ctrd.set_port_plugin_keys(&serde_json::json!({
+    let mut t = e2e(PortPlugin::Ours);
+    t.driver.set_port_plugin_keys(&serde_json::json!({
         "conditionsV4": ["-s", "198.19.0.0/24"],
         "conditionsV6": ["-s", "fd19::/64"],
     }));
