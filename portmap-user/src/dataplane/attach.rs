@@ -354,7 +354,7 @@ fn attach_beacon_if_missing(layout: &PinLayout) {
     if let Ok(info) = stale::beacon(layout)
         && Some(info.program_id) == current
     {
-        stale::register(layout);
+        crate::dataplane::lock::register(layout);
         return;
     }
     if let Err(error) = stale::attach_beacon(layout, &program) {

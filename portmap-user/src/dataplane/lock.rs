@@ -89,13 +89,39 @@ fn same_file(file: &fs::File, path: &Path) -> bool {
     }
 }
 
-/// Names the pin root in the run directory (see `stale::register`), so
+/// Names the pin root in the run directory (see [`register`]), so
 /// that an operator, `status` and the stale sweep can tell whose records
 /// these are; only for a root that exists.
 fn register_root(layout: &PinLayout) {
     if layout.root().exists() {
-        crate::dataplane::stale::register(layout);
+        register(layout);
     }
+}
+
+/// The record that registers `layout`'s root on this machine.
+pub fn root_record(layout: &PinLayout) -> PathBuf {
+    layout.lock_file().with_extension("root")
+}
+
+/// Records `layout`'s root in the machine's run directory (best effort:
+/// roots under the default one are found without it): in `{id}.root`,
+/// and as the text of its lock file when that is empty (which outlives a
+/// `.root` record an older build's sweep removed, and names the lock for
+/// an operator).
+pub fn register(layout: &PinLayout) {
+    let path = root_record(layout);
+    let text = format!("{}\n", layout.root().display());
+    if let Ok(lock) = fs::OpenOptions::new().write(true).open(layout.lock_file())
+        && lock.metadata().is_ok_and(|m| m.len() == 0)
+    {
+        use std::os::unix::fs::FileExt;
+        // Every writer writes the same text at the same place.
+        let _ = lock.write_all_at(text.as_bytes(), 0);
+    }
+    if fs::read_to_string(&path).is_ok_and(|old| old == text) {
+        return;
+    }
+    let _ = write_record(&path, &text);
 }
 
 fn lock_once(layout: &PinLayout) -> Result<fs::File, LockError> {

@@ -49,7 +49,7 @@ use std::{
 use aya::programs::{SkLookup, links::FdLink};
 use portmap_common::program_names;
 
-use crate::dataplane::pin::PinLayout;
+use crate::dataplane::{lock, pin::PinLayout};
 
 /// File name of the beacon's link pin in `links/`.
 pub const BEACON_LINK: &str = "netns_beacon";
@@ -80,11 +80,6 @@ pub fn beacon_pin(layout: &PinLayout) -> PathBuf {
     layout.links_dir().join(BEACON_LINK)
 }
 
-/// The record that registers `layout`'s root on this machine.
-pub fn root_record(layout: &PinLayout) -> PathBuf {
-    layout.lock_file().with_extension("root")
-}
-
 /// Attaches the beacon (pinned at `program_pin`) to the network namespace
 /// this process runs in, pins its link (in place of an older build's, which
 /// is released), and registers the root. Called under the root's lock, by
@@ -104,29 +99,8 @@ pub fn attach_beacon(layout: &PinLayout, program_pin: &Path) -> Result<(), Beaco
         path: pin.clone(),
         source: io::Error::other(e.to_string()),
     })?;
-    register(layout);
+    lock::register(layout);
     Ok(())
-}
-
-/// Records `layout`'s root in the machine's run directory (best effort:
-/// roots under the default one are found without it): in `{id}.root`,
-/// and as the text of its lock file when that is empty (which outlives a
-/// `.root` record an older build's sweep removed, and names the lock for
-/// an operator).
-pub fn register(layout: &PinLayout) {
-    let path = root_record(layout);
-    let text = format!("{}\n", layout.root().display());
-    if let Ok(lock) = fs::OpenOptions::new().write(true).open(layout.lock_file())
-        && lock.metadata().is_ok_and(|m| m.len() == 0)
-    {
-        use std::os::unix::fs::FileExt;
-        // Every writer writes the same text at the same place.
-        let _ = lock.write_all_at(text.as_bytes(), 0);
-    }
-    if fs::read_to_string(&path).is_ok_and(|old| old == text) {
-        return;
-    }
-    let _ = crate::dataplane::lock::write_record(&path, &text);
 }
 
 /// What the beacon says of a root's node.
@@ -323,8 +297,7 @@ pub fn remove(layout: &PinLayout) -> Option<Removal> {
     // The holder of a gone node's lock is another run removing it (done in
     // milliseconds), and a plugin run must not hang on someone else's state.
     if let Some(file) = &lock
-        && crate::dataplane::lock::flock_within(file, &lock_path, std::time::Duration::from_secs(1))
-            .is_err()
+        && lock::flock_within(file, &lock_path, std::time::Duration::from_secs(1)).is_err()
     {
         return None;
     }
@@ -428,10 +401,7 @@ pub fn orphan_records() -> Vec<OrphanRecords> {
 pub fn remove_orphan(orphan: &OrphanRecords) -> Option<Removal> {
     let layout = PinLayout::new(&orphan.root);
     let mut held = Vec::new();
-    for path in [
-        layout.lock_file(),
-        crate::dataplane::lock::writers_lock_file(&layout),
-    ] {
+    for path in [layout.lock_file(), lock::writers_lock_file(&layout)] {
         match fs::OpenOptions::new().write(true).open(&path) {
             Ok(file) => {
                 // SAFETY: flock on an fd we own; released when it closes.
@@ -552,7 +522,7 @@ mod tests {
     fn the_root_record_sits_beside_the_lock() {
         let layout = PinLayout::new("/sys/fs/bpf/x");
         assert_eq!(
-            root_record(&layout),
+            lock::root_record(&layout),
             layout.lock_file().with_extension("root")
         );
     }

@@ -242,7 +242,7 @@ pub fn uninstall(layout: &PinLayout, force: bool) -> Result<Report, UninstallErr
     // Likewise the record of the hooks found in place, and the root's
     // registration (see `dataplane::stale`).
     remove_pin(&crate::dataplane::cgroup::hooks_record(layout), &mut report);
-    remove_pin(&crate::dataplane::stale::root_record(layout), &mut report);
+    remove_pin(&crate::dataplane::lock::root_record(layout), &mut report);
     remove_pin(
         &crate::dataplane::key_notes::record_path(layout),
         &mut report,
