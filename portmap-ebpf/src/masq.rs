@@ -378,9 +378,13 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
             maps::ct_remove(maps::Table::Closed, &scratch.forward_key);
             maps::count(stat::MASQ_TUPLE_RELEASED);
         }
+        node_claims(packet, &scratch.reply_key);
         return;
     }
     let Some(entry) = maps::ct_get(maps::Table::Open, &scratch.reply_key) else {
+        // The node's own connection on a tuple no flow of ours holds: the
+        // container's TIME_WAIT there will be the node's.
+        node_claims(packet, &scratch.reply_key);
         return;
     };
     // SAFETY: one byte of a live map value.
@@ -422,11 +426,7 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
             (&scratch.forward_key, &scratch.forward),
         ) {
             Ok(()) => {
-                claim(
-                    &scratch.reply_key,
-                    masq_client_tag(scratch.reply_key.family, &packet.src_be, packet.sport_be),
-                    scratch.reply.last_seen_ns,
-                );
+                node_claims(packet, &scratch.reply_key);
                 if nat::rewrite(ctx, packet, Side::Source, &packet.src_be, port_be) {
                     maps::count(stat::NODE_FLOW_REMAPPED);
                 } else {
@@ -442,4 +442,16 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
         }
     }
     maps::count(stat::MASQ_NO_PORT);
+}
+
+/// Records the node's connection of the SYN `packet` (its own address and
+/// port, whose timestamps the container sees) as the last client of the
+/// masquerade tuple `reply_key`.
+#[inline(always)]
+fn node_claims(packet: &Packet, reply_key: &CtKey) {
+    claim(
+        reply_key,
+        masq_client_tag(reply_key.family, &packet.src_be, packet.sport_be),
+        ct::now(),
+    );
 }
