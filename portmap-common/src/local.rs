@@ -203,11 +203,12 @@ pub fn masq_probe_port(client: u32, attempt: u32) -> u16 {
     h ^= h >> 13;
     h = h.wrapping_mul(0xc2b2_ae35);
     h ^= h >> 16;
-    let x = h % (MASQ_PROBE_LOW.1 as u32 + MASQ_PROBE_HIGH.1 as u32);
-    if x < MASQ_PROBE_LOW.1 as u32 {
+    let low = u32::from(MASQ_PROBE_LOW.1);
+    let x = h % (low + u32::from(MASQ_PROBE_HIGH.1));
+    if x < low {
         MASQ_PROBE_LOW.0 + x as u16
     } else {
-        MASQ_PROBE_HIGH.0 + (x - MASQ_PROBE_LOW.1 as u32) as u16
+        MASQ_PROBE_HIGH.0 + (x - low) as u16
     }
 }
 
