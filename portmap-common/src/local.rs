@@ -6,7 +6,9 @@
 /// The names of the node-local maps in [`crate::maps`], under the path
 /// portmap-user reads them from.
 pub mod map_names {
-    pub use crate::maps::{IFACES, LOCAL_ADDRS, NODE, PEERS, PINNED_LOCAL as ALL, SOCK_ORIGIN};
+    pub use crate::maps::{
+        IFACES, LOCAL_ADDRS, MASQ_OWNERS, NODE, PEERS, PINNED_LOCAL as ALL, SOCK_ORIGIN,
+    };
 }
 
 /// Names of the cgroup socket programs.
@@ -126,8 +128,10 @@ pub struct Peer {
 pub const MASQ_PORT_MIN: u16 = 61000;
 pub const MASQ_PORT_COUNT: u16 = 4536;
 /// Tries to find a free masquerade port before giving up: the client
-/// tuple's own port from its last flow, if any, then random ones.
-pub const MASQ_PORT_TRIES: u32 = 8;
+/// tuple's own port from its last flow, if any, then random ones. All but
+/// the last pass over a port another client had less than a TIME_WAIT ago
+/// (see [`MasqOwner`]).
+pub const MASQ_PORT_TRIES: u32 = 16;
 /// How long after another client's masqueraded flow closed (FIN both ways)
 /// its port is passed over by the first half of the tries: the container may hold
 /// the tuple in TIME_WAIT (60 s on Linux), and refuses a SYN whose TCP
@@ -142,8 +146,94 @@ pub const MASQ_PORT_TIME_WAIT_NS: u64 = 60_000_000_000;
 /// the ports held are few even when many flows are reset.
 pub const MASQ_PORT_RESET_HOLD_NS: u64 = 100_000_000;
 
+/// The last client of a masquerade tuple (a slot of `masq_owners`): a
+/// container holds the tuples it closed in TIME_WAIT for 60 s and takes a
+/// new SYN there only with TCP timestamps newer than the last it saw (or a
+/// later sequence). Linux (6.18) derives a connection's timestamp offset
+/// from its whole 4-tuple, ports included, so only the client tuple that
+/// had a masquerade tuple last is sure to bring newer ones; any other is
+/// refused half the time (an ACK, the client's RST, its SYN again two
+/// jiffies later: 8 ms at HZ=250), until the TIME_WAIT is over.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MasqOwner {
+    /// [`masq_client_tag`] of the client tuple; 0: never used.
+    pub client: u32,
+    /// When the tuple was given to it: the coarse clock in units of 2^30 ns
+    /// (about 1.07 s), wrapping.
+    pub since: u32,
+}
+
+/// [`MasqOwner::since`] of the clock `now_ns`.
+#[inline(always)]
+pub const fn masq_owner_time(now_ns: u64) -> u32 {
+    (now_ns >> 30) as u32
+}
+
+/// How long, in [`MasqOwner::since`] units, a tuple stays its last client's
+/// after it was given (Linux's 60 s TIME_WAIT, rounded up).
+pub const MASQ_OWNER_HOLD: u32 = masq_owner_time(MASQ_PORT_TIME_WAIT_NS) + 1;
+
+/// A nonzero tag of the client end (`addr_be`, `port_be`) of `family`.
+#[inline(always)]
+pub fn masq_client_tag(family: u8, addr_be: &[u32; 4], port_be: u16) -> u32 {
+    let mut h = (u32::from(family) << 16 | u32::from(port_be)).wrapping_mul(0x9e37_79b1);
+    let mut i = 0;
+    while i < 4 {
+        h = (h ^ addr_be[i]).wrapping_mul(0x85eb_ca6b);
+        h ^= h >> 15;
+        i += 1;
+    }
+    h | 1
+}
+
+/// Ports a TCP client tuple is moved to when its own is another's
+/// (host order): below Linux's default ephemeral range and above it, so
+/// that moved tuples leave the clients' own ports to their owners.
+pub const MASQ_PROBE_LOW: (u16, u16) = (1024, 32768 - 1024);
+pub const MASQ_PROBE_HIGH: (u16, u16) = (MASQ_PORT_MIN, MASQ_PORT_COUNT);
+
+/// The `attempt`th port (host order) a TCP client tuple tagged `client`
+/// tries when its own is taken: a sequence fixed per client tuple, so that
+/// its next flow finds the port it had (owned by it, see [`MasqOwner`])
+/// again without any memory of its own, as open addressing does.
+#[inline(always)]
+pub fn masq_probe_port(client: u32, attempt: u32) -> u16 {
+    let mut h = (client ^ attempt.wrapping_mul(0x27d4_eb2f)).wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    let low = u32::from(MASQ_PROBE_LOW.1);
+    let x = h % (low + u32::from(MASQ_PROBE_HIGH.1));
+    if x < low {
+        MASQ_PROBE_LOW.0 + x as u16
+    } else {
+        MASQ_PROBE_HIGH.0 + (x - low) as u16
+    }
+}
+
+/// The `masq_owners` slot of the masquerade tuple (node address, `port`)
+/// -> (`container_be`, `container_port_be`): the container end picks a
+/// window of 65 536 slots, the port its place in it, so the tuples of one
+/// container port never share a slot; windows of different container
+/// ports overlap (a lost owner costs at most one refused SYN).
+#[inline(always)]
+pub fn masq_owner_slot(
+    family: u8,
+    container_be: &[u32; 4],
+    container_port_be: u16,
+    port: u16,
+) -> u32 {
+    let window = masq_client_tag(family, container_be, container_port_be);
+    let window = window.wrapping_mul(0x9e37_79b1) >> 14;
+    (window.wrapping_add(u32::from(port))) & (crate::capacity::MASQ_OWNERS - 1)
+}
+
 const _: () = {
     assert!(core::mem::size_of::<NodeConfig>() == 16);
+    assert!(core::mem::size_of::<MasqOwner>() == 8);
+    assert!(crate::capacity::MASQ_OWNERS.is_power_of_two());
+    assert!(MASQ_PROBE_LOW.0 as u32 + MASQ_PROBE_LOW.1 as u32 == 32768);
     assert!(core::mem::size_of::<LocalAddrKey>() == 20);
     assert!(core::mem::size_of::<IfaceConfig>() == 24);
     assert!(core::mem::size_of::<SockOrigin>() == 40);
@@ -162,5 +252,79 @@ mod pod {
         )*};
     }
 
-    pod!(NodeConfig, LocalAddrKey, IfaceConfig, SockOrigin, Peer,);
+    pod!(
+        NodeConfig,
+        LocalAddrKey,
+        IfaceConfig,
+        SockOrigin,
+        Peer,
+        MasqOwner,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ports_of_one_container_port_never_share_a_slot() {
+        let container = [0x0a58_0002u32.to_be(), 0, 0, 0];
+        let mut seen = [0u64; crate::capacity::MASQ_OWNERS as usize / 64];
+        for port in 0..=u16::MAX {
+            let slot = masq_owner_slot(crate::FAMILY_V4, &container, 80u16.to_be(), port);
+            assert!(
+                slot < crate::capacity::MASQ_OWNERS,
+                "slot {slot} out of the map"
+            );
+            let (word, bit) = (slot as usize / 64, 1u64 << (slot % 64));
+            assert!(seen[word] & bit == 0, "port {port} shares slot {slot}");
+            seen[word] |= bit;
+        }
+    }
+
+    #[test]
+    fn client_tags_are_nonzero_and_tell_addresses_apart() {
+        let addr = [0x0a58_0002u32.to_be(), 0, 0, 0];
+        let a = masq_client_tag(crate::FAMILY_V4, &addr, 40000u16.to_be());
+        let b = masq_client_tag(
+            crate::FAMILY_V4,
+            &[0x0a58_0003u32.to_be(), 0, 0, 0],
+            40000u16.to_be(),
+        );
+        let c = masq_client_tag(crate::FAMILY_V6, &addr, 40000u16.to_be());
+        let d = masq_client_tag(crate::FAMILY_V4, &addr, 40001u16.to_be());
+        assert!(a != 0 && b != 0 && c != 0 && d != 0);
+        assert!(a != b && a != c && a != d, "{a:#x} {b:#x} {c:#x} {d:#x}");
+    }
+
+    #[test]
+    fn probe_ports_stay_out_of_the_ephemeral_range_and_spread() {
+        let mut low = 0;
+        let mut seen = [0u64; 1024];
+        for client in 0..64u32 {
+            for attempt in 0..16 {
+                let port = masq_probe_port(client.wrapping_mul(0x9e37_79b1) | 1, attempt);
+                assert!(
+                    (1024..32768).contains(&port) || port >= MASQ_PORT_MIN,
+                    "port {port} of client {client}, attempt {attempt}"
+                );
+                low += u32::from(port < 32768);
+                seen[port as usize / 64] |= 1 << (port % 64);
+            }
+        }
+        // 1024 draws: about 7/8 below the ephemeral range, and few repeats.
+        assert!((800..990).contains(&low), "{low} of 1024 below 32768");
+        let distinct: u32 = seen.iter().map(|w| w.count_ones()).sum();
+        assert!(distinct > 1000, "{distinct} distinct ports of 1024 draws");
+    }
+
+    #[test]
+    fn an_owner_holds_a_tuple_for_a_whole_time_wait() {
+        let hold_ns = u64::from(MASQ_OWNER_HOLD) << 30;
+        assert!(hold_ns >= MASQ_PORT_TIME_WAIT_NS, "{hold_ns}");
+        assert!(
+            hold_ns < MASQ_PORT_TIME_WAIT_NS + 2_000_000_000,
+            "{hold_ns}"
+        );
+    }
 }

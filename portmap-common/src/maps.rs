@@ -67,6 +67,11 @@ pub const SOCK_ORIGIN: &str = "sock_origin";
 /// Where a container's packets are handed over on the fast path
 /// ([`crate::local::PeerKey`] -> [`crate::local::Peer`]).
 pub const PEERS: &str = "peers";
+/// Which client last had each masquerade tuple, and when
+/// ([`crate::local::MasqOwner`] by [`crate::local::masq_owner_slot`]): the
+/// container may hold that tuple in TIME_WAIT for a minute, longer than
+/// the closed conntrack table remembers flows under churn.
+pub const MASQ_OWNERS: &str = "masq_owners";
 
 /// Per-CPU scratch space of the tc programs (not pinned; the eBPF crate's
 /// own layout, never read by userspace).
@@ -97,7 +102,7 @@ pub const PINNED: [&str; 11] = [
     TRACE_FILTER,
 ];
 /// Every pinned map of node-local traffic (socket hooks, hairpin, fast path).
-pub const PINNED_LOCAL: [&str; 5] = [NODE, LOCAL_ADDRS, IFACES, SOCK_ORIGIN, PEERS];
+pub const PINNED_LOCAL: [&str; 6] = [NODE, LOCAL_ADDRS, IFACES, SOCK_ORIGIN, PEERS, MASQ_OWNERS];
 /// The maps of the object that are never pinned.
 pub const UNPINNED: [&str; 6] = [
     TRACE_EVENTS,
@@ -149,6 +154,10 @@ pub mod capacity {
     pub const LOCAL_ADDRS: u32 = 4096;
     /// Interfaces the tc programs are attached to.
     pub const IFACES: u32 = 4096;
+    /// Slots of `masq_owners` (8 bytes each, 2 MiB): four times the 65 536
+    /// ports, so that the ports of one container port never share a slot
+    /// (see [`crate::local::masq_owner_slot`]).
+    pub const MASQ_OWNERS: u32 = 1 << 18;
     /// Fast-path hand-over entries: one per container address, so bounded
     /// like the owners.
     pub const PEERS: u32 = OWNERS;

@@ -578,7 +578,9 @@ pub fn keep_userspace_maps() {
 // ---- node-local traffic: socket hooks and hairpin (portmap_common::local) ----
 
 use aya_ebpf::{btf_maps::SkStorage, programs::SockAddrContext};
-use portmap_common::local::{IfaceConfig, LocalAddrKey, NodeConfig, Peer, PeerKey, SockOrigin};
+use portmap_common::local::{
+    IfaceConfig, LocalAddrKey, MasqOwner, NodeConfig, Peer, PeerKey, SockOrigin,
+};
 
 #[btf_map(name = "node")]
 static NODE: Array<NodeConfig, 1> = Array::new();
@@ -597,6 +599,15 @@ static PEERS: HashMap<PeerKey, Peer, { capacity::PEERS as usize }, NO_PREALLOC> 
 
 #[btf_map(name = "sock_origin")]
 static SOCK_ORIGIN: SkStorage<SockOrigin> = SkStorage::new();
+
+#[btf_map(name = "masq_owners")]
+static MASQ_OWNERS: Array<MasqOwner, { capacity::MASQ_OWNERS as usize }> = Array::new();
+
+/// The slot of `masq_owners` (see `portmap_common::local::masq_owner_slot`).
+#[inline(always)]
+pub fn masq_owner(slot: u32) -> Option<*mut MasqOwner> {
+    MASQ_OWNERS.get_ptr_mut(slot)
+}
 
 #[inline(always)]
 pub fn node_config() -> Option<NodeConfig> {

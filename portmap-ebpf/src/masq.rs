@@ -5,8 +5,9 @@ use aya_ebpf::{bindings::bpf_fib_lookup, helpers::bpf_get_prandom_u32, programs:
 use portmap_common::{
     CtEntry, CtKey, FAMILY_V4, PROTO_TCP, PortRole, ct_kind,
     local::{
-        MASQ_PORT_COUNT, MASQ_PORT_MIN, MASQ_PORT_RESET_HOLD_NS, MASQ_PORT_TIME_WAIT_NS,
-        MASQ_PORT_TRIES, iface_flags, node_flags,
+        MASQ_OWNER_HOLD, MASQ_PORT_COUNT, MASQ_PORT_MIN, MASQ_PORT_RESET_HOLD_NS,
+        MASQ_PORT_TIME_WAIT_NS, MASQ_PORT_TRIES, iface_flags, masq_client_tag, masq_owner_slot,
+        masq_owner_time, masq_probe_port, node_flags,
     },
     stat, tcp_state,
 };
@@ -95,11 +96,20 @@ pub fn masquerade(ctx: &TcContext) {
     // any, else the client's own port (see `first_port`); then random
     // ones.
     let mut kept_be = first_port(&scratch.forward_key);
+    let client = masq_client_tag(
+        family,
+        &scratch.forward_key.src_addr_be,
+        scratch.forward_key.src_port_be,
+    );
     let mut tries = 0;
     while tries < MASQ_PORT_TRIES {
         let kept = kept_be != 0;
         let port_be = if kept {
             kept_be
+        } else if table == maps::Table::Open {
+            // TCP: the client tuple's own sequence of ports (see
+            // `masq_probe_port`), where its next flow finds this one's.
+            masq_probe_port(client, tries).to_be()
         } else {
             // SAFETY: no arguments.
             let random = unsafe { bpf_get_prandom_u32() };
@@ -111,11 +121,18 @@ pub fn masquerade(ctx: &TcContext) {
         // A node connection on the tuple (the node dialled the container
         // from its own address and this port) keeps it: the container's
         // answers to that port are the node's.
-        if kept
-            && table != maps::Table::Other
-            && ct::node_socket_owns_tuple(ctx, &scratch.reply_key)
-        {
+        if table != maps::Table::Other && ct::node_socket_owns_tuple(ctx, &scratch.reply_key) {
             maps::count(stat::MASQ_PORT_NODE_HELD);
+            tries += 1;
+            continue;
+        }
+        // A tuple another client had less than a TIME_WAIT ago may still
+        // be held by the container, with that client's clock: passed over
+        // by every try but the last (see `MasqOwner`).
+        if table == maps::Table::Open
+            && tries + 1 < MASQ_PORT_TRIES
+            && owned_by_other(&scratch.reply_key, client, scratch.reply.last_seen_ns)
+        {
             tries += 1;
             continue;
         }
@@ -150,6 +167,9 @@ pub fn masquerade(ctx: &TcContext) {
             (&scratch.forward_key, &scratch.forward),
         ) {
             Ok(()) => {
+                if table == maps::Table::Open {
+                    claim(&scratch.reply_key, client, scratch.reply.last_seen_ns);
+                }
                 maps::count(stat::MASQ);
                 return;
             }
@@ -261,6 +281,44 @@ fn held_for_other(reply_key: &CtKey, client: &CtKey, now: u64, choosy: bool) -> 
     }
 }
 
+/// Whether the masquerade tuple `reply_key` (container to node) was given
+/// to a client other than the one tagged `client` less than a TIME_WAIT
+/// before `now`.
+#[inline(always)]
+fn owned_by_other(reply_key: &CtKey, client: u32, now: u64) -> bool {
+    let Some(owner) = maps::masq_owner(owner_slot(reply_key)) else {
+        return false;
+    };
+    // SAFETY: fields of a live map value, read once each.
+    let (owner, since) = unsafe { ((*owner).client, (*owner).since) };
+    owner != 0 && owner != client && masq_owner_time(now).wrapping_sub(since) < MASQ_OWNER_HOLD
+}
+
+/// Records the client tagged `client` as the last one of the masquerade
+/// tuple `reply_key`, at `now`.
+#[inline(always)]
+fn claim(reply_key: &CtKey, client: u32, now: u64) {
+    if let Some(owner) = maps::masq_owner(owner_slot(reply_key)) {
+        // SAFETY: a live map value; a racing writer leaves one of the two
+        // whole claims or a mix of both, either a client's tag.
+        unsafe {
+            (*owner).client = client;
+            (*owner).since = masq_owner_time(now);
+        }
+    }
+}
+
+/// The `masq_owners` slot of the masquerade tuple `reply_key`.
+#[inline(always)]
+fn owner_slot(reply_key: &CtKey) -> u32 {
+    masq_owner_slot(
+        reply_key.family,
+        &reply_key.src_addr_be,
+        reply_key.src_port_be,
+        u16::from_be(reply_key.dst_port_be),
+    )
+}
+
 /// The node's address on the interface the kernel will send `container_be`
 /// out of: where the container's answer must come back to.
 /// `params` is the caller's scratch space for the lookup.
@@ -320,9 +378,13 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
             maps::ct_remove(maps::Table::Closed, &scratch.forward_key);
             maps::count(stat::MASQ_TUPLE_RELEASED);
         }
+        node_claims(packet, &scratch.reply_key);
         return;
     }
     let Some(entry) = maps::ct_get(maps::Table::Open, &scratch.reply_key) else {
+        // The node's own connection on a tuple no flow of ours holds: the
+        // container's TIME_WAIT there will be the node's.
+        node_claims(packet, &scratch.reply_key);
         return;
     };
     // SAFETY: one byte of a live map value.
@@ -364,6 +426,7 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
             (&scratch.forward_key, &scratch.forward),
         ) {
             Ok(()) => {
+                node_claims(packet, &scratch.reply_key);
                 if nat::rewrite(ctx, packet, Side::Source, &packet.src_be, port_be) {
                     maps::count(stat::NODE_FLOW_REMAPPED);
                 } else {
@@ -379,4 +442,16 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
         }
     }
     maps::count(stat::MASQ_NO_PORT);
+}
+
+/// Records the node's connection of the SYN `packet` (its own address and
+/// port, whose timestamps the container sees) as the last client of the
+/// masquerade tuple `reply_key`.
+#[inline(always)]
+fn node_claims(packet: &Packet, reply_key: &CtKey) {
+    claim(
+        reply_key,
+        masq_client_tag(reply_key.family, &packet.src_be, packet.sport_be),
+        ct::now(),
+    );
 }

@@ -7,8 +7,10 @@
 //! SYN there, whose timestamps only the same client tuple keeps in order).
 //! A kept port may be one the node uses too, talking to the container
 //! straight from its bridge address (a kubelet probe does): the node's
-//! connection must still reach the node, whichever comes first. TCP, v4
-//! and v6. Needs root.
+//! connection must still reach the node, whichever comes first. A tuple
+//! another client tuple had less than a TIME_WAIT ago is not given to a
+//! new one, even once our conntrack has forgotten that flow. TCP, v4 and
+//! v6. Needs root.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -23,7 +25,7 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 
 struct Hairpin {
     world: World,
-    _web: Container,
+    web: Container,
     client: Container,
     web_addrs: Vec<IpAddr>,
     server: ServerHandle,
@@ -42,7 +44,7 @@ fn hairpin() -> Hairpin {
     let web_addrs = result_addresses(&result);
     Hairpin {
         world,
-        _web: web,
+        web,
         client,
         web_addrs,
         server,
@@ -105,6 +107,44 @@ fn node_dials(h: &Hairpin, gateway: IpAddr, port: u16, web: IpAddr, when: &str) 
             h.world.dump()
         )
     })
+}
+
+/// Removes every entry of the closed conntrack table, as churn evicts
+/// them (the table is a quarter of the open one, a fraction of a second of
+/// closed flows at thousands of connections a second).
+fn forget_closed_flows(world: &World) {
+    let path = world.pins.path().join("v1/maps/conntrack_close");
+    for entry in world
+        .dump_map("conntrack_close")
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let key: Vec<String> = entry["key"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no key bytes in {entry}"))
+            .iter()
+            .map(|b| b.as_str().expect("key bytes as hex strings").to_owned())
+            .collect();
+        let out = std::process::Command::new("bpftool")
+            .args(["map", "delete", "pinned"])
+            .arg(&path)
+            .arg("key")
+            .arg("hex")
+            .args(key.iter().map(|b| b.trim_start_matches("0x")))
+            .output()
+            .expect("run bpftool");
+        assert!(
+            out.status.success(),
+            "bpftool map delete: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        world.dump_map("conntrack_close").as_array().map(Vec::len),
+        Some(0),
+        "the closed flows are forgotten"
+    );
 }
 
 /// The peer the server saw last.
@@ -223,4 +263,67 @@ fn a_node_connection_on_a_closed_hairpin_tuple_takes_it_over() {
         counter(&after, "masq_tuple_released") >= counter(&before, "masq_tuple_released") + 2,
         "each release is counted: {after:#}"
     );
+}
+
+/// The pod serving the port dials itself through the node from port P and
+/// closes; its closed flow is then evicted from our conntrack. Another pod
+/// dials from its own port P within the container's TIME_WAIT: it gets
+/// another port (Linux gives every client tuple its own TCP timestamp
+/// offset, so a TIME_WAIT refuses half the SYNs of any other tuple), and
+/// gets that same port again on its next flow; the first client tuple's
+/// next flow gets P again.
+#[test]
+fn a_tuple_another_client_had_lately_is_not_given_away() {
+    let h = hairpin();
+    for (i, (node, gateway, _)) in families(&h).into_iter().enumerate() {
+        let port = 45000 + i as u16;
+        let itself = |when: &str| {
+            let mut session = tcp_connect_from(
+                &h.web.ns,
+                SocketAddr::new(unspecified(node), port),
+                sock(node, 8080),
+                TIMEOUT,
+            )
+            .unwrap_or_else(|e| panic!("web :{port} -> {node}:8080 {when}: {e}"));
+            echo(&mut session, "the serving pod through the node", "self");
+            assert_eq!(
+                last_peer(&h.server),
+                SocketAddr::new(gateway, port),
+                "the serving pod keeps its own port {when}"
+            );
+        };
+        itself("first");
+        std::thread::sleep(Duration::from_millis(300));
+        forget_closed_flows(&h.world);
+        let mut pod = pod_dials(&h, node, port);
+        echo(&mut pod, "client pod through the node", "other");
+        let seen = last_peer(&h.server);
+        assert_eq!(seen.ip(), gateway, "masqueraded to the bridge address");
+        assert_ne!(
+            seen.port(),
+            port,
+            "another client tuple had that tuple a moment ago: another port\n{}",
+            h.world.dump()
+        );
+        drop(pod);
+        std::thread::sleep(Duration::from_millis(300));
+        forget_closed_flows(&h.world);
+        // The pod's next flow from P, its last one forgotten too: the same
+        // other port, the one its TIME_WAIT is on.
+        let mut pod = pod_dials(&h, node, port);
+        echo(
+            &mut pod,
+            "client pod through the node, again",
+            "other again",
+        );
+        assert_eq!(
+            last_peer(&h.server),
+            seen,
+            "the same client tuple finds its port again"
+        );
+        drop(pod);
+        std::thread::sleep(Duration::from_millis(300));
+        forget_closed_flows(&h.world);
+        itself("again, after the other pod's flows");
+    }
 }
