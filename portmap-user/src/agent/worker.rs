@@ -108,6 +108,9 @@ impl Shared {
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
     pub gc_interval: Duration,
+    /// How long GC leaves the mappings of a container whose network
+    /// namespace is gone (see `verbs::reclaim_gone_containers`).
+    pub gone_grace: Duration,
     /// At most one rare-event line per reason in this time.
     pub rare_event_interval: Duration,
 }
@@ -128,7 +131,7 @@ fn pass(shared: &Shared) -> Result<PinLayout, AgentError> {
     Ok(layout)
 }
 
-fn node_gc(layout: &PinLayout) -> Result<(), AgentError> {
+fn node_gc(layout: &PinLayout, gone_grace: Duration) -> Result<(), AgentError> {
     // Other nodes of this machine whose namespace went away send this one
     // no event: the GC timer is when the agent looks for their state.
     crate::dataplane::stale::sweep(layout);
@@ -136,6 +139,10 @@ fn node_gc(layout: &PinLayout) -> Result<(), AgentError> {
         return Ok(());
     };
     verbs::collect_node_garbage("agent GC", layout, &mut maps)?;
+    // A container whose DEL never came (a rollback to a plugin that does
+    // not know us, a runtime bug, a node that crashed): its namespace is
+    // the proof that it is gone.
+    verbs::reclaim_gone_containers("agent GC", &mut maps, gone_grace.as_secs())?;
     Ok(())
 }
 
@@ -235,7 +242,7 @@ pub fn run(shared: Arc<Shared>, wake: Receiver<()>, timing: Timing) {
         if last_gc.elapsed() >= timing.gc_interval {
             last_gc = Instant::now();
             if let Ok(layout) = shared.layout() {
-                match node_gc(&layout) {
+                match node_gc(&layout, timing.gone_grace) {
                     Ok(()) => {
                         shared.gc_runs.fetch_add(1, Ordering::Relaxed);
                     }

@@ -33,6 +33,10 @@ struct Args {
     /// Seconds between node GC runs.
     #[arg(long, value_name = "SECONDS", default_value_t = agent::DEFAULT_GC_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     gc_interval: u64,
+    /// Seconds the node GC leaves the mappings of a container whose network
+    /// namespace is gone (no DEL came) before it removes them.
+    #[arg(long, value_name = "SECONDS", default_value_t = portmap_user::dataplane::ownership::GONE_GRACE_SECS)]
+    gone_grace: u64,
     /// At most one log line per datapath problem reason in this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = agent::DEFAULT_RARE_EVENT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     rare_event_interval: u64,
@@ -52,6 +56,7 @@ fn main() -> ExitCode {
         listen: args.listen,
         timing: Timing {
             gc_interval: Duration::from_secs(args.gc_interval),
+            gone_grace: Duration::from_secs(args.gone_grace),
             rare_event_interval: Duration::from_secs(args.rare_event_interval),
         },
     };
