@@ -40,6 +40,13 @@ struct Args {
     /// At most one log line per datapath problem reason in this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = agent::DEFAULT_RARE_EVENT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     rare_event_interval: u64,
+    /// What the agent is for: `watch` keeps the dataplane right; `cleanup`
+    /// (the DaemonSet's removal mode) also waits until no pod holds a
+    /// mapping (each one's mappings go once its network namespace is gone,
+    /// see --gone-grace), then uninstalls the dataplane and idles. The
+    /// DaemonSet sets it from EPM_ACTION, like the installer's.
+    #[arg(long, value_name = "ACTION", env = "EPM_ACTION", default_value = "watch", value_parser = ["watch", "install", "cleanup", "uninstall"])]
+    action: String,
     /// Also log debug lines.
     #[arg(long, short)]
     verbose: bool,
@@ -58,6 +65,7 @@ fn main() -> ExitCode {
             gc_interval: Duration::from_secs(args.gc_interval),
             gone_grace: Duration::from_secs(args.gone_grace),
             rare_event_interval: Duration::from_secs(args.rare_event_interval),
+            cleanup: matches!(args.action.as_str(), "cleanup" | "uninstall"),
         },
     };
     match agent::run(settings) {

@@ -181,7 +181,7 @@ fn gone_containers(
                     pod: maps.pod_of(id),
                     netns: sandbox.netns.clone(),
                     gone_since: sandbox.gone_since.unwrap_or(now),
-                    mappings: maps.owner_index(id).map(|keys| keys.len()).unwrap_or(0),
+                    mappings: maps.owner_index(id).map_or(0, |keys| keys.len()),
                 }),
             }
         }
