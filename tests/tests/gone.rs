@@ -53,7 +53,7 @@ impl Drop for BindMount {
     }
 }
 
-fn rows_of<'a>(list: &'a Value, port: u16) -> Vec<&'a Value> {
+fn rows_of(list: &Value, port: u16) -> Vec<&Value> {
     list.as_array()
         .expect("list --json is an array")
         .iter()
