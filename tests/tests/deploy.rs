@@ -1078,9 +1078,16 @@ fn cleanup_finishes_once_the_last_pod_is_gone() {
         .del(&upstream, &pod.with_port_mappings(&mappings))
         .unwrap_or_else(|e| panic!("DEL through the restored chain: {e}"));
     drop(pod);
-    cleanup.wait_for(Shell::Busybox, "uninstalled; idle", || {
-        !fake.plugin().exists()
-    });
+    let started = Instant::now();
+    while !(cleanup.log_text().contains("uninstalled; idle") && !fake.plugin().exists()) {
+        assert!(
+            started.elapsed() < BOUND,
+            "cleanup did not finish within {BOUND:?} of the pod's end:\n{}\n{}",
+            cleanup.log_text(),
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let agent_log = agent.log_text();
     assert!(
         agent_log.contains("mapping(s) of container pod")

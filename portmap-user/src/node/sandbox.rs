@@ -49,8 +49,9 @@ pub struct Judge {
     own_mnt: Option<NsId>,
     host_mnt: Option<NsId>,
     /// Inodes of every network namespace held by a thread, an open file
-    /// or a mount, read on the first need.
-    held: Option<HashSet<u64>>,
+    /// or a mount, read on the first need; `Err` when some process could
+    /// not be read (then a missing path proves nothing).
+    held: Option<Result<HashSet<u64>, String>>,
 }
 
 impl Default for Judge {
@@ -108,11 +109,13 @@ impl Judge {
                 return Liveness::Unknown(format!("{} cannot be read: {error}", at.display()));
             }
         }
-        let held = self.held.get_or_insert_with(held_net_namespaces);
-        if held.contains(&id.ino) {
-            Liveness::Alive
-        } else {
-            Liveness::Gone
+        match self.held.get_or_insert_with(held_net_namespaces) {
+            Ok(held) if held.contains(&id.ino) => Liveness::Alive,
+            Ok(_) => Liveness::Gone,
+            Err(why) => Liveness::Unknown(format!(
+                "{} is gone, but whether another process holds the namespace is not known: {why}",
+                path.display()
+            )),
         }
     }
 }
@@ -137,16 +140,33 @@ fn mounted_net_inodes(mountinfo: &str) -> impl Iterator<Item = u64> + '_ {
 /// Every network namespace held by a thread, an open file descriptor, or
 /// a mount of any mount namespace, as seen through this process's /proc
 /// (or PID 1's when this process is in another mount namespace).
-fn held_net_namespaces() -> HashSet<u64> {
+///
+/// Without CAP_SYS_PTRACE a process that cannot be read makes the answer
+/// unknown: a namespace it holds would be missed. With it, a process that
+/// is still refused is one a security module hides from every reader (a
+/// sandbox's supervisor), not a runtime or a pod's process: it is skipped.
+/// One that exits meanwhile holds nothing.
+fn held_net_namespaces() -> Result<HashSet<u64>, String> {
     let mut held = HashSet::new();
     let mut mount_namespaces = HashSet::new();
-    let Ok(processes) = fs::read_dir("/proc") else {
-        return held;
+    let processes = fs::read_dir("/proc").map_err(|error| format!("/proc: {error}"))?;
+    let strict = !crate::node::privilege::may_read_processes();
+    let denied = |error: &std::io::Error| {
+        matches!(error.kind(), std::io::ErrorKind::PermissionDenied)
+            || error.raw_os_error() == Some(libc::EPERM)
     };
-    let link = |path: PathBuf| {
-        fs::read_link(path)
-            .ok()
-            .and_then(|target| net_inode(&target.to_string_lossy()))
+    let link = |path: PathBuf, held: &mut HashSet<u64>| -> Result<(), String> {
+        match fs::read_link(&path) {
+            Ok(target) => {
+                held.extend(net_inode(&target.to_string_lossy()));
+                Ok(())
+            }
+            Err(error) if denied(&error) && strict => Err(format!(
+                "{} cannot be read ({error}; the process needs CAP_SYS_PTRACE)",
+                path.display()
+            )),
+            Err(_) => Ok(()),
+        }
     };
     for process in processes.flatten() {
         let name = process.file_name();
@@ -154,15 +174,24 @@ fn held_net_namespaces() -> HashSet<u64> {
             continue;
         }
         let dir = process.path();
-        if let Ok(tasks) = fs::read_dir(dir.join("task")) {
-            held.extend(
-                tasks
-                    .flatten()
-                    .filter_map(|task| link(task.path().join("ns/net"))),
-            );
-        }
-        if let Ok(fds) = fs::read_dir(dir.join("fd")) {
-            held.extend(fds.flatten().filter_map(|fd| link(fd.path())));
+        for sub in ["task", "fd"] {
+            let entries = match fs::read_dir(dir.join(sub)) {
+                Ok(entries) => entries,
+                Err(error) if denied(&error) && strict => {
+                    return Err(format!(
+                        "{} cannot be read ({error}; the process needs CAP_SYS_PTRACE)",
+                        dir.join(sub).display()
+                    ));
+                }
+                Err(_) => continue,
+            };
+            for entry in entries.flatten() {
+                let path = match sub {
+                    "task" => entry.path().join("ns/net"),
+                    _ => entry.path(),
+                };
+                link(path, &mut held)?;
+            }
         }
         if let Ok(mnt) = ns_id(&dir.join("ns/mnt"))
             && mount_namespaces.insert(mnt.ino)
@@ -171,7 +200,7 @@ fn held_net_namespaces() -> HashSet<u64> {
             held.extend(mounted_net_inodes(&text));
         }
     }
-    held
+    Ok(held)
 }
 
 #[cfg(test)]
