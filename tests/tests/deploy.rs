@@ -1052,8 +1052,21 @@ fn cleanup_finishes_once_the_last_pod_is_gone() {
         "kept while the dataplane is still pinned",
         || fake.read_json("10-bridge.conflist")["plugins"][1]["type"] == "portmap",
     );
-    // A few rounds while the pod runs: everything of it stays.
-    std::thread::sleep(Duration::from_millis(2500));
+    // The agent's cleanup rounds while the pod runs: everything of it stays.
+    let started = Instant::now();
+    while !agent
+        .log_text()
+        .contains("cleanup: waiting for 1 container(s)")
+    {
+        assert!(
+            started.elapsed() < BOUND,
+            "the agent does not say what it waits for:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Another round of both at least.
+    std::thread::sleep(Duration::from_millis(1500));
     assert!(
         fake.plugin().exists(),
         "the binary goes only after the dataplane"
@@ -1061,13 +1074,6 @@ fn cleanup_finishes_once_the_last_pod_is_gone() {
     assert!(
         world.mapping_count() > 0,
         "the running pod keeps its mapping\n{}",
-        agent.log_text()
-    );
-    assert!(
-        agent
-            .log_text()
-            .contains("cleanup: waiting for 1 container(s)"),
-        "the agent says what it waits for:\n{}",
         agent.log_text()
     );
 
