@@ -151,6 +151,22 @@ fn a_container_whose_namespace_is_gone_is_marked_then_removed_by_the_agent() {
         "nothing is said of the live one: {status:#}"
     );
 
+    // The operator's gc waits for the grace period, and records the first
+    // sighting the agent then goes by.
+    let out = world.operator(&["gc", "--gone", "--gone-grace", "3600"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains(&format!("kept the mappings of container {gone_id}")),
+        "gc --gone keeps it within the grace period: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        rows_of(&world.list(), GONE_PORT)
+            .iter()
+            .all(|row| row["containerGoneSince"].is_string()),
+        "list gives when a GC first found it gone"
+    );
+
     let started = Instant::now();
     let grace = GRACE_SECS.to_string();
     let agent = Agent::start_with(

@@ -1558,6 +1558,40 @@ mod tests {
     use super::*;
     use crate::model::Protocol;
 
+    #[test]
+    fn sandbox_records_round_trip_and_refuse_what_does_not_fit() {
+        let sandbox = Sandbox {
+            netns: Some("/var/run/netns/cni-5c9e8a4e-7d6b-4c1a-9a53-0f2f4e6b8c10".into()),
+            netns_id: Some(NsId {
+                dev: 4,
+                ino: 4026532281,
+            }),
+            mntns_id: Some(NsId {
+                dev: 4,
+                ino: 4026531841,
+            }),
+            pod_uid: Some("5c9e8a4e-7d6b-4c1a-9a53-0f2f4e6b8c10".into()),
+            gone_since: Some(1_796_326_055),
+        };
+        assert_eq!(sandbox_of_record(&sandbox_record(&sandbox)), sandbox);
+        assert_eq!(
+            sandbox_of_record(&SandboxRecord::default()),
+            Sandbox::default(),
+            "an empty record proves nothing"
+        );
+        let long = Sandbox {
+            netns: Some(format!("/{}", "n".repeat(NETNS_PATH_LEN)).into()),
+            pod_uid: Some("u".repeat(POD_UID_LEN + 1)),
+            ..sandbox.clone()
+        };
+        let kept = sandbox_of_record(&sandbox_record(&long));
+        assert_eq!(
+            (kept.netns, kept.pod_uid),
+            (None, None),
+            "a cut path would name another file: left out"
+        );
+    }
+
     fn mapping(
         host_ip: HostIp,
         host_port: u16,
