@@ -22,7 +22,9 @@
 #              $EPM_PIN_ROOT (exit 3: run `ebpf-portmap uninstall` on the node
 #              first, then this again)
 #   cleanup    uninstall every $EPM_INTERVAL seconds until done, then idle
-#              (the DaemonSet's removal mode)
+#              (the DaemonSet's removal mode: the agent, in the same mode,
+#              removes each remaining pod's mappings once its network
+#              namespace is gone and then the dataplane; no one steps in)
 #   ready      exit 0 if the node is as $EPM_ACTION leaves it (readiness probe;
 #              see ready() for what that means)
 #
@@ -132,6 +134,12 @@ uninstall_once() {
     # The configurations first: the binary goes only once none names it
     # (`chain remove` fails if the one the runtime uses still does).
     chain remove || return 1
+    if [ -d "$pin_root" ] && [ -n "$(ls -A "$pin_root" 2>/dev/null)" ] && [ "$action" = cleanup ]; then
+        say "$plugin: kept while the dataplane is still pinned under $EPM_PIN_ROOT:" \
+            "the agent (EPM_ACTION=cleanup) removes each pod's mappings once its network namespace is gone," \
+            "then the dataplane; 'ebpf-portmap list' on the node shows what is left"
+        return 3
+    fi
     if [ -d "$pin_root" ] && [ -n "$(ls -A "$pin_root" 2>/dev/null)" ]; then
         say "$plugin: kept while the dataplane is still pinned under $EPM_PIN_ROOT:" \
             "pods started while ebpf-portmap was chained publish their ports through it" \

@@ -181,6 +181,55 @@ impl Default for PodRecord {
     }
 }
 
+/// Name of the map holding each owner's [`SandboxRecord`] (key: the owner
+/// ID): what proves its container alive, and the pod UID. Userspace only,
+/// created like [`OWNER_PODS_MAP`] by the first ADD of a build that records
+/// it; owners added by an older build have none (no proof either way).
+pub const OWNER_SANDBOXES_MAP: &str = "owner_sandboxes";
+
+/// Longest `CNI_NETNS` path kept (a longer one is not recorded: no proof).
+pub const NETNS_PATH_LEN: usize = 256;
+/// Longest `K8S_POD_UID` kept (a Kubernetes UID is 36 bytes).
+pub const POD_UID_LEN: usize = 64;
+
+/// An owner's sandbox as ADD saw it: the network namespace path the runtime
+/// gave (`CNI_NETNS`), the identity (device, inode) of the nsfs file at that
+/// path, the identity of the mount namespace the path was resolved in, and
+/// the pod's `K8S_POD_UID`. `gone_since` is the Unix time a GC (agent or
+/// `ebpf-portmap gc`) first found the namespace gone, 0 while it was not.
+/// Userspace only. A length or identity of 0 means not known.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SandboxRecord {
+    pub netns_path: [u8; NETNS_PATH_LEN],
+    pub pod_uid: [u8; POD_UID_LEN],
+    pub netns_dev: u64,
+    pub netns_ino: u64,
+    pub mntns_dev: u64,
+    pub mntns_ino: u64,
+    pub gone_since: u64,
+    pub netns_path_len: u16,
+    pub pod_uid_len: u16,
+    pub _pad0: u32,
+}
+
+impl Default for SandboxRecord {
+    fn default() -> Self {
+        Self {
+            netns_path: [0; NETNS_PATH_LEN],
+            pod_uid: [0; POD_UID_LEN],
+            netns_dev: 0,
+            netns_ino: 0,
+            mntns_dev: 0,
+            mntns_ino: 0,
+            gone_since: 0,
+            netns_path_len: 0,
+            pod_uid_len: 0,
+            _pad0: 0,
+        }
+    }
+}
+
 /// Index entry: slot `slot` of owner `owner_id` names one mapping the owner
 /// claimed. Slots are written before the mapping they name, contiguously from
 /// 0, so a crash never leaves a mapping that its owner cannot find again.
@@ -466,6 +515,7 @@ const _: () = {
         core::mem::size_of::<PodRecord>()
             == POD_NAMESPACE_LEN + POD_NAME_LEN + 4 * NOMAD_FIELD_LEN + 6 * 2 + 4
     );
+    assert!(core::mem::size_of::<SandboxRecord>() == NETNS_PATH_LEN + POD_UID_LEN + 5 * 8 + 8);
     assert!(core::mem::size_of::<OwnerSlotKey>() == 16);
     assert!(core::mem::size_of::<PortKey>() == 4);
     assert!(core::mem::size_of::<CtKey>() == 40);
@@ -562,6 +612,7 @@ mod pod {
         MappingValue,
         OwnerRecord,
         PodRecord,
+        SandboxRecord,
         OwnerSlotKey,
         PortKey,
         CtKey,

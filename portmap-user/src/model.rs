@@ -197,6 +197,8 @@ pub struct PodIdentity {
     pub nomad_job: Option<String>,
     /// `NOMAD_GROUP_NAME`.
     pub nomad_group: Option<String>,
+    /// `K8S_POD_UID` (containerd, CRI-O): tells two pods of one name apart.
+    pub pod_uid: Option<String>,
 }
 
 impl PodIdentity {
@@ -229,6 +231,43 @@ impl PodIdentity {
             None
         }
     }
+}
+
+/// A namespace file's identity: the (device, inode) of its nsfs file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NsId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// What ADD records of a container's sandbox, to tell later whether the
+/// container is still there when no DEL comes (a rollback to a plugin that
+/// does not know us, a runtime bug, a crashed node).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sandbox {
+    /// `CNI_NETNS` as the runtime gave it; `None` when it gave none.
+    pub netns: Option<std::path::PathBuf>,
+    /// The namespace at that path when ADD ran.
+    pub netns_id: Option<NsId>,
+    /// The mount namespace the path was resolved in (a path means
+    /// something only there).
+    pub mntns_id: Option<NsId>,
+    /// `K8S_POD_UID`.
+    pub pod_uid: Option<String>,
+    /// Unix time a GC first found the namespace gone.
+    pub gone_since: Option<u64>,
+}
+
+/// Whether an owner's container is still there, as far as can be proven.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Liveness {
+    /// Its network namespace is there (at its path, or held elsewhere).
+    Alive,
+    /// Its network namespace is gone: the path is missing or holds
+    /// another namespace, and no process, mount or open file holds it.
+    Gone,
+    /// Nothing proves it either way; the reason says why.
+    Unknown(String),
 }
 
 impl fmt::Display for PodIdentity {

@@ -75,6 +75,13 @@ impl Agent {
         Agent::spawn(world, None, args)
     }
 
+    /// [`Agent::start_with`] reading the CNI configuration `conf` (a
+    /// file the test changes, as an installer does) instead of a copy of
+    /// the world's.
+    pub fn start_with_conf(world: &World, conf: &std::path::Path, args: &[&str]) -> Agent {
+        Agent::spawn_with(world, None, Some(conf), args)
+    }
+
     /// [`Agent::start`] with only the capabilities `caps` (setpriv's
     /// spelling, e.g. `bpf,net_admin`): the bounding set of a root process.
     pub fn start_confined(world: &World, caps: &str) -> Agent {
@@ -82,8 +89,24 @@ impl Agent {
     }
 
     fn spawn(world: &World, caps: Option<&str>, args: &[&str]) -> Agent {
-        let conf = world.node.data_dir().join("10-agent.conflist");
-        std::fs::write(&conf, world.list.json().to_string()).expect("write the agent's conflist");
+        Agent::spawn_with(world, caps, None, args)
+    }
+
+    fn spawn_with(
+        world: &World,
+        caps: Option<&str>,
+        conf: Option<&std::path::Path>,
+        args: &[&str],
+    ) -> Agent {
+        let conf = match conf {
+            Some(conf) => conf.to_path_buf(),
+            None => {
+                let conf = world.node.data_dir().join("10-agent.conflist");
+                std::fs::write(&conf, world.list.json().to_string())
+                    .expect("write the agent's conflist");
+                conf
+            }
+        };
         let log = world.node.data_dir().join("agent.log");
         let log_file = std::fs::OpenOptions::new()
             .create(true)

@@ -662,6 +662,11 @@ fn containerd_pods_are_named_in_list() {
             (&Value::from(POD_NAMESPACE), &Value::from("named-web")),
             "list --json names the pod of each mapping: {entry:#}"
         );
+        assert_eq!(
+            entry["podUID"],
+            pod.uid.as_str(),
+            "list --json gives the pod's K8S_POD_UID: {entry:#}"
+        );
     }
     t.stop(&pod);
     t.remove(&pod);

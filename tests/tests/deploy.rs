@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use portmap_tests::agent::Agent;
 use portmap_tests::cgroup::cgroup_for_pin_root;
 use portmap_tests::plugins::workspace_root;
 use portmap_tests::tmp::TempDir;
@@ -980,6 +981,136 @@ fn the_chained_conflist_publishes_a_port_with_the_installed_binary() {
     );
 }
 
+/// The DaemonSet's removal mode finishes without a person: install.sh
+/// `cleanup` restores the node's configuration, then keeps the binary
+/// while a pod set up through ebpf-portmap still runs; the agent in
+/// cleanup mode waits for it. The pod goes (its DEL through the restored
+/// chain never reaches us; its namespace is deleted): the agent removes its
+/// mappings, uninstalls the dataplane, and install.sh removes the binary.
+/// Needs root.
+#[test]
+fn cleanup_finishes_once_the_last_pod_is_gone() {
+    let node = Node::new();
+    let pins = PinRoot::new();
+    let plugins = PluginDirs::new();
+    let fake = FakeNode::new();
+    let upstream = bridge_conflist("epm-test", "portmap", None, node.data_dir());
+    fake.write_config("10-bridge.conflist", &pretty(upstream.json()));
+    let entry = json!({
+        "pinRoot": pins.path(),
+        "cgroupPath": cgroup_for_pin_root(pins.path()),
+        "logFile": node.data_dir().join(PLUGIN_LOG),
+    })
+    .to_string();
+    fake.run(Shell::Busybox, "install", &[("EPM_PLUGIN_CONF", &entry)])
+        .ok();
+    let list = Conflist::from_json(fake.read_json("10-bridge.conflist")).expect("a conflist");
+    let mut dirs = vec![fake.path(BIN_DIR)];
+    dirs.extend(plugins.paths());
+    let runner = CniRunner::new(dirs, &node.ns);
+    let world = World {
+        node,
+        pins,
+        plugins,
+        runner,
+        list,
+    };
+    let pod = world.node.add_container("pod");
+    let mappings = [PortMapping::tcp(8080, 80)];
+    world.add(&pod, &mappings);
+
+    // install.sh sees the node's pin root through its own mount of the
+    // node's root: here a link to the test's pin root.
+    std::os::unix::fs::symlink(world.pins.path(), fake.path("pins")).expect("link the pin root");
+    let agent = Agent::start_with_conf(
+        &world,
+        &fake.config("10-bridge.conflist"),
+        &[
+            "--action",
+            "cleanup",
+            "--gc-interval",
+            "1",
+            "--gone-grace",
+            "1",
+        ],
+    );
+    let log = fake.path("cleanup.log");
+    let log_file = fs::File::create(&log).expect("log file");
+    let child = fake
+        .command(
+            Shell::Busybox,
+            "cleanup",
+            &[("EPM_INTERVAL", "1"), ("EPM_PIN_ROOT", "/pins")],
+        )
+        .stdout(log_file.try_clone().expect("dup"))
+        .stderr(log_file)
+        .spawn()
+        .expect("starting cleanup");
+    let mut cleanup = Watch { child, log };
+    cleanup.wait_for(
+        Shell::Busybox,
+        "kept while the dataplane is still pinned",
+        || fake.read_json("10-bridge.conflist")["plugins"][1]["type"] == "portmap",
+    );
+    // The agent's cleanup rounds while the pod runs: everything of it stays.
+    let started = Instant::now();
+    while !agent
+        .log_text()
+        .contains("cleanup: waiting for 1 container(s)")
+    {
+        assert!(
+            started.elapsed() < BOUND,
+            "the agent does not say what it waits for:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Another round of both at least.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        fake.plugin().exists(),
+        "the binary goes only after the dataplane"
+    );
+    assert!(
+        world.mapping_count() > 0,
+        "the running pod keeps its mapping\n{}",
+        agent.log_text()
+    );
+
+    // The pod goes: DEL through the restored chain (upstream portmap knows
+    // nothing of it), then its namespace.
+    world
+        .runner
+        .del(&upstream, &pod.with_port_mappings(&mappings))
+        .unwrap_or_else(|e| panic!("DEL through the restored chain: {e}"));
+    drop(pod);
+    let started = Instant::now();
+    while !cleanup.log_text().contains("uninstalled; idle") || fake.plugin().exists() {
+        assert!(
+            started.elapsed() < BOUND,
+            "cleanup did not finish within {BOUND:?} of the pod's end:\n{}\n{}",
+            cleanup.log_text(),
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let agent_log = agent.log_text();
+    assert!(
+        agent_log.contains("mapping(s) of container pod")
+            && agent_log.contains("uninstalled the dataplane"),
+        "the agent removed the pod's mapping and the dataplane:\n{agent_log}"
+    );
+    assert!(
+        !world.pins.path().join("v1").exists(),
+        "nothing is pinned any more:\n{agent_log}"
+    );
+    assert_eq!(
+        fs::read_to_string(fake.config("10-bridge.conflist")).expect("read"),
+        pretty(upstream.json()),
+        "the node's configuration is as before the install"
+    );
+}
+
 // ---- the manifest, the Dockerfile and the script agree ---------------------
 
 fn read(relative: &str) -> String {
@@ -1231,7 +1362,31 @@ fn check_agent_container(
     let security = &agent["securityContext"];
     assert_eq!(
         security["capabilities"],
-        json!({"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "PERFMON"]})
+        json!({"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "PERFMON", "SYS_PTRACE"]})
+    );
+    // The node's PID namespace: a pod's CNI_NETNS is a path of the node's
+    // mount namespace (read through /proc/1/root), and a namespace whose
+    // path is gone may still be held by a node process.
+    assert_eq!(
+        pod["hostPID"], true,
+        "the agent must see the node's processes"
+    );
+    let agent_env: BTreeMap<&str, &str> = agent["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?, e["value"].as_str()?)))
+        .collect();
+    let install_env: BTreeMap<&str, &str> = install["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?, e["value"].as_str()?)))
+        .collect();
+    assert_eq!(
+        agent_env.get("EPM_ACTION"),
+        install_env.get("EPM_ACTION"),
+        "the agent and the installer run the same action (cleanup needs both)"
     );
     assert_eq!(security["privileged"], false);
     assert_eq!(security["allowPrivilegeEscalation"], false);

@@ -1062,6 +1062,10 @@ fn a_containerd_pod_is_mapped_and_named_in_list_conflicts_and_the_log() {
     assert_eq!(pod_row["podNamespace"], "default", "{pod_row:#}");
     assert_eq!(pod_row["podName"], "web-7f9c", "{pod_row:#}");
     assert_eq!(pod_row["nomadAllocID"], Value::Null, "{pod_row:#}");
+    assert_eq!(
+        pod_row["podUID"], "5c9e8a4e-7d6b-4c1a-9a53-0f2f4e6b8c10",
+        "list shows K8S_POD_UID: {pod_row:#}"
+    );
     let plain_row = row(&list, "0.0.0.0:9090/tcp");
     assert_eq!(
         (&plain_row["podNamespace"], &plain_row["podName"]),

@@ -299,6 +299,18 @@ impl Collector for Snapshot {
         )?;
         gauge_family(
             e,
+            "ebpf_portmap_mappings_container_gone",
+            "Mappings whose container's network namespace is gone (no DEL came): they send traffic nowhere until the node GC removes them after its grace period (--gone-grace)",
+            &[(
+                vec![],
+                self.mappings
+                    .iter()
+                    .filter(|row| row.liveness == crate::model::Liveness::Gone)
+                    .count() as i64,
+            )],
+        )?;
+        gauge_family(
+            e,
             "ebpf_portmap_bpf_memory_bytes",
             "Kernel memory of the pinned maps in all (bytes_memlock): what the memory cgroup of the process that made them is charged",
             &[(vec![], self.sizes.memory_bytes() as i64)],

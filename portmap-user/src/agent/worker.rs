@@ -24,7 +24,10 @@ use std::{
 
 use portmap_common::reason::{Kind, REASONS};
 
-use super::{AgentError, conf::ConfSource};
+use super::{
+    AgentError,
+    conf::{ConfError, ConfSource},
+};
 use crate::{
     cni::error::with_sources,
     dataplane::{
@@ -108,8 +111,128 @@ impl Shared {
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
     pub gc_interval: Duration,
+    /// How long GC leaves the mappings of a container whose network
+    /// namespace is gone (see `verbs::reclaim_gone_containers`).
+    pub gone_grace: Duration,
     /// At most one rare-event line per reason in this time.
     pub rare_event_interval: Duration,
+    /// The DaemonSet's removal mode (see [`Cleanup`]).
+    pub cleanup: bool,
+}
+
+/// The removal mode: the node's CNI configuration no longer names the
+/// plugin (the installer restored it), so no DEL will come for the pods
+/// still running with our mappings. The GC removes each one's mappings
+/// once its network namespace is gone (past the grace period); when none
+/// is left, the agent uninstalls the dataplane (programs, pins, records)
+/// and idles, and the installer then removes the binary. Nobody has to
+/// step in.
+#[derive(Debug, Default)]
+struct Cleanup {
+    /// What the last round said, so an unchanged wait is logged once.
+    said: String,
+    done: bool,
+}
+
+/// Whether the CNI configuration still names the plugin (a configuration
+/// that cannot be read counts as naming it: nothing proves it restored).
+fn chained(shared: &Shared) -> bool {
+    !matches!(
+        shared.conf.load(),
+        Err(ConfError::NotChained { .. } | ConfError::NoneInDir { .. })
+    )
+}
+
+impl Cleanup {
+    fn say(&mut self, line: String) {
+        if line != self.said {
+            log::info!("{line}");
+            self.said = line;
+        }
+    }
+
+    /// Whether reconciliation passes still run: while the configuration
+    /// names the plugin (pods may still be added) and until uninstalled
+    /// (a pass would install the dataplane again).
+    fn passes(&self, shared: &Shared) -> bool {
+        !self.done && chained(shared)
+    }
+
+    /// One round, after the node GC.
+    fn round(&mut self, shared: &Shared, layout: &PinLayout) {
+        if self.done {
+            return;
+        }
+        if chained(shared) {
+            self.say(
+                "cleanup: the CNI configuration still names ebpf-portmap; waiting for it to be restored (install.sh cleanup does)".into(),
+            );
+            return;
+        }
+        let left = match Maps::open_existing(layout) {
+            Ok(None) => Vec::new(),
+            Ok(Some(maps)) => match (maps.owners_with_mappings(), maps.owners()) {
+                (Ok(held), Ok(owners)) => {
+                    let mut left: Vec<String> = owners
+                        .iter()
+                        .filter(|(id, _)| held.contains(id))
+                        .map(|(id, record)| {
+                            let (_, container_id, _) =
+                                crate::dataplane::ownership::record_strings(record);
+                            let pod = maps.pod_of(*id);
+                            match pod.label() {
+                                Some(label) => format!("{container_id} (pod {label})"),
+                                None => container_id,
+                            }
+                        })
+                        .collect();
+                    // Mappings without an owner record go through GC's
+                    // orphan reclaim: wait for them too.
+                    if left.is_empty() && !held.is_empty() {
+                        left.push("mappings without an owner record".into());
+                    }
+                    left
+                }
+                (Err(error), _) | (_, Err(error)) => {
+                    self.say(format!("cleanup: the mappings cannot be read: {error}"));
+                    return;
+                }
+            },
+            Err(error) => {
+                self.say(format!("cleanup: the maps cannot be opened: {error}"));
+                return;
+            }
+        };
+        if !left.is_empty() {
+            self.say(format!(
+                "cleanup: waiting for {} container(s) to go (their mappings are removed once their network namespace is gone past the grace period): {}",
+                left.len(),
+                left.join(", ")
+            ));
+            return;
+        }
+        // `uninstall` refuses while the agent record names a live agent;
+        // this agent is the one uninstalling.
+        crate::dataplane::agent_record::release(layout);
+        match crate::ops::uninstall::uninstall(layout, false) {
+            Ok(report) => {
+                for failure in &report.failures {
+                    log::warn!("cleanup: {failure}");
+                }
+                log::info!(
+                    "cleanup: no mapping left; uninstalled the dataplane under {} ({} attachment(s) detached, {} pin(s) removed); idle until stopped",
+                    layout.root().display(),
+                    report.detached.len(),
+                    report.removed.len()
+                );
+                self.done = true;
+            }
+            Err(error) => self.say(format!(
+                "cleanup: uninstall failed, retried on the next GC: {}",
+                with_sources(&error)
+            )),
+        }
+    }
 }
 
 /// One reconciliation pass: the configuration as it is now, one link and
@@ -128,7 +251,7 @@ fn pass(shared: &Shared) -> Result<PinLayout, AgentError> {
     Ok(layout)
 }
 
-fn node_gc(layout: &PinLayout) -> Result<(), AgentError> {
+fn node_gc(layout: &PinLayout, gone_grace: Duration) -> Result<(), AgentError> {
     // Other nodes of this machine whose namespace went away send this one
     // no event: the GC timer is when the agent looks for their state.
     crate::dataplane::stale::sweep(layout);
@@ -136,6 +259,10 @@ fn node_gc(layout: &PinLayout) -> Result<(), AgentError> {
         return Ok(());
     };
     verbs::collect_node_garbage("agent GC", layout, &mut maps)?;
+    // A container whose DEL never came (a rollback to a plugin that does
+    // not know us, a runtime bug, a node that crashed): its namespace is
+    // the proof that it is gone.
+    verbs::reclaim_gone_containers("agent GC", &mut maps, gone_grace.as_secs())?;
     Ok(())
 }
 
@@ -191,10 +318,14 @@ pub fn run(shared: Arc<Shared>, wake: Receiver<()>, timing: Timing) {
     let mut dirty = true;
     let mut last_gc = Instant::now();
     let mut rare = RareEvents::default();
+    let mut cleanup = timing.cleanup.then(Cleanup::default);
     loop {
         shared.beat();
         if shared.stop.load(Ordering::Relaxed) {
             return;
+        }
+        if dirty && cleanup.as_ref().is_some_and(|c| !c.passes(&shared)) {
+            dirty = false;
         }
         if dirty {
             dirty = false;
@@ -232,14 +363,17 @@ pub fn run(shared: Arc<Shared>, wake: Receiver<()>, timing: Timing) {
                 }
             }
         }
-        if last_gc.elapsed() >= timing.gc_interval {
+        if last_gc.elapsed() >= timing.gc_interval && !cleanup.as_ref().is_some_and(|c| c.done) {
             last_gc = Instant::now();
             if let Ok(layout) = shared.layout() {
-                match node_gc(&layout) {
+                match node_gc(&layout, timing.gone_grace) {
                     Ok(()) => {
                         shared.gc_runs.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(error) => log::warn!("node GC failed: {}", with_sources(&error)),
+                }
+                if let Some(cleanup) = cleanup.as_mut() {
+                    cleanup.round(&shared, &layout);
                 }
             }
             // Dead attachment pins go in the pass.

@@ -33,9 +33,20 @@ struct Args {
     /// Seconds between node GC runs.
     #[arg(long, value_name = "SECONDS", default_value_t = agent::DEFAULT_GC_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     gc_interval: u64,
+    /// Seconds the node GC leaves the mappings of a container whose network
+    /// namespace is gone (no DEL came) before it removes them.
+    #[arg(long, value_name = "SECONDS", default_value_t = portmap_user::dataplane::ownership::GONE_GRACE_SECS)]
+    gone_grace: u64,
     /// At most one log line per datapath problem reason in this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = agent::DEFAULT_RARE_EVENT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     rare_event_interval: u64,
+    /// What the agent is for: `watch` keeps the dataplane right; `cleanup`
+    /// (the DaemonSet's removal mode) also waits until no pod holds a
+    /// mapping (each one's mappings go once its network namespace is gone,
+    /// see --gone-grace), then uninstalls the dataplane and idles. The
+    /// DaemonSet sets it from EPM_ACTION, like the installer's.
+    #[arg(long, value_name = "ACTION", env = "EPM_ACTION", default_value = "watch", value_parser = ["watch", "install", "cleanup", "uninstall"])]
+    action: String,
     /// Also log debug lines.
     #[arg(long, short)]
     verbose: bool,
@@ -52,7 +63,9 @@ fn main() -> ExitCode {
         listen: args.listen,
         timing: Timing {
             gc_interval: Duration::from_secs(args.gc_interval),
+            gone_grace: Duration::from_secs(args.gone_grace),
             rare_event_interval: Duration::from_secs(args.rare_event_interval),
+            cleanup: matches!(args.action.as_str(), "cleanup" | "uninstall"),
         },
     };
     match agent::run(settings) {

@@ -1,11 +1,20 @@
 //! `ebpf-portmap gc`: removes what containers that are gone left behind.
 
-use std::{process::ExitCode, time::Duration};
+use std::{
+    process::ExitCode,
+    time::{Duration, UNIX_EPOCH},
+};
 
 use anyhow::Context;
 use portmap_user::{
-    dataplane::counters, dataplane::maps, dataplane::maps::Maps,
-    dataplane::ownership::record_strings, model::Attachment, ops::uninstall,
+    dataplane::counters,
+    dataplane::maps,
+    dataplane::maps::Maps,
+    dataplane::ownership::{GoneOwner, GoneReclaim, record_strings},
+    logging::utc_timestamp,
+    model::{Attachment, Liveness, PodIdentity},
+    node::sandbox::Judge,
+    ops::uninstall,
 };
 use serde_json::json;
 
@@ -32,6 +41,14 @@ use crate::cli::{
 /// by a record deleted by hand) are removed, once first seen at least
 /// --min-age seconds ago by a GC (CNI GC waits a minute).
 ///
+/// With --gone, the mappings of containers whose network namespace is gone
+/// (the path the runtime gave at ADD is missing or holds another namespace,
+/// and nothing else holds it) are removed once a GC (this one, or the
+/// agent's) first found them gone at least --gone-grace seconds ago; each
+/// is named with its pod. Containers nothing proves gone (no CNI_NETNS at
+/// ADD, added by an older build, a path of a mount namespace this process
+/// cannot see) are left and named.
+///
 /// With --stale-links, the pinned attachments of interfaces that no longer
 /// exist (the host ends of removed containers' veths) are unpinned.
 ///
@@ -43,7 +60,8 @@ use crate::cli::{
   ebpf-portmap gc --network podman --keep 3f2a9c.../eth0 --keep 77b1e0.../eth0 --dry-run
   ebpf-portmap gc --network podman --keep-none
   ebpf-portmap gc --empty-owners --stale-links
-  ebpf-portmap gc --orphans --min-age 0")]
+  ebpf-portmap gc --orphans --min-age 0
+  ebpf-portmap gc --gone --gone-grace 0")]
 pub struct GcArgs {
     #[command(flatten)]
     pin: PinRootArg,
@@ -72,6 +90,13 @@ pub struct GcArgs {
     /// ago; with --orphans: only orphans a GC first saw this long ago.
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
     min_age: u64,
+    /// Remove the mappings of containers whose network namespace is gone.
+    #[arg(long)]
+    gone: bool,
+    /// With --gone: only containers a GC first found gone this many
+    /// seconds ago.
+    #[arg(long, value_name = "SECONDS", default_value_t = portmap_user::dataplane::ownership::GONE_GRACE_SECS, requires = "gone")]
+    gone_grace: u64,
     /// Unpin the attachments of interfaces that no longer exist.
     #[arg(long)]
     stale_links: bool,
@@ -100,11 +125,131 @@ fn count(n: usize, one: &str, many: &str) -> String {
     }
 }
 
+/// "pod default/web (UID 5c9e…)", "pod UID 5c9e…", "no known pod".
+fn pod_words(pod: &PodIdentity) -> String {
+    let mut named = pod.clone();
+    let uid = named.pod_uid.take();
+    match (named.is_empty(), uid) {
+        (false, Some(uid)) => format!("{named} (UID {uid})"),
+        (false, None) => named.to_string(),
+        (true, Some(uid)) => format!("pod UID {uid}"),
+        (true, None) => "no known pod".into(),
+    }
+}
+
+/// --gone: removes (or, with --dry-run, names) the owners whose container's
+/// namespace is gone, and says which it cannot judge.
+fn gone_containers(
+    args: &GcArgs,
+    maps: &mut Maps,
+    now: u64,
+    lines: &mut Vec<String>,
+    json_out: &mut Vec<serde_json::Value>,
+) -> anyhow::Result<()> {
+    let verb = if args.dry_run {
+        "would remove"
+    } else {
+        "removed"
+    };
+    let outcome = if args.dry_run {
+        // Judged, nothing written (not even the first sighting).
+        let mut judge = Judge::new();
+        let mut outcome = GoneReclaim::default();
+        let held = maps
+            .owners_with_mappings()
+            .context("reading the mappings")?;
+        for (id, record) in maps.owners().context("reading the owners")? {
+            if !held.contains(&id) {
+                continue;
+            }
+            let (network, container_id, ifname) = record_strings(&record);
+            let Some(sandbox) = maps.sandbox_of(id) else {
+                outcome.unproven.push((
+                    container_id,
+                    "no sandbox recorded (added by an older build)".into(),
+                ));
+                continue;
+            };
+            match judge.judge(&sandbox) {
+                Liveness::Alive => {}
+                Liveness::Unknown(why) => outcome.unproven.push((container_id, why)),
+                Liveness::Gone => outcome.removed.push(GoneOwner {
+                    id,
+                    network,
+                    container_id,
+                    ifname,
+                    pod: maps.pod_of(id),
+                    netns: sandbox.netns.clone(),
+                    gone_since: sandbox.gone_since.unwrap_or(now),
+                    mappings: maps.owner_index(id).map_or(0, |keys| keys.len()),
+                }),
+            }
+        }
+        outcome
+    } else {
+        portmap_user::verbs::reclaim_gone_containers("gc", maps, args.gone_grace)
+            .context("removing the mappings of containers that are gone")?
+    };
+    for gone in &outcome.removed {
+        lines.push(format!(
+            "{verb} {} of container {} ({}, network {}): its network namespace {} is gone (first seen {})",
+            count(gone.mappings, "mapping", "mappings"),
+            gone.container_id,
+            pod_words(&gone.pod),
+            gone.network,
+            gone.netns.as_deref().map_or_else(|| "?".into(), |p| p.display().to_string()),
+            utc_timestamp(UNIX_EPOCH + Duration::from_secs(gone.gone_since)),
+        ));
+        json_out.push(json!({
+            "containerID": gone.container_id,
+            "network": gone.network,
+            "ifname": gone.ifname,
+            "podNamespace": gone.pod.pod_namespace,
+            "podName": gone.pod.pod_name,
+            "podUID": gone.pod.pod_uid,
+            "netns": gone.netns,
+            "goneSince": utc_timestamp(UNIX_EPOCH + Duration::from_secs(gone.gone_since)),
+            "mappings": gone.mappings,
+            "removed": !args.dry_run,
+        }));
+    }
+    for gone in &outcome.waiting {
+        lines.push(format!(
+            "kept the mappings of container {} ({}): its network namespace {} is gone, first seen {}s ago, less than --gone-grace {}",
+            gone.container_id,
+            pod_words(&gone.pod),
+            gone.netns.as_deref().map_or_else(|| "?".into(), |p| p.display().to_string()),
+            now.saturating_sub(gone.gone_since),
+            args.gone_grace
+        ));
+        json_out.push(json!({
+            "containerID": gone.container_id,
+            "podUID": gone.pod.pod_uid,
+            "goneSince": utc_timestamp(UNIX_EPOCH + Duration::from_secs(gone.gone_since)),
+            "removed": false,
+        }));
+    }
+    for (container_id, why) in &outcome.unproven {
+        lines.push(format!(
+            "kept the mappings of container {container_id}: nothing proves it gone ({why})"
+        ));
+    }
+    if outcome.removed.is_empty() && outcome.waiting.is_empty() {
+        lines.push("no container whose network namespace is gone".into());
+    }
+    Ok(())
+}
+
 pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
-    if args.network.is_none() && !args.empty_owners && !args.stale_links && !args.orphans {
+    if args.network.is_none()
+        && !args.empty_owners
+        && !args.stale_links
+        && !args.orphans
+        && !args.gone
+    {
         // The command line is incomplete: a usage error, like clap's own.
         return Ok(crate::cli::usage_refusal(
-            "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, --orphans, or --stale-links",
+            "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, --orphans, --gone, or --stale-links",
             out,
         ));
     }
@@ -202,6 +347,10 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    let mut gone = Vec::new();
+    if args.gone {
+        gone_containers(args, &mut maps, now, &mut lines, &mut gone)?;
+    }
     // With --dry-run: how many a run would prune.
     let mut pruned_counters = None;
     match maps::counters(&layout) {
@@ -258,6 +407,7 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "dryRun": args.dry_run,
             "owners": owners,
             "orphans": orphans,
+            "gone": gone,
             "prunedCounters": pruned_counters,
             "portFilterRestored": port_filter_restored,
             "staleLinks": stale_links,

@@ -5,6 +5,7 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Context;
 use portmap_user::{
     logging::utc_timestamp,
+    model::Liveness,
     ops::inspect::{self, MappingRow},
     upstream,
 };
@@ -95,6 +96,27 @@ pub fn row_json(row: &MappingRow) -> Value {
         "nomadNamespace": row.pod.nomad_namespace,
         "nomadJob": row.pod.nomad_job,
         "nomadGroup": row.pod.nomad_group,
+        "podUID": row.pod.pod_uid,
+        // The container's network namespace as ADD recorded it, and
+        // whether it is still there: "alive", "gone" (GC removes the
+        // mappings after its grace period) or "unknown" (nothing proves
+        // it either way; `containerNote` says why).
+        "netns": row.sandbox.as_ref().and_then(|s| s.netns.as_ref()).map(|p| p.display().to_string()),
+        "containerState": match &row.liveness {
+            Liveness::Alive => "alive",
+            Liveness::Gone => "gone",
+            Liveness::Unknown(_) => "unknown",
+        },
+        "containerNote": match &row.liveness {
+            Liveness::Unknown(why) => Some(why.clone()),
+            _ => row.gone_marker(),
+        },
+        "containerGoneSince": row
+            .sandbox
+            .as_ref()
+            .and_then(|s| s.gone_since)
+            .filter(|_| row.liveness == Liveness::Gone)
+            .map(|since| utc_timestamp(std::time::UNIX_EPOCH + Duration::from_secs(since))),
         "created": created.map(utc_timestamp),
         "ageSeconds": created.and_then(|t| t.elapsed().ok()).map(|d| d.as_secs()),
         "packetsIn": c.packets_in,
@@ -197,7 +219,7 @@ fn table(rows: &[&MappingRow], wide: bool) -> Table {
         "FLOWS",
     ];
     if wide {
-        header.extend(["CONTAINER ID", "CREATED"]);
+        header.extend(["CONTAINER ID", "CREATED", "POD UID"]);
     }
     let mut table = Table::new(&header);
     for row in rows {
@@ -237,6 +259,10 @@ fn table(rows: &[&MappingRow], wide: bool) -> Table {
                 row.created().map_or_else(|| "-".into(), utc_timestamp),
                 Colour::Plain,
             ));
+            cells.push((
+                row.pod.pod_uid.clone().unwrap_or_else(|| "-".into()),
+                Colour::Plain,
+            ));
         }
         table.row(cells);
     }
@@ -272,6 +298,32 @@ fn render(args: &ListArgs, out: &OutputArgs, rows: &[MappingRow], style: Style) 
     } else {
         table(&rows, out.wide()).render(style)
     };
+    // Containers that are gone, once each: their mappings send traffic
+    // nowhere until their DEL, or GC after its grace period, removes them.
+    let mut gone: Vec<(String, String)> = Vec::new();
+    for row in &rows {
+        if let Some(marker) = row.gone_marker() {
+            let (_, container_id, _) = row.owner_strings();
+            let pod = match (row.pod.label(), &row.pod.pod_uid) {
+                (Some(label), Some(uid)) => format!(", pod {label} (UID {uid})"),
+                (Some(label), None) => format!(", pod {label}"),
+                (None, Some(uid)) => format!(", pod UID {uid}"),
+                (None, None) => String::new(),
+            };
+            let line = format!("container {}{pod}: {marker}", short_id(&container_id));
+            if !gone.iter().any(|(id, _)| *id == container_id) {
+                gone.push((container_id, line));
+            }
+        }
+    }
+    if !gone.is_empty() {
+        text.push('\n');
+        for (_, line) in gone {
+            text.push_str(&format!(
+                "{line}; its mappings go when GC (the agent, `ebpf-portmap gc --gone`) finds it gone past the grace period\n"
+            ));
+        }
+    }
     if !upstream.is_empty() {
         text.push_str(
             "\nstill mapped by upstream portmap (its DEL through ebpf-portmap removes them):\n",

@@ -11,7 +11,7 @@ use crate::cni::netconf::{self, IdentifierError, IfnameError, NetConf};
 use crate::cni::prev_result::PrevResult;
 use crate::cni::{MAX_STDIN_BYTES, Request};
 use crate::model::{Owner, PodIdentity};
-use portmap_common::{NOMAD_FIELD_LEN, POD_NAME_LEN, POD_NAMESPACE_LEN};
+use portmap_common::{NOMAD_FIELD_LEN, POD_NAME_LEN, POD_NAMESPACE_LEN, POD_UID_LEN};
 
 /// A CNI verb, as given in `CNI_COMMAND`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,13 +230,13 @@ pub enum CniArgsWarning {
 }
 
 /// Keys runtimes send that we know and have no use for: containerd and
-/// CRI-O send the sandbox ID again (it is CNI_CONTAINERID) and the pod UID.
-const KNOWN_UNUSED_ARGS: &[&str] = &["K8S_POD_INFRA_CONTAINER_ID", "K8S_POD_UID", "NOMAD_REGION"];
+/// CRI-O send the sandbox ID again (it is CNI_CONTAINERID).
+const KNOWN_UNUSED_ARGS: &[&str] = &["K8S_POD_INFRA_CONTAINER_ID", "NOMAD_REGION"];
 
 /// Parses `CNI_ARGS` (`KEY=VALUE;KEY=VALUE`, the CNI spec's form, in any
 /// order) into the identity it carries, and what it had to skip.
 ///
-/// Read: `K8S_POD_NAMESPACE`, `K8S_POD_NAME` (containerd, CRI-O),
+/// Read: `K8S_POD_NAMESPACE`, `K8S_POD_NAME`, `K8S_POD_UID` (containerd, CRI-O),
 /// `NOMAD_ALLOC_ID`, `NOMAD_NAMESPACE`, `NOMAD_JOB_ID`, `NOMAD_GROUP_NAME`
 /// (Nomad 1.8 and later, on ADD and CHECK only). Like libcni, keys are case
 /// sensitive, a later pair wins and unknown keys are an issue only without
@@ -257,6 +257,7 @@ pub fn parse_cni_args(args: &str) -> (PodIdentity, Vec<CniArgsWarning>) {
         let (slot, max) = match key {
             "K8S_POD_NAMESPACE" => (&mut identity.pod_namespace, POD_NAMESPACE_LEN),
             "K8S_POD_NAME" => (&mut identity.pod_name, POD_NAME_LEN),
+            "K8S_POD_UID" => (&mut identity.pod_uid, POD_UID_LEN),
             "NOMAD_ALLOC_ID" => (&mut identity.nomad_alloc_id, NOMAD_FIELD_LEN),
             "NOMAD_NAMESPACE" => (&mut identity.nomad_namespace, NOMAD_FIELD_LEN),
             "NOMAD_JOB_ID" => (&mut identity.nomad_job, NOMAD_FIELD_LEN),

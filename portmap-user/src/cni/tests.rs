@@ -964,6 +964,7 @@ fn cni_args_of_containerd_in_any_order_give_the_pod() {
     let expected = PodIdentity {
         pod_namespace: Some("default".into()),
         pod_name: Some("web-7f9c".into()),
+        pod_uid: Some("5c9e8a4e-7d6b-4c1a-9a53-0f2f4e6b8c10".into()),
         ..Default::default()
     };
     // containerd builds CNI_ARGS from a Go map: every order happens.

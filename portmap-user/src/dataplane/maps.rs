@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap};
 use portmap_common::{
     CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, ORPHANS_MAP,
-    OWNER_PODS_MAP, OwnerRecord, OwnerSlotKey, PodRecord, PortKey, SPECIFIC_PORTS_CAPACITY,
-    SPECIFIC_PORTS_MAP, TraceFilter, capacity,
+    OWNER_PODS_MAP, OWNER_SANDBOXES_MAP, OwnerRecord, OwnerSlotKey, PodRecord, PortKey,
+    SPECIFIC_PORTS_CAPACITY, SPECIFIC_PORTS_MAP, SandboxRecord, TraceFilter, capacity,
     conditions::{CONDITIONS_MAP, ConditionKey, Conditions},
     map_names,
 };
@@ -67,6 +67,9 @@ pub struct Maps {
     /// Pod identity by owner ID; `None` until an ADD created it (pins made
     /// by a build before it have none, see [`create_pods`]).
     pub pods: Option<HashMap<MapData, u64, PodRecord>>,
+    /// What proves each owner's container alive (and its pod UID), by
+    /// owner ID; `None` until an ADD created it (see [`create_sandboxes`]).
+    pub sandboxes: Option<HashMap<MapData, u64, SandboxRecord>>,
     /// Ports a specific host address was ever claimed on; `None` until the
     /// first ADD of this build created it (see store.rs).
     pub specific_ports: Option<HashMap<MapData, PortKey, u32>>,
@@ -126,6 +129,7 @@ impl Maps {
             owners: open(layout, map_names::OWNERS)?,
             owner_slots: open(layout, map_names::OWNER_SLOTS)?,
             pods: open_user_map(layout, &PODS)?,
+            sandboxes: open_user_map(layout, &SANDBOXES)?,
             specific_ports: open_user_map(layout, &SPECIFIC_PORTS)?,
             orphans: open_user_map(layout, &ORPHANS)?,
             mapped_ports: if layout.map(map_names::MAPPED_PORTS).exists() {
@@ -368,6 +372,14 @@ pub const PODS: UserMap = UserMap {
     max_entries: capacity::OWNERS,
 };
 
+/// Each owner's sandbox (network namespace, pod UID) by owner ID.
+pub const SANDBOXES: UserMap = UserMap {
+    name: OWNER_SANDBOXES_MAP,
+    key_size: size_of::<u64>() as u32,
+    value_size: size_of::<SandboxRecord>() as u32,
+    max_entries: capacity::OWNERS,
+};
+
 /// Ports a specific host address was ever claimed on.
 pub const SPECIFIC_PORTS: UserMap = UserMap {
     name: SPECIFIC_PORTS_MAP,
@@ -421,6 +433,13 @@ pub fn open_user_map<K: aya::Pod, V: aya::Pod>(
 /// Creates and pins the pod map unless it is pinned already, and opens it.
 pub fn create_pods(layout: &PinLayout) -> Result<HashMap<MapData, u64, PodRecord>, MapsError> {
     create_user_map(layout, &PODS).map(|(map, _)| map)
+}
+
+/// Creates and pins the sandbox map unless it is pinned already, and opens it.
+pub fn create_sandboxes(
+    layout: &PinLayout,
+) -> Result<HashMap<MapData, u64, SandboxRecord>, MapsError> {
+    create_user_map(layout, &SANDBOXES).map(|(map, _)| map)
 }
 
 /// Creates and pins a user map unless it is pinned already, and opens it;

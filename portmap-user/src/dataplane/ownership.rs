@@ -45,6 +45,14 @@
 //!   only labels an owner: a missing record means "no pod known", never an
 //!   error.
 //!
+//! - What proves an owner's container alive lives in `owner_sandboxes`,
+//!   keyed the same way and written like the pod record: the `CNI_NETNS`
+//!   path, the namespace's (device, inode) and the mount namespace the
+//!   path was resolved in, plus `K8S_POD_UID`. A GC that finds the
+//!   namespace gone records when (`gone_since`, first sighting) and
+//!   removes the owner after a grace period ([`Maps::reclaim_gone`]); DEL
+//!   leaves the record to GC's prune (it opens only the maps it needs).
+//!
 //! Why a separate map rather than a longer `OwnerRecord`: the pinned maps
 //! of a node outlive the binary that made them. A new `owners` layout would
 //! need a new layout version (new pins: the running mappings would lose
@@ -64,15 +72,17 @@ use std::{
 
 use aya::maps::MapError;
 use portmap_common::{
-    FAMILY_V4, FAMILY_V6, MAX_SLOTS_PER_OWNER, MappingKey, MappingValue, NOMAD_FIELD_LEN,
-    OWNER_IFNAME_LEN, OWNER_NAME_LEN, OwnerRecord, OwnerSlotKey, POD_NAME_LEN, POD_NAMESPACE_LEN,
-    PROTO_SCTP, PROTO_TCP, PROTO_UDP, PodRecord, PortKey, SPECIFIC_PORTS_MAP,
+    FAMILY_V4, FAMILY_V6, MAX_SLOTS_PER_OWNER, MappingKey, MappingValue, NETNS_PATH_LEN,
+    NOMAD_FIELD_LEN, OWNER_IFNAME_LEN, OWNER_NAME_LEN, OWNER_SANDBOXES_MAP, OwnerRecord,
+    OwnerSlotKey, POD_NAME_LEN, POD_NAMESPACE_LEN, POD_UID_LEN, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+    PodRecord, PortKey, SPECIFIC_PORTS_MAP, SandboxRecord,
     conditions::{CONDITIONS_MAP, ConditionKey, Conditions},
     owner_flags,
 };
 
 use crate::model::{
-    Attachment, ContainerAddrs, HostIp, MAX_MAPPINGS_MAX, Owner, PodIdentity, PortMapping,
+    Attachment, ContainerAddrs, HostIp, Liveness, MAX_MAPPINGS_MAX, NsId, Owner, PodIdentity,
+    PortMapping, Sandbox,
 };
 use crate::{
     dataplane::hash::fnv1a64,
@@ -124,6 +134,41 @@ pub struct OrphanReclaim {
 /// undo its writes after a concurrent GC removed its owner; a minute is
 /// far beyond that and still frees a stuck port soon.
 pub const ORPHAN_GRACE_SECS: u64 = 60;
+
+/// Seconds GC leaves the mappings of a container whose network namespace
+/// is gone before it removes them (the agent's `--gone-grace` and
+/// `ebpf-portmap gc --gone-grace` change it). A runtime's own DEL, which
+/// follows the namespace's removal within moments, comes first; a minute
+/// still frees the port soon after a DEL that never comes.
+pub const GONE_GRACE_SECS: u64 = 60;
+
+/// One owner whose container's network namespace is gone (see
+/// [`Maps::reclaim_gone`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoneOwner {
+    pub id: u64,
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub pod: PodIdentity,
+    pub netns: Option<std::path::PathBuf>,
+    /// Unix time a GC first found the namespace gone.
+    pub gone_since: u64,
+    /// Mappings removed (0 while waiting).
+    pub mappings: usize,
+}
+
+/// What [`Maps::reclaim_gone`] found and did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GoneReclaim {
+    /// Removed: the namespace was gone for at least the grace period.
+    pub removed: Vec<GoneOwner>,
+    /// Gone, still within the grace period.
+    pub waiting: Vec<GoneOwner>,
+    /// (container ID, why) of owners holding mappings that nothing proves
+    /// alive or dead: left alone.
+    pub unproven: Vec<(String, String)>,
+}
 
 /// Whether an orphan first seen at `first_seen` may be reclaimed at `now`.
 pub fn orphan_due(first_seen: u64, now: u64, grace: u64) -> bool {
@@ -456,6 +501,53 @@ pub fn pod_identity(record: &PodRecord) -> PodIdentity {
         nomad_namespace: text(&record.nomad_namespace, record.nomad_namespace_len),
         nomad_job: text(&record.nomad_job, record.nomad_job_len),
         nomad_group: text(&record.nomad_group, record.nomad_group_len),
+        // Kept in the sandbox record (see `Maps::pod_of`).
+        pod_uid: None,
+    }
+}
+
+/// The pinned form of a sandbox. A path or UID too long for the record is
+/// left out (no proof is better than a cut one).
+pub fn sandbox_record(sandbox: &Sandbox) -> SandboxRecord {
+    let mut record = SandboxRecord::default();
+    if let Some(path) = &sandbox.netns {
+        let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
+        if !bytes.is_empty() && bytes.len() <= NETNS_PATH_LEN {
+            record.netns_path[..bytes.len()].copy_from_slice(bytes);
+            record.netns_path_len = bytes.len() as u16;
+        }
+    }
+    if let Some(uid) = &sandbox.pod_uid
+        && uid.len() <= POD_UID_LEN
+    {
+        record.pod_uid[..uid.len()].copy_from_slice(uid.as_bytes());
+        record.pod_uid_len = uid.len() as u16;
+    }
+    if let Some(id) = sandbox.netns_id {
+        (record.netns_dev, record.netns_ino) = (id.dev, id.ino);
+    }
+    if let Some(id) = sandbox.mntns_id {
+        (record.mntns_dev, record.mntns_ino) = (id.dev, id.ino);
+    }
+    record.gone_since = sandbox.gone_since.unwrap_or(0);
+    record
+}
+
+/// The sandbox a [`SandboxRecord`] holds.
+pub fn sandbox_of_record(record: &SandboxRecord) -> Sandbox {
+    let path = &record.netns_path[..(record.netns_path_len as usize).min(NETNS_PATH_LEN)];
+    let uid = &record.pod_uid[..(record.pod_uid_len as usize).min(POD_UID_LEN)];
+    let id = |dev: u64, ino: u64| (ino != 0).then_some(NsId { dev, ino });
+    Sandbox {
+        netns: (!path.is_empty()).then(|| {
+            std::path::PathBuf::from(
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path),
+            )
+        }),
+        netns_id: id(record.netns_dev, record.netns_ino),
+        mntns_id: id(record.mntns_dev, record.mntns_ino),
+        pod_uid: (!uid.is_empty()).then(|| String::from_utf8_lossy(uid).into_owned()),
+        gone_since: (record.gone_since != 0).then_some(record.gone_since),
     }
 }
 
@@ -778,7 +870,8 @@ impl Maps {
     /// ADD recorded). Best effort: it only labels the owner in `list`, logs
     /// and conflict messages, so a failure is logged and the ADD goes on.
     fn record_pod(&mut self, id: u64, identity: &PodIdentity) {
-        if identity.is_empty() {
+        // The pod UID alone is kept in the sandbox record.
+        if pod_record(identity) == PodRecord::default() {
             return;
         }
         let Some(pods) = self.pods.as_mut() else {
@@ -790,13 +883,150 @@ impl Maps {
         }
     }
 
-    /// The pod identity recorded for owner `id` (empty when none is).
+    /// The pod identity recorded for owner `id` (empty when none is), with
+    /// the pod UID of its sandbox record.
     pub fn pod_of(&self, id: u64) -> PodIdentity {
-        self.pods
+        let mut identity = self
+            .pods
             .as_ref()
             .and_then(|pods| pods.get(&id, 0).ok())
             .map(|record| pod_identity(&record))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        identity.pod_uid = self.sandbox_of(id).and_then(|sandbox| sandbox.pod_uid);
+        identity
+    }
+
+    /// Records what proves owner `id`'s container alive, and its pod UID.
+    /// Call once the claim holds (the owner record is this owner's). Best
+    /// effort, like the pod record: without it the owner is never judged
+    /// gone, which is the safe side.
+    pub fn record_sandbox(&mut self, owner: &Owner, sandbox: &Sandbox) {
+        let id = owner_id(owner);
+        let Some(map) = self.sandboxes.as_mut() else {
+            log::warn!(
+                "sandbox of {} not recorded: the sandbox map is missing",
+                owner.container_id
+            );
+            return;
+        };
+        if let Err(error) = map.insert(id, sandbox_record(sandbox), BPF_ANY) {
+            log::warn!("sandbox of {} not recorded: {error}", owner.container_id);
+        }
+    }
+
+    /// The sandbox recorded for owner `id`, if any.
+    pub fn sandbox_of(&self, id: u64) -> Option<Sandbox> {
+        let record = self.sandboxes.as_ref()?.get(&id, 0).ok()?;
+        Some(sandbox_of_record(&record))
+    }
+
+    /// Removes sandbox records whose owner is gone (DEL leaves them, see
+    /// the module doc). Returns how many it removed.
+    pub fn prune_sandboxes(&mut self) -> Result<usize, StoreError> {
+        let Some(map) = self.sandboxes.as_ref() else {
+            return Ok(0);
+        };
+        let ids = map
+            .keys()
+            .collect::<Result<Vec<u64>, _>>()
+            .map_err(map_error(OWNER_SANDBOXES_MAP, "iterate"))?;
+        let mut removed = 0;
+        for id in ids {
+            if self.owners.get(&id, 0).is_err() {
+                let map = self.sandboxes.as_mut().expect("checked above");
+                match map.remove(&id) {
+                    Ok(()) => removed += 1,
+                    Err(e) if is_errno(&e, libc::ENOENT) => {}
+                    Err(e) => return Err(map_error(OWNER_SANDBOXES_MAP, "delete")(e)),
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes every owner that holds mappings and whose container's
+    /// network namespace `judge` finds gone for at least `grace` seconds
+    /// before `now`; records the first sighting of the others
+    /// (`gone_since`) and forgets it when a namespace is back. Owners that
+    /// nothing proves dead (no record, no `CNI_NETNS`, a mount namespace
+    /// the caller cannot see) are left and reported.
+    pub fn reclaim_gone(
+        &mut self,
+        grace: u64,
+        now: u64,
+        mut judge: impl FnMut(&Sandbox) -> Liveness,
+    ) -> Result<GoneReclaim, StoreError> {
+        let mut outcome = GoneReclaim::default();
+        let held = self.owners_with_mappings()?;
+        for (id, record) in self.owners()? {
+            if !held.contains(&id) || record.flags & owner_flags::DYING != 0 {
+                continue;
+            }
+            let (network, container_id, ifname) = record_strings(&record);
+            let Some(mut sandbox) = self.sandbox_of(id) else {
+                outcome.unproven.push((
+                    container_id,
+                    "no sandbox recorded (added by an older build)".into(),
+                ));
+                continue;
+            };
+            let gone_since = match judge(&sandbox) {
+                Liveness::Unknown(why) => {
+                    outcome.unproven.push((container_id, why));
+                    continue;
+                }
+                Liveness::Alive => {
+                    if sandbox.gone_since.is_some() {
+                        sandbox.gone_since = None;
+                        self.update_sandbox(id, &sandbox);
+                    }
+                    continue;
+                }
+                Liveness::Gone => match sandbox.gone_since {
+                    Some(since) => since,
+                    None => {
+                        sandbox.gone_since = Some(now);
+                        self.update_sandbox(id, &sandbox);
+                        now
+                    }
+                },
+            };
+            let mut gone = GoneOwner {
+                id,
+                network,
+                container_id,
+                ifname,
+                pod: self.pod_of(id),
+                netns: sandbox.netns.clone(),
+                gone_since,
+                mappings: 0,
+            };
+            if !orphan_due(gone_since, now, grace) {
+                outcome.waiting.push(gone);
+                continue;
+            }
+            // The owner may have been removed and added again meanwhile (a
+            // new sandbox of the same container ID and ifname): only the
+            // record judged goes.
+            match self.owners.get(&id, 0) {
+                Ok(current) if current.created_unix == record.created_unix => {}
+                _ => continue,
+            }
+            gone.mappings = self.release_id(id)?;
+            outcome.removed.push(gone);
+        }
+        Ok(outcome)
+    }
+
+    /// Rewrites an existing sandbox record (`gone_since`); an owner removed
+    /// meanwhile has none to rewrite.
+    fn update_sandbox(&mut self, id: u64, sandbox: &Sandbox) {
+        if let Some(map) = self.sandboxes.as_mut()
+            && let Err(error) = map.insert(id, sandbox_record(sandbox), BPF_EXIST)
+            && !is_errno(&error, libc::ENOENT)
+        {
+            log::warn!("sandbox record of owner {id:016x} not updated: {error}");
+        }
     }
 
     /// Writes the owner's conditions (whole entries: the programs read
@@ -969,6 +1199,13 @@ impl Maps {
                 Ok(()) => {}
                 Err(e) if is_errno(&e, libc::ENOENT) => {}
                 Err(e) => return Err(map_error("owner_pods", "delete")(e)),
+            }
+        }
+        if let Some(sandboxes) = self.sandboxes.as_mut() {
+            match sandboxes.remove(&id) {
+                Ok(()) => {}
+                Err(e) if is_errno(&e, libc::ENOENT) => {}
+                Err(e) => return Err(map_error(OWNER_SANDBOXES_MAP, "delete")(e)),
             }
         }
         match self.owners.remove(&id) {
@@ -1278,6 +1515,9 @@ impl Maps {
                 if let Some(pods) = self.pods.as_mut() {
                     let _ = pods.remove(&id);
                 }
+                if let Some(sandboxes) = self.sandboxes.as_mut() {
+                    let _ = sandboxes.remove(&id);
+                }
                 let _ = self.remove_all_conditions(id);
             }
             if let Some(seen_map) = self.orphans.as_mut() {
@@ -1317,6 +1557,40 @@ impl Maps {
 mod tests {
     use super::*;
     use crate::model::Protocol;
+
+    #[test]
+    fn sandbox_records_round_trip_and_refuse_what_does_not_fit() {
+        let sandbox = Sandbox {
+            netns: Some("/var/run/netns/cni-5c9e8a4e-7d6b-4c1a-9a53-0f2f4e6b8c10".into()),
+            netns_id: Some(NsId {
+                dev: 4,
+                ino: 4026532281,
+            }),
+            mntns_id: Some(NsId {
+                dev: 4,
+                ino: 4026531841,
+            }),
+            pod_uid: Some("5c9e8a4e-7d6b-4c1a-9a53-0f2f4e6b8c10".into()),
+            gone_since: Some(1_796_326_055),
+        };
+        assert_eq!(sandbox_of_record(&sandbox_record(&sandbox)), sandbox);
+        assert_eq!(
+            sandbox_of_record(&SandboxRecord::default()),
+            Sandbox::default(),
+            "an empty record proves nothing"
+        );
+        let long = Sandbox {
+            netns: Some(format!("/{}", "n".repeat(NETNS_PATH_LEN)).into()),
+            pod_uid: Some("u".repeat(POD_UID_LEN + 1)),
+            ..sandbox.clone()
+        };
+        let kept = sandbox_of_record(&sandbox_record(&long));
+        assert_eq!(
+            (kept.netns, kept.pod_uid),
+            (None, None),
+            "a cut path would name another file: left out"
+        );
+    }
 
     fn mapping(
         host_ip: HostIp,

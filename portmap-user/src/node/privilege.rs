@@ -4,6 +4,7 @@
 use caps::CapSet;
 
 const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_PTRACE: u32 = 19;
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_BPF: u32 = 39;
 
@@ -26,6 +27,12 @@ pub fn missing_from(caps: u64) -> Vec<&'static str> {
         missing.push("CAP_NET_ADMIN");
     }
     missing
+}
+
+/// Whether this process may read every other process's namespaces and
+/// open files (CAP_SYS_PTRACE).
+pub fn may_read_processes() -> bool {
+    effective().is_some_and(|caps| caps & (1 << CAP_SYS_PTRACE) != 0)
 }
 
 /// Capabilities this process lacks; empty when it has what it needs.

@@ -24,7 +24,7 @@ use portmap_common::{
     ct_kind, ct_timeout, map_names, stat,
 };
 
-use crate::model::PodIdentity;
+use crate::model::{Liveness, PodIdentity, Sandbox};
 use crate::{
     dataplane::attach,
     dataplane::counters,
@@ -114,9 +114,32 @@ pub struct MappingRow {
     pub pod: PodIdentity,
     pub counters: MappingCounters,
     pub active_flows: u64,
+    /// What ADD recorded of the owner's sandbox (`None`: nothing, e.g.
+    /// added by an older build).
+    pub sandbox: Option<Sandbox>,
+    /// Whether the owner's container is still there, as far as can be
+    /// proven from here (see `node::sandbox`).
+    pub liveness: Liveness,
 }
 
 impl MappingRow {
+    /// "container namespace gone since 2026-12-03T19:04:33Z (first seen
+    /// by GC)" for a mapping whose container is gone; `None` otherwise.
+    pub fn gone_marker(&self) -> Option<String> {
+        if self.liveness != Liveness::Gone {
+            return None;
+        }
+        Some(
+            match self.sandbox.as_ref().and_then(|sandbox| sandbox.gone_since) {
+                Some(since) => format!(
+                    "container namespace gone since {}",
+                    crate::logging::utc_timestamp(UNIX_EPOCH + Duration::from_secs(since))
+                ),
+                None => "container namespace gone (not yet seen by GC)".into(),
+            },
+        )
+    }
+
     /// `198.18.0.1:8080/tcp`, `0.0.0.0:8080/udp`, `[::]:80/sctp`.
     pub fn host(&self) -> String {
         KeyDisplay(self.key).to_string()
@@ -226,10 +249,20 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
     }
     let flows = live_flows(entries, monotonic_ns());
     let mut rows = Vec::new();
+    let mut judge = crate::node::sandbox::Judge::new();
+    let mut judged: StdHashMap<u64, Liveness> = StdHashMap::new();
     for entry in &maps.mappings {
         let (key, value) = entry.map_err(read_error("mappings"))?;
         let owner = maps.owners.get(&value.owner_id, 0).ok();
         let pod = maps.pod_of(value.owner_id);
+        let sandbox = maps.sandbox_of(value.owner_id);
+        let liveness = judged
+            .entry(value.owner_id)
+            .or_insert_with(|| match &sandbox {
+                Some(sandbox) => judge.judge(sandbox),
+                None => Liveness::Unknown("no sandbox recorded (added by an older build)".into()),
+            })
+            .clone();
         let counters = match &counters_map {
             Some(map) => counters::read(map, &key, value.owner_id)?,
             None => MappingCounters::default(),
@@ -245,6 +278,8 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
             pod,
             counters,
             active_flows,
+            sandbox,
+            liveness,
         });
     }
     rows.sort_by_key(MappingRow::sort_key);
@@ -821,7 +856,60 @@ pub fn status(layout: &PinLayout) -> Status {
         hooks_cgroup: hooks_cgroup(layout),
     };
     judge(&mut status);
+    if installed {
+        judge_gone_containers(layout, &mut status.problems, &mut status.notes);
+    }
     status
+}
+
+/// `status` on containers whose network namespace is gone: a note while
+/// a GC may still be within its grace period (the default one), a problem
+/// once past it (no agent runs, or it cannot see the runtime's paths).
+pub fn judge_gone_containers(
+    layout: &PinLayout,
+    problems: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) {
+    let Ok(rows) = mapping_rows(layout) else {
+        return;
+    };
+    let now = crate::dataplane::ownership::now_unix();
+    let mut seen = std::collections::BTreeSet::new();
+    for row in &rows {
+        let Some(marker) = row.gone_marker() else {
+            continue;
+        };
+        let (_, container_id, _) = row.owner_strings();
+        if !seen.insert(container_id.clone()) {
+            continue;
+        }
+        let mappings = rows
+            .iter()
+            .filter(|other| other.value.owner_id == row.value.owner_id)
+            .count();
+        let pod = match (row.pod.label(), &row.pod.pod_uid) {
+            (Some(label), Some(uid)) => format!(" (pod {label}, UID {uid})"),
+            (Some(label), None) => format!(" (pod {label})"),
+            (None, Some(uid)) => format!(" (pod UID {uid})"),
+            (None, None) => String::new(),
+        };
+        let line = format!(
+            "container {container_id}{pod} holds {mappings} mapping(s) but its {marker}: they send traffic nowhere"
+        );
+        let since = row.sandbox.as_ref().and_then(|sandbox| sandbox.gone_since);
+        match since {
+            Some(since)
+                if now.saturating_sub(since) >= crate::dataplane::ownership::GONE_GRACE_SECS =>
+            {
+                problems.push(format!(
+                    "{line}; past the grace period: run `ebpf-portmap gc --gone`, or the agent (it removes them on its GC timer)"
+                ));
+            }
+            _ => notes.push(format!(
+                "{line}; the agent's GC (or `ebpf-portmap gc --gone`) removes them after the grace period"
+            )),
+        }
+    }
 }
 
 /// Fills `problems` and `notes`. Pure, so the rules are unit-tested.

@@ -95,6 +95,9 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     if !req.identity.is_empty() && maps.pods.is_none() {
         maps.pods = Some(crate::dataplane::maps::create_pods(&layout)?);
     }
+    if maps.sandboxes.is_none() {
+        maps.sandboxes = Some(crate::dataplane::maps::create_sandboxes(&layout)?);
+    }
     maps.prepare_claim(&layout)?;
     maps.claim(
         &req.owner,
@@ -102,6 +105,11 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
         &translations,
         &condition_entries(&req.conf),
     )?;
+    // What tells GC later that the container is gone when no DEL comes.
+    maps.record_sandbox(
+        &req.owner,
+        &crate::node::sandbox::observe(req.netns.as_deref(), req.identity.pod_uid.as_deref()),
+    );
     // Recorded whether or not `fastPath` is on now: it is a node-wide
     // switch, and containers added before it was turned on use it too.
     match peers::handover(&req.interfaces, &req.owner.ifname, |name| {

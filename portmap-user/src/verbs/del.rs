@@ -184,6 +184,7 @@ fn ownership_maps(layout: &PinLayout) -> Result<Maps, maps::MapsError> {
         owners: maps::open(layout, map_names::OWNERS)?,
         owner_slots: maps::open(layout, map_names::OWNER_SLOTS)?,
         pods: None,
+        sandboxes: None,
         specific_ports: None,
         orphans: None,
         mapped_ports: None,

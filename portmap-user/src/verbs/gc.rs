@@ -111,6 +111,11 @@ pub fn collect_node_garbage(
         Ok(pruned) => log::info!("{verb}: {pruned} pod record(s) without an owner removed"),
         Err(error) => log::warn!("{verb}: pod records not pruned: {error}"),
     }
+    match maps.prune_sandboxes() {
+        Ok(0) => {}
+        Ok(pruned) => log::info!("{verb}: {pruned} sandbox record(s) without an owner removed"),
+        Err(error) => log::warn!("{verb}: sandbox records not pruned: {error}"),
+    }
     match maps.prune_conditions() {
         Ok(0) => {}
         Ok(pruned) => {
@@ -123,4 +128,61 @@ pub fn collect_node_garbage(
         log::info!("{verb}: {pruned} stale fast-path entr(y/ies) removed");
     }
     Ok(())
+}
+
+/// "pod default/web (UID 5c9e…)", "pod UID 5c9e…", "no known pod".
+fn pod_words(pod: &crate::model::PodIdentity) -> String {
+    let mut named = pod.clone();
+    let uid = named.pod_uid.take();
+    match (named.is_empty(), uid) {
+        (false, Some(uid)) => format!("{named} (UID {uid})"),
+        (false, None) => named.to_string(),
+        (true, Some(uid)) => format!("pod UID {uid}"),
+        (true, None) => "no known pod".into(),
+    }
+}
+
+/// Removes the mappings of containers whose network namespace is gone
+/// (see [`ownership::Maps::reclaim_gone`]) once `grace` seconds have passed
+/// since a GC first saw it so, and logs each removal and each wait. The
+/// node agent runs it on its timer and `ebpf-portmap gc --gone` on demand;
+/// CNI GC does not (the runtime's keep-list is its word, and its mount
+/// namespace may not be the one the paths were given in).
+pub fn reclaim_gone_containers(
+    verb: &str,
+    maps: &mut Maps,
+    grace: u64,
+) -> Result<ownership::GoneReclaim, PluginError> {
+    let mut judge = crate::node::sandbox::Judge::new();
+    let outcome =
+        maps.reclaim_gone(grace, ownership::now_unix(), |sandbox| judge.judge(sandbox))?;
+    for gone in &outcome.removed {
+        log::warn!(
+            "{verb}: removed {} mapping(s) of container {} ({}; network {}, interface {}): its network namespace {} has been gone since {} (unix), more than {grace}s",
+            gone.mappings,
+            gone.container_id,
+            pod_words(&gone.pod),
+            gone.network,
+            gone.ifname,
+            gone.netns
+                .as_deref()
+                .map_or_else(|| "?".into(), |p| p.display().to_string()),
+            gone.gone_since,
+        );
+    }
+    for gone in &outcome.waiting {
+        log::info!(
+            "{verb}: container {} ({}) has lost its network namespace {} (first seen at {} unix); its mappings go {grace}s after that unless its DEL comes first",
+            gone.container_id,
+            pod_words(&gone.pod),
+            gone.netns
+                .as_deref()
+                .map_or_else(|| "?".into(), |p| p.display().to_string()),
+            gone.gone_since,
+        );
+    }
+    for (container_id, why) in &outcome.unproven {
+        log::debug!("{verb}: container {container_id} left alone, nothing proves it gone: {why}");
+    }
+    Ok(outcome)
 }
