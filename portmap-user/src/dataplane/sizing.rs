@@ -447,6 +447,12 @@ pub mod cost {
             + round8(value) * u64::from(cpus) * entries
     }
 
+    /// An array (not per CPU).
+    pub fn array(max_entries: u32, value: u64) -> u64 {
+        // `struct bpf_array`, then the values back to back.
+        320 + u64::from(max_entries) * round8(value)
+    }
+
     /// A per-CPU array.
     pub fn percpu_array(max_entries: u32, value: u64, cpus: u32) -> u64 {
         let entries = u64::from(max_entries);
@@ -478,7 +484,7 @@ impl Footprint {
 pub fn footprint(sizes: &Sizes, cpus: u32, mappings: u64) -> Footprint {
     use portmap_common::{
         CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OwnerRecord,
-        OwnerSlotKey, PodRecord, PortKey, SPECIFIC_PORTS_CAPACITY, local, stat,
+        OwnerSlotKey, PodRecord, PortKey, SPECIFIC_PORTS_CAPACITY, SandboxRecord, local, stat,
     };
     let size = |n: usize| n as u64;
     let (ct_key, ct_value) = (size(size_of::<CtKey>()), size(size_of::<CtEntry>()));
@@ -501,6 +507,7 @@ pub fn footprint(sizes: &Sizes, cpus: u32, mappings: u64) -> Footprint {
         size(size_of::<MappingKey>()),
         mappings,
     ) + lazy(capacity::OWNERS, 8, size(size_of::<PodRecord>()), mappings)
+        + lazy(capacity::OWNERS, 8, size(size_of::<SandboxRecord>()), mappings)
         + lazy(SPECIFIC_PORTS_CAPACITY, size(size_of::<PortKey>()), 4, 0)
         + lazy(
             capacity::LOCAL_ADDRS,
@@ -517,7 +524,12 @@ pub fn footprint(sizes: &Sizes, cpus: u32, mappings: u64) -> Footprint {
         )
         // mapped_ports (48 KiB), the epoch, verb_stats: mmapable arrays,
         // page-rounded; the small records.
-        + 53_248 + 2 * 8_192 + 4 * 400;
+        + 53_248 + 2 * 8_192 + 4 * 400
+        // masq_owners: the last client of each masquerade tuple.
+        + cost::array(
+            portmap_common::capacity::MASQ_OWNERS,
+            size(size_of::<local::MasqOwner>()),
+        );
     let per_cpu = cost::lazy_percpu_hash(
         sizes.counters,
         size(size_of::<CounterKey>()),
