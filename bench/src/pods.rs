@@ -3,30 +3,44 @@
 //!
 //! A pod here is what a runtime leaves: a network namespace whose `eth0` is
 //! a veth on the node's bridge, attached by the reference `bridge` +
-//! `host-local` and then the port-mapping plugin (one TCP and one UDP
-//! mapping), the chain run as libcni runs it. One node is filled to 0, 250
-//! and 1 000 pods, then its pods are given 10 mappings each (the plugin
-//! alone, DEL then ADD with the pod's own `prevResult`): 10 000 mappings on
-//! 1 000 real pods. An empty twin node (no pod but the probe) is measured
-//! in the same repetitions, op by op, for the "vs empty node" ratios.
+//! `host-local` and then ebpf-portmap (one TCP and one UDP mapping), the
+//! chain run as libcni runs it. One node is filled to 0, 250 and 1 000
+//! pods, then its pods are given 10 mappings each (ebpf-portmap alone, DEL
+//! then ADD with the pod's own `prevResult`): 10 000 mappings on 1 000 real
+//! pods. An empty twin node (no pod but the probe) is measured in the same
+//! repetitions, op by op, for the "vs empty node" ratios.
 //!
-//! On each shape: ADD and DEL of the port-mapping plugin alone for one more
-//! pod (a real pod attached by bridge + host-local, a new container ID per
-//! operation), ebpf-portmap, Debian's iptables `portmap` (1.1.1) and
-//! upstream `portmap` 1.9.x with its nftables backend on the same node; what one ADD and one DEL of ebpf-portmap do (`bpf()` calls and
-//! program loads counted by `strace` on an untimed run, the netlink reads,
-//! bytes and records the plugin's own debug account reports, and the CPU
-//! time of the timed runs from `wait4`); STATUS's CPU time per call.
+//! Each plugin is measured on the node in its own steady state, as a node
+//! whose pods are all that plugin's. Per shape, in this order:
+//! 1. upstream portmap's rules of the shape before are removed from both
+//!    nodes (nat chains of both families, the `cni_hostport` tables), and
+//!    the pods are grown or widened through ebpf-portmap;
+//! 2. with no rule or table of upstream portmap on either node (checked;
+//!    ebpf-portmap's ADD and DEL read upstream's whole state when it has
+//!    any, for a node switching from it, which is not this row's node):
+//!    ebpf-portmap's ADD and DEL of one more pod on the full node and on
+//!    the twin, op by op; what one ADD and one DEL do (`bpf()` calls and
+//!    program loads counted by `strace` on an untimed run, the netlink
+//!    reads, bytes and records the plugin's own debug account reports, the
+//!    CPU time of the timed runs from `wait4`); STATUS's CPU time per call,
+//!    alone and beside [`PARALLEL_ADDS`] ADDs at 1 000 pods;
+//! 3. Debian's iptables `portmap` (1.1.1) and upstream `portmap` 1.9.x with
+//!    its nftables backend are given the rules of the same pods (see
+//!    below), and their ADD and DEL of one more pod are timed on the full
+//!    node and the twin the same way. Each writes only its own table
+//!    (iptables `nat`, nftables `cni_hostport`), so neither sees the other's
+//!    rules; both see ebpf-portmap's BPF state, which they never read.
+//!
+//! "ebpf-portmap vs upstream on the same node" thus compares the same pods
+//! (namespaces, veths, addresses) with each plugin's own mappings of them,
+//! paired by repetition index.
 //!
 //! iptables portmap's rules for the pods are real ADDs for the first
 //! [`UPSTREAM_REAL_PODS`] pods, then copies of the last one's rules loaded
 //! with `iptables-restore` (see [`super::iptables`]): the ruleset those ADDs
 //! would write, in a minute instead of a quarter of an hour. nftables
 //! portmap's rules are all its own real ADDs (about 0.1 s each, flat in
-//! the size of its table); a new mapping count starts from no table. The
-//! plugins share the node (ebpf-portmap writes no iptables or nftables
-//! rule, the others no BPF state, iptables and nftables portmap separate
-//! tables); each plugin's ADD and DEL on top are real runs.
+//! the size of its table). Both start from no rule at every shape.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -64,6 +78,8 @@ const PREFILL_CALLERS: usize = 4;
 /// Pods that iptables portmap gets by real ADDs; the others get copies of
 /// the last one's rules.
 pub const UPSTREAM_REAL_PODS: usize = 10;
+/// The table of upstream portmap's nftables backend.
+const UPSTREAM_NFT_TABLE: &str = "cni_hostport";
 /// STATUS calls per repetition on each node state.
 const STATUS_CALLS: usize = 20;
 /// STATUS calls run under `strace` on each node state, for the programs
@@ -420,8 +436,24 @@ impl PodNode {
         }
         self.nftables_pods = self.pods.len();
         Ok(format!(
-            "real ADDs of nftables portmap for every pod, {PREFILL_CALLERS} at a time"
+            "real ADDs of nftables portmap for every pod from no table, {PREFILL_CALLERS} at a time"
         ))
+    }
+
+    /// Removes every rule, chain and table of iptables and nftables
+    /// portmap from the node (nothing else in it writes any), so
+    /// ebpf-portmap's next calls see a node whose pods are all its own.
+    fn clear_upstream(&mut self) -> Result<(), String> {
+        iptables::flush_nat(&self.node.ns)?;
+        self.upstream_pods = 0;
+        self.upstream_real = 0;
+        self.upstream_mappings = 0;
+        if self.nftables.is_some() {
+            nftables::flush(&self.node.ns)?;
+        }
+        self.nftables_pods = 0;
+        self.nftables_mappings = 0;
+        upstream_leftover(&self.node).map_or(Ok(()), Err)
     }
 
     /// The plugin's log (its debug account lines).
@@ -527,6 +559,47 @@ impl PodNode {
     }
 }
 
+/// What of upstream portmap's state `node` still has (a `CNI-` chain in a
+/// nat table, a `cni_hostport` table), the state ebpf-portmap's ADD and
+/// DEL look for; `None` when there is none.
+fn upstream_leftover(node: &Node) -> Option<String> {
+    let mut found = Vec::new();
+    for save in ["iptables-save", "ip6tables-save"] {
+        let dump = node
+            .ns
+            .command(save)
+            .args(["-t", "nat"])
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
+        found.extend(
+            dump.lines()
+                .filter(|line| line.starts_with(":CNI-"))
+                .map(|line| format!("{save}: {}", line.split(' ').next().unwrap_or(line))),
+        );
+    }
+    if let Ok(peer) = nftables::peer() {
+        for family in ["ip", "ip6"] {
+            let listed = node
+                .ns
+                .command("nft")
+                .env("PATH", &peer.path_env)
+                .args(["list", "table", family, UPSTREAM_NFT_TABLE])
+                .output()
+                .is_ok_and(|out| out.status.success());
+            if listed {
+                found.push(format!("nftables table {family} {UPSTREAM_NFT_TABLE}"));
+            }
+        }
+    }
+    (!found.is_empty()).then(|| {
+        format!(
+            "upstream portmap's state is still on the node: {}",
+            found.join(", ")
+        )
+    })
+}
+
 /// `bpf()` calls by command (`BPF_OBJ_GET`, ...) in an `strace -e
 /// trace=bpf` log.
 pub fn count_bpf(trace: &str) -> BTreeMap<String, u64> {
@@ -613,7 +686,7 @@ fn p50(batches: &[Batch]) -> String {
 pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyhow::Result<()> {
     progress.say("pods: building a node for real pods and its empty twin");
     let mut full = PodNode::new("bench-pods").context("the pods node")?;
-    let empty = PodNode::new("bench-pods").context("the empty twin node")?;
+    let mut empty = PodNode::new("bench-pods").context("the empty twin node")?;
 
     // STATUS on a node where nothing is installed: the first call probes
     // (loads and verifies the programs, then records it), later ones not.
@@ -632,6 +705,13 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
     let mut nftables_failed: Option<String> = None;
     for shape in POD_SHAPES {
         progress.check()?;
+        // Upstream's rules of the shape before go first: ebpf-portmap is
+        // measured on a node of its own pods only (see the module doc).
+        for (node, which) in [(&mut full, "full"), (&mut empty, "empty twin")] {
+            node.clear_upstream().map_err(|e| {
+                anyhow!("pods: removing upstream portmap's rules from the {which} node: {e}")
+            })?;
+        }
         let started = Instant::now();
         let grown = if shape.mappings_per_pod == 2 {
             full.grow(shape.pods)
@@ -656,6 +736,68 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
             seconds: ours_seconds,
             nat_rules: None,
         });
+        progress.say(&format!(
+            "pods: node at {} ({} mappings) in {ours_seconds:.1} s",
+            shape.label(),
+            size_label(shape.mappings())
+        ));
+        for (node, which) in [(&full, "full"), (&empty, "empty twin")] {
+            if let Some(left) = upstream_leftover(&node.node) {
+                return Err(anyhow!(
+                    "pods: {which} node before ebpf-portmap's rows of {}: {left}",
+                    shape.label()
+                ));
+            }
+        }
+
+        // ebpf-portmap: one more pod, then one counted ADD and DEL.
+        let ours = one_more_pod(plan, &full, &empty, shape, Flavor::Ours, plan.scale_ops.0);
+        let counted_mappings = one_more_mappings(9_999);
+        let add_account = full.counted(Some("ADD"), |wrapper| {
+            full.invoker.port_plugin_wrapped(
+                &full.ours,
+                CniCommand::Add,
+                &full.one_more("counted", &counted_mappings),
+                &full.probe_prev,
+                wrapper,
+            )
+        });
+        let del_account = full.counted(Some("DEL"), |wrapper| {
+            full.invoker.port_plugin_wrapped(
+                &full.ours,
+                CniCommand::Del,
+                &full.one_more("counted", &counted_mappings),
+                &full.probe_prev,
+                wrapper,
+            )
+        });
+        for ((verb, reps, empty_reps), account) in ours.into_iter().zip([add_account, del_account])
+        {
+            results.pods.push(PodCell {
+                shape,
+                flavor: Flavor::Ours,
+                verb,
+                reps,
+                empty_reps,
+                account: Some(account),
+            });
+        }
+
+        // STATUS on the installed node.
+        let row = full.status_row(
+            format!("installed-{}", shape.key()),
+            format!("{}, installed", shape.label()),
+            STATUS_CALLS * plan.reps,
+        );
+        progress.say(&status_line(&row));
+        results.status.push(row);
+        if shape == POD_SHAPES[2] {
+            let row = status_beside_adds(&full, shape, plan);
+            progress.say(&status_line(&row));
+            results.status.push(row);
+        }
+
+        // Now the same pods get upstream's rules, for its rows.
         let started = Instant::now();
         let upstream_how = full
             .fill_upstream(shape.mappings_per_pod)
@@ -700,47 +842,10 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
         } else {
             false
         };
-        progress.say(&format!(
-            "pods: node at {} ({} mappings) in {ours_seconds:.1} s",
-            shape.label(),
-            size_label(shape.mappings())
-        ));
 
-        // ebpf-portmap: one more pod, then one counted ADD and DEL.
-        let ours = one_more_pod(plan, &full, &empty, shape, Flavor::Ours, plan.scale_ops.0);
-        let counted_mappings = one_more_mappings(9_999);
-        let add_account = full.counted(Some("ADD"), |wrapper| {
-            full.invoker.port_plugin_wrapped(
-                &full.ours,
-                CniCommand::Add,
-                &full.one_more("counted", &counted_mappings),
-                &full.probe_prev,
-                wrapper,
-            )
-        });
-        let del_account = full.counted(Some("DEL"), |wrapper| {
-            full.invoker.port_plugin_wrapped(
-                &full.ours,
-                CniCommand::Del,
-                &full.one_more("counted", &counted_mappings),
-                &full.probe_prev,
-                wrapper,
-            )
-        });
-        for ((verb, reps, empty_reps), account) in ours.into_iter().zip([add_account, del_account])
-        {
-            results.pods.push(PodCell {
-                shape,
-                flavor: Flavor::Ours,
-                verb,
-                reps,
-                empty_reps,
-                account: Some(account),
-            });
-        }
-
-        // iptables and nftables portmap on the same node: batches sized by
-        // one untimed ADD + DEL so a slow table stays within the allowance.
+        // iptables and nftables portmap on the node of the same pods:
+        // batches sized by one untimed ADD + DEL so a slow table stays
+        // within the allowance.
         let mut peer_ops = Vec::new();
         for peer in [Flavor::Upstream, Flavor::Nftables] {
             if peer == Flavor::Nftables && !nftables_here {
@@ -798,20 +903,6 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
                 .and_then(|c| c.account.as_ref())
                 .map_or("n/a".into(), |a| a.as_ref().map_or_else(Clone::clone, CallAccount::summary))
         ));
-
-        // STATUS on the installed node.
-        let row = full.status_row(
-            format!("installed-{}", shape.key()),
-            format!("{}, installed", shape.label()),
-            STATUS_CALLS * plan.reps,
-        );
-        progress.say(&status_line(&row));
-        results.status.push(row);
-        if shape == POD_SHAPES[2] {
-            let row = status_beside_adds(&full, shape, plan);
-            progress.say(&status_line(&row));
-            results.status.push(row);
-        }
     }
     let started = Instant::now();
     let pods = full.pods.len() + 2;
@@ -833,6 +924,8 @@ fn status_beside_adds(node: &PodNode, shape: Shape, plan: &Plan) -> StatusRow {
     let work = deal(&items, PARALLEL_ADDS);
     let done = AtomicBool::new(false);
     let statuses: Mutex<Vec<Timed>> = Mutex::new(Vec::new());
+    // What the first failed ADD answered, so a failure says why.
+    let first_error: Mutex<Option<String>> = Mutex::new(None);
     let adds = std::thread::scope(|scope| {
         scope.spawn(|| {
             // At least a few calls, however quick the ADDs are.
@@ -847,7 +940,14 @@ fn status_beside_adds(node: &PodNode, shape: Shape, plan: &Plan) -> StatusRow {
         // waits for it.
         let stop = StopOnDrop(&done);
         let adds = run_batch(&work, |(id, mappings)| {
-            node.one_more_op(Flavor::Ours, CniCommand::Add, id, mappings)
+            let timed = node.one_more_op(Flavor::Ours, CniCommand::Add, id, mappings);
+            if let Err(e) = &timed.result {
+                first_error
+                    .lock()
+                    .expect("first error")
+                    .get_or_insert_with(|| e.clone());
+            }
+            timed
         });
         drop(stop);
         adds
@@ -863,10 +963,14 @@ fn status_beside_adds(node: &PodNode, shape: Shape, plan: &Plan) -> StatusRow {
     StatusRow {
         key: format!("beside-adds-{}", shape.key()),
         state: format!(
-            "{}, installed, during {} ADDs by {PARALLEL_ADDS} callers at once ({} failed)",
+            "{}, installed, during {} ADDs by {PARALLEL_ADDS} callers at once ({} failed{})",
             shape.label(),
             adds.ops(),
-            adds.failures
+            adds.failures,
+            first_error
+                .into_inner()
+                .expect("first error")
+                .map_or(String::new(), |e| format!("; the first: {e}"))
         ),
         calls: batch,
         account: node.status_traced(),

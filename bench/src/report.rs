@@ -398,9 +398,12 @@ fn pods_table(md: &mut String, results: &Results) {
          chain; the 10-mapping row gives each of those pods 10 mappings (ebpf-portmap alone: DEL, then ADD with \
          the pod's own prevResult). One more pod: a real pod attached by bridge + host-local, then the \
          port-mapping plugin alone with a new container ID per operation and one TCP and one UDP mapping, \
-         ADD then DEL, op by op against an empty node (\"vs empty\"). iptables portmap runs on the same node; its \
-         rules for the pods are real ADDs for the first {}, copies of the last one's rules beyond. nftables portmap \
-         (upstream 1.9.x, `backend: nftables`) runs on the same node too, its rules for the pods all its own real ADDs. \
+         ADD then DEL, op by op against an empty node (\"vs empty\"). Each plugin is timed on the node in its own \
+         steady state: ebpf-portmap while no rule of upstream portmap exists on either node (its ADD and DEL read \
+         upstream's whole state when there is any, as on a node switching from it); then iptables and nftables \
+         portmap on the same pods with their rules for them: iptables portmap's are real ADDs for the first {}, \
+         copies of the last one's rules beyond; nftables portmap's (upstream 1.9.x, `backend: nftables`) all its \
+         own real ADDs. Both are removed again before the next shape. \
          Latency: median over the repetitions of each repetition's p50 (worst in brackets); CPU: median CPU \
          time of the plugin process (and, for iptables portmap, the `iptables` it runs). What one ADD or DEL of \
          ebpf-portmap does is counted on an untimed run: `bpf()` calls with strace, netlink reads, bytes and \

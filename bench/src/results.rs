@@ -479,7 +479,8 @@ impl Results {
     }
 
     /// Per repetition: `peer`'s p50 (iptables or nftables portmap) /
-    /// ebpf-portmap p50 for one more pod on the same node of `shape`.
+    /// ebpf-portmap p50 for one more pod on the node of `shape`'s pods, each
+    /// plugin with its own rules for them only (see the pods module).
     pub fn pod_speedup(&self, peer: Flavor, shape: Shape, verb: Verb) -> Vec<f64> {
         match (
             self.pod_cell(peer, shape, verb),
@@ -1042,7 +1043,7 @@ fn pod_targets(results: &Results) -> Vec<TargetRow> {
                     peer,
                     &values,
                     format!(
-                        "{} p50 / ebpf-portmap p50 for one more pod on the same node, paired by repetition",
+                        "{} p50 / ebpf-portmap p50 for one more pod on the node of the same pods, each with only its own rules for them, paired by repetition",
                         peer.label()
                     ),
                 );
