@@ -18,7 +18,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -138,17 +138,17 @@ impl Invoker {
         let path = self.dir.join(plugin);
         let mut spawned = match wrapper.prefix.split_first() {
             Some((program, args)) => {
-                let mut spawned = self.node.command(program);
+                let mut spawned = Command::new(program);
                 spawned.args(args).arg(&path);
                 spawned
             }
-            None => self.node.command(&path),
+            None => Command::new(&path),
         };
         spawned.envs(self.env.iter().map(|(k, v)| (k, v)));
         for (key, value) in wrapper.env {
             spawned.env(key, value);
         }
-        let mut child = spawned
+        spawned
             .env("CNI_COMMAND", command.as_str())
             .env("CNI_CONTAINERID", &rt.container_id)
             .env("CNI_NETNS", &rt.netns_path)
@@ -158,8 +158,12 @@ impl Invoker {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
+            .process_group(0);
+        // Not forked: the child's CPU time is then the plugin's alone (see
+        // `NsHandle::spawn`).
+        let mut child = self
+            .node
+            .spawn(&mut spawned)
             .map_err(|e| format!("{plugin} could not start ({}): {e}", path.display()))?;
         let pid = child.id();
         self.watchdog.watch(pid, Instant::now() + PLUGIN_TIMEOUT);
