@@ -6,6 +6,10 @@
 //! see the same number of `bpf()` calls and of netlink link and address
 //! records per ADD, per DEL and per STATUS, within a small constant.
 //!
+//! A second node, on a routed network (ptp: every pod's host end of its
+//! veth carries the programs and has an address of the node), must see
+//! the same number of `bpf()` calls per ADD and per DEL with 3 and 60 pods.
+//!
 //! Counts, not times: the plugin writes its own account of netlink reads
 //! and records at the end of each run into its log (`EPM_LOG_LEVEL=debug`),
 //! and `strace -c` counts its `bpf()` calls (the plugin cannot count the
@@ -21,17 +25,30 @@ use std::process::{Command, Stdio};
 use portmap_tests::tmp::TempDir;
 use portmap_tests::topology::{BRIDGE_NAME, PLUGIN_LOG};
 use portmap_tests::world::{FakeContainer, World};
-use portmap_tests::{CniRunner, Container, PinRoot, PluginDirs, PortMapping, bridge_conflist};
+use portmap_tests::{
+    CniRunner, Conflist, Container, PinRoot, PluginDirs, PortMapping, bridge_conflist, ptp_conflist,
+};
 
 /// Pods on the small node, and on the large one.
 const FEW: usize = 3;
 const MANY: usize = 300;
+/// Pods on the large routed node (each a real ADD through ptp).
+const ROUTED_MANY: usize = 60;
 /// How far the counts of the two nodes may differ.
 const SLACK: u64 = 6;
 
 /// A world whose `ebpf-portmap` is a wrapper that, while `measure` exists
-/// in `dir`, runs the plugin under `strace -c` with its debug log on.
+/// in `dir`, runs the plugin under `strace -c` with its debug log on; its
+/// pods on the bridge.
 fn counted_world(dir: &TempDir) -> World {
+    counted_world_of(dir, bridge_conflist)
+}
+
+/// [`counted_world`] with the network `conflist` makes.
+fn counted_world_of(
+    dir: &TempDir,
+    conflist: fn(&str, &str, Option<&Path>, &Path) -> Conflist,
+) -> World {
     let wrapper = dir.path().join("ebpf-portmap-counted");
     let script = format!(
         "#!/bin/sh\n\
@@ -49,7 +66,7 @@ fn counted_world(dir: &TempDir) -> World {
     let pins = PinRoot::new();
     let plugins = PluginDirs::with_plugin_bin(&wrapper);
     let runner = CniRunner::new(plugins.paths(), &node.ns);
-    let list = bridge_conflist(
+    let list = conflist(
         "epm-test",
         "ebpf-portmap",
         Some(pins.path()),
@@ -356,5 +373,47 @@ fn add_del_and_status_cost_the_same_with_3_and_300_pods() {
         );
     }
     drop(bulk);
+    drop(pods);
+}
+
+/// On a routed network (ptp) every pod's host end of its veth carries the
+/// programs, and its settings are an entry of the node's interface map: an
+/// ADD or DEL that walked that map (to sweep the settings of gone
+/// interfaces) cost a `bpf()` call per pod. The sweep is the agent's and
+/// GC's; one CNI call's `bpf()` calls stay the same with 3 and 60 pods.
+#[test]
+fn on_a_routed_network_add_and_del_cost_the_same_with_3_and_60_pods() {
+    if Command::new("strace").arg("-V").output().is_err() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "strace is not installed: `cargo xtask setup` installs it"
+        );
+        eprintln!("skipped: strace is not installed (apt-get install strace)");
+        return;
+    }
+    let dir = TempDir::new("count-ptp");
+    let world = counted_world_of(&dir, ptp_conflist);
+    let mut pods = Vec::new();
+    let add_pods = |from: usize, to: usize, pods: &mut Vec<Container>| {
+        for i in from..to {
+            let pod = world.node.add_container(&format!("ptp{i}"));
+            let port = 20000 + u16::try_from(i).expect("a few pods");
+            world.add(&pod, &[PortMapping::tcp(port, 80)]);
+            pods.push(pod);
+        }
+    };
+    add_pods(0, FEW, &mut pods);
+    let (add_few, del_few) = add_and_del(&world, &dir, "probe-few");
+    add_pods(FEW, ROUTED_MANY, &mut pods);
+    let (add_many, del_many) = add_and_del(&world, &dir, "probe-many");
+    eprintln!(
+        "ptp: ADD bpf {} -> {}, DEL bpf {} -> {}",
+        add_few.bpf(),
+        add_many.bpf(),
+        del_few.bpf(),
+        del_many.bpf()
+    );
+    assert_close("bpf() calls per ADD on ptp", add_few.bpf(), add_many.bpf());
+    assert_close("bpf() calls per DEL on ptp", del_few.bpf(), del_many.bpf());
     drop(pods);
 }

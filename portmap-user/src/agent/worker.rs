@@ -39,7 +39,7 @@ use crate::{
     ops::inspect,
     verbs::{
         self,
-        interfaces::{NodeView, reconcile},
+        interfaces::{NodeView, Pass, reconcile},
     },
 };
 
@@ -247,7 +247,7 @@ fn pass(shared: &Shared) -> Result<PinLayout, AgentError> {
     // No container's interfaces: the agent acts for none (the same view a
     // DEL or GC run has).
     let node = NodeView::read(&mut rtnl, &conf, &[])?;
-    reconcile(&layout, &conf, &node)?;
+    reconcile(&layout, &conf, &node, Pass::Node)?;
     Ok(layout)
 }
 

@@ -9,7 +9,7 @@ use anyhow::Context;
 use portmap_user::{
     agent::conf::ConfSource,
     node::netlink::Rtnl,
-    verbs::interfaces::{NodeView, reconcile},
+    verbs::interfaces::{NodeView, Pass, reconcile},
 };
 use serde_json::json;
 
@@ -56,7 +56,7 @@ pub fn run(args: &ReconcileArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     };
     let mut rtnl = Rtnl::open().context("cannot read the node's interfaces")?;
     let node = NodeView::read(&mut rtnl, &conf, &[])?;
-    reconcile(&layout, &conf, &node)?;
+    reconcile(&layout, &conf, &node, Pass::Node)?;
     let attached = node.targets().len();
     if out.json() {
         print_json(&json!({"reconciled": true, "pinRoot": root, "interfaces": attached}));

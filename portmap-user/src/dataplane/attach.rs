@@ -275,7 +275,7 @@ pub fn ensure(
         create_private_dir(&dir)?;
     }
     let resize = resize::Resize::begin(layout, capacities)?;
-    load_and_pin(layout, capacities, resize.as_ref()).map_err(explain_load_failure)?;
+    let loaded = load_and_pin(layout, capacities, resize.as_ref()).map_err(explain_load_failure)?;
     if let Some(resize) = &resize {
         resize.copy_and_swap(layout)?;
     }
@@ -292,12 +292,30 @@ pub fn ensure(
     // An interface that is gone takes its pins with it; its index is never
     // handed out again soon (the kernel allocates them cyclically).
     forget_interfaces_not_in(layout, targets.live);
+    // Every attachment is looked at (a few `bpf()` calls each, one per pod
+    // on a routed network) only when the programs may have changed under
+    // it: this run loaded them (an upgrade), a resize, or no run has
+    // finished that pass for this build yet. Otherwise an interface with
+    // its pins is attached already, as `is_ready` trusts, and a run costs
+    // the same on a node of 3 pods and of 1 000 (issue 36).
+    let full_pass =
+        loaded || resize.is_some() || mode == AttachMode::Clsact || !PassRecord::is_current(layout);
+    let pinned: std::collections::HashSet<(u32, Direction)> =
+        recorded_attachments(layout).into_iter().collect();
+    let has_pins = |ifindex: u32| {
+        Direction::BOTH
+            .iter()
+            .all(|&direction| pinned.contains(&(ifindex, direction)))
+    };
     for &ifindex in targets.required {
         for direction in Direction::BOTH {
             attach_one(layout, ifindex, direction, mode)?;
         }
     }
     for &ifindex in targets.uplinks.difference(targets.required) {
+        if !full_pass && has_pins(ifindex) {
+            continue;
+        }
         for direction in Direction::BOTH {
             if let Err(error) = attach_one(layout, ifindex, direction, mode) {
                 log::warn!("attaching to interface {ifindex}: {error}");
@@ -307,13 +325,18 @@ pub fn ensure(
     // Interfaces attached by earlier runs (other containers' veths, after
     // an upgrade): this build's programs go there too, or the old ones keep
     // running.
-    for (ifindex, direction) in recorded_attachments(layout) {
+    let mut all_updated = true;
+    for &(ifindex, direction) in pinned.iter().filter(|_| full_pass) {
         if targets.required.contains(&ifindex) || targets.uplinks.contains(&ifindex) {
             continue;
         }
         if let Err(error) = attach_one(layout, ifindex, direction, mode) {
             log::warn!("updating the programs on interface {ifindex}: {error}");
+            all_updated = false;
         }
+    }
+    if full_pass && all_updated {
+        PassRecord::write(layout);
     }
     for program in local::program_names::ALL {
         if !hook_attached(layout, cgroup, program) {
@@ -431,18 +454,47 @@ fn pinned_id(path: &Path) -> Option<u32> {
         .map(|info| info.id())
 }
 
+/// The record that a run of this build has put its tc programs on every
+/// interface attached before (`{lock}.tc`, the build ID in hex, beside the
+/// lock): until it is written, each slow-path run looks at every
+/// attachment, so a run that died halfway through an upgrade leaves the
+/// next one to finish it.
+struct PassRecord;
+
+impl PassRecord {
+    fn path(layout: &PinLayout) -> PathBuf {
+        layout.lock_file().with_extension("tc")
+    }
+
+    fn text() -> String {
+        format!("{:016x}\n", build_id())
+    }
+
+    fn is_current(layout: &PinLayout) -> bool {
+        std::fs::read_to_string(Self::path(layout)).is_ok_and(|text| text == Self::text())
+    }
+
+    /// Best effort: without it the next slow path looks at everything again.
+    fn write(layout: &PinLayout) {
+        let path = Self::path(layout);
+        if let Err(error) = crate::dataplane::lock::write_record(&path, &Self::text()) {
+            log::debug!("attachment record {} not written: {error}", path.display());
+        }
+    }
+}
+
 /// Loads the object (reusing pinned maps) and pins this build's programs,
-/// unless they are pinned already.
+/// unless they are pinned already; whether it loaded them.
 fn load_and_pin(
     layout: &PinLayout,
     capacities: Capacities,
     resize: Option<&resize::Resize>,
-) -> Result<(), AttachError> {
+) -> Result<bool, AttachError> {
     if all_programs()
         .iter()
         .all(|name| layout.program(build_id(), name).exists())
     {
-        return Ok(());
+        return Ok(false);
     }
     check_pinned_layouts(layout)?;
     let migration = Migration::prepare(layout);
@@ -506,7 +558,7 @@ fn load_and_pin(
             source: io::Error::other(e.to_string()),
         })?;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// What a load carries over from pins made by an earlier build, so that an

@@ -113,6 +113,10 @@ pub struct NodeState {
     pub live: BTreeSet<u32>,
     /// The `interfaces` key of the configuration (`None`: the default).
     pub interfaces: Option<Vec<String>>,
+    /// Whether this run sweeps the settings of gone interfaces (a walk of
+    /// the whole map, see `sweep_interfaces`): node-wide passes do, a
+    /// single CNI call does not.
+    pub sweep_interfaces: bool,
 }
 
 /// Where the `interfaces` of the last sync are recorded.
@@ -178,6 +182,18 @@ impl LocalRecord {
 
     fn is_current(&self) -> bool {
         std::fs::read_to_string(&self.path).is_ok_and(|text| text == self.text)
+    }
+
+    /// What the last sync recorded as written to this same map (its pin's
+    /// inode on the first line), `None` without such a record.
+    fn written(&self) -> Option<BTreeSet<LocalAddrKey>> {
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        let (inode, rest) = text.split_once('\n')?;
+        let (own_inode, _) = self.text.split_once('\n')?;
+        if inode != own_inode {
+            return None;
+        }
+        rest.lines().map(parse_addr_line).collect()
     }
 
     fn forget(layout: &PinLayout) {
@@ -306,7 +322,7 @@ impl Wanted {
 pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
     let wanted = Wanted::of(state, netns_cookie()?);
     let mut node: Array<MapData, NodeConfig> = open(layout, map_names::NODE)?;
-    if node.get(&0, 0).is_ok_and(|current| current == wanted.node) {
+    if !state.sweep_interfaces && node.get(&0, 0).is_ok_and(|current| current == wanted.node) {
         return Ok(());
     }
     let _lock = lock::lock(layout)?;
@@ -316,15 +332,23 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
     // the walk of the map, whose length is the node's, out of each run.
     let record = LocalRecord::of(layout, &wanted.local_addrs);
     if !record.as_ref().is_some_and(LocalRecord::is_current) {
+        // With a record of what the map holds, only the difference is
+        // written (on a routed network every pod adds an address: a walk
+        // of the map would cost a call per pod); without one, the map is
+        // read whole.
+        let written = record.as_ref().and_then(LocalRecord::written);
         LocalRecord::forget(layout);
         let mut local: HashMap<MapData, LocalAddrKey, u8> = open(layout, map_names::LOCAL_ADDRS)?;
-        let present: Vec<LocalAddrKey> = local.keys().filter_map(Result::ok).collect();
-        for key in &wanted.local_addrs {
+        let present: BTreeSet<LocalAddrKey> = match written {
+            Some(written) => written,
+            None => local.keys().filter_map(Result::ok).collect(),
+        };
+        for key in wanted.local_addrs.difference(&present) {
             local
                 .insert(key, 1, 0)
                 .map_err(map_error(map_names::LOCAL_ADDRS))?;
         }
-        for key in present.iter().filter(|k| !wanted.local_addrs.contains(k)) {
+        for key in present.difference(&wanted.local_addrs) {
             // Gone from the node.
             let _ = local.remove(key);
         }
@@ -335,38 +359,175 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
     }
 
     let mut ifaces: HashMap<MapData, u32, IfaceConfig> = open(layout, map_names::IFACES)?;
+    if state.sweep_interfaces {
+        sweep_interfaces(&mut ifaces, &wanted.live);
+    }
+    // The settings the last sync wrote: those still wanted as they are
+    // cost no call (one per pod on a routed network, where every pod's veth
+    // carries the programs).
+    let ifaces_record = IfacesRecord::path(layout);
+    let written = IfacesRecord::read(layout, &ifaces_record);
+    let _ = std::fs::remove_file(&ifaces_record);
+    let mut now_written = BTreeMap::new();
     for (&index, config) in &wanted.ifaces {
         let mut config = *config;
         // Once container-side, always: other containers' ADDs see only
         // their own host-side interfaces.
-        if ifaces
-            .get(&index, 0)
-            .is_ok_and(|c| c.flags & iface_flags::CONTAINER_SIDE != 0)
-        {
+        let container_side = match written.as_ref() {
+            Some(written) => written
+                .get(&index)
+                .is_some_and(|c: &IfaceConfig| c.flags & iface_flags::CONTAINER_SIDE != 0),
+            None => ifaces
+                .get(&index, 0)
+                .is_ok_and(|c| c.flags & iface_flags::CONTAINER_SIDE != 0),
+        };
+        if container_side {
             config.flags |= iface_flags::CONTAINER_SIDE;
         }
-        ifaces
-            .insert(index, config, 0)
-            .map_err(map_error(map_names::IFACES))?;
+        now_written.insert(index, config);
+        if written
+            .as_ref()
+            .is_some_and(|written| written.get(&index) == Some(&config))
+        {
+            continue;
+        }
+        let inserted = ifaces.insert(index, config, 0).or_else(|error| {
+            // Full of gone interfaces' settings (E2BIG), on a node where
+            // neither the agent nor GC swept them: sweep here and retry.
+            if state.sweep_interfaces {
+                return Err(error);
+            }
+            sweep_interfaces(&mut ifaces, &wanted.live);
+            ifaces.insert(index, config, 0)
+        });
+        inserted.map_err(map_error(map_names::IFACES))?;
     }
-    // Settings of interfaces that are gone: the map has room for 4096. An
-    // index missing from this run's dump is asked about again: a run with a
-    // newer dump may have recorded an interface made since.
-    let stale: Vec<u32> = ifaces
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|index| {
-            !wanted.live.contains(index) && crate::node::netlink::interface_name(*index).is_none()
-        })
-        .collect();
-    for index in stale {
-        let _ = ifaces.remove(&index);
+    // Settings written before and not wanted now stay in the map (a sweep
+    // removes those of gone interfaces) and in the record, so that a later
+    // run that wants them again knows what the map holds.
+    if let Some(written) = written {
+        for (index, config) in written {
+            now_written.entry(index).or_insert(config);
+        }
     }
+    IfacesRecord::write(layout, &ifaces_record, &now_written, state.sweep_interfaces);
     record_interfaces(layout, wanted.interfaces.as_deref()).map_err(LocalError::Record)?;
     // Last: the hash says the state above is complete.
     node.set(0, wanted.node, 0)
         .map_err(map_error(map_names::NODE))?;
     Ok(())
+}
+
+/// The interface settings the last sync wrote (`{lock}.ifaces`): the
+/// inode of the map's pin on the first line, then `index flags addr4
+/// addr6` in hex, a line each. Removed before the map is changed and
+/// written after, like [`LocalRecord`]; a sweep drops it (the map then
+/// holds less than it says), so the next run reads the map.
+struct IfacesRecord;
+
+impl IfacesRecord {
+    fn path(layout: &PinLayout) -> std::path::PathBuf {
+        layout.lock_file().with_extension("ifaces")
+    }
+
+    fn inode(layout: &PinLayout) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        Some(std::fs::metadata(layout.map(map_names::IFACES)).ok()?.ino())
+    }
+
+    fn read(layout: &PinLayout, path: &std::path::Path) -> Option<BTreeMap<u32, IfaceConfig>> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let mut lines = text.lines();
+        if lines.next()?.parse::<u64>().ok()? != Self::inode(layout)? {
+            return None;
+        }
+        lines.map(parse_iface_line).collect()
+    }
+
+    fn write(
+        layout: &PinLayout,
+        path: &std::path::Path,
+        written: &BTreeMap<u32, IfaceConfig>,
+        swept: bool,
+    ) {
+        use std::fmt::Write;
+        if swept {
+            return;
+        }
+        let Some(inode) = Self::inode(layout) else {
+            return;
+        };
+        let mut text = format!("{inode}\n");
+        for (index, config) in written {
+            let [a, b, c, d] = config.addr6_be;
+            let _ = writeln!(
+                text,
+                "{index} {:x} {:08x} {a:08x}{b:08x}{c:08x}{d:08x}",
+                config.flags, config.addr4_be
+            );
+        }
+        let temporary = path.with_extension("ifaces-new");
+        // Best effort: without it the next run reads the map.
+        if std::fs::write(&temporary, text).is_ok() {
+            let _ = std::fs::rename(&temporary, path);
+        }
+    }
+}
+
+/// One line of [`IfacesRecord`].
+fn parse_iface_line(line: &str) -> Option<(u32, IfaceConfig)> {
+    let mut fields = line.split(' ');
+    let index = fields.next()?.parse().ok()?;
+    let flags = u32::from_str_radix(fields.next()?, 16).ok()?;
+    let addr4_be = u32::from_str_radix(fields.next()?, 16).ok()?;
+    let addr6_be = parse_words(fields.next()?)?;
+    Some((
+        index,
+        IfaceConfig {
+            addr4_be,
+            flags,
+            addr6_be,
+        },
+    ))
+}
+
+/// One line of [`LocalRecord`]: `family words`.
+fn parse_addr_line(line: &str) -> Option<LocalAddrKey> {
+    let (family, words) = line.split_once(' ')?;
+    Some(LocalAddrKey {
+        addr_be: parse_words(words)?,
+        family: family.parse().ok()?,
+        _pad0: [0; 3],
+    })
+}
+
+/// 32 hex digits as four words.
+fn parse_words(hex: &str) -> Option<[u32; 4]> {
+    if hex.len() != 32 {
+        return None;
+    }
+    let word = |i: usize| u32::from_str_radix(hex.get(8 * i..8 * i + 8)?, 16).ok();
+    Some([word(0)?, word(1)?, word(2)?, word(3)?])
+}
+
+/// Removes the settings of interfaces that are gone. The walk is as long as
+/// the map (an entry per interface that ever carried the programs: one per
+/// pod on a routed network), so only node-wide passes run it (the agent's,
+/// GC's), and a run whose insert finds the map full; a stale entry meanwhile
+/// costs a slot and nothing else (no program runs on a gone interface). An
+/// index missing from this run's dump is asked about again: a run with a
+/// newer dump may have recorded an interface made since.
+fn sweep_interfaces(ifaces: &mut HashMap<MapData, u32, IfaceConfig>, live: &BTreeSet<u32>) {
+    let stale: Vec<u32> = ifaces
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|index| {
+            !live.contains(index) && crate::node::netlink::interface_name(*index).is_none()
+        })
+        .collect();
+    for index in stale {
+        let _ = ifaces.remove(&index);
+    }
 }
 
 /// The addresses the last sync wrote as the node's (`None` when the map
@@ -420,6 +581,7 @@ mod tests {
             attached: BTreeSet::from([2, 4]),
             live: BTreeSet::from([1, 2, 4]),
             interfaces: None,
+            sweep_interfaces: false,
         }
     }
 
@@ -487,5 +649,29 @@ mod tests {
             base,
             "another netns"
         );
+    }
+
+    #[test]
+    fn records_read_back_what_they_wrote() {
+        use std::fmt::Write;
+        let config = IfaceConfig {
+            addr4_be: 0x0100_f40a,
+            flags: iface_flags::CONTAINER_SIDE,
+            addr6_be: [0xfd44_0000, 0, 0, 0x0100_0000],
+        };
+        let [a, b, c, d] = config.addr6_be;
+        let mut line = String::new();
+        let _ = write!(
+            line,
+            "7 {:x} {:08x} {a:08x}{b:08x}{c:08x}{d:08x}",
+            config.flags, config.addr4_be
+        );
+        assert_eq!(parse_iface_line(&line), Some((7, config)));
+        assert_eq!(parse_iface_line("7 1 0a00f401"), None, "a short line");
+        let key = addr_key("fd44::1".parse().unwrap());
+        let [a, b, c, d] = key.addr_be;
+        let line = format!("{} {a:08x}{b:08x}{c:08x}{d:08x}", key.family);
+        assert_eq!(parse_addr_line(&line), Some(key));
+        assert_eq!(parse_addr_line("4 0a"), None, "too few digits");
     }
 }

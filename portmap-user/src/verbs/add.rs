@@ -3,7 +3,7 @@
 
 use super::PluginError;
 use super::interfaces::NodeView;
-use super::interfaces::reconcile;
+use super::interfaces::{Pass, reconcile};
 use super::require_privilege;
 use super::who;
 use crate::cni::Request;
@@ -85,7 +85,7 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     let mut rtnl = Rtnl::open()?;
     let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
     warn_absent_host_ips(&req.conf, &node.addresses);
-    reconcile(&layout, &req.conf, &node)?;
+    reconcile(&layout, &req.conf, &node, Pass::Call)?;
     log::debug!("ADD account: {}", netlink::account());
     let mut maps = Maps::open(&layout)?;
     if translations.is_empty() {

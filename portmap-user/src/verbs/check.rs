@@ -2,7 +2,7 @@
 
 use super::PluginError;
 use super::interfaces::NodeView;
-use super::interfaces::reconcile;
+use super::interfaces::{Pass, reconcile};
 use super::require_privilege;
 use crate::cni::Request;
 use crate::dataplane::attach;
@@ -20,7 +20,7 @@ pub(super) fn check(req: &Request) -> Result<(), PluginError> {
     require_privilege()?;
     let mut rtnl = Rtnl::open()?;
     let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
-    if installed && let Err(error) = reconcile(&layout, &req.conf, &node) {
+    if installed && let Err(error) = reconcile(&layout, &req.conf, &node, Pass::Call) {
         // What it could not attach is reported below.
         log::warn!("CHECK: the attachments were not brought up to date: {error}");
     }

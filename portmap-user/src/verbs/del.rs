@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use super::PluginError;
 use super::forget_counters;
-use super::interfaces::reconcile_after;
+use super::interfaces::{Pass, reconcile_after};
 use super::own_state;
 use super::require_privilege;
 use super::who;
@@ -172,7 +172,7 @@ fn release(req: &Request) -> Result<(), PluginError> {
     forget_counters(&layout, ownership::owner_id(&req.owner), &owned);
     // Earlier containers' veths are gone by now (this one's goes after
     // us, in the interface plugin's DEL): their dead link pins go too.
-    reconcile_after("DEL", &layout, &req.conf);
+    reconcile_after("DEL", &layout, &req.conf, Pass::Call);
     Ok(())
 }
 

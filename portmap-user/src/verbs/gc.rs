@@ -2,7 +2,7 @@
 //! orphans past their grace period.
 
 use super::PluginError;
-use super::interfaces::reconcile_after;
+use super::interfaces::{Pass, reconcile_after};
 use super::own_state;
 use super::prune_counters;
 use super::require_privilege;
@@ -34,7 +34,7 @@ pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
     let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
     log::info!("GC {}: removed {removed:?}", req.conf.name);
     collect_node_garbage("GC", &layout, &mut maps)?;
-    reconcile_after("GC", &layout, &req.conf);
+    reconcile_after("GC", &layout, &req.conf, Pass::Node);
     Ok(())
 }
 

@@ -149,11 +149,27 @@ fn recorded_addresses(node: &NodeView) -> Vec<NodeAddress> {
         .collect()
 }
 
+/// How much of the node a reconciliation sweeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// One CNI call (ADD, CHECK, DEL): work in proportion to the call, so
+    /// its cost does not grow with the pods on the node.
+    Call,
+    /// A node-wide pass (the agent's, GC): also sweeps the settings of
+    /// every interface that is gone.
+    Node,
+}
+
 /// Brings the attachments and the node state (addresses, interface
 /// settings) in line with the node as `node` saw it: every plugin run does
 /// it, so an interface added or re-created and an address added since the
 /// last run are taken up by whatever CNI call comes next.
-pub fn reconcile(layout: &PinLayout, conf: &NetConf, node: &NodeView) -> Result<(), PluginError> {
+pub fn reconcile(
+    layout: &PinLayout,
+    conf: &NetConf,
+    node: &NodeView,
+    pass: Pass,
+) -> Result<(), PluginError> {
     let capacities = Capacities {
         mappings: conf.max_mappings,
         conntrack: conf.conntrack_size,
@@ -181,6 +197,7 @@ pub fn reconcile(layout: &PinLayout, conf: &NetConf, node: &NodeView) -> Result<
             attached: node.targets(),
             live,
             interfaces: conf.interfaces.clone(),
+            sweep_interfaces: pass == Pass::Node,
         },
     )?;
     // Nodes sharing this machine whose network namespace went away leave
@@ -192,12 +209,12 @@ pub fn reconcile(layout: &PinLayout, conf: &NetConf, node: &NodeView) -> Result<
 
 /// The reconciliation of a run that is not an ADD (DEL, GC): its failure
 /// is logged, never the verb's, which has done its own work already.
-pub(super) fn reconcile_after(verb: &str, layout: &PinLayout, conf: &NetConf) {
+pub(super) fn reconcile_after(verb: &str, layout: &PinLayout, conf: &NetConf, pass: Pass) {
     let outcome = Rtnl::open()
         .map_err(PluginError::from)
         // The interfaces of the container going away need nothing.
         .and_then(|mut rtnl| NodeView::read(&mut rtnl, conf, &[]))
-        .and_then(|node| reconcile(layout, conf, &node));
+        .and_then(|node| reconcile(layout, conf, &node, pass));
     log::debug!("{verb} account: {}", netlink::account());
     if let Err(error) = outcome {
         log::warn!(
