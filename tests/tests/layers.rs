@@ -23,17 +23,6 @@ const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
         "portmap-bench",
         &["", "hairpin", "memory", "pods", "report", "results"],
     ),
-    // The CNI wire format and the conflist's keys reach each other.
-    (
-        "portmap-user",
-        &[
-            "cni",
-            "cni::env",
-            "cni::netconf",
-            "cni::netconf::conditions",
-            "cni::port_mappings",
-        ],
-    ),
     // The verbs reach their parent through `use super::*`.
     ("portmap-user", &["verbs", "verbs::gc", "verbs::interfaces"]),
 ];
