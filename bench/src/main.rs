@@ -25,10 +25,11 @@
 //! pods, comma separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
 //! or two; the targets of the sections left out are SKIP.
 
-// The parts: timed plugin runs, control-plane batches, load generators, the
-// measured worlds, map memory, upstream's iptables state, the programs'
-// cost to traffic they do not translate, statistics, the targets and the
-// report.
+// The parts: the plan of a run and its progress lines, timed plugin runs,
+// control-plane batches, load generators and their warm-up, the measured
+// worlds, map memory, upstream's iptables state, the programs' cost to
+// traffic they do not translate, the hairpin and pods sections,
+// statistics, the targets and the report. None of them imports this file.
 mod control;
 mod floor;
 mod hairpin;
@@ -38,26 +39,30 @@ mod iptables;
 mod load;
 mod memory;
 mod nftables;
+mod plan;
 mod pods;
+mod progress;
 mod provenance;
 mod report;
 mod results;
 mod stats;
 mod svg;
+mod warm_up;
 mod world;
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::control::{Batch, deal, run_batch, run_interleaved};
 use crate::invoke::Timed;
 use crate::load::Test;
+use crate::plan::{Args, MAPPINGS_PER_PREFILL, Plan, Section};
+use crate::progress::{Progress, install_signal_handlers, short_measurement};
+use crate::warm_up::warm_up;
 use anyhow::{Context, bail};
 
 use crate::results::{
@@ -66,311 +71,13 @@ use crate::results::{
 };
 use crate::world::{
     BenchWorld, FILL_CONTAINER_PORT, Flavor, OP_PORT_BASE, PREFILL_PORT_BASE, PROBE_FILL_HOST_PORT,
+    UNRELATED_REMOTE,
 };
 use clap::Parser;
 use portmap_tests::plugins::workspace_root;
 use portmap_tests::topology::{EXT_IP4, NODE_IP4};
 use portmap_tests::{Container, PortMapping, plugin_bin};
 use serde_json::{Value, json};
-
-/// The default time budget per repetition: 3 repetitions (the default)
-/// took 6-9 min on 2 cores, 5 took 843 s.
-const BUDGET_SECS_PER_REP: u64 = 240;
-
-/// What the pods section adds to the default budget: it took 276-458 s
-/// with 3 repetitions on 2 shared cores.
-const POD_SECTION_BUDGET_SECS: u64 = 480;
-
-/// What nftables portmap, when it can run, adds to the default budget: its
-/// prefills are all real ADDs (1 000 to reach 10 000 mappings, 2 000 in the
-/// pods section, 0.1-0.4 s each in the smoke runs of 2026-12-03 on a
-/// loaded machine) besides its share of every section.
-const NFTABLES_BUDGET_SECS: u64 = 600;
-
-/// Mappings per prefilled container (a pod publishing 10 ports).
-const MAPPINGS_PER_PREFILL: usize = 10;
-
-#[derive(Debug, Parser)]
-#[command(
-    about = "Benchmark ebpf-portmap against iptables portmap, nftables portmap and the direct path"
-)]
-struct Args {
-    /// Repetitions of every measurement (at least 3 for the report).
-    #[arg(long, default_value_t = 3)]
-    reps: usize,
-    /// Duration of one dataplane run, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    duration_ms: u64,
-    /// CPU that load generators and servers are pinned to, or `none`.
-    #[arg(long, default_value = "1")]
-    cpu: String,
-    /// Prefilled mapping counts of the scale measurements.
-    #[arg(long, value_delimiter = ',', default_value = "0,1000,10000")]
-    sizes: Vec<usize>,
-    /// Largest size that upstream portmap is prefilled to by real ADDs;
-    /// larger sizes copy its rules with iptables-restore.
-    #[arg(long, default_value_t = 1000)]
-    upstream_real_prefill: usize,
-    /// Total time budget in seconds; steps that would exceed it are skipped
-    /// with the reason in the report. Default: 240 per repetition (a full
-    /// run of 5 repetitions took 843 s on 2 cores), plus 480 with the pods
-    /// section and 600 when nftables portmap can run.
-    #[arg(long)]
-    budget_secs: Option<u64>,
-    /// Fewer operations per batch and shorter runs, for trying the bench out
-    /// (the results are still written).
-    #[arg(long)]
-    quick: bool,
-    /// Where the results go (default: <workspace>/bench/results).
-    #[arg(long)]
-    out_dir: Option<PathBuf>,
-    /// Exit 1 when a (non-stretch) target is missed.
-    #[arg(long)]
-    fail_on_miss: bool,
-    /// Where the ebpf-portmap binary was built from, for the report
-    /// (default: this checkout's commit and whether it has changes).
-    #[arg(long)]
-    plugin_source: Option<String>,
-    /// Another build of ebpf-portmap to compare the plugin under test with
-    /// (e.g. the build before a change): the sequential plugin-alone ADDs
-    /// and DELs alternate between the two, each in a world of its own, and
-    /// the report judges that ADD p50 did not get slower.
-    #[arg(long)]
-    baseline_bin: Option<PathBuf>,
-    /// Where the baseline was built from, for the report.
-    #[arg(long)]
-    baseline_source: Option<String>,
-    /// Run only these sections (comma-separated), e.g. `--only control`
-    /// for the ADD/DEL latencies in a minute or two; default: all of them.
-    /// Targets of the sections left out are reported as SKIP.
-    #[arg(long, alias = "sections", value_delimiter = ',', value_enum)]
-    only: Vec<Section>,
-}
-
-/// The parts of the bench that `--only` can pick.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-enum Section {
-    /// ADD/DEL of the plugin alone (sequential, 16 and 32 callers) and of
-    /// the whole chain, against iptables portmap.
-    Control,
-    /// One more ADD/DEL on a node prefilled to each size.
-    Scale,
-    /// Traffic through hostPort, iptables DNAT and the direct path at each size.
-    Dataplane,
-    /// BPF map memory at each size and with a full conntrack table.
-    Memory,
-    /// Pods dialing nodeIP:hostPort (to itself, to another pod), v4 and
-    /// v6, ebpf-portmap against iptables portmap, in worlds of their own.
-    Hairpin,
-    /// One more pod's ADD/DEL and STATUS on nodes of 0, 250 and 1 000 real
-    /// pods (their own veths on the bridge), against iptables portmap on
-    /// the same nodes, with what each call does (issues 36 and 33).
-    Pods,
-}
-
-impl Section {
-    const ALL: [Section; 6] = [
-        Section::Control,
-        Section::Scale,
-        Section::Dataplane,
-        Section::Memory,
-        Section::Hairpin,
-        Section::Pods,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Section::Control => "control",
-            Section::Scale => "scale",
-            Section::Dataplane => "dataplane",
-            Section::Memory => "memory",
-            Section::Hairpin => "hairpin",
-            Section::Pods => "pods",
-        }
-    }
-}
-
-/// Operation counts and durations of one run.
-#[derive(Debug, Clone)]
-struct Plan {
-    reps: usize,
-    duration: Duration,
-    warmup: Duration,
-    /// Slices each dataplane run is cut into, interleaved across the paths.
-    slices: u32,
-    cpu: Option<usize>,
-    sizes: Vec<usize>,
-    upstream_real_prefill: usize,
-    budget: Duration,
-    /// The sections to run, in order, without duplicates.
-    sections: Vec<Section>,
-    /// Plugin-alone sequential operations per repetition: (ours, upstream).
-    alone_sequential: (usize, usize),
-    /// Plugin-alone operations per parallel batch.
-    alone_parallel: usize,
-    /// Chain operations per repetition, sequential and parallel.
-    chain_sequential: usize,
-    chain_parallel: usize,
-    /// One-more-container operations per repetition at each size: (ours, upstream).
-    scale_ops: (usize, usize),
-    /// Most time the upstream scale operations may take at one size.
-    upstream_scale_allowance: Duration,
-    /// Most time upstream's real prefill may take.
-    upstream_prefill_allowance: Duration,
-    /// Most time nftables portmap's prefill (real ADDs only) may take.
-    nftables_prefill_allowance: Duration,
-}
-
-impl Plan {
-    fn new(args: &Args) -> anyhow::Result<Plan> {
-        let cpu = match args.cpu.as_str() {
-            "none" => None,
-            n => Some(n.parse().context("--cpu takes a CPU number or `none`")?),
-        };
-        if let Some(cpu) = cpu {
-            let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-            if cpu >= cpus {
-                bail!("--cpu {cpu}: this machine has {cpus} CPUs");
-            }
-        }
-        if args.sizes.is_empty() {
-            bail!("--sizes needs at least one size");
-        }
-        let mut sizes = args.sizes.clone();
-        sizes.sort_unstable();
-        sizes.dedup();
-        if sizes.iter().any(|s| s % MAPPINGS_PER_PREFILL != 0) {
-            bail!("--sizes must be multiples of {MAPPINGS_PER_PREFILL}");
-        }
-        let quick = args.quick;
-        let sections = if args.only.is_empty() {
-            Section::ALL.to_vec()
-        } else {
-            let mut only = args.only.clone();
-            only.sort_unstable();
-            only.dedup();
-            only
-        };
-        Ok(Plan {
-            reps: args.reps.max(1),
-            duration: Duration::from_millis(if quick {
-                args.duration_ms.min(300)
-            } else {
-                args.duration_ms
-            }),
-            warmup: Duration::from_millis(200),
-            slices: 5,
-            cpu,
-            sizes,
-            upstream_real_prefill: args.upstream_real_prefill,
-            budget: Duration::from_secs(args.budget_secs.unwrap_or(
-                BUDGET_SECS_PER_REP * args.reps.max(1) as u64
-                    + if sections.contains(&Section::Pods) {
-                        POD_SECTION_BUDGET_SECS
-                    } else {
-                        0
-                    }
-                    + if nftables::peer().is_ok() {
-                        NFTABLES_BUDGET_SECS
-                    } else {
-                        0
-                    },
-            )),
-            sections,
-            alone_sequential: if quick { (30, 8) } else { (100, 30) },
-            alone_parallel: if quick { 32 } else { 64 },
-            chain_sequential: if quick { 4 } else { 10 },
-            chain_parallel: 32,
-            scale_ops: if quick { (10, 3) } else { (30, 10) },
-            upstream_scale_allowance: Duration::from_secs(if quick { 20 } else { 60 }),
-            upstream_prefill_allowance: Duration::from_secs(if quick { 60 } else { 150 }),
-            nftables_prefill_allowance: Duration::from_secs(if quick { 120 } else { 400 }),
-        })
-    }
-
-    fn runs(&self, section: Section) -> bool {
-        self.sections.contains(&section)
-    }
-
-    /// Whether nodes are prefilled to each size (scale, dataplane and
-    /// memory are all measured on them).
-    fn fills(&self) -> bool {
-        self.runs(Section::Scale) || self.runs(Section::Dataplane) || self.runs(Section::Memory)
-    }
-
-    /// Whether iptables portmap is prefilled too (memory is ours only).
-    fn fills_upstream(&self) -> bool {
-        self.runs(Section::Scale) || self.runs(Section::Dataplane)
-    }
-
-    fn to_json(&self) -> Value {
-        json!({
-            "reps": self.reps,
-            "dataplane_run_s": self.duration.as_secs_f64(),
-            "dataplane_warmup_s": self.warmup.as_secs_f64(),
-            "dataplane_slices": self.slices,
-            "load_cpu": self.cpu,
-            "sizes": self.sizes,
-            "upstream_real_prefill_max": self.upstream_real_prefill,
-            "budget_s": self.budget.as_secs(),
-            "sections": self.sections.iter().map(|s| s.name()).collect::<Vec<_>>(),
-            "alone_sequential_ops": { "ebpf-portmap": self.alone_sequential.0, "portmap": self.alone_sequential.1 },
-            "alone_parallel_ops": self.alone_parallel,
-            "chain_sequential_ops": self.chain_sequential,
-            "chain_parallel_ops": self.chain_parallel,
-            "scale_ops": { "ebpf-portmap": self.scale_ops.0, "portmap": self.scale_ops.1 },
-            "mappings_per_prefilled_container": MAPPINGS_PER_PREFILL,
-        })
-    }
-}
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// Ctrl-C / SIGTERM only set a flag: the bench stops at the next step and
-/// the guards remove every namespace, pin root and temp dir.
-fn install_signal_handlers() {
-    let handler: extern "C" fn(libc::c_int) = on_signal;
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(signal, handler as libc::sighandler_t) };
-    }
-}
-
-/// Progress lines with the time used against the budget.
-struct Progress {
-    started: Instant,
-    budget: Duration,
-}
-
-impl Progress {
-    fn say(&self, text: &str) {
-        let used = self.started.elapsed().as_secs();
-        println!(
-            "[{:02}:{:02} / {:02}:{:02}] {text}",
-            used / 60,
-            used % 60,
-            self.budget.as_secs() / 60,
-            self.budget.as_secs() % 60
-        );
-        let _ = std::io::stdout().flush();
-    }
-
-    /// Errors out if the user interrupted the run.
-    fn check(&self) -> anyhow::Result<()> {
-        if INTERRUPTED.load(Ordering::SeqCst) {
-            bail!("interrupted");
-        }
-        Ok(())
-    }
-
-    fn left(&self) -> Duration {
-        self.budget.saturating_sub(self.started.elapsed())
-    }
-}
 
 fn main() -> ExitCode {
     // The bench runs itself as the connect() loop of the socket-hook
@@ -1361,10 +1068,6 @@ fn connect_loop_main(args: &[String]) -> ExitCode {
     }
 }
 
-/// An unrelated remote port for the connect() loop: the client host's
-/// discard port (UDP connect() sends nothing, so nobody need listen).
-const UNRELATED_REMOTE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(EXT_IP4), 9);
-
 /// What the programs cost beyond the rates, in the ebpf-portmap world with
 /// the probe mappings in place: the connect() rate of a node process with
 /// the socket hooks and without (in a sibling cgroup; interleaved, `reps`
@@ -2105,29 +1808,6 @@ fn enter(path: Flavor, world: &BenchWorld) {
     }
 }
 
-/// Runs `test` from `client` to `addr` for the warm-up time (neighbours
-/// resolved, the first flows through the path); fails with `world`'s
-/// diagnostics if nothing answers.
-fn warm_up(
-    plan: &Plan,
-    client: &portmap_tests::netns::NsHandle,
-    test: Test,
-    addr: SocketAddr,
-    what: &str,
-    world: &BenchWorld,
-) -> anyhow::Result<()> {
-    let warm = load::run(client, test, addr, plan.warmup, plan.cpu);
-    if warm.rate == 0.0 {
-        bail!(
-            "{what}: {} through {addr} gets no answer ({} errors)\n{}",
-            test.title(),
-            warm.errors,
-            world.node.diagnostics()
-        );
-    }
-    Ok(())
-}
-
 fn dataplane(
     plan: &Plan,
     progress: &Progress,
@@ -2189,7 +1869,7 @@ fn dataplane(
                         .iter()
                         .find(|c| c.test == test && c.path == flavor)
                         .and_then(|c| c.reps.last())
-                        .map_or("-".into(), report::short_measurement)
+                        .map_or("-".into(), short_measurement)
                 };
                 format!(
                     "{} {}/{}/{}/{}/{}/{}/{}",

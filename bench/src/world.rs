@@ -18,7 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Mutex;
 
 use portmap_tests::cni::{CniCommand, result_addresses};
-use portmap_tests::topology::{NODE_IP4, PortMapping, port_mappings_args};
+use portmap_tests::topology::{EXT_IP4, NODE_IP4, PortMapping, port_mappings_args};
 use portmap_tests::{Conflist, Container, Node, PinRoot, PluginDirs, bridge_conflist};
 use serde_json::{Value, json};
 
@@ -102,6 +102,9 @@ pub const HAIRPIN_CLOSE_FIRST_HOST_PORT: u16 = 7004;
 pub const OP_PORT_BASE: u16 = 20000;
 /// Host ports of prefilled mappings start here.
 pub const PREFILL_PORT_BASE: u16 = 30000;
+/// An unrelated remote port for the connect() loop: the client host's
+/// discard port (UDP connect() sends nothing, so nobody need listen).
+pub const UNRELATED_REMOTE: SocketAddr = SocketAddr::new(IpAddr::V4(EXT_IP4), 9);
 
 /// One flavour's world: node, servers, conflist, invoker.
 pub struct BenchWorld {
