@@ -76,52 +76,6 @@ pub fn maps_in(maps_dir: &Path) -> BTreeMap<String, MapInfo> {
 /// first ADD, at most this many MiB.
 pub const IDLE_TARGET_MIB: f64 = 24.0;
 
-/// The idle-footprint target, judged on the memory row of the smallest
-/// prefill (0 mappings: only the bench's probe ADDs were made).
-pub fn idle_target(rows: &[crate::results::MemoryRow]) -> crate::results::TargetRow {
-    use crate::results::{Compare, Status, TargetRow};
-    let idle = rows
-        .iter()
-        .filter(|row| !row.maps.is_empty())
-        .min_by_key(|row| row.requested_mappings);
-    let values: Vec<f64> = idle
-        .map(|row| total_memlock(&row.maps) as f64 / (1024.0 * 1024.0))
-        .into_iter()
-        .collect();
-    let status = match values.first() {
-        None => Status::Skip,
-        Some(&mib) if mib <= IDLE_TARGET_MIB => Status::Pass,
-        Some(_) => Status::Miss,
-    };
-    TargetRow {
-        id: "memory-idle".into(),
-        text: format!(
-            "BPF map memory of the default configuration at its fewest mappings <= {IDLE_TARGET_MIB} MiB"
-        ),
-        compare: Compare::AtMost,
-        threshold: IDLE_TARGET_MIB,
-        values,
-        unit: "MiB",
-        status,
-        stretch: false,
-        detail: match idle {
-            None => "not measured in this run".into(),
-            Some(row) => {
-                let tables: Vec<String> = CONNTRACK_TABLES
-                    .iter()
-                    .filter_map(|name| row.maps.get(*name))
-                    .map(|m| format!("{} {}", m.name, m.max_entries))
-                    .collect();
-                format!(
-                    "sum of bytes_memlock over the pinned maps, row \"{}\"; conntrack sizes from the node formula: {}",
-                    row.state,
-                    tables.join(", ")
-                )
-            }
-        },
-    }
-}
-
 pub fn total_memlock(maps: &BTreeMap<String, MapInfo>) -> u64 {
     maps.values().map(|m| m.bytes_memlock).sum()
 }
@@ -191,43 +145,4 @@ pub fn count_entries(path: &Path, key_size: usize) -> io::Result<u64> {
         }
     }
     Ok(count)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::results::{MemoryRow, Status};
-
-    fn row(mappings: usize, conntrack_bytes: u64) -> MemoryRow {
-        let map = |name: &str, bytes| {
-            (
-                name.to_owned(),
-                MapInfo {
-                    name: name.to_owned(),
-                    kind: "lru_hash".into(),
-                    max_entries: 16384,
-                    bytes_memlock: bytes,
-                    entries: Some(0),
-                },
-            )
-        };
-        MemoryRow {
-            state: format!("{mappings} mappings"),
-            requested_mappings: mappings,
-            maps: [map("conntrack", conntrack_bytes), map("mappings", 1 << 20)]
-                .into_iter()
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn the_idle_target_is_judged_on_the_fewest_mappings() {
-        let lean = idle_target(&[row(10_000, 200 << 20), row(0, 17 << 20)]);
-        assert_eq!(lean.status, Status::Pass, "{lean:?}");
-        assert_eq!(lean.values, vec![18.0]);
-        assert!(lean.detail.contains("conntrack 16384"), "{}", lean.detail);
-        let fat = idle_target(&[row(0, 101 << 20)]);
-        assert_eq!(fat.status, Status::Miss, "{fat:?}");
-        assert_eq!(idle_target(&[]).status, Status::Skip);
-    }
 }

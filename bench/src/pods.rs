@@ -63,11 +63,12 @@ use super::control::{Batch, deal, run_batch, run_interleaved};
 use super::invoke::{Invoker, Timed, Wrapper};
 use super::iptables;
 use super::nftables;
+use super::plan::Plan;
+use super::progress::Progress;
 use super::results::{
     CallAccount, POD_SHAPES, PodCell, PodPrefill, Results, Shape, StatusRow, Verb, size_label,
 };
 use super::world::{Flavor, OP_PORT_BASE};
-use super::{Plan, Progress};
 
 /// The pods' IPv4 range: room for 4 000 pods (the harness's /24 holds 253).
 const POD_RANGE4: &str = "10.244.0.0/20";

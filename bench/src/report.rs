@@ -5,8 +5,7 @@ use std::fmt::Write;
 
 use serde_json::{Value, json};
 
-use super::UNRELATED_REMOTE as UNRELATED;
-use super::hairpin::{self, Family, Route};
+use super::hairpin::rows::{self as hairpin, Family, Route};
 use super::load::{RunResult, Test};
 use super::memory::{self, MapInfo};
 use super::results::{
@@ -15,7 +14,7 @@ use super::results::{
 };
 use super::stats::{MinMedian, Pct};
 use super::svg::BarChart;
-use super::world::Flavor;
+use super::world::{Flavor, UNRELATED_REMOTE as UNRELATED};
 
 /// The plugins compared, in table order.
 const PLUGINS: [Flavor; 3] = [Flavor::Ours, Flavor::Upstream, Flavor::Nftables];
@@ -594,11 +593,6 @@ fn rate_cell(test: Test, reps: &[RunResult]) -> String {
         ),
         None => "n/a".into(),
     }
-}
-
-/// One run for a progress line: its rate and, in brackets, its errors.
-pub fn short_measurement(run: &RunResult) -> String {
-    format!("{}[{}]", super::svg::short(run.rate), run.errors)
 }
 
 /// Repetitions as JSON, each with its errors.
@@ -1533,18 +1527,6 @@ mod tests {
     use super::*;
     use crate::results::{ConnectRep, CostLoad, LoadProfile, ProgramCost};
     use portmap_tests::profile::Place;
-
-    #[test]
-    fn progress_lines_show_every_rate_with_its_errors() {
-        let run = RunResult {
-            rate: 7111.0,
-            errors: 3,
-            connect_errors: 3,
-            amount: 7111.0,
-            seconds: 1.0,
-        };
-        assert_eq!(short_measurement(&run), "7.11k[3]");
-    }
 
     #[test]
     fn dates() {

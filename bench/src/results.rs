@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 
 use super::control::Batch;
-use super::hairpin::{self, Family, Route};
+use super::hairpin::rows::{self as hairpin, Family, Route};
 use super::load::{RunResult, Test};
-use super::memory::MapInfo;
+use super::memory::{CONNTRACK_TABLES, IDLE_TARGET_MIB, MapInfo, total_memlock};
 use super::stats::{MinMedian, Pct, paired_ratios};
 use super::world::Flavor;
 
@@ -983,7 +983,7 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
 
     rows.extend(hairpin_targets(results));
     rows.push(connect_errors_target(results));
-    rows.push(crate::memory::idle_target(&results.memory));
+    rows.push(idle_target(&results.memory));
 
     let smallest = results.sizes.iter().copied().min().unwrap_or(0);
     for test in Test::ALL {
@@ -1003,6 +1003,51 @@ pub fn judge(results: &Results) -> Vec<TargetRow> {
         ));
     }
     rows
+}
+
+/// The idle-footprint target, judged on the memory row of the smallest
+/// prefill (0 mappings: only the bench's probe ADDs were made).
+fn idle_target(rows: &[MemoryRow]) -> TargetRow {
+    let idle = rows
+        .iter()
+        .filter(|row| !row.maps.is_empty())
+        .min_by_key(|row| row.requested_mappings);
+    let values: Vec<f64> = idle
+        .map(|row| total_memlock(&row.maps) as f64 / (1024.0 * 1024.0))
+        .into_iter()
+        .collect();
+    let status = match values.first() {
+        None => Status::Skip,
+        Some(&mib) if mib <= IDLE_TARGET_MIB => Status::Pass,
+        Some(_) => Status::Miss,
+    };
+    TargetRow {
+        id: "memory-idle".into(),
+        text: format!(
+            "BPF map memory of the default configuration at its fewest mappings <= {IDLE_TARGET_MIB} MiB"
+        ),
+        compare: Compare::AtMost,
+        threshold: IDLE_TARGET_MIB,
+        values,
+        unit: "MiB",
+        status,
+        stretch: false,
+        detail: match idle {
+            None => "not measured in this run".into(),
+            Some(row) => {
+                let tables: Vec<String> = CONNTRACK_TABLES
+                    .iter()
+                    .filter_map(|name| row.maps.get(*name))
+                    .map(|m| format!("{} {}", m.name, m.max_entries))
+                    .collect();
+                format!(
+                    "sum of bytes_memlock over the pinned maps, row \"{}\"; conntrack sizes from the node formula: {}",
+                    row.state,
+                    tables.join(", ")
+                )
+            }
+        },
+    }
 }
 
 /// Issue 36 on nodes of real pods, and issue 33's STATUS at 1 000 pods.
@@ -1876,5 +1921,38 @@ mod tests {
         assert_eq!(size_label(0), "0");
         assert_eq!(size_label(10_000), "10 000");
         assert_eq!(size_label(1_500), "1500");
+    }
+
+    fn memory_row(mappings: usize, conntrack_bytes: u64) -> MemoryRow {
+        let map = |name: &str, bytes| {
+            (
+                name.to_owned(),
+                MapInfo {
+                    name: name.to_owned(),
+                    kind: "lru_hash".into(),
+                    max_entries: 16384,
+                    bytes_memlock: bytes,
+                    entries: Some(0),
+                },
+            )
+        };
+        MemoryRow {
+            state: format!("{mappings} mappings"),
+            requested_mappings: mappings,
+            maps: [map("conntrack", conntrack_bytes), map("mappings", 1 << 20)]
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_idle_target_is_judged_on_the_fewest_mappings() {
+        let lean = idle_target(&[memory_row(10_000, 200 << 20), memory_row(0, 17 << 20)]);
+        assert_eq!(lean.status, Status::Pass, "{lean:?}");
+        assert_eq!(lean.values, vec![18.0]);
+        assert!(lean.detail.contains("conntrack 16384"), "{}", lean.detail);
+        let fat = idle_target(&[memory_row(0, 101 << 20)]);
+        assert_eq!(fat.status, Status::Miss, "{fat:?}");
+        assert_eq!(idle_target(&[]).status, Status::Skip);
     }
 }

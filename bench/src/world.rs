@@ -18,7 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Mutex;
 
 use portmap_tests::cni::{CniCommand, result_addresses};
-use portmap_tests::topology::{NODE_IP4, PortMapping, port_mappings_args};
+use portmap_tests::topology::{EXT_IP4, NODE_IP4, PortMapping, port_mappings_args};
 use portmap_tests::{Conflist, Container, Node, PinRoot, PluginDirs, bridge_conflist};
 use serde_json::{Value, json};
 
@@ -28,6 +28,8 @@ use super::load::{
     SERVICE_CLOSE_FIRST_PORT, SERVICE_DIRECT_RR_PORT, SERVICE_RR_PORT, SERVICE_STREAM_PORT,
     SERVICE_UDP_PORT, Servers,
 };
+use super::nftables;
+use super::plan::{Plan, Section};
 
 /// Which port-mapping plugin a world runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +104,9 @@ pub const HAIRPIN_CLOSE_FIRST_HOST_PORT: u16 = 7004;
 pub const OP_PORT_BASE: u16 = 20000;
 /// Host ports of prefilled mappings start here.
 pub const PREFILL_PORT_BASE: u16 = 30000;
+/// An unrelated remote port for the connect() loop: the client host's
+/// discard port (UDP connect() sends nothing, so nobody need listen).
+pub const UNRELATED_REMOTE: SocketAddr = SocketAddr::new(IpAddr::V4(EXT_IP4), 9);
 
 /// One flavour's world: node, servers, conflist, invoker.
 pub struct BenchWorld {
@@ -404,4 +409,87 @@ impl Targets {
             udp: SocketAddr::new(ip, port(PROBE_UDP_HOST_PORT, SERVICE_UDP_PORT)),
         }
     }
+}
+
+/// The five worlds the bench measures in; each is built only when a
+/// section that is run needs it.
+pub struct Worlds {
+    /// Filled up to each size; carries the dataplane probe mappings.
+    pub ours: Option<BenchWorld>,
+    pub upstream: Option<BenchWorld>,
+    /// Kept empty: the control-plane runs and the "empty node" side of the
+    /// scale ratios.
+    pub ours_empty: Option<BenchWorld>,
+    pub upstream_empty: Option<BenchWorld>,
+    /// nftables portmap's, as iptables portmap's; `None` when the peer
+    /// cannot run here ([`nftables::skip_reason`] says why).
+    pub nftables: Option<BenchWorld>,
+    pub nftables_empty: Option<BenchWorld>,
+    pub plain: Option<BenchWorld>,
+    /// Kept empty, with `--baseline-bin`: the other side of the
+    /// control-plane comparison with another build.
+    pub baseline_empty: Option<BenchWorld>,
+}
+
+impl Worlds {
+    pub fn new(plan: &Plan) -> Worlds {
+        let build =
+            |needed: bool, flavor, name| needed.then(|| BenchWorld::new(flavor, name, plan.cpu));
+        let empty = plan.runs(Section::Control) || plan.runs(Section::Scale);
+        let nft = nftables::peer().is_ok();
+        Worlds {
+            ours: build(plan.fills(), Flavor::Ours, "bench-ebpf"),
+            upstream: build(plan.fills_upstream(), Flavor::Upstream, "bench-iptables"),
+            ours_empty: build(empty, Flavor::Ours, "bench-ebpf-empty"),
+            upstream_empty: build(empty, Flavor::Upstream, "bench-iptables-empty"),
+            nftables: build(
+                nft && plan.fills_upstream(),
+                Flavor::Nftables,
+                "bench-nftables",
+            ),
+            nftables_empty: build(nft && empty, Flavor::Nftables, "bench-nftables-empty"),
+            plain: build(plan.runs(Section::Dataplane), Flavor::Plain, "bench-direct"),
+            baseline_empty: build(
+                plan.runs(Section::Control) && BASELINE_BIN.get().is_some(),
+                Flavor::Baseline,
+                "bench-ebpf-baseline",
+            ),
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        [
+            &self.ours,
+            &self.upstream,
+            &self.ours_empty,
+            &self.upstream_empty,
+            &self.nftables,
+            &self.nftables_empty,
+            &self.plain,
+            &self.baseline_empty,
+        ]
+        .iter()
+        .filter(|w| w.is_some())
+        .count()
+    }
+
+    /// The port plugin's configuration of `flavor`, from whichever world has it.
+    pub fn port_plugin_config(&self, flavor: Flavor) -> Value {
+        let (filled, empty) = match flavor {
+            Flavor::Ours => (&self.ours, &self.ours_empty),
+            Flavor::Nftables => (&self.nftables, &self.nftables_empty),
+            _ => (&self.upstream, &self.upstream_empty),
+        };
+        filled
+            .as_ref()
+            .or(empty.as_ref())
+            .map_or(Value::Null, BenchWorld::port_plugin_config)
+    }
+}
+
+/// A world that the sections being run need: built by [`Worlds::new`].
+pub fn world(world: &Option<BenchWorld>) -> &BenchWorld {
+    world
+        .as_ref()
+        .expect("Worlds::new builds every world the selected sections use")
 }

@@ -17,23 +17,6 @@ use std::path::{Path, PathBuf};
 /// The test fails on any circle not listed here, and on a listed one that
 /// no longer exists (so the list only shrinks, and says what is left).
 const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
-    // main.rs holds the plan, progress and warm-up its sections use: to
-    // go with the split of the bench's main into its sections.
-    (
-        "portmap-bench",
-        &["", "hairpin", "memory", "pods", "report", "results"],
-    ),
-    // The CNI wire format and the conflist's keys reach each other.
-    (
-        "portmap-user",
-        &[
-            "cni",
-            "cni::env",
-            "cni::netconf",
-            "cni::netconf::conditions",
-            "cni::port_mappings",
-        ],
-    ),
     // The verbs reach their parent through `use super::*`.
     ("portmap-user", &["verbs", "verbs::gc", "verbs::interfaces"]),
 ];

@@ -7,11 +7,14 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::cni::error::code;
-use crate::cni::netconf::{self, IdentifierError, IfnameError, NetConf};
-use crate::cni::prev_result::PrevResult;
-use crate::cni::{MAX_STDIN_BYTES, Request};
-use crate::model::{Owner, PodIdentity};
+use crate::cni::names::{IdentifierError, IfnameError, validate_identifier, validate_ifname};
+use crate::model::PodIdentity;
 use portmap_common::{NOMAD_FIELD_LEN, POD_NAME_LEN, POD_NAMESPACE_LEN, POD_UID_LEN};
+
+/// Most bytes read from stdin. Real configurations are a few KiB (1024
+/// mappings are ~100 KiB); the bound keeps a runaway caller from making us
+/// allocate without limit.
+pub const MAX_STDIN_BYTES: usize = 1 << 20;
 
 /// A CNI verb, as given in `CNI_COMMAND`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,14 +146,14 @@ impl AttachmentEnv {
             |name: &'static str| env(name).ok_or(RequestError::MissingEnv { name, command });
 
         let container_id = required("CNI_CONTAINERID")?;
-        if let Err(reason) = netconf::validate_identifier(&container_id) {
+        if let Err(reason) = validate_identifier(&container_id) {
             return Err(RequestError::InvalidContainerId {
                 value: container_id,
                 reason,
             });
         }
         let ifname = required("CNI_IFNAME")?;
-        if let Err(reason) = netconf::validate_ifname(&ifname) {
+        if let Err(reason) = validate_ifname(&ifname) {
             return Err(RequestError::InvalidIfname {
                 value: ifname,
                 reason,
@@ -198,21 +201,6 @@ impl AttachmentEnv {
             netns,
             identity,
         })
-    }
-
-    pub(super) fn into_request(self, conf: NetConf, prev: PrevResult) -> Request {
-        Request {
-            owner: Owner {
-                network: conf.name.clone(),
-                container_id: self.container_id,
-                ifname: self.ifname,
-            },
-            conf,
-            netns: self.netns,
-            container: prev.container,
-            interfaces: prev.interfaces,
-            identity: self.identity,
-        }
     }
 }
 

@@ -10,6 +10,7 @@ pub mod env;
 pub mod error;
 pub mod json;
 pub mod json_keys;
+pub mod names;
 pub mod netconf;
 pub mod port_mappings;
 pub mod prev_result;
@@ -21,6 +22,7 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
+pub use crate::cni::env::MAX_STDIN_BYTES;
 use crate::cni::env::{AttachmentEnv, Command, RequestError, read_stdin};
 pub use crate::cni::error::CniError;
 use crate::cni::error::code;
@@ -28,11 +30,6 @@ use crate::cni::netconf::{ConfigError, NetConf, SUPPORTED_VERSIONS};
 use crate::cni::port_mappings::MappingError;
 use crate::cni::prev_result::{PrevResult, PrevResultError};
 use crate::model::{Attachment, ContainerAddrs, Owner, PodIdentity, PrevInterface};
-
-/// Most bytes read from stdin. Real configurations are a few KiB (1024
-/// mappings are ~100 KiB); the bound keeps a runaway caller from making us
-/// allocate without limit.
-pub const MAX_STDIN_BYTES: usize = 1 << 20;
 
 /// Version used for replies when stdin gives no supported `cniVersion`.
 pub const FALLBACK_VERSION: &str = "1.1.0";
@@ -81,6 +78,23 @@ pub struct Request {
     /// Who the container is, from `CNI_ARGS` (empty when the runtime says
     /// nothing; Nomad sends nothing on DEL).
     pub identity: PodIdentity,
+}
+
+/// The request of ADD, DEL or CHECK: the attachment's environment, its
+/// configuration and what prevResult told of the container.
+fn request(attachment: AttachmentEnv, conf: NetConf, prev: PrevResult) -> Request {
+    Request {
+        owner: Owner {
+            network: conf.name.clone(),
+            container_id: attachment.container_id,
+            ifname: attachment.ifname,
+        },
+        conf,
+        netns: attachment.netns,
+        container: prev.container,
+        interfaces: prev.interfaces,
+        identity: attachment.identity,
+    }
 }
 
 /// A validated GC request: everything owned by an attachment not in `valid`
@@ -211,10 +225,15 @@ fn add(
     let conf = netconf::parse_netconf(stdin)?;
     let prev_result = conf.prev_result.clone().ok_or(RequestError::NotChained)?;
     let prev = PrevResult::parse(&prev_result, &attachment.ifname)?;
-    port_mappings::check_mappings_reachable(&conf, &prev.container, &attachment.ifname)?;
+    port_mappings::check_mappings_reachable(
+        &conf.port_mappings,
+        &conf.host_ip_keys,
+        &prev.container,
+        &attachment.ifname,
+    )?;
 
     let cni_version = conf.cni_version.clone();
-    plugin.add(&attachment.into_request(conf, prev))?;
+    plugin.add(&request(attachment, conf, prev))?;
 
     // A chained plugin that changes nothing echoes prevResult. libcni hands us
     // the previous plugin's result already in the list's cniVersion, so no
@@ -249,7 +268,7 @@ fn del(
             prev
         }
     };
-    plugin.del(&attachment.into_request(conf, prev))
+    plugin.del(&request(attachment, conf, prev))
 }
 
 fn check(
@@ -262,8 +281,13 @@ fn check(
     require_version(&conf, Command::Check, CHECK_MIN_VERSION)?;
     let prev_result = conf.prev_result.as_ref().ok_or(RequestError::NotChained)?;
     let prev = PrevResult::parse(prev_result, &attachment.ifname)?;
-    port_mappings::check_mappings_reachable(&conf, &prev.container, &attachment.ifname)?;
-    plugin.check(&attachment.into_request(conf, prev))
+    port_mappings::check_mappings_reachable(
+        &conf.port_mappings,
+        &conf.host_ip_keys,
+        &prev.container,
+        &attachment.ifname,
+    )?;
+    plugin.check(&request(attachment, conf, prev))
 }
 
 fn gc(stdin: &[u8], plugin: &mut dyn Plugin) -> Result<(), CniError> {

@@ -17,6 +17,9 @@ use crate::cni::json::{
     Integer, ShapeError, integer, json_kind, key_path, object, raw_to_value, wrong_type,
 };
 use crate::cni::json_keys::{self, Field, Found, Object, Resolved};
+pub use crate::cni::names::{
+    IdentifierError, IfnameError, MAX_IFNAME_LEN, validate_identifier, validate_ifname,
+};
 use crate::cni::port_mappings::{self, MappingError};
 pub mod conditions;
 pub mod spelling;
@@ -47,9 +50,6 @@ pub enum ListenerPolicy {
     /// Map anyway and log a warning (what iptables portmap does silently).
     Allow,
 }
-
-/// Longest interface name the kernel accepts: `IFNAMSIZ` (16) minus the NUL.
-pub const MAX_IFNAME_LEN: usize = 15;
 
 /// Key under which the runtime passes the GC keep-list (CNI 1.1).
 pub const VALID_ATTACHMENTS_KEY: &str = "cni.dev/valid-attachments";
@@ -103,7 +103,7 @@ pub struct NetConf {
     /// Raw `prevResult` (always a JSON object when present), echoed by ADD.
     /// Only `cni` reads it: the verbs get it parsed
     /// ([`crate::cni::prev_result::PrevResult`]).
-    pub(in crate::cni) prev_result: Option<Value>,
+    pub(super) prev_result: Option<Value>,
     /// GC only: `cni.dev/valid-attachments`.
     pub valid_attachments: Option<Vec<Attachment>>,
     /// Keys of the upstream `portmap` plugin present here that ebpf-portmap
@@ -176,74 +176,6 @@ pub const UPSTREAM_UNUSED_KEYS: [(&str, &str); 3] = [
         "ebpf-portmap uses neither iptables nor nftables; its eBPF programs translate the traffic",
     ),
 ];
-
-/// Why a name (network name, container ID) breaks the CNI spec's
-/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$` rule.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IdentifierError {
-    #[error("it is empty")]
-    Empty,
-    #[error("it starts with {ch:?}; the first character must be an ASCII letter or digit")]
-    BadFirstChar { ch: char },
-    #[error(
-        "it contains {ch:?} at byte {position}; only ASCII letters, digits, '_', '.' and '-' are allowed"
-    )]
-    BadChar { ch: char, position: usize },
-}
-
-/// Checks the CNI spec's identifier rule, shared by network names and container IDs.
-pub fn validate_identifier(value: &str) -> Result<(), IdentifierError> {
-    let mut chars = value.char_indices();
-    match chars.next() {
-        None => return Err(IdentifierError::Empty),
-        Some((_, ch)) if !ch.is_ascii_alphanumeric() => {
-            return Err(IdentifierError::BadFirstChar { ch });
-        }
-        Some(_) => {}
-    }
-    match chars.find(|(_, ch)| !(ch.is_ascii_alphanumeric() || matches!(ch, '_' | '.' | '-'))) {
-        Some((position, ch)) => Err(IdentifierError::BadChar { ch, position }),
-        None => Ok(()),
-    }
-}
-
-/// Why the kernel would refuse an interface name (mirrors `dev_valid_name()`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IfnameError {
-    #[error("it is empty")]
-    Empty,
-    #[error("it is {len} bytes long; the kernel allows at most {MAX_IFNAME_LEN}")]
-    TooLong { len: usize },
-    #[error("\".\" and \"..\" are reserved and cannot name an interface")]
-    Reserved,
-    #[error("it contains {ch:?}, which the kernel does not allow in interface names")]
-    ForbiddenChar { ch: char },
-}
-
-/// Checks a name the way the kernel's `dev_valid_name()` does, so a bad name is
-/// reported here with its source rather than as an opaque netlink EINVAL later.
-pub fn validate_ifname(name: &str) -> Result<(), IfnameError> {
-    if name.is_empty() {
-        return Err(IfnameError::Empty);
-    }
-    if name.len() > MAX_IFNAME_LEN {
-        return Err(IfnameError::TooLong { len: name.len() });
-    }
-    if name == "." || name == ".." {
-        return Err(IfnameError::Reserved);
-    }
-    // Checked byte-wise like the kernel: its isspace() also matches 0xa0, which
-    // can appear inside a UTF-8 sequence; NUL would silently truncate the name.
-    let forbidden = |byte: u8| {
-        matches!(byte, b'/' | b':' | b'\0' | 0xa0) || byte.is_ascii_whitespace() || byte == 0x0b
-    };
-    match name.bytes().find(|byte| forbidden(*byte)) {
-        Some(byte) => Err(IfnameError::ForbiddenChar {
-            ch: char::from(byte),
-        }),
-        None => Ok(()),
-    }
-}
 
 /// What can be wrong with the configuration's own keys; a bad value's shape
 /// ([`ShapeError`]) and a bad port mapping ([`MappingError`]) have their own.

@@ -13,7 +13,6 @@ use serde_json::value::RawValue;
 use crate::cni::error::code;
 use crate::cni::json::{Integer, ShapeError, integer, object, raw_to_value};
 use crate::cni::json_keys::{self, Field, Found, Object};
-use crate::cni::netconf::NetConf;
 use crate::model::{ContainerAddrs, HostClaim, HostIp, PortMapping, Protocol};
 
 const MAPPINGS_KEY: &str = "runtimeConfig.portMappings";
@@ -108,15 +107,19 @@ impl MappingError {
 /// address, "0.0.0.0" or "::") needs a container address of that family.
 /// Upstream portmap silently skipped such mappings; a port that never opens is
 /// worse than an error.
+///
+/// `host_ip_keys` are the keys as the configuration spelled them, one per
+/// mapping (`NetConf::host_ip_keys`), for the error to name.
 pub fn check_mappings_reachable(
-    conf: &NetConf,
+    mappings: &[PortMapping],
+    host_ip_keys: &[String],
     container: &ContainerAddrs,
     ifname: &str,
 ) -> Result<(), MappingError> {
     mappings_reachable(
-        &conf.port_mappings,
+        mappings,
         |index| {
-            conf.host_ip_keys
+            host_ip_keys
                 .get(index)
                 .filter(|key| !key.is_empty())
                 .cloned()

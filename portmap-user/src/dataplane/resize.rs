@@ -37,7 +37,7 @@
 //! with one that sets it, never sizes them back and forth).
 //!
 //! The ownership protocol's writers take no lock of each other
-//! (`ownership.rs`), but every process that opens those maps holds the
+//! (`ownership/`), but every process that opens those maps holds the
 //! writers' lock shared while it does (`lock::writers_shared`, taken by
 //! `Maps`): plugin runs never wait for each other, and a resize, which
 //! takes it exclusive, copies maps nobody writes, and no run goes on

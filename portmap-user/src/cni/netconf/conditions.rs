@@ -29,7 +29,7 @@ use portmap_common::conditions::{
 use portmap_common::{FAMILY_V4, FAMILY_V6, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use serde_json::Value;
 
-use super::validate_ifname;
+use crate::cni::names::validate_ifname;
 
 /// What ebpf-portmap supports, for messages.
 pub const SUPPORTED: &str = "supported are [!] -s/--source and [!] -d/--destination with addresses or CIDRs of the list's family (comma-separated, up to 8), [!] -p/--protocol tcp|udp|sctp and [!] -i/--in-interface NAME, each at most once";

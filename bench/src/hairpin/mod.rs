@@ -15,79 +15,23 @@
 //! TIME_WAIT sockets a connection loop leaves in a pod's namespace go with
 //! it, before any later measurement walks the machine's TCP hash.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use portmap_tests::Container;
 use portmap_tests::netns::NsHandle;
-use portmap_tests::topology::{NODE_IP4, NODE_IP6};
+
+pub mod rows;
+
+use rows::{Family, Route, TESTS};
 
 use super::load::{self, RunResult, Test};
+use super::plan::Plan;
+use super::progress::{Progress, short_measurement};
 use super::results::{HairpinCell, Results};
+use super::warm_up::warm_up;
 use super::world::{
     BenchWorld, Flavor, HAIRPIN_CLOSE_FIRST_HOST_PORT, PROBE_RR_HOST_PORT, PROBE_UDP_HOST_PORT,
 };
-use super::{Plan, Progress, report, warm_up};
-
-/// Whose hostPort a pod dials through the node's address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    /// The pod that serves the port.
-    ToItself,
-    /// Another pod on the same bridge.
-    ToAnotherPod,
-}
-
-impl Route {
-    pub const BOTH: [Route; 2] = [Route::ToItself, Route::ToAnotherPod];
-
-    pub fn key(self) -> &'static str {
-        match self {
-            Route::ToItself => "itself",
-            Route::ToAnotherPod => "other-pod",
-        }
-    }
-
-    pub fn title(self) -> &'static str {
-        match self {
-            Route::ToItself => "pod -> nodeIP:hostPort mapped to itself",
-            Route::ToAnotherPod => "pod -> nodeIP:hostPort of another pod",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    pub const BOTH: [Family; 2] = [Family::V4, Family::V6];
-
-    pub fn key(self) -> &'static str {
-        match self {
-            Family::V4 => "v4",
-            Family::V6 => "v6",
-        }
-    }
-
-    pub fn title(self) -> &'static str {
-        match self {
-            Family::V4 => "IPv4",
-            Family::V6 => "IPv6",
-        }
-    }
-
-    fn node_ip(self) -> IpAddr {
-        match self {
-            Family::V4 => IpAddr::V4(NODE_IP4),
-            Family::V6 => IpAddr::V6(NODE_IP6),
-        }
-    }
-}
-
-/// The tests of the hairpin rows (throughput has no hairpin target).
-pub const TESTS: [Test; 3] = [Test::TcpRr, Test::TcpCrr, Test::UdpRr];
 
 /// Where a pod dials `test` through the node: connect+request+close goes
 /// to the close-first service.
@@ -102,11 +46,6 @@ pub fn target(family: Family, test: Test) -> SocketAddr {
         Test::TcpStream => panic!("no hairpin row measures {}", test.title()),
     };
     SocketAddr::new(family.node_ip(), port)
-}
-
-/// The id of a hairpin target row, e.g. `hairpin-itself-v4-tcp_crr`.
-pub fn row_id(route: Route, family: Family, test: Test) -> String {
-    format!("hairpin-{}-{}-{}", route.key(), family.key(), test.key())
 }
 
 /// One plugin's hairpin world: the server pod (the world's container,
@@ -174,7 +113,7 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
                         family.key(),
                         test.key(),
                         runs.iter()
-                            .map(report::short_measurement)
+                            .map(short_measurement)
                             .collect::<Vec<_>>()
                             .join("/")
                     ));
@@ -269,35 +208,11 @@ fn push(
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
+    use portmap_tests::topology::{NODE_IP4, NODE_IP6};
+
     use super::*;
-
-    #[test]
-    fn row_ids_name_route_family_and_test() {
-        assert_eq!(
-            row_id(Route::ToItself, Family::V4, Test::TcpCrr),
-            "hairpin-itself-v4-tcp_crr"
-        );
-        assert_eq!(
-            row_id(Route::ToAnotherPod, Family::V6, Test::UdpRr),
-            "hairpin-other-pod-v6-udp_rr"
-        );
-    }
-
-    #[test]
-    fn row_ids_are_unique() {
-        let mut ids: Vec<String> = Route::BOTH
-            .iter()
-            .flat_map(|&r| {
-                Family::BOTH
-                    .iter()
-                    .flat_map(move |&f| TESTS.iter().map(move |&t| row_id(r, f, t)))
-            })
-            .collect();
-        let all = ids.len();
-        ids.sort();
-        ids.dedup();
-        assert_eq!(ids.len(), all, "two hairpin rows share an id: {ids:?}");
-    }
 
     #[test]
     fn connect_request_close_dials_the_close_first_service_of_each_family() {
