@@ -2,14 +2,16 @@
 //! #38, item 7): a node process dialling node-IP:hostPort or localhost is
 //! pointed at the container in connect() or sendmsg(), so its packets cross
 //! no translating tc hook. `list` must still count it for its mapping (and
-//! for no other), and `trace` must show it as a `sock` line. Needs root;
-//! the test has its own namespaces, pin root and cgroup.
+//! for no other), `trace` must show it as a `sock` line, and the agent
+//! must export it. Needs root; each test has its own namespaces, pin root
+//! and cgroup.
 
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use portmap_tests::agent::{Agent, sample};
 use portmap_tests::topology::NODE_IP4;
 use portmap_tests::traffic::{echo_reply, tcp_echo_server, udp_echo_server};
 use portmap_tests::world::{Probed, World, sock};
@@ -237,4 +239,54 @@ fn node_connections_translated_by_the_socket_hooks_are_counted_and_traced() {
         Value::Array(Vec::new()),
         "web's socket-hook counters are gone with it"
     );
+}
+
+/// The agent's `mapping_socket_translations_total`, labelled as
+/// `mapping_packets_total` is, plus the hook.
+#[test]
+fn the_agent_exports_the_socket_translations_per_mapping() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    let api = world.node.add_container("api");
+    let _servers = [
+        tcp_echo_server(&web.ns, 80, "web"),
+        udp_echo_server(&web.ns, 53, "web"),
+        tcp_echo_server(&api.ns, 80, "api"),
+    ];
+    world.add(
+        &web,
+        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
+    );
+    world.add(&api, &[PortMapping::tcp(9090, 80)]);
+    probe_hooked(&world, &world.node.ns, "tcp", sock(NODE_IP4, 8080), "m1");
+    probe_hooked(&world, &world.node.ns, "tcp", sock(NODE_IP4, 8080), "m2");
+    probe_hooked(
+        &world,
+        &world.node.ns,
+        "udp-unconnected",
+        sock(NODE_IP4, 5353),
+        "m3",
+    );
+
+    let agent = Agent::start(&world);
+    let exposition = agent.metrics();
+    let name = "ebpf_portmap_mapping_socket_translations_total";
+    let value = |port: &str, protocol: &str, hook: &str| {
+        sample(
+            &exposition,
+            name,
+            &[
+                ("host_ip", "0.0.0.0"),
+                ("host_port", port),
+                ("protocol", protocol),
+                ("hook", hook),
+            ],
+        )
+        .unwrap_or_else(|| panic!("no {name} for {port}/{protocol} {hook}:\n{exposition}"))
+    };
+    assert_eq!(value("8080", "tcp", "connect"), 2.0, "{exposition}");
+    assert_eq!(value("8080", "tcp", "sendmsg"), 0.0, "{exposition}");
+    assert_eq!(value("5353", "udp", "sendmsg"), 1.0, "{exposition}");
+    assert_eq!(value("5353", "udp", "connect"), 0.0, "{exposition}");
+    assert_eq!(value("9090", "tcp", "connect"), 0.0, "nothing dialled 9090");
 }
