@@ -229,8 +229,13 @@ pub fn sock_translated(direction: u8, proto: u8, origin: &SockOrigin) {
     // field is written before it is submitted.
     unsafe {
         (*event).ts_ns = aya_ebpf::helpers::bpf_ktime_get_ns();
-        (*event).src_addr_be = [0; 4];
-        (*event).new_src_addr_be = [0; 4];
+        // Word by word: `= [0; 4]` becomes a call to a byte-loop memset.
+        let mut i = 0;
+        while i < 4 {
+            (&raw mut (*event).src_addr_be[i]).write_volatile(0);
+            (&raw mut (*event).new_src_addr_be[i]).write_volatile(0);
+            i += 1;
+        }
         (*event).dst_addr_be = origin.dialled_addr_be;
         (*event).new_dst_addr_be = origin.backend_addr_be;
         (*event).sport_be = 0;
