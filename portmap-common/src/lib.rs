@@ -474,6 +474,11 @@ pub struct TraceFilter {
 pub mod trace_direction {
     pub const INGRESS: u8 = 0;
     pub const EGRESS: u8 = 1;
+    /// Not a packet: a socket hook pointed a node process's connect() at
+    /// a container (no interface, no source address yet, length 0).
+    pub const SOCK_CONNECT: u8 = 2;
+    /// Likewise for a sendmsg() with a destination (unconnected UDP).
+    pub const SOCK_SENDMSG: u8 = 3;
 }
 
 /// One traced packet: the packet as it arrived, as it left, and what the

@@ -7,7 +7,8 @@
 /// portmap-user reads them from.
 pub mod map_names {
     pub use crate::maps::{
-        IFACES, LOCAL_ADDRS, MASQ_OWNERS, NODE, PEERS, PINNED_LOCAL as ALL, SOCK_ORIGIN,
+        IFACES, LOCAL_ADDRS, MASQ_OWNERS, NODE, PEERS, PINNED_LOCAL as ALL, SOCK_COUNTERS,
+        SOCK_ORIGIN,
     };
 }
 
@@ -100,6 +101,21 @@ pub struct SockOrigin {
     pub backend_port_be: u16,
     pub family: u8,
     pub _pad0: [u8; 3],
+}
+
+/// What the socket hooks translated for one mapping (key:
+/// [`crate::CounterKey`], as the packet counters): the node's own
+/// connections never cross a tc hook, so without these they would show in
+/// no per-mapping number. Per CPU (the hooks add to their CPU's copy;
+/// readers sum them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockCounters {
+    /// connect() calls pointed at the container (TCP, SCTP, connected UDP).
+    pub connects: u64,
+    /// sendmsg() calls with a destination pointed at the container
+    /// (unconnected UDP: one per datagram).
+    pub sendmsgs: u64,
 }
 
 /// A container address, the key of [`Peer`].
@@ -237,6 +253,7 @@ const _: () = {
     assert!(core::mem::size_of::<LocalAddrKey>() == 20);
     assert!(core::mem::size_of::<IfaceConfig>() == 24);
     assert!(core::mem::size_of::<SockOrigin>() == 40);
+    assert!(core::mem::size_of::<SockCounters>() == 16);
     assert!(core::mem::size_of::<Peer>() == 24);
     assert!(MASQ_PORT_MIN as u32 + MASQ_PORT_COUNT as u32 - 1 == 65535);
 };
@@ -257,6 +274,7 @@ mod pod {
         LocalAddrKey,
         IfaceConfig,
         SockOrigin,
+        SockCounters,
         Peer,
         MasqOwner,
     );

@@ -64,6 +64,11 @@ pub const LOCAL_ADDRS: &str = "local_addrs";
 pub const IFACES: &str = "ifaces";
 /// Per-socket memory of a translated destination ([`crate::local::SockOrigin`]).
 pub const SOCK_ORIGIN: &str = "sock_origin";
+/// What the socket hooks translated per mapping ([`crate::CounterKey`] ->
+/// [`crate::local::SockCounters`], per CPU): `list`'s SOCK column. Entries
+/// are created by the hooks on a mapping's first translation and removed
+/// with the traffic counters (DEL, GC).
+pub const SOCK_COUNTERS: &str = "sock_counters";
 /// Where a container's packets are handed over on the fast path
 /// ([`crate::local::PeerKey`] -> [`crate::local::Peer`]).
 pub const PEERS: &str = "peers";
@@ -102,7 +107,15 @@ pub const PINNED: [&str; 11] = [
     TRACE_FILTER,
 ];
 /// Every pinned map of node-local traffic (socket hooks, hairpin, fast path).
-pub const PINNED_LOCAL: [&str; 6] = [NODE, LOCAL_ADDRS, IFACES, SOCK_ORIGIN, PEERS, MASQ_OWNERS];
+pub const PINNED_LOCAL: [&str; 7] = [
+    NODE,
+    LOCAL_ADDRS,
+    IFACES,
+    SOCK_ORIGIN,
+    SOCK_COUNTERS,
+    PEERS,
+    MASQ_OWNERS,
+];
 /// The maps of the object that are never pinned.
 pub const UNPINNED: [&str; 6] = [
     TRACE_EVENTS,
@@ -147,6 +160,11 @@ pub mod capacity {
     /// Per-mapping traffic counters: one per (mapping, owner), so as many as
     /// there are mappings. Allocated on first use, not up front.
     pub const COUNTERS: u32 = MAPPINGS;
+    /// Per-mapping socket-hook counters: as many as the traffic counters'
+    /// default (only mappings a node process dials use one). Not resized
+    /// with `maxMappings`: past this many mappings dialled from the node,
+    /// further ones go uncounted (their connections are still translated).
+    pub const SOCK_COUNTERS: u32 = COUNTERS;
     /// Bytes of the trace ring buffer (a power of two, a multiple of the page
     /// size): about 2700 events between two reads of the tracer.
     pub const TRACE_EVENTS_BYTES: u32 = 256 * 1024;

@@ -1,10 +1,11 @@
 //! Per-mapping traffic counters: what `ebpf-portmap list` shows as packets
-//! and bytes. Per-CPU, so counting is a plain add on this CPU's copy.
+//! and bytes, and as the socket hooks' translations. Per-CPU, so counting
+//! is a plain add on this CPU's copy.
 
 use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
-use portmap_common::{MappingCounters, MappingKey};
+use portmap_common::{CounterKey, MappingCounters, MappingKey, local::SockCounters};
 
-use crate::maps::{self, COUNTERS};
+use crate::maps::{self, COUNTERS, SOCK_COUNTERS};
 
 /// Which way a counted packet went.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -72,5 +73,55 @@ pub fn record(ctx: &TcContext, mapping: &MappingKey, owner_id: u64, way: Way) {
         // Another CPU created it in the meantime.
         // SAFETY: as above.
         add(unsafe { &mut *counters }, way, bytes);
+    }
+}
+
+/// Which socket hook translated.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    Connect,
+    Sendmsg,
+}
+
+#[inline(always)]
+fn add_sock(counters: &mut SockCounters, hook: Hook) {
+    match hook {
+        Hook::Connect => counters.connects += 1,
+        Hook::Sendmsg => counters.sendmsgs += 1,
+    }
+}
+
+/// Counts one socket-hook translation of `mapping` (held by `owner_id`):
+/// the node's own connections cross no tc hook, so this is the only
+/// per-mapping trace they leave. On the hook's stack (48 bytes): the
+/// socket hooks are shallow, and their programs may be preempted, so they
+/// take no per-CPU scratch.
+#[inline(always)]
+pub fn record_sock(mapping: &MappingKey, owner_id: u64, hook: Hook) {
+    let key = CounterKey {
+        mapping: *mapping,
+        _pad0: 0,
+        owner_id,
+    };
+    if let Some(counters) = SOCK_COUNTERS.get_ptr_mut(key) {
+        // SAFETY: this CPU's copy. A hook preempted by another on this CPU
+        // may lose one increment; a counter, not state.
+        add_sock(unsafe { &mut *counters }, hook);
+        return;
+    }
+    // First translation: the kernel zeroes the other CPUs' copies.
+    let mut first = SockCounters {
+        connects: 0,
+        sendmsgs: 0,
+    };
+    add_sock(&mut first, hook);
+    if SOCK_COUNTERS
+        .insert(key, first, BPF_NOEXIST as u64)
+        .is_err()
+        && let Some(counters) = SOCK_COUNTERS.get_ptr_mut(key)
+    {
+        // Another CPU created it in the meantime.
+        // SAFETY: as above.
+        add_sock(unsafe { &mut *counters }, hook);
     }
 }

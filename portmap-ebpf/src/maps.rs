@@ -21,6 +21,7 @@ use portmap_common::{
     CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OwnerRecord,
     OwnerSlotKey, PROTO_TCP, PortRole, TraceEvent, TraceFilter, capacity,
     conditions::{self, ConditionKey, Conditions},
+    local::SockCounters,
     stat,
 };
 
@@ -131,6 +132,18 @@ pub struct CounterScratch {
     pub key: CounterKey,
     pub first: MappingCounters,
 }
+
+/// What the socket hooks translated per mapping (see
+/// `counters::record_sock`), keyed as `counters`. Created on a mapping's
+/// first translation from the node, removed by userspace with the traffic
+/// counters.
+#[btf_map(name = "sock_counters")]
+pub static SOCK_COUNTERS: PerCpuHashMap<
+    CounterKey,
+    SockCounters,
+    { capacity::SOCK_COUNTERS as usize },
+    NO_PREALLOC,
+> = PerCpuHashMap::new();
 
 #[btf_map(name = "counter_scratch")]
 static COUNTER_SCRATCH: PerCpuArray<CounterScratch, 1> = PerCpuArray::new();

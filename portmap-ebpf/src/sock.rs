@@ -11,11 +11,14 @@ use aya_ebpf::{
     helpers::bpf_get_netns_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
 };
 use portmap_common::{
-    FAMILY_V4, FAMILY_V6, MappingValue, PROTO_SCTP, PROTO_TCP, PROTO_UDP, PortRole,
-    local::SockOrigin, stat,
+    FAMILY_V4, FAMILY_V6, MappingKey, MappingValue, PROTO_SCTP, PROTO_TCP, PROTO_UDP, PortRole,
+    local::SockOrigin, stat, trace_direction,
 };
 
-use crate::{maps, parse};
+use crate::{
+    counters::{self, Hook},
+    maps, parse, trace,
+};
 
 /// Allow the operation (the only verdict these hooks give).
 const ALLOW: i32 = 1;
@@ -24,25 +27,25 @@ const SOCK_DGRAM: u32 = 2;
 
 #[cgroup_sock_addr(connect4)]
 pub fn portmap_connect4(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, FAMILY_V4);
+    translate(&ctx, FAMILY_V4, Hook::Connect);
     ALLOW
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn portmap_connect6(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, FAMILY_V6);
+    translate(&ctx, FAMILY_V6, Hook::Connect);
     ALLOW
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn portmap_sendmsg4(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, FAMILY_V4);
+    translate(&ctx, FAMILY_V4, Hook::Sendmsg);
     ALLOW
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn portmap_sendmsg6(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, FAMILY_V6);
+    translate(&ctx, FAMILY_V6, Hook::Sendmsg);
     ALLOW
 }
 
@@ -171,7 +174,11 @@ fn protocol(ctx: &SockAddrContext) -> Option<u8> {
 /// host port as any client does, by the packet path (tc on the interface
 /// they arrive on; a container's, masqueraded with `snat`).
 #[inline(always)]
-fn mapping_for(ctx: &SockAddrContext, endpoint: &Endpoint, proto: u8) -> Option<MappingValue> {
+fn mapping_for(
+    ctx: &SockAddrContext,
+    endpoint: &Endpoint,
+    proto: u8,
+) -> Option<(MappingKey, MappingValue)> {
     let node = maps::node_config()?;
     // SAFETY: the helper only reads the context.
     let cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
@@ -187,7 +194,7 @@ fn mapping_for(ctx: &SockAddrContext, endpoint: &Endpoint, proto: u8) -> Option<
         || key.host_addr_be == endpoint.addr_be
         || maps::is_local_addr(endpoint.family, &endpoint.addr_be)
     {
-        Some(value)
+        Some((key, value))
     } else {
         maps::count(stat::SOCK_NOT_LOCAL);
         None
@@ -219,7 +226,7 @@ fn meets_conditions(dialled: &Endpoint, proto: u8, owner_id: u64) -> bool {
 }
 
 #[inline(always)]
-fn translate(ctx: &SockAddrContext, socket_family: u8) {
+fn translate(ctx: &SockAddrContext, socket_family: u8, hook: Hook) {
     let Some(proto) = protocol(ctx) else {
         return;
     };
@@ -230,7 +237,7 @@ fn translate(ctx: &SockAddrContext, socket_family: u8) {
     if !maps::port_is(PortRole::Host, proto, dialled.port_be) {
         return;
     }
-    let Some(mapping) = mapping_for(ctx, &dialled, proto) else {
+    let Some((key, mapping)) = mapping_for(ctx, &dialled, proto) else {
         return;
     };
     if mapping.conditions != 0 && !meets_conditions(&dialled, proto, mapping.owner_id) {
@@ -258,6 +265,14 @@ fn translate(ctx: &SockAddrContext, socket_family: u8) {
     }
     write_endpoint(ctx, socket_family, &backend);
     maps::count(stat::SOCK_TRANSLATED);
+    // Per mapping, and for `trace`: the node's own connections cross no tc
+    // hook, so this is where `list` and `trace` learn of them.
+    counters::record_sock(&key, mapping.owner_id, hook);
+    let direction = match hook {
+        Hook::Connect => trace_direction::SOCK_CONNECT,
+        Hook::Sendmsg => trace_direction::SOCK_SENDMSG,
+    };
+    trace::sock_translated(direction, proto, &origin);
 }
 
 #[inline(always)]

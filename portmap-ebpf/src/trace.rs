@@ -7,6 +7,10 @@
 //! So the decision logic carries no tracing code, and a reason added later is
 //! traced as soon as it is counted.
 //!
+//! The socket hooks handle no packet: a translation there is emitted as one
+//! event of its own ([`sock_translated`]), with the dialled and the
+//! container's address and no interface.
+//!
 //! Stack: the egress program already uses most of BPF's 512 bytes, so the
 //! functions here keep their data in maps (per-CPU scratch, the reserved
 //! ring-buffer record) and their own frames a few bytes deep.
@@ -18,7 +22,7 @@ use aya_ebpf::{
     macros::btf_map,
     programs::TcContext,
 };
-use portmap_common::{FAMILY_V4, TraceEvent, stat, trace_direction};
+use portmap_common::{FAMILY_V4, TraceEvent, local::SockOrigin, stat, trace_direction};
 
 use crate::{
     maps::{self, TRACE_EVENTS, TRACE_FILTER},
@@ -192,4 +196,59 @@ unsafe fn read_addresses(skb: *mut __sk_buff, packet: &parse::Packet, event: *mu
             len,
         );
     }
+}
+
+/// If someone traces and the filter wants it (protocol; port dialled or
+/// the container's), emits a socket hook's translation: `direction` is
+/// `trace_direction::SOCK_CONNECT` or `SOCK_SENDMSG`, `origin` what the
+/// hook remembered for the socket. The source is not known yet (the
+/// kernel picks it after the hook), so it is left zero.
+#[inline(always)]
+pub fn sock_translated(direction: u8, proto: u8, origin: &SockOrigin) {
+    let Some(filter) = TRACE_FILTER.get_ptr(0) else {
+        return;
+    };
+    // SAFETY: pointer from a successful lookup of an array entry.
+    let (enabled, port, wanted_proto) =
+        unsafe { ((*filter).enabled, (*filter).port_be, (*filter).proto) };
+    if enabled == 0
+        || (wanted_proto != 0 && wanted_proto != proto)
+        || (port != 0 && port != origin.dialled_port_be && port != origin.backend_port_be)
+    {
+        return;
+    }
+    let Some(mut entry) = TRACE_EVENTS.reserve(0) else {
+        if let Some(lost) = TRACE_LOST.get_ptr_mut(0) {
+            // SAFETY: this CPU's copy; a preempted hook may lose one count.
+            unsafe { *lost += 1 };
+        }
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points at a reserved record of the right size; every
+    // field is written before it is submitted.
+    unsafe {
+        (*event).ts_ns = aya_ebpf::helpers::bpf_ktime_get_ns();
+        // Word by word: `= [0; 4]` becomes a call to a byte-loop memset.
+        let mut i = 0;
+        while i < 4 {
+            (&raw mut (*event).src_addr_be[i]).write_volatile(0);
+            (&raw mut (*event).new_src_addr_be[i]).write_volatile(0);
+            i += 1;
+        }
+        (*event).dst_addr_be = origin.dialled_addr_be;
+        (*event).new_dst_addr_be = origin.backend_addr_be;
+        (*event).sport_be = 0;
+        (*event).new_sport_be = 0;
+        (*event).dport_be = origin.dialled_port_be;
+        (*event).new_dport_be = origin.backend_port_be;
+        (*event).decisions = 1 << stat::SOCK_TRANSLATED;
+        (*event).ifindex = 0;
+        (*event).len = 0;
+        (*event).direction = direction;
+        (*event).family = origin.family;
+        (*event).proto = proto;
+        (*event).flags = 0;
+    }
+    entry.submit(BPF_RB_NO_WAKEUP as u64);
 }

@@ -58,6 +58,7 @@ fn the_object_declares_exactly_the_named_maps_with_their_capacities() {
         (maps::CONNTRACK, capacity::CONNTRACK),
         (maps::STATS, stat::COUNT),
         (maps::COUNTERS, capacity::COUNTERS),
+        (maps::SOCK_COUNTERS, capacity::SOCK_COUNTERS),
         (maps::TRACE_EVENTS, capacity::TRACE_EVENTS_BYTES),
         (maps::LOCAL_ADDRS, capacity::LOCAL_ADDRS),
         (maps::IFACES, capacity::IFACES),

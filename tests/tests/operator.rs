@@ -298,7 +298,7 @@ fn list_shows_owners_counters_and_live_flows() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         lines[0],
-        "HOST\tCONTAINER\tOWNER\tPOD\tIFNAME\tNETWORK\tAGE\tPACKETS IN/OUT\tBYTES IN/OUT\tFLOWS"
+        "HOST\tCONTAINER\tOWNER\tPOD\tIFNAME\tNETWORK\tAGE\tPACKETS IN/OUT\tSOCK CONNECT/SENDMSG\tBYTES IN/OUT\tFLOWS"
     );
     let cells = |host: &str| -> Vec<String> {
         lines
@@ -312,7 +312,7 @@ fn list_shows_owners_counters_and_live_flows() {
     let tcp_cells = cells("0.0.0.0:8080/tcp");
     assert_eq!(tcp_cells[2], "web", "OWNER is the short container ID");
     assert_eq!(tcp_cells[3], "-", "POD: the runtime named none");
-    assert_eq!(tcp_cells[9], "1", "FLOWS");
+    assert_eq!(tcp_cells[10], "1", "FLOWS");
     // The UDP exchange is over, so its counters stand still.
     assert_eq!(
         cells("[::]:5353/udp")[7],

@@ -249,6 +249,26 @@ impl Collector for Snapshot {
             Some(&Unit::Bytes),
             &by_way(false),
         )?;
+        counter_family(
+            e,
+            "ebpf_portmap_mapping_socket_translations",
+            "Node processes' connect() and sendmsg() calls the socket hooks pointed at a mapping's container (their packets cross no translating tc hook, so they are not in mapping_packets)",
+            None,
+            &rows
+                .iter()
+                .flat_map(|row| {
+                    [
+                        ("connect", row.sock.connects),
+                        ("sendmsg", row.sock.sendmsgs),
+                    ]
+                    .map(|(hook, value)| {
+                        let mut labels = mapping_labels(row);
+                        labels.push(("hook", hook.to_owned()));
+                        (labels, value)
+                    })
+                })
+                .collect::<Vec<_>>(),
+        )?;
         gauge_family(
             e,
             "ebpf_portmap_mapping_active_flows",

@@ -372,6 +372,27 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         }
         Err(error) => log::warn!("traffic counters not pruned: {error}"),
     }
+    // The socket hooks' counters, keyed alike (missing in older pins):
+    // counted with the traffic counters.
+    if let Ok(mut map) = maps::sock_counters(&layout) {
+        let stale = if args.dry_run {
+            counters::stale_keys(&map, &maps.mappings)
+                .context("reading the socket-hook counters")?
+        } else {
+            counters::prune(&mut map, &maps.mappings).context("pruning the socket-hook counters")?
+        };
+        if !stale.is_empty() {
+            lines.push(format!(
+                "{verb} {}",
+                count(
+                    stale.len(),
+                    "stale socket-hook counter",
+                    "stale socket-hook counters"
+                )
+            ));
+            pruned_counters = Some(pruned_counters.unwrap_or(0) + stale.len());
+        }
+    }
     // A mapping whose ports are missing from the programs' port filter is
     // never translated; every GC that writes restores them.
     let mut port_filter_restored = None;

@@ -23,11 +23,17 @@ use crate::cli::{
 /// pod (`namespace/name` from the runtime's CNI_ARGS, `nomad:namespace/job/group`
 /// for a Nomad allocation, `-` when unknown), how
 /// long ago the container was added, the packets and bytes translated in
-/// each direction (IN: to the container, OUT: replies), and the live flows.
+/// each direction (IN: to the container, OUT: replies), the connections of
+/// node processes the socket hooks translated (SOCK CONNECT/SENDMSG), and
+/// the live flows.
 ///
 /// Counters are kept per CPU by the eBPF programs as they translate; a
 /// mapping with packets IN but none OUT receives traffic that the container
-/// does not answer. FLOWS counts the translated connections the dataplane
+/// does not answer. A node process (in the hooked cgroup, the node's own
+/// network namespace) dialling node-IP:hostPort or localhost is pointed at
+/// the container in connect() or sendmsg(): its packets go straight to the
+/// container, cross no translating tc hook, and count under SOCK only (one
+/// per connect(), one per unconnected sendmsg()), not under PACKETS. FLOWS counts the translated connections the dataplane
 /// tracks: a closed TCP connection counts until it idles out.
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
@@ -125,6 +131,11 @@ pub fn row_json(row: &MappingRow) -> Value {
         "bytesOut": c.bytes_out,
         "packets": c.packets_in + c.packets_out,
         "bytes": c.bytes_in + c.bytes_out,
+        // Node processes' connect() and sendmsg() the socket hooks pointed
+        // at the container (their packets are not in `packets`).
+        "sockConnects": row.sock.connects,
+        "sockSendmsgs": row.sock.sendmsgs,
+        "sockTranslations": row.sock.connects + row.sock.sendmsgs,
         "activeFlows": row.active_flows,
     })
 }
@@ -215,6 +226,7 @@ fn table(rows: &[&MappingRow], wide: bool) -> Table {
         "NETWORK",
         "AGE",
         "PACKETS IN/OUT",
+        "SOCK CONNECT/SENDMSG",
         "BYTES IN/OUT",
         "FLOWS",
     ];
@@ -240,6 +252,10 @@ fn table(rows: &[&MappingRow], wide: bool) -> Table {
             (network, Colour::Plain),
             (age_of(row.created()), Colour::Plain),
             (format!("{}/{}", c.packets_in, c.packets_out), traffic),
+            (
+                format!("{}/{}", row.sock.connects, row.sock.sendmsgs),
+                Colour::Plain,
+            ),
             (
                 format!("{}/{}", human_bytes(c.bytes_in), human_bytes(c.bytes_out)),
                 traffic,

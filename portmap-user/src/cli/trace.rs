@@ -31,6 +31,12 @@ use crate::cli::{
 /// deleted or re-pointed), conntrack-full, forwarding-disabled, and more.
 /// Without --port only packets the dataplane acted on are shown.
 ///
+/// Connections that node processes open to a host port (node-IP:hostPort,
+/// localhost) are pointed at the container by the cgroup socket hooks and
+/// cross no translating tc hook: each connect() (and each unconnected
+/// sendmsg()) shows as one `sock` line, `sock connect tcp node >
+/// 198.18.0.1:8080: socket-translated, now to 10.244.0.5:80`.
+///
 /// Tracing is off by default and costs the programs one array lookup per
 /// packet then; it is switched on while this runs and off when it exits
 /// (also on Ctrl-C or SIGTERM). One trace at a time per node.
@@ -158,11 +164,15 @@ pub fn run(args: &TraceArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             if reached(seen) {
                 break;
             }
+            // A socket hook's event has no interface (index 0): the node
+            // process's connect() or sendmsg() itself.
             let interface = names
                 .entry(event.ifindex)
-                .or_insert_with(|| {
-                    netlink::interface_name(event.ifindex)
-                        .unwrap_or_else(|| format!("if{}", event.ifindex))
+                .or_insert_with(|| match event.ifindex {
+                    0 => "sock".into(),
+                    ifindex => {
+                        netlink::interface_name(ifindex).unwrap_or_else(|| format!("if{ifindex}"))
+                    }
                 })
                 .clone();
             let record = TraceRecord {

@@ -793,6 +793,10 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
             size(size_of::<portmap_common::CounterKey>()),
             size(size_of::<portmap_common::MappingCounters>()),
         ),
+        local::map_names::SOCK_COUNTERS => (
+            size(size_of::<portmap_common::CounterKey>()),
+            size(size_of::<local::SockCounters>()),
+        ),
         map_names::TRACE_FILTER => (4, size(size_of::<portmap_common::TraceFilter>())),
         portmap_common::conditions::CONDITIONS_MAP => (
             size(size_of::<portmap_common::conditions::ConditionKey>()),

@@ -1,19 +1,25 @@
-//! Per-mapping traffic counters (`counters` map): reading them for `list`,
-//! and removing the entries of owners that are gone.
+//! Per-mapping traffic counters (`counters` map) and socket-hook counters
+//! (`sock_counters`, same key): reading them for `list`, and removing the
+//! entries of owners that are gone.
 //!
-//! The programs create an entry on the first packet a mapping translates,
+//! The programs create an entry on the first packet a mapping translates
+//! (the socket hooks: on its first connect() or sendmsg() from the node),
 //! keyed by (mapping, owner), and add to their CPU's copy. Userspace never
 //! creates entries; it removes those of a deleted owner (DEL) and any whose
 //! mapping no longer exists or belongs to another owner (GC, `ebpf-portmap
 //! gc`). Removal is best effort: a stale entry costs memory, never
 //! correctness, because a new owner of the same host port has another key.
 
-use aya::maps::{HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues};
-use portmap_common::{CounterKey, MappingCounters, MappingKey, MappingValue};
+use aya::{
+    Pod,
+    maps::{HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues},
+};
+use portmap_common::{CounterKey, MappingCounters, MappingKey, MappingValue, local::SockCounters};
 
 use crate::dataplane::maps::is_errno;
 
 pub type CountersMap = PerCpuHashMap<MapData, CounterKey, MappingCounters>;
+pub type SockCountersMap = PerCpuHashMap<MapData, CounterKey, SockCounters>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CountersError {
@@ -68,6 +74,30 @@ pub fn read(
     }
 }
 
+/// The socket hooks' per-CPU copies added up.
+pub fn sum_sock<'a>(values: impl IntoIterator<Item = &'a SockCounters>) -> SockCounters {
+    values
+        .into_iter()
+        .fold(SockCounters::default(), |total, cpu| SockCounters {
+            connects: total.connects.wrapping_add(cpu.connects),
+            sendmsgs: total.sendmsgs.wrapping_add(cpu.sendmsgs),
+        })
+}
+
+/// What the socket hooks translated for `mapping` held by `owner_id` (zero
+/// when no node process dialled it yet).
+pub fn read_sock(
+    map: &SockCountersMap,
+    mapping: &MappingKey,
+    owner_id: u64,
+) -> Result<SockCounters, CountersError> {
+    match map.get(&key(mapping, owner_id), 0) {
+        Ok(values) => Ok(sum_sock(values.iter())),
+        Err(e) if is_errno(&e, libc::ENOENT) => Ok(SockCounters::default()),
+        Err(e) => Err(map_error("lookup")(e)),
+    }
+}
+
 /// Every entry, summed over CPUs.
 pub fn all(map: &CountersMap) -> Result<Vec<(CounterKey, MappingCounters)>, CountersError> {
     map.iter()
@@ -76,9 +106,10 @@ pub fn all(map: &CountersMap) -> Result<Vec<(CounterKey, MappingCounters)>, Coun
         .map_err(map_error("iterate"))
 }
 
-/// Removes the counters of `owner_id` for `mappings`; returns how many there were.
-pub fn forget(
-    map: &mut CountersMap,
+/// Removes the counters of `owner_id` for `mappings` (from either map);
+/// returns how many there were.
+pub fn forget<V: Pod>(
+    map: &mut PerCpuHashMap<MapData, CounterKey, V>,
     owner_id: u64,
     mappings: &[MappingKey],
 ) -> Result<usize, CountersError> {
@@ -101,8 +132,8 @@ pub fn is_stale(key: &CounterKey, current: Option<&MappingValue>) -> bool {
 
 /// Every stale entry (see [`is_stale`]), removing nothing: what
 /// [`prune`] would remove (`gc --dry-run`).
-pub fn stale_keys(
-    map: &CountersMap,
+pub fn stale_keys<V: Pod>(
+    map: &PerCpuHashMap<MapData, CounterKey, V>,
     mappings: &HashMap<MapData, MappingKey, MappingValue>,
 ) -> Result<Vec<CounterKey>, CountersError> {
     let mut stale = Vec::new();
@@ -120,9 +151,10 @@ pub fn stale_keys(
     Ok(stale)
 }
 
-/// Removes every stale entry (see [`is_stale`]); returns their keys.
-pub fn prune(
-    map: &mut CountersMap,
+/// Removes every stale entry (see [`is_stale`]) of either map; returns
+/// their keys.
+pub fn prune<V: Pod>(
+    map: &mut PerCpuHashMap<MapData, CounterKey, V>,
     mappings: &HashMap<MapData, MappingKey, MappingValue>,
 ) -> Result<Vec<CounterKey>, CountersError> {
     // Keys first: deleting while walking with get_next_key restarts the walk.

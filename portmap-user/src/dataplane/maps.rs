@@ -520,6 +520,14 @@ pub fn counters(
     open(layout, map_names::COUNTERS)
 }
 
+/// Per-mapping socket-hook counters (`sock_counters`), see
+/// [`crate::dataplane::counters`]; missing in pins of a build before them.
+pub fn sock_counters(
+    layout: &PinLayout,
+) -> Result<PerCpuHashMap<MapData, CounterKey, portmap_common::local::SockCounters>, MapsError> {
+    open(layout, portmap_common::local::map_names::SOCK_COUNTERS)
+}
+
 /// What `ebpf-portmap trace` asks the programs for, see [`crate::dataplane::trace`].
 pub fn trace_filter(layout: &PinLayout) -> Result<Array<MapData, TraceFilter>, MapsError> {
     open(layout, map_names::TRACE_FILTER)

@@ -536,7 +536,16 @@ pub fn footprint(sizes: &Sizes, cpus: u32, mappings: u64) -> Footprint {
         size(size_of::<MappingCounters>()),
         mappings,
         cpus,
-    ) + cost::percpu_array(stat::COUNT, 8, cpus)
+    )
+        // sock_counters: only mappings node processes dial, so none here.
+        + cost::lazy_percpu_hash(
+            capacity::SOCK_COUNTERS,
+            size(size_of::<CounterKey>()),
+            size(size_of::<local::SockCounters>()),
+            0,
+            cpus,
+        )
+        + cost::percpu_array(stat::COUNT, 8, cpus)
         + cost::percpu_array(1, 8, cpus);
     Footprint {
         conntrack,

@@ -348,15 +348,30 @@ pub struct TraceRecord {
 
 impl TraceRecord {
     pub fn direction(&self) -> &'static str {
-        if self.event.direction == trace_direction::INGRESS {
-            "ingress"
-        } else {
-            "egress"
+        match self.event.direction {
+            trace_direction::INGRESS => "ingress",
+            trace_direction::SOCK_CONNECT => "connect",
+            trace_direction::SOCK_SENDMSG => "sendmsg",
+            _ => "egress",
         }
     }
 
+    /// Whether the event is a socket hook's translation of a node process's
+    /// connect() or sendmsg(), not a packet: no interface, no source yet.
+    pub fn is_sock(&self) -> bool {
+        matches!(
+            self.event.direction,
+            trace_direction::SOCK_CONNECT | trace_direction::SOCK_SENDMSG
+        )
+    }
+
+    /// "node" for a socket hook's event: the kernel picks the source after
+    /// the hook ran.
     fn from(&self) -> String {
         let e = &self.event;
+        if self.is_sock() {
+            return "node".into();
+        }
         endpoint(e.family, &e.src_addr_be, e.sport_be)
     }
 
@@ -372,7 +387,7 @@ impl TraceRecord {
         let new_from = endpoint(e.family, &e.new_src_addr_be, e.new_sport_be);
         if new_to != self.to() {
             Some(format!("now to {new_to}"))
-        } else if new_from != self.from() {
+        } else if !self.is_sock() && new_from != self.from() {
             Some(format!("now from {new_from}"))
         } else {
             None
@@ -380,6 +395,9 @@ impl TraceRecord {
     }
 
     /// One line for people: time, interface, direction, packet, decisions.
+    /// A socket hook's event reads `sock connect tcp node > ADDR:PORT`
+    /// (`sendmsg` for an unconnected datagram) in place of interface,
+    /// direction and source.
     pub fn line(&self) -> String {
         let e = &self.event;
         let mut line = format!(
@@ -391,7 +409,7 @@ impl TraceRecord {
             self.from(),
             self.to(),
         );
-        if e.proto == portmap_common::PROTO_TCP {
+        if e.proto == portmap_common::PROTO_TCP && !self.is_sock() {
             line.push_str(&format!(" [{}]", tcp_flags(e.flags)));
         }
         let reasons = decisions(e);
@@ -416,9 +434,9 @@ impl TraceRecord {
             "protocol": protocol_name(e.proto),
             "from": self.from(),
             "to": self.to(),
-            "newFrom": endpoint(e.family, &e.new_src_addr_be, e.new_sport_be),
+            "newFrom": if self.is_sock() { self.from() } else { endpoint(e.family, &e.new_src_addr_be, e.new_sport_be) },
             "newTo": endpoint(e.family, &e.new_dst_addr_be, e.new_dport_be),
-            "tcpFlags": if e.proto == portmap_common::PROTO_TCP { Value::from(tcp_flags(e.flags)) } else { Value::Null },
+            "tcpFlags": if e.proto == portmap_common::PROTO_TCP && !self.is_sock() { Value::from(tcp_flags(e.flags)) } else { Value::Null },
             "length": e.len,
             "decisions": reasons.iter().map(|reason| reason.label).collect::<Vec<_>>(),
             "meaning": reasons[0].meaning,
@@ -498,6 +516,42 @@ mod tests {
                 "egress  udp [fd44::5]:53 > [fd18::2]:5000: reply, now from [fd18::1]:5353"
             ),
             "{line}"
+        );
+    }
+
+    #[test]
+    fn a_socket_hook_translation_reads_as_a_sock_line() {
+        let event = TraceEvent {
+            dst_addr_be: v4("198.18.0.1"),
+            new_dst_addr_be: v4("10.244.0.5"),
+            dport_be: 8080u16.to_be(),
+            new_dport_be: 80u16.to_be(),
+            decisions: 1 << stat::SOCK_TRANSLATED,
+            direction: trace_direction::SOCK_CONNECT,
+            family: 4,
+            proto: 6,
+            ..TraceEvent::default()
+        };
+        let mut record = record(event);
+        record.interface = "sock".into();
+        assert_eq!(
+            record.line(),
+            "01:02:03.004000 sock connect tcp node > 198.18.0.1:8080: socket-translated, now to 10.244.0.5:80 (a connect()/sendmsg() on the node was pointed at the container)"
+        );
+        let json = record.to_json();
+        assert_eq!(json["direction"], "connect");
+        assert_eq!(json["interface"], "sock");
+        assert_eq!(json["from"], "node");
+        assert_eq!(json["newTo"], "10.244.0.5:80");
+        assert_eq!(json["tcpFlags"], Value::Null);
+        record.event.direction = trace_direction::SOCK_SENDMSG;
+        record.event.proto = 17;
+        assert!(
+            record
+                .line()
+                .contains(" sock sendmsg udp node > 198.18.0.1:8080: "),
+            "{}",
+            record.line()
         );
     }
 

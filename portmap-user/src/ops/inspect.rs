@@ -21,7 +21,7 @@ use aya::{
 };
 use portmap_common::{
     CtEntry, CtKey, FAMILY_V4, MappingCounters, MappingKey, MappingValue, OwnerRecord, TraceFilter,
-    ct_kind, ct_timeout, map_names, stat,
+    ct_kind, ct_timeout, local::SockCounters, map_names, stat,
 };
 
 use crate::model::{Liveness, PodIdentity, Sandbox};
@@ -113,6 +113,10 @@ pub struct MappingRow {
     /// none, or the owner was added by a build that did not record it).
     pub pod: PodIdentity,
     pub counters: MappingCounters,
+    /// What the socket hooks translated for it: node processes dialling
+    /// the host port, whose connections cross no tc hook and so are not
+    /// in `counters`.
+    pub sock: SockCounters,
     pub active_flows: u64,
     /// What ADD recorded of the owner's sandbox (`None`: nothing, e.g.
     /// added by an older build).
@@ -238,6 +242,7 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
     require_installed(layout)?;
     let maps = Maps::open(layout)?;
     let counters_map = maps::counters(layout).ok();
+    let sock_map = maps::sock_counters(layout).ok();
     // A table missing (pins of an older build) has no flows.
     let mut entries: Vec<(CtKey, CtEntry)> = Vec::new();
     for table in [map_names::CONNTRACK, map_names::CONNTRACK_OTHER] {
@@ -267,6 +272,10 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
             Some(map) => counters::read(map, &key, value.owner_id)?,
             None => MappingCounters::default(),
         };
+        let sock = match &sock_map {
+            Some(map) => counters::read_sock(map, &key, value.owner_id)?,
+            None => SockCounters::default(),
+        };
         let active_flows = flows
             .get(&(key, value.container_addr_be, value.container_port_be))
             .copied()
@@ -277,6 +286,7 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
             owner,
             pod,
             counters,
+            sock,
             active_flows,
             sandbox,
             liveness,

@@ -229,6 +229,12 @@ fn forget_counters(layout: &PinLayout, owner_id: u64, keys: &[portmap_common::Ma
     if let Err(error) = result {
         log::warn!("traffic counters of owner {owner_id:016x} not removed: {error}");
     }
+    // The socket hooks' counters, keyed alike (missing in older pins).
+    if let Ok(mut map) = crate::dataplane::maps::sock_counters(layout)
+        && let Err(error) = counters::forget(&mut map, owner_id, keys)
+    {
+        log::warn!("socket-hook counters of owner {owner_id:016x} not removed: {error}");
+    }
 }
 
 /// Drops the traffic counters of mappings that no longer exist (best effort).
@@ -242,6 +248,11 @@ fn prune_counters(layout: &PinLayout, maps: &Maps) {
         }
         Ok(_) => {}
         Err(error) => log::warn!("stale traffic counters not pruned: {error}"),
+    }
+    if let Ok(mut map) = crate::dataplane::maps::sock_counters(layout)
+        && let Err(error) = counters::prune(&mut map, &maps.mappings)
+    {
+        log::warn!("stale socket-hook counters not pruned: {error}");
     }
 }
 

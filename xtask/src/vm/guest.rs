@@ -144,6 +144,15 @@ pub const GUEST_TESTS: &[GuestTest] = &[
             "crafted_loopback_packets_from_the_link_never_reach_a_container",
         ]),
     },
+    // What the socket hooks translate, counted per mapping and traced
+    // (issue 38): a per-CPU hash update and a ring-buffer record from a
+    // cgroup sock_addr program, which each kernel allows or refuses.
+    GuestTest {
+        name: "operator_sock",
+        tests: InGuest::Only(&[
+            "node_connections_translated_by_the_socket_hooks_are_counted_and_traced",
+        ]),
+    },
     // The masquerade against node sockets (issue 37): the kernel's socket
     // lookups and its own port choice.
     GuestTest {

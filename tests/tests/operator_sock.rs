@@ -1,0 +1,292 @@
+//! Node traffic the socket hooks translate, as the operator sees it (issue
+//! #38, item 7): a node process dialling node-IP:hostPort or localhost is
+//! pointed at the container in connect() or sendmsg(), so its packets cross
+//! no translating tc hook. `list` must still count it for its mapping (and
+//! for no other), `trace` must show it as a `sock` line, and the agent
+//! must export it. Needs root; each test has its own namespaces, pin root
+//! and cgroup.
+
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use portmap_tests::agent::{Agent, sample};
+use portmap_tests::topology::NODE_IP4;
+use portmap_tests::traffic::{echo_reply, tcp_echo_server, udp_echo_server};
+use portmap_tests::world::{Probed, World, sock};
+use portmap_tests::{NetNs, PortMapping, plugin_bin};
+use serde_json::Value;
+
+/// Upper bound for anything that has to happen; never a timing assertion.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// The probe client in `ns`, in the test's cgroup (where the hooks are).
+fn probe_hooked(world: &World, ns: &NetNs, mode: &str, target: SocketAddr, payload: &str) {
+    let seen: Probed = world
+        .probe(
+            env!("CARGO_BIN_EXE_probe"),
+            ns,
+            true,
+            &[mode, &target.to_string(), payload, "3000"],
+        )
+        .unwrap_or_else(|e| panic!("probe {mode} {target}: {e}\n{}", world.dump()));
+    assert_eq!(
+        seen.reply,
+        echo_reply("web", payload),
+        "{mode} {target}: answered by the wrong server"
+    );
+}
+
+fn json_of(world: &World, args: &[&str]) -> Value {
+    let out = world.operator(args);
+    assert!(
+        out.status.success(),
+        "ebpf-portmap {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("ebpf-portmap {args:?} is not JSON: {e}"))
+}
+
+fn row<'a>(list: &'a Value, host: &str) -> &'a Value {
+    list.as_array()
+        .expect("list is an array")
+        .iter()
+        .find(|r| r["host"] == host)
+        .unwrap_or_else(|| panic!("no row {host} in {list:#}"))
+}
+
+fn num(value: &Value, key: &str) -> u64 {
+    value[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {value:#}"))
+}
+
+/// `trace <args>` in the node namespace, returned once tracing is on.
+fn start_trace(world: &World, args: &[&str]) -> Child {
+    let child = world
+        .node
+        .ns
+        .command(plugin_bin())
+        .arg("trace")
+        .args(args)
+        .arg("--pin-root")
+        .arg(world.pins.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn trace");
+    wait_tracing_on(world, child.id());
+    child
+}
+
+/// Waits until `status` names `pid` as the tracer.
+fn wait_tracing_on(world: &World, pid: u32) {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let status = world.operator(&["status", "--json"]);
+        let status: Value = serde_json::from_slice(&status.stdout).expect("status --json");
+        if status["tracing"]["pid"] == pid {
+            return;
+        }
+        assert!(Instant::now() < deadline, "trace did not switch tracing on");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for `child` up to [`BOUND`]; kills it and panics when it does not end.
+fn wait_bounded(mut child: Child, what: &str) -> Output {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("collect output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("collect output");
+            panic!(
+                "{what} did not end within {BOUND:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn trace_events(out: &Output) -> Vec<Value> {
+    BufReader::new(&out.stdout[..])
+        .lines()
+        .map(|line| {
+            let line = line.expect("trace output line");
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("trace line {line:?}: {e}"))
+        })
+        .collect()
+}
+
+#[test]
+fn node_connections_translated_by_the_socket_hooks_are_counted_and_traced() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    let api = world.node.add_container("api");
+    let _servers = [
+        tcp_echo_server(&web.ns, 80, "web"),
+        udp_echo_server(&web.ns, 53, "web"),
+        tcp_echo_server(&api.ns, 80, "api"),
+    ];
+    world.add(
+        &web,
+        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
+    );
+    world.add(&api, &[PortMapping::tcp(9090, 80)]);
+    let list = json_of(&world, &["list", "--json"]);
+    let web_ip = row(&list, "0.0.0.0:8080/tcp")["containerIP"]
+        .as_str()
+        .expect("containerIP")
+        .to_owned();
+    for r in list.as_array().expect("array") {
+        assert_eq!(num(r, "sockTranslations"), 0, "nothing dialled yet: {r:#}");
+    }
+
+    // One TCP connection from the node to node-IP:hostPort, traced.
+    let trace = start_trace(&world, &["--json", "--port", "8080", "--count", "1"]);
+    probe_hooked(&world, &world.node.ns, "tcp", sock(NODE_IP4, 8080), "n1");
+    let out = wait_bounded(trace, "trace --port 8080 --count 1");
+    let events = trace_events(&out);
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let event = &events[0];
+    assert_eq!(event["interface"], "sock", "{event:#}");
+    assert_eq!(event["direction"], "connect", "{event:#}");
+    assert_eq!(event["protocol"], "tcp", "{event:#}");
+    assert_eq!(event["from"], "node", "{event:#}");
+    assert_eq!(event["to"], format!("{NODE_IP4}:8080"), "{event:#}");
+    assert_eq!(event["newTo"], format!("{web_ip}:80"), "{event:#}");
+    assert_eq!(
+        event["decisions"],
+        serde_json::json!(["socket-translated"]),
+        "{event:#}"
+    );
+
+    // UDP: an unconnected datagram (sendmsg) to the node's address, a
+    // connected socket (connect) to localhost.
+    probe_hooked(
+        &world,
+        &world.node.ns,
+        "udp-unconnected",
+        sock(NODE_IP4, 5353),
+        "n2",
+    );
+    probe_hooked(
+        &world,
+        &world.node.ns,
+        "udp",
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 5353),
+        "n3",
+    );
+
+    let list = json_of(&world, &["list", "--json"]);
+    let tcp = row(&list, "0.0.0.0:8080/tcp");
+    assert_eq!(num(tcp, "sockConnects"), 1, "one connect(): {tcp:#}");
+    assert_eq!(num(tcp, "sockSendmsgs"), 0, "{tcp:#}");
+    let udp = row(&list, "0.0.0.0:5353/udp");
+    assert_eq!(num(udp, "sockConnects"), 1, "the connected socket: {udp:#}");
+    assert_eq!(
+        num(udp, "sockSendmsgs"),
+        1,
+        "the unconnected datagram: {udp:#}"
+    );
+    assert_eq!(num(udp, "sockTranslations"), 2, "{udp:#}");
+    for host in [
+        "[::]:8080/tcp",
+        "[::]:5353/udp",
+        "0.0.0.0:9090/tcp",
+        "[::]:9090/tcp",
+    ] {
+        assert_eq!(
+            num(row(&list, host), "sockTranslations"),
+            0,
+            "{host}: nothing dialled it: {list:#}"
+        );
+    }
+
+    // The table has the column next to the packets.
+    let out = world.operator(&["list", "--port", "8080"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let header: Vec<&str> = lines[0].split('\t').collect();
+    let column = header
+        .iter()
+        .position(|h| *h == "SOCK CONNECT/SENDMSG")
+        .unwrap_or_else(|| panic!("no SOCK column: {text}"));
+    assert_eq!(header[column - 1], "PACKETS IN/OUT", "{text}");
+    let cells: Vec<&str> = lines
+        .iter()
+        .find(|l| l.starts_with("0.0.0.0:8080/tcp\t"))
+        .unwrap_or_else(|| panic!("no 8080 line: {text}"))
+        .split('\t')
+        .collect();
+    assert_eq!(cells[column], "1/0", "{text}");
+
+    // DEL drops the owner's socket-hook counters with its mappings.
+    world.del(
+        &web,
+        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
+    );
+    assert_eq!(
+        world.dump_map("sock_counters"),
+        Value::Array(Vec::new()),
+        "web's socket-hook counters are gone with it"
+    );
+}
+
+/// The agent's `mapping_socket_translations_total`, labelled as
+/// `mapping_packets_total` is, plus the hook.
+#[test]
+fn the_agent_exports_the_socket_translations_per_mapping() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    let api = world.node.add_container("api");
+    let _servers = [
+        tcp_echo_server(&web.ns, 80, "web"),
+        udp_echo_server(&web.ns, 53, "web"),
+        tcp_echo_server(&api.ns, 80, "api"),
+    ];
+    world.add(
+        &web,
+        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
+    );
+    world.add(&api, &[PortMapping::tcp(9090, 80)]);
+    probe_hooked(&world, &world.node.ns, "tcp", sock(NODE_IP4, 8080), "m1");
+    probe_hooked(&world, &world.node.ns, "tcp", sock(NODE_IP4, 8080), "m2");
+    probe_hooked(
+        &world,
+        &world.node.ns,
+        "udp-unconnected",
+        sock(NODE_IP4, 5353),
+        "m3",
+    );
+
+    let agent = Agent::start(&world);
+    let exposition = agent.metrics();
+    let name = "ebpf_portmap_mapping_socket_translations_total";
+    let value = |port: &str, protocol: &str, hook: &str| {
+        sample(
+            &exposition,
+            name,
+            &[
+                ("host_ip", "0.0.0.0"),
+                ("host_port", port),
+                ("protocol", protocol),
+                ("hook", hook),
+            ],
+        )
+        .unwrap_or_else(|| panic!("no {name} for {port}/{protocol} {hook}:\n{exposition}"))
+    };
+    assert_eq!(value("8080", "tcp", "connect"), 2.0, "{exposition}");
+    assert_eq!(value("8080", "tcp", "sendmsg"), 0.0, "{exposition}");
+    assert_eq!(value("5353", "udp", "sendmsg"), 1.0, "{exposition}");
+    assert_eq!(value("5353", "udp", "connect"), 0.0, "{exposition}");
+    assert_eq!(value("9090", "tcp", "connect"), 0.0, "nothing dialled 9090");
+}
