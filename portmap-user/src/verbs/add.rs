@@ -1,11 +1,11 @@
 //! ADD: claim the container's host ports, atomically, after bringing the
 //! programs and the node state in line with the node.
 
-use super::PluginError;
 use super::interfaces::NodeView;
 use super::interfaces::{Pass, reconcile};
-use super::require_privilege;
-use super::who;
+use super::shared::PluginError;
+use super::shared::require_privilege;
+use super::shared::who;
 use crate::cni::Request;
 use crate::cni::error::with_sources;
 use crate::cni::netconf::ListenerPolicy;

@@ -1,9 +1,9 @@
 //! CHECK: every mapping of the container is installed as ADD left it.
 
-use super::PluginError;
 use super::interfaces::NodeView;
 use super::interfaces::{Pass, reconcile};
-use super::require_privilege;
+use super::shared::PluginError;
+use super::shared::require_privilege;
 use crate::cni::Request;
 use crate::dataplane::attach;
 use crate::dataplane::maps::Maps;

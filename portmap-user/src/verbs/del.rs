@@ -24,12 +24,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::PluginError;
-use super::forget_counters;
 use super::interfaces::{Pass, reconcile_after};
-use super::own_state;
-use super::require_privilege;
-use super::who;
+use super::shared::PluginError;
+use super::shared::forget_counters;
+use super::shared::own_state;
+use super::shared::require_privilege;
+use super::shared::who;
 use crate::cni::Request;
 use crate::cni::error::with_sources;
 use crate::dataplane::bpffs;

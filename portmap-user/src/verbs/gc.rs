@@ -1,11 +1,11 @@
 //! GC: remove what no attachment in the runtime's keep-list owns, and
 //! orphans past their grace period.
 
-use super::PluginError;
 use super::interfaces::{Pass, reconcile_after};
-use super::own_state;
-use super::prune_counters;
-use super::require_privilege;
+use super::shared::PluginError;
+use super::shared::own_state;
+use super::shared::prune_counters;
+use super::shared::require_privilege;
 use crate::cni::GcRequest;
 use crate::dataplane::maps::Maps;
 use crate::dataplane::ownership;

@@ -2,7 +2,7 @@
 //! container-facing side from prevResult), and the reconciliation every
 //! run does against them.
 
-use super::PluginError;
+use super::shared::PluginError;
 use crate::cni::netconf::NetConf;
 use crate::dataplane::attach;
 use crate::dataplane::attach::AttachError;

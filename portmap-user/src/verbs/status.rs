@@ -39,8 +39,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::PluginError;
-use super::require_privilege;
+use super::shared::PluginError;
+use super::shared::require_privilege;
 use crate::cni::CniError;
 use crate::cni::error::code;
 use crate::cni::netconf::NetConf;
