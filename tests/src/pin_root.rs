@@ -7,10 +7,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::bpffs::{
-    BPFFS_MOUNT, agent_record, ensure_bpffs, hooks_record, interfaces_record, key_notes_record,
-    local_addrs_record, lock_file, remove_tree, root_record, status_record,
-};
+use crate::bpffs::{BPFFS_MOUNT, RUN_DIR, ensure_bpffs, lock_file, remove_tree};
 
 /// A private directory on bpffs, removed with all its pins on drop.
 /// Also owns the test's child cgroup for the socket hooks (see
@@ -94,20 +91,18 @@ impl Drop for PinRoot {
         drop(cgroup);
         // The plugin leaves its lock file on purpose (removing a lock
         // someone may wait on would let two loaders in); this root is done
-        // with, so the test takes it and the records beside it away.
-        for file in [
-            lock_file(&self.path),
-            interfaces_record(&self.path),
-            hooks_record(&self.path),
-            root_record(&self.path),
-            status_record(&self.path),
-            local_addrs_record(&self.path),
-            key_notes_record(&self.path),
-            agent_record(&self.path),
-            // The mappings' writers lock (see the plugin's `resize.rs`).
-            lock_file(&self.path).with_extension("writers"),
-        ] {
-            let _ = std::fs::remove_file(file);
+        // with, so the test takes it and every record beside it away: the
+        // files of the run directory named after the lock (`{hash}.*`).
+        let lock = lock_file(&self.path);
+        let stem = lock.file_stem().map(ToOwned::to_owned);
+        let records = std::fs::read_dir(RUN_DIR)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| path.file_stem().map(ToOwned::to_owned) == stem);
+        for record in records {
+            let _ = std::fs::remove_file(record);
         }
     }
 }

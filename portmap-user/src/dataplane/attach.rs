@@ -461,6 +461,11 @@ fn pinned_id(path: &Path) -> Option<u32> {
 /// next one to finish it.
 struct PassRecord;
 
+/// Where [`PassRecord`] is: an uninstall removes it with the programs.
+pub fn pass_record(layout: &PinLayout) -> PathBuf {
+    PassRecord::path(layout)
+}
+
 impl PassRecord {
     fn path(layout: &PinLayout) -> PathBuf {
         layout.lock_file().with_extension("tc")

@@ -145,6 +145,12 @@ fn record_interfaces(layout: &PinLayout, interfaces: Option<&[String]>) -> io::R
     std::fs::rename(&temporary, &path)
 }
 
+/// The records of what the last sync wrote (local addresses, interface
+/// settings): an uninstall removes them with the maps they describe.
+pub fn sync_records(layout: &PinLayout) -> [std::path::PathBuf; 2] {
+    [local_addrs_record(layout), IfacesRecord::path(layout)]
+}
+
 /// Where the local addresses of the last sync are recorded ([`LocalRecord`]).
 pub fn local_addrs_record(layout: &PinLayout) -> std::path::PathBuf {
     layout.lock_file().with_extension("local-addrs")

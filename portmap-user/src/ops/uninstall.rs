@@ -235,10 +235,10 @@ pub fn uninstall(layout: &PinLayout, force: bool) -> Result<Report, UninstallErr
         &crate::dataplane::node_state::interfaces_record(layout),
         &mut report,
     );
-    remove_pin(
-        &crate::dataplane::node_state::local_addrs_record(layout),
-        &mut report,
-    );
+    for record in crate::dataplane::node_state::sync_records(layout) {
+        remove_pin(&record, &mut report);
+    }
+    remove_pin(&crate::dataplane::attach::pass_record(layout), &mut report);
     // Likewise the record of the hooks found in place, and the root's
     // registration (see `dataplane::stale`).
     remove_pin(&crate::dataplane::cgroup::hooks_record(layout), &mut report);
