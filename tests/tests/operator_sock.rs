@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use portmap_tests::agent::{Agent, sample};
 use portmap_tests::topology::NODE_IP4;
-use portmap_tests::traffic::{echo_reply, tcp_echo_server, udp_echo_server};
+use portmap_tests::traffic::{ServerHandle, echo_reply, tcp_echo_server, udp_echo_server};
 use portmap_tests::world::{Probed, World, sock};
-use portmap_tests::{NetNs, PortMapping, plugin_bin};
+use portmap_tests::{Container, NetNs, PortMapping, plugin_bin};
 use serde_json::Value;
 
 /// Upper bound for anything that has to happen; never a timing assertion.
@@ -126,12 +126,13 @@ fn trace_events(out: &Output) -> Vec<Value> {
         .collect()
 }
 
-#[test]
-fn node_connections_translated_by_the_socket_hooks_are_counted_and_traced() {
+/// A bridge node with `web` (8080/tcp to 80, 5353/udp to 53) and `api`
+/// (9090/tcp to 80), each with its echo servers.
+fn web_and_api() -> (World, Container, Container, Vec<ServerHandle>) {
     let world = World::bridge();
     let web = world.node.add_container("web");
     let api = world.node.add_container("api");
-    let _servers = [
+    let servers = vec![
         tcp_echo_server(&web.ns, 80, "web"),
         udp_echo_server(&web.ns, 53, "web"),
         tcp_echo_server(&api.ns, 80, "api"),
@@ -141,6 +142,12 @@ fn node_connections_translated_by_the_socket_hooks_are_counted_and_traced() {
         &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
     );
     world.add(&api, &[PortMapping::tcp(9090, 80)]);
+    (world, web, api, servers)
+}
+
+#[test]
+fn node_connections_translated_by_the_socket_hooks_are_counted_and_traced() {
+    let (world, web, _api, _servers) = web_and_api();
     let list = json_of(&world, &["list", "--json"]);
     let web_ip = row(&list, "0.0.0.0:8080/tcp")["containerIP"]
         .as_str()
@@ -245,19 +252,7 @@ fn node_connections_translated_by_the_socket_hooks_are_counted_and_traced() {
 /// `mapping_packets_total` is, plus the hook.
 #[test]
 fn the_agent_exports_the_socket_translations_per_mapping() {
-    let world = World::bridge();
-    let web = world.node.add_container("web");
-    let api = world.node.add_container("api");
-    let _servers = [
-        tcp_echo_server(&web.ns, 80, "web"),
-        udp_echo_server(&web.ns, 53, "web"),
-        tcp_echo_server(&api.ns, 80, "api"),
-    ];
-    world.add(
-        &web,
-        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
-    );
-    world.add(&api, &[PortMapping::tcp(9090, 80)]);
+    let (world, _web, _api, _servers) = web_and_api();
     probe_hooked(&world, &world.node.ns, "tcp", sock(NODE_IP4, 8080), "m1");
     probe_hooked(&world, &world.node.ns, "tcp", sock(NODE_IP4, 8080), "m2");
     probe_hooked(

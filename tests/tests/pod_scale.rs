@@ -273,6 +273,21 @@ fn bridge_pods(world: &World, count: usize) -> Vec<Container> {
     pods
 }
 
+/// Whether strace is missing (the test is then skipped, with a line
+/// saying so). `cargo xtask setup` installs it: under CI its absence is a
+/// failure, not a skip that would pass without measuring anything.
+fn strace_missing() -> bool {
+    if Command::new("strace").arg("-V").output().is_ok() {
+        return false;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "strace is not installed: `cargo xtask setup` installs it"
+    );
+    eprintln!("skipped: strace is not installed (apt-get install strace)");
+    true
+}
+
 fn assert_close(what: &str, few: u64, many: u64) {
     assert!(
         many <= few + SLACK && few <= many + SLACK,
@@ -282,14 +297,7 @@ fn assert_close(what: &str, few: u64, many: u64) {
 
 #[test]
 fn add_del_and_status_cost_the_same_with_3_and_300_pods() {
-    // `cargo xtask setup` installs strace: under CI its absence is a
-    // failure, not a skip that would pass without measuring anything.
-    if Command::new("strace").arg("-V").output().is_err() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "strace is not installed: `cargo xtask setup` installs it"
-        );
-        eprintln!("skipped: strace is not installed (apt-get install strace)");
+    if strace_missing() {
         return;
     }
     let dir = TempDir::new("count");
@@ -383,12 +391,7 @@ fn add_del_and_status_cost_the_same_with_3_and_300_pods() {
 /// GC's; one CNI call's `bpf()` calls stay the same with 3 and 60 pods.
 #[test]
 fn on_a_routed_network_add_and_del_cost_the_same_with_3_and_60_pods() {
-    if Command::new("strace").arg("-V").output().is_err() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "strace is not installed: `cargo xtask setup` installs it"
-        );
-        eprintln!("skipped: strace is not installed (apt-get install strace)");
+    if strace_missing() {
         return;
     }
     let dir = TempDir::new("count-ptp");
