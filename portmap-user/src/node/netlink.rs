@@ -319,13 +319,15 @@ impl Rtnl {
     /// filters out every interface, and loopback, which always exists and
     /// has no controller, is missing from the answer (a kernel refusing
     /// the request is taken the same way).
+    ///
+    /// The request carries no `IFLA_EXT_MASK`: with one, the kernel sizes
+    /// every interface of the node before the dump starts (`rtnl_calcit`:
+    /// 15% of an ADD's and a DEL's CPU on a node of 1 000 bridge pods,
+    /// under `perf`, nothing with 3); without it, it starts from a
+    /// page-sized buffer, and the few interfaces the filter lets through
+    /// come with their statistics.
     pub fn links_without_controller(&mut self) -> Result<Option<Vec<Link>>, NetlinkError> {
-        let mut request = LinkMessage::default();
-        request.attributes = vec![
-            LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]),
-            LinkAttribute::Controller(u32::MAX),
-        ];
-        match self.link_dump(request) {
+        match self.link_dump(uplink_candidates_request()) {
             Ok(found) => Ok(found.iter().any(|l| l.loopback).then_some(found)),
             Err(NetlinkError::Kernel { .. }) => Ok(None),
             Err(error) => Err(error),
@@ -389,6 +391,15 @@ impl Rtnl {
             Err(error) => Err(error),
         }
     }
+}
+
+/// The dump request of [`Rtnl::links_without_controller`]: only the
+/// interfaces without a controller (`IFLA_MASTER` -1), and no extension
+/// mask (see there).
+fn uplink_candidates_request() -> LinkMessage {
+    let mut request = LinkMessage::default();
+    request.attributes = vec![LinkAttribute::Controller(u32::MAX)];
+    request
 }
 
 /// The attributes of a message, after its fixed header of `header_len` bytes.
@@ -559,6 +570,25 @@ mod tests {
         let mut bytes = vec![0; message.buffer_len()];
         message.emit(&mut bytes);
         bytes
+    }
+
+    #[test]
+    fn the_dump_of_uplink_candidates_asks_the_kernel_to_size_no_interface() {
+        // An `IFLA_EXT_MASK` makes the kernel size every interface of the
+        // node before it dumps the few the filter lets through (issue 36).
+        let request = uplink_candidates_request();
+        assert!(
+            !request
+                .attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::ExtMask(_))),
+            "{request:?}"
+        );
+        assert!(
+            request
+                .attributes
+                .contains(&LinkAttribute::Controller(u32::MAX))
+        );
     }
 
     #[test]
