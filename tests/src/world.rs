@@ -11,10 +11,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
+use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -333,6 +334,42 @@ impl World {
         operator_json(&self.node.ns, self.pins.path(), "list")
     }
 
+    /// `ebpf-portmap trace <args>` in the node namespace, returned once
+    /// `status` names it as the tracer; panics if that takes over `bound`.
+    pub fn start_trace(&self, args: &[&str], bound: Duration) -> Child {
+        let child = self
+            .node
+            .ns
+            .command(plugin_bin())
+            .arg("trace")
+            .args(args)
+            .arg("--pin-root")
+            .arg(self.pins.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn trace");
+        self.wait_tracing_on(child.id(), bound);
+        child
+    }
+
+    /// Waits until `status` names `pid` as the tracer, up to `bound`.
+    fn wait_tracing_on(&self, pid: u32, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        loop {
+            let status = self.operator(&["status", "--json"]);
+            let status: Value = serde_json::from_slice(&status.stdout).expect("status --json");
+            if status["tracing"]["pid"] == pid {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "trace did not switch tracing on within {bound:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The dataplane's counters by reason, as `status --json` reports them.
     /// Its exit status is not checked: a problem `status` reports (a
     /// conntrack table filled by churn, say) makes it exit non-zero, and
@@ -541,4 +578,35 @@ impl FakeContainer {
         }
         hosts
     }
+}
+
+/// Waits for `child` up to `bound`; kills it and panics when it does not end.
+pub fn wait_bounded(mut child: Child, bound: Duration, what: &str) -> Output {
+    let deadline = Instant::now() + bound;
+    loop {
+        match child.try_wait().expect("try_wait") {
+            Some(_) => return child.wait_with_output().expect("collect output"),
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("collect output");
+                panic!(
+                    "{what} did not end within {bound:?}: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// The events of `trace --json`'s output, a JSON object a line.
+pub fn trace_events(out: &Output) -> Vec<Value> {
+    BufReader::new(&out.stdout[..])
+        .lines()
+        .map(|line| {
+            let line = line.expect("trace output line");
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("trace line {line:?}: {e}"))
+        })
+        .collect()
 }

@@ -9,10 +9,9 @@
     reason = "CniFailure carries the whole plugin exchange on purpose (see cni.rs)"
 )]
 
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use portmap_tests::cni::CniCommand;
@@ -20,7 +19,7 @@ use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, PLUGIN_LOG};
 use portmap_tests::traffic::{
     echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
 };
-use portmap_tests::world::{PROBE, World, fake_prev_result, sock};
+use portmap_tests::world::{PROBE, World, fake_prev_result, sock, trace_events, wait_bounded};
 use portmap_tests::{PortMapping, RuntimeAttachment, plugin_bin};
 use serde_json::{Value, json};
 
@@ -85,26 +84,6 @@ fn num(value: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("{key} is not a number in {value:#}"))
 }
 
-/// Waits for `child` up to `bound`; kills it and panics when it does not end.
-fn wait_bounded(mut child: Child, bound: Duration, what: &str) -> Output {
-    let deadline = Instant::now() + bound;
-    loop {
-        match child.try_wait().expect("try_wait") {
-            Some(_) => return child.wait_with_output().expect("collect output"),
-            None if Instant::now() > deadline => {
-                let _ = child.kill();
-                let out = child.wait_with_output().expect("collect output");
-                panic!(
-                    "{what} did not end within {bound:?}: {}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            None => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
-}
-
 /// Waits until `condition` holds, up to [`BOUND`].
 fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + BOUND;
@@ -112,37 +91,6 @@ fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "{what}: not within {BOUND:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// `trace <args>` in the node namespace, once tracing is on.
-fn start_trace(world: &World, args: &[&str]) -> Child {
-    let child = world
-        .node
-        .ns
-        .command(plugin_bin())
-        .arg("trace")
-        .args(args)
-        .arg("--pin-root")
-        .arg(world.pins.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn trace");
-    let pid = child.id();
-    eventually("trace switched tracing on", || {
-        status_json(world).1["tracing"]["pid"] == pid
-    });
-    child
-}
-
-fn trace_events(out: &Output) -> Vec<Value> {
-    BufReader::new(&out.stdout[..])
-        .lines()
-        .map(|line| {
-            let line = line.expect("trace output line");
-            serde_json::from_str(&line).unwrap_or_else(|e| panic!("trace line {line:?}: {e}"))
-        })
-        .collect()
 }
 
 fn tcx_world() -> World {
@@ -503,7 +451,7 @@ fn trace_shows_decisions_for_the_traced_port_only() {
             .to_owned();
 
     // Trace 8080 while UDP 5353 also flows: only 8080 shows.
-    let trace = start_trace(&world, &["--port", "8080", "--json", "--count", "4"]);
+    let trace = world.start_trace(&["--port", "8080", "--json", "--count", "4"], BOUND);
     world.expect_answer(
         "UDP 5353 while tracing 8080",
         udp_request(&world.node.ext, sock(NODE_IP4, 5353), "q", PROBE),
@@ -560,7 +508,7 @@ fn trace_shows_decisions_for_the_traced_port_only() {
     drop(session);
 
     // A port nothing publishes: the trace says so.
-    let trace = start_trace(&world, &["--port", "7777", "--json", "--count", "1"]);
+    let trace = world.start_trace(&["--port", "7777", "--json", "--count", "1"], BOUND);
     let refused = tcp_request(&world.node.ext, sock(NODE_IP6, 7777), "x", PROBE);
     assert!(refused.is_err(), "nothing listens on 7777");
     let out = wait_bounded(trace, BOUND, "trace --port 7777");
@@ -577,7 +525,7 @@ fn trace_shows_decisions_for_the_traced_port_only() {
 
     // Ctrl-C ends a trace and switches tracing off; a second tracer is
     // refused while one runs.
-    let trace = start_trace(&world, &["--port", "8080"]);
+    let trace = world.start_trace(&["--port", "8080"], BOUND);
     let second = op(&world, &["trace", "--port", "8080", "--count", "1"]);
     assert!(!second.status.success(), "one tracer at a time");
     assert!(

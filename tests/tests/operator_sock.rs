@@ -6,16 +6,14 @@
 //! must export it. Needs root; each test has its own namespaces, pin root
 //! and cgroup.
 
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Child, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use portmap_tests::agent::{Agent, sample};
 use portmap_tests::topology::NODE_IP4;
 use portmap_tests::traffic::{ServerHandle, echo_reply, tcp_echo_server, udp_echo_server};
-use portmap_tests::world::{Probed, World, sock};
-use portmap_tests::{Container, NetNs, PortMapping, plugin_bin};
+use portmap_tests::world::{Probed, World, sock, trace_events, wait_bounded};
+use portmap_tests::{Container, NetNs, PortMapping};
 use serde_json::Value;
 
 /// Upper bound for anything that has to happen; never a timing assertion.
@@ -64,68 +62,6 @@ fn num(value: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("{key} is not a number in {value:#}"))
 }
 
-/// `trace <args>` in the node namespace, returned once tracing is on.
-fn start_trace(world: &World, args: &[&str]) -> Child {
-    let child = world
-        .node
-        .ns
-        .command(plugin_bin())
-        .arg("trace")
-        .args(args)
-        .arg("--pin-root")
-        .arg(world.pins.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn trace");
-    wait_tracing_on(world, child.id());
-    child
-}
-
-/// Waits until `status` names `pid` as the tracer.
-fn wait_tracing_on(world: &World, pid: u32) {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        let status = world.operator(&["status", "--json"]);
-        let status: Value = serde_json::from_slice(&status.stdout).expect("status --json");
-        if status["tracing"]["pid"] == pid {
-            return;
-        }
-        assert!(Instant::now() < deadline, "trace did not switch tracing on");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Waits for `child` up to [`BOUND`]; kills it and panics when it does not end.
-fn wait_bounded(mut child: Child, what: &str) -> Output {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("collect output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("collect output");
-            panic!(
-                "{what} did not end within {BOUND:?}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn trace_events(out: &Output) -> Vec<Value> {
-    BufReader::new(&out.stdout[..])
-        .lines()
-        .map(|line| {
-            let line = line.expect("trace output line");
-            serde_json::from_str(&line).unwrap_or_else(|e| panic!("trace line {line:?}: {e}"))
-        })
-        .collect()
-}
-
 /// A bridge node with `web` (8080/tcp to 80, 5353/udp to 53) and `api`
 /// (9090/tcp to 80), each with its echo servers.
 fn web_and_api() -> (World, Container, Container, Vec<ServerHandle>) {
@@ -158,9 +94,9 @@ fn node_connections_translated_by_the_socket_hooks_are_counted_and_traced() {
     }
 
     // One TCP connection from the node to node-IP:hostPort, traced.
-    let trace = start_trace(&world, &["--json", "--port", "8080", "--count", "1"]);
+    let trace = world.start_trace(&["--json", "--port", "8080", "--count", "1"], BOUND);
     probe_hooked(&world, &world.node.ns, "tcp", sock(NODE_IP4, 8080), "n1");
-    let out = wait_bounded(trace, "trace --port 8080 --count 1");
+    let out = wait_bounded(trace, BOUND, "trace --port 8080 --count 1");
     let events = trace_events(&out);
     assert_eq!(events.len(), 1, "{events:#?}");
     let event = &events[0];
