@@ -10,8 +10,7 @@
 )]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -581,6 +580,8 @@ impl FakeContainer {
 }
 
 /// Waits for `child` up to `bound`; kills it and panics when it does not end.
+/// Polls every 5 ms (a `waitpid` each), so a race test that waits for its
+/// racers round after round loses no time to the poll.
 pub fn wait_bounded(mut child: Child, bound: Duration, what: &str) -> Output {
     let deadline = Instant::now() + bound;
     loop {
@@ -595,7 +596,7 @@ pub fn wait_bounded(mut child: Child, bound: Duration, what: &str) -> Output {
                     String::from_utf8_lossy(&out.stderr)
                 );
             }
-            None => std::thread::sleep(Duration::from_millis(50)),
+            None => std::thread::sleep(Duration::from_millis(5)),
         }
     }
 }

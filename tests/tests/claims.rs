@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use portmap_tests::cni::{CniCommand, gc_plugin_config};
 use portmap_tests::topology::{NODE_IP4, NODE_IP6};
 use portmap_tests::traffic::{echo_reply, tcp_connect, tcp_echo_server, tcp_request};
-use portmap_tests::world::{FakeContainer, PROBE, World, bpftool_number, sock};
+use portmap_tests::world::{FakeContainer, PROBE, World, bpftool_number, sock, wait_bounded};
 use portmap_tests::{Conflist, PortMapping, plugin_bin};
 use serde_json::{Value, json};
 
@@ -241,8 +241,8 @@ fn racing_wildcard_and_specific_claims_never_both_win() {
         };
         let a = first.spawn(&world, CniCommand::Add);
         let b = second.spawn(&world, CniCommand::Add);
-        let a = wait(a, "first ADD");
-        let b = wait(b, "second ADD");
+        let a = wait_bounded(a, BOUND, "first ADD");
+        let b = wait_bounded(b, BOUND, "second ADD");
         let hosts: BTreeSet<String> = entries(&world, "mappings")
             .iter()
             .map(std::string::ToString::to_string)
@@ -266,20 +266,6 @@ fn racing_wildcard_and_specific_claims_never_both_win() {
 }
 
 // --- item 9: GC racing ADD, orphans ---
-
-fn wait(mut child: std::process::Child, what: &str) -> Output {
-    let deadline = Instant::now() + BOUND;
-    loop {
-        match child.try_wait().expect("try_wait") {
-            Some(_) => return child.wait_with_output().expect("collect output"),
-            None if Instant::now() > deadline => {
-                let _ = child.kill();
-                panic!("{what} did not end within {BOUND:?}");
-            }
-            None => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
-}
 
 /// Starts our plugin's CNI GC keeping nothing of the network.
 fn spawn_gc(world: &World) -> std::process::Child {
@@ -320,8 +306,8 @@ fn gc_racing_add_never_leaves_a_port_stuck() {
         let add = racer.spawn(&world, CniCommand::Add);
         std::thread::sleep(add_time * round / rounds);
         let gc = spawn_gc(&world);
-        let add = wait(add, "ADD");
-        let gc = wait(gc, "GC");
+        let add = wait_bounded(add, BOUND, "ADD");
+        let gc = wait_bounded(gc, BOUND, "GC");
         assert!(
             gc.status.success(),
             "round {round}: GC failed: {}",
