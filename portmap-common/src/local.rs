@@ -7,8 +7,8 @@
 /// portmap-user reads them from.
 pub mod map_names {
     pub use crate::maps::{
-        IFACES, LOCAL_ADDRS, MASQ_OWNERS, NODE, PEERS, PINNED_LOCAL as ALL, SOCK_COUNTERS,
-        SOCK_ORIGIN,
+        CONTAINER_NETNS, IFACES, LOCAL_ADDRS, MASQ_OWNERS, NODE, PEERS, PINNED_LOCAL as ALL,
+        SOCK_COUNTERS, SOCK_ORIGIN,
     };
 }
 
@@ -116,6 +116,26 @@ pub struct SockCounters {
     /// sendmsg() calls with a destination pointed at the container
     /// (unconnected UDP: one per datagram).
     pub sendmsgs: u64,
+}
+
+/// Name of the userspace twin of [`crate::maps::CONTAINER_NETNS`]: owner
+/// ID -> [`NetnsRegistration`]. The programs never read it; userspace
+/// creates it on the first ADD with `containerSockets` (like
+/// [`crate::OWNER_PODS_MAP`]). ADD writes it before the registration, so
+/// a registration always has a record that names its container: DEL finds
+/// the cookie by owner (the second DEL has no `CNI_NETNS`), CNI GC by
+/// network and container.
+pub const OWNER_NETNS_MAP: &str = "owner_netns";
+
+/// What an owner registered in [`crate::maps::CONTAINER_NETNS`]: the
+/// cookie, and whose it is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetnsRegistration {
+    /// The container's network namespace cookie (`SO_NETNS_COOKIE`).
+    pub netns_cookie: u64,
+    /// The attachment (network, container ID, interface), as in `owners`.
+    pub owner: crate::OwnerRecord,
 }
 
 /// A container address, the key of [`Peer`].
@@ -255,6 +275,9 @@ const _: () = {
     assert!(core::mem::size_of::<SockOrigin>() == 40);
     assert!(core::mem::size_of::<SockCounters>() == 16);
     assert!(core::mem::size_of::<Peer>() == 24);
+    assert!(
+        core::mem::size_of::<NetnsRegistration>() == 8 + core::mem::size_of::<crate::OwnerRecord>()
+    );
     assert!(MASQ_PORT_MIN as u32 + MASQ_PORT_COUNT as u32 - 1 == 65535);
 };
 
@@ -277,6 +300,7 @@ mod pod {
         SockCounters,
         Peer,
         MasqOwner,
+        NetnsRegistration,
     );
 }
 

@@ -77,6 +77,13 @@ pub const PEERS: &str = "peers";
 /// container may hold that tuple in TIME_WAIT for a minute, longer than
 /// the closed conntrack table remembers flows under churn.
 pub const MASQ_OWNERS: &str = "masq_owners";
+/// The network namespaces of this node's containers whose sockets the
+/// socket hooks translate (`containerSockets`): netns cookie (`u64`) ->
+/// the owner ID of the attachment that registered it (`u64`). Written by
+/// ADD, removed by DEL and GC; the hooks only ask whether a cookie is in
+/// it. Its userspace twin, [`crate::local::OWNER_NETNS_MAP`], finds the
+/// cookie again by owner when the namespace is gone.
+pub const CONTAINER_NETNS: &str = "container_netns";
 
 /// Per-CPU scratch space of the tc programs (not pinned; the eBPF crate's
 /// own layout, never read by userspace).
@@ -107,7 +114,7 @@ pub const PINNED: [&str; 11] = [
     TRACE_FILTER,
 ];
 /// Every pinned map of node-local traffic (socket hooks, hairpin, fast path).
-pub const PINNED_LOCAL: [&str; 7] = [
+pub const PINNED_LOCAL: [&str; 8] = [
     NODE,
     LOCAL_ADDRS,
     IFACES,
@@ -115,6 +122,7 @@ pub const PINNED_LOCAL: [&str; 7] = [
     SOCK_COUNTERS,
     PEERS,
     MASQ_OWNERS,
+    CONTAINER_NETNS,
 ];
 /// The maps of the object that are never pinned.
 pub const UNPINNED: [&str; 6] = [
@@ -179,4 +187,8 @@ pub mod capacity {
     /// Fast-path hand-over entries: one per container address, so bounded
     /// like the owners.
     pub const PEERS: u32 = OWNERS;
+    /// Registered container namespaces (`containerSockets`): one per
+    /// container attachment, so bounded like the owners (16 bytes each,
+    /// allocated on use).
+    pub const CONTAINER_NETNS: u32 = OWNERS;
 }

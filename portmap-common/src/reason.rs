@@ -31,11 +31,14 @@ pub mod stat {
     pub const FWD_DISABLED: u32 = 11;
     /// A socket hook pointed connect()/sendmsg() at a container.
     pub const SOCK_TRANSLATED: u32 = 12;
-    /// A socket of another network namespace than the node's (a container,
-    /// another node sharing the cgroup) dialling a mapped port: left alone,
-    /// it reaches the host port by the packet path as any client does.
+    /// A socket of another network namespace than the node's (a container
+    /// not registered with `containerSockets`, another node sharing the
+    /// cgroup) dialling a mapped port, or a registered container's socket
+    /// dialling a mapping with conditions: left alone, it reaches the host
+    /// port by the packet path as any client does.
     pub const SOCK_OTHER_NETNS: u32 = 13;
-    /// A wildcard mapping's port on an address that is not the node's.
+    /// A wildcard mapping's port on an address that is not the node's, or a
+    /// registered container dialling its own loopback.
     pub const SOCK_NOT_LOCAL: u32 = 14;
     /// No socket storage for the translation: left alone.
     pub const SOCK_NO_STORAGE: u32 = 15;
@@ -225,14 +228,14 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         id: stat::SOCK_OTHER_NETNS,
         name: "sock_other_netns",
         label: "socket-other-netns",
-        meaning: "socket of another network namespace (a container, another node) dialling a mapped port: left alone, served by the packet path",
+        meaning: "socket of another network namespace (a container without containerSockets, another node) dialling a mapped port, or a container's to a mapping with conditions: left alone, served by the packet path",
         kind: Kind::Skipped,
     },
     Reason {
         id: stat::SOCK_NOT_LOCAL,
         name: "sock_not_local",
         label: "socket-not-local",
-        meaning: "a wildcard mapping's port on an address that is not the node's: left alone",
+        meaning: "a wildcard mapping's port on an address that is not the node's, or a container's own loopback: left alone",
         kind: Kind::Skipped,
     },
     Reason {

@@ -678,3 +678,17 @@ pub fn origin(ctx: &SockAddrContext) -> Option<SockOrigin> {
         Some(unsafe { *slot })
     }
 }
+
+/// Network namespaces of this node's containers whose sockets the hooks
+/// translate (`containerSockets`): netns cookie -> the registering owner's
+/// ID. Only membership is read here; userspace writes and removes entries.
+#[btf_map(name = "container_netns")]
+static CONTAINER_NETNS: HashMap<u64, u64, { capacity::CONTAINER_NETNS as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+/// Whether the network namespace of `netns_cookie` is a container's this
+/// node registered for socket translation.
+#[inline(always)]
+pub fn is_container_netns(netns_cookie: u64) -> bool {
+    CONTAINER_NETNS.get_ptr(netns_cookie).is_some()
+}

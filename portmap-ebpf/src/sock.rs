@@ -1,6 +1,9 @@
 //! cgroup socket hooks: hostPort translation at the socket for connections
 //! that start on the node (processes of the hooked cgroup in the node's own
-//! network namespace) and so never cross a tc hook on the way in. No packet is rewritten: connect()
+//! network namespace) and so never cross a tc hook on the way in, and,
+//! with `containerSockets`, for the node's containers dialling one of the
+//! node's addresses (their namespaces registered by ADD in
+//! `container_netns`). No packet is rewritten: connect()
 //! and sendmsg() are pointed at the container, getpeername() and recvmsg()
 //! show the application the address it dialled.
 //!
@@ -163,38 +166,66 @@ fn protocol(ctx: &SockAddrContext) -> Option<u8> {
     }
 }
 
-/// The mapping a socket dialling `endpoint` means, if any.
+/// Whose socket the hooks translate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dialler {
+    /// A socket of the node's own network namespace.
+    Node,
+    /// A socket of a container's namespace that this node registered
+    /// (`containerSockets`, the `container_netns` map).
+    Container,
+}
+
+/// The mapping a socket dialling `endpoint` means, if any, and whose
+/// socket it is.
 ///
-/// Only for sockets of the node's own network namespace, whatever the
-/// destination. The hooked cgroup (the cgroup2 root when `cgroupPath` is
-/// unset) also holds processes of other namespaces: containers, and other
-/// nodes sharing the kernel (kind, nested labs, a client namespace joined
-/// by a veth). Pointed at a container's address, their sockets would dial
-/// what their own namespace may not route to; left alone, they reach a
-/// host port as any client does, by the packet path (tc on the interface
-/// they arrive on; a container's, masqueraded with `snat`).
+/// Only for sockets of the node's own network namespace, and of the
+/// containers' namespaces this node registered (`containerSockets`),
+/// whatever the destination. The hooked cgroup (the cgroup2 root when
+/// `cgroupPath` is unset) also holds processes of other namespaces:
+/// containers without the option, and other nodes sharing the kernel
+/// (kind, nested labs, a client namespace joined by a veth). Pointed at a
+/// container's address, their sockets would dial what their own namespace
+/// may not route to; left alone, they reach a host port as any client
+/// does, by the packet path (tc on the interface they arrive on; a
+/// container's, masqueraded with `snat`).
+///
+/// The node's namespace is checked first, so its `connect()` pays no
+/// lookup more than before; only other namespaces look in
+/// `container_netns`.
 #[inline(always)]
 fn mapping_for(
     ctx: &SockAddrContext,
     endpoint: &Endpoint,
     proto: u8,
-) -> Option<(MappingKey, MappingValue)> {
+) -> Option<(MappingKey, MappingValue, Dialler)> {
     let node = maps::node_config()?;
     // SAFETY: the helper only reads the context.
     let cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
-    if node.netns_cookie == 0 || cookie != node.netns_cookie {
+    let dialler = if node.netns_cookie != 0 && cookie == node.netns_cookie {
+        Dialler::Node
+    } else if maps::is_container_netns(cookie) {
+        Dialler::Container
+    } else {
         maps::count(stat::SOCK_OTHER_NETNS);
+        return None;
+    };
+    let loopback = parse::is_loopback(endpoint.family, &endpoint.addr_be);
+    // A container's loopback is its own, never the node's: not even a
+    // mapping with hostIP 127.0.0.1 is reached through it.
+    if loopback && dialler == Dialler::Container {
+        maps::count(stat::SOCK_NOT_LOCAL);
         return None;
     }
     let (key, value) =
         maps::find_mapping(endpoint.family, proto, &endpoint.addr_be, endpoint.port_be)?;
     // A wildcard mapping covers the node's own addresses only (loopback is
-    // the node's, the namespace checked above).
-    if parse::is_loopback(endpoint.family, &endpoint.addr_be)
+    // the node's here: a container's was left above).
+    if loopback
         || key.host_addr_be == endpoint.addr_be
         || maps::is_local_addr(endpoint.family, &endpoint.addr_be)
     {
-        Some((key, value))
+        Some((key, value, dialler))
     } else {
         maps::count(stat::SOCK_NOT_LOCAL);
         None
@@ -237,9 +268,16 @@ fn translate(ctx: &SockAddrContext, socket_family: u8, hook: Hook) {
     if !maps::port_is(PortRole::Host, proto, dialled.port_be) {
         return;
     }
-    let Some((key, mapping)) = mapping_for(ctx, &dialled, proto) else {
+    let Some((key, mapping, dialler)) = mapping_for(ctx, &dialled, proto) else {
         return;
     };
+    // A container's connection meets upstream's conditions in PREROUTING,
+    // from its own address and interface, which the socket does not know
+    // yet: the packet path judges it there.
+    if mapping.conditions != 0 && dialler == Dialler::Container {
+        maps::count(stat::SOCK_OTHER_NETNS);
+        return;
+    }
     if mapping.conditions != 0 && !meets_conditions(&dialled, proto, mapping.owner_id) {
         maps::count(stat::SKIP_CONDITIONS);
         return;

@@ -91,6 +91,13 @@ pub struct NetConf {
     /// container's veth and answers straight to the interface towards the
     /// client, skipping the node's routing, netfilter and bridge.
     pub fast_path: bool,
+    /// `containerSockets` (default false): translate this network's
+    /// containers' own `connect()`/`sendmsg()` to a host port on one of the
+    /// node's addresses at the socket (direct: the answering container sees
+    /// the dialling pod's address, the node's netfilter sees no hostPort
+    /// traffic) instead of the packet path (hairpin, masqueraded with
+    /// `snat`). ADD registers the container's network namespace for it.
+    pub container_sockets: bool,
     /// `cgroupPath`: cgroup v2 directory the socket hooks attach to; default
     /// the root of the node's cgroup2 hierarchy.
     pub cgroup_path: Option<PathBuf>,
@@ -342,6 +349,7 @@ const ROOT_FIELDS: &[Field] = &[
     Field::scalar("hostPortListeners"),
     Field::scalar("masqAll"),
     Field::scalar("fastPath"),
+    Field::scalar("containerSockets"),
     Field::scalar("cgroupPath"),
     // Upstream portmap's, pointers there (`*[]string`, `*int`, `*string`).
     Field::nullable("conditionsV4"),
@@ -415,6 +423,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
     let snat = parse_bool(value("snat")?, true)?;
     let masq_all = parse_bool(value("masqAll")?, false)?;
     let fast_path = parse_bool(value("fastPath")?, false)?;
+    let container_sockets = parse_bool(value("containerSockets")?, false)?;
     let cgroup_path = parse_cgroup_path(value("cgroupPath")?)?;
     let valid_attachments = parse_valid_attachments(&fields)?;
 
@@ -470,6 +479,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
             snat,
             masq_all,
             fast_path,
+            container_sockets,
             cgroup_path,
             port_mappings,
             host_ip_keys,

@@ -794,6 +794,7 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
             size(size_of::<local::PeerKey>()),
             size(size_of::<local::Peer>()),
         ),
+        local::map_names::CONTAINER_NETNS => (8, 8),
         map_names::COUNTERS => (
             size(size_of::<portmap_common::CounterKey>()),
             size(size_of::<portmap_common::MappingCounters>()),

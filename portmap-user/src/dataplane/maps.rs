@@ -396,6 +396,15 @@ pub const ORPHANS: UserMap = UserMap {
     max_entries: capacity::OWNERS,
 };
 
+/// Each owner's registered container namespace (`containerSockets`), by
+/// owner ID (see `dataplane::container_netns`).
+pub const OWNER_NETNS: UserMap = UserMap {
+    name: portmap_common::local::OWNER_NETNS_MAP,
+    key_size: size_of::<u64>() as u32,
+    value_size: size_of::<portmap_common::local::NetnsRegistration>() as u32,
+    max_entries: capacity::CONTAINER_NETNS,
+};
+
 /// A pinned user map if it exists (checked to have this build's layout).
 /// One open: the sizes aya reads when it opens the pin are the ones
 /// checked; only a map of another layout is asked for its sizes again, for

@@ -2,7 +2,8 @@
 //! [`scope`]), the eBPF object ([`object`]), loading and attaching the
 //! programs ([`attach`], on [`bpffs`], under the pin root's [`lock`]; [`cgroup`],
 //! [`features`]), the maps ([`maps`], sized by [`sizing`]) and what is kept in them: which
-//! container owns which port ([`ownership`]), the node's own addresses
+//! container owns which port ([`ownership`]), the containers whose own
+//! sockets the hooks translate ([`container_netns`]), the node's own addresses
 //! ([`node_state`]), where containers hand packets over ([`peers`]), traffic
 //! counters ([`counters`]) and the trace ring ([`trace`]); the state of
 //! nodes whose network namespace is gone ([`stale`]); the keys the last ADD
@@ -13,6 +14,7 @@ pub mod agent_record;
 pub mod attach;
 pub mod bpffs;
 pub mod cgroup;
+pub mod container_netns;
 pub mod counters;
 pub mod features;
 pub mod hash;

@@ -522,6 +522,11 @@ pub fn footprint(sizes: &Sizes, cpus: u32, mappings: u64) -> Footprint {
             size(size_of::<local::Peer>()),
             mappings,
         )
+        // container_netns, pinned with the programs: one entry per
+        // container only with `containerSockets` (off by default), so none
+        // here; its userspace twin `owner_netns` is made by the first ADD
+        // with the option, so it is not here either.
+        + lazy(capacity::CONTAINER_NETNS, 8, 8, 0)
         // mapped_ports (48 KiB), the epoch, verb_stats: mmapable arrays,
         // page-rounded; the small records.
         + 53_248 + 2 * 8_192 + 4 * 400

@@ -10,6 +10,7 @@ use crate::cni::Request;
 use crate::cni::error::with_sources;
 use crate::cni::netconf::ListenerPolicy;
 use crate::cni::netconf::NetConf;
+use crate::dataplane::container_netns;
 use crate::dataplane::maps::Maps;
 use crate::dataplane::ownership;
 use crate::dataplane::ownership::Translation;
@@ -70,7 +71,9 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     // A container without mappings still needs the programs on its
     // host-side interface once the node has a dataplane: that is where
     // its hairpin connections to other containers' host ports start.
-    if translations.is_empty() {
+    // With `containerSockets` it needs the dataplane in any case: its
+    // namespace is registered in the programs' map.
+    if translations.is_empty() && !req.conf.container_sockets {
         let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
         if !layout.map(portmap_common::map_names::OWNERS).exists() {
             log::info!("ADD {}: no port mappings", who(&req.owner, &req.identity));
@@ -88,6 +91,7 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     reconcile(&layout, &req.conf, &node, Pass::Call)?;
     log::debug!("ADD account: {}", netlink::account());
     let mut maps = Maps::open(&layout)?;
+    container_sockets(req, &layout)?;
     if translations.is_empty() {
         return Ok(());
     }
@@ -133,6 +137,43 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
         "ADD {}: {} mapping(s) claimed",
         who(&req.owner, &req.identity),
         translations.len()
+    );
+    Ok(())
+}
+
+/// `containerSockets`: registers the container's network namespace, so
+/// that the socket hooks translate its own connections to a host port on
+/// the node's addresses; off, forgets a registration an earlier ADD of
+/// this attachment made with it on. Before the claim: a claim that fails
+/// fails the ADD, and its DEL forgets the registration too.
+fn container_sockets(
+    req: &Request,
+    layout: &crate::dataplane::pin::PinLayout,
+) -> Result<(), PluginError> {
+    let id = ownership::owner_id(&req.owner);
+    if !req.conf.container_sockets {
+        if container_netns::forget(layout, id) {
+            log::info!(
+                "ADD {}: containerSockets is off: its namespace's sockets are no longer translated",
+                who(&req.owner, &req.identity)
+            );
+        }
+        return Ok(());
+    }
+    let Some(netns) = req.netns.as_deref() else {
+        // cni::env requires CNI_NETNS for ADD; kept total all the same.
+        log::warn!(
+            "ADD {}: no CNI_NETNS: containerSockets does not apply; its connections take the packet path",
+            who(&req.owner, &req.identity)
+        );
+        return Ok(());
+    };
+    let cookie = container_netns::cookie_at(netns)?;
+    container_netns::register(layout, &req.owner, cookie)?;
+    log::info!(
+        "ADD {}: network namespace {} (cookie {cookie}) registered: its connections to host ports on the node's addresses are translated at the socket",
+        who(&req.owner, &req.identity),
+        netns.display()
     );
     Ok(())
 }

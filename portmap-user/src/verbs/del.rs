@@ -33,6 +33,7 @@ use super::shared::who;
 use crate::cni::Request;
 use crate::cni::error::with_sources;
 use crate::dataplane::bpffs;
+use crate::dataplane::container_netns;
 use crate::dataplane::lock;
 use crate::dataplane::maps::{self, MappingsEpoch, Maps};
 use crate::dataplane::ownership;
@@ -163,6 +164,13 @@ fn release(req: &Request) -> Result<(), PluginError> {
         .filter(|(_, value)| value.owner_id == owner_id)
         .map(|(family, value)| (family, value.container_addr_be))
         .collect();
+    // By owner: the second DEL has no CNI_NETNS, the namespace may be gone.
+    if container_netns::forget(&layout, owner_id) {
+        log::info!(
+            "DEL {}: its network namespace is no longer translated at the socket",
+            who(&req.owner, identity)
+        );
+    }
     let removed = maps.release(&req.owner)?;
     peers::forget(&layout, owner_id, &container_addrs);
     log::info!(

@@ -7,6 +7,7 @@ use super::shared::own_state;
 use super::shared::prune_counters;
 use super::shared::require_privilege;
 use crate::cni::GcRequest;
+use crate::dataplane::container_netns;
 use crate::dataplane::maps::Maps;
 use crate::dataplane::ownership;
 use crate::dataplane::peers;
@@ -33,6 +34,13 @@ pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
     };
     let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
     log::info!("GC {}: removed {removed:?}", req.conf.name);
+    let forgotten = container_netns::collect(&layout, &req.conf.name, &req.valid);
+    if forgotten > 0 {
+        log::info!(
+            "GC {}: {forgotten} container namespace registration(s) (containerSockets) of containers no longer listed removed",
+            req.conf.name
+        );
+    }
     collect_node_garbage("GC", &layout, &mut maps)?;
     reconcile_after("GC", &layout, &req.conf, Pass::Node);
     Ok(())
@@ -122,6 +130,12 @@ pub fn collect_node_garbage(
             log::info!("{verb}: {pruned} conditions entr(y/ies) without an owner removed");
         }
         Err(error) => log::warn!("{verb}: conditions not pruned: {error}"),
+    }
+    let unnamed = container_netns::prune(layout);
+    if unnamed > 0 {
+        log::info!(
+            "{verb}: {unnamed} container namespace registration(s) that no record names removed"
+        );
     }
     let pruned = peers::prune(layout, |owner| maps.owners.get(&owner, 0).is_ok());
     if pruned > 0 {

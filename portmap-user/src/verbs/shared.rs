@@ -62,6 +62,8 @@ pub enum PluginError {
     Local(#[from] node_state::LocalError),
     #[error(transparent)]
     Scope(#[from] scope::ScopeError),
+    #[error("containerSockets: the container's network namespace is not registered")]
+    ContainerNetns(#[from] crate::dataplane::container_netns::RegistrationError),
 }
 
 impl PluginError {
@@ -96,6 +98,10 @@ impl PluginError {
             PluginError::Sockets(_) | PluginError::Local(_) => code::IO_FAILURE,
             PluginError::Scope(scope::ScopeError::InUse { .. }) => code::INVALID_NETWORK_CONFIG,
             PluginError::Scope(_) => code::IO_FAILURE,
+            PluginError::ContainerNetns(
+                crate::dataplane::container_netns::RegistrationError::Full { .. },
+            ) => code::CAPACITY,
+            PluginError::ContainerNetns(_) => code::IO_FAILURE,
         }
     }
 }

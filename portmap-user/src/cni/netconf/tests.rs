@@ -780,6 +780,26 @@ fn parse_netconf_table() {
             Invalid(c, &["fastPath"]),
         ),
         (
+            "containerSockets not a bool",
+            with(r#","containerSockets":"yes""#),
+            Invalid(c, &["containerSockets: \"yes\" is not true or false"]),
+        ),
+        (
+            "containerSockets on",
+            with(r#","containerSockets":true"#),
+            Valid(|conf| assert!(conf.container_sockets, "containerSockets: true")),
+        ),
+        (
+            "containerSockets off by default",
+            with(""),
+            Valid(|conf| {
+                assert!(
+                    !conf.container_sockets,
+                    "containerSockets defaults to false"
+                );
+            }),
+        ),
+        (
             "cgroupPath relative",
             with(r#","cgroupPath":"sys/fs/cgroup""#),
             Invalid(c, &["cgroupPath", "absolute"]),
@@ -914,7 +934,7 @@ fn every_key_we_read_matches_case_insensitively() {
     let input = r#"{"CNIVERSION":"1.0.0","Name":"k8s","Type":"ebpf-portmap",
         "PinRoot":"/sys/fs/bpf/x","Interfaces":["eth0"],"ConntrackSize":4096,
         "LogFile":"/tmp/x.log","MaxMappings":64,"HostPortListeners":"allow",
-        "SNAT":false,"MasqAll":true,"FastPath":true,"CgroupPath":"/sys/fs/cgroup/x",
+        "SNAT":false,"MasqAll":true,"FastPath":true,"ContainerSockets":true,"CgroupPath":"/sys/fs/cgroup/x",
         "RuntimeConfig":{"PortMappings":[{"HostPort":1,"ContainerPort":2}]},
         "PrevResult":{"IPs":[{"Address":"10.0.0.2/24","Interface":0}],
                       "Interfaces":[{"Name":"eth0","Sandbox":"/proc/1/ns/net"}]},
@@ -933,8 +953,13 @@ fn every_key_we_read_matches_case_insensitively() {
     assert_eq!(conf.log_file, PathBuf::from("/tmp/x.log"));
     assert_eq!(conf.listener_policy, ListenerPolicy::Allow);
     assert_eq!(
-        (conf.snat, conf.masq_all, conf.fast_path),
-        (false, true, true)
+        (
+            conf.snat,
+            conf.masq_all,
+            conf.fast_path,
+            conf.container_sockets
+        ),
+        (false, true, true, true)
     );
     assert_eq!(conf.cgroup_path, Some(PathBuf::from("/sys/fs/cgroup/x")));
     assert_eq!(conf.port_mappings.len(), 1);
