@@ -232,6 +232,7 @@ fn every_malformed_request_is_refused_cleanly_and_changes_nothing() {
         case("bad interface name", r().set("/interfaces", json!(["a b"])), 7, &["interfaces"]),
         case("conntrackSize a string", r().set("/conntrackSize", json!("big")), 7, &["conntrackSize"]),
         case("maxMappings zero", r().set("/maxMappings", json!(0)), 7, &["maxMappings"]),
+        case("containerSockets a string", r().set("/containerSockets", json!("yes")), 7, &["containerSockets", "not true or false"]),
         case("runtimeConfig not an object", r().set("/runtimeConfig", json!([])), 7, &["runtimeConfig"]),
         case("portMappings not a list", r().mappings(json!({"hostPort": 80})), 7, &["portMappings"]),
         // Upstream portmap's conditions: the forms ebpf-portmap cannot

@@ -153,6 +153,17 @@ pub const GUEST_TESTS: &[GuestTest] = &[
             "node_connections_translated_by_the_socket_hooks_are_counted_and_traced",
         ]),
     },
+    // Containers translated at the socket (`containerSockets`, issue 28):
+    // the hooks' lookup of a container's netns cookie in a hash map, which
+    // 6.1's verifier must accept within its 512-byte stack, and both paths
+    // a container takes to a host port (socket and masqueraded hairpin).
+    GuestTest {
+        name: "container_sockets",
+        tests: InGuest::Only(&[
+            "with_container_sockets_containers_are_translated_at_the_socket",
+            "without_container_sockets_containers_take_the_masqueraded_packet_path",
+        ]),
+    },
     // The masquerade against node sockets (issue 37): the kernel's socket
     // lookups and its own port choice.
     GuestTest {
