@@ -344,6 +344,13 @@ fn del_and_gc_forget_a_container_namespace() {
     );
     assert_eq!(counter(&n.world.counters(), "sock_translated"), before + 1);
 
+    // CHECK sees the registration.
+    let other_rt = n.other.with_port_mappings(&[]);
+    n.world
+        .runner
+        .check(&n.world.list, &other_rt)
+        .unwrap_or_else(|e| panic!("CHECK of a registered container: {e}"));
+
     // DEL with an empty CNI_NETNS and no prevResult.
     let mut gone = n.other.with_port_mappings(&[]);
     gone.netns_path = PathBuf::new();
@@ -370,6 +377,21 @@ fn del_and_gc_forget_a_container_namespace() {
         "after DEL the namespace is no longer translated"
     );
     assert!(counter(&after, "sock_other_netns") > counter(&before, "sock_other_netns"));
+    // CHECK now says what is missing (the bridge's own CHECK still passes:
+    // the veth is there).
+    let failure = n
+        .world
+        .runner
+        .check(&n.world.list, &other_rt)
+        .expect_err("CHECK of a container whose registration is gone must fail");
+    let error = failure.error_json.clone().unwrap_or_default();
+    assert_eq!(error["code"], 103, "CHECK failed code: {failure}");
+    assert!(
+        error["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("containerSockets") && m.contains("cs-other")),
+        "CHECK says which container is not registered: {error}"
+    );
 
     // A third container, registered, then collected by a GC that lists
     // only web.

@@ -205,6 +205,12 @@ pub fn forget(layout: &PinLayout, id: u64) -> bool {
     }
 }
 
+/// Whether the namespace with `netns_cookie` is registered as `owner`'s
+/// (CHECK).
+pub fn is_registered(layout: &PinLayout, owner: &Owner, netns_cookie: u64) -> bool {
+    registrations(layout).is_ok_and(|map| map.get(&netns_cookie, 0).ok() == Some(owner_id(owner)))
+}
+
 /// One registration as `status` and tests see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registration {

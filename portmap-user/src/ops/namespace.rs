@@ -11,11 +11,11 @@
 
 use std::{
     collections::BTreeSet,
-    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
-use crate::dataplane::node_state;
+use crate::dataplane::container_netns;
 
 /// Where `nsenter --net=` finds the namespace with `cookie`, if any name or
 /// process is still in it.
@@ -54,24 +54,7 @@ fn candidates() -> Vec<PathBuf> {
 
 /// The cookie of the namespace at `path`, read from a thread that enters it.
 fn cookie_of(path: &Path) -> Option<u64> {
-    let file = std::fs::File::open(path).ok()?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                // SAFETY: setns(2) on an open namespace file; it changes
-                // only this thread's network namespace, and the thread ends
-                // right after.
-                let entered = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } == 0;
-                if entered {
-                    node_state::netns_cookie().ok()
-                } else {
-                    None
-                }
-            })
-            .join()
-            .ok()
-            .flatten()
-    })
+    container_netns::cookie_at(path).ok()
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! CHECK: every mapping of the container is installed as ADD left it.
+//! CHECK: every mapping of the container is installed as ADD left it, and
+//! with `containerSockets` its network namespace is registered.
 
 use super::interfaces::NodeView;
 use super::interfaces::{Pass, reconcile};
@@ -6,6 +7,7 @@ use super::shared::PluginError;
 use super::shared::require_privilege;
 use crate::cni::Request;
 use crate::dataplane::attach;
+use crate::dataplane::container_netns;
 use crate::dataplane::maps::Maps;
 use crate::dataplane::scope;
 use crate::node::netlink::Rtnl;
@@ -14,7 +16,7 @@ pub(super) fn check(req: &Request) -> Result<(), PluginError> {
     let translations = super::add::planned(req);
     let layout = scope::resolve(&req.conf.pin_root, scope::Access::Read)?;
     let installed = layout.map(portmap_common::map_names::OWNERS).exists();
-    if translations.is_empty() && !installed {
+    if translations.is_empty() && !installed && !req.conf.container_sockets {
         return Ok(());
     }
     require_privilege()?;
@@ -23,6 +25,17 @@ pub(super) fn check(req: &Request) -> Result<(), PluginError> {
     if installed && let Err(error) = reconcile(&layout, &req.conf, &node, Pass::Call) {
         // What it could not attach is reported below.
         log::warn!("CHECK: the attachments were not brought up to date: {error}");
+    }
+    if req.conf.container_sockets
+        && let Some(netns) = req.netns.as_deref()
+    {
+        let cookie = container_netns::cookie_at(netns)?;
+        if !container_netns::is_registered(&layout, &req.owner, cookie) {
+            return Err(PluginError::NotRegistered {
+                container_id: req.owner.container_id.clone(),
+                netns: netns.to_owned(),
+            });
+        }
     }
     if translations.is_empty() {
         return Ok(());

@@ -64,6 +64,14 @@ pub enum PluginError {
     Scope(#[from] scope::ScopeError),
     #[error("containerSockets: the container's network namespace is not registered")]
     ContainerNetns(#[from] crate::dataplane::container_netns::RegistrationError),
+    #[error(
+        "containerSockets is on, but the network namespace {} of container {container_id} is not registered for socket translation: its connections take the packet path; ADD it again",
+        netns.display()
+    )]
+    NotRegistered {
+        container_id: String,
+        netns: std::path::PathBuf,
+    },
 }
 
 impl PluginError {
@@ -75,9 +83,9 @@ impl PluginError {
             PluginError::Store(StoreError::Capacity { .. } | StoreError::TooManySlots { .. }) => {
                 code::CAPACITY
             }
-            PluginError::Store(StoreError::Missing { .. }) | PluginError::NotAttached { .. } => {
-                code::CHECK_FAILED
-            }
+            PluginError::Store(StoreError::Missing { .. })
+            | PluginError::NotAttached { .. }
+            | PluginError::NotRegistered { .. } => code::CHECK_FAILED,
             PluginError::Store(_) | PluginError::Maps(_) | PluginError::Netlink(_) => {
                 code::IO_FAILURE
             }
