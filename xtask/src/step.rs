@@ -68,6 +68,13 @@ fn print_stage_table(verb: &str, timings: &[(String, f64, &str)], total: f64) {
             took * 100.0 / total.max(f64::EPSILON),
         );
     }
+    let beside = crate::background::finished();
+    if !beside.is_empty() {
+        println!("      beside the steps (their time is in no row above but the wait):");
+        for (name, took, outcome) in beside {
+            println!("      {took:>7.1}s          {outcome:<6}  {name}");
+        }
+    }
     println!("      {total:>7.1}s  in all");
 }
 
