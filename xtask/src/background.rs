@@ -23,7 +23,6 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use crate::cmd::{show, target_dir};
-use crate::step::Step;
 
 /// How a job's priority is set: `nice -n <level>` before its command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +33,8 @@ pub(crate) enum Priority {
     Same,
 }
 
-/// One piece of work run beside later steps.
+/// One piece of work run beside later steps (`Step::start_beside` starts
+/// it, `Step::wait_for` waits for it).
 pub(crate) struct Job {
     name: String,
     log: PathBuf,
@@ -57,6 +57,10 @@ pub(crate) fn finished() -> Vec<(String, f64, &'static str)> {
 }
 
 impl Job {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
     /// A job named `name` whose output goes to `target/xtask/<slug>.log`.
     pub(crate) fn new(name: impl Into<String>, slug: &str, priority: Priority) -> Rc<Job> {
         Rc::new(Job {
@@ -69,7 +73,7 @@ impl Job {
 
     /// Starts `command` in a process group of its own (so a failed step
     /// before the wait takes all of it down), its output in the log.
-    fn start(&self, command: &Command) -> Result<()> {
+    pub(crate) fn start(&self, command: &Command) -> Result<()> {
         let mut launched = match self.priority {
             Priority::Lowest => {
                 let mut niced = Command::new("nice");
@@ -118,7 +122,7 @@ impl Job {
     }
 
     /// Waits for the job, prints its output, and fails if it failed.
-    fn wait(&self) -> Result<()> {
+    pub(crate) fn wait(&self) -> Result<()> {
         let state = std::mem::replace(&mut *self.state.borrow_mut(), State::Waited);
         let State::Running { mut child, started } = state else {
             bail!("{} was never started", self.name);
@@ -159,28 +163,4 @@ impl Drop for Job {
             let _ = child.wait();
         }
     }
-}
-
-/// The step that starts `job` with the command `command` makes (which may
-/// do quick preparation of its own in front, such as installing packages
-/// the job would otherwise install beside other steps).
-pub(crate) fn start_step(
-    job: &Rc<Job>,
-    command: impl Fn() -> Result<Command> + 'static,
-) -> Step<'static> {
-    let job = Rc::clone(job);
-    Step::new(
-        format!("start beside the next steps: {}", job.name),
-        move || job.start(&command()?),
-    )
-}
-
-/// The step that waits for `job`, then runs `check` on what it left; it
-/// fails if either does.
-pub(crate) fn wait_step(job: &Rc<Job>, check: impl Fn() -> Result<()> + 'static) -> Step<'static> {
-    let job = Rc::clone(job);
-    Step::new(format!("wait for: {}", job.name), move || {
-        job.wait()?;
-        check()
-    })
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::rc::Rc;
 
-use crate::background::{self, Job, Priority};
+use crate::background::{Job, Priority};
 use crate::cmd::{cargo, cargo_workspace, run, target_dir, workspace_root};
 use crate::plugin::{
     PLUGIN_BIN_ENV, PLUGIN_PACKAGE, SHIPPED_PROFILE, build_plugin, build_plugin_step, plugin_bin,
@@ -46,8 +46,8 @@ pub(crate) fn test_steps(
         Step::new("cargo fmt --all --check", || {
             run(cargo().args(["fmt", "--all", "--check"]))
         }),
-        background::start_step(&previous_build, previous::build_command),
-        background::start_step(&shipped_build, || Ok(build_plugin(true))),
+        Step::start_beside(&previous_build, previous::build_command),
+        Step::start_beside(&shipped_build, || Ok(build_plugin(true))),
         Step::new(
             "cargo clippy --all-targets -- -D warnings (default members)",
             || run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])),
@@ -65,7 +65,6 @@ pub(crate) fn test_steps(
             ),
             validate_manifests,
         ),
-        background::wait_step(&previous_build, previous::check_built),
         // Plain `cargo test` runs the workspace's default-members: everything
         // but portmap-ebpf, which only builds for the BPF target (portmap-user's
         // build.rs builds it). `--workspace` would compile it for the host.
@@ -73,18 +72,29 @@ pub(crate) fn test_steps(
             run(cargo()
                 .arg("test")
                 .args(cargo_test_args)
-                .env(PLUGIN_BIN_ENV, plugin_bin())
-                .env(previous::BIN_ENV, previous::bin())
-                .env(previous::REQUIRED_ENV, "1"))
+                .env(PLUGIN_BIN_ENV, plugin_bin()))
         }),
-        background::wait_step(&shipped_build, || Ok(())),
+        // `#[ignore]`d in plain `cargo test`, which has no previous release:
+        // here it has had the whole `cargo test` to build.
+        Step::wait_for(&previous_build, previous::check_built),
+        Step::new(
+            "the in-place upgrade from the previous release (cargo test --test upgrade -- --ignored)",
+            || {
+                run(cargo_workspace("test")
+                    .args(["--test", "upgrade", "--", "--ignored"])
+                    .env(PLUGIN_BIN_ENV, plugin_bin())
+                    .env(previous::BIN_ENV, previous::bin())
+                    .env(previous::REQUIRED_ENV, "1"))
+            },
+        ),
+        Step::wait_for(&shipped_build, || Ok(())),
     ];
     // The VMs (a core each, with the guests' own timeouts) run beside the
     // steps after here, which mostly wait on traffic and runtimes: the
     // fastPath suites, the tarball, podman and containerd.
     let vm = vm_job(skip_vm);
     if let Ok(vm) = &vm {
-        steps.push(background::start_step(vm, move || {
+        steps.push(Step::start_beside(vm, move || {
             vm_job_command(skip_podman, skip_containerd)
         }));
     }
@@ -108,7 +118,7 @@ pub(crate) fn test_steps(
     steps.push(podman_step(skip_podman));
     steps.push(containerd::test_step(skip_containerd));
     steps.push(match &vm {
-        Ok(vm) => background::wait_step(vm, || Ok(())),
+        Ok(vm) => Step::wait_for(vm, || Ok(())),
         Err(skipped) => skipped_vm_step(skipped),
     });
     steps
