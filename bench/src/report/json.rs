@@ -4,6 +4,7 @@
 use serde_json::{Value, json};
 
 use super::cost::gap_rows;
+use crate::control::Batch;
 use crate::load::{RunResult, Test};
 use crate::memory;
 use crate::results::{
@@ -51,7 +52,7 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
                     "cpu_p50_ms": mm_json(&cpu_per_rep(&c.reps)),
                     "failures": failures(&c.reps),
                 },
-                "reps": c.reps.iter().map(crate::control::Batch::to_json).collect::<Vec<_>>(),
+                "reps": batches_json(&c.reps),
             })
         })
         .collect();
@@ -72,8 +73,8 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
                     "p99_ratio_to_empty_node": mm_json(&c.ratio_to_empty(Pct::P99)),
                     "failures": failures(&c.reps),
                 },
-                "reps": c.reps.iter().map(crate::control::Batch::to_json).collect::<Vec<_>>(),
-                "empty_node_reps": c.empty_reps.iter().map(crate::control::Batch::to_json).collect::<Vec<_>>(),
+                "reps": batches_json(&c.reps),
+                "empty_node_reps": batches_json(&c.empty_reps),
             })
         })
         .collect();
@@ -180,8 +181,8 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
                 Ok(a) => json!({"bpf_calls": a.bpf_calls, "program_loads": a.program_loads, "bpf_by_command": a.bpf_by_command, "netlink": a.netlink}),
                 Err(e) => json!({"error": e}),
             }),
-            "reps": c.reps.iter().map(crate::control::Batch::to_json).collect::<Vec<_>>(),
-            "empty_node_reps": c.empty_reps.iter().map(crate::control::Batch::to_json).collect::<Vec<_>>(),
+            "reps": batches_json(&c.reps),
+            "empty_node_reps": batches_json(&c.empty_reps),
         })).collect::<Vec<_>>(),
         "pods_prefill": results.pod_prefill.iter().map(|p| json!({
             "pods": p.shape.pods,
@@ -206,7 +207,7 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
                 Ok(a) => json!({"bpf_calls": a.bpf_calls, "program_loads": a.program_loads}),
                 Err(e) => json!({"error": e}),
             }),
-            "beside": r.beside.as_ref().map(crate::control::Batch::to_json),
+            "beside": r.beside.as_ref().map(Batch::to_json),
         })).collect::<Vec<_>>(),
         "dataplane_ratios": ratios,
         "memory": results.memory.iter().map(|m| json!({
@@ -251,6 +252,11 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
         })).collect::<Vec<_>>(),
         "skipped": results.skipped,
     })
+}
+
+/// Control-plane repetitions as JSON, one batch each.
+fn batches_json(reps: &[Batch]) -> Vec<Value> {
+    reps.iter().map(Batch::to_json).collect()
 }
 
 /// Repetitions as JSON, each with its errors.
