@@ -29,6 +29,7 @@ pub mod cri;
 pub mod image;
 pub mod naming;
 pub mod netns;
+pub mod operator;
 pub mod pin_root;
 pub mod plugins;
 pub mod podman;

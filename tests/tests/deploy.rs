@@ -9,260 +9,33 @@
 //!   and names that must agree across the three. (The manifest's schema is
 //!   checked by `cargo xtask test`'s manifest step.)
 
+#[path = "deploy/manifest.rs"]
+mod manifest;
+#[path = "deploy/node.rs"]
+mod node;
+
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use portmap_tests::agent::Agent;
 use portmap_tests::cgroup::cgroup_for_pin_root;
-use portmap_tests::plugins::workspace_root;
-use portmap_tests::tmp::TempDir;
 use portmap_tests::topology::{NODE_IP4, PLUGIN_LOG};
 use portmap_tests::traffic::{echo_reply, tcp_echo_server, tcp_request};
 use portmap_tests::world::{GONE, PROBE, World, expect_unreachable, sock};
 use portmap_tests::{
     CniRunner, Conflist, Node, PinRoot, PluginDirs, PortMapping, bridge_conflist, plugin_bin,
 };
-use serde::Deserialize;
 use serde_json::{Value, json};
 
-/// Upper bound for the watch loop to react (it runs every second here);
-/// never a timing assertion.
-const BOUND: Duration = Duration::from_secs(20);
-
-const BIN_DIR: &str = "opt/cni/bin";
-const NET_DIR: &str = "etc/cni/net.d";
-const PIN_ROOT: &str = "sys/fs/bpf/ebpf-portmap";
-
-/// util-linux's setpriv, by path: the busybox runs have their own PATH.
-const SETPRIV: &str = "/usr/bin/setpriv";
-
-/// The applets install.sh may use; under busybox PATH holds only these.
-const APPLETS: [&str; 8] = ["sh", "cp", "cmp", "mv", "chmod", "rm", "ls", "sleep"];
-
-fn script() -> PathBuf {
-    workspace_root().join("deploy/install.sh")
-}
-
-fn busybox() -> PathBuf {
-    ["/bin/busybox", "/usr/bin/busybox"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|path| path.exists())
-        .expect("busybox is missing: `cargo xtask setup` installs busybox-static")
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Shell {
-    /// Debian's /bin/sh.
-    Dash,
-    /// The image's shell and tools.
-    Busybox,
-}
-
-const SHELLS: [Shell; 2] = [Shell::Dash, Shell::Busybox];
-
-/// A node's root filesystem in a temp dir: the CNI directories, bpffs.
-struct FakeNode {
-    root: TempDir,
-    /// PATH for the busybox runs: links to busybox's applets only.
-    applets: TempDir,
-}
-
-impl FakeNode {
-    fn new() -> FakeNode {
-        let node = FakeNode::bare();
-        for dir in [BIN_DIR, NET_DIR, "sys/fs/bpf"] {
-            fs::create_dir_all(node.path(dir)).expect("creating the node's directories");
-        }
-        node
-    }
-
-    /// No directories at all (nothing mounted).
-    fn bare() -> FakeNode {
-        let applets = TempDir::new("deploy-applets");
-        let busybox = busybox();
-        for applet in APPLETS {
-            std::os::unix::fs::symlink(&busybox, applets.path().join(applet))
-                .expect("linking a busybox applet");
-        }
-        FakeNode {
-            root: TempDir::new("deploy-node"),
-            applets,
-        }
-    }
-
-    fn path(&self, relative: &str) -> PathBuf {
-        self.root.path().join(relative)
-    }
-
-    fn config(&self, name: &str) -> PathBuf {
-        self.path(NET_DIR).join(name)
-    }
-
-    fn plugin(&self) -> PathBuf {
-        self.path(BIN_DIR).join("ebpf-portmap")
-    }
-
-    /// Writes a configuration the way a main plugin does (temp + rename).
-    fn write_config(&self, name: &str, text: &str) {
-        let temp = self.path(NET_DIR).join(format!(".{name}.writing"));
-        fs::write(&temp, text).expect("writing a config");
-        fs::rename(&temp, self.config(name)).expect("renaming a config into place");
-    }
-
-    fn read_json(&self, name: &str) -> Value {
-        let bytes = fs::read(self.config(name))
-            .unwrap_or_else(|e| panic!("reading {name}: {e}\n{:#?}", self.snapshot()));
-        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"))
-    }
-
-    /// Every file and directory under the root: mode and contents.
-    fn snapshot(&self) -> BTreeMap<PathBuf, (u32, Vec<u8>)> {
-        snapshot_of(self.root.path())
-    }
-
-    /// Every file and directory of the configuration directory.
-    fn net_snapshot(&self) -> BTreeMap<PathBuf, (u32, Vec<u8>)> {
-        snapshot_of(&self.path(NET_DIR))
-    }
-
-    /// `sh install.sh <action>` as the container runs it, with `env` on top.
-    fn command(&self, shell: Shell, action: &str, env: &[(&str, &str)]) -> Command {
-        let mut command = match shell {
-            Shell::Dash => {
-                let mut command = Command::new("/bin/sh");
-                command.env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-                command
-            }
-            Shell::Busybox => {
-                let mut command = Command::new(self.applets.path().join("sh"));
-                command.env("PATH", self.applets.path());
-                command
-            }
-        };
-        command
-            .arg(script())
-            .arg(action)
-            .env_remove("EPM_ACTION")
-            .env_remove("EPM_PLUGIN_CONF")
-            .env_remove("EPM_CNI_NETWORK")
-            .env_remove("CNI_COMMAND")
-            .env("HOST_ROOT", self.root.path())
-            .env("EPM_BINARY", plugin_bin());
-        for (key, value) in env {
-            command.env(key, value);
-        }
-        command
-    }
-
-    fn run(&self, shell: Shell, action: &str, env: &[(&str, &str)]) -> Run {
-        let out = self
-            .command(shell, action, env)
-            .output()
-            .unwrap_or_else(|e| panic!("running install.sh {action} under {shell:?}: {e}"));
-        Run {
-            what: format!("install.sh {action} under {shell:?}"),
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-    }
-}
-
-fn snapshot_of(dir: &Path) -> BTreeMap<PathBuf, (u32, Vec<u8>)> {
-    let mut files = BTreeMap::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(current) = pending.pop() {
-        for entry in fs::read_dir(&current).expect("listing the fake node") {
-            let path = entry.expect("a directory entry").path();
-            let meta = fs::symlink_metadata(&path).expect("stat");
-            let contents = if meta.is_dir() {
-                pending.push(path.clone());
-                Vec::new()
-            } else {
-                fs::read(&path).expect("reading a file")
-            };
-            let relative = path.strip_prefix(dir).expect("under dir").to_path_buf();
-            files.insert(relative, (meta.mode(), contents));
-        }
-    }
-    files
-}
-
-/// (inode, mtime): a file rewritten by rename gets a new inode.
-fn identity(path: &Path) -> (u64, i64, i64) {
-    let meta = fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    (meta.ino(), meta.mtime(), meta.mtime_nsec())
-}
-
-struct Run {
-    what: String,
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn expect_code(&self, code: i32) -> &Run {
-        assert_eq!(
-            self.code,
-            Some(code),
-            "{} exited {:?}, expected {code}\nstdout:\n{}stderr:\n{}",
-            self.what,
-            self.code,
-            self.stdout,
-            self.stderr
-        );
-        self
-    }
-
-    fn ok(&self) -> &Run {
-        self.expect_code(0)
-    }
-
-    fn says(&self, text: &str) -> &Run {
-        assert!(
-            self.stdout.contains(text) || self.stderr.contains(text),
-            "{} should say {text:?}\nstdout:\n{}stderr:\n{}",
-            self.what,
-            self.stdout,
-            self.stderr
-        );
-        self
-    }
-}
-
-fn pretty(value: &Value) -> String {
-    serde_json::to_string_pretty(value).expect("JSON") + "\n"
-}
-
-/// A bridge + host-local network with no port plugin, as `cni.dev` shows it.
-fn bridge_list() -> Value {
-    json!({
-        "cniVersion": "1.0.0",
-        "name": "mynet",
-        "plugins": [{
-            "type": "bridge",
-            "bridge": "cni0",
-            "isGateway": true,
-            "ipMasq": true,
-            "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]],
-                     "routes": [{"dst": "0.0.0.0/0"}]}
-        }]
-    })
-}
-
-/// kindnet's conflist (as a kind node has it), tab-indented like the real one.
-const KINDNET: &str = "{\n\t\"cniVersion\": \"0.3.1\",\n\t\"name\": \"kindnet\",\n\t\"plugins\": [\n\t{\n\t\t\"type\": \"ptp\",\n\t\t\"ipMasq\": false,\n\t\t\"ipam\": {\n\t\t\t\"type\": \"host-local\",\n\t\t\t\"dataDir\": \"/run/cni-ipam-state\",\n\t\t\t\"routes\": [ { \"dst\": \"0.0.0.0/0\" } ],\n\t\t\t\"ranges\": [ [ { \"subnet\": \"10.244.1.0/24\" } ] ]\n\t\t},\n\t\t\"mtu\": 1500\n\t},\n\t{\n\t\t\"type\": \"portmap\",\n\t\t\"capabilities\": {\n\t\t\t\"portMappings\": true\n\t\t}\n\t}\n\t]\n}\n";
-
-fn our_default_entry() -> Value {
-    json!({"type": "ebpf-portmap", "capabilities": {"portMappings": true}})
-}
+use manifest::{at, dockerfile_copies, manifest, read, script_default};
+use node::{
+    BIN_DIR, BOUND, FakeNode, KINDNET, PIN_ROOT, SETPRIV, SHELLS, Shell, Watch, bridge_list,
+    identity, our_default_entry, pretty, script,
+};
 
 #[test]
 fn appends_after_a_bridge_and_installs_the_binary() {
@@ -880,48 +653,6 @@ fn watch_waits_chains_again_and_stops_on_sigterm() {
     }
 }
 
-struct Watch {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Watch {
-    fn log_text(&self) -> String {
-        let mut text = String::new();
-        fs::File::open(&self.log)
-            .and_then(|mut file| file.read_to_string(&mut text))
-            .expect("reading the watch log");
-        text
-    }
-
-    /// Waits until the log says `text` once more than it did and `done()`.
-    fn wait_for(&mut self, shell: Shell, text: &str, done: impl Fn() -> bool) {
-        let started = Instant::now();
-        let already = self.log_text().matches(text).count();
-        loop {
-            let log = self.log_text();
-            if log.matches(text).count() > already && done() {
-                return;
-            }
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                panic!("{shell:?}: watch exited {status}:\n{log}");
-            }
-            assert!(
-                started.elapsed() < BOUND,
-                "{shell:?}: watch did not say {text:?}:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// What the DaemonSet does on a kind node, end to end: install.sh chains
 /// the binary it copied into the node's bridge conflist in place of
 /// portmap, and that conflist, run the way the runtime runs it, publishes a
@@ -1112,60 +843,6 @@ fn cleanup_finishes_once_the_last_pod_is_gone() {
 }
 
 // ---- the manifest, the Dockerfile and the script agree ---------------------
-
-fn read(relative: &str) -> String {
-    fs::read_to_string(workspace_root().join(relative))
-        .unwrap_or_else(|e| panic!("reading {relative}: {e}"))
-}
-
-/// `NAME=${NAME:-default}` from install.sh.
-fn script_default(name: &str) -> String {
-    let prefix = format!("{name}=${{{name}:-");
-    read("deploy/install.sh")
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(&prefix)?
-                .strip_suffix('}')
-                .map(str::to_owned)
-        })
-        .unwrap_or_else(|| panic!("install.sh has no default for {name}"))
-}
-
-/// `COPY src dest` lines of the Dockerfile, as (src, dest), with each
-/// `${NAME}` replaced by the default of its `ARG NAME=default` line.
-fn dockerfile_copies() -> Vec<(String, String)> {
-    let dockerfile = read("deploy/Dockerfile");
-    let defaults: Vec<(String, String)> = dockerfile
-        .lines()
-        .filter_map(|line| {
-            let (name, default) = line.strip_prefix("ARG ")?.split_once('=')?;
-            Some((format!("${{{name}}}"), default.to_owned()))
-        })
-        .collect();
-    dockerfile
-        .lines()
-        .filter_map(|line| {
-            let mut words = line.strip_prefix("COPY ")?.split_whitespace();
-            let mut source = words.next()?.to_owned();
-            for (reference, default) in &defaults {
-                source = source.replace(reference, default);
-            }
-            Some((source, words.next()?.to_owned()))
-        })
-        .collect()
-}
-
-fn manifest() -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(&read("deploy/daemonset.yaml"))
-        .map(|document| Value::deserialize(document).expect("a YAML document"))
-        .collect()
-}
-
-fn at<'a>(value: &'a Value, pointer: &str) -> &'a Value {
-    value
-        .pointer(pointer)
-        .unwrap_or_else(|| panic!("the manifest has no {pointer}"))
-}
 
 #[test]
 fn manifest_dockerfile_and_script_agree() {

@@ -10,92 +10,21 @@
 )]
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::Path;
-use std::process::{Command, ExitStatus, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use portmap_tests::cni::CniCommand;
-use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, PLUGIN_LOG};
+use portmap_tests::operator::{
+    BOUND, containerd_pod, eventually, fake_owner, hosts, json_of, log_lines, num, op, op_ok,
+    readme_hand_run_json, row, status_json, tcx_world,
+};
+use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6};
 use portmap_tests::traffic::{
     echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
 };
-use portmap_tests::world::{PROBE, World, fake_prev_result, sock, trace_events, wait_bounded};
+use portmap_tests::world::{PROBE, World, sock, trace_events, wait_bounded};
 use portmap_tests::{PortMapping, RuntimeAttachment, plugin_bin};
 use serde_json::{Value, json};
-
-/// Upper bound for anything that has to happen (a child exiting, the kernel
-/// freeing a program); never a timing assertion.
-const BOUND: Duration = Duration::from_secs(20);
-
-/// Runs `ebpf-portmap <args> --pin-root <root>` in the node namespace.
-fn op(world: &World, args: &[&str]) -> Output {
-    world.operator(args)
-}
-
-fn op_ok(world: &World, args: &[&str]) -> String {
-    let out = op(world, args);
-    assert!(
-        out.status.success(),
-        "ebpf-portmap {args:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
-}
-
-fn json_of(world: &World, args: &[&str]) -> Value {
-    let text = op_ok(world, args);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {text}"))
-}
-
-fn status_json(world: &World) -> (ExitStatus, Value) {
-    let out = op(world, &["status", "--json"]);
-    let status = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "status --json is not JSON ({e}): {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status, status)
-}
-
-/// The `list --json` row of `host` (e.g. `0.0.0.0:8080/tcp`).
-fn row<'a>(list: &'a Value, host: &str) -> &'a Value {
-    list.as_array()
-        .expect("list is an array")
-        .iter()
-        .find(|r| r["host"] == host)
-        .unwrap_or_else(|| panic!("no row {host} in {list:#}"))
-}
-
-fn hosts(list: &Value) -> Vec<String> {
-    list.as_array()
-        .expect("list is an array")
-        .iter()
-        .map(|r| r["host"].as_str().expect("host").to_owned())
-        .collect()
-}
-
-fn num(value: &Value, key: &str) -> u64 {
-    value[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{key} is not a number in {value:#}"))
-}
-
-/// Waits until `condition` holds, up to [`BOUND`].
-fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + BOUND;
-    while !condition() {
-        assert!(Instant::now() < deadline, "{what}: not within {BOUND:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn tcx_world() -> World {
-    World::bridge()
-}
 
 #[test]
 fn list_shows_owners_counters_and_live_flows() {
@@ -674,38 +603,6 @@ fn uninstall_takes_everything_off_the_node() {
     );
 }
 
-/// A fake owner for the plugin alone (hand-made prevResult).
-fn fake_owner(
-    world: &World,
-    id: &str,
-    last_octet: u8,
-    mappings: &[PortMapping],
-) -> (RuntimeAttachment, Value) {
-    let netns = world.node.ns.path();
-    let rt = RuntimeAttachment {
-        container_id: id.to_owned(),
-        netns_path: netns.to_path_buf(),
-        ifname: "eth0".to_owned(),
-        capability_args: json!({"portMappings": mappings.iter().map(PortMapping::to_json).collect::<Vec<_>>()}),
-        cni_args: Vec::new(),
-    };
-    let prev = fake_prev_result(
-        netns,
-        "eth0",
-        Some(IpAddr::V4(Ipv4Addr::new(10, 250, 0, last_octet))),
-        None,
-    );
-    (rt, prev)
-}
-
-fn log_lines(data_dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(data_dir.join(PLUGIN_LOG))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 #[test]
 fn the_plugin_logs_every_decision_with_the_container_id() {
     let world = World::plugin_only();
@@ -976,31 +873,6 @@ fn removed_containers_leave_a_note_and_gc_unpins_their_attachments() {
     world.del(&stays, &[PortMapping::tcp(8081, 80)]);
 }
 
-/// What containerd 1.6 passes for a pod (issue #13): portMappings with Go
-/// field names (`HostIP` always there, `""` when unset) and the pod in
-/// CNI_ARGS, in the order a Go map gives.
-fn containerd_pod(
-    container: &portmap_tests::Container,
-    namespace: &str,
-    pod: &str,
-    host_port: u16,
-) -> RuntimeAttachment {
-    let mut rt = container.attachment(json!({"portMappings": [
-        {"HostPort": host_port, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}
-    ]}));
-    rt.cni_args = vec![
-        ("K8S_POD_INFRA_CONTAINER_ID".into(), container.id.clone()),
-        (
-            "K8S_POD_UID".into(),
-            "5c9e8a4e-7d6b-4c1a-9a53-0f2f4e6b8c10".into(),
-        ),
-        ("IgnoreUnknown".into(), "1".into()),
-        ("K8S_POD_NAMESPACE".into(), namespace.into()),
-        ("K8S_POD_NAME".into(), pod.into()),
-    ];
-    rt
-}
-
 #[test]
 fn a_containerd_pod_is_mapped_and_named_in_list_conflicts_and_the_log() {
     let world = tcx_world();
@@ -1095,26 +967,6 @@ fn a_containerd_pod_is_mapped_and_named_in_list_conflicts_and_the_log() {
         String::from_utf8_lossy(&dump.stderr)
     );
     world.del(&plain, &[PortMapping::tcp(9090, 80)]);
-}
-
-/// The `add.json` of the README's "One container, with only the binary"
-/// (issue 38 item 15), as written: only the namespace path is this test's,
-/// and its own pin root, cgroup and log are added. The topology is the
-/// README's, built in this test's namespaces.
-fn readme_hand_run_json() -> Value {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .expect("read README.md");
-    let section = readme
-        .split_once("#### One container, with only the binary")
-        .expect("the README's hand-run section")
-        .1;
-    let block = section
-        .split_once("```json\n")
-        .and_then(|(_, rest)| rest.split_once("```"))
-        .expect("the section's add.json block")
-        .0;
-    serde_json::from_str(block).expect("add.json is JSON")
 }
 
 #[test]

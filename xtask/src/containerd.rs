@@ -54,13 +54,19 @@ pub fn skip_requested_by_env() -> bool {
 /// `portmap_tests::containerd::Runtime`).
 pub const RUNTIME_ROOT_ENV: &str = "EPM_CONTAINERD_ROOT";
 
+/// Installs Debian's containerd and runc and what the tests run with them,
+/// if missing.
+pub fn ensure_packages() -> Result<()> {
+    crate::setup::ensure_packages("containerd", CONTAINERD_APT_PACKAGES)
+}
+
 /// Installs what is missing, then runs the containerd tests with the debug
 /// `ebpf-portmap` (built by the step before): on the machine's containerd,
 /// then on the unpacked containerd 2.x (or says why not). `test_args` go to
 /// the test binary after `--ignored --test-threads=1` (e.g. `--nocapture`,
 /// a filter). Both passes run; the first failure is returned.
 pub fn e2e_containerd(test_args: &[String]) -> Result<()> {
-    crate::setup::ensure_packages("containerd", CONTAINERD_APT_PACKAGES)?;
+    ensure_packages()?;
     let version = crate::cmd::capture(Command::new("containerd").arg("--version"))?;
     let mut outcomes = Vec::new();
     let started = Instant::now();

@@ -33,6 +33,7 @@ use crate::setup::setup;
 use crate::step::run_steps;
 use clap::{Parser, Subcommand};
 
+mod background;
 mod cmd;
 mod containerd;
 mod dist;

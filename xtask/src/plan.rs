@@ -3,10 +3,13 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::rc::Rc;
 
+use crate::background::{Job, Priority};
 use crate::cmd::{cargo, cargo_workspace, run, target_dir, workspace_root};
 use crate::plugin::{
-    PLUGIN_BIN_ENV, build_plugin_step, plugin_bin, shipped_plugin_bin, shipped_plugin_step,
+    PLUGIN_BIN_ENV, PLUGIN_PACKAGE, SHIPPED_PROFILE, build_plugin, build_plugin_step, plugin_bin,
+    shipped_plugin_bin, shipped_plugin_step,
 };
 use crate::setup::{setup_step, validator_bin};
 use crate::step::Step;
@@ -19,11 +22,32 @@ pub(crate) fn test_steps(
     skip_podman: bool,
     skip_containerd: bool,
 ) -> Vec<Step<'_>> {
-    vec![
+    // Built beside the steps in front, where they leave a core idle (see
+    // background.rs): the previous release (its own target directory) is
+    // needed by `cargo test`, the shipped plugin (its own profile) by the
+    // tarball and the VMs.
+    let previous_build = Job::new(
+        format!(
+            "build the previous release ({}) for the upgrade test",
+            previous::COMMIT
+        ),
+        "previous-release",
+        Priority::Lowest,
+    );
+    let shipped_build = Job::new(
+        format!(
+            "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
+        ),
+        "shipped-plugin",
+        Priority::Lowest,
+    );
+    let mut steps = vec![
         setup_step(),
         Step::new("cargo fmt --all --check", || {
             run(cargo().args(["fmt", "--all", "--check"]))
         }),
+        Step::start_beside(&previous_build, previous::build_command),
+        Step::start_beside(&shipped_build, || Ok(build_plugin(true))),
         Step::new(
             "cargo clippy --all-targets -- -D warnings (default members)",
             || run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])),
@@ -44,43 +68,104 @@ pub(crate) fn test_steps(
         // Plain `cargo test` runs the workspace's default-members: everything
         // but portmap-ebpf, which only builds for the BPF target (portmap-user's
         // build.rs builds it). `--workspace` would compile it for the host.
-        Step::new(
-            format!(
-                "build the previous release ({}) for the upgrade test",
-                previous::COMMIT
-            ),
-            previous::build,
-        ),
         Step::new("cargo test (default members)", move || {
             run(cargo()
                 .arg("test")
                 .args(cargo_test_args)
-                .env(PLUGIN_BIN_ENV, plugin_bin())
-                .env(previous::BIN_ENV, previous::bin())
-                .env(previous::REQUIRED_ENV, "1"))
+                .env(PLUGIN_BIN_ENV, plugin_bin()))
         }),
-        // The suites that carry traffic once more with `fastPath` on in every
-        // conflist: the fast path must not lose any behaviour they check.
+        // `#[ignore]`d in plain `cargo test`, which has no previous release:
+        // here it has had the whole `cargo test` to build.
+        Step::wait_for(&previous_build, previous::check_built),
         Step::new(
-            "cargo test again with fastPath on (plugin, local, operator, lifecycle)",
-            move || {
+            "the in-place upgrade from the previous release (cargo test --test upgrade -- --ignored)",
+            || {
                 run(cargo_workspace("test")
-                    .args(["--test", "plugin", "--test", "local"])
-                    .args(["--test", "operator", "--test", "lifecycle"])
-                    .args(cargo_test_args)
+                    .args(["--test", "upgrade", "--", "--ignored"])
                     .env(PLUGIN_BIN_ENV, plugin_bin())
-                    .env("EPM_TEST_FAST_PATH", "1"))
+                    .env(previous::BIN_ENV, previous::bin())
+                    .env(previous::REQUIRED_ENV, "1"))
             },
         ),
-        shipped_plugin_step(),
-        Step::new(
-            "release tarball: write it, then unpack and test it (cargo xtask dist)",
-            dist_and_test,
-        ),
-        podman_step(skip_podman),
-        containerd::test_step(skip_containerd),
-        vm_step(skip_vm),
-    ]
+        Step::wait_for(&shipped_build, || Ok(())),
+    ];
+    // The VMs (a core each, with the guests' own timeouts) run beside the
+    // steps after here, which mostly wait on traffic and runtimes: the
+    // fastPath suites, the tarball, podman and containerd.
+    let vm = vm_job(skip_vm);
+    if let Ok(vm) = &vm {
+        steps.push(Step::start_beside(vm, move || {
+            vm_job_command(skip_podman, skip_containerd)
+        }));
+    }
+    // The suites that carry traffic once more with `fastPath` on in every
+    // conflist: the fast path must not lose any behaviour they check.
+    steps.push(Step::new(
+        "cargo test again with fastPath on (plugin, local, operator, lifecycle)",
+        move || {
+            run(cargo_workspace("test")
+                .args(["--test", "plugin", "--test", "local"])
+                .args(["--test", "operator", "--test", "lifecycle"])
+                .args(cargo_test_args)
+                .env(PLUGIN_BIN_ENV, plugin_bin())
+                .env("EPM_TEST_FAST_PATH", "1"))
+        },
+    ));
+    steps.push(Step::new(
+        "release tarball: write it, then unpack and test it (cargo xtask dist)",
+        dist_and_test,
+    ));
+    steps.push(podman_step(skip_podman));
+    steps.push(containerd::test_step(skip_containerd));
+    steps.push(match &vm {
+        Ok(vm) => Step::wait_for(vm, || Ok(())),
+        Err(skipped) => skipped_vm_step(skipped),
+    });
+    steps
+}
+
+/// The name of the VM tests in `test`'s steps.
+fn vm_step_name() -> String {
+    format!(
+        "VM tests on Debian {} kernels (cargo xtask vm-test)",
+        vm::DEFAULT_KERNELS.join(" / ")
+    )
+}
+
+/// The VM tests as a job of `test`, or why they are skipped.
+fn vm_job(skip_vm: bool) -> Result<Rc<Job>, &'static str> {
+    if skip_vm {
+        Err("--skip-vm")
+    } else if vm::skip_requested_by_env() {
+        Err("EPM_SKIP_VM is set")
+    } else {
+        Ok(Job::new(vm_step_name(), "vm-test", Priority::Same))
+    }
+}
+
+fn skipped_vm_step(reason: &'static str) -> Step<'static> {
+    Step::new(vm_step_name(), move || {
+        println!("xtask test: VM tests skipped ({reason})");
+        Ok(())
+    })
+}
+
+/// `cargo xtask vm-test` as `test` runs it beside the runtime suites: what
+/// those suites and the VMs install comes first, so no two `apt-get` runs
+/// meet on the dpkg lock.
+fn vm_job_command(skip_podman: bool, skip_containerd: bool) -> Result<Command> {
+    if !skip_podman && !podman::skip_requested_by_env() {
+        podman::ensure_podman()?;
+    }
+    if !skip_containerd && !containerd::skip_requested_by_env() {
+        containerd::ensure_packages()?;
+    }
+    vm::ensure_vm_packages()?;
+    let mut command = Command::new(std::env::current_exe().context("finding xtask's own binary")?);
+    command
+        .current_dir(workspace_root())
+        .args(["vm-test", "--within-test"]);
+    Ok(command)
 }
 
 /// The eBPF crates (the dataplane and the bench's floor programs) only
@@ -180,32 +265,13 @@ pub(crate) fn e2e_podman_steps(test_args: &[String]) -> Vec<Step<'_>> {
     ]
 }
 
-/// The VM tests as a step of `test`, or a step saying why they are skipped.
-pub(crate) fn vm_step(skip_vm: bool) -> Step<'static> {
-    let name = format!(
-        "VM tests on Debian {} kernels (cargo xtask vm-test)",
-        vm::DEFAULT_KERNELS.join(" / ")
-    );
-    let reason = if skip_vm {
-        Some("--skip-vm")
-    } else if vm::skip_requested_by_env() {
-        Some("EPM_SKIP_VM is set")
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Step::new(name, move || {
-            println!("xtask test: VM tests skipped ({reason})");
-            Ok(())
-        }),
-        None => Step::new(name, || vm::vm_test(&vm::VmTestArgs::default())),
-    }
-}
-
 pub(crate) fn vm_test_steps(args: &vm::VmTestArgs) -> Vec<Step<'_>> {
-    let mut steps = vec![setup_step()];
-    if !args.debug_plugin {
-        steps.push(shipped_plugin_step());
+    let mut steps = Vec::new();
+    if !args.within_test {
+        steps.push(setup_step());
+        if !args.debug_plugin {
+            steps.push(shipped_plugin_step());
+        }
     }
     steps.push(Step::new("VM tests", move || vm::vm_test(args)));
     steps

@@ -41,8 +41,9 @@ pub fn bin() -> PathBuf {
     dir.join("debug").join(PLUGIN_BIN)
 }
 
-/// Exports the previous release (once) and builds its plugin.
-pub fn build() -> Result<()> {
+/// Exports the previous release (once) and returns the `cargo build` of its
+/// plugin, for a caller that runs it beside other work (`cargo xtask test`).
+pub fn build_command() -> Result<Command> {
     let workspace = workspace_root();
     let present = Command::new("git")
         .args(["cat-file", "-e", &format!("{COMMIT}^{{commit}}")])
@@ -92,7 +93,11 @@ pub fn build() -> Result<()> {
     if let Some(target) = plugin_target() {
         build.args(["--target", target]);
     }
-    run(&mut build)?;
+    Ok(build)
+}
+
+/// Fails if the build did not leave the binary where the test looks.
+pub fn check_built() -> Result<()> {
     if !bin().exists() {
         bail!("building {COMMIT} did not produce {}", bin().display());
     }

@@ -2,10 +2,12 @@
 //! their times ends the log.
 
 use std::process::{Command, Stdio};
+use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 
+use crate::background::{self, Job};
 use crate::cmd::{target_dir, workspace_root};
 
 /// One named step of a verb. Verbs are plain lists of steps, so adding one
@@ -21,6 +23,30 @@ impl<'a> Step<'a> {
             name: name.into(),
             run: Box::new(run),
         }
+    }
+
+    /// The step that starts `job` with the command `command` makes (which
+    /// may do quick preparation of its own first, such as installing what
+    /// the job would otherwise install beside other steps).
+    pub(crate) fn start_beside(
+        job: &Rc<Job>,
+        command: impl Fn() -> Result<Command> + 'a,
+    ) -> Step<'a> {
+        let job = Rc::clone(job);
+        Step::new(
+            format!("start beside the next steps: {}", job.name()),
+            move || job.start(&command()?),
+        )
+    }
+
+    /// The step that waits for `job`, then runs `check` on what it left; it
+    /// fails if either does.
+    pub(crate) fn wait_for(job: &Rc<Job>, check: impl Fn() -> Result<()> + 'a) -> Step<'a> {
+        let job = Rc::clone(job);
+        Step::new(format!("wait for: {}", job.name()), move || {
+            job.wait()?;
+            check()
+        })
     }
 }
 
@@ -67,6 +93,13 @@ fn print_stage_table(verb: &str, timings: &[(String, f64, &str)], total: f64) {
             number + 1,
             took * 100.0 / total.max(f64::EPSILON),
         );
+    }
+    let beside = background::finished();
+    if !beside.is_empty() {
+        println!("      beside the steps (their time is in no row above but the wait):");
+        for (name, took, outcome) in beside {
+            println!("      {took:>7.1}s          {outcome:<6}  {name}");
+        }
     }
     println!("      {total:>7.1}s  in all");
 }

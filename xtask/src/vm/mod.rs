@@ -84,6 +84,10 @@ pub struct VmTestArgs {
     /// dist`, fat LTO), which `cargo xtask test` tests on every kernel.
     #[arg(long)]
     pub debug_plugin: bool,
+    /// Run as a job of `cargo xtask test`, which has done the setup and the
+    /// shipped build already: only the VM tests.
+    #[arg(long, hide = true)]
+    pub within_test: bool,
 }
 
 impl Default for VmTestArgs {
@@ -97,6 +101,7 @@ impl Default for VmTestArgs {
             serial: false,
             only: Vec::new(),
             debug_plugin: false,
+            within_test: false,
         }
     }
 }
@@ -110,7 +115,7 @@ fn vm_dir() -> PathBuf {
     crate::cmd::target_dir().join("vm")
 }
 
-fn ensure_vm_packages() -> Result<()> {
+pub(crate) fn ensure_vm_packages() -> Result<()> {
     let missing: Vec<&str> = VM_APT_PACKAGES
         .iter()
         .copied()

@@ -1,0 +1,65 @@
+//! The hairpin section's table: a pod dials nodeIP:hostPort.
+
+use std::fmt::Write as _;
+
+use super::cells::{cell, rate_cell};
+use crate::hairpin::rows::{self as hairpin, Family, Route};
+use crate::results::Results;
+use crate::world::Flavor;
+
+/// The hairpin rows: a pod dials nodeIP:hostPort, ebpf-portmap and
+/// iptables portmap side by side, every rate with its error count.
+pub(super) fn hairpin_table(md: &mut String, results: &Results) {
+    let _ = writeln!(md, "## Hairpin\n");
+    if results.hairpin.is_empty() {
+        let _ = writeln!(md, "Not measured in this run.\n");
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "A pod dials the node's address and a hostPort mapped to itself or to another pod on the same bridge; \
+         the pods are outside the cgroup the socket hooks are attached to, so their traffic takes the packet \
+         path (masqueraded back into the bridge). Connect+request+close dials a server that closes first, so \
+         the server holds every closed tuple in TIME_WAIT. The plugins are interleaved slice by slice. \
+         Each cell: median rate over the repetitions (min in brackets), and the errors over all repetitions.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| path | family | test | unit | ebpf-portmap | iptables portmap | nftables portmap | ebpf/iptables | ebpf/nftables |"
+    );
+    let _ = writeln!(
+        md,
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for route in Route::BOTH {
+        for family in Family::BOTH {
+            for test in hairpin::TESTS {
+                let rate = |flavor| {
+                    results
+                        .hairpin_cell(route, family, test, flavor)
+                        .map_or("n/a".into(), |c| rate_cell(test, &c.reps))
+                };
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    route.title(),
+                    family.title(),
+                    test.title(),
+                    test.unit(),
+                    rate(Flavor::Ours),
+                    rate(Flavor::Upstream),
+                    rate(Flavor::Nftables),
+                    cell(
+                        &results.hairpin_ratio(Flavor::Upstream, route, family, test),
+                        3
+                    ),
+                    cell(
+                        &results.hairpin_ratio(Flavor::Nftables, route, family, test),
+                        3
+                    ),
+                );
+            }
+        }
+    }
+    let _ = writeln!(md);
+}

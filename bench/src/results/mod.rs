@@ -1,0 +1,26 @@
+//! Everything one bench run measured, and the targets judged from it.
+//! Pure data and pure functions: the orchestration fills it, the report
+//! renders it.
+//!
+//! `model` holds the data, `compare` finds cells and pairs their
+//! repetitions into ratios, `verdict` is what a judged target is, and
+//! `judge` (with `pods` and `hairpin` for those sections' rows) judges
+//! them. None of them imports this file.
+
+mod compare;
+mod hairpin;
+mod judge;
+mod model;
+mod pods;
+#[cfg(test)]
+mod tests;
+mod verdict;
+
+pub use judge::judge;
+pub use model::{
+    CallAccount, ConnectRep, ControlCell, CostLoad, DataCell, HairpinCell, LoadProfile, MemoryRow,
+    POD_SHAPES, PodCell, PodPrefill, Prefill, ProgramCost, Results, ScaleCell, Scope, Shape,
+    StatusRow, Verb, cpu_per_rep, error_count, errors_of, failures, ops_per_s_per_rep, pct_per_rep,
+    size_label,
+};
+pub use verdict::{REPORTED, Status, TargetRow};

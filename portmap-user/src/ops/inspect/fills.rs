@@ -1,0 +1,152 @@
+//! How full each pinned map is, for `status` (and the agent's metrics).
+
+use std::{fs, os::fd::AsFd as _};
+
+use aya::maps::{MapError, MapInfo, MapType};
+use portmap_common::map_names;
+
+use crate::dataplane::pin::PinLayout;
+
+/// How full one pinned map is.
+#[derive(Debug, Clone)]
+pub struct MapFill {
+    pub name: String,
+    pub map_type: String,
+    /// Entries in use; `None` for arrays (always full by construction).
+    pub entries: Option<u64>,
+    pub max_entries: u32,
+    pub id: u32,
+}
+
+impl MapFill {
+    /// Percentage in use, for hash maps.
+    /// Whether the kernel makes room in this map by dropping its least
+    /// recently used entries (the conntrack tables): full is its steady
+    /// state under churn, not a fault. Other maps refuse the next insert.
+    pub fn recycles(&self) -> bool {
+        self.map_type.starts_with("lru_")
+    }
+
+    pub fn percent(&self) -> Option<f64> {
+        self.entries
+            .map(|n| n as f64 * 100.0 / f64::from(self.max_entries.max(1)))
+    }
+}
+
+/// A map at or above this fill is reported as a problem by `status`.
+pub const FILL_WARNING_PERCENT: f64 = 90.0;
+
+/// Entries of a hash-type map, counted by walking its keys with
+/// `BPF_MAP_GET_NEXT_KEY` (one syscall per entry: about a second for a
+/// quarter million conntrack entries). Works for any key type, so maps
+/// this module does not know are counted too.
+fn count_keys(fd: std::os::fd::BorrowedFd<'_>, key_size: u32) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+    #[repr(C)]
+    struct Attr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        next_key: u64,
+        flags: u64,
+    }
+    let mut key = vec![0u8; key_size as usize];
+    let mut next = vec![0u8; key_size as usize];
+    let mut count = 0u64;
+    let mut first = true;
+    loop {
+        let mut attr = Attr {
+            map_fd: fd.as_raw_fd() as u32,
+            _pad: 0,
+            key: if first { 0 } else { key.as_ptr() as u64 },
+            next_key: next.as_mut_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: attr points at buffers of the map's key size that live
+        // across the call; the kernel reads `key` and writes `next_key`.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_GET_NEXT_KEY,
+                &raw mut attr,
+                std::mem::size_of::<Attr>() as u32,
+            )
+        };
+        if rc != 0 {
+            return (std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT))
+                .then_some(count);
+        }
+        count += 1;
+        std::mem::swap(&mut key, &mut next);
+        first = false;
+    }
+}
+
+fn map_type_name(map_type: Result<MapType, MapError>) -> String {
+    match map_type {
+        Ok(MapType::Hash) => "hash".into(),
+        Ok(MapType::LruHash) => "lru_hash".into(),
+        Ok(MapType::LruPerCpuHash) => "lru_percpu_hash".into(),
+        Ok(MapType::PerCpuHash) => "percpu_hash".into(),
+        Ok(MapType::PerCpuArray) => "percpu_array".into(),
+        Ok(MapType::Array) => "array".into(),
+        Ok(MapType::RingBuf) => "ringbuf".into(),
+        Ok(other) => format!("{other:?}").to_lowercase(),
+        Err(_) => "unknown".into(),
+    }
+}
+
+fn has_keys(map_type: &Result<MapType, MapError>) -> bool {
+    matches!(
+        map_type,
+        Ok(MapType::Hash
+            | MapType::LruHash
+            | MapType::PerCpuHash
+            | MapType::LruPerCpuHash
+            | MapType::LpmTrie)
+    )
+}
+
+/// Fill levels of every map pinned under `maps/` (ours and any added by
+/// other parts of the dataplane), and the names of [`map_names::ALL`] that
+/// are missing.
+pub fn map_fills(layout: &PinLayout) -> (Vec<MapFill>, Vec<&'static str>) {
+    let mut fills = Vec::new();
+    let missing = map_names::ALL
+        .into_iter()
+        .filter(|name| !layout.map(name).exists())
+        .collect();
+    let Ok(entries) = fs::read_dir(layout.maps_dir()) else {
+        return (fills, missing);
+    };
+    for entry in entries.flatten() {
+        let Ok(info) = MapInfo::from_pin(entry.path()) else {
+            continue;
+        };
+        let map_type = info.map_type();
+        let entries = if has_keys(&map_type) {
+            info.fd()
+                .ok()
+                .and_then(|fd| count_keys(fd.as_fd(), info.key_size()))
+        } else {
+            None
+        };
+        fills.push(MapFill {
+            name: entry.file_name().to_string_lossy().into_owned(),
+            map_type: map_type_name(map_type),
+            entries,
+            max_entries: info.max_entries(),
+            id: info.id(),
+        });
+    }
+    // Ours in schema order first, then the rest by name.
+    let rank = |name: &str| {
+        map_names::ALL
+            .iter()
+            .position(|n| *n == name)
+            .unwrap_or(usize::MAX)
+    };
+    fills.sort_by(|a, b| (rank(&a.name), &a.name).cmp(&(rank(&b.name), &b.name)));
+    (fills, missing)
+}

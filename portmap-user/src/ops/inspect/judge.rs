@@ -1,0 +1,515 @@
+//! The judge of `status`: what is a problem (`status` exits non-zero) and
+//! what is a note, each with its fix. Pure but for the gone containers, so
+//! the rules are unit-tested.
+
+use portmap_common::MappingKey;
+
+use super::attachments::TcAttachment;
+use super::drift::NodeDrift;
+use super::fills::FILL_WARNING_PERCENT;
+use super::list::mapping_rows;
+use super::status::Status;
+use crate::dataplane::{
+    ownership::KeyDisplay,
+    pin::{Direction, PinLayout},
+    trace,
+};
+
+/// `status` on containers whose network namespace is gone: a note while
+/// a GC may still be within its grace period (the default one), a problem
+/// once past it (no agent runs, or it cannot see the runtime's paths).
+pub fn judge_gone_containers(
+    layout: &PinLayout,
+    problems: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) {
+    let Ok(rows) = mapping_rows(layout) else {
+        return;
+    };
+    let now = crate::dataplane::ownership::now_unix();
+    let mut seen = std::collections::BTreeSet::new();
+    for row in &rows {
+        let Some(marker) = row.gone_marker() else {
+            continue;
+        };
+        let (_, container_id, _) = row.owner_strings();
+        if !seen.insert(container_id.clone()) {
+            continue;
+        }
+        let mappings = rows
+            .iter()
+            .filter(|other| other.value.owner_id == row.value.owner_id)
+            .count();
+        let pod = match (row.pod.label(), &row.pod.pod_uid) {
+            (Some(label), Some(uid)) => format!(" (pod {label}, UID {uid})"),
+            (Some(label), None) => format!(" (pod {label})"),
+            (None, Some(uid)) => format!(" (pod UID {uid})"),
+            (None, None) => String::new(),
+        };
+        let line = format!(
+            "container {container_id}{pod} holds {mappings} mapping(s) but its {marker}: they send traffic nowhere"
+        );
+        let since = row.sandbox.as_ref().and_then(|sandbox| sandbox.gone_since);
+        match since {
+            Some(since)
+                if now.saturating_sub(since) >= crate::dataplane::ownership::GONE_GRACE_SECS =>
+            {
+                problems.push(format!(
+                    "{line}; past the grace period: run `ebpf-portmap gc --gone`, or the agent (it removes them on its GC timer)"
+                ));
+            }
+            _ => notes.push(format!(
+                "{line}; the agent's GC (or `ebpf-portmap gc --gone`) removes them after the grace period"
+            )),
+        }
+    }
+}
+
+/// Fills `problems` and `notes`. Pure, so the rules are unit-tested.
+pub fn judge(status: &mut Status) {
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    if !status.installed {
+        problems.push(format!(
+            "nothing is installed under {} (no ADD has run with this pinRoot, or it was uninstalled)",
+            status.root.display()
+        ));
+    } else {
+        for name in &status.missing_maps {
+            problems.push(format!("map {name} is not pinned"));
+        }
+        for direction in Direction::BOTH {
+            let name = match direction {
+                Direction::Ingress => portmap_common::program_names::TC_INGRESS,
+                Direction::Egress => portmap_common::program_names::TC_EGRESS,
+            };
+            if !status.programs.iter().any(|p| p.name == name) {
+                problems.push(format!("program {name} is not pinned"));
+            }
+        }
+        if status.programs.iter().any(|p| p.id.is_none()) {
+            problems.push("a pinned program cannot be read".into());
+        }
+        if !status.programs.is_empty() && !status.programs.iter().any(|p| p.current) {
+            notes.push(format!(
+                "the loaded programs are of another build than this binary ({}); the next ADD replaces them",
+                status.build
+            ));
+        }
+        if status.tc.is_empty() {
+            problems.push("the programs are attached to no interface".into());
+        }
+    }
+    let mut interfaces: Vec<u32> = status.tc.iter().map(|a| a.ifindex).collect();
+    interfaces.dedup();
+    let mut gone = 0;
+    for ifindex in interfaces {
+        let on_interface: Vec<&TcAttachment> =
+            status.tc.iter().filter(|a| a.ifindex == ifindex).collect();
+        let Some(label) = on_interface[0].interface.clone() else {
+            // The host end of a removed container's veth, typically: the
+            // kernel detached it with the interface, only the pin is left.
+            gone += 1;
+            continue;
+        };
+        for direction in Direction::BOTH {
+            match on_interface.iter().find(|a| a.direction == direction) {
+                None => problems.push(format!(
+                    "{label}: no {} program attached",
+                    direction.as_str()
+                )),
+                Some(a) if !a.attached => problems.push(format!(
+                    "{label}: the pinned {} attachment is not active in the kernel",
+                    direction.as_str()
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    if gone > 0 {
+        notes.push(format!(
+            "{gone} interface(s) with pinned attachments no longer exist (removed containers, re-created interfaces): harmless; `ebpf-portmap gc --stale-links` removes the pins"
+        ));
+    }
+    judge_drift(&status.drift, &mut problems, &mut notes);
+    for map in &status.maps {
+        if let Some(percent) = map.percent()
+            && percent >= FILL_WARNING_PERCENT
+        {
+            let fill = format!(
+                "map {} is {percent:.0}% full ({} of {})",
+                map.name,
+                map.entries.unwrap_or(0),
+                map.max_entries
+            );
+            if map.recycles() {
+                notes.push(format!(
+                    "{fill}: it drops its least recently used entries to make room, by design; a table this full under steady load may be worth a larger conntrackSize"
+                ));
+            } else {
+                problems.push(fill);
+            }
+        }
+    }
+    if let Some(filter) = &status.tracing
+        && filter.enabled != 0
+    {
+        if trace::tracer_alive(filter.tracer_pid) {
+            notes.push(format!(
+                "tracing is on (ebpf-portmap trace, pid {})",
+                filter.tracer_pid
+            ));
+        } else {
+            problems.push(format!(
+                "tracing was left on by a trace (pid {}) that is gone; every packet pays for it: run `ebpf-portmap trace --stop`",
+                filter.tracer_pid
+            ));
+        }
+    }
+    for (id, keys) in &status.ownership.orphans {
+        problems.push(format!(
+            "{} mapping(s) of owner {id:016x} ({}) have no owner record: no DEL removes them and every ADD of these ports fails; `ebpf-portmap gc --orphans` reclaims them (CNI GC does {}s after first seeing them)",
+            keys.len(),
+            key_list(keys),
+            crate::dataplane::ownership::ORPHAN_GRACE_SECS
+        ));
+    }
+    for (owner, key, holder) in &status.ownership.missing {
+        problems.push(match holder {
+            None => format!(
+                "mapping {} of {owner} is missing from the mappings map (deleted behind the plugin's back): its traffic is not forwarded; ADD the container again",
+                KeyDisplay(*key)
+            ),
+            Some(holder) => format!(
+                "mapping {} of {owner} is held by {holder}: its traffic goes there; DEL one of them and ADD the other again",
+                KeyDisplay(*key)
+            ),
+        });
+    }
+    for (owner, key) in &status.ownership.unindexed {
+        problems.push(format!(
+            "mapping {} of {owner} is not in its owner's index: a DEL of the owner leaves it behind; after that DEL, `ebpf-portmap gc --orphans` removes it",
+            KeyDisplay(*key)
+        ));
+    }
+    for (name, value) in &status.stats {
+        if *value > 0 && matches!(*name, "rewrite_failed" | "ct_insert_failed") {
+            notes.push(format!(
+                "{value} packet(s) counted as {name} since the maps were created"
+            ));
+        }
+    }
+    for root in &status.stale_roots {
+        notes.push(format!(
+            "{} is the state of a node whose network namespace is gone: its socket hooks still run (and exit at once) on every connect() in their cgroup until the next plugin run or agent pass removes it, or `ebpf-portmap uninstall --stale` now",
+            root.display()
+        ));
+    }
+    for orphan in &status.orphan_records {
+        notes.push(format!(
+            "pin root {} no longer exists (removed without `ebpf-portmap uninstall`), but {} record(s) of it are left in /run/ebpf-portmap ({}): the next plugin run or agent pass removes them, or `ebpf-portmap uninstall --stale` now",
+            orphan.root.display(),
+            orphan.records.len(),
+            orphan
+                .records
+                .iter()
+                .filter_map(|r| r.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    for note in &status.misspelt_keys {
+        notes.push(format!(
+            "network {}: key {:?} of its configuration is not one ebpf-portmap knows and was ignored by the last ADD; did you mean {:?}? Fix the conflist (the next ADD clears this note)",
+            note.network, note.key, note.meant
+        ));
+    }
+    status.problems = problems;
+    status.notes = notes;
+}
+
+/// Up to three keys, then how many more: for one-line problems.
+fn key_list(keys: &[MappingKey]) -> String {
+    let mut shown: Vec<String> = keys
+        .iter()
+        .take(3)
+        .map(|k| KeyDisplay(*k).to_string())
+        .collect();
+    if keys.len() > 3 {
+        shown.push(format!("and {} more", keys.len() - 3));
+    }
+    shown.join(", ")
+}
+
+/// The problems and notes of [`NodeDrift`]: each problem with its fix.
+fn judge_drift(drift: &NodeDrift, problems: &mut Vec<String>, notes: &mut Vec<String>) {
+    const NEXT_RUN: &str = "run `ebpf-portmap reconcile` (the next CNI ADD, DEL, CHECK or GC, or the node agent's pass, does it too)";
+    for (name, index) in &drift.unattached {
+        problems.push(format!(
+            "{name} (index {index}) does not carry the programs (added or re-created since the last plugin run), so host ports get no traffic there: {NEXT_RUN}"
+        ));
+    }
+    for entry in &drift.unmatched {
+        notes.push(format!(
+            "`interfaces` entry {entry:?} matches no interface of this node (it has {}); skipped",
+            drift.interfaces.join(", ")
+        ));
+    }
+    for addr in &drift.unsynced {
+        problems.push(format!(
+            "node address {addr} is not known to the socket hooks (added since the last plugin run), so node connections to it are not translated: {NEXT_RUN}"
+        ));
+    }
+    for addr in &drift.stale {
+        notes.push(format!(
+            "{addr} is still taken for a node address but the node no longer has it (node connections to it are translated as if it were): {NEXT_RUN}"
+        ));
+    }
+    for mapping in &drift.absent_host_ips {
+        notes.push(format!(
+            "mapping {mapping}: its hostIP is not an address of this node (yet), so it sees no traffic until the address exists here"
+        ));
+    }
+    if let Some(error) = &drift.unreadable {
+        problems.push(format!(
+            "cannot read the node's interfaces and addresses ({error}); run status as root in the node's network namespace"
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use portmap_common::TraceFilter;
+
+    use super::super::attachments::PinnedProgram;
+    use super::super::fills::MapFill;
+    use super::super::ownership::Ownership;
+    use super::*;
+    use crate::dataplane::features::AttachMode;
+    fn healthy() -> Status {
+        let tc = |direction| TcAttachment {
+            ifindex: 2,
+            interface: Some("eth0".into()),
+            direction,
+            mode: AttachMode::Tcx,
+            link_id: Some(1),
+            program_id: Some(10),
+            attached: true,
+        };
+        let program = |name: &str| PinnedProgram {
+            name: name.into(),
+            build: "b".into(),
+            id: Some(10),
+            loaded_at: None,
+            current: true,
+        };
+        Status {
+            root: "/sys/fs/bpf/x".into(),
+            installed: true,
+            kernel: "6.18".into(),
+            build: "b".into(),
+            mode: Some(AttachMode::Tcx),
+            programs: vec![program("portmap_ingress"), program("portmap_egress")],
+            tc: vec![tc(Direction::Ingress), tc(Direction::Egress)],
+            drift: NodeDrift::default(),
+            other_links: Vec::new(),
+            maps: vec![MapFill {
+                name: "mappings".into(),
+                map_type: "hash".into(),
+                entries: Some(10),
+                max_entries: 100,
+                id: 1,
+            }],
+            missing_maps: Vec::new(),
+            stats: Vec::new(),
+            tracing: Some(TraceFilter::default()),
+            ownership: Ownership::default(),
+            problems: Vec::new(),
+            notes: Vec::new(),
+            stale_roots: Vec::new(),
+            orphan_records: Vec::new(),
+            misspelt_keys: Vec::new(),
+            hooks_cgroup: None,
+        }
+    }
+
+    fn judged(mut status: Status) -> Status {
+        judge(&mut status);
+        status
+    }
+
+    #[test]
+    fn a_healthy_node_has_no_problems() {
+        let status = judged(healthy());
+        assert!(status.problems.is_empty(), "{:?}", status.problems);
+        assert!(status.notes.is_empty(), "{:?}", status.notes);
+    }
+
+    #[test]
+    fn every_missing_or_degraded_part_is_a_problem() {
+        let mut missing_direction = healthy();
+        missing_direction.tc.pop();
+        assert_eq!(
+            judged(missing_direction).problems,
+            ["eth0: no egress program attached"]
+        );
+
+        let mut detached = healthy();
+        detached.tc[0].attached = false;
+        assert_eq!(
+            judged(detached).problems,
+            ["eth0: the pinned ingress attachment is not active in the kernel"]
+        );
+
+        let mut gone = healthy();
+        for a in &mut gone.tc {
+            a.interface = None;
+        }
+        let gone = judged(gone);
+        // Only the pins are left: not a problem, but worth a note.
+        assert_eq!(gone.problems, Vec::<String>::new());
+        assert!(
+            gone.notes[0].starts_with("1 interface(s) with pinned attachments no longer exist")
+        );
+
+        let mut full = healthy();
+        full.maps[0].entries = Some(95);
+        assert_eq!(
+            judged(full).problems,
+            ["map mappings is 95% full (95 of 100)"]
+        );
+
+        // A conntrack table full of flows is what churn leaves: the kernel
+        // recycles it. Said, but the node stays healthy.
+        let mut churned = healthy();
+        churned.maps.push(MapFill {
+            name: "conntrack_close".into(),
+            map_type: "lru_hash".into(),
+            entries: Some(4028),
+            max_entries: 4096,
+            id: 2,
+        });
+        let churned = judged(churned);
+        assert_eq!(churned.problems, Vec::<String>::new());
+        assert!(
+            churned
+                .notes
+                .iter()
+                .any(|n| n.starts_with("map conntrack_close is 98% full (4028 of 4096): it drops")),
+            "{:?}",
+            churned.notes
+        );
+
+        let mut no_program = healthy();
+        no_program.programs.remove(1);
+        no_program.missing_maps.push("counters");
+        assert_eq!(
+            judged(no_program).problems,
+            [
+                "map counters is not pinned",
+                "program portmap_egress is not pinned"
+            ]
+        );
+
+        let mut nothing = healthy();
+        nothing.tc.clear();
+        assert_eq!(
+            judged(nothing).problems,
+            ["the programs are attached to no interface"]
+        );
+
+        let mut stale_trace = healthy();
+        stale_trace.tracing = Some(TraceFilter {
+            enabled: 1,
+            tracer_pid: u32::MAX,
+            ..TraceFilter::default()
+        });
+        assert!(judged(stale_trace).problems[0].contains("tracing was left on"));
+
+        let mut uninstalled = healthy();
+        uninstalled.installed = false;
+        uninstalled.tc.clear();
+        assert!(judged(uninstalled).problems[0].starts_with("nothing is installed"));
+    }
+
+    #[test]
+    fn ownership_differences_are_problems() {
+        let key = |port: u16| MappingKey {
+            host_port_be: port.to_be(),
+            proto: 6,
+            family: 4,
+            ..MappingKey::default()
+        };
+        let mut status = healthy();
+        status.ownership = Ownership {
+            orphans: vec![(0xab, vec![key(1), key(2), key(3), key(4)])],
+            missing: vec![
+                ("c/eth0 (network n)".into(), key(5), None),
+                (
+                    "c/eth0 (network n)".into(),
+                    key(6),
+                    Some("d/eth0 (network n)".into()),
+                ),
+            ],
+            unindexed: vec![("d/eth0 (network n)".into(), key(7))],
+        };
+        let problems = judged(status).problems;
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert!(
+            problems[0].starts_with(
+                "4 mapping(s) of owner 00000000000000ab (0.0.0.0:1/tcp, 0.0.0.0:2/tcp, 0.0.0.0:3/tcp, and 1 more) have no owner record"
+            ),
+            "{problems:#?}"
+        );
+        assert!(problems[0].contains("gc --orphans"));
+        assert!(
+            problems[1].starts_with("mapping 0.0.0.0:5/tcp of c/eth0 (network n) is missing"),
+            "{problems:#?}"
+        );
+        assert!(problems[2].contains("is held by d/eth0 (network n)"));
+        assert!(
+            problems[3].contains("0.0.0.0:7/tcp of d/eth0 (network n) is not in its owner's index")
+        );
+    }
+
+    #[test]
+    fn the_node_moving_on_is_a_problem_with_its_fix() {
+        let mut drifted = healthy();
+        drifted.drift = NodeDrift {
+            unattached: vec![("eth2".into(), 9)],
+            unmatched: vec!["bond0.*".into()],
+            interfaces: vec!["eth0".into(), "eth2".into()],
+            unsynced: vec!["198.18.0.77".parse().unwrap()],
+            stale: vec!["198.18.0.66".parse().unwrap()],
+            absent_host_ips: vec!["198.18.0.99:8080/tcp".into()],
+            unreadable: None,
+        };
+        let drifted = judged(drifted);
+        assert_eq!(drifted.problems.len(), 2, "{:?}", drifted.problems);
+        assert!(drifted.problems[0].starts_with("eth2 (index 9) does not carry the programs"));
+        assert!(drifted.problems[1].starts_with("node address 198.18.0.77 is not known"));
+        for problem in &drifted.problems {
+            assert!(
+                problem.contains("run `ebpf-portmap reconcile`"),
+                "{problem}"
+            );
+        }
+        // A pattern for other nodes, an address gone (harmless until the
+        // next run) and a VIP not here (yet) are expected.
+        assert_eq!(drifted.notes.len(), 3, "{:?}", drifted.notes);
+        assert!(drifted.notes[0].contains("\"bond0.*\" matches no interface"));
+        assert!(drifted.notes[1].starts_with("198.18.0.66 is still taken"));
+        assert!(drifted.notes[2].starts_with("mapping 198.18.0.99:8080/tcp: its hostIP"));
+    }
+
+    #[test]
+    fn another_build_is_a_note_not_a_problem() {
+        let mut old = healthy();
+        for p in &mut old.programs {
+            p.current = false;
+        }
+        let old = judged(old);
+        assert!(old.problems.is_empty());
+        assert!(old.notes[0].contains("another build"), "{:?}", old.notes);
+    }
+}

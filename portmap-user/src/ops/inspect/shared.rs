@@ -1,0 +1,54 @@
+//! What `list` and `status` both need: the error of a read, the check
+//! that anything is installed, and the clock of the flows.
+
+use std::path::PathBuf;
+
+use aya::maps::MapError;
+use portmap_common::map_names;
+
+use crate::dataplane::{counters, maps::MapsError, pin::PinLayout};
+
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error(
+        "no ebpf-portmap state under {root} (no ADD has run with this pinRoot yet, or it was uninstalled)"
+    )]
+    NotInstalled { root: PathBuf },
+    #[error(transparent)]
+    Maps(#[from] MapsError),
+    #[error("reading the {map} map")]
+    Read {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error(transparent)]
+    Counters(#[from] counters::CountersError),
+    #[error(transparent)]
+    Store(Box<crate::dataplane::ownership::StoreError>),
+}
+
+pub(super) fn read_error(map: &'static str) -> impl FnOnce(MapError) -> InspectError {
+    move |source| InspectError::Read { map, source }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of the flows' `last_seen_ns` (`bpf_ktime_get_coarse_ns`, the same clock at tick resolution).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub(super) fn require_installed(layout: &PinLayout) -> Result<(), InspectError> {
+    if layout.map(map_names::MAPPINGS).exists() {
+        Ok(())
+    } else {
+        Err(InspectError::NotInstalled {
+            root: layout.root().to_path_buf(),
+        })
+    }
+}
