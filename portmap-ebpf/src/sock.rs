@@ -127,6 +127,13 @@ fn read_endpoint(ctx: &SockAddrContext, socket_family: u8) -> Endpoint {
     }
 }
 
+/// The destination port the socket dials (network order).
+#[inline(always)]
+fn read_port(ctx: &SockAddrContext) -> u16 {
+    // SAFETY: as in read_endpoint.
+    unsafe { core::ptr::read_volatile(&(*ctx.sock_addr).user_port) as u16 }
+}
+
 #[inline(always)]
 fn write_endpoint(ctx: &SockAddrContext, socket_family: u8, endpoint: &Endpoint) {
     // Read afresh (volatile): otherwise LLVM keeps `&user_port` from
@@ -261,13 +268,15 @@ fn translate(ctx: &SockAddrContext, socket_family: u8, hook: Hook) {
     let Some(proto) = protocol(ctx) else {
         return;
     };
-    let dialled = read_endpoint(ctx, socket_family);
     // A port no mapping has: the socket is left alone after one array
     // load, before the namespace check and the mapping lookups (every
-    // connect() and sendmsg() of the hooked cgroup comes here).
-    if !maps::port_is(PortRole::Host, proto, dialled.port_be) {
+    // connect() and sendmsg() of the hooked cgroup comes here). The
+    // address is read only after it: nothing lives across the filter's
+    // lookup but the context, so that exit spills nothing to the stack.
+    if !maps::port_is(PortRole::Host, proto, read_port(ctx)) {
         return;
     }
+    let dialled = read_endpoint(ctx, socket_family);
     let Some((key, mapping, dialler)) = mapping_for(ctx, &dialled, proto) else {
         return;
     };
