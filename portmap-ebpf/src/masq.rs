@@ -113,7 +113,7 @@ pub fn masquerade(ctx: &TcContext) {
         } else {
             // SAFETY: no arguments.
             let random = unsafe { bpf_get_prandom_u32() };
-            (MASQ_PORT_MIN + (random % MASQ_PORT_COUNT as u32) as u16).to_be()
+            (MASQ_PORT_MIN + (random % u32::from(MASQ_PORT_COUNT)) as u16).to_be()
         };
         kept_be = 0;
         scratch.reply_key.dst_port_be = port_be;
@@ -416,7 +416,7 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
         tries += 1;
         // SAFETY: no arguments.
         let random = unsafe { bpf_get_prandom_u32() };
-        let port_be = (MASQ_PORT_MIN + (random % MASQ_PORT_COUNT as u32) as u16).to_be();
+        let port_be = (MASQ_PORT_MIN + (random % u32::from(MASQ_PORT_COUNT)) as u16).to_be();
         scratch.reply_key.dst_port_be = port_be;
         scratch.forward.nat_port_be = port_be;
         match maps::ct_put_pair(
