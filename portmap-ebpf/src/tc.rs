@@ -8,7 +8,7 @@ use portmap_common::{
     trace_direction,
 };
 
-use crate::{counters::Way, ct, fast, flow, maps, mark, masq, parse, trace};
+use crate::{counters::Way, ct, events, fast, flow, maps, mark, masq, parse, trace};
 
 /// Translates traffic that arrives at a node interface for a mapped
 /// (hostIP, hostPort, protocol) to the owning container.
@@ -49,6 +49,8 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
     if concerned {
         flow::ingress(ctx, &packet);
         fast::fast_path(ctx);
+        // Once the deep frames are gone (see `events`).
+        events::log_noted(ctx, &packet);
     }
     trace::end_if_tracing(ctx, trace_direction::INGRESS);
     if !concerned {
@@ -121,6 +123,7 @@ fn try_egress(ctx: &mut TcContext) -> Option<()> {
         // masqueraded flow may hold its tuple. After egress's frame is
         // gone too: stacked, the two exceed 512 bytes.
         masq::node_flow_on_masq_tuple(ctx, &packet);
+        events::log_noted(ctx, &packet);
     }
     trace::end_if_tracing(ctx, trace_direction::EGRESS);
     Some(())
