@@ -57,8 +57,9 @@ fn pending() -> Option<&'static mut Pending> {
 }
 
 /// Counts `reason` and notes it for the log, unless the packet has an
-/// event already. Not inlined: the frames that note are the deepest of the
-/// programs, and this adds nothing to them.
+/// event already. Not inlined: the frames that note are among the deepest
+/// of the programs, and a leaf call with an empty frame keeps their own
+/// as it was (inlined, its registers could spill onto them).
 #[inline(never)]
 pub fn note(reason: u32) {
     maps::count(reason);
