@@ -543,6 +543,29 @@ const _: () = {
 /// agent exports it.
 pub const TRACE_LOST_MAP: &str = "trace_lost";
 
+/// The programs' rare events (a failed rewrite or conntrack insert, no
+/// masquerade port or address, a CPU's first fast-path hand-over), logged
+/// through aya-log by the tc programs and drained by the node agent into
+/// its own log. Kept out of [`maps::PINNED`] like [`TRACE_LOST_MAP`].
+pub mod datapath_log {
+    /// aya-log's ring buffer: its name in the object (aya-log's, which its
+    /// reader looks for) and its pin name under the maps directory, so that
+    /// every build's programs and the agent share one.
+    pub const MAP: &str = "AYA_LOGS";
+    /// Its size in bytes (aya-log-ebpf's): a few hundred events.
+    pub const BYTES: u32 = 1 << 17;
+    /// Per-CPU, not pinned: the event noted for the packet being handled,
+    /// and when each reason was last logged on the CPU.
+    pub const PENDING_MAP: &str = "log_pending";
+    /// At most one line per reason per CPU in this time; the counters
+    /// count every event.
+    pub const INTERVAL_NS: u64 = 1_000_000_000;
+    /// What every record's message starts with, followed by the reason ID
+    /// (see [`crate::reason`]): the agent puts the reason's label and
+    /// meaning in its place.
+    pub const PREFIX: &str = "reason ";
+}
+
 /// What the short-lived plugin records about its own runs, for the node
 /// agent to export: outcome counts and latency histograms of each CNI verb.
 /// Userspace only (the programs never see it): an `BPF_F_MMAPABLE` array of

@@ -45,7 +45,7 @@ pub fn record(ctx: &TcContext, mapping: &MappingKey, owner_id: u64, way: Way) {
     scratch.key.mapping = *mapping;
     scratch.key._pad0 = 0;
     scratch.key.owner_id = owner_id;
-    let bytes = ctx.len() as u64;
+    let bytes = u64::from(ctx.len());
     if let Some(counters) = COUNTERS.get_ptr_mut(&scratch.key) {
         // SAFETY: this CPU's copy; no other writer while this program runs.
         add(unsafe { &mut *counters }, way, bytes);
@@ -66,7 +66,7 @@ pub fn record(ctx: &TcContext, mapping: &MappingKey, owner_id: u64, way: Way) {
     }
     add(&mut scratch.first, way, bytes);
     if COUNTERS
-        .insert(&scratch.key, &scratch.first, BPF_NOEXIST as u64)
+        .insert(&scratch.key, &scratch.first, u64::from(BPF_NOEXIST))
         .is_err()
         && let Some(counters) = COUNTERS.get_ptr_mut(&scratch.key)
     {
@@ -116,7 +116,7 @@ pub fn record_sock(mapping: &MappingKey, owner_id: u64, hook: Hook) {
     };
     add_sock(&mut first, hook);
     if SOCK_COUNTERS
-        .insert(key, first, BPF_NOEXIST as u64)
+        .insert(key, first, u64::from(BPF_NOEXIST))
         .is_err()
         && let Some(counters) = SOCK_COUNTERS.get_ptr_mut(key)
     {

@@ -105,6 +105,9 @@ pub fn lookup(key: &CtKey) -> Option<CtEntry> {
         return None;
     }
     if !closed && age > ct_timeout::REFRESH {
+        // SAFETY: the same live entry; one aligned 8-byte store, so a
+        // concurrent reader sees the old or the new time, and a recycled
+        // entry only gets a fresher time (it is read back and judged anew).
         unsafe { (*entry).last_seen_ns = now };
     }
     Some(copy)
@@ -318,7 +321,7 @@ fn socket_owns(ctx: &TcContext, family: u8, src: (&[u32; 4], u16), dst: (&[u32; 
             ctx.skb.skb.cast(),
             tuple.as_mut_ptr().cast::<bpf_sock_tuple>(),
             size,
-            BPF_F_CURRENT_NETNS as i64 as u64,
+            i64::from(BPF_F_CURRENT_NETNS) as u64,
             0,
         )
     };
@@ -328,6 +331,8 @@ fn socket_owns(ctx: &TcContext, family: u8, src: (&[u32; 4], u16), dst: (&[u32; 
     // SAFETY: a socket the lookup returned (its common part: `state` may be
     // read), released once.
     let listening = unsafe { (*sock).state } == TCP_LISTEN;
+    // SAFETY: the non-null socket the lookup returned, released exactly
+    // once and not used after (the verifier checks the reference).
     unsafe { bpf_sk_release(sock.cast()) };
     !listening
 }

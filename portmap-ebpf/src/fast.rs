@@ -14,6 +14,7 @@ use portmap_common::{
 };
 
 use crate::{
+    events,
     fib::fib_lookup_as_received,
     maps::{self, Offer},
     mark,
@@ -136,7 +137,7 @@ pub fn fast_forward(ctx: &TcContext) -> i32 {
     // SAFETY: plain helper call; it only records where the skb goes.
     let action = unsafe { bpf_redirect_peer(peer.ifindex, 0) } as i32;
     if action == TC_ACT_REDIRECT {
-        maps::count(stat::FAST_FORWARD);
+        events::note_first(stat::FAST_FORWARD);
     }
     action
 }
@@ -177,7 +178,7 @@ pub fn fast_reply(ctx: &TcContext) -> i32 {
     // SAFETY: plain helper call; it only records where the skb goes.
     let action = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
     if action == TC_ACT_REDIRECT {
-        maps::count(stat::FAST_REPLY);
+        events::note_first(stat::FAST_REPLY);
     }
     action
 }

@@ -6,7 +6,7 @@ use portmap_common::{CtEntry, CtKey, PROTO_TCP, PortRole, ct_flags, ct_kind, sta
 
 use crate::{
     counters::{self, Way},
-    ct,
+    ct, events,
     fib::{self, Locality, local_destination},
     maps::{self, Insert, Offer, Table, find_mapping},
     masq::{masquerade, wants_masquerade},
@@ -133,7 +133,7 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
             counters::record(ctx, &entry.mapping, owner_id, Way::In);
         }
     } else {
-        maps::count(stat::REWRITE_FAILED);
+        events::note(stat::REWRITE_FAILED);
     }
     true
 }
@@ -275,7 +275,7 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
     )
     .is_err()
     {
-        maps::count(stat::CT_INSERT_FAILED);
+        events::note(stat::CT_INSERT_FAILED);
         return false;
     }
     scratch.owner_id = mapping.owner_id;
@@ -288,7 +288,7 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
     ) {
         true
     } else {
-        maps::count(stat::REWRITE_FAILED);
+        events::note(stat::REWRITE_FAILED);
         false
     }
 }
@@ -334,7 +334,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
                 }
             }
         } else {
-            maps::count(stat::REWRITE_FAILED);
+            events::note(stat::REWRITE_FAILED);
         }
         return false;
     }

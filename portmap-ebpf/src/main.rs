@@ -6,7 +6,8 @@
 //! open one by a mapping) -> `masq` (masquerade) and `fast` (the fast-path
 //! hand-over), with `fib` answering routing questions; `sock` holds the
 //! socket hooks. Beneath them: `parse` (headers), `ct` (tuples, timeouts),
-//! `nat` (rewrites and checksums), `counters`, `trace`, `mark` (the mark
+//! `nat` (rewrites and checksums), `counters`, `trace`, `events` (the rare
+//! events, logged through aya-log for the node agent), `mark` (the mark
 //! ingress leaves for egress), and `maps` (every map and the per-CPU
 //! scratch space, with the fast path's offer in it). `beacon` tells
 //! userspace whether the node's network namespace still exists.
@@ -14,7 +15,7 @@
 //! Imports only point down these layers, never back up (a test of the
 //! workspace checks that no module imports one that imports it):
 //! 1. `parse`, then `maps`;
-//! 2. `ct`, `nat`, `fib`, `counters`, `trace`, `mark`;
+//! 2. `ct`, `nat`, `fib`, `counters`, `trace`, `events`, `mark`;
 //! 3. `masq`, then `fast`, then `flow`;
 //! 4. the entry points `tc`, `sock`, `beacon`.
 #![no_std]
@@ -23,6 +24,7 @@
 mod beacon;
 mod counters;
 mod ct;
+mod events;
 mod fast;
 mod fib;
 mod flow;

@@ -418,7 +418,7 @@ pub fn cached_mapping(key: &MappingKey) -> Option<&'static MappingValue> {
     for i in 0..4 {
         // SAFETY: a word of a live map value.
         cached.value.container_addr_be[i] =
-            unsafe { core::ptr::read_volatile(&value.container_addr_be[i]) };
+            unsafe { core::ptr::read_volatile(&raw const value.container_addr_be[i]) };
     }
     cached.value.container_port_be = value.container_port_be;
     cached.value.owner_id = value.owner_id;
@@ -509,14 +509,14 @@ pub fn ct_put(table: Table, key: &CtKey, entry: &CtEntry) -> bool {
 /// Inserts only if `key` is free (BPF_NOEXIST).
 #[inline(always)]
 pub fn ct_put_new(table: Table, key: &CtKey, entry: &CtEntry) -> bool {
-    let flags = aya_ebpf::bindings::BPF_NOEXIST as u64;
+    let flags = u64::from(aya_ebpf::bindings::BPF_NOEXIST);
     on_table!(table, map => map.insert(key, entry, flags).is_ok())
 }
 
 #[inline(always)]
 pub fn ct_remove(table: Table, key: &CtKey) {
     // A failed removal means the entry is gone already.
-    on_table!(table, map => { let _ = map.remove(key); })
+    on_table!(table, map => { let _ = map.remove(key); });
 }
 
 /// How the first entry of [`ct_put_pair`] is written.

@@ -13,7 +13,7 @@ use portmap_common::{
 };
 
 use crate::{
-    ct, fib,
+    ct, events, fib,
     maps::{self, Insert, Offer, PairFailed},
     nat::{self, Side},
     parse::{Packet, TCP_ACK, TCP_SYN},
@@ -61,7 +61,7 @@ pub fn masquerade(ctx: &TcContext) {
     let Some(node_addr) =
         masquerade_source(ctx, &mut scratch.fib, family, &scratch.forward.nat_addr_be)
     else {
-        maps::count(stat::MASQ_NO_ADDR);
+        events::note(stat::MASQ_NO_ADDR);
         return;
     };
     // Towards the container: after DNAT the packet is client -> container.
@@ -113,7 +113,7 @@ pub fn masquerade(ctx: &TcContext) {
         } else {
             // SAFETY: no arguments.
             let random = unsafe { bpf_get_prandom_u32() };
-            (MASQ_PORT_MIN + (random % MASQ_PORT_COUNT as u32) as u16).to_be()
+            (MASQ_PORT_MIN + (random % u32::from(MASQ_PORT_COUNT)) as u16).to_be()
         };
         kept_be = 0;
         scratch.reply_key.dst_port_be = port_be;
@@ -174,13 +174,13 @@ pub fn masquerade(ctx: &TcContext) {
                 return;
             }
             Err(PairFailed::Second) => {
-                maps::count(stat::CT_INSERT_FAILED);
+                events::note(stat::CT_INSERT_FAILED);
                 return;
             }
             Err(PairFailed::First) => tries += 1,
         }
     }
-    maps::count(stat::MASQ_NO_PORT);
+    events::note(stat::MASQ_NO_PORT);
 }
 
 /// The first masquerade port to try (network order) for the client tuple
@@ -416,7 +416,7 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
         tries += 1;
         // SAFETY: no arguments.
         let random = unsafe { bpf_get_prandom_u32() };
-        let port_be = (MASQ_PORT_MIN + (random % MASQ_PORT_COUNT as u32) as u16).to_be();
+        let port_be = (MASQ_PORT_MIN + (random % u32::from(MASQ_PORT_COUNT)) as u16).to_be();
         scratch.reply_key.dst_port_be = port_be;
         scratch.forward.nat_port_be = port_be;
         match maps::ct_put_pair(
@@ -430,18 +430,18 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
                 if nat::rewrite(ctx, packet, Side::Source, &packet.src_be, port_be) {
                     maps::count(stat::NODE_FLOW_REMAPPED);
                 } else {
-                    maps::count(stat::REWRITE_FAILED);
+                    events::note(stat::REWRITE_FAILED);
                 }
                 return;
             }
             Err(PairFailed::Second) => {
-                maps::count(stat::CT_INSERT_FAILED);
+                events::note(stat::CT_INSERT_FAILED);
                 return;
             }
             Err(PairFailed::First) => {}
         }
     }
-    maps::count(stat::MASQ_NO_PORT);
+    events::note(stat::MASQ_NO_PORT);
 }
 
 /// Records the node's connection of the SYN `packet` (its own address and

@@ -40,7 +40,7 @@ fn l4_csum(packet: &Packet) -> Option<(usize, u64)> {
     match packet.proto {
         PROTO_TCP => Some((packet.l4_off + 16, 0)),
         // A zero UDP checksum (IPv4 only) means "none": keep it zero.
-        PROTO_UDP => Some((packet.l4_off + 6, BPF_F_MARK_MANGLED_0 as u64)),
+        PROTO_UDP => Some((packet.l4_off + 6, u64::from(BPF_F_MARK_MANGLED_0))),
         _ => None,
     }
 }
@@ -120,9 +120,9 @@ fn try_rewrite(
             if let Some((csum_off, flags)) = csum {
                 ctx.l4_csum_replace(
                     csum_off,
-                    before as u64,
-                    addr_be[0] as u64,
-                    flags | BPF_F_PSEUDO_HDR as u64 | 4,
+                    u64::from(before),
+                    u64::from(addr_be[0]),
+                    flags | u64::from(BPF_F_PSEUDO_HDR) | 4,
                 )?;
             }
         } else {
@@ -134,7 +134,12 @@ fn try_rewrite(
             ctx.store(off, addr_be, 0)?;
             if let Some((csum_off, flags)) = csum {
                 let diff = csum_diff16(&old_addr, addr_be);
-                ctx.l4_csum_replace(csum_off, 0, diff as u64, flags | BPF_F_PSEUDO_HDR as u64)?;
+                ctx.l4_csum_replace(
+                    csum_off,
+                    0,
+                    u64::from(diff),
+                    flags | u64::from(BPF_F_PSEUDO_HDR),
+                )?;
             }
         }
     }
@@ -145,7 +150,7 @@ fn try_rewrite(
             ctx.store(port_off, &port_be, 0)?;
         }
         if let Some((csum_off, flags)) = csum {
-            ctx.l4_csum_replace(csum_off, old_port as u64, port_be as u64, flags | 2)?;
+            ctx.l4_csum_replace(csum_off, u64::from(old_port), u64::from(port_be), flags | 2)?;
         } else if packet.proto == PROTO_SCTP
             // Zero: the CRC is left to offload (CHECKSUM_PARTIAL) and
             // will be computed over the rewritten packet; do not touch it.

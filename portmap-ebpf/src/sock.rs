@@ -95,9 +95,9 @@ fn read_endpoint(ctx: &SockAddrContext, socket_family: u8) -> Endpoint {
     // SAFETY: the kernel hands a valid context; 4-byte volatile reads are
     // what the verifier accepts for these fields.
     unsafe {
-        let port_be = core::ptr::read_volatile(&(*sa).user_port) as u16;
+        let port_be = core::ptr::read_volatile(&raw const (*sa).user_port) as u16;
         if socket_family == FAMILY_V4 {
-            let ip = core::ptr::read_volatile(&(*sa).user_ip4);
+            let ip = core::ptr::read_volatile(&raw const (*sa).user_ip4);
             return Endpoint {
                 family: FAMILY_V4,
                 addr_be: [ip, 0, 0, 0],
@@ -105,10 +105,10 @@ fn read_endpoint(ctx: &SockAddrContext, socket_family: u8) -> Endpoint {
                 mapped: false,
             };
         }
-        let w0 = core::ptr::read_volatile(&(*sa).user_ip6[0]);
-        let w1 = core::ptr::read_volatile(&(*sa).user_ip6[1]);
-        let w2 = core::ptr::read_volatile(&(*sa).user_ip6[2]);
-        let w3 = core::ptr::read_volatile(&(*sa).user_ip6[3]);
+        let w0 = core::ptr::read_volatile(&raw const (*sa).user_ip6[0]);
+        let w1 = core::ptr::read_volatile(&raw const (*sa).user_ip6[1]);
+        let w2 = core::ptr::read_volatile(&raw const (*sa).user_ip6[2]);
+        let w3 = core::ptr::read_volatile(&raw const (*sa).user_ip6[3]);
         if w0 == 0 && w1 == 0 && w2 == V4_MAPPED_PREFIX_BE {
             Endpoint {
                 family: FAMILY_V4,
@@ -141,22 +141,22 @@ fn write_endpoint(ctx: &SockAddrContext, socket_family: u8, endpoint: &Endpoint)
     // verifier refuses a context pointer with an offset ("dereference of
     // modified ctx ptr").
     // SAFETY: reading a field of a reference.
-    let sa = unsafe { core::ptr::read_volatile(&ctx.sock_addr) };
+    let sa = unsafe { core::ptr::read_volatile(&raw const ctx.sock_addr) };
     // SAFETY: as in read_endpoint; these fields are writable in these hooks.
     unsafe {
-        core::ptr::write_volatile(&mut (*sa).user_port, endpoint.port_be as u32);
+        core::ptr::write_volatile(&raw mut (*sa).user_port, u32::from(endpoint.port_be));
         if socket_family == FAMILY_V4 {
-            core::ptr::write_volatile(&mut (*sa).user_ip4, endpoint.addr_be[0]);
+            core::ptr::write_volatile(&raw mut (*sa).user_ip4, endpoint.addr_be[0]);
         } else if endpoint.mapped {
-            core::ptr::write_volatile(&mut (*sa).user_ip6[0], 0);
-            core::ptr::write_volatile(&mut (*sa).user_ip6[1], 0);
-            core::ptr::write_volatile(&mut (*sa).user_ip6[2], V4_MAPPED_PREFIX_BE);
-            core::ptr::write_volatile(&mut (*sa).user_ip6[3], endpoint.addr_be[0]);
+            core::ptr::write_volatile(&raw mut (*sa).user_ip6[0], 0);
+            core::ptr::write_volatile(&raw mut (*sa).user_ip6[1], 0);
+            core::ptr::write_volatile(&raw mut (*sa).user_ip6[2], V4_MAPPED_PREFIX_BE);
+            core::ptr::write_volatile(&raw mut (*sa).user_ip6[3], endpoint.addr_be[0]);
         } else {
-            core::ptr::write_volatile(&mut (*sa).user_ip6[0], endpoint.addr_be[0]);
-            core::ptr::write_volatile(&mut (*sa).user_ip6[1], endpoint.addr_be[1]);
-            core::ptr::write_volatile(&mut (*sa).user_ip6[2], endpoint.addr_be[2]);
-            core::ptr::write_volatile(&mut (*sa).user_ip6[3], endpoint.addr_be[3]);
+            core::ptr::write_volatile(&raw mut (*sa).user_ip6[0], endpoint.addr_be[0]);
+            core::ptr::write_volatile(&raw mut (*sa).user_ip6[1], endpoint.addr_be[1]);
+            core::ptr::write_volatile(&raw mut (*sa).user_ip6[2], endpoint.addr_be[2]);
+            core::ptr::write_volatile(&raw mut (*sa).user_ip6[3], endpoint.addr_be[3]);
         }
     }
 }

@@ -8,7 +8,7 @@ use portmap_common::{
     trace_direction,
 };
 
-use crate::{counters::Way, ct, fast, flow, maps, mark, masq, parse, trace};
+use crate::{counters::Way, ct, events, fast, flow, maps, mark, masq, parse, trace};
 
 /// Translates traffic that arrives at a node interface for a mapped
 /// (hostIP, hostPort, protocol) to the owning container.
@@ -47,8 +47,11 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
         || (maps::port_is(PortRole::Container, packet.proto, packet.sport_be)
             && answer_matters(ctx, packet.dport_be, packet.proto, &packet.dst_be));
     if concerned {
+        events::remember(&packet);
         flow::ingress(ctx, &packet);
         fast::fast_path(ctx);
+        // Once the deep frames are gone (see `events`).
+        events::log_noted(ctx);
     }
     trace::end_if_tracing(ctx, trace_direction::INGRESS);
     if !concerned {
@@ -112,6 +115,7 @@ fn try_egress(ctx: &mut TcContext) -> Option<()> {
             || maps::port_is(PortRole::Container, packet.proto, packet.dport_be)
             || maps::port_is(PortRole::Host, packet.proto, packet.sport_be))
     {
+        events::remember(&packet);
         if flow::egress(ctx, &packet) {
             flow::count_from_scratch(ctx, Way::Out);
         }
@@ -121,6 +125,7 @@ fn try_egress(ctx: &mut TcContext) -> Option<()> {
         // masqueraded flow may hold its tuple. After egress's frame is
         // gone too: stacked, the two exceed 512 bytes.
         masq::node_flow_on_masq_tuple(ctx, &packet);
+        events::log_noted(ctx);
     }
     trace::end_if_tracing(ctx, trace_direction::EGRESS);
     Some(())

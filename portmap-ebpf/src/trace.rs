@@ -166,7 +166,7 @@ fn emit(ctx: &TcContext, direction: u8) {
         (*event).new_dport_be = after_dport;
         read_addresses(ctx.skb.skb, packet, event);
     }
-    entry.submit(BPF_RB_NO_WAKEUP as u64);
+    entry.submit(u64::from(BPF_RB_NO_WAKEUP));
 }
 
 /// Overwrites the `new_*_addr_be` fields of `event` with the packet's
@@ -250,5 +250,5 @@ pub fn sock_translated(direction: u8, proto: u8, origin: &SockOrigin) {
         (*event).proto = proto;
         (*event).flags = 0;
     }
-    entry.submit(BPF_RB_NO_WAKEUP as u64);
+    entry.submit(u64::from(BPF_RB_NO_WAKEUP));
 }

@@ -44,6 +44,10 @@ fn the_object_declares_exactly_the_named_maps_with_their_capacities() {
         .chain(&maps::UNPINNED)
         .chain(&[portmap_common::TRACE_LOST_MAP])
         .chain(&[portmap_common::conditions::CONDITIONS_MAP])
+        .chain(&[
+            portmap_common::datapath_log::MAP,
+            portmap_common::datapath_log::PENDING_MAP,
+        ])
         .copied()
         .collect();
     assert_eq!(
@@ -63,6 +67,10 @@ fn the_object_declares_exactly_the_named_maps_with_their_capacities() {
         (maps::LOCAL_ADDRS, capacity::LOCAL_ADDRS),
         (maps::IFACES, capacity::IFACES),
         (maps::PEERS, capacity::PEERS),
+        (
+            portmap_common::datapath_log::MAP,
+            portmap_common::datapath_log::BYTES,
+        ),
     ] {
         let map = ebpf.map(name).unwrap_or_else(|| panic!("map {name}"));
         assert_eq!(max_entries(map), expected, "capacity of {name}");

@@ -21,6 +21,10 @@ const TCP_SYN: u8 = 0x02;
 pub enum Transport {
     /// A TCP SYN (no options, window 64240).
     TcpSyn,
+    /// The same SYN cut short after its flags byte (14 bytes): its ports
+    /// and flags can be read, but it has no checksum field, so no rewrite
+    /// of it can succeed.
+    TcpSynCut,
     /// A UDP datagram with a short payload.
     Udp,
 }
@@ -45,7 +49,7 @@ impl Crafted {
     pub fn ip_packet(&self) -> Vec<u8> {
         let transport = self.transport_segment();
         let proto = match self.transport {
-            Transport::TcpSyn => PROTO_TCP,
+            Transport::TcpSyn | Transport::TcpSynCut => PROTO_TCP,
             Transport::Udp => PROTO_UDP,
         };
         let mut packet = Vec::with_capacity(40 + transport.len());
@@ -79,7 +83,7 @@ impl Crafted {
         segment.extend_from_slice(&self.sport.to_be_bytes());
         segment.extend_from_slice(&self.dport.to_be_bytes());
         let (proto, checksum_at) = match self.transport {
-            Transport::TcpSyn => {
+            Transport::TcpSyn | Transport::TcpSynCut => {
                 // Sequence number, no acknowledgment, data offset 5 words,
                 // SYN, window, checksum (below), no urgent pointer.
                 segment.extend_from_slice(&0x5eed_0001u32.to_be_bytes());
@@ -97,6 +101,10 @@ impl Crafted {
                 (PROTO_UDP, 6)
             }
         };
+        if self.transport == Transport::TcpSynCut {
+            segment.truncate(14);
+            return segment;
+        }
         let mut pseudo = Vec::new();
         match (self.src, self.dst) {
             (IpAddr::V4(src), IpAddr::V4(dst)) => {

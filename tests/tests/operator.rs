@@ -754,8 +754,11 @@ fn every_pinned_map_dumps_with_named_fields() {
         // `owner_sandboxes` (dataplane/maps.rs, a user map like `owner_pods`),
         // `verb_stats` (dataplane/verb_stats.rs, an array of u64 slots) and
         // `sizing` (dataplane/sizing.rs) are created by userspace without
-        // BTF, so they dump in hex.
+        // BTF, so they dump in hex. `AYA_LOGS` (the programs' log,
+        // portmap_common::datapath_log) is a ring buffer: records, no keys,
+        // nothing bpftool dumps.
         if [
+            portmap_common::datapath_log::MAP,
             "sock_origin",
             "features",
             "netns_owner",

@@ -8,7 +8,10 @@
 //!   stale counters, pod and fast-path records);
 //! - `/metrics`, `/healthz`, `/readyz` over HTTP;
 //! - the datapath's rare problems (counted by the programs) are logged,
-//!   rate-limited.
+//!   rate-limited, and each rare event the programs log through aya-log
+//!   (a failed rewrite or conntrack insert, no masquerade port or address,
+//!   the fast path's first packet) is drained into the agent's log with
+//!   its packet ([`datapath_log`]).
 //!
 //! The agent is not in the data path and the plugin does not need it: a
 //! node without it (podman, Nomad, plain containerd) converges at the next
@@ -26,6 +29,7 @@ use std::{
 };
 
 pub mod conf;
+pub mod datapath_log;
 pub mod events;
 pub mod http;
 pub mod metrics;

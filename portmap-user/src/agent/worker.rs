@@ -5,7 +5,8 @@
 //! then: runs a reconciliation pass if anything happened (wake-ups that
 //! arrived meanwhile are folded into the one pass); runs the node GC when
 //! its interval is up; reads the datapath's problem counters for the
-//! rare-event log; and beats the heart `/healthz` looks at.
+//! rare-event log, and drains the events the programs logged
+//! ([`super::datapath_log`]); and beats the heart `/healthz` looks at.
 //!
 //! A pass is the plugin's own reconciliation ([`verbs::reconcile`], what
 //! every DEL and GC run does), so it takes the pin root's lock only to
@@ -27,6 +28,7 @@ use portmap_common::reason::{Kind, REASONS};
 use super::{
     AgentError,
     conf::{ConfError, ConfSource},
+    datapath_log::DatapathLog,
 };
 use crate::{
     cni::error::with_sources,
@@ -313,11 +315,54 @@ impl RareEvents {
     }
 }
 
+/// The reader of the programs' log (see [`super::datapath_log`]), opened
+/// once the dataplane has pinned it and again when the pin is replaced.
+#[derive(Debug, Default)]
+struct ProgramLog {
+    reader: Option<DatapathLog>,
+    /// The last failure to open it, so that it is logged once.
+    said: Option<String>,
+}
+
+impl ProgramLog {
+    fn drain(&mut self, layout: &PinLayout) {
+        if let Some(reader) = self.reader.as_mut()
+            && !reader.is_current(layout)
+        {
+            // What the old ring buffer still holds, then the new one.
+            reader.drain();
+            self.reader = None;
+        }
+        if self.reader.is_none() {
+            match DatapathLog::open(layout) {
+                Ok(reader) => {
+                    if reader.is_some() {
+                        log::debug!("draining the programs' log");
+                        self.said = None;
+                    }
+                    self.reader = reader;
+                }
+                Err(error) => {
+                    let text = with_sources(&error);
+                    if self.said.as_deref() != Some(text.as_str()) {
+                        log::warn!("the programs' rare events are not logged: {text}");
+                        self.said = Some(text);
+                    }
+                }
+            }
+        }
+        if let Some(reader) = self.reader.as_mut() {
+            reader.drain();
+        }
+    }
+}
+
 /// Runs until `shared.stop` is set (or every sender is gone).
 pub fn run(shared: Arc<Shared>, wake: Receiver<()>, timing: Timing) {
     let mut dirty = true;
     let mut last_gc = Instant::now();
     let mut rare = RareEvents::default();
+    let mut program_log = ProgramLog::default();
     let mut cleanup = timing.cleanup.then(Cleanup::default);
     loop {
         shared.beat();
@@ -384,6 +429,7 @@ pub fn run(shared: Arc<Shared>, wake: Receiver<()>, timing: Timing) {
             for line in rare.observe(&counters, Instant::now(), timing.rare_event_interval) {
                 log::warn!("{line}");
             }
+            program_log.drain(&layout);
         }
         match wake.recv_timeout(Duration::from_secs(1)) {
             Ok(()) => {

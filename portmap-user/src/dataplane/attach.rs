@@ -509,6 +509,9 @@ fn load_and_pin(
         .chain(local::map_names::ALL.iter())
         .chain([portmap_common::TRACE_LOST_MAP].iter())
         .chain([portmap_common::conditions::CONDITIONS_MAP].iter())
+        // Pinned so that the agent finds the rare events of every build's
+        // programs in one place, and a later load writes to the same one.
+        .chain([portmap_common::datapath_log::MAP].iter())
         .map(|&name| (name, layout.map(name)))
         .collect();
     let staged = resize.map(|r| r.staged(layout)).unwrap_or_default();

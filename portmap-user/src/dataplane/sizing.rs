@@ -479,6 +479,11 @@ impl Footprint {
     }
 }
 
+/// `bytes_memlock` of the programs' log ring buffer
+/// (`portmap_common::datapath_log`, 128 KiB of data), as bpftool reported
+/// it on Linux 6.18: the pages and the kernel's bookkeeping of them.
+const DATAPATH_LOG_MEMLOCK: u64 = 144_200;
+
 /// The pinned maps' `bytes_memlock` for `sizes` on `cpus` CPUs with
 /// `mappings` mappings (see [`Footprint`]).
 pub fn footprint(sizes: &Sizes, cpus: u32, mappings: u64) -> Footprint {
@@ -534,7 +539,10 @@ pub fn footprint(sizes: &Sizes, cpus: u32, mappings: u64) -> Footprint {
         + cost::array(
             portmap_common::capacity::MASQ_OWNERS,
             size(size_of::<local::MasqOwner>()),
-        );
+        )
+        // The programs' log (AYA_LOGS, a 128 KiB ring buffer): what bpftool
+        // reported for it on 6.18.
+        + DATAPATH_LOG_MEMLOCK;
     let per_cpu = cost::lazy_percpu_hash(
         sizes.counters,
         size(size_of::<CounterKey>()),
