@@ -413,7 +413,7 @@ fn enter(path: Flavor, world: &BenchWorld) {
         Flavor::OursFast => world.set_fast_path(true),
         Flavor::Plain => world.set_floor(false),
         Flavor::PlainFloor => world.set_floor(true),
-        Flavor::Upstream | Flavor::Nftables | Flavor::Baseline => {}
+        Flavor::Upstream | Flavor::Nftables | Flavor::Baseline | Flavor::OursSockets => {}
     }
 }
 

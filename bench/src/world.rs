@@ -57,6 +57,11 @@ pub enum Flavor {
     /// before a change) in a world of its own: the control-plane runs
     /// compare the plugin under test with it.
     Baseline,
+    /// ebpf-portmap with `containerSockets` on, in a world of its own (the
+    /// hairpin section): its pods' clients run in the hooked cgroup, so a
+    /// pod's connection to a host port is pointed at the container at the
+    /// socket instead of taking the packet hairpin.
+    OursSockets,
 }
 
 /// The binary of [`Flavor::Baseline`], set once from `--baseline-bin`.
@@ -65,9 +70,11 @@ pub static BASELINE_BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::On
 impl Flavor {
     pub fn plugin_type(self) -> Option<&'static str> {
         match self {
-            Flavor::Ours | Flavor::OursFast | Flavor::OursDirect | Flavor::Baseline => {
-                Some("ebpf-portmap")
-            }
+            Flavor::Ours
+            | Flavor::OursFast
+            | Flavor::OursDirect
+            | Flavor::Baseline
+            | Flavor::OursSockets => Some("ebpf-portmap"),
             Flavor::Upstream => Some("portmap"),
             Flavor::Nftables => Some(crate::nftables::PLUGIN_TYPE),
             Flavor::Plain | Flavor::PlainFloor => None,
@@ -84,6 +91,7 @@ impl Flavor {
             Flavor::OursDirect => "direct, ebpf-portmap loaded",
             Flavor::PlainFloor => "direct, empty programs at ebpf-portmap's hooks",
             Flavor::Baseline => "ebpf-portmap baseline build",
+            Flavor::OursSockets => "ebpf-portmap containerSockets",
         }
     }
 }
@@ -147,7 +155,11 @@ impl BenchWorld {
         ] {
             node.ext.sysctl(key, value);
         }
-        let pins = matches!(flavor, Flavor::Ours | Flavor::Baseline).then(PinRoot::new);
+        let pins = matches!(
+            flavor,
+            Flavor::Ours | Flavor::Baseline | Flavor::OursSockets
+        )
+        .then(PinRoot::new);
         // Every world that runs ebpf-portmap runs a copy written into its
         // own plugin directory, the baseline build's the same way as ours:
         // an exec's cost depends on how the file was written (see
@@ -155,7 +167,7 @@ impl BenchWorld {
         let plugins = match (flavor, BASELINE_BIN.get()) {
             (Flavor::Baseline, Some(bin)) => PluginDirs::with_plugin_copy(bin),
             (Flavor::Baseline, None) => panic!("a baseline world needs --baseline-bin"),
-            (Flavor::Ours | Flavor::OursFast | Flavor::OursDirect, _) => {
+            (Flavor::Ours | Flavor::OursFast | Flavor::OursDirect | Flavor::OursSockets, _) => {
                 PluginDirs::with_plugin_copy(&portmap_tests::plugin_bin())
             }
             (Flavor::Upstream | Flavor::Nftables | Flavor::Plain | Flavor::PlainFloor, _) => {
@@ -179,6 +191,16 @@ impl BenchWorld {
                 let mut json = full.json().clone();
                 let plugins = json["plugins"].as_array_mut().expect("plugins array");
                 crate::nftables::configure(plugins.last_mut().expect("the port plugin"));
+                Conflist::from_json(json).expect("a valid conflist")
+            }
+            Flavor::OursSockets => {
+                let mut json = full.json().clone();
+                json["plugins"]
+                    .as_array_mut()
+                    .and_then(|plugins| plugins.last_mut())
+                    .and_then(Value::as_object_mut)
+                    .expect("the port plugin")
+                    .insert("containerSockets".into(), Value::Bool(true));
                 Conflist::from_json(json).expect("a valid conflist")
             }
             Flavor::Plain => {

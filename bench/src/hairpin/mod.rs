@@ -11,11 +11,20 @@
 //! holds every closed tuple in TIME_WAIT, the case where a masquerade that
 //! reuses a tuple loses connections.
 //!
+//! The same rows with `containerSockets` (issue 28) run in a world of their
+//! own whose pods the plugin registered: for each of its slices the bench
+//! process moves itself into that world's hooked cgroup (and back out
+//! after), so the pods' `connect()`/`sendmsg()` are pointed at the
+//! container at the socket. The section fails if that world's hooks
+//! translated nothing, or masqueraded a flow: then it measured the wrong
+//! path.
+//!
 //! The two worlds are built for this section and removed at its end: the
 //! TIME_WAIT sockets a connection loop leaves in a pod's namespace go with
 //! it, before any later measurement walks the machine's TCP hash.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 
 use portmap_tests::Container;
 use portmap_tests::netns::NsHandle;
@@ -53,6 +62,9 @@ pub fn target(family: Family, test: Test) -> SocketAddr {
 struct HairpinWorld {
     world: BenchWorld,
     other: Container,
+    /// `cgroup.procs` of the hooked cgroup the clients run in (the
+    /// `containerSockets` world only).
+    hooked: Option<PathBuf>,
 }
 
 impl HairpinWorld {
@@ -63,7 +75,32 @@ impl HairpinWorld {
             .port_add("hairpin", &BenchWorld::hairpin_mappings())
             .result
             .map_err(|e| anyhow::anyhow!("hairpin mappings ADD in {}: {e}", flavor.label()))?;
-        Ok(HairpinWorld { world, other })
+        let hooked = (flavor == Flavor::OursSockets)
+            .then(|| world.pins.as_ref().map(|p| p.cgroup().procs_file()))
+            .flatten();
+        Ok(HairpinWorld {
+            world,
+            other,
+            hooked,
+        })
+    }
+
+    /// The `status` counters of this world's dataplane (`None` without
+    /// pins). `status` exits non-zero when it finds a problem; its JSON is
+    /// read all the same.
+    fn counters(&self) -> Option<serde_json::Value> {
+        let pins = self.world.pins.as_ref()?;
+        let out = self
+            .world
+            .node
+            .ns
+            .command(portmap_tests::plugin_bin())
+            .args(["status", "--json", "--pin-root"])
+            .arg(pins.path())
+            .output()
+            .ok()?;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        Some(status["counters"].clone())
     }
 
     /// The namespace the client of `route` runs in.
@@ -75,14 +112,61 @@ impl HairpinWorld {
     }
 }
 
-/// Builds the worlds (ebpf-portmap, iptables portmap and, where it can
-/// run, nftables portmap), warms every path up, then measures each
-/// (route, family, test) with the plugins interleaved, `plan.reps` times.
+/// Where the bench process runs its clients: its own cgroup, or a
+/// world's hooked one for that world's slices. Back home on drop, so a
+/// failed slice never leaves the process in a cgroup its world removes.
+struct ClientCgroup {
+    /// `cgroup.procs` of the cgroup the bench started in.
+    home: PathBuf,
+    away: bool,
+}
+
+impl ClientCgroup {
+    fn new() -> anyhow::Result<ClientCgroup> {
+        let own = std::fs::read_to_string("/proc/self/cgroup")?;
+        let relative = own
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .ok_or_else(|| anyhow::anyhow!("the bench is in no cgroup2 cgroup: {own}"))?;
+        let home = portmap_tests::cgroup::cgroup2_mount()
+            .join(relative.trim_start_matches('/'))
+            .join("cgroup.procs");
+        Ok(ClientCgroup { home, away: false })
+    }
+
+    /// Moves the whole process (every thread: cgroup v2 moves thread
+    /// groups) into the cgroup of `procs`, or home for `None`.
+    fn enter(&mut self, procs: Option<&Path>) {
+        let target = procs.unwrap_or(&self.home);
+        if procs.is_none() && !self.away {
+            return;
+        }
+        if let Err(e) = std::fs::write(target, b"0") {
+            panic!("moving the bench into {}: {e}", target.display());
+        }
+        self.away = procs.is_some();
+    }
+}
+
+impl Drop for ClientCgroup {
+    fn drop(&mut self) {
+        if self.away {
+            let _ = std::fs::write(&self.home, b"0");
+        }
+    }
+}
+
+/// Builds the worlds (ebpf-portmap on the packet path and with
+/// `containerSockets`, iptables portmap and, where it can run, nftables
+/// portmap), warms every path up, then measures each (route, family,
+/// test) with the plugins interleaved, `plan.reps` times.
 pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyhow::Result<()> {
     let mut sides = vec![
         HairpinWorld::new(Flavor::Ours, "bench-ebpf-hairpin", plan)?,
+        HairpinWorld::new(Flavor::OursSockets, "bench-ebpf-sockets-hairpin", plan)?,
         HairpinWorld::new(Flavor::Upstream, "bench-iptables-hairpin", plan)?,
     ];
+    let mut cgroup = ClientCgroup::new()?;
     match crate::nftables::skip_reason() {
         None => sides.push(HairpinWorld::new(
             Flavor::Nftables,
@@ -99,14 +183,19 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    warm_up_every_path(plan, &sides)?;
+    warm_up_every_path(plan, &sides, &mut cgroup)?;
+    let sockets = sides
+        .iter()
+        .find(|s| s.hooked.is_some())
+        .expect("the containerSockets world");
+    let translated_after_warm_up = check_socket_path(sockets, 0)?;
     for rep in 0..plan.reps {
         let mut line = Vec::new();
         for family in Family::BOTH {
             for route in Route::BOTH {
                 for test in TESTS {
                     progress.check()?;
-                    let runs = measure_interleaved(plan, &sides, route, family, test);
+                    let runs = measure_interleaved(plan, &sides, route, family, test, &mut cgroup);
                     line.push(format!(
                         "{} {} {} {}",
                         route.key(),
@@ -135,13 +224,39 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
             line.join(", ")
         ));
     }
+    let translated = check_socket_path(sockets, translated_after_warm_up)?;
+    progress.say(&format!(
+        "hairpin: the containerSockets world's hooks translated {translated} connect()/sendmsg() calls and masqueraded nothing"
+    ));
     Ok(())
+}
+
+/// Fails unless the `containerSockets` world's hooks translated more than
+/// `before` sockets and its programs masqueraded no flow: otherwise its
+/// rows measured another path. Returns the translations so far.
+fn check_socket_path(sockets: &HairpinWorld, before: u64) -> anyhow::Result<u64> {
+    let counters = sockets.counters().ok_or_else(|| {
+        anyhow::anyhow!("hairpin: cannot read the containerSockets world's counters")
+    })?;
+    let count = |reason: &str| counters[reason].as_u64().unwrap_or(0);
+    let (translated, masq) = (count("sock_translated"), count("masq"));
+    if translated <= before || masq > 0 {
+        anyhow::bail!(
+            "hairpin: the containerSockets world took the wrong path ({translated} socket translations, {before} before; {masq} masqueraded flows): {counters}"
+        );
+    }
+    Ok(translated)
 }
 
 /// Every (route, family, test) of both worlds once for the warm-up time;
 /// fails if one gets no answer.
-fn warm_up_every_path(plan: &Plan, sides: &[HairpinWorld]) -> anyhow::Result<()> {
+fn warm_up_every_path(
+    plan: &Plan,
+    sides: &[HairpinWorld],
+    cgroup: &mut ClientCgroup,
+) -> anyhow::Result<()> {
     for side in sides {
+        cgroup.enter(side.hooked.as_deref());
         for route in Route::BOTH {
             for family in Family::BOTH {
                 for test in TESTS {
@@ -163,6 +278,7 @@ fn warm_up_every_path(plan: &Plan, sides: &[HairpinWorld]) -> anyhow::Result<()>
             }
         }
     }
+    cgroup.enter(None);
     Ok(())
 }
 
@@ -174,12 +290,18 @@ fn measure_interleaved(
     route: Route,
     family: Family,
     test: Test,
+    cgroup: &mut ClientCgroup,
 ) -> Vec<RunResult> {
     let targets: Vec<(NsHandle, SocketAddr)> = sides
         .iter()
         .map(|side| (side.client(route), target(family, test)))
         .collect();
-    load::run_interleaved(&targets, test, plan.duration, plan.slices, plan.cpu, |_| {})
+    let cgroup = std::cell::RefCell::new(cgroup);
+    let runs = load::run_interleaved(&targets, test, plan.duration, plan.slices, plan.cpu, |i| {
+        cgroup.borrow_mut().enter(sides[i].hooked.as_deref());
+    });
+    cgroup.borrow_mut().enter(None);
+    runs
 }
 
 fn push(

@@ -19,17 +19,21 @@ pub(super) fn hairpin_table(md: &mut String, results: &Results) {
         md,
         "A pod dials the node's address and a hostPort mapped to itself or to another pod on the same bridge; \
          the pods are outside the cgroup the socket hooks are attached to, so their traffic takes the packet \
-         path (masqueraded back into the bridge). Connect+request+close dials a server that closes first, so \
-         the server holds every closed tuple in TIME_WAIT. The plugins are interleaved slice by slice. \
-         Each cell: median rate over the repetitions (min in brackets), and the errors over all repetitions.\n"
+         path (masqueraded back into the bridge). The containerSockets column is ebpf-portmap with \
+         `containerSockets` on in a world of its own, whose pods' clients run in its hooked cgroup: their \
+         connections are pointed at the container at the socket (no masquerade; the answering pod sees the \
+         client pod), and sockets/packet is its rate over ebpf-portmap's packet path. Connect+request+close \
+         dials a server that closes first, so the server holds every closed tuple in TIME_WAIT. The plugins \
+         are interleaved slice by slice. Each cell: median rate over the repetitions (min in brackets), and \
+         the errors over all repetitions.\n"
     );
     let _ = writeln!(
         md,
-        "| path | family | test | unit | ebpf-portmap | iptables portmap | nftables portmap | ebpf/iptables | ebpf/nftables |"
+        "| path | family | test | unit | ebpf-portmap | ebpf-portmap containerSockets | iptables portmap | nftables portmap | ebpf/iptables | ebpf/nftables | sockets/packet |"
     );
     let _ = writeln!(
         md,
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for route in Route::BOTH {
         for family in Family::BOTH {
@@ -41,12 +45,13 @@ pub(super) fn hairpin_table(md: &mut String, results: &Results) {
                 };
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     route.title(),
                     family.title(),
                     test.title(),
                     test.unit(),
                     rate(Flavor::Ours),
+                    rate(Flavor::OursSockets),
                     rate(Flavor::Upstream),
                     rate(Flavor::Nftables),
                     cell(
@@ -55,6 +60,16 @@ pub(super) fn hairpin_table(md: &mut String, results: &Results) {
                     ),
                     cell(
                         &results.hairpin_ratio(Flavor::Nftables, route, family, test),
+                        3
+                    ),
+                    cell(
+                        &results.hairpin_ratio_of(
+                            Flavor::OursSockets,
+                            Flavor::Ours,
+                            route,
+                            family,
+                            test
+                        ),
                         3
                     ),
                 );

@@ -30,6 +30,7 @@ fn flavor_key(flavor: Flavor) -> &'static str {
         Flavor::OursDirect => "direct-ebpf-portmap-loaded",
         Flavor::PlainFloor => "direct-empty-programs",
         Flavor::Baseline => "ebpf-portmap-baseline",
+        Flavor::OursSockets => "ebpf-portmap-container-sockets",
     }
 }
 

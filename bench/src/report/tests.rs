@@ -128,7 +128,7 @@ fn filled_results_render_rectangular_tables() {
     for route in Route::BOTH {
         for family in Family::BOTH {
             for test in hairpin::TESTS {
-                for flavor in PLUGINS {
+                for flavor in PLUGINS.into_iter().chain([Flavor::OursSockets]) {
                     results.hairpin.push(crate::results::HairpinCell {
                         route,
                         family,
@@ -222,12 +222,13 @@ fn filled_results_render_rectangular_tables() {
     );
     assert!(
         md.contains(
-            "| pod -> nodeIP:hostPort of another pod | IPv6 | TCP connect+request+close | conn/s | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 1.000 (1.000) | 1.000 (1.000) |"
+            "| pod -> nodeIP:hostPort of another pod | IPv6 | TCP connect+request+close | conn/s | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 1.000 (1.000) | 1.000 (1.000) | 1.000 (1.000) |"
         ),
         "{md}"
     );
     let json = to_json(&results, &targets, &meta);
-    assert_eq!(json["hairpin"].as_array().map(Vec::len), Some(36));
+    // Three routes' worth of cells for each of the four hairpin worlds.
+    assert_eq!(json["hairpin"].as_array().map(Vec::len), Some(48));
     assert_eq!(json["hairpin"][0]["connect_errors"], 3);
     // 3 samples of 1 ms over 1000 transactions; a pipe in the source
     // text does not split the cell.

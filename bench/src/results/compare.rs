@@ -118,8 +118,21 @@ impl Results {
         family: Family,
         test: Test,
     ) -> Vec<f64> {
+        self.hairpin_ratio_of(Flavor::Ours, peer, route, family, test)
+    }
+
+    /// Per repetition: `flavor`'s hairpin rate / `peer`'s on the same path
+    /// (e.g. ebpf-portmap with `containerSockets` against its packet path).
+    pub fn hairpin_ratio_of(
+        &self,
+        flavor: Flavor,
+        peer: Flavor,
+        route: Route,
+        family: Family,
+        test: Test,
+    ) -> Vec<f64> {
         match (
-            self.hairpin_cell(route, family, test, Flavor::Ours),
+            self.hairpin_cell(route, family, test, flavor),
             self.hairpin_cell(route, family, test, peer),
         ) {
             (Some(n), Some(d)) => paired_ratios(&n.rates(), &d.rates()),
