@@ -131,7 +131,7 @@ fn read_endpoint(ctx: &SockAddrContext, socket_family: u8) -> Endpoint {
 #[inline(always)]
 fn read_port(ctx: &SockAddrContext) -> u16 {
     // SAFETY: as in read_endpoint.
-    unsafe { core::ptr::read_volatile(&(*ctx.sock_addr).user_port) as u16 }
+    unsafe { core::ptr::read_volatile(&raw const (*ctx.sock_addr).user_port) as u16 }
 }
 
 #[inline(always)]
