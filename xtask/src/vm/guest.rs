@@ -440,13 +440,29 @@ pub fn common_tree(artifacts: &Artifacts, stage: &Path) -> Result<Tree> {
     tree.bytes("/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644)?;
     tree.bytes("/etc/group", "root:x:0:\n", 0o644)?;
     tree.bytes("/init", INIT_SCRIPT, 0o755)?;
-    let tests: String = artifacts
-        .tests
+    Ok(tree)
+}
+
+/// The test binaries this VM runs, in order (every binary is in the
+/// common tree; a VM that runs part of a kernel's suite lists its part).
+pub fn add_tests(tree: &mut Tree, tests: &[&(&'static str, Vec<String>, PathBuf)]) -> Result<()> {
+    let list: String = tests
         .iter()
         .map(|(name, args, _)| format!("{name} {}\n", args.join(" ")))
         .collect();
-    tree.bytes(&format!("{GUEST_CONFIG_DIR}/tests"), tests, 0o644)?;
-    Ok(tree)
+    tree.bytes(&format!("{GUEST_CONFIG_DIR}/tests"), list, 0o644)
+}
+
+/// The parts of a kernel's suite when it is split over `parts` VMs: test
+/// binaries dealt in turn, so each part gets a share of the long ones
+/// (their order in [`GUEST_TESTS`] keeps the costly ones apart).
+pub fn deal<T>(tests: &[T], parts: usize) -> Vec<Vec<&T>> {
+    let mut dealt: Vec<Vec<&T>> = (0..parts.max(1)).map(|_| Vec::new()).collect();
+    let count = dealt.len();
+    for (index, test) in tests.iter().enumerate() {
+        dealt[index % count].push(test);
+    }
+    dealt
 }
 
 /// What differs per kernel: its modules (in load order) and its settings.
@@ -580,6 +596,28 @@ mod tests {
         let kernel = GUEST_TESTS.iter().find(|t| t.name == "kernel").unwrap();
         assert!(!kernel.args().contains(&"--exact".to_owned()));
         assert!(guest_env("6.1", "6.1.0", "clsact").contains("RUSTC_BOOTSTRAP=1"));
+    }
+
+    #[test]
+    fn a_split_suite_deals_the_binaries_in_turn_and_keeps_each_once() {
+        let names: Vec<&str> = GUEST_TESTS.iter().map(|t| t.name).collect();
+        let parts = deal(&names, 2);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].len() + parts[1].len(), names.len());
+        assert_eq!(parts[0].first(), Some(&&"kernel"));
+        assert_eq!(parts[1].first(), Some(&&"prog_test_run"));
+        let mut all: Vec<&str> = parts.iter().flatten().map(|name| **name).collect();
+        all.sort_unstable();
+        let mut expected = names.clone();
+        expected.sort_unstable();
+        assert_eq!(all, expected);
+        // One part: the whole suite in its order.
+        let whole = deal(&names, 1);
+        assert_eq!(whole.len(), 1);
+        assert_eq!(
+            whole[0].iter().map(|name| **name).collect::<Vec<_>>(),
+            names
+        );
     }
 
     #[test]

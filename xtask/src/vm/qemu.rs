@@ -63,7 +63,11 @@ pub struct Run {
 }
 
 pub struct Boot<'a> {
+    /// The kernel series, as the guest's result line names it.
     pub series: &'a str,
+    /// This VM's name in the streamed log: the series, or the series and
+    /// its part when the series is split over several VMs (`6.1/2`).
+    pub label: &'a str,
     pub vmlinuz: &'a Path,
     pub initramfs: &'a Path,
     pub log: &'a Path,
@@ -196,7 +200,7 @@ pub fn boot(boot: &Boot<'_>) -> Result<Run> {
     let mut stage = Stage::new("the boot", started);
     // Each line carries the seconds since the boot: the time of one test
     // is the gap to the line before it.
-    let prefix = || format!("[{} {:>4}s]", boot.series, started.elapsed().as_secs());
+    let prefix = || format!("[{} {:>4}s]", boot.label, started.elapsed().as_secs());
     loop {
         let exited = child.try_wait()?.is_some();
         let mut chunk = Vec::new();
@@ -288,6 +292,7 @@ mod tests {
     fn boot_of(timeout: u64, stage_timeout: u64) -> Boot<'static> {
         Boot {
             series: "6.1",
+            label: "6.1/1",
             vmlinuz: Path::new("/k/vmlinuz"),
             initramfs: Path::new("/k/initramfs.cpio"),
             log: Path::new("/k/serial.log"),
