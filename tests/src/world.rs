@@ -75,6 +75,50 @@ pub struct Probed {
 }
 
 impl World {
+    /// [`World::probe`] of `target` in `mode` (`tcp`, `udp`, `sctp`, ...)
+    /// with `payload`, answered within 3 s; `Err` names the mode and target.
+    pub fn probe_echo(
+        &self,
+        probe: &str,
+        ns: &crate::NetNs,
+        hooked: bool,
+        mode: &str,
+        target: SocketAddr,
+        payload: &str,
+    ) -> Result<Probed, String> {
+        self.probe(
+            probe,
+            ns,
+            hooked,
+            &[mode, &target.to_string(), payload, "3000"],
+        )
+        .map_err(|e| format!("probe {mode} {target} failed: {e}"))
+    }
+
+    /// What [`World::probe_echo`] saw must be the echo server `identity`'s
+    /// answer to `payload`, and the application must have seen the address
+    /// it dialled; else a panic naming `what`, with the world's dump.
+    pub fn expect_echo(
+        &self,
+        what: &str,
+        seen: Result<Probed, String>,
+        target: SocketAddr,
+        identity: &str,
+        payload: &str,
+    ) {
+        let seen = seen.unwrap_or_else(|e| panic!("{what}: {e}\n{}", self.dump()));
+        assert_eq!(
+            seen.reply,
+            crate::traffic::echo_reply(identity, payload),
+            "{what}: answered by the wrong server"
+        );
+        assert_eq!(
+            seen.peer,
+            target.to_string(),
+            "{what}: the application must see the address it dialled"
+        );
+    }
+
     /// Runs the `probe` client in `ns` with `args` (`probe` is the binary
     /// cargo built for the calling test; `EPM_PROBE_BIN` overrides it, as
     /// the VM tests stage it elsewhere); in the test's cgroup, where the

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 
 use portmap_tests::cni::{CniCommand, GcAttachment, gc_plugin_config};
 use portmap_tests::topology::{NODE_IP4, NODE_IP6, POD_GATEWAY4, POD_GATEWAY6};
-use portmap_tests::traffic::{ServerHandle, echo_reply, tcp_echo_server, udp_echo_server};
+use portmap_tests::traffic::{ServerHandle, tcp_echo_server, udp_echo_server};
 use portmap_tests::world::{Probed, World, counter, sock};
 use portmap_tests::{Container, NetNs, PortMapping};
 use serde_json::Value;
@@ -57,14 +57,7 @@ fn world(container_sockets: Option<bool>) -> World {
 
 /// Runs the probe client in `ns`, in the hooked cgroup.
 fn probe(world: &World, ns: &NetNs, mode: &str, target: SocketAddr) -> Result<Probed, String> {
-    world
-        .probe(
-            env!("CARGO_BIN_EXE_probe"),
-            ns,
-            true,
-            &[mode, &target.to_string(), "cs", "3000"],
-        )
-        .map_err(|e| format!("probe {mode} {target} failed: {e}"))
+    world.probe_echo(env!("CARGO_BIN_EXE_probe"), ns, true, mode, target, "cs")
 }
 
 /// `probe` must be answered by `identity`, and the application must see
@@ -76,17 +69,7 @@ fn expect(
     target: SocketAddr,
     identity: &str,
 ) {
-    let seen = seen.unwrap_or_else(|e| panic!("{what}: {e}\n{}", world.dump()));
-    assert_eq!(
-        seen.reply,
-        echo_reply(identity, "cs"),
-        "{what}: answered by the wrong server"
-    );
-    assert_eq!(
-        seen.peer,
-        target.to_string(),
-        "{what}: the application must see the address it dialled"
-    );
+    world.expect_echo(what, seen, target, identity, "cs");
 }
 
 /// The container's addresses (IPv4, IPv6) from its ADD result.

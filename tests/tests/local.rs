@@ -28,14 +28,14 @@ fn probe(
     target: SocketAddr,
     payload: &str,
 ) -> Result<Probed, String> {
-    world
-        .probe(
-            env!("CARGO_BIN_EXE_probe"),
-            ns,
-            hooked,
-            &[mode, &target.to_string(), payload, "3000"],
-        )
-        .map_err(|e| format!("probe {mode} {target} failed: {e}"))
+    world.probe_echo(
+        env!("CARGO_BIN_EXE_probe"),
+        ns,
+        hooked,
+        mode,
+        target,
+        payload,
+    )
 }
 
 fn expect(
@@ -46,17 +46,7 @@ fn expect(
     identity: &str,
     payload: &str,
 ) {
-    let seen = seen.unwrap_or_else(|e| panic!("{what}: {e}\n{}", world.dump()));
-    assert_eq!(
-        seen.reply,
-        echo_reply(identity, payload),
-        "{what}: answered by the wrong server"
-    );
-    assert_eq!(
-        seen.peer,
-        target.to_string(),
-        "{what}: the application must see the address it dialled"
-    );
+    world.expect_echo(what, seen, target, identity, payload);
 }
 
 fn route_localnet(ns: &NetNs) -> String {
