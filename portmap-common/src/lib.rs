@@ -8,6 +8,7 @@
 #![no_std]
 
 pub mod conditions;
+pub mod cpus;
 pub mod crc32c;
 pub mod fnv;
 pub mod local;

@@ -40,15 +40,9 @@ fn world(fast_path: bool) -> World {
 /// The CPUs a per-CPU map has an entry for (`0-1` is two).
 fn possible_cpus() -> usize {
     let list = std::fs::read_to_string("/sys/devices/system/cpu/possible").expect("possible CPUs");
-    list.trim()
-        .split(',')
-        .map(|range| match range.split_once('-') {
-            Some((first, last)) => {
-                last.parse::<usize>().expect("a CPU") - first.parse::<usize>().expect("a CPU") + 1
-            }
-            None => 1,
-        })
-        .sum()
+    let count = portmap_common::cpus::count_cpu_list(&list)
+        .unwrap_or_else(|| panic!("a CPU list: {list:?}"));
+    usize::try_from(count).expect("a CPU count")
 }
 
 /// The agent's lines about the datapath (each drained event is one).

@@ -73,7 +73,7 @@ impl NodeShape {
         };
         let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible")
             .ok()
-            .and_then(|text| count_cpu_list(&text))
+            .and_then(|text| portmap_common::cpus::count_cpu_list(&text))
             .or_else(|| {
                 std::thread::available_parallelism()
                     .ok()
@@ -86,22 +86,6 @@ impl NodeShape {
     pub fn memory_mib(self) -> u64 {
         self.memory_bytes >> 20
     }
-}
-
-/// CPUs in a sysfs CPU list (`0-3,8,10-11`).
-pub fn count_cpu_list(text: &str) -> Option<u32> {
-    let mut count = 0u32;
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        let (first, last) = match part.split_once('-') {
-            Some((a, b)) => (a.parse::<u32>().ok()?, b.parse::<u32>().ok()?),
-            None => {
-                let n = part.parse::<u32>().ok()?;
-                (n, n)
-            }
-        };
-        count = count.checked_add(last.checked_sub(first)?.checked_add(1)?)?;
-    }
-    (count > 0).then_some(count)
 }
 
 /// The default open conntrack table for `node` (see the module docs).
@@ -636,15 +620,6 @@ mod tests {
         let text = "pos:\t0\nflags:\t02000002\nmap_type:\t9\nmemlock:\t2622400\nmap_id:\t7\n";
         assert_eq!(memlock_in_fdinfo(text), Some(2_622_400));
         assert_eq!(memlock_in_fdinfo("pos:\t0\n"), None);
-    }
-
-    #[test]
-    fn cpu_lists_are_counted() {
-        assert_eq!(count_cpu_list("0-1\n"), Some(2));
-        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
-        assert_eq!(count_cpu_list("0"), Some(1));
-        assert_eq!(count_cpu_list(""), None);
-        assert_eq!(count_cpu_list("3-1"), None);
     }
 
     /// README's footprint table is what [`footprint`] computes for those
