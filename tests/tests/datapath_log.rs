@@ -13,9 +13,9 @@ use portmap_tests::agent::Agent;
 use portmap_tests::cni::Conflist;
 use portmap_tests::crafted::{self, Crafted, Transport};
 use portmap_tests::topology::{EXT_IP4, NODE_IP4, NODE_UPLINK};
-use portmap_tests::traffic::{echo_reply, tcp_echo_server, tcp_request};
+use portmap_tests::traffic::{ServerHandle, echo_reply, tcp_echo_server, tcp_request};
 use portmap_tests::world::{World, counter, sock};
-use portmap_tests::{PortMapping, bridge_conflist};
+use portmap_tests::{Container, PortMapping, bridge_conflist};
 use serde_json::Value;
 
 /// The agent drains the ring buffer once a second.
@@ -45,6 +45,33 @@ fn possible_cpus() -> usize {
     usize::try_from(count).expect("a CPU count")
 }
 
+/// A container `name` with an echo server on 80, mapped from 8080/tcp,
+/// and the agent, ready, with the DaemonSet's capabilities but the one for
+/// proving namespaces gone.
+fn web_and_agent(world: &World, name: &str) -> (Container, ServerHandle, Agent) {
+    let web = world.node.add_container(name);
+    let server = tcp_echo_server(&web.ns, 80, name);
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    let agent = Agent::start_confined(world, "bpf,net_admin,perfmon");
+    agent.wait_ready(Duration::from_secs(20), "after the ADD");
+    (web, server, agent)
+}
+
+/// `count` requests from outside through 8080, each answered by `name`.
+fn requests_through_8080(world: &World, name: &str, label: &str, count: u64) {
+    for n in 0..count {
+        let payload = format!("{label} {n}");
+        let reply = tcp_request(
+            &world.node.ext,
+            sock(NODE_IP4, 8080),
+            &payload,
+            Duration::from_secs(2),
+        )
+        .unwrap_or_else(|e| panic!("request {n} through 8080: {e}\n{}", world.dump()));
+        assert_eq!(reply, echo_reply(name, &payload));
+    }
+}
+
 /// The agent's lines about the datapath (each drained event is one).
 fn datapath_lines(agent: &Agent) -> Vec<String> {
     agent
@@ -58,25 +85,10 @@ fn datapath_lines(agent: &Agent) -> Vec<String> {
 #[test]
 fn a_packet_that_cannot_be_rewritten_is_logged_by_the_agent_and_ordinary_traffic_is_not() {
     let world = world(false);
-    let web = world.node.add_container("log-web");
-    let _server = tcp_echo_server(&web.ns, 80, "log-web");
-    world.add(&web, &[PortMapping::tcp(8080, 80)]);
-    // The DaemonSet's capabilities but the one for proving namespaces gone.
-    let agent = Agent::start_confined(&world, "bpf,net_admin,perfmon");
-    agent.wait_ready(Duration::from_secs(20), "after the ADD");
+    let (_web, _server, agent) = web_and_agent(&world, "log-web");
 
     // Ordinary traffic: translated both ways, and nothing to log.
-    for n in 0..5 {
-        let payload = format!("ordinary {n}");
-        let reply = tcp_request(
-            &world.node.ext,
-            sock(NODE_IP4, 8080),
-            &payload,
-            Duration::from_secs(2),
-        )
-        .unwrap_or_else(|e| panic!("request {n} through 8080: {e}\n{}", world.dump()));
-        assert_eq!(reply, echo_reply("log-web", &payload));
-    }
+    requests_through_8080(&world, "log-web", "ordinary", 5);
     // Two drains of the agent's loop.
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(
@@ -145,23 +157,9 @@ fn a_packet_that_cannot_be_rewritten_is_logged_by_the_agent_and_ordinary_traffic
 #[test]
 fn the_fast_paths_first_hand_over_is_logged_once_per_cpu() {
     let world = world(true);
-    let web = world.node.add_container("fast-web");
-    let _server = tcp_echo_server(&web.ns, 80, "fast-web");
-    world.add(&web, &[PortMapping::tcp(8080, 80)]);
-    let agent = Agent::start_confined(&world, "bpf,net_admin,perfmon");
-    agent.wait_ready(Duration::from_secs(20), "after the ADD");
+    let (_web, _server, agent) = web_and_agent(&world, "fast-web");
     let requests = 20;
-    for n in 0..requests {
-        let payload = format!("fast {n}");
-        let reply = tcp_request(
-            &world.node.ext,
-            sock(NODE_IP4, 8080),
-            &payload,
-            Duration::from_secs(2),
-        )
-        .unwrap_or_else(|e| panic!("request {n} through 8080: {e}\n{}", world.dump()));
-        assert_eq!(reply, echo_reply("fast-web", &payload));
-    }
+    requests_through_8080(&world, "fast-web", "fast", requests);
     let forwarded = counter(&world.counters(), "fast_forward");
     assert!(
         forwarded >= requests,
