@@ -8,7 +8,7 @@ use std::rc::Rc;
 use crate::background::{Job, Priority};
 use crate::cmd::{cargo, cargo_workspace, run, target_dir, workspace_root};
 use crate::plugin::{
-    PLUGIN_BIN_ENV, PLUGIN_PACKAGE, SHIPPED_PROFILE, build_plugin, build_plugin_step, plugin_bin,
+    PLUGIN_BIN_ENV, build_plugin, build_plugin_step, plugin_bin, shipped_build_name,
     shipped_plugin_bin, shipped_plugin_step,
 };
 use crate::setup::{setup_step, validator_bin};
@@ -34,13 +34,7 @@ pub(crate) fn test_steps(
         "previous-release",
         Priority::Lowest,
     );
-    let shipped_build = Job::new(
-        format!(
-            "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
-        ),
-        "shipped-plugin",
-        Priority::Lowest,
-    );
+    let shipped_build = Job::new(shipped_build_name(), "shipped-plugin", Priority::Lowest);
     let mut steps = vec![
         setup_step(),
         Step::new("cargo fmt --all --check", || {
@@ -89,7 +83,7 @@ pub(crate) fn test_steps(
         ),
         Step::wait_for(&shipped_build, || Ok(())),
     ];
-    // The VMs (a core each, with the guests' own timeouts) run beside the
+    // The VMs (one vCPU each, with the guests' own timeouts) run beside the
     // steps after here, which mostly wait on traffic and runtimes: the
     // fastPath suites, the tarball, podman and containerd.
     let vm = vm_job(skip_vm);

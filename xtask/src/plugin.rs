@@ -78,10 +78,11 @@ pub(crate) fn build_plugin(shipped: bool) -> Command {
 }
 
 pub(crate) fn shipped_plugin_step() -> Step<'static> {
-    Step::new(
-        format!(
-            "cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)"
-        ),
-        || run(&mut build_plugin(true)),
-    )
+    Step::new(shipped_build_name(), || run(&mut build_plugin(true)))
+}
+
+/// What the shipped build is called in a verb's steps (a step of its own,
+/// or a job beside the steps of `test`).
+pub(crate) fn shipped_build_name() -> String {
+    format!("cargo build --profile {SHIPPED_PROFILE} -p {PLUGIN_PACKAGE} (the plugin as it ships)")
 }
