@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use portmap_tests::cni::{CniCommand, GcAttachment, gc_plugin_config};
 use portmap_tests::topology::{
-    NODE_FAR_IP4, NODE_FAR_IP6, NODE_IP4, NODE_IP6, NODE_UPLINK, PLUGIN_LOG,
+    BRIDGE_NAME, NODE_FAR_IP4, NODE_FAR_IP6, NODE_IP4, NODE_IP6, NODE_UPLINK, PLUGIN_LOG,
 };
 use portmap_tests::traffic::{echo_reply, tcp_echo_server, tcp_request};
 use portmap_tests::world::{GONE, PROBE, World, expect_unreachable, sock};
@@ -398,6 +398,74 @@ fn an_interface_added_later_is_reported_then_attached_by_any_plugin_run() {
         "{doc:#}"
     );
     assert!(ok, "{doc:#}");
+}
+
+/// The bridge plugin sets a new pod's veth up before it makes it a port of
+/// the bridge: an ADD of another pod whose link dump falls in that window
+/// takes the veth for an uplink and attaches the programs. The next plugin
+/// run takes them off again (a port never carries them, the bridge does):
+/// on a busy node they would otherwise pile up, one veth per window hit,
+/// each costing every later run a question to the kernel (issue 36).
+#[test]
+fn a_veth_taken_for_an_uplink_before_it_joined_the_bridge_loses_the_programs() {
+    let world = World::bridge();
+    let (web, _server) = serving(&world, "window");
+    world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    // A pod's veth as the bridge plugin leaves it for a moment.
+    let pod = world.node.add_container("in-window");
+    world.node.ns.ip(&[
+        "link",
+        "add",
+        "pw0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        pod.ns.name(),
+    ]);
+    world.node.ns.ip(&["link", "set", "pw0", "up"]);
+    let other = world.node.add_container("other");
+    world.add(&other, &[PortMapping::tcp(8081, 80)]);
+    let (_, doc) = status(&world);
+    assert!(
+        attached_interfaces(&doc).contains(&"pw0".to_owned()),
+        "an up interface without a controller carries the programs: {doc:#}"
+    );
+    let index = world.node.ns.ip(&["-o", "link", "show", "pw0"]);
+    let index = index
+        .split(':')
+        .next()
+        .expect("ip -o prints the index")
+        .trim()
+        .to_owned();
+    // The bridge plugin makes it a port; any plugin run follows.
+    world
+        .node
+        .ns
+        .ip(&["link", "set", "pw0", "master", BRIDGE_NAME]);
+    world.del(&other, &[PortMapping::tcp(8081, 80)]);
+    let (ok, doc) = status(&world);
+    assert!(
+        !attached_interfaces(&doc).contains(&"pw0".to_owned()),
+        "a bridge's port carries no programs after the next run: {doc:#}"
+    );
+    assert!(ok, "{doc:#}");
+    let links = std::fs::read_dir(world.pins.path().join("v1/links"))
+        .expect("the links directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(&format!("if{index}_")))
+        .collect::<Vec<_>>();
+    assert!(links.is_empty(), "pins of the port left: {links:?}");
+    expect_web(
+        &world,
+        "uplink",
+        &world.node.ext,
+        sock(NODE_IP4, 8080),
+        "window",
+    );
 }
 
 /// Runs the probe client (`tcp` mode) from the node, in the test's cgroup

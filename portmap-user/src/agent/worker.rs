@@ -249,7 +249,7 @@ fn pass(shared: &Shared) -> Result<PinLayout, AgentError> {
     // No container's interfaces: the agent acts for none (the same view a
     // DEL or GC run has).
     let node = NodeView::read(&mut rtnl, &conf, &[])?;
-    reconcile(&layout, &conf, &node, Pass::Node)?;
+    reconcile(&mut rtnl, &layout, &conf, &node, Pass::Node)?;
     Ok(layout)
 }
 

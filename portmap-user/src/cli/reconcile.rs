@@ -56,7 +56,7 @@ pub fn run(args: &ReconcileArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     };
     let mut rtnl = Rtnl::open().context("cannot read the node's interfaces")?;
     let node = NodeView::read(&mut rtnl, &conf, &[])?;
-    reconcile(&layout, &conf, &node, Pass::Node)?;
+    reconcile(&mut rtnl, &layout, &conf, &node, Pass::Node)?;
     let attached = node.targets().len();
     if out.json() {
         print_json(&json!({"reconciled": true, "pinRoot": root, "interfaces": attached}));

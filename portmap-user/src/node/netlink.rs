@@ -361,6 +361,14 @@ impl Rtnl {
         self.get_link(name, link_facts)
     }
 
+    /// Interface `index` as a dump would report it; `None` if there is no
+    /// such interface. One request, whatever the node has.
+    pub fn link_at(&mut self, index: u32) -> Result<Option<Link>, NetlinkError> {
+        let mut request = LinkMessage::default();
+        request.header.index = index;
+        self.get_link_by(request, link)
+    }
+
     /// Interface `name`, read by `parse` from the kernel's one answer;
     /// `None` if there is no such interface.
     fn get_link<T>(
@@ -369,11 +377,21 @@ impl Rtnl {
         parse: fn(&[u8]) -> Result<T, NetlinkError>,
     ) -> Result<Option<T>, NetlinkError> {
         let mut request = LinkMessage::default();
-        request.attributes = vec![
-            LinkAttribute::IfName(name.to_owned()),
-            // The counters are most of a link message, and none of our business.
-            LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]),
-        ];
+        request.attributes = vec![LinkAttribute::IfName(name.to_owned())];
+        self.get_link_by(request, parse)
+    }
+
+    /// The interface `request` names (by index or by name), read by `parse`
+    /// from the kernel's one answer; `None` if there is no such interface.
+    fn get_link_by<T>(
+        &mut self,
+        mut request: LinkMessage,
+        parse: fn(&[u8]) -> Result<T, NetlinkError>,
+    ) -> Result<Option<T>, NetlinkError> {
+        // The counters are most of a link message, and none of our business.
+        request
+            .attributes
+            .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
         let mut found = None;
         let outcome = self.exchange(
             RouteNetlinkMessage::GetLink(request),

@@ -88,7 +88,7 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     let mut rtnl = Rtnl::open()?;
     let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
     warn_absent_host_ips(&req.conf, &node.addresses);
-    reconcile(&layout, &req.conf, &node, Pass::Call)?;
+    reconcile(&mut rtnl, &layout, &req.conf, &node, Pass::Call)?;
     log::debug!("ADD account: {}", netlink::account());
     let mut maps = Maps::open(&layout)?;
     container_sockets(req, &layout)?;

@@ -22,7 +22,7 @@ pub(super) fn check(req: &Request) -> Result<(), PluginError> {
     require_privilege()?;
     let mut rtnl = Rtnl::open()?;
     let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
-    if installed && let Err(error) = reconcile(&layout, &req.conf, &node, Pass::Call) {
+    if installed && let Err(error) = reconcile(&mut rtnl, &layout, &req.conf, &node, Pass::Call) {
         // What it could not attach is reported below.
         log::warn!("CHECK: the attachments were not brought up to date: {error}");
     }

@@ -165,6 +165,7 @@ pub enum Pass {
 /// it, so an interface added or re-created and an address added since the
 /// last run are taken up by whatever CNI call comes next.
 pub fn reconcile(
+    rtnl: &mut Rtnl,
     layout: &PinLayout,
     conf: &NetConf,
     node: &NodeView,
@@ -175,13 +176,14 @@ pub fn reconcile(
         conntrack: conf.conntrack_size,
     };
     let cgroup = cgroup::target(conf.cgroup_path.as_deref()).map_err(AttachError::from)?;
-    let live: BTreeSet<u32> = node.links.iter().map(|l| l.index).collect();
+    let Attached { live, ports } = attached(rtnl, layout, conf, node)?;
     attach::ensure(
         layout,
         Targets {
             required: &node.container_side,
             uplinks: &node.uplinks,
             live: &live,
+            ports: &ports,
         },
         &cgroup,
         capacities,
@@ -207,14 +209,57 @@ pub fn reconcile(
     Ok(())
 }
 
+/// What a run knows of the interfaces that carry programs of ours.
+struct Attached {
+    /// Every interface the run's dump saw, and every one with pins that
+    /// the kernel still has and that is no port.
+    live: BTreeSet<u32>,
+    /// Interfaces with pins that are ports of a bridge or a bond now.
+    ports: BTreeSet<u32>,
+}
+
+/// Sorts the interfaces that carry programs of ours: those the run's dump
+/// left out are asked about one by one (normally none: on a bridge
+/// network only the uplinks and the bridge carry them, and on a routed
+/// one every pod's veth is in the dump). Without `interfaces`, a port of
+/// a bridge or bond never carries the programs (the bridge does), so pins
+/// found there are a mistake to undo ([`attach::attached_interfaces`]);
+/// `interfaces` may name ports on purpose.
+fn attached(
+    rtnl: &mut Rtnl,
+    layout: &PinLayout,
+    conf: &NetConf,
+    node: &NodeView,
+) -> Result<Attached, PluginError> {
+    let mut live: BTreeSet<u32> = node.links.iter().map(|l| l.index).collect();
+    let mut ports = BTreeSet::new();
+    for ifindex in attach::attached_interfaces(layout) {
+        let link = match node.links.iter().find(|l| l.index == ifindex) {
+            Some(link) => Some(link.clone()),
+            None => rtnl.link_at(ifindex)?,
+        };
+        let Some(link) = link else {
+            // Gone: its pins are dropped by `attach::ensure`.
+            continue;
+        };
+        live.insert(ifindex);
+        if link.has_controller && conf.interfaces.is_none() {
+            ports.insert(ifindex);
+        }
+    }
+    Ok(Attached { live, ports })
+}
+
 /// The reconciliation of a run that is not an ADD (DEL, GC): its failure
 /// is logged, never the verb's, which has done its own work already.
 pub(super) fn reconcile_after(verb: &str, layout: &PinLayout, conf: &NetConf, pass: Pass) {
     let outcome = Rtnl::open()
         .map_err(PluginError::from)
-        // The interfaces of the container going away need nothing.
-        .and_then(|mut rtnl| NodeView::read(&mut rtnl, conf, &[]))
-        .and_then(|node| reconcile(layout, conf, &node, pass));
+        .and_then(|mut rtnl| {
+            // The interfaces of the container going away need nothing.
+            let node = NodeView::read(&mut rtnl, conf, &[])?;
+            reconcile(&mut rtnl, layout, conf, &node, pass)
+        });
     log::debug!("{verb} account: {}", netlink::account());
     if let Err(error) = outcome {
         log::warn!(
