@@ -17,6 +17,7 @@ use crate::node::netlink;
 use crate::node::netlink::Link;
 use crate::node::netlink::NodeAddress;
 use crate::node::netlink::Rtnl;
+use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 
 /// What one run sees of the node: the interfaces it needs and the node's
@@ -231,19 +232,25 @@ fn attached(
     conf: &NetConf,
     node: &NodeView,
 ) -> Result<Attached, PluginError> {
-    let mut live: BTreeSet<u32> = node.links.iter().map(|l| l.index).collect();
+    // One pin per pod on a routed network: looked up, not searched for.
+    let seen: BTreeMap<u32, bool> = node
+        .links
+        .iter()
+        .map(|l| (l.index, l.has_controller))
+        .collect();
+    let mut live: BTreeSet<u32> = seen.keys().copied().collect();
     let mut ports = BTreeSet::new();
     for ifindex in attach::attached_interfaces(layout) {
-        let link = match node.links.iter().find(|l| l.index == ifindex) {
-            Some(link) => Some(link.clone()),
-            None => rtnl.link_at(ifindex)?,
-        };
-        let Some(link) = link else {
-            // Gone: its pins are dropped by `attach::ensure`.
-            continue;
+        let has_controller = match seen.get(&ifindex) {
+            Some(&has_controller) => has_controller,
+            None => match rtnl.link_at(ifindex)? {
+                Some(link) => link.has_controller,
+                // Gone: its pins are dropped by `attach::ensure`.
+                None => continue,
+            },
         };
         live.insert(ifindex);
-        if link.has_controller && conf.interfaces.is_none() {
+        if has_controller && conf.interfaces.is_none() {
             ports.insert(ifindex);
         }
     }
