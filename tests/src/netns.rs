@@ -117,6 +117,22 @@ impl NetNs {
         self.handle.exec("ip", args)
     }
 
+    /// Makes veth `name` here, its peer `peer` in `other`: both down.
+    pub fn add_veth_to(&self, name: &str, peer: &str, other: &NetNs) {
+        self.ip(&[
+            "link",
+            "add",
+            name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            peer,
+            "netns",
+            other.name(),
+        ]);
+    }
+
     /// Sets a sysctl of this namespace (`net.ipv4.ip_forward` or `net/ipv4/ip_forward`).
     pub fn sysctl(&self, key: &str, value: &str) {
         self.handle.sysctl(key, value);

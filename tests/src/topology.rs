@@ -85,30 +85,8 @@ impl Node {
         ns.sysctl("net.ipv4.ip_forward", "1");
         ns.sysctl("net.ipv6.conf.all.forwarding", "1");
 
-        ns.ip(&[
-            "link",
-            "add",
-            NODE_UPLINK,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ext.name(),
-        ]);
-        ns.ip(&[
-            "link",
-            "add",
-            NODE_FAR_LINK,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            far.name(),
-        ]);
+        ns.add_veth_to(NODE_UPLINK, "eth0", &ext);
+        ns.add_veth_to(NODE_FAR_LINK, "eth0", &far);
 
         add_addr(&ns, NODE_UPLINK, &format!("{NODE_IP4}/24"));
         add_addr(&ns, NODE_UPLINK, &format!("{NODE_IP4_SECONDARY}/24"));
@@ -186,18 +164,7 @@ impl Node {
         let before = self.ifindex(NODE_UPLINK);
         // The peer in `ext` goes with it.
         self.ns.ip(&["link", "del", NODE_UPLINK]);
-        self.ns.ip(&[
-            "link",
-            "add",
-            NODE_UPLINK,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            self.ext.name(),
-        ]);
+        self.ns.add_veth_to(NODE_UPLINK, "eth0", &self.ext);
         for cidr in [
             format!("{NODE_IP4}/24"),
             format!("{NODE_IP4_SECONDARY}/24"),
@@ -239,18 +206,7 @@ impl Node {
     pub fn add_side_link(&self, ifname: &str, node_cidr: &str, peer_cidr: &str) -> NetNs {
         let side = NetNs::new("side");
         disable_dad(&side);
-        self.ns.ip(&[
-            "link",
-            "add",
-            ifname,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            side.name(),
-        ]);
+        self.ns.add_veth_to(ifname, "eth0", &side);
         add_addr(&self.ns, ifname, node_cidr);
         add_addr(&side, "eth0", peer_cidr);
         self.ns.ip(&["link", "set", ifname, "up"]);

@@ -413,18 +413,7 @@ fn a_veth_taken_for_an_uplink_before_it_joined_the_bridge_loses_the_programs() {
     world.add(&web, &[PortMapping::tcp(8080, 80)]);
     // A pod's veth as the bridge plugin leaves it for a moment.
     let pod = world.node.add_container("in-window");
-    world.node.ns.ip(&[
-        "link",
-        "add",
-        "pw0",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        pod.ns.name(),
-    ]);
+    world.node.ns.add_veth_to("pw0", "eth0", &pod.ns);
     world.node.ns.ip(&["link", "set", "pw0", "up"]);
     let other = world.node.add_container("other");
     world.add(&other, &[PortMapping::tcp(8081, 80)]);

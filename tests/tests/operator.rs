@@ -977,18 +977,7 @@ fn the_readmes_hand_run_example_maps_a_port() {
     let world = World::plugin_only();
     let web = world.node.add_container("hand");
     let node = &world.node.ns;
-    node.ip(&[
-        "link",
-        "add",
-        "veth-web",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        web.ns.name(),
-    ]);
+    node.add_veth_to("veth-web", "eth0", &web.ns);
     node.ip(&["addr", "add", "10.99.0.1/24", "dev", "veth-web"]);
     node.ip(&["link", "set", "veth-web", "up"]);
     web.ns.ip(&["addr", "add", "10.99.0.2/24", "dev", "eth0"]);
