@@ -192,6 +192,9 @@ pub const GUEST_TESTS: &[GuestTest] = &[
             "a_recreated_uplink_is_reported_then_attached_by_any_plugin_run",
             // FIB lookups with no default route.
             "a_node_without_a_default_route_maps_host_ports",
+            // Programs taken off a port (issue 36): a tcx link goes with
+            // its pin, a clsact filter (6.1) is deleted by netlink.
+            "a_veth_taken_for_an_uplink_before_it_joined_the_bridge_loses_the_programs",
         ]),
     },
     // The namespace beacon: that a socket-lookup link detaches with its
