@@ -168,13 +168,20 @@ pub const MASQ_PORT_COUNT: u16 = 4536;
 /// the last pass over a port another client had less than a TIME_WAIT ago
 /// (see [`MasqOwner`]).
 pub const MASQ_PORT_TRIES: u32 = 16;
-/// How long after another client's masqueraded flow closed (FIN both ways)
-/// its port is passed over by the first half of the tries: the container may hold
-/// the tuple in TIME_WAIT (60 s on Linux), and refuses a SYN whose TCP
-/// timestamps are older than the last ones it saw there (every client
+/// The longest a container may hold a closed tuple in TIME_WAIT: Linux
+/// arms a 60 s timer (`TCP_TIMEWAIT_LEN`), and its timer wheel fires a
+/// timer that far out up to one bucket late, never early: 512 jiffies at
+/// HZ 100 to 300 (5.12 s at HZ=100, 2.05 s at HZ=250), 4096 jiffies at
+/// HZ=1000 (4.1 s); 66 s covers them all. A container refuses a SYN there
+/// whose TCP timestamps are older than the last ones it saw (every client
 /// tuple has its own timestamp offset), with an ACK that costs the client
-/// a round trip, a RST and a second SYN.
-pub const MASQ_PORT_TIME_WAIT_NS: u64 = 60_000_000_000;
+/// a round trip, a RST and a second SYN two jiffies later. Measured: a
+/// second pod dialling from the first one's ports 59.5-60.5 s after it,
+/// with 60 s here, had 59 of 868 SYNs refused (`TcpExtPAWSTimewait`).
+///
+/// Also how long after another client's masqueraded flow closed (FIN
+/// both ways) its port is passed over by the first half of the tries.
+pub const MASQ_PORT_TIME_WAIT_NS: u64 = 66_000_000_000;
 /// How long after another client's masqueraded flow was reset its port is
 /// never given to a new flow: the reset is usually the client's answer to
 /// such an ACK, and its second SYN, two jiffies later (at most 20 ms), needs
@@ -207,8 +214,11 @@ pub const fn masq_owner_time(now_ns: u64) -> u32 {
 }
 
 /// How long, in [`MasqOwner::since`] units, a tuple stays its last client's
-/// after it was given (Linux's 60 s TIME_WAIT, rounded up).
-pub const MASQ_OWNER_HOLD: u32 = masq_owner_time(MASQ_PORT_TIME_WAIT_NS) + 1;
+/// after it was given: at least a whole [`MASQ_PORT_TIME_WAIT_NS`]. `since`
+/// is the clock rounded down, so a claim made just before a unit ends has
+/// held for a unit less than it counts: hence one unit more than the
+/// TIME_WAIT rounded up.
+pub const MASQ_OWNER_HOLD: u32 = masq_owner_time(MASQ_PORT_TIME_WAIT_NS) + 2;
 
 /// A nonzero tag of the client end (`addr_be`, `port_be`) of `family`.
 #[inline(always)]
@@ -362,11 +372,28 @@ mod tests {
 
     #[test]
     fn an_owner_holds_a_tuple_for_a_whole_time_wait() {
-        let hold_ns = u64::from(MASQ_OWNER_HOLD) << 30;
-        assert!(hold_ns >= MASQ_PORT_TIME_WAIT_NS, "{hold_ns}");
-        assert!(
-            hold_ns < MASQ_PORT_TIME_WAIT_NS + 2_000_000_000,
-            "{hold_ns}"
-        );
+        // A claim at the end of a unit and the check at the start of the
+        // unit HOLD later: the shortest hold. It must outlast the longest
+        // TIME_WAIT (60 s and the timer wheel's slack, 5.12 s at HZ=100).
+        let shortest_ns = u64::from(MASQ_OWNER_HOLD - 1) << 30;
+        assert!(shortest_ns >= 65_120_000_000, "{shortest_ns}");
+        assert!(shortest_ns >= MASQ_PORT_TIME_WAIT_NS, "{shortest_ns}");
+        // And by the clock's own reading (claim and check at exact times).
+        for claimed_ns in (0..4u64).map(|i| (1 << 30) * 1000 + i * (1 << 28) + (1 << 28) - 1) {
+            let since = masq_owner_time(claimed_ns);
+            let mut now_ns = claimed_ns;
+            while masq_owner_time(now_ns).wrapping_sub(since) < MASQ_OWNER_HOLD {
+                now_ns += 1_000_000;
+            }
+            let held_ns = now_ns - claimed_ns;
+            assert!(
+                held_ns >= MASQ_PORT_TIME_WAIT_NS,
+                "claimed at {claimed_ns}: held {held_ns} ns"
+            );
+            assert!(
+                held_ns < MASQ_PORT_TIME_WAIT_NS + 3_000_000_000,
+                "claimed at {claimed_ns}: held {held_ns} ns, ports stay taken longer than needed"
+            );
+        }
     }
 }

@@ -6,8 +6,10 @@
 //! TIME_WAIT (as netperf's TCP_CRR server does), from the pod that serves
 //! the port and from a second pod at once, IPv4 and IPv6: every connection
 //! must complete, and with one client per pod, no SYN is refused by a
-//! container's TIME_WAIT (none retransmitted). Counts, not timings, are
-//! asserted. Needs root.
+//! container's TIME_WAIT (none retransmitted). And a second pod dialling
+//! from the first one's ports just past 60 s later, while the container
+//! may still hold their tuples in TIME_WAIT: it gets other ports, and no
+//! SYN of it is refused. Counts, not timings, are asserted. Needs root.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -110,14 +112,15 @@ fn serve(listener: &TcpListener, stop: &AtomicBool) {
             continue;
         }
         // Several workers wake for one connection: the losers see WouldBlock.
-        let Ok((stream, _)) = listener.accept() else {
+        let Ok((stream, peer)) = listener.accept() else {
             continue;
         };
-        let _ = answer_and_close(stream);
+        let _ = answer_and_close(stream, peer);
     }
 }
 
-fn answer_and_close(mut stream: TcpStream) -> io::Result<()> {
+/// Answers `ok` and the peer it saw (the masqueraded source), then closes.
+fn answer_and_close(mut stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     let mut request = Vec::new();
@@ -129,7 +132,7 @@ fn answer_and_close(mut stream: TcpStream) -> io::Result<()> {
         }
         request.extend_from_slice(&buf[..n]);
     }
-    stream.write_all(b"ok\n")
+    stream.write_all(format!("ok {peer}\n").as_bytes())
     // Dropped here: the server's close comes first.
 }
 
@@ -150,11 +153,12 @@ impl Tally {
     }
 }
 
-/// One connection: connect, send a line, read the answer up to the
-/// server's close, close. On failure, the local port it used (bound
-/// before the connect, so known also when the connect times out), to find
-/// the flow in a trace.
-fn one_connection(target: SocketAddr) -> Result<(), (u16, String)> {
+/// One connection from `port` (0: one the kernel picks): connect, send a
+/// line, read the answer up to the server's close, close. Returns the
+/// source the server saw. On failure, the local port it used (bound before
+/// the connect, so known also when the connect times out), to find the
+/// flow in a trace.
+fn one_connection(target: SocketAddr, port: u16) -> Result<SocketAddr, (u16, String)> {
     let socket = Socket::new(
         Domain::for_address(target),
         Type::STREAM,
@@ -162,13 +166,13 @@ fn one_connection(target: SocketAddr) -> Result<(), (u16, String)> {
     )
     .map_err(|e| (0, format!("socket: {e}")))?;
     let any = if target.is_ipv4() {
-        SocketAddr::from(([0, 0, 0, 0], 0))
+        SocketAddr::from(([0, 0, 0, 0], port))
     } else {
-        SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0))
+        SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
     };
     socket
         .bind(&any.into())
-        .map_err(|e| (0, format!("bind: {e}")))?;
+        .map_err(|e| (port, format!("bind: {e}")))?;
     let port = socket
         .local_addr()
         .ok()
@@ -187,10 +191,10 @@ fn one_connection(target: SocketAddr) -> Result<(), (u16, String)> {
     stream
         .read_to_end(&mut answer)
         .map_err(|e| fail("recv", e))?;
-    if answer != b"ok\n" {
-        return Err((port, format!("answer {answer:?}")));
-    }
-    Ok(())
+    String::from_utf8_lossy(&answer)
+        .strip_prefix("ok ")
+        .and_then(|peer| peer.trim_end().parse().ok())
+        .ok_or_else(|| (port, format!("answer {answer:?}")))
 }
 
 /// Connect + request + close against `target` from inside `client` until
@@ -200,8 +204,8 @@ fn churn(client: &NsHandle, target: SocketAddr, started: Instant, deadline: Inst
         let mut tally = Tally::default();
         while Instant::now() < deadline {
             tally.attempted += 1;
-            match one_connection(target) {
-                Ok(()) => tally.completed += 1,
+            match one_connection(target, 0) {
+                Ok(_) => tally.completed += 1,
                 Err((port, why)) => {
                     let failure = format!(
                         "at {:.3}s, local port {port}: {why}",
@@ -347,4 +351,85 @@ fn hairpin_churn_every_connection_completes() {
 #[test]
 fn hairpin_churn_with_parallel_clients_every_connection_completes() {
     every_hairpin_connection_completes(4);
+}
+
+/// Ports each family's two clients dial from in
+/// `a_tuple_stays_its_clients_until_the_containers_time_wait_is_surely_over`.
+const SHARED_PORTS: u16 = 24;
+
+/// How long after the serving pod's flows the other pod dials from the
+/// same ports: past a TIME_WAIT's 60 s, within its longest (the timer
+/// wheel fires a 60 s timer up to 2 s late at HZ=250, 5 s at HZ=100).
+const SECOND_CLIENT_AFTER: Duration = Duration::from_secs(61);
+
+/// The serving pod dials its own hostPort from fixed ports (each
+/// masqueraded to the bridge address and that port, the server closing
+/// first: the container holds each tuple in TIME_WAIT); 61 s later the
+/// other pod dials from the same ports. The container may still hold
+/// those tuples (60 s and the timer wheel's slack), and a SYN of another
+/// client tuple there is refused half the time (its TCP timestamps are
+/// its own): the other pod must get other ports, and no SYN of it be
+/// refused. v4 and v6 share the wait. Takes a minute.
+#[test]
+fn a_tuple_stays_its_clients_until_the_containers_time_wait_is_surely_over() {
+    let world = World::bridge();
+    let web = world.node.add_container("web");
+    let other = world.node.add_container("other");
+    let _server = CloseFirstServer::start(&web.ns, SERVER_PORT, 1);
+    let mappings = [PortMapping::tcp(HOST_PORT, SERVER_PORT)];
+    world.add(&web, &mappings);
+    world.add(&other, &[]);
+    let targets = [
+        (sock(IpAddr::V4(NODE_IP4), HOST_PORT), 46000),
+        (sock(IpAddr::V6(NODE_IP6), HOST_PORT), 47000),
+    ];
+    let dial_all = |client: &NsHandle, who: &str| -> Vec<(u16, SocketAddr)> {
+        client.run(|| {
+            targets
+                .iter()
+                .flat_map(|&(target, base)| {
+                    (base..base + SHARED_PORTS).map(move |port| {
+                        let seen = one_connection(target, port)
+                            .unwrap_or_else(|(_, why)| panic!("{who} :{port} -> {target}: {why}"));
+                        (port, seen)
+                    })
+                })
+                .collect()
+        })
+    };
+    let started = std::time::Instant::now();
+    let first = dial_all(&web.ns.handle(), "the serving pod");
+    for (port, seen) in &first {
+        assert_eq!(
+            seen.port(),
+            *port,
+            "the serving pod's flow keeps its own port (the tuple is free): {first:?}"
+        );
+    }
+    std::thread::sleep(SECOND_CLIENT_AFTER.saturating_sub(started.elapsed()));
+    let refused_before = other.ns.run(syn_retransmits);
+    let second = dial_all(&other.ns.handle(), "the other pod");
+    let refused = other.ns.run(syn_retransmits) - refused_before;
+    let kept: Vec<&(u16, SocketAddr)> = second
+        .iter()
+        .filter(|(port, seen)| seen.port() == *port)
+        .collect();
+    assert!(
+        kept.is_empty(),
+        "{} s after the serving pod's flows, the container may hold their tuples in TIME_WAIT: \
+         the other pod's flows must get other ports, {} of {} kept theirs ({refused} SYNs \
+         refused): {kept:?}\ncounters: {:#}",
+        SECOND_CLIENT_AFTER.as_secs(),
+        kept.len(),
+        second.len(),
+        counters(&world)
+    );
+    assert_eq!(
+        refused,
+        0,
+        "the container's TIME_WAIT refused SYNs of the other pod (each one retransmitted)\ncounters: {:#}",
+        counters(&world)
+    );
+    world.del(&web, &mappings);
+    world.del(&other, &[]);
 }
