@@ -202,12 +202,23 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
                         family.key(),
                         test.key(),
                         runs.iter()
-                            .map(short_measurement)
+                            .map(|(run, refused)| match refused {
+                                0 => short_measurement(run),
+                                n => format!("{} {n} SYNs refused", short_measurement(run)),
+                            })
                             .collect::<Vec<_>>()
                             .join("/")
                     ));
-                    for (side, run) in sides.iter().zip(runs) {
-                        push(results, route, family, test, side.world.flavor, run);
+                    for (side, (run, refused)) in sides.iter().zip(runs) {
+                        push(
+                            results,
+                            route,
+                            family,
+                            test,
+                            side.world.flavor,
+                            run,
+                            refused,
+                        );
                     }
                 }
             }
@@ -283,7 +294,9 @@ fn warm_up_every_path(
 }
 
 /// One run of `test` on one path in every world, cut into slices that
-/// alternate between the worlds.
+/// alternate between the worlds; with each run, the SYNs its serving pod's
+/// TIME_WAITs refused meanwhile (see [`refused_syns`]; each world's pods
+/// see only that world's traffic).
 fn measure_interleaved(
     plan: &Plan,
     sides: &[HairpinWorld],
@@ -291,17 +304,44 @@ fn measure_interleaved(
     family: Family,
     test: Test,
     cgroup: &mut ClientCgroup,
-) -> Vec<RunResult> {
+) -> Vec<(RunResult, u64)> {
     let targets: Vec<(NsHandle, SocketAddr)> = sides
         .iter()
         .map(|side| (side.client(route), target(family, test)))
         .collect();
+    let servers: Vec<NsHandle> = sides
+        .iter()
+        .map(|side| side.world.container.ns.handle())
+        .collect();
+    let before: Vec<u64> = servers.iter().map(|ns| ns.run(refused_syns)).collect();
     let cgroup = std::cell::RefCell::new(cgroup);
     let runs = load::run_interleaved(&targets, test, plan.duration, plan.slices, plan.cpu, |i| {
         cgroup.borrow_mut().enter(sides[i].hooked.as_deref());
     });
     cgroup.borrow_mut().enter(None);
-    runs
+    runs.into_iter()
+        .zip(servers.iter().zip(before))
+        .map(|(run, (ns, before))| (run, ns.run(refused_syns).saturating_sub(before)))
+        .collect()
+}
+
+/// SYNs this thread's network namespace refused in TIME_WAIT so far
+/// (`TcpExtPAWSTimewait`: timestamps older than the last ones the tuple
+/// saw); 0 if the kernel does not count them.
+fn refused_syns() -> u64 {
+    let text = std::fs::read_to_string("/proc/thread-self/net/netstat").unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .chunks(2)
+        .filter(|pair| pair.len() == 2 && pair[0].starts_with("TcpExt:"))
+        .find_map(|pair| {
+            pair[0]
+                .split_whitespace()
+                .zip(pair[1].split_whitespace())
+                .find(|(name, _)| *name == "PAWSTimewait")
+                .and_then(|(_, value)| value.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 fn push(
@@ -311,19 +351,24 @@ fn push(
     test: Test,
     flavor: Flavor,
     run: RunResult,
+    refused_syns: u64,
 ) {
     match results
         .hairpin
         .iter_mut()
         .find(|c| c.route == route && c.family == family && c.test == test && c.flavor == flavor)
     {
-        Some(cell) => cell.reps.push(run),
+        Some(cell) => {
+            cell.reps.push(run);
+            cell.refused_syns.push(refused_syns);
+        }
         None => results.hairpin.push(HairpinCell {
             route,
             family,
             test,
             flavor,
             reps: vec![run],
+            refused_syns: vec![refused_syns],
         }),
     }
 }

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use super::cells::{cell, rate_cell};
 use crate::hairpin::rows::{self as hairpin, Family, Route};
+use crate::load::Test;
 use crate::results::Results;
 use crate::world::Flavor;
 
@@ -24,8 +25,11 @@ pub(super) fn hairpin_table(md: &mut String, results: &Results) {
          connections are pointed at the container at the socket (no masquerade; the answering pod sees the \
          client pod), and sockets/packet is its rate over ebpf-portmap's packet path. Connect+request+close \
          dials a server that closes first, so the server holds every closed tuple in TIME_WAIT. The plugins \
-         are interleaved slice by slice. Each cell: median rate over the repetitions (min in brackets), and \
-         the errors over all repetitions.\n"
+         are interleaved slice by slice. Each cell: median rate over the repetitions (min in brackets), \
+         the errors over all repetitions, and for TCP the SYNs a TIME_WAIT of the serving pod refused over \
+         all repetitions (`TcpExtPAWSTimewait` of its namespace: a masquerade tuple given to a client other \
+         than its last, whose TCP timestamps the container takes for old; each one costs its client a RST \
+         and the SYN again two jiffies later, and no error count shows it).\n"
     );
     let _ = writeln!(
         md,
@@ -41,7 +45,13 @@ pub(super) fn hairpin_table(md: &mut String, results: &Results) {
                 let rate = |flavor| {
                     results
                         .hairpin_cell(route, family, test, flavor)
-                        .map_or("n/a".into(), |c| rate_cell(test, &c.reps))
+                        .map_or("n/a".into(), |c| {
+                            let rate = rate_cell(test, &c.reps);
+                            match test {
+                                Test::UdpRr => rate,
+                                _ => format!("{rate}, {}", refused_syns(c.refused_syns_total())),
+                            }
+                        })
                 };
                 let _ = writeln!(
                     md,
@@ -77,4 +87,12 @@ pub(super) fn hairpin_table(md: &mut String, results: &Results) {
         }
     }
     let _ = writeln!(md);
+}
+
+/// `n` SYNs refused by a TIME_WAIT, in words.
+fn refused_syns(n: u64) -> String {
+    match n {
+        1 => "1 SYN refused".into(),
+        n => format!("{n} SYNs refused"),
+    }
 }

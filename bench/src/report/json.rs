@@ -110,6 +110,7 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
                 "summary": mm_json(&c.rates()),
                 "errors": errors,
                 "connect_errors": connect_errors,
+                "refused_syns": c.refused_syns,
                 "reps": reps_json(&c.reps),
             })
         })

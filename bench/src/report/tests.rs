@@ -144,6 +144,7 @@ fn filled_results_render_rectangular_tables() {
                             };
                             3
                         ],
+                        refused_syns: vec![0, 2, 0],
                     });
                 }
             }
@@ -222,7 +223,14 @@ fn filled_results_render_rectangular_tables() {
     );
     assert!(
         md.contains(
-            "| pod -> nodeIP:hostPort of another pod | IPv6 | TCP connect+request+close | conn/s | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 10 (10), 3 errors: 3 connects failed | 1.000 (1.000) | 1.000 (1.000) | 1.000 (1.000) |"
+            "| pod -> nodeIP:hostPort of another pod | IPv6 | TCP connect+request+close | conn/s | 10 (10), 3 errors: 3 connects failed, 2 SYNs refused | 10 (10), 3 errors: 3 connects failed, 2 SYNs refused | 10 (10), 3 errors: 3 connects failed, 2 SYNs refused | 10 (10), 3 errors: 3 connects failed, 2 SYNs refused | 1.000 (1.000) | 1.000 (1.000) | 1.000 (1.000) |"
+        ),
+        "{md}"
+    );
+    // UDP has no TIME_WAIT to refuse anything.
+    assert!(
+        md.contains(
+            "| pod -> nodeIP:hostPort of another pod | IPv6 | UDP request/response | trans/s | 10 (10), 3 errors: 3 connects failed | "
         ),
         "{md}"
     );
@@ -230,6 +238,10 @@ fn filled_results_render_rectangular_tables() {
     // Three routes' worth of cells for each of the four hairpin worlds.
     assert_eq!(json["hairpin"].as_array().map(Vec::len), Some(48));
     assert_eq!(json["hairpin"][0]["connect_errors"], 3);
+    assert_eq!(
+        json["hairpin"][0]["refused_syns"],
+        serde_json::json!([0, 2, 0])
+    );
     // 3 samples of 1 ms over 1000 transactions; a pipe in the source
     // text does not split the cell.
     assert!(md.contains("| bpf_l4_csum_replace | 3000 | 3 |"), "{md}");

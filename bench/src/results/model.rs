@@ -283,11 +283,22 @@ pub struct HairpinCell {
     pub test: Test,
     pub flavor: Flavor,
     pub reps: Vec<RunResult>,
+    /// Per repetition, the SYNs a TIME_WAIT of the serving pod refused
+    /// (`TcpExtPAWSTimewait` of its namespace: a reused tuple whose last
+    /// client's TCP timestamps were newer). Each one costs its client a
+    /// RST and the SYN again two jiffies later (8 ms at HZ=250), which no
+    /// error count shows.
+    pub refused_syns: Vec<u64>,
 }
 
 impl HairpinCell {
     pub fn rates(&self) -> Vec<f64> {
         self.reps.iter().map(|r| r.rate).collect()
+    }
+
+    /// [`HairpinCell::refused_syns`] over all repetitions.
+    pub fn refused_syns_total(&self) -> u64 {
+        self.refused_syns.iter().sum()
     }
 }
 

@@ -351,6 +351,7 @@ fn hairpin_cell(flavor: Flavor, test: Test, reps: Vec<RunResult>) -> HairpinCell
         test,
         flavor,
         reps,
+        refused_syns: Vec::new(),
     }
 }
 
