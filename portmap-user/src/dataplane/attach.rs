@@ -234,40 +234,52 @@ pub struct Targets<'a> {
     /// index) unless asking the kernel for its name says otherwise.
     pub live: &'a BTreeSet<u32>,
     /// Interfaces with pins that are now ports of a bridge or bond, where
-    /// no run puts the programs (see [`attached_interfaces`]): detached.
+    /// no run puts the programs (see [`LinkPins::interfaces`]): detached.
     pub ports: &'a BTreeSet<u32>,
 }
 
-/// Every interface with a tc attachment of ours, from one read of the
-/// links directory.
-///
-/// A run may find one that is a bridge's port: the bridge plugin sets a
-/// new pod's veth up before it makes it a port, and an ADD of another pod
-/// whose link dump fell in that window took the veth, up and without a
-/// controller, for an uplink. Left there, the uplink programs run on every
-/// packet of that pod, and every later run asks the kernel about the
-/// interface: on a node of 1 000 pods made 4 at a time, 34 veths had
-/// programs, and an ADD cost 1.25x the empty node's instead of 1.06x.
-pub fn attached_interfaces(layout: &PinLayout) -> BTreeSet<u32> {
-    recorded_attachments(layout)
-        .into_iter()
-        .map(|(ifindex, _)| ifindex)
-        .collect()
+/// The links directory as one run read it: the run sorts the interfaces
+/// that carry programs of ours from it ([`LinkPins::interfaces`]), and
+/// [`ensure`] starts from the same read.
+pub struct LinkPins(Vec<(OsString, u64)>);
+
+impl LinkPins {
+    pub fn read(layout: &PinLayout) -> Self {
+        Self(listed_links(layout))
+    }
+
+    /// Every interface with a tc attachment of ours.
+    ///
+    /// A run may find one that is a bridge's port: the bridge plugin sets a
+    /// new pod's veth up before it makes it a port, and an ADD of another
+    /// pod whose link dump fell in that window took the veth, up and
+    /// without a controller, for an uplink. Left there, the uplink programs
+    /// run on every packet of that pod, and every later run asks the kernel
+    /// about the interface: on a node of 1 000 pods made 4 at a time, 34
+    /// veths had programs, and an ADD cost 1.25x the empty node's instead
+    /// of 1.06x.
+    pub fn interfaces(&self) -> BTreeSet<u32> {
+        tc_attachments(&self.0)
+            .into_iter()
+            .map(|(ifindex, _)| ifindex)
+            .collect()
+    }
 }
 
 /// Makes sure this build's programs are loaded and attached to every
 /// interface of `targets`, both directions, and drops the pins of
 /// interfaces that are gone. Cheap when all is in place: a few read-only
-/// syscalls and one read of the links directory, no lock.
+/// syscalls and the run's read of the links directory (`pins`), no lock.
 pub fn ensure(
     layout: &PinLayout,
+    pins: LinkPins,
     targets: Targets<'_>,
     cgroup: &Path,
     capacities: Capacities,
 ) -> Result<(), AttachError> {
     // Pins of interfaces gone (a removed container's veth, typically) are
     // dropped on their own: that needs the lock, not the whole slow path.
-    let mut listed = listed_links(layout);
+    let mut listed = pins.0;
     if tc_attachments(&listed)
         .iter()
         .any(|&(ifindex, _)| is_gone(targets.live, ifindex))
@@ -756,7 +768,7 @@ fn forget_interfaces_not_in(layout: &PinLayout, live: &BTreeSet<u32>) {
 }
 
 /// Takes the programs off `ifindex`, a port of a bridge or a bond (see
-/// [`attached_interfaces`]): a tcx link goes with its pin, a clsact filter
+/// [`LinkPins::interfaces`]): a tcx link goes with its pin, a clsact filter
 /// is deleted. A failure is logged; the next run tries again.
 fn detach_port(layout: &PinLayout, ifindex: u32) {
     for direction in Direction::BOTH {

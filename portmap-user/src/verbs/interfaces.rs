@@ -6,6 +6,7 @@ use super::shared::PluginError;
 use crate::cni::netconf::NetConf;
 use crate::dataplane::attach;
 use crate::dataplane::attach::AttachError;
+use crate::dataplane::attach::LinkPins;
 use crate::dataplane::attach::Targets;
 use crate::dataplane::cgroup;
 use crate::dataplane::node_state;
@@ -177,9 +178,11 @@ pub fn reconcile(
         conntrack: conf.conntrack_size,
     };
     let cgroup = cgroup::target(conf.cgroup_path.as_deref()).map_err(AttachError::from)?;
-    let Attached { live, ports } = attached(rtnl, layout, conf, node)?;
+    let pins = LinkPins::read(layout);
+    let Attached { live, ports } = attached(rtnl, &pins, conf, node)?;
     attach::ensure(
         layout,
+        pins,
         Targets {
             required: &node.container_side,
             uplinks: &node.uplinks,
@@ -224,11 +227,11 @@ struct Attached {
 /// network only the uplinks and the bridge carry them, and on a routed
 /// one every pod's veth is in the dump). Without `interfaces`, a port of
 /// a bridge or bond never carries the programs (the bridge does), so pins
-/// found there are a mistake to undo ([`attach::attached_interfaces`]);
+/// found there are a mistake to undo ([`LinkPins::interfaces`]);
 /// `interfaces` may name ports on purpose.
 fn attached(
     rtnl: &mut Rtnl,
-    layout: &PinLayout,
+    pins: &LinkPins,
     conf: &NetConf,
     node: &NodeView,
 ) -> Result<Attached, PluginError> {
@@ -240,7 +243,7 @@ fn attached(
         .collect();
     let mut live: BTreeSet<u32> = seen.keys().copied().collect();
     let mut ports = BTreeSet::new();
-    for ifindex in attach::attached_interfaces(layout) {
+    for ifindex in pins.interfaces() {
         let has_controller = match seen.get(&ifindex) {
             Some(&has_controller) => has_controller,
             None => match rtnl.link_at(ifindex)? {
