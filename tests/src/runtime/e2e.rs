@@ -270,13 +270,24 @@ impl<D: Driver> E2e<D> {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        // The workload starts its UDP echo after its HTTP servers: until it
+        // binds, the pod answers ICMP port unreachable, which is a refusal
+        // here like a closed TCP port is above.
         if let Some(udp_port) = udp_port {
             let udp = sock(host_ip, udp_port);
-            self.expect_answer(
-                &format!("{} UDP on {udp}", workload.name()),
-                udp_request(&self.node.ext, udp, "ready", READY),
-                &echo_reply(workload.name(), "ready"),
-            );
+            let what = format!("{} UDP on {udp}", workload.name());
+            let deadline = Instant::now() + READY;
+            loop {
+                match udp_request(&self.node.ext, udp, "ready", Duration::from_secs(1)) {
+                    Err(e) if e.is_unreachable() && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    answer => {
+                        self.expect_answer(&what, answer, &echo_reply(workload.name(), "ready"));
+                        break;
+                    }
+                }
+            }
         }
     }
 
