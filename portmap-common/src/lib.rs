@@ -376,7 +376,12 @@ pub struct CtEntry {
     /// The mapping this flow was translated by, re-checked on every packet so
     /// a deleted or re-pointed mapping never forwards stale traffic.
     pub mapping: MappingKey,
-    pub _pad2: u32,
+    /// When this direction last asked the kernel's conntrack whether it
+    /// holds the flow as confirmed (the confirmed-flow fast path, see
+    /// [`ct_flags::CONFIRMED`]): `ct::now()` in [`ct_timeout::VERDICT_UNIT_SHIFT`]
+    /// units (about seconds); 0 never. Was padding (always 0) in earlier
+    /// builds, whose entries read as "never asked".
+    pub verdict_at: u32,
     /// CLOCK_MONOTONIC at tick resolution (the eBPF crate's `ct::now`) of
     /// the last packet, refreshed at most once a second.
     pub last_seen_ns: u64,
@@ -392,6 +397,68 @@ pub mod ct_flags {
     /// Masqueraded: egress rewrites the source of its packets towards the
     /// container.
     pub const MASQUERADED: u32 = 2;
+    /// The kernel's conntrack held this direction's flow as confirmed (its
+    /// first packet passed every netfilter hook) when last asked, at
+    /// [`CtEntry::verdict_at`](super::CtEntry::verdict_at): the
+    /// confirmed-flow fast path may hand its packets over. Kept on entries
+    /// of both directions (DNAT and REPLY), each asking for itself.
+    pub const CONFIRMED: u32 = 4;
+}
+
+/// The kernel functions (kfuncs) the programs call, and how they are
+/// linked. aya 0.14 cannot relocate kfunc calls, so the eBPF code emits
+/// each call as a raw instruction (`BPF_CALL` with `src_reg` =
+/// `BPF_PSEUDO_KFUNC_CALL`) whose immediate is a [`Kfunc::marker`]; before
+/// loading, userspace writes the kfunc's BTF ID from the running kernel's
+/// vmlinux BTF in place of each marker, or, on a kernel whose vmlinux
+/// lacks one of them, replaces every marked call with `r0 = 0` (a lookup
+/// that finds nothing): the same object then loads without them.
+pub mod kfunc {
+    /// One kernel function the programs call.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Kfunc {
+        /// Its name in the kernel's BTF.
+        pub name: &'static str,
+        /// The immediate the object carries in its place.
+        pub marker: u32,
+    }
+
+    /// `struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *, struct
+    /// bpf_sock_tuple *, u32, struct bpf_ct_opts *, u32)` (Linux 5.18,
+    /// with nf_conntrack).
+    pub const CT_LOOKUP: Kfunc = Kfunc {
+        name: "bpf_skb_ct_lookup",
+        marker: 0x7ead_0001,
+    };
+    /// `void bpf_ct_release(struct nf_conn *)` (Linux 5.18).
+    pub const CT_RELEASE: Kfunc = Kfunc {
+        name: "bpf_ct_release",
+        marker: 0x7ead_0002,
+    };
+    /// `int bpf_ct_change_timeout(struct nf_conn *, u32 timeout_ms)`
+    /// (Linux 6.0).
+    pub const CT_CHANGE_TIMEOUT: Kfunc = Kfunc {
+        name: "bpf_ct_change_timeout",
+        marker: 0x7ead_0003,
+    };
+    /// Every kfunc the object calls: all resolved, or all replaced.
+    pub const ALL: [Kfunc; 3] = [CT_LOOKUP, CT_RELEASE, CT_CHANGE_TIMEOUT];
+
+    /// The call instruction as the object carries it (little-endian
+    /// `struct bpf_insn`: opcode 0x85 `BPF_JMP | BPF_CALL`, `dst_reg` 0,
+    /// `src_reg` 2 `BPF_PSEUDO_KFUNC_CALL`, `off` 0 (vmlinux BTF), `imm` the
+    /// marker).
+    pub const fn call_insn(marker: u32) -> u64 {
+        ((marker as u64) << 32) | 0x2085
+    }
+
+    /// `r0 = 0` (`BPF_ALU64 | BPF_MOV | BPF_K`, imm 0): what a call is
+    /// replaced with on a kernel without the kfuncs.
+    pub const MOV_R0_0: u64 = 0xb7;
+
+    /// `sizeof(struct bpf_ct_opts)` as Linux 5.18 defined it (netns_id,
+    /// error, l4proto, dir, 2 reserved bytes); later kernels accept it too.
+    pub const CT_OPTS_LEN: u32 = 12;
 }
 
 /// Idle timeouts of conntrack entries, in nanoseconds.
@@ -411,6 +478,31 @@ pub mod ct_timeout {
     pub const UDP: u64 = 120 * SEC;
     /// How stale `last_seen_ns` may get before a packet refreshes it.
     pub const REFRESH: u64 = SEC;
+    /// [`CtEntry::verdict_at`](super::CtEntry::verdict_at) is `ct::now()`
+    /// shifted right by this many bits: units of 2^30 ns (1.07 s).
+    pub const VERDICT_UNIT_SHIFT: u32 = 30;
+    /// How many of those units a kernel conntrack verdict holds: a flow on
+    /// the confirmed-flow fast path asks the kernel again (and refreshes
+    /// the kernel's entry) at least this often per direction, and a flow
+    /// found unconfirmed stays on the normal path at least this long
+    /// before it is asked about again. 5 units: 5.4 s.
+    pub const VERDICT_UNITS: u32 = 5;
+
+    /// The timeout, in milliseconds, a refresh gives the kernel's conntrack
+    /// entry of a flow on the confirmed-flow fast path: as long as our own
+    /// entry of the flow lives without packets ([`for_entry`]), so the
+    /// kernel's entry never expires under a live flow, and goes about when
+    /// ours does once the flow is idle; [`TCP_CLOSED`] once a FIN or RST
+    /// went by (netfilter sees no packet of the flow's close).
+    #[inline(always)]
+    pub const fn kernel_refresh_ms(proto: u8, tcp_state: u8, closing: bool) -> u32 {
+        let ns = if closing {
+            TCP_CLOSED
+        } else {
+            for_entry(proto, tcp_state)
+        };
+        (ns / 1_000_000) as u32
+    }
 
     /// How long a flow of IP protocol `proto` whose entry is in the
     /// `conntrack` or `conntrack_other` map, with `tcp_state`, may idle

@@ -57,8 +57,18 @@ pub mod node_flags {
     pub const MASQ_ALL: u32 = 2;
     /// Hand translated packets straight to the container's interface, and
     /// answers straight to the interface towards the client, skipping the
-    /// node's routing, netfilter and bridge (`fastPath`).
+    /// node's routing, netfilter and bridge, for every translated flow
+    /// (`fastPath: true`).
     pub const FAST_PATH: u32 = 4;
+    /// The same hand-over, only for flows the kernel's conntrack holds as
+    /// confirmed: their first packets take the normal path through
+    /// netfilter, so the node's firewall decides each new flow (`fastPath`
+    /// unset, on a kernel with the conntrack kfuncs). Ignored when
+    /// [`FAST_PATH`] is set; neither: the normal path (`fastPath: false`).
+    pub const FAST_CONFIRMED: u32 = 8;
+    /// `fastPath: false` was asked: the programs ignore it (neither bit
+    /// above is set); `status` reads it to tell why.
+    pub const FAST_PATH_OFF: u32 = 16;
 }
 
 /// One of the node's addresses. A wildcard mapping captures connections to

@@ -84,7 +84,16 @@ pub mod stat {
     /// whose configuration has `conditionsV4`/`conditionsV6` it does not
     /// meet: left untranslated, as if no mapping existed.
     pub const SKIP_CONDITIONS: u32 = 29;
-    pub const COUNT: u32 = 30;
+    /// The confirmed-flow fast path asked the kernel's conntrack about a
+    /// flow (its first eligible packet, or a refresh) and found it
+    /// confirmed: the flow's packets in this direction are handed over.
+    pub const CT_CONFIRMED: u32 = 30;
+    /// The same question, and the kernel's conntrack holds no confirmed
+    /// entry for the flow (the firewall dropped its first packet, the entry
+    /// was deleted or expired, or nothing on the node uses conntrack): the
+    /// flow stays on the normal path until it is asked about again.
+    pub const CT_UNCONFIRMED: u32 = 31;
+    pub const COUNT: u32 = 32;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -341,6 +350,20 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         name: "skip_conditions",
         label: "skipped-conditions",
         meaning: "new flow that does not meet its mapping's conditionsV4/conditionsV6: left to the node untranslated",
+        kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::CT_CONFIRMED,
+        name: "ct_confirmed",
+        label: "kernel-confirmed",
+        meaning: "the kernel's conntrack holds the flow as confirmed (the firewall let it through): its packets this way take the fast path",
+        kind: Kind::Recorded,
+    },
+    Reason {
+        id: stat::CT_UNCONFIRMED,
+        name: "ct_unconfirmed",
+        label: "kernel-unconfirmed",
+        meaning: "the kernel's conntrack holds no confirmed entry for the flow (dropped by the firewall, deleted, expired, or conntrack unused): it stays on the normal path",
         kind: Kind::Skipped,
     },
 ];

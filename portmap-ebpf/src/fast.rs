@@ -1,6 +1,8 @@
-//! The fast path (`fastPath`): hands a translated packet straight to the
-//! container's interface, or a container's answer straight to the interface
-//! towards its client, skipping the node's routing, netfilter and bridge.
+//! The fast path: hands a translated packet straight to the container's
+//! interface, or a container's answer straight to the interface towards
+//! its client, skipping the node's routing, netfilter and bridge. For
+//! every translated flow (`fastPath: true`), or, the default, only for
+//! flows the kernel's conntrack holds as confirmed (see `confirm`).
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
@@ -14,7 +16,7 @@ use portmap_common::{
 };
 
 use crate::{
-    events,
+    confirm, events,
     fib::fib_lookup_as_received,
     maps::{self, Offer},
     mark,
@@ -24,7 +26,8 @@ use crate::{
 /// The fast path, for what the handling code left in scratch: sets
 /// `scratch.action` (OK, or REDIRECT when the packet was handed over) and
 /// clears the offer. One call site, after the handling frames are gone,
-/// so the verifier walks it once.
+/// so the verifier walks it once; and in it one call of each hand-over and
+/// of the confirmed-flow question, whatever the mode.
 #[inline(never)]
 pub fn fast_path(ctx: &TcContext) {
     let Some(scratch) = maps::scratch() else {
@@ -32,17 +35,23 @@ pub fn fast_path(ctx: &TcContext) {
     };
     let offer = scratch.fast;
     let flow_flags = scratch.forward.flags;
+    // Set only by a known flow's decision for this very packet.
+    let armed = scratch.confirm.armed;
+    scratch.confirm.armed = false;
     scratch.fast = Offer::Nothing;
     scratch.action = TC_ACT_OK;
+    let offered = matches!(offer, Offer::Forward | Offer::Reply);
+    // Without the fast path, not even a call: a call and its return cost
+    // 10-15 ns (program_cost.rs).
+    let go = offered
+        && match mode() {
+            Mode::Always => true,
+            Mode::Confirmed => armed && confirm::confirmed(ctx),
+            Mode::Never => false,
+        };
     let taken = match offer {
         Offer::Forward => {
-            // Without the fast path (the default), not even the call: a
-            // call and its return cost 10-15 ns (program_cost.rs).
-            let action = if fast_path_enabled() {
-                fast_forward(ctx)
-            } else {
-                TC_ACT_OK
-            };
+            let action = if go { fast_forward(ctx) } else { TC_ACT_OK };
             // On the normal path, unmasqueraded: the next egress hook
             // has nothing to do.
             if action != TC_ACT_REDIRECT && not_masqueraded(ctx, flow_flags) {
@@ -50,13 +59,45 @@ pub fn fast_path(ctx: &TcContext) {
             }
             action
         }
-        Offer::Reply => fast_reply(ctx),
+        Offer::Reply if go => fast_reply(ctx),
+        Offer::Reply => TC_ACT_OK,
         Offer::Drop => TC_ACT_SHOT,
         Offer::Nothing => return,
     };
     // Taken again: both hand-overs read scratch themselves.
     if let Some(scratch) = maps::scratch() {
         scratch.action = taken;
+    }
+}
+
+/// Which flows the fast path takes on this node (`node_flags`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Every translated flow (`fastPath: true`).
+    Always,
+    /// Flows the kernel's conntrack holds as confirmed (the default).
+    Confirmed,
+    /// None (`fastPath: false`, masqAll, or a kernel without the
+    /// conntrack kfuncs and something at FORWARD).
+    Never,
+}
+
+/// The node's fast-path mode. masqAll keeps every packet on the normal
+/// path: it rewrites the source on the way to the container, in egress of
+/// the container's interface, which the hand-over would skip.
+#[inline(always)]
+fn mode() -> Mode {
+    let Some(node) = maps::node_config() else {
+        return Mode::Never;
+    };
+    if node.flags & node_flags::MASQ_ALL != 0 {
+        Mode::Never
+    } else if node.flags & node_flags::FAST_PATH != 0 {
+        Mode::Always
+    } else if node.flags & node_flags::FAST_CONFIRMED != 0 {
+        Mode::Confirmed
+    } else {
+        Mode::Never
     }
 }
 
@@ -75,28 +116,23 @@ fn not_masqueraded(ctx: &TcContext, flags: u32) -> bool {
     }
 }
 
-/// Whether `fastPath` is on and can hand a packet over (masqAll keeps
-/// every packet on the normal path, see [`fast_path_from_containers`]).
-#[inline(always)]
-fn fast_path_enabled() -> bool {
-    maps::node_config().is_some_and(|node| {
-        node.flags & (node_flags::FAST_PATH | node_flags::MASQ_ALL) == node_flags::FAST_PATH
-    })
-}
-
-/// Whether `fastPath` is on and the packet arrived from the containers'
-/// side (`true`) or from elsewhere (`false`); `None` without the fast path.
+/// Whether a fast path is on (either mode) and the packet arrived from
+/// the containers' side (`true`) or from elsewhere (`false`); `None`
+/// without a fast path (see [`mode`]).
 #[inline(always)]
 pub fn fast_path_from_containers(ctx: &TcContext) -> Option<bool> {
-    let node = maps::node_config()?;
-    // masqAll rewrites the source on the way to the container, in egress
-    // of the container's interface: the hand-over would skip it.
-    if node.flags & node_flags::FAST_PATH == 0 || node.flags & node_flags::MASQ_ALL != 0 {
+    if mode() == Mode::Never {
         return None;
     }
     // SAFETY: reading a field of the context the program was handed.
     let ifindex = unsafe { (*ctx.skb.skb).ingress_ifindex };
     Some(maps::iface(ifindex).is_some_and(|i| i.flags & iface_flags::CONTAINER_SIDE != 0))
+}
+
+/// Whether a fast path is on, in either mode (see [`mode`]).
+#[inline(always)]
+pub fn fast_path_on() -> bool {
+    mode() != Mode::Never
 }
 
 /// The fast path towards a container: a packet from outside, translated,

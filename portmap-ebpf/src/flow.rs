@@ -5,6 +5,7 @@ use aya_ebpf::programs::TcContext;
 use portmap_common::{CtEntry, CtKey, PROTO_TCP, PortRole, ct_flags, ct_kind, stat, tcp_state};
 
 use crate::{
+    confirm,
     counters::{self, Way},
     ct, events,
     fib::{self, Locality, local_destination},
@@ -93,11 +94,18 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
         }
         ct_kind::REPLY => {
             // A container answering a translated flow: egress translates
-            // it back; the fast path may take it there directly.
+            // it back; the fast path may take it there directly. Netfilter
+            // sees the answer as it is (egress translates it after).
             if let Some(scratch) = maps::scratch() {
                 scratch.reply_key = key;
                 scratch.fast = Offer::Reply;
             }
+            confirm::note(
+                &key,
+                &entry,
+                (&key.dst_addr_be, key.dst_port_be),
+                packet.flags,
+            );
             return true;
         }
         _ => return true,
@@ -130,6 +138,14 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
                 scratch.owner_id = owner_id;
                 scratch.fast = Offer::Forward;
             }
+            // Netfilter sees the packet as translated: tc ingress runs
+            // before its PREROUTING.
+            confirm::note(
+                &key,
+                &entry,
+                (&entry.nat_addr_be, entry.nat_port_be),
+                packet.flags,
+            );
             counters::record(ctx, &entry.mapping, owner_id, Way::In);
         }
     } else {

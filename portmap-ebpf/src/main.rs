@@ -16,12 +16,16 @@
 //! workspace checks that no module imports one that imports it):
 //! 1. `parse`, then `maps`;
 //! 2. `ct`, `nat`, `fib`, `counters`, `trace`, `events`, `mark`;
-//! 3. `masq`, then `fast`, then `flow`;
+//! 3. `masq`, `confirm` (the kernel's conntrack verdict), then `fast`,
+//!    then `flow`;
 //! 4. the entry points `tc`, `sock`, `beacon`.
 #![no_std]
+// Inline asm for the kfunc calls (see `confirm`): BPF asm is unstable.
+#![feature(asm_experimental_arch)]
 #![no_main]
 
 mod beacon;
+mod confirm;
 mod counters;
 mod ct;
 mod events;

@@ -222,7 +222,50 @@ pub struct Scratch {
     /// `ct::node_socket_owns`'s `bpf_sock_tuple` (the IPv6 layout holds
     /// either family).
     pub sock_tuple: [u32; 9],
+    /// What the flow decision found for the confirmed-flow fast path.
+    pub confirm: ConfirmPending,
+    /// `confirm::ask_kernel`'s `bpf_sock_tuple` and options: the kfunc
+    /// takes them as memory the verifier can bound, a map value's.
+    pub kernel_tuple: [u32; 9],
+    pub kernel_opts: CtOpts,
 }
+
+/// What the flow decision leaves in scratch for `confirm::confirmed`: this
+/// direction's entry as it was before the packet, and where the kernel
+/// sees the flow.
+#[repr(C)]
+pub struct ConfirmPending {
+    /// Our conntrack key of this direction's entry.
+    pub key: CtKey,
+    /// The destination of the flow's tuple as netfilter sees it at this
+    /// hook: towards the container, the translated one (tc ingress runs
+    /// before netfilter's PREROUTING), the answer's own otherwise.
+    pub kernel_dst_be: [u32; 4],
+    pub kernel_dport_be: u16,
+    /// The entry's `tcp_state` before this packet.
+    pub tcp_state: u8,
+    /// This packet is a TCP FIN or RST.
+    pub closing: bool,
+    /// The entry's `flags` and `verdict_at`.
+    pub flags: u32,
+    pub verdict_at: u32,
+    /// Set by `confirm::note` for this packet; `fast::fast_path` clears it.
+    pub armed: bool,
+}
+
+/// `struct bpf_ct_opts`, the part Linux 5.18 defined
+/// ([`portmap_common::kfunc::CT_OPTS_LEN`]), for `confirm::ask_kernel`.
+#[repr(C)]
+pub struct CtOpts {
+    pub netns_id: i32,
+    pub error: i32,
+    pub l4proto: u8,
+    pub dir: u8,
+    pub reserved: [u8; 2],
+}
+
+const _: () =
+    assert!(core::mem::size_of::<CtOpts>() == portmap_common::kfunc::CT_OPTS_LEN as usize);
 
 /// What the fast path may do with the packet being handled: left in
 /// scratch by the flow decisions, taken by `fast::fast_path` once their frames

@@ -2,11 +2,7 @@
 //! mapping concerns, decide (see `flow`), offer to the fast path, trace.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
-use portmap_common::{
-    PROTO_TCP, PortRole,
-    local::{MASQ_PORT_MIN, node_flags},
-    trace_direction,
-};
+use portmap_common::{PROTO_TCP, PortRole, local::MASQ_PORT_MIN, trace_direction};
 
 use crate::{counters::Way, ct, events, fast, flow, maps, mark, masq, parse, trace};
 
@@ -66,7 +62,7 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
 /// answer to a masqueraded flow, whose destination ingress restores (to a
 /// masquerade port, or, for TCP, to the node's address on the interface it
 /// arrived on: a hairpin client's own port kept, see `masq::first_port`),
-/// or any answer when `fastPath` is on (ingress hands it to the client's
+/// or any answer when a fast path is on (ingress hands it to the client's
 /// interface). Otherwise the answer of a translated flow is egress's to
 /// translate back, and looking up its entry here would only find that
 /// out: the bridge-side ingress hook of the default configuration skips
@@ -76,7 +72,7 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
 #[inline(never)]
 fn answer_matters(ctx: &TcContext, dport_be: u16, proto: u8, dst_be: &[u32; 4]) -> bool {
     u16::from_be(dport_be) >= MASQ_PORT_MIN
-        || maps::node_config().is_some_and(|node| node.flags & node_flags::FAST_PATH != 0)
+        || fast::fast_path_on()
         || (proto == PROTO_TCP && to_arrival_address(ctx, dst_be))
 }
 

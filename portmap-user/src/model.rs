@@ -18,6 +18,21 @@ pub const CONNTRACK_SIZE_MIN: u32 = 1024;
 /// almost certainly a typo.
 pub const CONNTRACK_SIZE_MAX: u32 = 16 * 1024 * 1024;
 
+/// Which translated flows the network's configuration hands to the fast
+/// path (`fastPath`, node-wide: the last ADD's setting holds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FastPathSetting {
+    /// `fastPath` unset: flows the kernel's conntrack holds as confirmed,
+    /// i.e. that the node's firewall let through (where the kernel cannot
+    /// say, see `dataplane::features::fast_path_flags`).
+    #[default]
+    Confirmed,
+    /// `fastPath: true`: every translated flow from outside, FORWARD or not.
+    Always,
+    /// `fastPath: false`: none; every packet through netfilter.
+    Never,
+}
+
 /// Transport protocol of a port mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Protocol {

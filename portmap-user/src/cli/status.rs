@@ -114,6 +114,10 @@ pub fn status_json(status: &Status) -> Value {
         "layoutVersion": LAYOUT_VERSION,
         "installed": status.installed,
         "attachMode": status.mode.map(portmap_user::dataplane::features::AttachMode::as_str),
+        "fastPath": status.fast_path.as_ref().map(|report| json!({
+            "mode": report.mode.as_str(),
+            "why": report.why,
+        })),
         "interfaces": status.tc.iter().map(|a| json!({
             "ifindex": a.ifindex,
             "interface": a.interface,
@@ -188,6 +192,10 @@ fn render(status: &Status, style: Style) -> String {
         status.root.display(),
         status.mode.map_or("none", |m| m.as_str())
     ));
+    out.push_str(&match &status.fast_path {
+        Some(report) => format!("fast path: {} ({})\n", report.mode.as_str(), report.why),
+        None => "fast path: not set yet (the first ADD sets it)\n".to_owned(),
+    });
 
     // The verdict and what to do first (as `cilium-dbg status` does), the
     // detail after.

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use portmap_user::{
     dataplane::features,
+    dataplane::kfunc::Kfuncs,
     dataplane::object,
     dataplane::pin::PinLayout,
     dataplane::scope::{self, Access},
@@ -51,6 +52,21 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let kernel = kernel_release();
     let mode = features::recorded_attach_mode(&layout)
         .map(portmap_user::dataplane::features::AttachMode::as_str);
+    let fast_path = portmap_user::ops::inspect::fast_path(&layout);
+    // Whether this kernel has the conntrack kfuncs in vmlinux BTF, as a
+    // load would link them (no program is loaded to tell).
+    let kfuncs = portmap_user::dataplane::object::linked_for_this_kernel()
+        .map(|linked| linked.kfuncs)
+        .ok();
+    let kfuncs_text = match kfuncs {
+        Some(Kfuncs::Linked) => {
+            "yes (bpf_skb_ct_lookup, bpf_ct_change_timeout, bpf_ct_release in vmlinux BTF)"
+                .to_owned()
+        }
+        Some(Kfuncs::Missing(name)) => format!("no: {name} is not in vmlinux BTF"),
+        Some(Kfuncs::NoBtf) => "no: the kernel has no BTF".to_owned(),
+        None => "unknown: the eBPF object could not be read".to_owned(),
+    };
     let probed: Vec<(&str, &str, &str)> = features::ESSENTIAL
         .iter()
         .map(|feature| {
@@ -91,6 +107,11 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "ebpfSources": object::EBPF_SOURCES,
             "kernel": kernel,
             "attachMode": mode,
+            "conntrackKfuncs": kfuncs_text,
+            "fastPath": fast_path.as_ref().map(|report| json!({
+                "mode": report.mode.as_str(),
+                "why": report.why,
+            })),
             "features": features,
             "featuresUnknownBecause": unknown_because,
             "sizes": super::status::sizes_json(&sizes),
@@ -105,6 +126,13 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         object::EBPF_SOURCES,
         mode.unwrap_or("not recorded yet (the first ADD probes tcx, else clsact)"),
     );
+    text.push_str(&format!(
+        "conntrack kfuncs (the default fast path): {kfuncs_text}\n"
+    ));
+    text.push_str(&match &fast_path {
+        Some(report) => format!("fast path: {} ({})\n", report.mode.as_str(), report.why),
+        None => "fast path: not set yet (the first ADD sets it)\n".to_owned(),
+    });
     for (name, since, supported) in &probed {
         text.push_str(&format!("  {supported:<7} {name} (Linux {since})\n"));
     }

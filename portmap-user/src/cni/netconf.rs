@@ -27,8 +27,8 @@ pub mod spelling;
 use conditions::{ConditionError, ConditionSet};
 
 use crate::model::{
-    Attachment, CONNTRACK_SIZE_MAX, CONNTRACK_SIZE_MIN, DEFAULT_PIN_ROOT, MAX_MAPPINGS_MAX,
-    MAX_MAPPINGS_MIN, PortMapping,
+    Attachment, CONNTRACK_SIZE_MAX, CONNTRACK_SIZE_MIN, DEFAULT_PIN_ROOT, FastPathSetting,
+    MAX_MAPPINGS_MAX, MAX_MAPPINGS_MIN, PortMapping,
 };
 
 /// CNI spec versions this plugin speaks. 0.1.0/0.2.0 are left out: their results
@@ -87,10 +87,12 @@ pub struct NetConf {
     pub snat: bool,
     /// `masqAll` (default false): masquerade every translated flow.
     pub masq_all: bool,
-    /// `fastPath` (default false): hand translated packets straight to the
-    /// container's veth and answers straight to the interface towards the
-    /// client, skipping the node's routing, netfilter and bridge.
-    pub fast_path: bool,
+    /// `fastPath`: hand translated packets straight to the container's veth
+    /// and answers straight to the interface towards the client, skipping
+    /// the node's routing, netfilter and bridge: `true` for every flow,
+    /// `false` for none, unset (the default) for flows the kernel's
+    /// conntrack holds as confirmed.
+    pub fast_path: FastPathSetting,
     /// `containerSockets` (default false): translate this network's
     /// containers' own `connect()`/`sendmsg()` to a host port on one of the
     /// node's addresses at the socket (direct: the answering container sees
@@ -348,7 +350,8 @@ const ROOT_FIELDS: &[Field] = &[
     Field::scalar("maxMappings"),
     Field::scalar("hostPortListeners"),
     Field::scalar("masqAll"),
-    Field::scalar("fastPath"),
+    // A `*bool` to Go: `null` is the default (unset), as absent.
+    Field::nullable("fastPath"),
     Field::scalar("containerSockets"),
     Field::scalar("cgroupPath"),
     // Upstream portmap's, pointers there (`*[]string`, `*int`, `*string`).
@@ -422,7 +425,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
     let listener_policy = parse_listener_policy(value("hostPortListeners")?)?;
     let snat = parse_bool(value("snat")?, true)?;
     let masq_all = parse_bool(value("masqAll")?, false)?;
-    let fast_path = parse_bool(value("fastPath")?, false)?;
+    let fast_path = parse_fast_path(value("fastPath")?)?;
     let container_sockets = parse_bool(value("containerSockets")?, false)?;
     let cgroup_path = parse_cgroup_path(value("cgroupPath")?)?;
     let valid_attachments = parse_valid_attachments(&fields)?;
@@ -668,6 +671,24 @@ fn parse_bool(value: Option<Given>, default: bool) -> Result<bool, ConfigError> 
             value: value.to_string(),
         }),
     }
+}
+
+/// `fastPath`: a bool, or absent for the confirmed-flow default (`null`
+/// too, as a Go plugin's `*bool` reads it).
+fn parse_fast_path(value: Option<Given>) -> Result<FastPathSetting, ConfigError> {
+    Ok(match value {
+        None
+        | Some(Given {
+            value: Value::Null, ..
+        }) => FastPathSetting::Confirmed,
+        Some(given) => {
+            if parse_bool(Some(given), false)? {
+                FastPathSetting::Always
+            } else {
+                FastPathSetting::Never
+            }
+        }
+    })
 }
 
 fn parse_cgroup_path(value: Option<Given>) -> Result<Option<PathBuf>, ConfigError> {

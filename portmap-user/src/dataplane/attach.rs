@@ -30,8 +30,9 @@ use crate::{
     dataplane::bpffs::{BpffsError, check_bpffs, create_private_dir, mount_bpffs_if_missing},
     dataplane::cgroup,
     dataplane::features::{self, AttachMode},
+    dataplane::kfunc::Kfuncs,
     dataplane::lock::{LockError, lock},
-    dataplane::object::{OBJECT, build_id},
+    dataplane::object::build_id,
     dataplane::pin::{Direction, PinLayout},
     dataplane::resize,
     dataplane::sizing::Capacities,
@@ -100,6 +101,8 @@ pub enum AttachError {
     NoInterface { index: u32 },
     #[error(transparent)]
     Resize(#[from] crate::dataplane::resize::ResizeError),
+    #[error("cannot link the eBPF object's kfunc calls")]
+    Kfunc(#[from] crate::dataplane::kfunc::KfuncError),
 }
 
 /// A load failure, explained by the missing feature when the kernel lacks
@@ -315,7 +318,8 @@ pub fn ensure(
         create_private_dir(&dir)?;
     }
     let resize = resize::Resize::begin(layout, capacities)?;
-    let loaded = load_and_pin(layout, capacities, resize.as_ref()).map_err(explain_load_failure)?;
+    let kfuncs = load_and_pin(layout, capacities, resize.as_ref()).map_err(explain_load_failure)?;
+    let loaded = kfuncs.is_some();
     if let Some(resize) = &resize {
         resize.copy_and_swap(layout)?;
     }
@@ -329,6 +333,12 @@ pub fn ensure(
             });
         }
     };
+    // What the fast-path mode follows (see `features::fast_path_flags`):
+    // recorded by the load that pinned the programs.
+    if let Some(kfuncs) = kfuncs {
+        features::record_kfuncs(layout, kfuncs)?;
+        log::info!("kernel conntrack kfuncs: {kfuncs:?}");
+    }
     // An interface that is gone takes its pins with it; its index is never
     // handed out again soon (the kernel allocates them cyclically).
     forget_interfaces_not_in(layout, targets.live);
@@ -529,18 +539,20 @@ impl PassRecord {
 }
 
 /// Loads the object (reusing pinned maps) and pins this build's programs,
-/// unless they are pinned already; whether it loaded them.
+/// unless they are pinned already; what linking its kfunc calls found if
+/// it loaded them.
 fn load_and_pin(
     layout: &PinLayout,
     capacities: Capacities,
     resize: Option<&resize::Resize>,
-) -> Result<bool, AttachError> {
+) -> Result<Option<Kfuncs>, AttachError> {
     if all_programs()
         .iter()
         .all(|name| layout.program(build_id(), name).exists())
     {
-        return Ok(false);
+        return Ok(None);
     }
+    let linked = crate::dataplane::object::linked_for_this_kernel()?;
     check_pinned_layouts(layout)?;
     let migration = Migration::prepare(layout);
     let conntrack_was_pinned = layout.map(map_names::CONNTRACK).exists();
@@ -576,7 +588,7 @@ fn load_and_pin(
     );
     sizes.apply(&mut loader);
     let mut ebpf: Ebpf = loader
-        .load(OBJECT)
+        .load(linked.bytes())
         .map_err(|e| AttachError::Load(Box::new(e)))?;
     migration.finish(&mut ebpf);
     if !conntrack_was_pinned && let Err(error) = crate::dataplane::sizing::record(layout, &sizes) {
@@ -606,7 +618,7 @@ fn load_and_pin(
             source: io::Error::other(e.to_string()),
         })?;
     }
-    Ok(true)
+    Ok(Some(linked.kfuncs))
 }
 
 /// What a load carries over from pins made by an earlier build, so that an
@@ -1072,8 +1084,9 @@ fn probe_load(layout: &PinLayout) -> Result<(), AttachError> {
     {
         return Ok(());
     }
+    let linked = crate::dataplane::object::linked_for_this_kernel()?;
     let mut ebpf = EbpfLoader::new()
-        .load(OBJECT)
+        .load(linked.bytes())
         .map_err(|e| AttachError::Load(Box::new(e)))?;
     for direction in Direction::BOTH {
         let name = program_name(direction);
@@ -1156,6 +1169,9 @@ mod tests {
 
     #[test]
     fn build_id_is_the_hash_of_the_embedded_object() {
-        assert_eq!(build_id(), crate::dataplane::hash::fnv1a64(OBJECT));
+        assert_eq!(
+            build_id(),
+            crate::dataplane::hash::fnv1a64(crate::dataplane::object::OBJECT)
+        );
     }
 }

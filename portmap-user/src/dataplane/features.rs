@@ -7,6 +7,11 @@
 //!   pinned array of `u32` (index [`ATTACH_MODE`]: [`MODE_TCX`] or
 //!   [`MODE_CLSACT`]); every later attachment reads it. bpffs lives exactly
 //!   as long as the running kernel, so a new kernel is probed anew.
+//! - **Conntrack kfuncs.** The load that links the object's kfunc calls
+//!   (see [`kfunc`](crate::dataplane::kfunc)) records whether the kernel
+//!   had them (index [`KFUNCS`]); the fast-path mode every ADD writes to
+//!   the node's settings follows from it and `fastPath`
+//!   ([`fast_path_flags`]), and `status` explains it ([`FastPathReport`]).
 //! - **Essential features.** When the object or a program fails to load,
 //!   [`explain_load_failure`] probes what our tc programs need (program
 //!   type, map types, helpers) and names the first one missing with the
@@ -31,7 +36,12 @@ use aya::{
     sys::{BpfHelper, is_helper_supported, is_map_supported, is_program_supported},
 };
 
-use crate::dataplane::pin::PinLayout;
+use portmap_common::local::node_flags;
+
+use crate::{
+    dataplane::{kfunc::Kfuncs, pin::PinLayout},
+    model::FastPathSetting,
+};
 
 /// Pinned under `maps/` as `features`, so `uninstall` removes it with the maps.
 pub const RECORD: &str = "features";
@@ -57,6 +67,13 @@ impl AttachMode {
 pub const ATTACH_MODE: u32 = 0;
 pub const MODE_TCX: u32 = 1;
 pub const MODE_CLSACT: u32 = 2;
+/// Index of the kfunc entry in the record: [`KFUNCS_LINKED`],
+/// [`KFUNCS_NO_BTF`], or [`KFUNCS_MISSING`] plus the index of the first
+/// missing kfunc in `portmap_common::kfunc::ALL`; 0: no load recorded it.
+pub const KFUNCS: u32 = 1;
+pub const KFUNCS_LINKED: u32 = 1;
+pub const KFUNCS_NO_BTF: u32 = 2;
+pub const KFUNCS_MISSING: u32 = 16;
 /// Entries of the record: room for later verdicts without a layout change.
 const RECORD_ENTRIES: u32 = 8;
 
@@ -324,6 +341,146 @@ pub fn attach_mode(
     Ok(mode)
 }
 
+/// The record's value for what linking the kfuncs found.
+pub fn kfuncs_value(kfuncs: Kfuncs) -> u32 {
+    match kfuncs {
+        Kfuncs::Linked => KFUNCS_LINKED,
+        Kfuncs::NoBtf => KFUNCS_NO_BTF,
+        Kfuncs::Missing(name) => {
+            let index = portmap_common::kfunc::ALL
+                .iter()
+                .position(|k| k.name == name)
+                .unwrap_or(0);
+            KFUNCS_MISSING + index as u32
+        }
+    }
+}
+
+/// What a record's value says, if anything.
+pub fn kfuncs_from_value(value: u32) -> Option<Kfuncs> {
+    match value {
+        KFUNCS_LINKED => Some(Kfuncs::Linked),
+        KFUNCS_NO_BTF => Some(Kfuncs::NoBtf),
+        v if v >= KFUNCS_MISSING => portmap_common::kfunc::ALL
+            .get((v - KFUNCS_MISSING) as usize)
+            .map(|k| Kfuncs::Missing(k.name)),
+        _ => None,
+    }
+}
+
+/// Records what the load that pinned this build's programs found of the
+/// kfuncs, in the record [`attach_mode`] made.
+pub fn record_kfuncs(layout: &PinLayout, kfuncs: Kfuncs) -> Result<(), FeatureError> {
+    let path = layout.map(RECORD);
+    let record_error = |source: io::Error| FeatureError::Record {
+        path: path.clone(),
+        source,
+    };
+    let data =
+        MapData::from_pin(&path).map_err(|e| record_error(io::Error::other(e.to_string())))?;
+    let mut record: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data))
+        .map_err(|e| record_error(io::Error::other(e.to_string())))?;
+    record
+        .set(KFUNCS, kfuncs_value(kfuncs), 0)
+        .map_err(|e| record_error(io::Error::other(e.to_string())))
+}
+
+/// What the load of the pinned programs recorded of the kfuncs.
+pub fn recorded_kfuncs(layout: &PinLayout) -> Option<Kfuncs> {
+    let data = MapData::from_pin(layout.map(RECORD)).ok()?;
+    let record: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data)).ok()?;
+    kfuncs_from_value(record.get(&KFUNCS, 0).ok()?)
+}
+
+/// The fast-path bits of the node's settings (`node_flags`) for the
+/// configured `setting` on a kernel whose kfuncs are as `kfuncs` says
+/// (`None`: not recorded, as if missing):
+/// - `fastPath: true`: [`node_flags::FAST_PATH`] (every flow);
+/// - unset, the kfuncs linked: [`node_flags::FAST_CONFIRMED`];
+/// - unset without them, and `fastPath: false`: neither, the normal path
+///   (with [`node_flags::FAST_PATH_OFF`] for `false`, which only `status`
+///   reads).
+pub fn fast_path_flags(setting: FastPathSetting, kfuncs: Option<Kfuncs>) -> u32 {
+    match (setting, kfuncs) {
+        (FastPathSetting::Always, _) => node_flags::FAST_PATH,
+        (FastPathSetting::Never, _) => node_flags::FAST_PATH_OFF,
+        (FastPathSetting::Confirmed, Some(Kfuncs::Linked)) => node_flags::FAST_CONFIRMED,
+        (FastPathSetting::Confirmed, _) => 0,
+    }
+}
+
+/// Which flows take the fast path on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastPathMode {
+    Always,
+    Confirmed,
+    Never,
+}
+
+impl FastPathMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FastPathMode::Always => "always",
+            FastPathMode::Confirmed => "confirmed",
+            FastPathMode::Never => "never",
+        }
+    }
+}
+
+/// The node's fast-path mode and why, for `status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FastPathReport {
+    pub mode: FastPathMode,
+    pub why: String,
+}
+
+/// What the node's settings (`flags`, as the last ADD wrote them) and the
+/// kfunc record say of the fast path.
+pub fn fast_path_report(flags: u32, kfuncs: Option<Kfuncs>) -> FastPathReport {
+    let (mode, why) = if flags & node_flags::MASQ_ALL != 0
+        && flags & (node_flags::FAST_PATH | node_flags::FAST_CONFIRMED) != 0
+    {
+        (
+            FastPathMode::Never,
+            "masqAll is on: its masquerade is done on the normal path, so no flow is handed over"
+                .to_owned(),
+        )
+    } else if flags & node_flags::FAST_PATH != 0 {
+        (
+            FastPathMode::Always,
+            "fastPath: true: every translated flow from outside is handed over, and skips the node's FORWARD rules"
+                .to_owned(),
+        )
+    } else if flags & node_flags::FAST_CONFIRMED != 0 {
+        (
+            FastPathMode::Confirmed,
+            "fastPath unset: a flow is handed over once the kernel's conntrack holds it as confirmed (its first packets passed the node's firewall); bpf_skb_ct_lookup is linked from vmlinux BTF".to_owned(),
+        )
+    } else if flags & node_flags::FAST_PATH_OFF != 0 {
+        (
+            FastPathMode::Never,
+            "fastPath: false: every packet takes the normal path".to_owned(),
+        )
+    } else {
+        let because = match kfuncs {
+            Some(Kfuncs::Missing(name)) => format!(
+                "the kernel has no {name} in its vmlinux BTF (nf_conntrack built as a module or not at all, or a kernel older than the kfunc), so it cannot tell which flows its firewall accepted"
+            ),
+            Some(Kfuncs::NoBtf) => {
+                "the kernel has no BTF (/sys/kernel/btf/vmlinux), so the conntrack kfuncs cannot be linked".to_owned()
+            }
+            Some(Kfuncs::Linked) | None => {
+                "no ADD has set the node's fast-path mode with this build's programs yet".to_owned()
+            }
+        };
+        (
+            FastPathMode::Never,
+            format!("fastPath unset, but {because}: every packet takes the normal path"),
+        )
+    };
+    FastPathReport { mode, why }
+}
+
 /// Adds the clsact qdisc `interface` needs (one already there is fine);
 /// a kernel without it is named as such.
 pub fn ensure_clsact(interface: &str) -> Result<(), FeatureError> {
@@ -392,6 +549,72 @@ mod tests {
         })
         .expect("two missing");
         assert_eq!(no_lru.since, "4.10", "the oldest missing one comes first");
+    }
+
+    #[test]
+    fn kfunc_records_round_trip() {
+        for kfuncs in [
+            Kfuncs::Linked,
+            Kfuncs::NoBtf,
+            Kfuncs::Missing("bpf_skb_ct_lookup"),
+            Kfuncs::Missing("bpf_ct_change_timeout"),
+        ] {
+            assert_eq!(kfuncs_from_value(kfuncs_value(kfuncs)), Some(kfuncs));
+        }
+        assert_eq!(kfuncs_from_value(0), None, "no load recorded it");
+    }
+
+    #[test]
+    fn the_fast_path_mode_follows_the_setting_and_the_kernel() {
+        use FastPathSetting::{Always, Confirmed, Never};
+        let missing = Some(Kfuncs::Missing("bpf_skb_ct_lookup"));
+        let cases = [
+            (
+                Confirmed,
+                Some(Kfuncs::Linked),
+                FastPathMode::Confirmed,
+                "conntrack holds it as confirmed",
+            ),
+            (
+                Confirmed,
+                missing,
+                FastPathMode::Never,
+                "no bpf_skb_ct_lookup in its vmlinux BTF",
+            ),
+            (
+                Confirmed,
+                Some(Kfuncs::NoBtf),
+                FastPathMode::Never,
+                "no BTF",
+            ),
+            (Confirmed, None, FastPathMode::Never, "no ADD has set"),
+            (Always, missing, FastPathMode::Always, "fastPath: true"),
+            (
+                Always,
+                Some(Kfuncs::Linked),
+                FastPathMode::Always,
+                "fastPath: true",
+            ),
+            (
+                Never,
+                Some(Kfuncs::Linked),
+                FastPathMode::Never,
+                "fastPath: false",
+            ),
+        ];
+        for (setting, kfuncs, mode, why) in cases {
+            let report = fast_path_report(fast_path_flags(setting, kfuncs), kfuncs);
+            assert_eq!(report.mode, mode, "{setting:?} with {kfuncs:?}");
+            assert!(
+                report.why.contains(why),
+                "{setting:?} with {kfuncs:?}: {}",
+                report.why
+            );
+        }
+        let masq_all = fast_path_flags(Confirmed, Some(Kfuncs::Linked)) | node_flags::MASQ_ALL;
+        let report = fast_path_report(masq_all, Some(Kfuncs::Linked));
+        assert_eq!(report.mode, FastPathMode::Never);
+        assert!(report.why.contains("masqAll"), "{}", report.why);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Every read or write of the pinned BPF state: where it is pinned ([`pin`],
-//! [`scope`]), the eBPF object ([`object`]), loading and attaching the
+//! [`scope`]), the eBPF object ([`object`], its kfunc calls linked by
+//! [`kfunc`]), loading and attaching the
 //! programs ([`attach`], on [`bpffs`], under the pin root's [`lock`]; [`cgroup`],
 //! [`features`]), the maps ([`maps`], sized by [`sizing`]) and what is kept in them: which
 //! container owns which port ([`ownership`]), the containers whose own
@@ -19,6 +20,7 @@ pub mod counters;
 pub mod features;
 pub mod hash;
 pub mod key_notes;
+pub mod kfunc;
 pub mod lock;
 pub mod maps;
 pub mod node_state;

@@ -30,10 +30,12 @@ use portmap_common::{
 
 use crate::{
     dataplane::hash::fnv1a64,
+    dataplane::kfunc::Kfuncs,
     dataplane::lock::{self, LockError},
     dataplane::maps::{MapsError, open},
     dataplane::ownership::{addr_from_words, words_from_addr},
     dataplane::pin::PinLayout,
+    model::FastPathSetting,
     node::netlink::NodeAddress,
 };
 
@@ -100,7 +102,11 @@ fn addr_key(addr: IpAddr) -> LocalAddrKey {
 pub struct NodeState {
     pub snat: bool,
     pub masq_all: bool,
-    pub fast_path: bool,
+    /// `fastPath` as configured, and what the load of the programs found
+    /// of the kernel's conntrack kfuncs: together, the fast-path mode
+    /// (`features::fast_path_flags`).
+    pub fast_path: FastPathSetting,
+    pub kfuncs: Option<Kfuncs>,
     /// The node's addresses, as rtnetlink reported them.
     pub addresses: Vec<NodeAddress>,
     /// Interfaces containers sit behind (from prevResult's host-side
@@ -117,6 +123,15 @@ pub struct NodeState {
     /// the whole map, see `sweep_interfaces`): node-wide passes do, a
     /// single CNI call does not.
     pub sweep_interfaces: bool,
+}
+
+/// The node's settings flags (`node_flags`) as the last sync wrote them;
+/// `None` before the first sync or without the map.
+pub fn recorded_flags(layout: &PinLayout) -> Option<u32> {
+    let data = MapData::from_pin(layout.map(map_names::NODE)).ok()?;
+    let map: Array<MapData, NodeConfig> = Array::try_from(aya::maps::Map::Array(data)).ok()?;
+    let config = map.get(&0, 0).ok()?;
+    (config.sync_hash != 0).then_some(config.flags)
 }
 
 /// Where the `interfaces` of the last sync are recorded.
@@ -234,9 +249,7 @@ impl Wanted {
         if state.masq_all {
             flags |= node_flags::MASQ_ALL;
         }
-        if state.fast_path {
-            flags |= node_flags::FAST_PATH;
-        }
+        flags |= crate::dataplane::features::fast_path_flags(state.fast_path, state.kfuncs);
         let addresses: Vec<(u32, IpAddr)> = state
             .addresses
             .iter()
@@ -575,7 +588,8 @@ mod tests {
         NodeState {
             snat: true,
             masq_all: false,
-            fast_path: false,
+            fast_path: FastPathSetting::Confirmed,
+            kfuncs: Some(Kfuncs::Missing("bpf_skb_ct_lookup")),
             addresses: vec![
                 address(1, "127.0.0.1"),
                 address(2, "198.18.0.1"),

@@ -5,6 +5,16 @@
 /// plugin is copying one file.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/portmap"));
 
+/// [`OBJECT`] with its kfunc calls linked for the running kernel (see
+/// [`kfunc`](crate::dataplane::kfunc)): what is loaded, never `OBJECT`
+/// itself, whose calls name markers no kernel knows. Reads the kernel's
+/// BTF (a few milliseconds; done by the loads that verify programs only).
+pub fn linked_for_this_kernel()
+-> Result<crate::dataplane::kfunc::Linked, crate::dataplane::kfunc::KfuncError> {
+    let btf = aya::Btf::from_sys_fs().ok();
+    crate::dataplane::kfunc::link_for_kernel(OBJECT, btf.as_ref())
+}
+
 /// Identifies this build's programs; part of their pin names. The FNV-1a
 /// of [`OBJECT`], computed by build.rs: hashing 0.5 MB at run time cost
 /// every ADD about half a millisecond.

@@ -198,6 +198,7 @@ pub fn reconcile(
             snat: conf.snat,
             masq_all: conf.masq_all,
             fast_path: conf.fast_path,
+            kfuncs: crate::dataplane::features::recorded_kfuncs(layout),
             addresses: recorded_addresses(node),
             container_side: node.container_side.clone(),
             attached: node.targets(),

@@ -780,6 +780,31 @@ fn parse_netconf_table() {
             Invalid(c, &["fastPath"]),
         ),
         (
+            "fastPath a string that reads like a bool",
+            with(r#","fastPath":"yes""#),
+            Invalid(c, &["fastPath: \"yes\" is not true or false"]),
+        ),
+        (
+            "fastPath unset: the confirmed-flow default",
+            with(""),
+            Valid(|conf| assert_eq!(conf.fast_path, FastPathSetting::Confirmed)),
+        ),
+        (
+            "fastPath null: as unset",
+            with(r#","fastPath":null"#),
+            Valid(|conf| assert_eq!(conf.fast_path, FastPathSetting::Confirmed)),
+        ),
+        (
+            "fastPath true: always",
+            with(r#","fastPath":true"#),
+            Valid(|conf| assert_eq!(conf.fast_path, FastPathSetting::Always)),
+        ),
+        (
+            "fastPath false: never",
+            with(r#","fastPath":false"#),
+            Valid(|conf| assert_eq!(conf.fast_path, FastPathSetting::Never)),
+        ),
+        (
             "containerSockets not a bool",
             with(r#","containerSockets":"yes""#),
             Invalid(c, &["containerSockets: \"yes\" is not true or false"]),
@@ -959,7 +984,7 @@ fn every_key_we_read_matches_case_insensitively() {
             conf.fast_path,
             conf.container_sockets
         ),
-        (false, true, true, true)
+        (false, true, FastPathSetting::Always, true)
     );
     assert_eq!(conf.cgroup_path, Some(PathBuf::from("/sys/fs/cgroup/x")));
     assert_eq!(conf.port_mappings.len(), 1);

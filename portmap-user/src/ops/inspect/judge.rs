@@ -309,6 +309,7 @@ mod tests {
             kernel: "6.18".into(),
             build: "b".into(),
             mode: Some(AttachMode::Tcx),
+            fast_path: None,
             programs: vec![program("portmap_ingress"), program("portmap_egress")],
             tc: vec![tc(Direction::Ingress), tc(Direction::Egress)],
             drift: NodeDrift::default(),

@@ -27,7 +27,7 @@ pub use judge::{judge, judge_gone_containers};
 pub use list::{FlowTarget, MappingRow, live_flows, mapping_rows};
 pub use ownership::{Ownership, ownership};
 pub use shared::{InspectError, monotonic_ns};
-pub use status::{Status, hooks_cgroup, kernel_release, stats};
+pub use status::{Status, fast_path, hooks_cgroup, kernel_release, stats};
 
 use crate::dataplane::{attach, key_notes, object::build_id, pin::PinLayout, trace};
 
@@ -53,6 +53,7 @@ pub fn status(layout: &PinLayout) -> Status {
         kernel: kernel_release(),
         build: format!("{:016x}", build_id()),
         mode: attach::attach_mode(layout),
+        fast_path: status::fast_path(layout),
         programs,
         tc,
         drift,

@@ -10,7 +10,21 @@ use super::attachments::{OtherLink, PinnedProgram, TcAttachment};
 use super::drift::NodeDrift;
 use super::fills::MapFill;
 use super::ownership::Ownership;
-use crate::dataplane::{features::AttachMode, key_notes::KeyNote, maps, pin::PinLayout};
+use crate::dataplane::{
+    features::{self, AttachMode, FastPathReport},
+    key_notes::KeyNote,
+    maps, node_state,
+    pin::PinLayout,
+};
+
+/// The fast-path mode the node's settings hold, and why.
+pub fn fast_path(layout: &PinLayout) -> Option<FastPathReport> {
+    let flags = node_state::recorded_flags(layout)?;
+    Some(features::fast_path_report(
+        flags,
+        features::recorded_kfuncs(layout),
+    ))
+}
 
 /// The `stats` counters summed over CPUs, by reason (all zero when the map
 /// is missing).
@@ -35,6 +49,9 @@ pub struct Status {
     pub kernel: String,
     pub build: String,
     pub mode: Option<AttachMode>,
+    /// Which flows take the fast path, and why (`None` before the first
+    /// ADD set the node's settings).
+    pub fast_path: Option<FastPathReport>,
     pub programs: Vec<PinnedProgram>,
     pub tc: Vec<TcAttachment>,
     /// How the node differs from what the plugin's runs set up.

@@ -1,0 +1,275 @@
+//! The confirmed-flow fast path (`fastPath` unset, the default): a
+//! translated flow's packets are handed over only once the kernel's
+//! conntrack holds the flow as confirmed, i.e. its first packet passed
+//! every netfilter hook (PREROUTING, FORWARD, POSTROUTING), so the node's
+//! firewall decided the flow as it does any other. nftables' flowtables
+//! work the same way.
+//!
+//! The kernel is asked once per flow and direction (`bpf_skb_ct_lookup`),
+//! and the answer kept in that direction's own conntrack entry
+//! ([`ct_flags::CONFIRMED`], [`CtEntry::verdict_at`](portmap_common::CtEntry)),
+//! then asked again every [`ct_timeout::VERDICT_UNITS`] while the flow
+//! lives. Each time it is found, its kernel entry's timeout is set anew
+//! (`bpf_ct_change_timeout`): netfilter sees none of the flow's packets
+//! on the fast path, and without it the entry would expire under a live
+//! flow (30-120 s for UDP) and its next packet through netfilter would be
+//! a new flow, or an invalid one. A flow whose kernel entry is gone (deleted
+//! after a firewall change, expired, flushed) is back on the normal path
+//! at its next question, where the firewall decides it again.
+//!
+//! TCP: the handshake takes the normal path, all three packets, so the
+//! kernel's entry is ESTABLISHED before the hand-over. From then on the
+//! flow stays on the fast path to its end, FIN and RST included: netfilter
+//! tracks TCP windows, and a segment after a stretch it did not see (a
+//! FIN acknowledging data it never saw) is INVALID to it, which a
+//! `ct state invalid drop` rule drops. At a FIN or RST the kernel's entry
+//! is given our closed-flow linger instead ([`ct_timeout::TCP_CLOSED`]).
+//!
+//! The kfuncs are called through raw call instructions that userspace
+//! links before loading (see [`portmap_common::kfunc`]); on a kernel
+//! without them each call is `r0 = 0`: no flow is ever found confirmed.
+
+use core::arch::asm;
+
+use aya_ebpf::{bindings::BPF_F_CURRENT_NETNS, programs::TcContext};
+use portmap_common::{
+    CtKey, FAMILY_V4, PROTO_TCP, PROTO_UDP, ct_flags, ct_timeout, stat, tcp_state,
+};
+
+use crate::{
+    ct,
+    maps::{self, CtOpts, Table},
+    parse::{TCP_FIN, TCP_RST},
+};
+
+/// Notes the entry a flow decision found for this packet (`key`, as it
+/// was before the packet), for [`confirmed`]; `kernel_dst` is where
+/// netfilter sees the flow go (see [`maps::ConfirmPending::kernel_dst_be`]).
+#[inline(always)]
+pub fn note(
+    key: &CtKey,
+    entry: &portmap_common::CtEntry,
+    kernel_dst: (&[u32; 4], u16),
+    tcp_flags: u8,
+) {
+    if let Some(scratch) = maps::scratch() {
+        let pending = &mut scratch.confirm;
+        pending.key = *key;
+        pending.kernel_dst_be = *kernel_dst.0;
+        pending.kernel_dport_be = kernel_dst.1;
+        pending.tcp_state = entry.tcp_state;
+        pending.closing = key.proto == PROTO_TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0;
+        pending.flags = entry.flags;
+        pending.verdict_at = entry.verdict_at;
+        pending.armed = true;
+    }
+}
+
+/// Whether the packet whose entry [`note`] left in scratch may take the
+/// fast path in the confirmed-flow mode: its flow past the TCP handshake
+/// and held as confirmed by the kernel, as recently asked, or as asked
+/// now when the last answer is due ([`ask_kernel`]). The caller checked
+/// and cleared `armed` (a packet of a new flow leaves none: its first
+/// packet takes the normal path).
+#[inline(always)]
+pub fn confirmed(ctx: &TcContext) -> bool {
+    let Some(scratch) = maps::scratch() else {
+        return false;
+    };
+    let pending = &scratch.confirm;
+    // SCTP: the kfunc answers for TCP and UDP only.
+    if pending.key.proto != PROTO_TCP && pending.key.proto != PROTO_UDP {
+        return false;
+    }
+    // The whole handshake through netfilter (see the module docs).
+    if pending.tcp_state & tcp_state::SYN_ONLY != 0 {
+        return false;
+    }
+    let now = (ct::now() >> ct_timeout::VERDICT_UNIT_SHIFT) as u32;
+    let fresh =
+        pending.verdict_at != 0 && now.wrapping_sub(pending.verdict_at) < ct_timeout::VERDICT_UNITS;
+    let held = pending.flags & ct_flags::CONFIRMED != 0;
+    // A FIN or RST of a flow on the fast path asks again, to shorten the
+    // kernel entry's life to the close's.
+    if fresh && !(held && pending.closing) {
+        return held;
+    }
+    ask_kernel(ctx, now)
+}
+
+/// Asks the kernel's conntrack about the flow [`note`] left in scratch,
+/// gives its kernel entry a new timeout if it is there, and keeps the
+/// answer (and `now`) in our entry. Not inlined, one call site: the lookup
+/// and its reference are walked once by the verifier, and cost a packet
+/// only at a flow's first question and then once per interval.
+#[inline(never)]
+fn ask_kernel(ctx: &TcContext, now: u32) -> bool {
+    let Some(scratch) = maps::scratch() else {
+        return false;
+    };
+    let pending = &scratch.confirm;
+    let (family, proto) = (pending.key.family, pending.key.proto);
+    // struct bpf_sock_tuple: addresses, then source and destination port
+    // (network order, in that order in memory), as netfilter sees them.
+    let ports = u32::from(pending.key.src_port_be) | (u32::from(pending.kernel_dport_be) << 16);
+    let tuple = &mut scratch.kernel_tuple;
+    let size = if family == FAMILY_V4 {
+        tuple[0] = pending.key.src_addr_be[0];
+        tuple[1] = pending.kernel_dst_be[0];
+        tuple[2] = ports;
+        12
+    } else {
+        tuple[..4].copy_from_slice(&pending.key.src_addr_be);
+        tuple[4..8].copy_from_slice(&pending.kernel_dst_be);
+        tuple[8] = ports;
+        36
+    };
+    scratch.kernel_opts = CtOpts {
+        // The namespace of the skb's device: the node's.
+        netns_id: BPF_F_CURRENT_NETNS,
+        error: 0,
+        l4proto: proto,
+        dir: 0,
+        reserved: [0; 2],
+    };
+    let timeout_ms = ct_timeout::kernel_refresh_ms(proto, pending.tcp_state, pending.closing);
+    // SAFETY: the context is the program's skb; the tuple is `size`
+    // readable bytes and the options CT_OPTS_LEN writable ones, both in a
+    // map value; a connection found is released below, once.
+    let conn = unsafe {
+        call::skb_ct_lookup(
+            ctx.skb.skb.cast(),
+            tuple.as_mut_ptr(),
+            size,
+            &raw mut scratch.kernel_opts,
+        )
+    };
+    let found = !conn.is_null();
+    if found {
+        // SAFETY: the reference the lookup returned, released once and
+        // not used after (the verifier checks it).
+        unsafe {
+            call::ct_change_timeout(conn, timeout_ms);
+            call::ct_release(conn);
+        }
+    }
+    maps::count(if found {
+        stat::CT_CONFIRMED
+    } else {
+        stat::CT_UNCONFIRMED
+    });
+    keep_verdict(found, now);
+    found
+}
+
+/// Writes the kernel's answer into the entry [`note`] named: a closed TCP
+/// flow's is in the closed table.
+#[inline(always)]
+fn keep_verdict(found: bool, now: u32) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    let key = &scratch.confirm.key;
+    let table = Table::for_proto(key.proto);
+    let entry = match maps::ct_get(table, key) {
+        Some(entry) => entry,
+        None if table == Table::Open => match maps::ct_get(Table::Closed, key) {
+            Some(entry) => entry,
+            None => return,
+        },
+        None => return,
+    };
+    // SAFETY: a live map value; two aligned 4-byte stores. Only the flow's
+    // creation writes `flags` otherwise, before any question.
+    unsafe {
+        let flags = (*entry).flags;
+        (*entry).flags = if found {
+            flags | ct_flags::CONFIRMED
+        } else {
+            flags & !ct_flags::CONFIRMED
+        };
+        (*entry).verdict_at = now;
+    }
+}
+
+/// The kfunc calls, as raw instructions userspace links (see
+/// [`portmap_common::kfunc`]).
+mod call {
+    use portmap_common::kfunc;
+
+    use super::{CtOpts, asm};
+
+    /// `bpf_skb_ct_lookup(skb, tuple, tuple_len, opts, CT_OPTS_LEN)`: a
+    /// referenced `struct nf_conn *`, or null.
+    ///
+    /// # Safety
+    /// `skb` is the program's context; `tuple` points to `tuple_len`
+    /// readable bytes; a non-null result is released exactly once with
+    /// [`ct_release`] and not used after.
+    #[inline(always)]
+    pub unsafe fn skb_ct_lookup(
+        skb: *mut core::ffi::c_void,
+        tuple: *mut u32,
+        tuple_len: u32,
+        opts: *mut CtOpts,
+    ) -> *mut core::ffi::c_void {
+        let ct: *mut core::ffi::c_void;
+        // SAFETY: the caller's contract; a call clobbers r1-r5 and
+        // returns in r0, as declared.
+        unsafe {
+            asm!(
+                ".quad {insn}",
+                insn = const kfunc::call_insn(kfunc::CT_LOOKUP.marker),
+                inlateout("r1") skb => _,
+                inlateout("r2") tuple => _,
+                inlateout("r3") u64::from(tuple_len) => _,
+                inlateout("r4") opts => _,
+                inlateout("r5") u64::from(kfunc::CT_OPTS_LEN) => _,
+                lateout("r0") ct,
+            );
+        }
+        ct
+    }
+
+    /// `bpf_ct_change_timeout(ct, timeout_ms)`.
+    ///
+    /// # Safety
+    /// `ct` is a reference [`skb_ct_lookup`] returned, not yet released.
+    #[inline(always)]
+    pub unsafe fn ct_change_timeout(ct: *mut core::ffi::c_void, timeout_ms: u32) {
+        // SAFETY: the caller's contract; clobbers as a call does.
+        unsafe {
+            asm!(
+                ".quad {insn}",
+                insn = const kfunc::call_insn(kfunc::CT_CHANGE_TIMEOUT.marker),
+                inlateout("r1") ct => _,
+                inlateout("r2") u64::from(timeout_ms) => _,
+                lateout("r3") _,
+                lateout("r4") _,
+                lateout("r5") _,
+                lateout("r0") _,
+            );
+        }
+    }
+
+    /// `bpf_ct_release(ct)`.
+    ///
+    /// # Safety
+    /// `ct` is a reference [`skb_ct_lookup`] returned, released once.
+    #[inline(always)]
+    pub unsafe fn ct_release(ct: *mut core::ffi::c_void) {
+        // SAFETY: the caller's contract; clobbers as a call does.
+        unsafe {
+            asm!(
+                ".quad {insn}",
+                insn = const kfunc::call_insn(kfunc::CT_RELEASE.marker),
+                inlateout("r1") ct => _,
+                lateout("r2") _,
+                lateout("r3") _,
+                lateout("r4") _,
+                lateout("r5") _,
+                lateout("r0") _,
+            );
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! Links the object's kfunc calls before it is loaded (aya 0.14 cannot):
+//! every call instruction carrying a [`Kfunc::marker`] gets that kfunc's
+//! BTF ID in the running kernel's vmlinux BTF, or, when the kernel lacks
+//! any of them there, every marked call becomes `r0 = 0` and the programs
+//! load without them (see `portmap_common::kfunc`).
+//!
+//! A kfunc of a module (nf_conntrack built as a module, as Debian's
+//! kernels have it) is in that module's BTF, not vmlinux's, and needs the
+//! module's BTF fd in the load's `fd_array`, which aya 0.14 cannot pass:
+//! such a kernel gets the variant without the calls.
+//!
+//! The ELF parsing is pure (section headers only) and tested without a
+//! kernel.
+
+use portmap_common::kfunc::{self, Kfunc};
+
+/// What linking did, for the features record and `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kfuncs {
+    /// Every kfunc found in vmlinux BTF: the calls are live.
+    Linked,
+    /// This kfunc is not in vmlinux BTF (nf_conntrack is a module, or not
+    /// built, or the kernel is older than the kfunc): calls replaced.
+    Missing(&'static str),
+    /// The kernel has no readable BTF (`/sys/kernel/btf/vmlinux`): calls
+    /// replaced.
+    NoBtf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KfuncError {
+    #[error("the eBPF object is not a little-endian ELF64 file")]
+    NotElf,
+    #[error("the eBPF object's section headers reach past its end ({len} bytes)")]
+    Truncated { len: usize },
+}
+
+/// The object with its kfunc calls linked, 8-byte aligned as the ELF
+/// parser wants it.
+pub struct Linked {
+    words: Vec<u64>,
+    len: usize,
+    pub kfuncs: Kfuncs,
+    /// Call instructions rewritten.
+    pub calls: usize,
+}
+
+impl Linked {
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `words` holds at least `len` initialised bytes; u8 has
+        // no alignment or validity requirement.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+/// Links `object`'s kfunc calls with the IDs `btf_id` gives for each
+/// kfunc's name (`None`: the kernel lacks it); `btf_id` itself `None`:
+/// no kernel BTF.
+pub fn link(
+    object: &[u8],
+    btf_id: Option<&dyn Fn(&str) -> Option<u32>>,
+) -> Result<Linked, KfuncError> {
+    let mut resolved = [0u32; kfunc::ALL.len()];
+    let mut verdict = Kfuncs::Linked;
+    match btf_id {
+        None => verdict = Kfuncs::NoBtf,
+        Some(btf_id) => {
+            for (slot, wanted) in resolved.iter_mut().zip(kfunc::ALL) {
+                match btf_id(wanted.name) {
+                    Some(id) => *slot = id,
+                    None => {
+                        verdict = Kfuncs::Missing(wanted.name);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let replacement = |index: usize| -> u64 {
+        if verdict == Kfuncs::Linked {
+            (kfunc::call_insn(kfunc::ALL[index].marker) & 0xffff_ffff)
+                | (u64::from(resolved[index]) << 32)
+        } else {
+            kfunc::MOV_R0_0
+        }
+    };
+    let mut words = vec![0u64; object.len().div_ceil(8)];
+    // SAFETY: `words` has at least `object.len()` bytes.
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), object.len()) };
+    bytes.copy_from_slice(object);
+    let mut calls = 0;
+    for (start, end) in executable_sections(bytes)? {
+        let mut at = start;
+        while at + 8 <= end {
+            let insn = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+            if let Some(index) = marked(insn) {
+                bytes[at..at + 8].copy_from_slice(&replacement(index).to_le_bytes());
+                calls += 1;
+            }
+            at += 8;
+        }
+    }
+    Ok(Linked {
+        words,
+        len: object.len(),
+        kfuncs: verdict,
+        calls,
+    })
+}
+
+/// Which kfunc a raw call instruction names by its marker, if any.
+fn marked(insn: u64) -> Option<usize> {
+    kfunc::ALL
+        .iter()
+        .position(|wanted: &Kfunc| insn == kfunc::call_insn(wanted.marker))
+}
+
+/// Byte ranges of the sections with `SHF_EXECINSTR` (program code; BPF
+/// instructions are 8 bytes, from the section's start).
+fn executable_sections(elf: &[u8]) -> Result<Vec<(usize, usize)>, KfuncError> {
+    const SHF_EXECINSTR: u64 = 0x4;
+    const SHT_NOBITS: u32 = 8;
+    // ELF64 (class 2), little-endian (data 1).
+    if elf.len() < 64 || elf[..4] != *b"\x7fELF" || elf[4] != 2 || elf[5] != 1 {
+        return Err(KfuncError::NotElf);
+    }
+    let truncated = || KfuncError::Truncated { len: elf.len() };
+    let u16_at = |at: usize| -> Result<u64, KfuncError> {
+        elf.get(at..at + 2)
+            .map(|b| u64::from(u16::from_le_bytes([b[0], b[1]])))
+            .ok_or_else(truncated)
+    };
+    let u32_at = |at: usize| -> Result<u32, KfuncError> {
+        elf.get(at..at + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .ok_or_else(truncated)
+    };
+    let u64_at = |at: usize| -> Result<u64, KfuncError> {
+        elf.get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .ok_or_else(truncated)
+    };
+    let usize_of = |v: u64| usize::try_from(v).map_err(|_| truncated());
+    let shoff = usize_of(u64_at(0x28)?)?;
+    let shentsize = usize_of(u16_at(0x3a)?)?;
+    let shnum = usize_of(u16_at(0x3c)?)?;
+    let mut sections = Vec::new();
+    for index in 0..shnum {
+        let header = shoff + index * shentsize;
+        let kind = u32_at(header + 4)?;
+        let flags = u64_at(header + 8)?;
+        if flags & SHF_EXECINSTR == 0 || kind == SHT_NOBITS {
+            continue;
+        }
+        let start = usize_of(u64_at(header + 0x18)?)?;
+        let end = start
+            .checked_add(usize_of(u64_at(header + 0x20)?)?)
+            .filter(|&end| end <= elf.len())
+            .ok_or_else(truncated)?;
+        sections.push((start, end));
+    }
+    Ok(sections)
+}
+
+/// Links `object` against the running kernel's vmlinux BTF (`btf`, as the
+/// loader parsed it; `None` when the kernel has none).
+pub fn link_for_kernel(object: &[u8], btf: Option<&aya::Btf>) -> Result<Linked, KfuncError> {
+    match btf {
+        Some(btf) => link(
+            object,
+            Some(&|name: &str| {
+                btf.id_by_type_name_kind(name, aya_obj::btf::BtfKind::Func)
+                    .ok()
+            }),
+        ),
+        None => link(object, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal ELF64 LE with a null section, one executable section
+    /// holding `code` and one data section holding `data`.
+    fn elf(code: &[u64], data: &[u64]) -> Vec<u8> {
+        let mut out = vec![0u8; 64];
+        out[..4].copy_from_slice(b"\x7fELF");
+        out[4] = 2;
+        out[5] = 1;
+        let code_at = out.len();
+        for insn in code {
+            out.extend_from_slice(&insn.to_le_bytes());
+        }
+        let data_at = out.len();
+        for word in data {
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+        let shoff = out.len();
+        out[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        out[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        out[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
+        let header = |kind: u32, flags: u64, at: usize, size: usize| {
+            let mut h = vec![0u8; 64];
+            h[4..8].copy_from_slice(&kind.to_le_bytes());
+            h[8..16].copy_from_slice(&flags.to_le_bytes());
+            h[0x18..0x20].copy_from_slice(&(at as u64).to_le_bytes());
+            h[0x20..0x28].copy_from_slice(&(size as u64).to_le_bytes());
+            h
+        };
+        out.extend(header(0, 0, 0, 0));
+        // SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR.
+        out.extend(header(1, 0x6, code_at, code.len() * 8));
+        // SHT_PROGBITS, SHF_ALLOC | SHF_WRITE.
+        out.extend(header(1, 0x3, data_at, data.len() * 8));
+        out
+    }
+
+    fn words(bytes: &[u8], at: usize, count: usize) -> Vec<u64> {
+        (0..count)
+            .map(|i| u64::from_le_bytes(bytes[at + i * 8..at + i * 8 + 8].try_into().unwrap()))
+            .collect()
+    }
+
+    const EXIT: u64 = 0x95;
+
+    fn calls() -> Vec<u64> {
+        vec![
+            kfunc::call_insn(kfunc::CT_LOOKUP.marker),
+            kfunc::call_insn(kfunc::CT_CHANGE_TIMEOUT.marker),
+            kfunc::call_insn(kfunc::CT_RELEASE.marker),
+            EXIT,
+        ]
+    }
+
+    #[test]
+    fn each_marked_call_gets_its_kfuncs_btf_id() {
+        let object = elf(&calls(), &[]);
+        let ids = |name: &str| {
+            Some(match name {
+                "bpf_skb_ct_lookup" => 65104,
+                "bpf_ct_release" => 63223,
+                "bpf_ct_change_timeout" => 63217,
+                _ => return None,
+            })
+        };
+        let linked = link(&object, Some(&ids)).unwrap();
+        assert_eq!(linked.kfuncs, Kfuncs::Linked);
+        assert_eq!(linked.calls, 3);
+        assert_eq!(
+            words(linked.bytes(), 64, 4),
+            vec![
+                (65104 << 32) | 0x2085,
+                (63217 << 32) | 0x2085,
+                (63223 << 32) | 0x2085,
+                EXIT
+            ],
+            "call, src_reg 2 (kfunc), imm the BTF ID"
+        );
+    }
+
+    #[test]
+    fn one_missing_kfunc_replaces_every_call_with_a_null_result() {
+        let object = elf(&calls(), &[]);
+        let no_change_timeout = |name: &str| (name != "bpf_ct_change_timeout").then_some(7);
+        let linked = link(&object, Some(&no_change_timeout)).unwrap();
+        assert_eq!(linked.kfuncs, Kfuncs::Missing("bpf_ct_change_timeout"));
+        assert_eq!(
+            words(linked.bytes(), 64, 4),
+            vec![kfunc::MOV_R0_0, kfunc::MOV_R0_0, kfunc::MOV_R0_0, EXIT]
+        );
+        let no_btf = link(&object, None).unwrap();
+        assert_eq!(no_btf.kfuncs, Kfuncs::NoBtf);
+        assert_eq!(no_btf.calls, 3);
+    }
+
+    #[test]
+    fn a_marker_outside_code_is_data_and_left_alone() {
+        let marker = kfunc::call_insn(kfunc::CT_LOOKUP.marker);
+        let object = elf(&[EXIT], &[marker]);
+        let linked = link(&object, Some(&|_: &str| Some(1))).unwrap();
+        assert_eq!(linked.calls, 0);
+        assert_eq!(linked.bytes(), &object[..], "nothing changed");
+    }
+
+    #[test]
+    fn not_an_elf_or_cut_short_is_an_error() {
+        assert!(matches!(link(b"not an elf", None), Err(KfuncError::NotElf)));
+        let object = elf(&calls(), &[]);
+        // Into the code section's header (the second of three, at the end).
+        let cut = &object[..object.len() - 3 * 64 + 64 + 30];
+        assert!(matches!(link(cut, None), Err(KfuncError::Truncated { .. })));
+    }
+}

@@ -1,0 +1,528 @@
+//! The confirmed-flow fast path, the default (`fastPath` unset): the first
+//! packets of a translated flow take the normal path, so the node's
+//! FORWARD rules decide each new flow as they do with upstream portmap;
+//! once the kernel's conntrack holds the flow as confirmed, both ways go
+//! over the fast path, and the kernel's entry is kept alive under it.
+//!
+//! Every rule and sysctl here is set inside the test's own node namespace.
+//! Each test runs where the kernel links the conntrack kfuncs (vmlinux
+//! BTF with nf_conntrack built in) and skips with a reason elsewhere.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_FAR_IP4, NODE_FAR_IP6, NODE_IP4, NODE_IP6};
+use portmap_tests::traffic::{
+    echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server, udp_request,
+};
+use portmap_tests::world::{GONE, PROBE, World, counter, expect_unreachable, sock};
+use portmap_tests::{NetNs, PortMapping};
+use serde_json::Value;
+
+/// A bridge world in the default configuration: no `fastPath` key, even
+/// when `EPM_TEST_FAST_PATH` asks every conflist for it.
+fn default_world() -> World {
+    World::with(|name, pins, data| {
+        let list = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data);
+        let mut json = list.json().clone();
+        json["plugins"][1]
+            .as_object_mut()
+            .expect("the plugin entry")
+            .remove("fastPath");
+        portmap_tests::Conflist::from_json(json).expect("conflist")
+    })
+}
+
+/// `tool args` in the node namespace (the test's own), asserting success;
+/// its stdout.
+fn in_node(world: &World, tool: &str, args: &[&str]) -> String {
+    let out = world
+        .node
+        .ns
+        .command(tool)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{tool}: {e}"));
+    assert!(
+        out.status.success(),
+        "{tool} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// iptables or ip6tables, for `ip`'s family.
+fn tables(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() {
+        "iptables"
+    } else {
+        "ip6tables"
+    }
+}
+
+/// A firewall as nodes have one: `ct state invalid drop` in FORWARD, both
+/// families (which also makes the node namespace track connections).
+fn drop_invalid(world: &World) {
+    for tool in ["iptables", "ip6tables"] {
+        in_node(
+            world,
+            tool,
+            &[
+                "-A",
+                "FORWARD",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "INVALID",
+                "-j",
+                "DROP",
+            ],
+        );
+    }
+}
+
+/// The node's fast-path mode as `status --json` reports it, with why.
+fn fast_path_status(world: &World) -> (String, String) {
+    let status = portmap_tests::world::operator_json(&world.node.ns, world.pins.path(), "status");
+    (
+        status["fastPath"]["mode"].as_str().unwrap_or("").to_owned(),
+        status["fastPath"]["why"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+/// Skips (with the reason printed) unless the node runs the confirmed-flow
+/// mode, which needs the kernel's conntrack kfuncs.
+fn runs_confirmed(world: &World) -> bool {
+    let (mode, why) = fast_path_status(world);
+    if mode == "confirmed" {
+        return true;
+    }
+    assert!(
+        mode == "never" && why.contains("vmlinux BTF"),
+        "the default configuration runs the confirmed-flow mode, or says why the kernel cannot: {mode}: {why}"
+    );
+    eprintln!("skipped: this kernel cannot run the confirmed-flow mode ({why})");
+    false
+}
+
+/// Inserts a FORWARD rule without a target, first in the chain: it only
+/// counts the packets netfilter forwards that match `rule`.
+fn count_forward(world: &World, ip: IpAddr, rule: &[&str]) {
+    let mut args = vec!["-I", "FORWARD", "1"];
+    args.extend_from_slice(rule);
+    in_node(world, tables(ip), &args);
+}
+
+/// Packets the first FORWARD rule of `ip`'s family has counted (see
+/// [`count_forward`]).
+fn forwarded(world: &World, ip: IpAddr) -> u64 {
+    let line = in_node(world, tables(ip), &["-L", "FORWARD", "1", "-v", "-x", "-n"]);
+    line.split_whitespace()
+        .next()
+        .and_then(|packets| packets.parse().ok())
+        .unwrap_or_else(|| panic!("no packet count in {line:?}"))
+}
+
+/// A UDP socket in `ns` connected to `addr`: one flow for many datagrams.
+fn udp_flow(ns: &NetNs, addr: SocketAddr) -> UdpSocket {
+    let any = if addr.is_ipv4() {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    };
+    ns.run(|| {
+        let socket = UdpSocket::bind(SocketAddr::new(any, 0))?;
+        socket.connect(addr)?;
+        socket.set_read_timeout(Some(Duration::from_millis(500)))?;
+        Ok::<_, std::io::Error>(socket)
+    })
+    .expect("a UDP socket in the client namespace")
+}
+
+/// Sends `payload` on `socket` and waits for the answer, re-sending every
+/// 500 ms until `timeout`.
+fn udp_exchange(socket: &UdpSocket, payload: &str, timeout: Duration) -> Result<String, String> {
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; 2048];
+    while Instant::now() < deadline {
+        socket.send(payload.as_bytes()).map_err(|e| e.to_string())?;
+        if let Ok(n) = socket.recv(&mut buf) {
+            return Ok(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    Err(format!("no answer to {payload:?} within {timeout:?}"))
+}
+
+/// The counters `status --json` reports, by reason.
+fn counters(world: &World) -> Value {
+    world.counters()
+}
+
+/// With the default configuration a FORWARD rule dropping one source stops
+/// that source's new connections to a hostPort while another source
+/// connects, and connects again once the rule is gone; the flows it lets
+/// through are handed to the fast path after their first packets. Both
+/// families, TCP and UDP.
+#[test]
+fn a_forward_rule_decides_new_flows_and_accepted_ones_go_fast() {
+    let world = default_world();
+    let web = world.node.add_container("web");
+    let _tcp = tcp_echo_server(&web.ns, 80, "web");
+    let _udp = udp_echo_server(&web.ns, 53, "web");
+    world.add(
+        &web,
+        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
+    );
+    if !runs_confirmed(&world) {
+        return;
+    }
+    drop_invalid(&world);
+    for (ext_ip, node_ip, far_node_ip) in [
+        (
+            IpAddr::V4(EXT_IP4),
+            IpAddr::V4(NODE_IP4),
+            IpAddr::V4(NODE_FAR_IP4),
+        ),
+        (
+            IpAddr::V6(EXT_IP6),
+            IpAddr::V6(NODE_IP6),
+            IpAddr::V6(NODE_FAR_IP6),
+        ),
+    ] {
+        let rule = ["-s", &*ext_ip.to_string(), "-j", "DROP"].map(str::to_owned);
+        let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
+        let mut insert = vec!["-I", "FORWARD"];
+        insert.extend(&rule);
+        in_node(&world, tables(ext_ip), &insert);
+        expect_unreachable(
+            &format!("TCP from {ext_ip}, dropped at FORWARD"),
+            tcp_request(&world.node.ext, sock(node_ip, 8080), "blocked", GONE),
+        );
+        expect_unreachable(
+            &format!("UDP from {ext_ip}, dropped at FORWARD"),
+            udp_request(&world.node.ext, sock(node_ip, 5353), "blocked", GONE),
+        );
+        let before = counters(&world);
+        // Another source meanwhile: through the firewall, then fast.
+        let mut session = tcp_connect(&world.node.far, sock(far_node_ip, 8080), PROBE)
+            .unwrap_or_else(|e| panic!("TCP from far via {far_node_ip}: {e}\n{}", world.dump()));
+        let udp = udp_flow(&world.node.far, sock(far_node_ip, 5353));
+        for round in 0..10 {
+            let payload = format!("far-{round}");
+            world.expect_answer(
+                &format!("TCP from far via {far_node_ip}, round {round}"),
+                session.request(&payload, PROBE),
+                &echo_reply("web", &payload),
+            );
+            world.expect_answer(
+                &format!("UDP from far via {far_node_ip}, round {round}"),
+                udp_exchange(&udp, &payload, PROBE),
+                &echo_reply("web", &payload),
+            );
+        }
+        let after = counters(&world);
+        for reason in ["fast_forward", "fast_reply", "ct_confirmed"] {
+            assert!(
+                counter(&after, reason) > counter(&before, reason),
+                "{reason} did not grow for the accepted source ({far_node_ip}): before {before:#}\nafter {after:#}\n{}",
+                world.dump()
+            );
+        }
+        let mut delete = vec!["-D", "FORWARD"];
+        delete.extend(&rule);
+        in_node(&world, tables(ext_ip), &delete);
+        world.expect_answer(
+            &format!("TCP from {ext_ip} once the rule is gone"),
+            tcp_request(&world.node.ext, sock(node_ip, 8080), "again", PROBE),
+            &echo_reply("web", "again"),
+        );
+        world.expect_answer(
+            &format!("UDP from {ext_ip} once the rule is gone"),
+            udp_request(&world.node.ext, sock(node_ip, 5353), "again", PROBE),
+            &echo_reply("web", "again"),
+        );
+    }
+}
+
+/// The addresses ADD gave the container, one per family.
+fn container_ips(result: &Value) -> (IpAddr, IpAddr) {
+    let ips = portmap_tests::cni::result_addresses(result);
+    let v4 = *ips.iter().find(|ip| ip.is_ipv4()).expect("an IPv4 address");
+    let v6 = *ips.iter().find(|ip| ip.is_ipv6()).expect("an IPv6 address");
+    (v4, v6)
+}
+
+/// An established TCP flow and a UDP flow take the fast path both ways
+/// once the kernel confirmed them: netfilter forwards the handshake (and a
+/// UDP flow's first datagram) and then none of the flow's packets, and
+/// the kernel is asked once per flow and direction, not per packet. Both
+/// families.
+#[test]
+fn established_flows_leave_netfilter_after_their_first_packets() {
+    let world = default_world();
+    let web = world.node.add_container("web");
+    let _tcp = tcp_echo_server(&web.ns, 80, "web");
+    let _udp = udp_echo_server(&web.ns, 53, "web");
+    let result = world.add(
+        &web,
+        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
+    );
+    if !runs_confirmed(&world) {
+        return;
+    }
+    drop_invalid(&world);
+    let (web4, web6) = container_ips(&result);
+    const ROUNDS: u64 = 20;
+    for (container, node_ip, client) in [
+        (web4, IpAddr::V4(NODE_IP4), IpAddr::V4(EXT_IP4)),
+        (web6, IpAddr::V6(NODE_IP6), IpAddr::V6(EXT_IP6)),
+    ] {
+        let (container_s, client_s) = (container.to_string(), client.to_string());
+        for (proto, port) in [("tcp", "80"), ("udp", "53")] {
+            // One rule per direction; the later insert is rule 1.
+            let towards = [
+                "-s",
+                &*client_s,
+                "-d",
+                &*container_s,
+                "-p",
+                proto,
+                "--dport",
+                port,
+            ];
+            let back = [
+                "-s",
+                &*container_s,
+                "-d",
+                &*client_s,
+                "-p",
+                proto,
+                "--sport",
+                port,
+            ];
+            let before = counters(&world);
+            count_forward(&world, client, &towards);
+            let exchange = |round: u64| format!("{proto}-{client}-{round}");
+            let mut tcp_session = None;
+            let mut udp_socket = None;
+            for round in 0..ROUNDS {
+                let payload = exchange(round);
+                let answer = if proto == "tcp" {
+                    tcp_session
+                        .get_or_insert_with(|| {
+                            tcp_connect(&world.node.ext, sock(node_ip, 8080), PROBE)
+                                .unwrap_or_else(|e| panic!("TCP via {node_ip}: {e}"))
+                        })
+                        .request(&payload, PROBE)
+                        .map_err(|e| e.to_string())
+                } else {
+                    udp_exchange(
+                        udp_socket
+                            .get_or_insert_with(|| udp_flow(&world.node.ext, sock(node_ip, 5353))),
+                        &payload,
+                        PROBE,
+                    )
+                };
+                world.expect_answer(
+                    &format!("{proto} via {node_ip}, round {round}"),
+                    answer,
+                    &echo_reply("web", &payload),
+                );
+                if round == 0 {
+                    // The answers' rule now: it sees from the first answer on
+                    // (TCP's SYN-ACK came before it, and is left out).
+                    count_forward(&world, client, &back);
+                }
+            }
+            let answers_forwarded = forwarded(&world, client);
+            in_node(&world, tables(client), &["-D", "FORWARD", "1"]);
+            let requests_forwarded = forwarded(&world, client);
+            in_node(&world, tables(client), &["-D", "FORWARD", "1"]);
+            // TCP: SYN and the handshake's ACK; UDP: the first datagram
+            // (a re-sent one at most once more).
+            let first = if proto == "tcp" { 2 } else { 1 };
+            assert!(
+                (first..=first + 1).contains(&requests_forwarded),
+                "{proto} via {node_ip}: netfilter forwarded {requests_forwarded} packets towards the container in {ROUNDS} rounds; only the first {first} belong there\n{}",
+                world.dump()
+            );
+            // TCP: the SYN-ACK is before the rule; its answers all go fast.
+            // UDP: the first answer is handed over too (the first datagram
+            // confirmed the flow).
+            assert!(
+                answers_forwarded <= 1,
+                "{proto} via {node_ip}: netfilter forwarded {answers_forwarded} answers; after the handshake none belong there\n{}",
+                world.dump()
+            );
+            let after = counters(&world);
+            let grew = |reason: &str| counter(&after, reason) - counter(&before, reason);
+            assert!(
+                grew("fast_forward") >= ROUNDS - 1 && grew("fast_reply") >= ROUNDS - 1,
+                "{proto} via {node_ip}: fast_forward grew by {}, fast_reply by {}, in {ROUNDS} rounds\n{after:#}",
+                grew("fast_forward"),
+                grew("fast_reply")
+            );
+            // Asked once per direction (a refresh falls due every 5.4 s).
+            assert!(
+                (2..=4).contains(&grew("ct_confirmed")),
+                "{proto} via {node_ip}: the kernel was asked {} times for one flow of {ROUNDS} rounds\n{after:#}",
+                grew("ct_confirmed")
+            );
+        }
+    }
+}
+
+/// A UDP flow on the fast path outlives a shortened
+/// `nf_conntrack_udp_timeout_stream` behind `ct state invalid drop` and a
+/// stateful FORWARD policy (new flows only towards the container): its
+/// kernel entry is refreshed, so the answers are never taken for new flows
+/// from the container, and netfilter forwards none of its packets after
+/// the first. Both families.
+#[test]
+fn a_fast_udp_flow_keeps_its_kernel_entry_past_the_udp_timeouts() {
+    let world = default_world();
+    let web = world.node.add_container("web");
+    let _udp = udp_echo_server(&web.ns, 53, "web");
+    let result = world.add(&web, &[PortMapping::udp(5353, 53)]);
+    if !runs_confirmed(&world) {
+        return;
+    }
+    let (web4, web6) = container_ips(&result);
+    // Per network namespace: the test's node only.
+    world
+        .node
+        .ns
+        .sysctl("net.netfilter.nf_conntrack_udp_timeout", "2");
+    world
+        .node
+        .ns
+        .sysctl("net.netfilter.nf_conntrack_udp_timeout_stream", "3");
+    // With br_netfilter calling iptables, conntrack also sees the
+    // container's answers as they cross the bridge (before cni0's tc
+    // ingress hands them over) and refreshes the entry with its own UDP
+    // timeouts; off, only the dataplane's refresh can keep the entry, as
+    // for a flow whose answers never come.
+    let br_netfilter = world
+        .node
+        .ns
+        .run(|| std::path::Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists());
+    if !br_netfilter {
+        eprintln!("no br_netfilter sysctls in this namespace: nothing to turn off");
+    } else {
+        world
+            .node
+            .ns
+            .sysctl("net.bridge.bridge-nf-call-iptables", "0");
+        world
+            .node
+            .ns
+            .sysctl("net.bridge.bridge-nf-call-ip6tables", "0");
+    }
+    for (tool, container) in [("iptables", web4), ("ip6tables", web6)] {
+        let container = container.to_string();
+        for rule in [
+            vec![
+                "-A",
+                "FORWARD",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "INVALID",
+                "-j",
+                "DROP",
+            ],
+            vec![
+                "-A",
+                "FORWARD",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "ESTABLISHED,RELATED",
+                "-j",
+                "ACCEPT",
+            ],
+            vec![
+                "-A",
+                "FORWARD",
+                "-d",
+                &*container,
+                "-p",
+                "udp",
+                "--dport",
+                "53",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "NEW",
+                "-j",
+                "ACCEPT",
+            ],
+            vec!["-P", "FORWARD", "DROP"],
+        ] {
+            in_node(&world, tool, &rule);
+        }
+    }
+    for (container, node_ip, client) in [
+        (web4, IpAddr::V4(NODE_IP4), IpAddr::V4(EXT_IP4)),
+        (web6, IpAddr::V6(NODE_IP6), IpAddr::V6(EXT_IP6)),
+    ] {
+        let (container_s, client_s) = (container.to_string(), client.to_string());
+        count_forward(
+            &world,
+            client,
+            &["-s", &*client_s, "-d", &*container_s, "-p", "udp"],
+        );
+        count_forward(
+            &world,
+            client,
+            &["-s", &*container_s, "-d", &*client_s, "-p", "udp"],
+        );
+        let socket = udp_flow(&world.node.ext, sock(node_ip, 5353));
+        let started = Instant::now();
+        let mut round = 0;
+        // Past both timeouts three times over, and past two refreshes.
+        while started.elapsed() < Duration::from_secs(12) {
+            let payload = format!("{node_ip}-{round}");
+            world.expect_answer(
+                &format!("UDP via {node_ip} after {:?}", started.elapsed()),
+                udp_exchange(&socket, &payload, Duration::from_secs(2)),
+                &echo_reply("web", &payload),
+            );
+            round += 1;
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let answers = forwarded(&world, client);
+        in_node(&world, tables(client), &["-D", "FORWARD", "1"]);
+        let requests = forwarded(&world, client);
+        in_node(&world, tables(client), &["-D", "FORWARD", "1"]);
+        assert!(
+            requests <= 2 && answers <= 1,
+            "UDP via {node_ip}: netfilter forwarded {requests} datagrams towards the container and {answers} answers in {round} rounds over 12 s: the flow left the fast path (its kernel entry expired?)\n{}",
+            world.dump()
+        );
+        let family = if client.is_ipv4() { "ipv4" } else { "ipv6" };
+        let entries = in_node(
+            &world,
+            "conntrack",
+            &[
+                "-L",
+                "-f",
+                family,
+                "-p",
+                "udp",
+                "-s",
+                &*client_s,
+                "-d",
+                &*container_s,
+            ],
+        );
+        let timeout: u64 = entries
+            .lines()
+            .find_map(|line| line.split_whitespace().nth(2)?.parse().ok())
+            .unwrap_or_else(|| panic!("UDP via {node_ip}: the kernel holds no entry for the flow after 12 s: {entries:?}"));
+        assert!(
+            timeout > 3,
+            "UDP via {node_ip}: the kernel's entry has {timeout} s left, no more than nf_conntrack_udp_timeout_stream: not refreshed ({entries})"
+        );
+    }
+}
