@@ -31,7 +31,7 @@ use portmap_common::{
 };
 use portmap_user::dataplane::{
     maps::{MappedPorts, MappingsEpoch},
-    object::OBJECT,
+    object,
     ownership::words_from_addr,
 };
 
@@ -147,7 +147,9 @@ impl Dataplane {
                 portmap_common::capacity::conntrack_closed(size),
             );
         }
-        let mut ebpf = loader.load(OBJECT).expect("load the eBPF object");
+        // Its kfunc calls linked for this kernel, as the plugin loads it.
+        let linked = object::linked_for_this_kernel().expect("link the object's kfunc calls");
+        let mut ebpf = loader.load(linked.bytes()).expect("load the eBPF object");
         for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
             let program: &mut SchedClassifier = ebpf
                 .program_mut(name)

@@ -53,12 +53,15 @@ impl Linked {
     }
 }
 
+/// A kfunc's BTF ID by its name, in the running kernel's vmlinux BTF.
+pub type BtfIdOf<'a> = &'a dyn Fn(&str) -> Option<u32>;
+
 /// Links `object`'s kfunc calls with the IDs `btf_id` gives for each
 /// kfunc's name (`None`: the kernel lacks it); `btf_id` itself `None`:
 /// no kernel BTF.
 pub fn link(
     object: &[u8],
-    btf_id: Option<&dyn Fn(&str) -> Option<u32>>,
+    btf_id: Option<BtfIdOf<'_>>,
 ) -> Result<Linked, KfuncError> {
     let mut resolved = [0u32; kfunc::ALL.len()];
     let mut verdict = Kfuncs::Linked;

@@ -108,7 +108,11 @@ impl Flow {
 /// written as ADD writes it (ports marked first). Also returns whether the
 /// object has the port filter to mark (objects from before it do not).
 pub fn load(object: &[u8]) -> (Ebpf, bool) {
-    let mut ebpf = EbpfLoader::new().load(object).expect("load object");
+    // Its kfunc calls linked for this kernel, as the plugin loads it.
+    let btf = aya::Btf::from_sys_fs().ok();
+    let linked = portmap_user::dataplane::kfunc::link_for_kernel(object, btf.as_ref())
+        .expect("link the object's kfunc calls");
+    let mut ebpf = EbpfLoader::new().load(linked.bytes()).expect("load object");
     for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
         let program: &mut SchedClassifier = ebpf
             .program_mut(name)
