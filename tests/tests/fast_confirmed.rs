@@ -397,71 +397,7 @@ fn a_fast_udp_flow_keeps_its_kernel_entry_past_the_udp_timeouts() {
         .node
         .ns
         .sysctl("net.netfilter.nf_conntrack_udp_timeout_stream", "3");
-    // With br_netfilter calling iptables, conntrack also sees the
-    // container's answers as they cross the bridge (before cni0's tc
-    // ingress hands them over) and refreshes the entry with its own UDP
-    // timeouts; off, only the dataplane's refresh can keep the entry, as
-    // for a flow whose answers never come.
-    let br_netfilter = world
-        .node
-        .ns
-        .run(|| std::path::Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists());
-    if !br_netfilter {
-        eprintln!("no br_netfilter sysctls in this namespace: nothing to turn off");
-    } else {
-        world
-            .node
-            .ns
-            .sysctl("net.bridge.bridge-nf-call-iptables", "0");
-        world
-            .node
-            .ns
-            .sysctl("net.bridge.bridge-nf-call-ip6tables", "0");
-    }
-    for (tool, container) in [("iptables", web4), ("ip6tables", web6)] {
-        let container = container.to_string();
-        for rule in [
-            vec![
-                "-A",
-                "FORWARD",
-                "-m",
-                "conntrack",
-                "--ctstate",
-                "INVALID",
-                "-j",
-                "DROP",
-            ],
-            vec![
-                "-A",
-                "FORWARD",
-                "-m",
-                "conntrack",
-                "--ctstate",
-                "ESTABLISHED,RELATED",
-                "-j",
-                "ACCEPT",
-            ],
-            vec![
-                "-A",
-                "FORWARD",
-                "-d",
-                &*container,
-                "-p",
-                "udp",
-                "--dport",
-                "53",
-                "-m",
-                "conntrack",
-                "--ctstate",
-                "NEW",
-                "-j",
-                "ACCEPT",
-            ],
-            vec!["-P", "FORWARD", "DROP"],
-        ] {
-            in_node(&world, tool, &rule);
-        }
-    }
+    stateful_firewall(&world, "udp", "53", [web4, web6]);
     for (container, node_ip, client) in [
         (web4, IpAddr::V4(NODE_IP4), IpAddr::V4(EXT_IP4)),
         (web6, IpAddr::V6(NODE_IP6), IpAddr::V6(EXT_IP6)),
@@ -523,6 +459,136 @@ fn a_fast_udp_flow_keeps_its_kernel_entry_past_the_udp_timeouts() {
         assert!(
             timeout > 3,
             "UDP via {node_ip}: the kernel's entry has {timeout} s left, no more than nf_conntrack_udp_timeout_stream: not refreshed ({entries})"
+        );
+    }
+}
+
+/// The node's FORWARD as a stateful firewall has it: `ct state invalid
+/// drop`, established flows accepted, new ones only towards `containers`'
+/// `proto` `port`, everything else dropped. And br_netfilter told not to
+/// call iptables for bridged frames: with it, conntrack also sees the
+/// container's answers as they cross the bridge (before cni0's tc ingress
+/// hands them over) and refreshes the entry with its own timeouts; off,
+/// only the dataplane's refresh keeps the entry, as for a flow whose
+/// answers never come.
+fn stateful_firewall(world: &World, proto: &str, port: &str, containers: [IpAddr; 2]) {
+    let br_netfilter = world
+        .node
+        .ns
+        .run(|| std::path::Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists());
+    if br_netfilter {
+        world
+            .node
+            .ns
+            .sysctl("net.bridge.bridge-nf-call-iptables", "0");
+        world
+            .node
+            .ns
+            .sysctl("net.bridge.bridge-nf-call-ip6tables", "0");
+    }
+    for container in containers {
+        let tool = tables(container);
+        let container = container.to_string();
+        let invalid = [
+            "-A",
+            "FORWARD",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "INVALID",
+            "-j",
+            "DROP",
+        ];
+        let established = [
+            "-A",
+            "FORWARD",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "ESTABLISHED,RELATED",
+            "-j",
+            "ACCEPT",
+        ];
+        let new = [
+            "-A",
+            "FORWARD",
+            "-d",
+            &*container,
+            "-p",
+            proto,
+            "--dport",
+            port,
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-j",
+            "ACCEPT",
+        ];
+        for rule in [
+            &invalid[..],
+            &established[..],
+            &new[..],
+            &["-P", "FORWARD", "DROP"][..],
+        ] {
+            in_node(world, tool, rule);
+        }
+    }
+}
+
+/// A TCP flow on the fast path that idles past the UDP timeouts and past
+/// a shortened `nf_conntrack_tcp_timeout_established`, behind the same
+/// stateful firewall and with `nf_conntrack_tcp_loose` off (a segment
+/// without an entry is INVALID, and dropped): it carries on, on the fast
+/// path, because its kernel entry was given the dataplane's own timeout.
+/// Both families.
+#[test]
+fn an_idle_tcp_flow_keeps_its_kernel_entry() {
+    let world = default_world();
+    let web = world.node.add_container("web");
+    let _tcp = tcp_echo_server(&web.ns, 80, "web");
+    let result = world.add(&web, &[PortMapping::tcp(8080, 80)]);
+    if !runs_confirmed(&world) {
+        return;
+    }
+    let (web4, web6) = container_ips(&result);
+    for (key, value) in [
+        ("net.netfilter.nf_conntrack_udp_timeout", "2"),
+        ("net.netfilter.nf_conntrack_udp_timeout_stream", "3"),
+        ("net.netfilter.nf_conntrack_tcp_timeout_established", "3"),
+        ("net.netfilter.nf_conntrack_tcp_loose", "0"),
+    ] {
+        world.node.ns.sysctl(key, value);
+    }
+    stateful_firewall(&world, "tcp", "80", [web4, web6]);
+    for (container, node_ip, client) in [
+        (web4, IpAddr::V4(NODE_IP4), IpAddr::V4(EXT_IP4)),
+        (web6, IpAddr::V6(NODE_IP6), IpAddr::V6(EXT_IP6)),
+    ] {
+        let (container_s, client_s) = (container.to_string(), client.to_string());
+        count_forward(
+            &world,
+            client,
+            &["-s", &*client_s, "-d", &*container_s, "-p", "tcp"],
+        );
+        let mut session = tcp_connect(&world.node.ext, sock(node_ip, 8080), PROBE)
+            .unwrap_or_else(|e| panic!("TCP via {node_ip}: {e}\n{}", world.dump()));
+        for round in 0..3 {
+            let payload = format!("{node_ip}-{round}");
+            world.expect_answer(
+                &format!("TCP via {node_ip}, round {round}"),
+                session.request(&payload, PROBE),
+                &echo_reply("web", &payload),
+            );
+            // Idle past every shortened timeout and past a verdict.
+            std::thread::sleep(Duration::from_secs(7));
+        }
+        let requests = forwarded(&world, client);
+        in_node(&world, tables(client), &["-D", "FORWARD", "1"]);
+        assert!(
+            requests <= 3,
+            "TCP via {node_ip}: netfilter forwarded {requests} segments towards the container; the handshake's two (a retransmission at most) belong there\n{}",
+            world.dump()
         );
     }
 }
