@@ -59,10 +59,7 @@ pub type BtfIdOf<'a> = &'a dyn Fn(&str) -> Option<u32>;
 /// Links `object`'s kfunc calls with the IDs `btf_id` gives for each
 /// kfunc's name (`None`: the kernel lacks it); `btf_id` itself `None`:
 /// no kernel BTF.
-pub fn link(
-    object: &[u8],
-    btf_id: Option<BtfIdOf<'_>>,
-) -> Result<Linked, KfuncError> {
+pub fn link(object: &[u8], btf_id: Option<BtfIdOf<'_>>) -> Result<Linked, KfuncError> {
     let mut resolved = [0u32; kfunc::ALL.len()];
     let mut verdict = Kfuncs::Linked;
     match btf_id {
