@@ -69,6 +69,14 @@ pub mod node_flags {
     /// `fastPath: false` was asked: the programs ignore it (neither bit
     /// above is set); `status` reads it to tell why.
     pub const FAST_PATH_OFF: u32 = 16;
+    /// With [`FAST_PATH`]: set by the fallback of the default on a kernel
+    /// without the conntrack kfuncs, because nothing was hooked at FORWARD
+    /// (userspace only, for `status`).
+    pub const FAST_UNHOOKED: u32 = 32;
+    /// The default on a kernel without the conntrack kfuncs, with
+    /// something hooked at FORWARD: the normal path (userspace only, for
+    /// `status`).
+    pub const FAST_FORWARD_HOOKED: u32 = 64;
 }
 
 /// One of the node's addresses. A wildcard mapping captures connections to

@@ -592,3 +592,48 @@ fn an_idle_tcp_flow_keeps_its_kernel_entry() {
         );
     }
 }
+
+/// The fallback's question, asked of the running kernel: `version` counts
+/// what is hooked at FORWARD in the node namespace (nfnetlink_hook), none
+/// in a fresh one, and a FORWARD rule of each family adds to it. Skips
+/// where the kernel lacks nfnetlink_hook (`CONFIG_NETFILTER_NETLINK_HOOK`,
+/// not set on Debian's 6.1 nor on this project's 6.18 VMs).
+#[test]
+fn version_counts_what_is_hooked_at_forward() {
+    let world = default_world();
+    let hooks = |world: &World| -> Option<u64> {
+        let out = world.operator(&["version", "--json"]);
+        let version: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "version --json is not JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        version["forwardHooks"].as_u64()
+    };
+    let Some(none) = hooks(&world) else {
+        eprintln!("skipped: this kernel has no nfnetlink_hook to ask what is hooked at FORWARD");
+        return;
+    };
+    assert_eq!(
+        none, 0,
+        "nothing is hooked at FORWARD in a fresh node namespace"
+    );
+    in_node(
+        &world,
+        "iptables",
+        &["-A", "FORWARD", "-s", "192.0.2.1", "-j", "DROP"],
+    );
+    let v4 = hooks(&world).expect("asked once, asked again");
+    assert!(v4 >= 1, "an IPv4 FORWARD rule is a hook there: {v4}");
+    in_node(
+        &world,
+        "ip6tables",
+        &["-A", "FORWARD", "-s", "2001:db8::1", "-j", "DROP"],
+    );
+    let both = hooks(&world).expect("asked again");
+    assert!(
+        both > v4,
+        "an IPv6 FORWARD rule adds its own: {both} after {v4}"
+    );
+}

@@ -58,6 +58,9 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let kfuncs = portmap_user::dataplane::object::linked_for_this_kernel()
         .map(|linked| linked.kfuncs)
         .ok();
+    // What the fallback without them reads: anything hooked at FORWARD in
+    // this network namespace (`None`: nfnetlink_hook cannot tell).
+    let forward_hooks = portmap_user::node::forward_hooks::count().ok();
     let kfuncs_text = match kfuncs {
         Some(Kfuncs::Linked) => {
             "yes (bpf_skb_ct_lookup, bpf_ct_change_timeout, bpf_ct_release in vmlinux BTF)"
@@ -108,6 +111,7 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "kernel": kernel,
             "attachMode": mode,
             "conntrackKfuncs": kfuncs_text,
+            "forwardHooks": forward_hooks,
             "fastPath": fast_path.as_ref().map(|report| json!({
                 "mode": report.mode.as_str(),
                 "why": report.why,
@@ -129,6 +133,10 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     text.push_str(&format!(
         "conntrack kfuncs (the default fast path): {kfuncs_text}\n"
     ));
+    text.push_str(&match forward_hooks {
+        Some(hooks) => format!("hooked at FORWARD in this network namespace: {hooks}\n"),
+        None => "hooked at FORWARD in this network namespace: cannot tell (nfnetlink_hook, Linux 5.14)\n".to_owned(),
+    });
     text.push_str(&match &fast_path {
         Some(report) => format!("fast path: {} ({})\n", report.mode.as_str(), report.why),
         None => "fast path: not set yet (the first ADD sets it)\n".to_owned(),

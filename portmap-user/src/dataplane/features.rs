@@ -394,19 +394,36 @@ pub fn recorded_kfuncs(layout: &PinLayout) -> Option<Kfuncs> {
 
 /// The fast-path bits of the node's settings (`node_flags`) for the
 /// configured `setting` on a kernel whose kfuncs are as `kfuncs` says
-/// (`None`: not recorded, as if missing):
+/// (`None`: not recorded, as if missing), with `forward_hooked` whether
+/// anything is hooked at netfilter's FORWARD (`None`: cannot tell; asked
+/// only for the fallback, see [`needs_forward_probe`]):
 /// - `fastPath: true`: [`node_flags::FAST_PATH`] (every flow);
 /// - unset, the kfuncs linked: [`node_flags::FAST_CONFIRMED`];
-/// - unset without them, and `fastPath: false`: neither, the normal path
-///   (with [`node_flags::FAST_PATH_OFF`] for `false`, which only `status`
-///   reads).
-pub fn fast_path_flags(setting: FastPathSetting, kfuncs: Option<Kfuncs>) -> u32 {
-    match (setting, kfuncs) {
-        (FastPathSetting::Always, _) => node_flags::FAST_PATH,
-        (FastPathSetting::Never, _) => node_flags::FAST_PATH_OFF,
-        (FastPathSetting::Confirmed, Some(Kfuncs::Linked)) => node_flags::FAST_CONFIRMED,
-        (FastPathSetting::Confirmed, _) => 0,
+/// - unset without them: every flow if nothing is hooked at FORWARD (the
+///   fast path skips no rule there), else the normal path;
+/// - `fastPath: false`: the normal path.
+///
+/// The bits only `status` reads say which case it was.
+pub fn fast_path_flags(
+    setting: FastPathSetting,
+    kfuncs: Option<Kfuncs>,
+    forward_hooked: Option<bool>,
+) -> u32 {
+    match (setting, kfuncs, forward_hooked) {
+        (FastPathSetting::Always, ..) => node_flags::FAST_PATH,
+        (FastPathSetting::Never, ..) => node_flags::FAST_PATH_OFF,
+        (FastPathSetting::Confirmed, Some(Kfuncs::Linked), _) => node_flags::FAST_CONFIRMED,
+        (FastPathSetting::Confirmed, _, Some(false)) => {
+            node_flags::FAST_PATH | node_flags::FAST_UNHOOKED
+        }
+        (FastPathSetting::Confirmed, _, Some(true)) => node_flags::FAST_FORWARD_HOOKED,
+        (FastPathSetting::Confirmed, _, None) => 0,
     }
+}
+
+/// Whether [`fast_path_flags`] needs to know what is hooked at FORWARD.
+pub fn needs_forward_probe(setting: FastPathSetting, kfuncs: Option<Kfuncs>) -> bool {
+    setting == FastPathSetting::Confirmed && kfuncs != Some(Kfuncs::Linked)
 }
 
 /// Which flows take the fast path on a node.
@@ -445,6 +462,14 @@ pub fn fast_path_report(flags: u32, kfuncs: Option<Kfuncs>) -> FastPathReport {
             "masqAll is on: its masquerade is done on the normal path, so no flow is handed over"
                 .to_owned(),
         )
+    } else if flags & node_flags::FAST_PATH != 0 && flags & node_flags::FAST_UNHOOKED != 0 {
+        (
+            FastPathMode::Always,
+            format!(
+                "fastPath unset, and {}; nothing is hooked at FORWARD (nfnetlink_hook), so skipping it skips no rule: every translated flow from outside is handed over (a FORWARD rule added later counts from the next ADD or agent pass)",
+                no_kfuncs(kfuncs)
+            ),
+        )
     } else if flags & node_flags::FAST_PATH != 0 {
         (
             FastPathMode::Always,
@@ -461,24 +486,39 @@ pub fn fast_path_report(flags: u32, kfuncs: Option<Kfuncs>) -> FastPathReport {
             FastPathMode::Never,
             "fastPath: false: every packet takes the normal path".to_owned(),
         )
-    } else {
-        let because = match kfuncs {
-            Some(Kfuncs::Missing(name)) => format!(
-                "the kernel has no {name} in its vmlinux BTF (nf_conntrack built as a module or not at all, or a kernel older than the kfunc), so it cannot tell which flows its firewall accepted"
-            ),
-            Some(Kfuncs::NoBtf) => {
-                "the kernel has no BTF (/sys/kernel/btf/vmlinux), so the conntrack kfuncs cannot be linked".to_owned()
-            }
-            Some(Kfuncs::Linked) | None => {
-                "no ADD has set the node's fast-path mode with this build's programs yet".to_owned()
-            }
-        };
+    } else if flags & node_flags::FAST_FORWARD_HOOKED != 0 {
         (
             FastPathMode::Never,
-            format!("fastPath unset, but {because}: every packet takes the normal path"),
+            format!(
+                "fastPath unset, but {}, and something is hooked at FORWARD: every packet takes the normal path",
+                no_kfuncs(kfuncs)
+            ),
+        )
+    } else {
+        (
+            FastPathMode::Never,
+            format!(
+                "fastPath unset, but {}, and whether anything is hooked at FORWARD cannot be told (nfnetlink_hook, Linux 5.14): every packet takes the normal path",
+                no_kfuncs(kfuncs)
+            ),
         )
     };
     FastPathReport { mode, why }
+}
+
+/// Why the kernel cannot say which flows its firewall accepted.
+fn no_kfuncs(kfuncs: Option<Kfuncs>) -> String {
+    match kfuncs {
+        Some(Kfuncs::Missing(name)) => format!(
+            "the kernel has no {name} in its vmlinux BTF (nf_conntrack built as a module or not at all, or a kernel older than the kfunc), so it cannot tell which flows its firewall accepted"
+        ),
+        Some(Kfuncs::NoBtf) => {
+            "the kernel has no BTF (/sys/kernel/btf/vmlinux), so the conntrack kfuncs cannot be linked".to_owned()
+        }
+        Some(Kfuncs::Linked) | None => {
+            "no ADD has set the node's fast-path mode with this build's programs yet".to_owned()
+        }
+    }
 }
 
 /// Adds the clsact qdisc `interface` needs (one already there is fine);
@@ -567,52 +607,78 @@ mod tests {
     #[test]
     fn the_fast_path_mode_follows_the_setting_and_the_kernel() {
         use FastPathSetting::{Always, Confirmed, Never};
+        let linked = Some(Kfuncs::Linked);
         let missing = Some(Kfuncs::Missing("bpf_skb_ct_lookup"));
         let cases = [
             (
                 Confirmed,
-                Some(Kfuncs::Linked),
+                linked,
+                None,
                 FastPathMode::Confirmed,
                 "conntrack holds it as confirmed",
             ),
             (
                 Confirmed,
                 missing,
+                Some(false),
+                FastPathMode::Always,
+                "nothing is hooked at FORWARD",
+            ),
+            (
+                Confirmed,
+                missing,
+                Some(true),
                 FastPathMode::Never,
-                "no bpf_skb_ct_lookup in its vmlinux BTF",
+                "something is hooked at FORWARD",
+            ),
+            (
+                Confirmed,
+                missing,
+                None,
+                FastPathMode::Never,
+                "cannot be told",
             ),
             (
                 Confirmed,
                 Some(Kfuncs::NoBtf),
+                Some(true),
                 FastPathMode::Never,
                 "no BTF",
             ),
-            (Confirmed, None, FastPathMode::Never, "no ADD has set"),
-            (Always, missing, FastPathMode::Always, "fastPath: true"),
+            (Confirmed, None, None, FastPathMode::Never, "no ADD has set"),
             (
                 Always,
-                Some(Kfuncs::Linked),
+                missing,
+                Some(true),
                 FastPathMode::Always,
                 "fastPath: true",
             ),
+            (Always, linked, None, FastPathMode::Always, "fastPath: true"),
             (
                 Never,
-                Some(Kfuncs::Linked),
+                linked,
+                Some(false),
                 FastPathMode::Never,
                 "fastPath: false",
             ),
         ];
-        for (setting, kfuncs, mode, why) in cases {
-            let report = fast_path_report(fast_path_flags(setting, kfuncs), kfuncs);
-            assert_eq!(report.mode, mode, "{setting:?} with {kfuncs:?}");
+        for (setting, kfuncs, hooked, mode, why) in cases {
+            let report = fast_path_report(fast_path_flags(setting, kfuncs, hooked), kfuncs);
+            assert_eq!(
+                report.mode, mode,
+                "{setting:?} with {kfuncs:?}, FORWARD {hooked:?}"
+            );
             assert!(
                 report.why.contains(why),
-                "{setting:?} with {kfuncs:?}: {}",
+                "{setting:?} with {kfuncs:?}, FORWARD {hooked:?}: {}",
                 report.why
             );
         }
-        let masq_all = fast_path_flags(Confirmed, Some(Kfuncs::Linked)) | node_flags::MASQ_ALL;
-        let report = fast_path_report(masq_all, Some(Kfuncs::Linked));
+        assert!(needs_forward_probe(Confirmed, missing));
+        assert!(!needs_forward_probe(Confirmed, linked), "the kfuncs decide");
+        assert!(!needs_forward_probe(Always, missing), "the setting decides");
+        let masq_all = fast_path_flags(Confirmed, linked, None) | node_flags::MASQ_ALL;
+        let report = fast_path_report(masq_all, linked);
         assert_eq!(report.mode, FastPathMode::Never);
         assert!(report.why.contains("masqAll"), "{}", report.why);
     }

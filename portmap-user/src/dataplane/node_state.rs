@@ -107,6 +107,9 @@ pub struct NodeState {
     /// (`features::fast_path_flags`).
     pub fast_path: FastPathSetting,
     pub kfuncs: Option<Kfuncs>,
+    /// Whether anything is hooked at netfilter's FORWARD, when the fallback
+    /// without the kfuncs asks (`None`: not asked, or cannot tell).
+    pub forward_hooked: Option<bool>,
     /// The node's addresses, as rtnetlink reported them.
     pub addresses: Vec<NodeAddress>,
     /// Interfaces containers sit behind (from prevResult's host-side
@@ -249,7 +252,11 @@ impl Wanted {
         if state.masq_all {
             flags |= node_flags::MASQ_ALL;
         }
-        flags |= crate::dataplane::features::fast_path_flags(state.fast_path, state.kfuncs);
+        flags |= crate::dataplane::features::fast_path_flags(
+            state.fast_path,
+            state.kfuncs,
+            state.forward_hooked,
+        );
         let addresses: Vec<(u32, IpAddr)> = state
             .addresses
             .iter()
@@ -590,6 +597,7 @@ mod tests {
             masq_all: false,
             fast_path: FastPathSetting::Confirmed,
             kfuncs: Some(Kfuncs::Missing("bpf_skb_ct_lookup")),
+            forward_hooked: None,
             addresses: vec![
                 address(1, "127.0.0.1"),
                 address(2, "198.18.0.1"),

@@ -1,8 +1,10 @@
 //! Read-only facts about the host: its links and addresses ([`netlink`]),
 //! the sockets listening on it ([`listeners`]), whether a container's
-//! network namespace is still there ([`sandbox`]) and the privileges this
-//! process holds ([`privilege`]).
+//! network namespace is still there ([`sandbox`]), the privileges this
+//! process holds ([`privilege`]) and whether anything is hooked at
+//! netfilter's FORWARD ([`forward_hooks`]).
 
+pub mod forward_hooks;
 pub mod listeners;
 pub mod netlink;
 pub mod privilege;

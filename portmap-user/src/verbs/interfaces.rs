@@ -192,13 +192,27 @@ pub fn reconcile(
         &cgroup,
         capacities,
     )?;
+    // The fast path's mode: the kfuncs the load found, and, where they are
+    // missing, whether anything is hooked at FORWARD (asked every run, so
+    // a firewall set up since counts from the next one).
+    let kfuncs = crate::dataplane::features::recorded_kfuncs(layout);
+    let forward_hooked = crate::dataplane::features::needs_forward_probe(conf.fast_path, kfuncs)
+        .then(|| match crate::node::forward_hooks::count() {
+            Ok(hooks) => Some(hooks > 0),
+            Err(error) => {
+                log::info!("cannot tell what is hooked at FORWARD (nfnetlink_hook): {error}");
+                None
+            }
+        })
+        .flatten();
     node_state::sync(
         layout,
         &node_state::NodeState {
             snat: conf.snat,
             masq_all: conf.masq_all,
             fast_path: conf.fast_path,
-            kfuncs: crate::dataplane::features::recorded_kfuncs(layout),
+            kfuncs,
+            forward_hooked,
             addresses: recorded_addresses(node),
             container_side: node.container_side.clone(),
             attached: node.targets(),
