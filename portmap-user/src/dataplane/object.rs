@@ -8,11 +8,12 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 /// [`OBJECT`] with its kfunc calls linked for the running kernel (see
 /// [`kfunc`](crate::dataplane::kfunc)): what is loaded, never `OBJECT`
 /// itself, whose calls name markers no kernel knows. Reads the kernel's
-/// BTF (a few milliseconds; done by the loads that verify programs only).
+/// BTF (one pass over its types; done by the loads that verify programs
+/// only).
 pub fn linked_for_this_kernel()
 -> Result<crate::dataplane::kfunc::Linked, crate::dataplane::kfunc::KfuncError> {
-    let btf = aya::Btf::from_sys_fs().ok();
-    crate::dataplane::kfunc::link_for_kernel(OBJECT, btf.as_ref())
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok();
+    crate::dataplane::kfunc::link_for_kernel(OBJECT, btf.as_deref())
 }
 
 /// Identifies this build's programs; part of their pin names. The FNV-1a

@@ -109,8 +109,8 @@ impl Flow {
 /// object has the port filter to mark (objects from before it do not).
 pub fn load(object: &[u8]) -> (Ebpf, bool) {
     // Its kfunc calls linked for this kernel, as the plugin loads it.
-    let btf = aya::Btf::from_sys_fs().ok();
-    let linked = portmap_user::dataplane::kfunc::link_for_kernel(object, btf.as_ref())
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok();
+    let linked = portmap_user::dataplane::kfunc::link_for_kernel(object, btf.as_deref())
         .expect("link the object's kfunc calls");
     let mut ebpf = EbpfLoader::new().load(linked.bytes()).expect("load object");
     for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
