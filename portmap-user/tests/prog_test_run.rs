@@ -276,11 +276,16 @@ impl Dataplane {
     /// Turns `fastPath` on (node flags) and records the hand-over of
     /// `container` for `owner_id`.
     fn fast_path(&mut self, container: IpAddr, owner_id: u64, ifindex: u32) {
+        self.fast_path_with(local::node_flags::FAST_PATH, container, owner_id, ifindex);
+    }
+
+    /// [`Self::fast_path`] in the mode `flags` says (`node_flags`).
+    fn fast_path_with(&mut self, flags: u32, container: IpAddr, owner_id: u64, ifindex: u32) {
         let mut node: Array<&mut MapData, NodeConfig> =
             Array::try_from(self.ebpf.map_mut(local::map_names::NODE).expect("node map"))
                 .expect("typed node map");
         let config = NodeConfig {
-            flags: local::node_flags::FAST_PATH,
+            flags,
             ..NodeConfig::default()
         };
         node.set(0, config, 0).expect("node flags");
@@ -1163,6 +1168,62 @@ fn fast_path_follows_only_the_mapping_owners_handover() {
             assert_eq!(inspect(&out), seen(CLIENT_V4.into(), 40002, container, 80));
         }
         assert_eq!(dp.stat(stat::FAST_FORWARD), 2);
+    });
+}
+
+/// The default fast path (confirmed flows only): a flow's handshake is
+/// never handed over, and a packet past it asks the kernel's conntrack
+/// once; BPF_PROG_TEST_RUN's packet is in no kernel conntrack entry, so
+/// the answer is "not confirmed" (on a kernel without the kfuncs, the
+/// replaced call answers the same): translated, not redirected, and the
+/// answer kept, so the next packets of the flow do not ask again.
+#[test]
+fn the_confirmed_mode_asks_the_kernel_once_and_keeps_the_answer() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        let container = IpAddr::V4(CONTAINER_V4);
+        dp.map(None, false, 8080, TCP, container, 80);
+        dp.fast_path_with(local::node_flags::FAST_CONFIRMED, container, 42, ifindex);
+        let flow = |flags| Flow {
+            src: CLIENT_V4.into(),
+            dst: NODE_V4.into(),
+            sport: 40100,
+            dport: 8080,
+            proto: TCP,
+            flags,
+        };
+        for (what, flags) in [("SYN", SYN), ("the handshake's ACK", ACK)] {
+            let (action, out) =
+                dp.run_for_action(program_names::TC_INGRESS, &packet(&flow(flags), b""));
+            assert_eq!(action, 0, "{what}: the normal path");
+            assert_eq!(
+                inspect(&out),
+                seen(CLIENT_V4.into(), 40100, container, 80),
+                "{what}"
+            );
+        }
+        assert_eq!(
+            dp.stat(stat::CT_UNCONFIRMED) + dp.stat(stat::CT_CONFIRMED),
+            0,
+            "the handshake asks nothing"
+        );
+        for round in 0..5 {
+            let (action, out) =
+                dp.run_for_action(program_names::TC_INGRESS, &packet(&flow(ACK), b"data"));
+            assert_eq!(action, 0, "round {round}: not confirmed, the normal path");
+            assert_eq!(
+                inspect(&out),
+                seen(CLIENT_V4.into(), 40100, container, 80),
+                "round {round}"
+            );
+        }
+        assert_eq!(
+            dp.stat(stat::CT_UNCONFIRMED),
+            1,
+            "asked once, the answer kept"
+        );
+        assert_eq!(dp.stat(stat::CT_CONFIRMED), 0);
+        assert_eq!(dp.stat(stat::FAST_FORWARD), 0);
     });
 }
 
