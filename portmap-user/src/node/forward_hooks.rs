@@ -11,126 +11,97 @@
 //! on purpose (nfnetlink may load nfnetlink_hook on demand where it is a
 //! module, which is a read-only facility).
 
-use std::io;
+use netlink_packet_core::{DefaultNla, Emitable, NetlinkSerializable};
+use netlink_sys::protocols::NETLINK_NETFILTER;
 
-const NETLINK_NETFILTER: isize = 12;
+use crate::node::netlink::{Netlink, NetlinkError};
+
+/// `include/uapi/linux/netfilter/nfnetlink_hook.h` and `netfilter.h`.
 const NFNL_SUBSYS_HOOK: u16 = 15;
 const NFNL_MSG_HOOK_GET: u16 = 0;
 const NFNLA_HOOK_HOOKNUM: u16 = 1;
 const NF_INET_FORWARD: u32 = 2;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
+/// `struct nfgenmsg`: family, version (`NFNETLINK_V0`), resource id.
+const NFGENMSG_LEN: usize = 4;
+/// The message type of a hook dump's request and of each hook it reports.
+const HOOK_MESSAGE: u16 = (NFNL_SUBSYS_HOOK << 8) | NFNL_MSG_HOOK_GET;
 
-/// The dump request of the FORWARD hooks of `family`: `struct nlmsghdr`,
-/// `struct nfgenmsg` (version 0), then `NFNLA_HOOK_HOOKNUM` (big-endian).
-fn request(family: u8, sequence: u32) -> Vec<u8> {
-    let mut bytes = vec![0u8; 16];
-    bytes.extend_from_slice(&[family, 0, 0, 0]);
-    bytes.extend_from_slice(&8u16.to_ne_bytes());
-    bytes.extend_from_slice(&NFNLA_HOOK_HOOKNUM.to_ne_bytes());
-    bytes.extend_from_slice(&NF_INET_FORWARD.to_be_bytes());
-    let total = bytes.len() as u32;
-    bytes[0..4].copy_from_slice(&total.to_ne_bytes());
-    bytes[4..6].copy_from_slice(&((NFNL_SUBSYS_HOOK << 8) | NFNL_MSG_HOOK_GET).to_ne_bytes());
-    bytes[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    bytes[8..12].copy_from_slice(&sequence.to_ne_bytes());
-    bytes
+/// The dump request of the FORWARD hooks of one family: `struct
+/// nfgenmsg`, then `NFNLA_HOOK_HOOKNUM` (big-endian, as nfnetlink wants).
+struct ForwardHooksRequest {
+    family: u8,
 }
 
-/// What one read of a dump's answer holds: hooks counted, and whether the
-/// dump ended (`Err`: the kernel refused it).
-fn count_hooks(buffer: &[u8], hooks: &mut u32) -> io::Result<bool> {
-    let mut offset = 0;
-    while offset + 16 <= buffer.len() {
-        let length =
-            u32::from_ne_bytes(buffer[offset..offset + 4].try_into().expect("4 bytes")) as usize;
-        let kind = u16::from_ne_bytes([buffer[offset + 4], buffer[offset + 5]]);
-        if length < 16 || offset + length > buffer.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "short netlink message",
-            ));
-        }
-        match kind {
-            NLMSG_DONE => return Ok(true),
-            NLMSG_ERROR => {
-                let code = buffer
-                    .get(offset + 16..offset + 20)
-                    .map_or(0, |b| i32::from_ne_bytes(b.try_into().expect("4 bytes")));
-                if code != 0 {
-                    return Err(io::Error::from_raw_os_error(-code));
-                }
-                return Ok(true);
-            }
-            k if k == (NFNL_SUBSYS_HOOK << 8) | NFNL_MSG_HOOK_GET => *hooks += 1,
-            _ => {}
-        }
-        offset += (length + 3) & !3;
+impl ForwardHooksRequest {
+    fn hooknum() -> DefaultNla {
+        DefaultNla::new(NFNLA_HOOK_HOOKNUM, NF_INET_FORWARD.to_be_bytes().to_vec())
     }
-    Ok(false)
+}
+
+impl NetlinkSerializable for ForwardHooksRequest {
+    fn message_type(&self) -> u16 {
+        HOOK_MESSAGE
+    }
+
+    fn buffer_len(&self) -> usize {
+        NFGENMSG_LEN + Self::hooknum().buffer_len()
+    }
+
+    fn serialize(&self, buffer: &mut [u8]) {
+        buffer[..NFGENMSG_LEN].copy_from_slice(&[self.family, 0, 0, 0]);
+        Self::hooknum().emit(&mut buffer[NFGENMSG_LEN..]);
+    }
 }
 
 /// How many functions are hooked at FORWARD in this network namespace,
 /// IPv4 and IPv6 together. An error when nfnetlink_hook cannot answer
 /// (a kernel before 5.14, or without `CONFIG_NETFILTER_NETLINK_HOOK`).
-pub fn count() -> io::Result<u32> {
-    let mut socket = netlink_sys::Socket::new(NETLINK_NETFILTER)?;
-    socket.bind_auto()?;
-    socket.connect(&netlink_sys::SocketAddr::new(0, 0))?;
+pub fn count() -> Result<u32, NetlinkError> {
+    let mut netlink = Netlink::open(NETLINK_NETFILTER)?;
     let mut hooks = 0;
-    let mut buffer = vec![0u8; 32 * 1024];
-    for (sequence, family) in [(1, NFPROTO_IPV4), (2, NFPROTO_IPV6)] {
-        socket.send(&request(family, sequence), 0)?;
-        loop {
-            let length = socket.recv(&mut &mut buffer[..], 0)?;
-            if count_hooks(&buffer[..length], &mut hooks)? {
-                break;
+    for family in [NFPROTO_IPV4, NFPROTO_IPV6] {
+        netlink.exchange(ForwardHooksRequest { family }, true, |kind, _| {
+            if kind == HOOK_MESSAGE {
+                hooks += 1;
             }
-        }
+            Ok(())
+        })?;
     }
     Ok(hooks)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use netlink_packet_core::{
+        NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    };
 
-    fn message(kind: u16, payload: &[u8]) -> Vec<u8> {
-        let mut bytes = vec![0u8; 16];
-        bytes.extend_from_slice(payload);
-        let total = bytes.len() as u32;
-        bytes[0..4].copy_from_slice(&total.to_ne_bytes());
-        bytes[4..6].copy_from_slice(&kind.to_ne_bytes());
-        bytes
-    }
+    use super::*;
 
     #[test]
     fn the_request_asks_for_the_forward_hooks_of_a_family() {
-        let bytes = request(NFPROTO_IPV6, 7);
-        assert_eq!(bytes.len(), 28);
-        assert_eq!(u32::from_ne_bytes(bytes[0..4].try_into().unwrap()), 28);
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let mut message = NetlinkMessage::new(
+            header,
+            NetlinkPayload::InnerMessage(ForwardHooksRequest {
+                family: NFPROTO_IPV6,
+            }),
+        );
+        message.finalize();
+        let mut bytes = vec![0; message.buffer_len()];
+        message.serialize(&mut bytes);
+        assert_eq!(bytes.len(), 28, "header, nfgenmsg, one 4-byte attribute");
         assert_eq!(u16::from_ne_bytes([bytes[4], bytes[5]]), 15 << 8);
         assert_eq!(u16::from_ne_bytes([bytes[6], bytes[7]]), 0x301);
-        assert_eq!(bytes[16], NFPROTO_IPV6);
+        assert_eq!(&bytes[16..20], &[NFPROTO_IPV6, 0, 0, 0]);
+        assert_eq!(u16::from_ne_bytes([bytes[20], bytes[21]]), 8);
+        assert_eq!(
+            u16::from_ne_bytes([bytes[22], bytes[23]]),
+            NFNLA_HOOK_HOOKNUM
+        );
         assert_eq!(&bytes[24..28], &[0, 0, 0, 2], "NF_INET_FORWARD, big-endian");
-    }
-
-    #[test]
-    fn hooks_are_counted_until_the_dump_ends() {
-        let hook = (NFNL_SUBSYS_HOOK << 8) | NFNL_MSG_HOOK_GET;
-        let mut answer = message(hook, &[0; 8]);
-        answer.extend(message(hook, &[0; 4]));
-        let mut hooks = 0;
-        assert!(!count_hooks(&answer, &mut hooks).unwrap(), "not done yet");
-        assert_eq!(hooks, 2);
-        assert!(count_hooks(&message(NLMSG_DONE, &[0; 4]), &mut hooks).unwrap());
-        assert_eq!(hooks, 2);
-        let refused = message(NLMSG_ERROR, &(-libc::EOPNOTSUPP).to_ne_bytes());
-        let error = count_hooks(&refused, &mut hooks).unwrap_err();
-        assert_eq!(error.raw_os_error(), Some(libc::EOPNOTSUPP));
     }
 }

@@ -15,7 +15,7 @@ use std::{
 
 use netlink_packet_core::{
     ErrorBuffer, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer, NetlinkHeader,
-    NetlinkMessage, NetlinkPayload, NlasIterator, parse_ip, parse_u32,
+    NetlinkMessage, NetlinkPayload, NetlinkSerializable, NlasIterator, parse_ip, parse_u32,
 };
 use netlink_packet_route::{
     RouteNetlinkMessage,
@@ -99,11 +99,17 @@ pub fn account() -> Account {
     }
 }
 
-/// An rtnetlink socket, kept for every question one request asks.
-pub struct Rtnl {
+/// A netlink socket of one protocol, kept for every question one request
+/// asks, and the dump-and-answer loop every question shares.
+pub struct Netlink {
     socket: Socket,
     sequence: u32,
     buffer: Vec<u8>,
+}
+
+/// An rtnetlink socket, kept for every question one request asks.
+pub struct Rtnl {
+    netlink: Netlink,
 }
 
 /// One address of the node as `RTM_GETADDR` reports it.
@@ -146,15 +152,16 @@ pub struct Link {
     pub has_controller: bool,
 }
 
-impl Rtnl {
-    pub fn open() -> Result<Rtnl, NetlinkError> {
+impl Netlink {
+    /// A socket of netlink `protocol` (`NETLINK_ROUTE`, `NETLINK_NETFILTER`, ...).
+    pub fn open(protocol: isize) -> Result<Netlink, NetlinkError> {
         let io = |call| move |source| NetlinkError::Io { call, source };
-        let mut socket = Socket::new(NETLINK_ROUTE).map_err(io("socket"))?;
+        let mut socket = Socket::new(protocol).map_err(io("socket"))?;
         socket.bind_auto().map_err(io("bind"))?;
         socket
             .connect(&SocketAddr::new(0, 0))
             .map_err(io("connect"))?;
-        Ok(Rtnl {
+        Ok(Netlink {
             socket,
             sequence: 0,
             buffer: Vec::with_capacity(RECEIVE_BUFFER),
@@ -164,9 +171,9 @@ impl Rtnl {
     /// Sends `request` and hands every answer of ours to `each` as
     /// (message type, payload): every message of a dump (`dump`), or the
     /// one answer to a plain request.
-    fn exchange(
+    pub fn exchange<T: NetlinkSerializable>(
         &mut self,
-        request: RouteNetlinkMessage,
+        request: T,
         dump: bool,
         mut each: impl FnMut(u16, &[u8]) -> Result<(), NetlinkError>,
     ) -> Result<(), NetlinkError> {
@@ -175,7 +182,7 @@ impl Rtnl {
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | if dump { NLM_F_DUMP } else { 0 };
         header.sequence_number = self.sequence;
-        let mut message = NetlinkMessage::new(header, NetlinkPayload::from(request));
+        let mut message = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(request));
         message.finalize();
         let mut bytes = vec![0; message.buffer_len()];
         message.serialize(&mut bytes);
@@ -229,6 +236,23 @@ impl Rtnl {
             }
         }
     }
+}
+
+impl Rtnl {
+    pub fn open() -> Result<Rtnl, NetlinkError> {
+        Ok(Rtnl {
+            netlink: Netlink::open(NETLINK_ROUTE)?,
+        })
+    }
+
+    fn exchange(
+        &mut self,
+        request: RouteNetlinkMessage,
+        dump: bool,
+        each: impl FnMut(u16, &[u8]) -> Result<(), NetlinkError>,
+    ) -> Result<(), NetlinkError> {
+        self.netlink.exchange(request, dump, each)
+    }
 
     /// Every address of the node, both families.
     pub fn addresses(&mut self) -> Result<Vec<NodeAddress>, NetlinkError> {
@@ -258,12 +282,17 @@ impl Rtnl {
         &mut self,
         indexes: &BTreeSet<u32>,
     ) -> Result<Option<Vec<NodeAddress>>, NetlinkError> {
-        if self.socket.set_netlink_get_strict_chk(true).is_err() {
+        if self
+            .netlink
+            .socket
+            .set_netlink_get_strict_chk(true)
+            .is_err()
+        {
             return Ok(None);
         }
         let outcome = self.filtered_addresses(indexes);
         // Link requests stay as they always were.
-        let _ = self.socket.set_netlink_get_strict_chk(false);
+        let _ = self.netlink.socket.set_netlink_get_strict_chk(false);
         match outcome {
             Ok(found) => Ok(Some(found)),
             Err(NetlinkError::Kernel { .. }) => Ok(None),
