@@ -197,6 +197,17 @@ pub const GUEST_TESTS: &[GuestTest] = &[
             "a_veth_taken_for_an_uplink_before_it_joined_the_bridge_loses_the_programs",
         ]),
     },
+    // The fast path's mode each kernel picks (issue 31): Debian's kernels
+    // have nf_conntrack as a module, so its kfuncs are not in vmlinux BTF
+    // and the fallback decides by what is hooked at FORWARD, which 6.12
+    // can tell (nfnetlink_hook, staged) and 6.1 cannot.
+    GuestTest {
+        name: "fast_confirmed",
+        tests: InGuest::Only(&[
+            "without_the_kfuncs_the_fast_path_follows_what_is_hooked_at_forward",
+            "version_counts_what_is_hooked_at_forward",
+        ]),
+    },
     // The namespace beacon: that a socket-lookup link detaches with its
     // namespace is the kernel's.
     GuestTest {
@@ -489,15 +500,22 @@ pub fn add_kernel(
         modules.iter().map(|m| format!("{m}\n")).collect::<String>(),
         0o644,
     )?;
+    let forward_hooks = modules.iter().any(|m| m.ends_with("_nfnetlink_hook.ko"));
     tree.bytes(
         &format!("{GUEST_CONFIG_DIR}/env"),
-        guest_env(series, release, expected_attach_mode),
+        guest_env(series, release, expected_attach_mode, forward_hooks),
         0o644,
     )?;
     Ok(())
 }
 
-fn guest_env(series: &str, release: &str, expected_attach_mode: &str) -> String {
+/// `forward_hooks`: nfnetlink_hook is among the staged modules.
+fn guest_env(
+    series: &str,
+    release: &str,
+    expected_attach_mode: &str,
+    forward_hooks: bool,
+) -> String {
     format!(
         "export EPM_KERNEL={series}\n\
          export EPM_KERNEL_RELEASE={release}\n\
@@ -505,8 +523,10 @@ fn guest_env(series: &str, release: &str, expected_attach_mode: &str) -> String 
          export EBPF_PORTMAP_BIN={GUEST_PLUGIN_BIN}\n\
          export EPM_PROBE_BIN={GUEST_PROBE_BIN}\n\
          export EPM_EXPECT_SCTP=1\n\
+         export EPM_EXPECT_FORWARD_HOOKS={}\n\
          export RUST_BACKTRACE=1\n\
-         export RUSTC_BOOTSTRAP=1\n"
+         export RUSTC_BOOTSTRAP=1\n",
+        u8::from(forward_hooks)
     )
 }
 
@@ -598,7 +618,7 @@ mod tests {
         assert!(args.contains(&"bridge_tcp_and_udp_over_ipv4_and_ipv6".to_owned()));
         let kernel = GUEST_TESTS.iter().find(|t| t.name == "kernel").unwrap();
         assert!(!kernel.args().contains(&"--exact".to_owned()));
-        assert!(guest_env("6.1", "6.1.0", "clsact").contains("RUSTC_BOOTSTRAP=1"));
+        assert!(guest_env("6.1", "6.1.0", "clsact", false).contains("RUSTC_BOOTSTRAP=1"));
     }
 
     #[test]
@@ -669,8 +689,11 @@ mod tests {
         assert!(INIT_SCRIPT.contains(GUEST_CONFIG_DIR));
         assert!(INIT_SCRIPT.contains(GUEST_MODULES_DIR));
         assert!(INIT_SCRIPT.contains(GUEST_TESTS_DIR));
-        let env = guest_env("6.1", "6.1.0-57-amd64", "clsact");
+        let env = guest_env("6.1", "6.1.0-57-amd64", "clsact", false);
         assert!(env.contains("export EPM_EXPECT_ATTACH_MODE=clsact\n"));
+        assert!(env.contains("export EPM_EXPECT_FORWARD_HOOKS=0\n"));
+        let env = guest_env("6.12", "6.12.118+deb12-amd64", "tcx", true);
+        assert!(env.contains("export EPM_EXPECT_FORWARD_HOOKS=1\n"));
         assert!(env.contains(&format!("export EBPF_PORTMAP_BIN={GUEST_PLUGIN_BIN}\n")));
     }
 }
