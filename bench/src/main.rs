@@ -536,8 +536,14 @@ fn notes(plan: &Plan) -> Vec<String> {
             plan.warmup.as_millis(),
             plan.cpu.map_or("none".into(), |c| c.to_string())
         ),
+        "Every world's node has the FORWARD rule kube-proxy puts on every Kubernetes node \
+         (`-m conntrack --ctstate INVALID -j DROP`, both families), so every node tracks connections as a real one \
+         does: ebpf-portmap's default hands a flow to its fast path once the kernel's conntrack holds it as \
+         confirmed, which needs conntrack in use. Results before 2026-12-05 (dataplane) had no such rule, and their \
+         direct path no conntrack at all."
+            .into(),
         "Direct path: the same client reaches the container IP, routed by a node whose chain has no \
-         port-mapping plugin at all (no eBPF programs, no nat rules, no conntrack hooks): the physical baseline."
+         port-mapping plugin at all (no eBPF programs, no nat rules; the FORWARD rule above): the baseline."
             .into(),
         "Memory: `bytes_memlock` of every pinned map as `bpftool --json map show` reports it (the kernel's own \
          accounting), entries counted with BPF_MAP_GET_NEXT_KEY. The three conntrack tables are preallocated \

@@ -155,6 +155,26 @@ impl BenchWorld {
         ] {
             node.ext.sysctl(key, value);
         }
+        // The firewall every Kubernetes node has (kube-proxy's KUBE-FORWARD
+        // chain): invalid packets dropped at FORWARD, which also makes the
+        // node track connections, as it does on every real node. Every
+        // world has it, the direct path's too, so no side is measured with
+        // conntrack and the other without.
+        for tool in ["iptables", "ip6tables"] {
+            node.ns.exec(
+                tool,
+                &[
+                    "-A",
+                    "FORWARD",
+                    "-m",
+                    "conntrack",
+                    "--ctstate",
+                    "INVALID",
+                    "-j",
+                    "DROP",
+                ],
+            );
+        }
         let pins = matches!(
             flavor,
             Flavor::Ours | Flavor::Baseline | Flavor::OursSockets
