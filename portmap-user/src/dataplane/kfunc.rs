@@ -29,8 +29,11 @@ pub enum Kfuncs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum KfuncError {
-    #[error("the eBPF object is not a little-endian ELF64 file")]
-    NotElf,
+    #[error("the eBPF object is not an ELF file object can read")]
+    NotElf {
+        #[source]
+        source: object::Error,
+    },
     #[error("the eBPF object's section headers reach past its end ({len} bytes)")]
     Truncated { len: usize },
 }
@@ -119,46 +122,28 @@ fn marked(insn: u64) -> Option<usize> {
 /// Byte ranges of the sections with `SHF_EXECINSTR` (program code; BPF
 /// instructions are 8 bytes, from the section's start).
 fn executable_sections(elf: &[u8]) -> Result<Vec<(usize, usize)>, KfuncError> {
-    const SHF_EXECINSTR: u64 = 0x4;
-    const SHT_NOBITS: u32 = 8;
-    // ELF64 (class 2), little-endian (data 1).
-    if elf.len() < 64 || elf[..4] != *b"\x7fELF" || elf[4] != 2 || elf[5] != 1 {
-        return Err(KfuncError::NotElf);
-    }
-    let truncated = || KfuncError::Truncated { len: elf.len() };
-    let u16_at = |at: usize| -> Result<u64, KfuncError> {
-        elf.get(at..at + 2)
-            .map(|b| u64::from(u16::from_le_bytes([b[0], b[1]])))
-            .ok_or_else(truncated)
-    };
-    let u32_at = |at: usize| -> Result<u32, KfuncError> {
-        elf.get(at..at + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .ok_or_else(truncated)
-    };
-    let u64_at = |at: usize| -> Result<u64, KfuncError> {
-        elf.get(at..at + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-            .ok_or_else(truncated)
-    };
-    let usize_of = |v: u64| usize::try_from(v).map_err(|_| truncated());
-    let shoff = usize_of(u64_at(0x28)?)?;
-    let shentsize = usize_of(u16_at(0x3a)?)?;
-    let shnum = usize_of(u16_at(0x3c)?)?;
+    use object::{Object, ObjectSection, SectionFlags, elf::SHF_EXECINSTR};
+
+    let file = object::File::parse(elf).map_err(|source| KfuncError::NotElf { source })?;
     let mut sections = Vec::new();
-    for index in 0..shnum {
-        let header = shoff + index * shentsize;
-        let kind = u32_at(header + 4)?;
-        let flags = u64_at(header + 8)?;
-        if flags & SHF_EXECINSTR == 0 || kind == SHT_NOBITS {
+    for section in file.sections() {
+        let SectionFlags::Elf { sh_flags } = section.flags() else {
             continue;
-        }
-        let start = usize_of(u64_at(header + 0x18)?)?;
-        let end = start
-            .checked_add(usize_of(u64_at(header + 0x20)?)?)
-            .filter(|&end| end <= elf.len())
-            .ok_or_else(truncated)?;
-        sections.push((start, end));
+        };
+        // `None`: no bytes in the file (`SHT_NOBITS`).
+        let (Some((start, size)), true) = (
+            section.file_range(),
+            sh_flags & u64::from(SHF_EXECINSTR) != 0,
+        ) else {
+            continue;
+        };
+        let range = usize::try_from(start)
+            .ok()
+            .zip(usize::try_from(size).ok())
+            .and_then(|(start, size)| Some((start, start.checked_add(size)?)))
+            .filter(|&(_, end)| end <= elf.len())
+            .ok_or(KfuncError::Truncated { len: elf.len() })?;
+        sections.push(range);
     }
     Ok(sections)
 }
@@ -249,8 +234,14 @@ mod tests {
     fn elf(code: &[u64], data: &[u64]) -> Vec<u8> {
         let mut out = vec![0u8; 64];
         out[..4].copy_from_slice(b"\x7fELF");
+        // ELF64, little-endian, version 1; relocatable, EM_BPF, version 1.
         out[4] = 2;
         out[5] = 1;
+        out[6] = 1;
+        out[0x10..0x12].copy_from_slice(&1u16.to_le_bytes());
+        out[0x12..0x14].copy_from_slice(&247u16.to_le_bytes());
+        out[0x14..0x18].copy_from_slice(&1u32.to_le_bytes());
+        out[0x34..0x36].copy_from_slice(&64u16.to_le_bytes());
         let code_at = out.len();
         for insn in code {
             out.extend_from_slice(&insn.to_le_bytes());
@@ -259,10 +250,14 @@ mod tests {
         for word in data {
             out.extend_from_slice(&word.to_le_bytes());
         }
+        // The section names: all empty.
+        let names_at = out.len();
+        out.extend_from_slice(&[0; 8]);
         let shoff = out.len();
         out[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
         out[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
-        out[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
+        out[0x3c..0x3e].copy_from_slice(&4u16.to_le_bytes());
+        out[0x3e..0x40].copy_from_slice(&3u16.to_le_bytes());
         let header = |kind: u32, flags: u64, at: usize, size: usize| {
             let mut h = vec![0u8; 64];
             h[4..8].copy_from_slice(&kind.to_le_bytes());
@@ -276,6 +271,8 @@ mod tests {
         out.extend(header(1, 0x6, code_at, code.len() * 8));
         // SHT_PROGBITS, SHF_ALLOC | SHF_WRITE.
         out.extend(header(1, 0x3, data_at, data.len() * 8));
+        // SHT_STRTAB: the section names (e_shstrndx).
+        out.extend(header(3, 0, names_at, 8));
         out
     }
 
@@ -431,10 +428,13 @@ mod tests {
 
     #[test]
     fn not_an_elf_or_cut_short_is_an_error() {
-        assert!(matches!(link(b"not an elf", None), Err(KfuncError::NotElf)));
+        assert!(matches!(
+            link(b"not an elf", None),
+            Err(KfuncError::NotElf { .. })
+        ));
         let object = elf(&calls(), &[]);
-        // Into the code section's header (the second of three, at the end).
-        let cut = &object[..object.len() - 3 * 64 + 64 + 30];
-        assert!(matches!(link(cut, None), Err(KfuncError::Truncated { .. })));
+        // Into the code section's header (the second of four, at the end).
+        let cut = &object[..object.len() - 4 * 64 + 64 + 30];
+        assert!(link(cut, None).is_err());
     }
 }
