@@ -156,25 +156,10 @@ impl BenchWorld {
             node.ext.sysctl(key, value);
         }
         // The firewall every Kubernetes node has (kube-proxy's KUBE-FORWARD
-        // chain): invalid packets dropped at FORWARD, which also makes the
-        // node track connections, as it does on every real node. Every
-        // world has it, the direct path's too, so no side is measured with
-        // conntrack and the other without.
-        for tool in ["iptables", "ip6tables"] {
-            node.ns.exec(
-                tool,
-                &[
-                    "-A",
-                    "FORWARD",
-                    "-m",
-                    "conntrack",
-                    "--ctstate",
-                    "INVALID",
-                    "-j",
-                    "DROP",
-                ],
-            );
-        }
+        // chain), which also makes the node track connections, as every
+        // real node does. Every world has it, the direct path's too, so no
+        // side is measured with conntrack and the other without.
+        node.drop_invalid_at_forward();
         let pins = matches!(
             flavor,
             Flavor::Ours | Flavor::Baseline | Flavor::OursSockets

@@ -273,6 +273,27 @@ impl Node {
         self.data_dir.path()
     }
 
+    /// The firewall rule kube-proxy puts on every Kubernetes node: packets
+    /// conntrack finds INVALID are dropped at FORWARD, both families. It
+    /// also makes this node's namespace track connections.
+    pub fn drop_invalid_at_forward(&self) {
+        for tool in ["iptables", "ip6tables"] {
+            self.ns.exec(
+                tool,
+                &[
+                    "-A",
+                    "FORWARD",
+                    "-m",
+                    "conntrack",
+                    "--ctstate",
+                    "INVALID",
+                    "-j",
+                    "DROP",
+                ],
+            );
+        }
+    }
+
     /// A new, empty container namespace (loopback up, DAD off). The interface
     /// plugin creates its `eth0` on ADD.
     pub fn add_container(&self, id: &str) -> Container {

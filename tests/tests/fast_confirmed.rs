@@ -60,27 +60,6 @@ fn tables(ip: IpAddr) -> &'static str {
     }
 }
 
-/// A firewall as nodes have one: `ct state invalid drop` in FORWARD, both
-/// families (which also makes the node namespace track connections).
-fn drop_invalid(world: &World) {
-    for tool in ["iptables", "ip6tables"] {
-        in_node(
-            world,
-            tool,
-            &[
-                "-A",
-                "FORWARD",
-                "-m",
-                "conntrack",
-                "--ctstate",
-                "INVALID",
-                "-j",
-                "DROP",
-            ],
-        );
-    }
-}
-
 /// The node's fast-path mode as `status --json` reports it, with why.
 fn fast_path_status(world: &World) -> (String, String) {
     let status = portmap_tests::world::operator_json(&world.node.ns, world.pins.path(), "status");
@@ -176,7 +155,7 @@ fn a_forward_rule_decides_new_flows_and_accepted_ones_go_fast() {
     if !runs_confirmed(&world) {
         return;
     }
-    drop_invalid(&world);
+    world.node.drop_invalid_at_forward();
     for (ext_ip, node_ip, far_node_ip) in [
         (
             IpAddr::V4(EXT_IP4),
@@ -270,7 +249,7 @@ fn established_flows_leave_netfilter_after_their_first_packets() {
     if !runs_confirmed(&world) {
         return;
     }
-    drop_invalid(&world);
+    world.node.drop_invalid_at_forward();
     let (web4, web6) = container_ips(&result);
     const ROUNDS: u64 = 20;
     for (container, node_ip, client) in [
