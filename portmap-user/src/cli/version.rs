@@ -60,7 +60,7 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         .ok();
     // What the fallback without them reads: anything hooked at FORWARD in
     // this network namespace (`None`: nfnetlink_hook cannot tell).
-    let forward_hooks = portmap_user::node::forward_hooks::count().ok();
+    let forward_hooks = portmap_user::node::forward_hooks::count();
     let kfuncs_text = match kfuncs {
         Some(Kfuncs::Linked) => {
             "yes (bpf_skb_ct_lookup, bpf_ct_change_timeout, bpf_ct_release in vmlinux BTF)"
@@ -111,7 +111,8 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "kernel": kernel,
             "attachMode": mode,
             "conntrackKfuncs": kfuncs_text,
-            "forwardHooks": forward_hooks,
+            "forwardHooks": forward_hooks.as_ref().ok(),
+            "forwardHooksUnknownBecause": forward_hooks.as_ref().err().map(|e| e.to_string()),
             "fastPath": fast_path.as_ref().map(|report| json!({
                 "mode": report.mode.as_str(),
                 "why": report.why,
@@ -134,8 +135,8 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         "conntrack kfuncs (the default fast path): {kfuncs_text}\n"
     ));
     text.push_str(&match forward_hooks {
-        Some(hooks) => format!("hooked at FORWARD in this network namespace: {hooks}\n"),
-        None => "hooked at FORWARD in this network namespace: cannot tell (nfnetlink_hook, Linux 5.14)\n".to_owned(),
+        Ok(hooks) => format!("hooked at FORWARD in this network namespace: {hooks}\n"),
+        Err(error) => format!("hooked at FORWARD in this network namespace: cannot tell (nfnetlink_hook, Linux 5.14: {error})\n"),
     });
     text.push_str(&match &fast_path {
         Some(report) => format!("fast path: {} ({})\n", report.mode.as_str(), report.why),

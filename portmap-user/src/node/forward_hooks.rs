@@ -17,7 +17,7 @@ use netlink_sys::protocols::NETLINK_NETFILTER;
 use crate::node::netlink::{Netlink, NetlinkError};
 
 /// `include/uapi/linux/netfilter/nfnetlink_hook.h` and `netfilter.h`.
-const NFNL_SUBSYS_HOOK: u16 = 15;
+const NFNL_SUBSYS_HOOK: u16 = 12;
 const NFNL_MSG_HOOK_GET: u16 = 0;
 const NFNLA_HOOK_HOOKNUM: u16 = 1;
 const NF_INET_FORWARD: u32 = 2;
@@ -94,7 +94,11 @@ mod tests {
         let mut bytes = vec![0; message.buffer_len()];
         message.serialize(&mut bytes);
         assert_eq!(bytes.len(), 28, "header, nfgenmsg, one 4-byte attribute");
-        assert_eq!(u16::from_ne_bytes([bytes[4], bytes[5]]), 15 << 8);
+        assert_eq!(
+            u16::from_ne_bytes([bytes[4], bytes[5]]),
+            12 << 8,
+            "NFNL_SUBSYS_HOOK (12), NFNL_MSG_HOOK_GET (0)"
+        );
         assert_eq!(u16::from_ne_bytes([bytes[6], bytes[7]]), 0x301);
         assert_eq!(&bytes[16..20], &[NFPROTO_IPV6, 0, 0, 0]);
         assert_eq!(u16::from_ne_bytes([bytes[20], bytes[21]]), 8);
