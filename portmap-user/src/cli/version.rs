@@ -112,7 +112,7 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "attachMode": mode,
             "conntrackKfuncs": kfuncs_text,
             "forwardHooks": forward_hooks.as_ref().ok(),
-            "forwardHooksUnknownBecause": forward_hooks.as_ref().err().map(|e| e.to_string()),
+            "forwardHooksUnknownBecause": forward_hooks.as_ref().err().map(ToString::to_string),
             "fastPath": fast_path.as_ref().map(|report| json!({
                 "mode": report.mode.as_str(),
                 "why": report.why,
