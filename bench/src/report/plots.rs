@@ -170,10 +170,9 @@ pub fn plots(results: &Results, stem: &str) -> Vec<Plot> {
             groups,
             log: false,
             reference_lines: vec![
-                (1.0, "direct = 1".into()),
+                (1.0, "direct = 1 (RR, stream: default)".into()),
                 (0.99, "0.99 (not translated)".into()),
-                (0.95, "0.95 (RR)".into()),
-                (0.88, "0.88 (CRR)".into()),
+                (0.92, "0.92 (CRR: default)".into()),
             ],
         }
         .render(),
