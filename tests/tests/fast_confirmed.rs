@@ -465,19 +465,10 @@ fn stateful_firewall(world: &World, proto: &str, port: &str, containers: [IpAddr
             .ns
             .sysctl("net.bridge.bridge-nf-call-ip6tables", "0");
     }
+    world.node.drop_invalid_at_forward();
     for container in containers {
         let tool = tables(container);
         let container = container.to_string();
-        let invalid = [
-            "-A",
-            "FORWARD",
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "INVALID",
-            "-j",
-            "DROP",
-        ];
         let established = [
             "-A",
             "FORWARD",
@@ -504,12 +495,7 @@ fn stateful_firewall(world: &World, proto: &str, port: &str, containers: [IpAddr
             "-j",
             "ACCEPT",
         ];
-        for rule in [
-            &invalid[..],
-            &established[..],
-            &new[..],
-            &["-P", "FORWARD", "DROP"][..],
-        ] {
+        for rule in [&established[..], &new[..], &["-P", "FORWARD", "DROP"][..]] {
             in_node(world, tool, rule);
         }
     }
