@@ -50,8 +50,29 @@ use serde_json::{Map, Value, json};
 
 use crate::netns::{NetNs, NsHandle};
 
-/// How long one plugin run may take before it is killed.
+/// How long one plugin run may take before it is killed: a hang detector,
+/// not a speed limit.
 pub const DEFAULT_PLUGIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Sets the plugin timeout in whole seconds instead of
+/// [`DEFAULT_PLUGIN_TIMEOUT`]. The VM tests set it: under emulation the
+/// kernel's verifier takes tens of seconds over the programs a first ADD
+/// loads, more while the host runs the rest of `cargo xtask test` beside.
+pub const PLUGIN_TIMEOUT_ENV: &str = "EPM_PLUGIN_TIMEOUT_SECS";
+
+/// The plugin timeout: [`PLUGIN_TIMEOUT_ENV`] if set, else the default.
+///
+/// # Panics
+/// If the variable is set to anything but a positive whole number.
+pub fn plugin_timeout() -> Duration {
+    match std::env::var(PLUGIN_TIMEOUT_ENV) {
+        Err(_) => DEFAULT_PLUGIN_TIMEOUT,
+        Ok(text) => match text.parse::<u64>() {
+            Ok(secs) if secs > 0 => Duration::from_secs(secs),
+            _ => panic!("{PLUGIN_TIMEOUT_ENV}={text:?}: expected a positive number of seconds"),
+        },
+    }
+}
 
 /// The version libcni announces on stdin for VERSION.
 pub const RUNNER_CNI_VERSION: &str = "1.1.0";
@@ -480,7 +501,7 @@ impl CniRunner {
         CniRunner {
             plugin_dirs,
             node: node.handle(),
-            timeout: DEFAULT_PLUGIN_TIMEOUT,
+            timeout: plugin_timeout(),
             cache: Mutex::new(BTreeMap::new()),
             calls: Mutex::new(Vec::new()),
             env: Vec::new(),

@@ -524,6 +524,7 @@ fn guest_env(
          export EPM_PROBE_BIN={GUEST_PROBE_BIN}\n\
          export EPM_EXPECT_SCTP=1\n\
          export EPM_EXPECT_FORWARD_HOOKS={}\n\
+         export EPM_PLUGIN_TIMEOUT_SECS=300\n\
          export RUST_BACKTRACE=1\n\
          export RUSTC_BOOTSTRAP=1\n",
         u8::from(forward_hooks)
@@ -692,6 +693,7 @@ mod tests {
         let env = guest_env("6.1", "6.1.0-57-amd64", "clsact", false);
         assert!(env.contains("export EPM_EXPECT_ATTACH_MODE=clsact\n"));
         assert!(env.contains("export EPM_EXPECT_FORWARD_HOOKS=0\n"));
+        assert!(env.contains("export EPM_PLUGIN_TIMEOUT_SECS=300\n"));
         let env = guest_env("6.12", "6.12.118+deb12-amd64", "tcx", true);
         assert!(env.contains("export EPM_EXPECT_FORWARD_HOOKS=1\n"));
         assert!(env.contains(&format!("export EBPF_PORTMAP_BIN={GUEST_PLUGIN_BIN}\n")));
