@@ -33,24 +33,6 @@ fn default_world() -> World {
     })
 }
 
-/// `tool args` in the node namespace (the test's own), asserting success;
-/// its stdout.
-fn in_node(world: &World, tool: &str, args: &[&str]) -> String {
-    let out = world
-        .node
-        .ns
-        .command(tool)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{tool}: {e}"));
-    assert!(
-        out.status.success(),
-        "{tool} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// iptables or ip6tables, for `ip`'s family.
 fn tables(ip: IpAddr) -> &'static str {
     if ip.is_ipv4() {
@@ -89,13 +71,16 @@ fn runs_confirmed(world: &World) -> bool {
 fn count_forward(world: &World, ip: IpAddr, rule: &[&str]) {
     let mut args = vec!["-I", "FORWARD", "1"];
     args.extend_from_slice(rule);
-    in_node(world, tables(ip), &args);
+    world.node.ns.exec(tables(ip), &args);
 }
 
 /// Packets the first FORWARD rule of `ip`'s family has counted (see
 /// [`count_forward`]).
 fn forwarded(world: &World, ip: IpAddr) -> u64 {
-    let line = in_node(world, tables(ip), &["-L", "FORWARD", "1", "-v", "-x", "-n"]);
+    let line = world
+        .node
+        .ns
+        .exec(tables(ip), &["-L", "FORWARD", "1", "-v", "-x", "-n"]);
     line.split_whitespace()
         .next()
         .and_then(|packets| packets.parse().ok())
@@ -172,7 +157,7 @@ fn a_forward_rule_decides_new_flows_and_accepted_ones_go_fast() {
         let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
         let mut insert = vec!["-I", "FORWARD"];
         insert.extend(&rule);
-        in_node(&world, tables(ext_ip), &insert);
+        world.node.ns.exec(tables(ext_ip), &insert);
         expect_unreachable(
             &format!("TCP from {ext_ip}, dropped at FORWARD"),
             tcp_request(&world.node.ext, sock(node_ip, 8080), "blocked", GONE),
@@ -209,7 +194,7 @@ fn a_forward_rule_decides_new_flows_and_accepted_ones_go_fast() {
         }
         let mut delete = vec!["-D", "FORWARD"];
         delete.extend(&rule);
-        in_node(&world, tables(ext_ip), &delete);
+        world.node.ns.exec(tables(ext_ip), &delete);
         world.expect_answer(
             &format!("TCP from {ext_ip} once the rule is gone"),
             tcp_request(&world.node.ext, sock(node_ip, 8080), "again", PROBE),
@@ -314,9 +299,9 @@ fn established_flows_leave_netfilter_after_their_first_packets() {
                 }
             }
             let answers_forwarded = forwarded(&world, client);
-            in_node(&world, tables(client), &["-D", "FORWARD", "1"]);
+            world.node.ns.exec(tables(client), &["-D", "FORWARD", "1"]);
             let requests_forwarded = forwarded(&world, client);
-            in_node(&world, tables(client), &["-D", "FORWARD", "1"]);
+            world.node.ns.exec(tables(client), &["-D", "FORWARD", "1"]);
             // TCP: SYN and the handshake's ACK; UDP: the first datagram
             // (a re-sent one at most once more).
             let first = if proto == "tcp" { 2 } else { 1 };
@@ -407,17 +392,16 @@ fn a_fast_udp_flow_keeps_its_kernel_entry_past_the_udp_timeouts() {
             std::thread::sleep(Duration::from_millis(500));
         }
         let answers = forwarded(&world, client);
-        in_node(&world, tables(client), &["-D", "FORWARD", "1"]);
+        world.node.ns.exec(tables(client), &["-D", "FORWARD", "1"]);
         let requests = forwarded(&world, client);
-        in_node(&world, tables(client), &["-D", "FORWARD", "1"]);
+        world.node.ns.exec(tables(client), &["-D", "FORWARD", "1"]);
         assert!(
             requests <= 2 && answers <= 1,
             "UDP via {node_ip}: netfilter forwarded {requests} datagrams towards the container and {answers} answers in {round} rounds over 12 s: the flow left the fast path (its kernel entry expired?)\n{}",
             world.dump()
         );
         let family = if client.is_ipv4() { "ipv4" } else { "ipv6" };
-        let entries = in_node(
-            &world,
+        let entries = world.node.ns.exec(
             "conntrack",
             &[
                 "-L",
@@ -496,7 +480,7 @@ fn stateful_firewall(world: &World, proto: &str, port: &str, containers: [IpAddr
             "ACCEPT",
         ];
         for rule in [&established[..], &new[..], &["-P", "FORWARD", "DROP"][..]] {
-            in_node(world, tool, rule);
+            world.node.ns.exec(tool, rule);
         }
     }
 }
@@ -549,7 +533,7 @@ fn an_idle_tcp_flow_keeps_its_kernel_entry() {
             std::thread::sleep(Duration::from_secs(7));
         }
         let requests = forwarded(&world, client);
-        in_node(&world, tables(client), &["-D", "FORWARD", "1"]);
+        world.node.ns.exec(tables(client), &["-D", "FORWARD", "1"]);
         assert!(
             requests <= 3,
             "TCP via {node_ip}: netfilter forwarded {requests} segments towards the container; the handshake's two (a retransmission at most) belong there\n{}",
@@ -596,15 +580,13 @@ fn version_counts_what_is_hooked_at_forward() {
         none, 0,
         "nothing is hooked at FORWARD in a fresh node namespace"
     );
-    in_node(
-        &world,
+    world.node.ns.exec(
         "iptables",
         &["-A", "FORWARD", "-s", "192.0.2.1", "-j", "DROP"],
     );
     let v4 = hooks(&world).expect("asked once, asked again");
     assert!(v4 >= 1, "an IPv4 FORWARD rule is a hook there: {v4}");
-    in_node(
-        &world,
+    world.node.ns.exec(
         "ip6tables",
         &["-A", "FORWARD", "-s", "2001:db8::1", "-j", "DROP"],
     );
@@ -680,8 +662,7 @@ fn without_the_kfuncs_the_fast_path_follows_what_is_hooked_at_forward() {
     );
 
     // A FORWARD rule for a source that is not ours; the next ADD reads it.
-    in_node(
-        &world,
+    world.node.ns.exec(
         "iptables",
         &["-A", "FORWARD", "-s", "192.0.2.1", "-j", "DROP"],
     );
