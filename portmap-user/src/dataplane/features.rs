@@ -300,11 +300,16 @@ fn record_value(mode: AttachMode) -> u32 {
     }
 }
 
-/// The attach mode recorded under `layout`, if a probe recorded one.
-pub fn recorded_attach_mode(layout: &PinLayout) -> Option<AttachMode> {
+/// Entry `index` of the record pinned under `layout`, if there is one.
+fn recorded(layout: &PinLayout, index: u32) -> Option<u32> {
     let data = MapData::from_pin(layout.map(RECORD)).ok()?;
     let record: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data)).ok()?;
-    mode_from_record(record.get(&ATTACH_MODE, 0).ok()?)
+    record.get(&index, 0).ok()
+}
+
+/// The attach mode recorded under `layout`, if a probe recorded one.
+pub fn recorded_attach_mode(layout: &PinLayout) -> Option<AttachMode> {
+    mode_from_record(recorded(layout, ATTACH_MODE)?)
 }
 
 /// The attach mode for `layout`: the recorded verdict, or a fresh probe
@@ -387,9 +392,7 @@ pub fn record_kfuncs(layout: &PinLayout, kfuncs: Kfuncs) -> Result<(), FeatureEr
 
 /// What the load of the pinned programs recorded of the kfuncs.
 pub fn recorded_kfuncs(layout: &PinLayout) -> Option<Kfuncs> {
-    let data = MapData::from_pin(layout.map(RECORD)).ok()?;
-    let record: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data)).ok()?;
-    kfuncs_from_value(record.get(&KFUNCS, 0).ok()?)
+    kfuncs_from_value(recorded(layout, KFUNCS)?)
 }
 
 /// The fast-path bits of the node's settings (`node_flags`) for the
