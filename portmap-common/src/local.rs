@@ -106,6 +106,29 @@ pub struct IfaceConfig {
 pub mod iface_flags {
     /// Containers are behind this interface (bridge, host side of a veth).
     pub const CONTAINER_SIDE: u32 = 1;
+    /// A bridge port (a pod's veth) carrying the ingress program: a packet
+    /// it handled is marked, and the bridge's own ingress leaves it alone.
+    /// Its bridge's index is kept in the upper bits ([`with_bridge`]).
+    pub const BRIDGE_PORT: u32 = 2;
+    const BRIDGE_SHIFT: u32 = 8;
+
+    /// A bridge port's flags naming its bridge, whose index a flow's
+    /// conditions are judged by on the port (as netfilter's `-i` names the
+    /// bridge for a frame `br_netfilter` passes up); an index too large to
+    /// keep (2^24 and over) is kept as 0, which no condition names.
+    pub const fn with_bridge(bridge: u32) -> u32 {
+        let kept = if bridge < 1 << (32 - BRIDGE_SHIFT) {
+            bridge
+        } else {
+            0
+        };
+        BRIDGE_PORT | kept << BRIDGE_SHIFT
+    }
+
+    /// The bridge a port's flags name (see [`with_bridge`]).
+    pub const fn bridge_of(flags: u32) -> u32 {
+        flags >> BRIDGE_SHIFT
+    }
 }
 
 /// What a socket hook translated for a socket: getpeername and recvmsg show

@@ -2,7 +2,9 @@
 //! by a mapping, or is left alone; and what egress restores or remembers.
 
 use aya_ebpf::programs::TcContext;
-use portmap_common::{CtEntry, CtKey, PROTO_TCP, PortRole, ct_flags, ct_kind, stat, tcp_state};
+use portmap_common::{
+    CtEntry, CtKey, PROTO_TCP, PortRole, ct_flags, ct_kind, local::iface_flags, stat, tcp_state,
+};
 
 use crate::{
     confirm,
@@ -183,7 +185,13 @@ fn may_recover(ctx: &TcContext, packet: &Packet) -> bool {
 #[inline(never)]
 fn meets_conditions(ctx: &TcContext, packet: &Packet, owner_id: u64) -> bool {
     // SAFETY: reading a field of the context the program was handed.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let mut ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // On a pod's bridge port, the bridge's: netfilter's `-i` names it.
+    if let Some(iface) = maps::iface(ifindex)
+        && iface.flags & iface_flags::BRIDGE_PORT != 0
+    {
+        ifindex = iface_flags::bridge_of(iface.flags);
+    }
     let admitted = maps::conditions_of(owner_id, packet.family).is_some_and(|conditions| {
         conditions.admits(packet.proto, &packet.src_be, &packet.dst_be, ifindex)
     });

@@ -2,7 +2,11 @@
 //! mapping concerns, decide (see `flow`), offer to the fast path, trace.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
-use portmap_common::{PROTO_TCP, PortRole, local::MASQ_PORT_MIN, trace_direction};
+use portmap_common::{
+    PROTO_TCP, PortRole,
+    local::{MASQ_PORT_MIN, iface_flags},
+    trace_direction,
+};
 
 use crate::{counters::Way, ct, events, fast, flow, maps, mark, masq, parse, trace};
 
@@ -25,6 +29,11 @@ pub fn portmap_egress(mut ctx: TcContext) -> i32 {
 #[inline(always)]
 fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
     maps::keep_userspace_maps();
+    // Handled on the bridge port it came in by (see `mark::PORT_HANDLED`).
+    if mark::has_port_mark(ctx) && at_a_bridge(ctx) {
+        mark::take_port_mark(ctx);
+        return Some(TC_ACT_OK);
+    }
     mark::clear_stale_mark(ctx);
     let packet = parse::parse(ctx)?;
     // The tracing state is read again after the packet is handled, not
@@ -48,6 +57,7 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
         fast::fast_path(ctx);
         // Once the deep frames are gone (see `events`).
         events::log_noted(ctx);
+        note_bridge_port(ctx);
     }
     trace::end_if_tracing(ctx, trace_direction::INGRESS);
     if !concerned {
@@ -74,6 +84,37 @@ fn answer_matters(ctx: &TcContext, dport_be: u16, proto: u8, dst_be: &[u32; 4]) 
     u16::from_be(dport_be) >= MASQ_PORT_MIN
         || fast::fast_path_on()
         || (proto == PROTO_TCP && to_arrival_address(ctx, dst_be))
+}
+
+/// On a bridge port, marks a packet handled for the bridge's ingress (see
+/// `mark::PORT_HANDLED`), if it goes there: not one handed to another
+/// interface by the fast path, nor one dropped. Not inlined: one lookup
+/// the verifier walks once, after the handling frames are gone.
+#[inline(never)]
+fn note_bridge_port(ctx: &TcContext) {
+    if maps::scratch().is_none_or(|scratch| scratch.action != TC_ACT_OK) {
+        return;
+    }
+    // SAFETY: reading a field of the context the program was handed.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    if maps::iface(ifindex).is_some_and(|iface| iface.flags & iface_flags::BRIDGE_PORT != 0) {
+        mark::mark_port_handled(ctx);
+    }
+}
+
+/// Whether the program runs at a bridge's own ingress (a container-facing
+/// interface that is no port): the only hook where a port's mark is this
+/// node's, from the port the packet came in by. Anywhere else (an uplink
+/// of a node nested in a pod, a port) it is a stale one. Not inlined: off
+/// the path of every unmarked packet.
+#[inline(never)]
+fn at_a_bridge(ctx: &TcContext) -> bool {
+    // SAFETY: reading a field of the context the program was handed.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    maps::iface(ifindex).is_some_and(|iface| {
+        iface.flags & iface_flags::CONTAINER_SIDE != 0
+            && iface.flags & iface_flags::BRIDGE_PORT == 0
+    })
 }
 
 /// Whether `packet` is addressed to the node's address on the interface it

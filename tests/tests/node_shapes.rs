@@ -188,6 +188,10 @@ fn every_up_interface_carries_the_programs_but_bridge_ports() {
         attached, expected,
         "every up interface but loopback and the bridge's ports: {doc:#}"
     );
+    // The pod's port carries the ingress program alone, pinned apart.
+    let ports = doc["bridgePorts"].as_array().expect("bridgePorts");
+    assert_eq!(ports.len(), 1, "web's port: {doc:#}");
+    assert_eq!(ports[0]["attached"], true, "{doc:#}");
 }
 
 #[test]

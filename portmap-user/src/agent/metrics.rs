@@ -112,7 +112,7 @@ impl Snapshot {
         snapshot.maps = inspect::map_fills(layout).0;
         snapshot.sizes = InForce::read(layout);
         snapshot.flows = flows_by_protocol(layout);
-        snapshot.attachments = inspect::attachments(layout).0;
+        snapshot.attachments = inspect::attachments(layout).tc;
         snapshot.trace_lost = trace::lost_events(layout);
         snapshot.verbs = match VerbStats::open(layout) {
             Ok(Some(stats)) => records(&stats.snapshot()),

@@ -127,6 +127,14 @@ pub fn status_json(status: &Status) -> Value {
             "programID": a.program_id,
             "attached": a.attached,
         })).collect::<Vec<_>>(),
+        "bridgePorts": status.bridge_ports.iter().map(|a| json!({
+            "ifindex": a.ifindex,
+            "interface": a.interface,
+            "mode": a.mode.as_str(),
+            "linkID": a.link_id,
+            "programID": a.program_id,
+            "attached": a.attached,
+        })).collect::<Vec<_>>(),
         "drift": json!({
             "unattachedInterfaces": status.drift.unattached.iter().map(|(name, index)| json!({
                 "interface": name,
@@ -172,6 +180,26 @@ pub fn status_json(status: &Status) -> Value {
 /// The pin layout `status` looked at.
 fn status_layout(status: &Status) -> PinLayout {
     PinLayout::new(&status.root)
+}
+
+/// One line for the pods' bridge ports (one per pod: a count, not rows).
+fn bridge_ports_line(ports: &[portmap_user::ops::inspect::TcAttachment]) -> String {
+    let attached = ports.iter().filter(|a| a.attached).count();
+    let gone = ports.iter().filter(|a| a.interface.is_none()).count();
+    let detached = ports.len() - attached - gone;
+    let mut line = format!(
+        "ingress on {attached} pod bridge port(s) (hairpin flows are translated there, before the bridge's netfilter hooks)"
+    );
+    if gone > 0 {
+        line.push_str(&format!(
+            "; {gone} pin(s) of gone ports, removed by the next node-wide pass"
+        ));
+    }
+    if detached > 0 {
+        line.push_str(&format!("; {detached} port(s) not attached"));
+    }
+    line.push('\n');
+    line
 }
 
 fn opt<T: ToString>(value: Option<T>) -> String {
@@ -242,6 +270,9 @@ fn render(status: &Status, style: Style) -> String {
             ]);
         }
         out.push_str(&table.render(style));
+    }
+    if !status.bridge_ports.is_empty() {
+        out.push_str(&bridge_ports_line(&status.bridge_ports));
     }
     out.push_str(&section("Cgroup and other attachments"));
     match &status.hooks_cgroup {

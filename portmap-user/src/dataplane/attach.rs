@@ -148,15 +148,50 @@ fn program_id(program: &SchedClassifier) -> Option<u32> {
 /// `ifindex` in `direction`: the interface's tcx hook runs it (only our
 /// pinned link puts it there), or it is our clsact filter.
 fn attached(layout: &PinLayout, ifindex: u32, direction: Direction, want: u32) -> bool {
+    attached_at(
+        &HookPins::of(layout, ifindex, direction),
+        ifindex,
+        direction,
+        want,
+    )
+}
+
+/// [`attached`] for the hook whose pins are `pins`.
+fn attached_at(pins: &HookPins, ifindex: u32, direction: Direction, want: u32) -> bool {
     // The hook is asked, not the link: both questions take the RTNL, which
     // namespace and interface churn elsewhere on the node can hold for
     // milliseconds.
-    if layout.tcx_link(ifindex, direction).exists() {
+    if pins.tcx.exists() {
         return tcx_program_ids(ifindex, direction).is_ok_and(|ids| ids.contains(&want));
     }
     // clsact: the marker is the program we attached; it must be this build's.
-    pinned_id(&layout.clsact_marker(ifindex, direction)) == Some(want)
-        && netlink::interface_name(ifindex).is_some()
+    pinned_id(&pins.clsact) == Some(want) && netlink::interface_name(ifindex).is_some()
+}
+
+/// Where one tc attachment of ours is pinned: the tcx link, or under
+/// clsact the marker (the program the filter runs).
+struct HookPins {
+    tcx: PathBuf,
+    clsact: PathBuf,
+}
+
+impl HookPins {
+    /// An interface's own attachment (an uplink, the bridge, a routed
+    /// pod's veth).
+    fn of(layout: &PinLayout, ifindex: u32, direction: Direction) -> HookPins {
+        HookPins {
+            tcx: layout.tcx_link(ifindex, direction),
+            clsact: layout.clsact_marker(ifindex, direction),
+        }
+    }
+
+    /// The ingress attachment of a bridge port (see [`Targets::bridge_ports`]).
+    fn port(layout: &PinLayout, ifindex: u32) -> HookPins {
+        HookPins {
+            tcx: layout.port_link(ifindex),
+            clsact: layout.port_clsact_marker(ifindex),
+        }
+    }
 }
 
 /// IDs of the programs on the tcx hook of `ifindex` in `direction`, in this
@@ -239,6 +274,12 @@ pub struct Targets<'a> {
     /// Interfaces with pins that are now ports of a bridge or bond, where
     /// no run puts the programs (see [`LinkPins::interfaces`]): detached.
     pub ports: &'a BTreeSet<u32>,
+    /// The request's own bridge ports (its pod's veth; every pod's in a
+    /// node-wide pass): the ingress program goes there too, checked in the
+    /// kernel like `required` (see `verbs::interfaces::bridge_ports`).
+    /// Their pins are named apart ([`PinLayout::port_link`]), so no other
+    /// run reads them.
+    pub bridge_ports: &'a BTreeSet<u32>,
 }
 
 /// The links directory as one run read it: the run sorts the interfaces
@@ -305,14 +346,18 @@ pub fn ensure(
             let _lock = lock(layout)?;
             attach_beacon_if_missing(layout);
         }
-        return Ok(());
+        if let Some(mode) = attach_mode(layout) {
+            return attach_bridge_ports(layout, targets.bridge_ports, mode);
+        }
     }
     mount_bpffs_if_missing(layout.root())?;
     let lock = lock(layout)?;
     // Someone may have finished the job while we waited.
     if is_ready(layout, targets, &listed_links(layout), cgroup) && !resize_wanted(layout) {
         attach_beacon_if_missing(layout);
-        return Ok(());
+        if let Some(mode) = attach_mode(layout) {
+            return attach_bridge_ports(layout, targets.bridge_ports, mode);
+        }
     }
     for dir in [layout.maps_dir(), layout.progs_dir(), layout.links_dir()] {
         create_private_dir(&dir)?;
@@ -348,8 +393,8 @@ pub fn ensure(
     // finished that pass for this build yet. Otherwise an interface with
     // its pins is attached already, as `is_ready` trusts, and a run costs
     // the same on a node of 3 pods and of 1 000 (issue 36).
-    let full_pass =
-        loaded || resize.is_some() || mode == AttachMode::Clsact || !PassRecord::is_current(layout);
+    let upgrade_pass = loaded || resize.is_some() || !PassRecord::is_current(layout);
+    let full_pass = upgrade_pass || mode == AttachMode::Clsact;
     let pinned: std::collections::HashSet<(u32, Direction)> =
         recorded_attachments(layout).into_iter().collect();
     let has_pins = |ifindex: u32| {
@@ -362,6 +407,7 @@ pub fn ensure(
             attach_one(layout, ifindex, direction, mode)?;
         }
     }
+    attach_bridge_ports(layout, targets.bridge_ports, mode)?;
     for &ifindex in targets.uplinks.difference(targets.required) {
         if !full_pass && has_pins(ifindex) {
             continue;
@@ -382,6 +428,18 @@ pub fn ensure(
         }
         if let Err(error) = attach_one(layout, ifindex, direction, mode) {
             log::warn!("updating the programs on interface {ifindex}: {error}");
+            all_updated = false;
+        }
+    }
+    // Other pods' bridge ports (one pin each, read only here): their
+    // program changes with an upgrade only, whatever the mode.
+    for ifindex in port_pins(layout).into_iter().filter(|_| upgrade_pass) {
+        if targets.bridge_ports.contains(&ifindex) {
+            continue;
+        }
+        let pins = HookPins::port(layout, ifindex);
+        if let Err(error) = attach_at(layout, &pins, ifindex, Direction::Ingress, mode) {
+            log::warn!("updating the program on bridge port {ifindex}: {error}");
             all_updated = false;
         }
     }
@@ -806,6 +864,86 @@ fn detach_port(layout: &PinLayout, ifindex: u32) {
     log::info!("interface {ifindex} is a port of a bridge or bond now: its programs are off");
 }
 
+/// Puts the ingress program on the request's bridge ports (see
+/// [`Targets::bridge_ports`]), each checked in the kernel: a pod's own, so
+/// no other run races for it but a node-wide pass, and without the load
+/// lock (the slow path would raise the mappings' epoch on every ADD).
+fn attach_bridge_ports(
+    layout: &PinLayout,
+    ports: &BTreeSet<u32>,
+    mode: AttachMode,
+) -> Result<(), AttachError> {
+    for &ifindex in ports {
+        let pins = HookPins::port(layout, ifindex);
+        match attach_at(layout, &pins, ifindex, Direction::Ingress, mode) {
+            // A pod's veth that went since the run's dump (a node-wide pass
+            // finds every pod's): its pin goes with the next such pass.
+            Err(AttachError::NoInterface { .. }) => {}
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// The record that a run of this build has put the ingress program on
+/// every pod's bridge port of the node (`{lock}.ports`, the build ID in
+/// hex, beside the lock). Until then a run does that node-wide: the pods
+/// made before the dataplane existed (an ADD without mappings installs
+/// nothing) or before this build (an upgrade) have none.
+pub struct PortsRecord;
+
+impl PortsRecord {
+    pub fn path(layout: &PinLayout) -> PathBuf {
+        layout.lock_file().with_extension("ports")
+    }
+
+    pub fn is_current(layout: &PinLayout) -> bool {
+        std::fs::read_to_string(Self::path(layout)).is_ok_and(|text| text == PassRecord::text())
+    }
+
+    /// Best effort: without it the next run walks the ports again.
+    pub fn write(layout: &PinLayout) {
+        let path = Self::path(layout);
+        if let Err(error) = crate::dataplane::lock::write_record(&path, &PassRecord::text()) {
+            log::debug!(
+                "bridge ports record {} not written: {error}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// Every bridge port with a pin of ours (see [`Targets::bridge_ports`]):
+/// one read of the links directory. Only a node-wide pass, an upgrade and
+/// the operator's commands read them; a run of one pod never does.
+pub fn port_pins(layout: &PinLayout) -> BTreeSet<u32> {
+    listed_links(layout)
+        .iter()
+        .filter_map(|(name, _)| {
+            crate::dataplane::pin::parse_port_link_name(&name.to_string_lossy())
+        })
+        .map(|(ifindex, _)| ifindex)
+        .collect()
+}
+
+/// Takes the ingress program off bridge port `ifindex` (a pod's veth going
+/// away, or one that is gone or no port any more): the tcx link goes with
+/// its pin; a clsact filter is deleted if the interface is still there.
+pub fn forget_port(layout: &PinLayout, ifindex: u32) {
+    let pins = HookPins::port(layout, ifindex);
+    if pins.clsact.exists() {
+        if let Some(interface) = netlink::interface_name(ifindex)
+            && let Err(error) = detach_clsact(&interface, Direction::Ingress)
+        {
+            log::warn!("taking the program off bridge port {interface}: {error}");
+            return;
+        }
+        let _ = fs::remove_file(&pins.clsact);
+    }
+    // The pin holds the link's last reference: removing it detaches.
+    let _ = fs::remove_file(&pins.tcx);
+}
+
 /// Whether interface `ifindex` is gone: not among `live` (what the run's
 /// dump saw) nor known to the kernel now (the dump may have left it out,
 /// or a newer run attached an interface made since).
@@ -928,6 +1066,23 @@ fn attach_one(
     direction: Direction,
     mode: AttachMode,
 ) -> Result<(), AttachError> {
+    attach_at(
+        layout,
+        &HookPins::of(layout, ifindex, direction),
+        ifindex,
+        direction,
+        mode,
+    )
+}
+
+/// [`attach_one`] for the hook whose pins are `pins`.
+fn attach_at(
+    layout: &PinLayout,
+    pins: &HookPins,
+    ifindex: u32,
+    direction: Direction,
+    mode: AttachMode,
+) -> Result<(), AttachError> {
     let name = program_name(direction);
     let mut program = pinned_program(layout, direction).ok_or(AttachError::Program {
         program: name,
@@ -939,7 +1094,7 @@ fn attach_one(
             source: Box::new(ProgramError::NotLoaded),
         });
     };
-    if attached(layout, ifindex, direction, id) {
+    if attached_at(pins, ifindex, direction, id) {
         return Ok(());
     }
     let interface =
@@ -952,10 +1107,10 @@ fn attach_one(
     };
     if mode == AttachMode::Clsact {
         features::ensure_clsact(&interface)?;
-        return attach_clsact(layout, &mut program, ifindex, &interface, direction)
+        return attach_clsact(&pins.clsact, &mut program, &interface, direction)
             .map_err(attach_error);
     }
-    let link_path = layout.tcx_link(ifindex, direction);
+    let link_path = pins.tcx.clone();
 
     // An existing link of ours that still sits on this interface: swap the
     // program inside it, atomically.
@@ -1000,9 +1155,8 @@ fn attach_one(
 }
 
 fn attach_clsact(
-    layout: &PinLayout,
+    marker: &Path,
     program: &mut SchedClassifier,
-    ifindex: u32,
     interface: &str,
     direction: Direction,
 ) -> Result<(), ProgramError> {
@@ -1039,10 +1193,9 @@ fn attach_clsact(
     // The filter holds the program; our handle must not detach it on drop.
     let link = program.take_link(link_id)?;
     std::mem::forget(link);
-    let marker = layout.clsact_marker(ifindex, direction);
-    let _ = fs::remove_file(&marker);
+    let _ = fs::remove_file(marker);
     program
-        .pin(&marker)
+        .pin(marker)
         .map_err(|e| ProgramError::IOError(io::Error::other(e.to_string())))?;
     Ok(())
 }

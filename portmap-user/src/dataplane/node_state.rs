@@ -115,6 +115,10 @@ pub struct NodeState {
     /// Interfaces containers sit behind (from prevResult's host-side
     /// interfaces), by index.
     pub container_side: BTreeSet<u32>,
+    /// The request's bridge ports that carry the ingress program, each with
+    /// its bridge: their settings are the bridge's addresses, container
+    /// side (a hairpin flow is translated and masqueraded there first).
+    pub bridge_ports: BTreeMap<u32, u32>,
     /// Every interface the tc programs run on.
     pub attached: BTreeSet<u32>,
     /// Index of every interface of the node: settings of other indexes are
@@ -278,7 +282,7 @@ impl Wanted {
                 _ => {}
             }
         }
-        let ifaces = state
+        let mut ifaces: BTreeMap<u32, IfaceConfig> = state
             .attached
             .iter()
             .map(|&index| {
@@ -289,6 +293,11 @@ impl Wanted {
                 (index, config)
             })
             .collect();
+        for (&port, bridge) in &state.bridge_ports {
+            let mut config = by_iface.get(bridge).copied().unwrap_or_default();
+            config.flags |= iface_flags::CONTAINER_SIDE | iface_flags::with_bridge(*bridge);
+            ifaces.insert(port, config);
+        }
         let mut wanted = Wanted {
             node: NodeConfig {
                 netns_cookie,
@@ -577,7 +586,12 @@ pub fn container_side_indexes(layout: &PinLayout) -> BTreeSet<u32> {
     ifaces
         .iter()
         .filter_map(Result::ok)
-        .filter(|(_, config)| config.flags & iface_flags::CONTAINER_SIDE != 0)
+        // A bridge port carries the ingress program only, by a pin of its
+        // own (see `attach::port_pins`), not the interfaces' pair.
+        .filter(|(_, config)| {
+            config.flags & iface_flags::CONTAINER_SIDE != 0
+                && config.flags & iface_flags::BRIDGE_PORT == 0
+        })
         .map(|(index, _)| index)
         .collect()
 }
@@ -606,6 +620,7 @@ mod tests {
                 address(4, "10.244.0.1"),
             ],
             container_side: BTreeSet::from([4]),
+            bridge_ports: BTreeMap::from([(9, 4)]),
             attached: BTreeSet::from([2, 4]),
             live: BTreeSet::from([1, 2, 4]),
             interfaces: None,
@@ -629,6 +644,18 @@ mod tests {
         assert_eq!(eth.flags, 0);
         assert_eq!(wanted.ifaces[&4].flags, iface_flags::CONTAINER_SIDE);
         assert!(!wanted.ifaces.contains_key(&1), "only attached interfaces");
+        // A pod's bridge port: the bridge's address, container side, so
+        // that a hairpin flow is masqueraded and its answer known there.
+        assert_eq!(
+            wanted.ifaces[&9],
+            IfaceConfig {
+                flags: iface_flags::CONTAINER_SIDE | iface_flags::with_bridge(4),
+                ..wanted.ifaces[&4]
+            }
+        );
+        assert_eq!(iface_flags::bridge_of(wanted.ifaces[&9].flags), 4);
+        assert_ne!(wanted.ifaces[&9].flags & iface_flags::BRIDGE_PORT, 0);
+        assert_eq!(iface_flags::bridge_of(iface_flags::with_bridge(1 << 24)), 0);
     }
 
     #[test]

@@ -86,6 +86,20 @@ impl PinLayout {
             .join(format!("if{ifindex}_{}_clsact", direction.as_str()))
     }
 
+    /// The ingress link on bridge port `ifindex` (a pod's veth, see
+    /// `verbs::interfaces::bridge_ports`): named apart from the uplinks'
+    /// and the bridge's, so that a run's read of the links directory does
+    /// not take the node's pods for interfaces to ask the kernel about.
+    pub fn port_link(&self, ifindex: u32) -> PathBuf {
+        self.links_dir().join(format!("port{ifindex}_ingress"))
+    }
+
+    /// The clsact marker of bridge port `ifindex` (see [`Self::port_link`]).
+    pub fn port_clsact_marker(&self, ifindex: u32) -> PathBuf {
+        self.links_dir()
+            .join(format!("port{ifindex}_ingress_clsact"))
+    }
+
     /// Lock serialising program loads and attachments for this root (map
     /// updates never take it). Lives outside bpffs, which holds no files.
     pub fn lock_file(&self) -> PathBuf {
@@ -98,6 +112,18 @@ impl PinLayout {
 /// shared default root (when another namespace owns the root itself).
 pub fn netns_root(root: &Path, cookie: u64) -> PathBuf {
     root.join("netns").join(format!("{cookie:016x}"))
+}
+
+/// Parses a bridge port's link pin file name (see [`PinLayout::port_link`])
+/// back into (ifindex, clsact).
+pub fn parse_port_link_name(name: &str) -> Option<(u32, bool)> {
+    let (index, rest) = name.strip_prefix("port")?.split_once('_')?;
+    let clsact = match rest {
+        "ingress" => false,
+        "ingress_clsact" => true,
+        _ => return None,
+    };
+    Some((index.parse().ok()?, clsact))
 }
 
 /// Parses a link pin file name back into (ifindex, direction, clsact).
@@ -158,6 +184,16 @@ mod tests {
         assert_eq!(parse_link_name("if_x_ingress"), None);
         assert_eq!(parse_link_name("ifx_ingress"), None);
         assert_eq!(parse_link_name("if1_sideways"), None);
+        let port = layout.port_link(42);
+        let port = port.file_name().unwrap().to_str().unwrap();
+        assert_eq!(parse_port_link_name(port), Some((42, false)));
+        assert_eq!(parse_link_name(port), None);
+        let marker = layout.port_clsact_marker(42);
+        let marker = marker.file_name().unwrap().to_str().unwrap();
+        assert_eq!(parse_port_link_name(marker), Some((42, true)));
+        assert_eq!(parse_link_name(marker), None);
+        assert_eq!(parse_port_link_name("if42_ingress"), None);
+        assert_eq!(parse_port_link_name("port42_egress"), None);
     }
 
     #[test]

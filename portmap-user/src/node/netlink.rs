@@ -137,6 +137,8 @@ pub struct LinkFacts {
     pub index: u32,
     /// Enslaved to a bridge (or another controller).
     pub has_controller: bool,
+    /// The controller's index (`IFLA_MASTER`), 0 for none.
+    pub controller: u32,
 }
 
 /// One interface of the node as a link dump reports it.
@@ -150,6 +152,8 @@ pub struct Link {
     pub loopback: bool,
     /// Enslaved to a bridge, a bond or another controller.
     pub has_controller: bool,
+    /// The controller's index, 0 for none.
+    pub controller: u32,
 }
 
 impl Netlink {
@@ -480,15 +484,16 @@ fn node_address(payload: &[u8]) -> Result<NodeAddress, NetlinkError> {
 /// Index and controller of `payload`, an `RTM_NEWLINK`.
 fn link_facts(payload: &[u8]) -> Result<LinkFacts, NetlinkError> {
     let header = LinkHeader::parse(payload).map_err(|_| NetlinkError::Decode)?;
-    let mut has_controller = false;
+    let mut controller = 0;
     for nla in attributes(payload, wire::LINK_HEADER_LEN)? {
         if nla.kind() == wire::IFLA_MASTER {
-            has_controller = parse_u32(nla.value()).map_err(|_| NetlinkError::Decode)? != 0;
+            controller = parse_u32(nla.value()).map_err(|_| NetlinkError::Decode)?;
         }
     }
     Ok(LinkFacts {
         index: header.index,
-        has_controller,
+        has_controller: controller != 0,
+        controller,
     })
 }
 
@@ -513,6 +518,7 @@ fn link(payload: &[u8]) -> Result<Link, NetlinkError> {
         up: flags & libc::IFF_UP as u32 != 0,
         loopback: flags & libc::IFF_LOOPBACK as u32 != 0,
         has_controller: facts.has_controller,
+        controller: facts.controller,
     })
 }
 
@@ -651,7 +657,8 @@ mod tests {
             link_facts(&wire_bytes(&port)).unwrap(),
             LinkFacts {
                 index: 9,
-                has_controller: true
+                has_controller: true,
+                controller: 4,
             }
         );
         port.attributes.pop();
@@ -676,6 +683,7 @@ mod tests {
                 up: true,
                 loopback: false,
                 has_controller: true,
+                controller: 2,
             }
         );
         message.header.flags = LinkFlags::Loopback;
@@ -691,6 +699,7 @@ mod tests {
             up,
             loopback: name == "lo",
             has_controller: name.starts_with("veth"),
+            controller: if name.starts_with("veth") { 4 } else { 0 },
         }
     }
 

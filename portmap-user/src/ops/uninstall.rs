@@ -28,7 +28,7 @@ use aya::programs::links::PinnedLink;
 use crate::{
     dataplane::attach,
     dataplane::maps::Maps,
-    dataplane::pin::{PinLayout, parse_link_name},
+    dataplane::pin::{Direction, PinLayout, parse_link_name, parse_port_link_name},
     node::netlink,
 };
 
@@ -126,7 +126,11 @@ fn detach_links(layout: &PinLayout, report: &mut Report) {
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        match parse_link_name(&name) {
+        // A pod's bridge port carries the ingress program only.
+        let parsed = parse_port_link_name(&name)
+            .map(|(ifindex, clsact)| (ifindex, Direction::Ingress, clsact))
+            .or_else(|| parse_link_name(&name));
+        match parsed {
             Some((ifindex, direction, true)) => {
                 // The marker pin is the program; the filter holds it.
                 let what = format!(
@@ -152,7 +156,7 @@ fn detach_links(layout: &PinLayout, report: &mut Report) {
                     Ok(link) => {
                         drop(link);
                         report.removed.push(path.clone());
-                        report.detached.push(match parse_link_name(&name) {
+                        report.detached.push(match parsed {
                             Some((ifindex, direction, _)) => format!(
                                 "tcx {} link on {}",
                                 direction.as_str(),
@@ -239,6 +243,10 @@ pub fn uninstall(layout: &PinLayout, force: bool) -> Result<Report, UninstallErr
         remove_pin(&record, &mut report);
     }
     remove_pin(&crate::dataplane::attach::pass_record(layout), &mut report);
+    remove_pin(
+        &crate::dataplane::attach::PortsRecord::path(layout),
+        &mut report,
+    );
     // Likewise the record of the hooks found in place, and the root's
     // registration (see `dataplane::stale`).
     remove_pin(&crate::dataplane::cgroup::hooks_record(layout), &mut report);
@@ -283,7 +291,10 @@ pub fn remove_stale_links(
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some((ifindex, _, _)) = parse_link_name(&name)
+        let ifindex = parse_link_name(&name)
+            .map(|(ifindex, _, _)| ifindex)
+            .or_else(|| parse_port_link_name(&name).map(|(ifindex, _)| ifindex));
+        if let Some(ifindex) = ifindex
             && netlink::interface_name(ifindex).is_none()
         {
             if !dry_run {

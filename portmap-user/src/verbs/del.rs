@@ -24,7 +24,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::interfaces::{Pass, reconcile_after};
+use super::interfaces::{Pass, forget_bridge_ports, reconcile_after};
 use super::shared::PluginError;
 use super::shared::forget_counters;
 use super::shared::own_state;
@@ -178,6 +178,8 @@ fn release(req: &Request) -> Result<(), PluginError> {
         who(&req.owner, identity)
     );
     forget_counters(&layout, ownership::owner_id(&req.owner), &owned);
+    // Its bridge port's program goes before its veth does.
+    forget_bridge_ports(&layout, &req.interfaces);
     // Earlier containers' veths are gone by now (this one's goes after
     // us, in the interface plugin's DEL): their dead link pins go too.
     reconcile_after("DEL", &layout, &req.conf, Pass::Call);

@@ -39,6 +39,10 @@ pub struct NodeView {
     pub uplinks: BTreeSet<u32>,
     /// This request's container-facing interfaces (prevResult).
     pub container_side: BTreeSet<u32>,
+    /// This request's bridge ports (prevResult's host end of the veth, a
+    /// port of a bridge in `container_side`), each with its bridge: they
+    /// carry the ingress program too ([`bridge_ports`]).
+    pub ports: BTreeMap<u32, u32>,
 }
 
 impl NodeView {
@@ -81,11 +85,14 @@ impl NodeView {
             }
         }
         let container_side = container_side_interfaces(&links, interfaces);
+        let mut ports = bridge_ports(&links, interfaces, &container_side);
+        ports.retain(|port, _| !selection.uplinks.contains(port));
         Ok(NodeView {
             links,
             addresses,
             uplinks: selection.uplinks,
             container_side,
+            ports,
         })
     }
 
@@ -179,7 +186,17 @@ pub fn reconcile(
     };
     let cgroup = cgroup::target(conf.cgroup_path.as_deref()).map_err(AttachError::from)?;
     let pins = LinkPins::read(layout);
-    let Attached { live, ports } = attached(rtnl, &pins, conf, node)?;
+    let Attached { mut live, ports } = attached(rtnl, &pins, conf, node)?;
+    let mut port_bridges = node.ports.clone();
+    // Every pod's port: node-wide passes, and once per build (the pods
+    // made before the dataplane existed, or before an upgrade).
+    let every_port = conf.interfaces.is_none()
+        && (pass == Pass::Node || !attach::PortsRecord::is_current(layout));
+    if every_port {
+        port_bridges.extend(node_bridge_ports(rtnl, layout, &node.container_side)?);
+        live.extend(port_bridges.keys());
+    }
+    let bridge_ports: BTreeSet<u32> = port_bridges.keys().copied().collect();
     attach::ensure(
         layout,
         pins,
@@ -188,6 +205,7 @@ pub fn reconcile(
             uplinks: &node.uplinks,
             live: &live,
             ports: &ports,
+            bridge_ports: &bridge_ports,
         },
         &cgroup,
         capacities,
@@ -215,17 +233,69 @@ pub fn reconcile(
             forward_hooked,
             addresses: recorded_addresses(node),
             container_side: node.container_side.clone(),
+            bridge_ports: port_bridges,
             attached: node.targets(),
             live,
             interfaces: conf.interfaces.clone(),
             sweep_interfaces: pass == Pass::Node,
         },
     )?;
+    if every_port {
+        attach::PortsRecord::write(layout);
+    }
     // Nodes sharing this machine whose network namespace went away leave
     // their state, and their socket hooks on a shared cgroup, behind: any
     // node's run takes them off (see `dataplane::stale`).
     stale::sweep(layout);
     Ok(())
+}
+
+/// A node-wide pass over the pods' bridge ports (see [`bridge_ports`]):
+/// every port of a bridge recorded as container-facing (or the request's),
+/// whether or not a
+/// run put the program there (pods made before an upgrade to a build that
+/// does get it now), each with its bridge; and a pin of a port that is
+/// gone, or no such port any more, is dropped (a pod whose DEL never came,
+/// or came without prevResult). One dump of every link: node-wide passes
+/// only.
+fn node_bridge_ports(
+    rtnl: &mut Rtnl,
+    layout: &PinLayout,
+    container_side: &BTreeSet<u32>,
+) -> Result<BTreeMap<u32, u32>, PluginError> {
+    // The pins first: one a run makes after the dump is then not taken
+    // for a gone port's.
+    let pinned = attach::port_pins(layout);
+    let mut bridges = node_state::container_side_indexes(layout);
+    bridges.extend(container_side);
+    let ports: BTreeMap<u32, u32> = rtnl
+        .links()?
+        .iter()
+        .filter(|l| bridges.contains(&l.controller))
+        .map(|l| (l.index, l.controller))
+        .collect();
+    for ifindex in pinned {
+        if !ports.contains_key(&ifindex) {
+            attach::forget_port(layout, ifindex);
+        }
+    }
+    Ok(ports)
+}
+
+/// Takes the ingress program off the request's bridge ports (DEL: the pod's
+/// veth goes next, in the interface plugin's DEL), so that its pin does
+/// not outlive it. A port the plugin does not find is left to the next
+/// node-wide pass.
+pub(super) fn forget_bridge_ports(layout: &PinLayout, interfaces: &[PrevInterface]) {
+    for name in interfaces
+        .iter()
+        .filter(|i| !i.in_sandbox())
+        .filter_map(|i| i.name.as_deref())
+    {
+        if let Some(ifindex) = netlink::interface_index(name) {
+            attach::forget_port(layout, ifindex);
+        }
+    }
 }
 
 /// What a run knows of the interfaces that carry programs of ours.
@@ -312,6 +382,34 @@ pub fn container_side_interfaces(links: &[Link], interfaces: &[PrevInterface]) -
         .collect()
 }
 
+/// The request's bridge ports (the host end of the pod's veth), each with
+/// its bridge, one of `container_side`: the ingress program goes there too.
+///
+/// A frame entering a bridge from a port meets the bridge's netfilter
+/// hooks (`br_netfilter`, on when `bridge-nf-call-iptables` is 1, as on
+/// every Kubernetes node) before the bridge device's own tc hook: without
+/// a program on the port, conntrack records a pod's hairpin SYN to
+/// nodeIP:hostPort untranslated, then takes the answer, translated by
+/// then, for a new flow (a SYN-ACK: INVALID), which kube-proxy's
+/// `--ctstate INVALID -j DROP` at FORWARD drops: every hairpin TCP
+/// connection failed. On the port the program translates first, so
+/// conntrack sees the flow as the containers do. Only ingress: the
+/// bridge's egress hook runs before the bridge's hooks on the way out.
+pub fn bridge_ports(
+    links: &[Link],
+    interfaces: &[PrevInterface],
+    container_side: &BTreeSet<u32>,
+) -> BTreeMap<u32, u32> {
+    interfaces
+        .iter()
+        .filter(|i| !i.in_sandbox())
+        .filter_map(|i| i.name.as_deref())
+        .filter_map(|name| links.iter().find(|l| l.name == name))
+        .filter(|l| container_side.contains(&l.controller))
+        .map(|l| (l.index, l.controller))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,6 +421,7 @@ mod tests {
             up: true,
             loopback: name == "lo",
             has_controller,
+            controller: if has_controller { 4 } else { 0 },
         }
     }
 
@@ -353,6 +452,7 @@ mod tests {
             ],
             uplinks: BTreeSet::from([2]),
             container_side: BTreeSet::from([4]),
+            ports: BTreeMap::new(),
         };
         let recorded: Vec<String> = recorded_addresses(&node)
             .iter()

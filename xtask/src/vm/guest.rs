@@ -173,6 +173,16 @@ pub const GUEST_TESTS: &[GuestTest] = &[
             "a_node_connection_on_an_open_hairpin_tuple_is_remapped",
         ]),
     },
+    // The pods' bridge ports (issue 37): the ingress program alone on a
+    // port, taken off by DEL and by a node-wide pass (6.1: a clsact filter
+    // deleted by netlink), and given to a pod's port that lacks it.
+    GuestTest {
+        name: "bridge_ports",
+        tests: InGuest::Only(&[
+            "del_and_a_node_wide_pass_take_the_program_off_pods_bridge_ports",
+            "a_node_wide_pass_gives_the_program_to_pods_made_before_it_was_on_their_ports",
+        ]),
+    },
     // Flows evicted from the kernel's LRU maps and recovered, and the
     // socket lookup that keeps the node's own flows the node's. Churn at
     // four times a table exercises the same code at length: host only.

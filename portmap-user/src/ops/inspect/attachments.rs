@@ -12,7 +12,7 @@ use crate::dataplane::{
     attach,
     features::AttachMode,
     object::build_id,
-    pin::{Direction, PinLayout, parse_link_name},
+    pin::{Direction, PinLayout, parse_link_name, parse_port_link_name},
 };
 use crate::node::netlink;
 
@@ -75,16 +75,35 @@ pub struct OtherLink {
     pub program_id: Option<u32>,
 }
 
-pub fn attachments(layout: &PinLayout) -> (Vec<TcAttachment>, Vec<OtherLink>) {
-    let mut tc = Vec::new();
-    let mut other = Vec::new();
+/// Every pin under links/: the interfaces' tc attachments, the bridge
+/// ports' ingress attachments (pods' veths, see
+/// `verbs::interfaces::bridge_ports`) and the other links.
+pub struct Attachments {
+    pub tc: Vec<TcAttachment>,
+    pub bridge_ports: Vec<TcAttachment>,
+    pub other: Vec<OtherLink>,
+}
+
+pub fn attachments(layout: &PinLayout) -> Attachments {
+    let mut found = Attachments {
+        tc: Vec::new(),
+        bridge_ports: Vec::new(),
+        other: Vec::new(),
+    };
     let Ok(entries) = fs::read_dir(layout.links_dir()) else {
-        return (tc, other);
+        return found;
     };
     for entry in entries.flatten() {
         let file = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
-        match parse_link_name(&file) {
+        let (parsed, list) = match parse_port_link_name(&file) {
+            Some((ifindex, clsact)) => (
+                Some((ifindex, Direction::Ingress, clsact)),
+                &mut found.bridge_ports,
+            ),
+            None => (parse_link_name(&file), &mut found.tc),
+        };
+        match parsed {
             Some((ifindex, direction, clsact)) => {
                 let interface = netlink::interface_name(ifindex);
                 let (mode, link_id, program_id) = if clsact {
@@ -111,7 +130,7 @@ pub fn attachments(layout: &PinLayout) -> (Vec<TcAttachment>, Vec<OtherLink>) {
                     (Some(_), Some(_), AttachMode::Clsact) => true,
                     _ => false,
                 };
-                tc.push(TcAttachment {
+                list.push(TcAttachment {
                     ifindex,
                     interface,
                     direction,
@@ -125,7 +144,7 @@ pub fn attachments(layout: &PinLayout) -> (Vec<TcAttachment>, Vec<OtherLink>) {
                 let info = PinnedLink::from_pin(&path)
                     .ok()
                     .and_then(|link| FdLink::from(link).info().ok());
-                other.push(OtherLink {
+                found.other.push(OtherLink {
                     pin: file,
                     link_type: info
                         .as_ref()
@@ -139,7 +158,10 @@ pub fn attachments(layout: &PinLayout) -> (Vec<TcAttachment>, Vec<OtherLink>) {
             }
         }
     }
-    tc.sort_by_key(|a| (a.ifindex, a.direction == Direction::Egress));
-    other.sort_by(|a, b| a.pin.cmp(&b.pin));
-    (tc, other)
+    found
+        .tc
+        .sort_by_key(|a| (a.ifindex, a.direction == Direction::Egress));
+    found.bridge_ports.sort_by_key(|a| a.ifindex);
+    found.other.sort_by(|a, b| a.pin.cmp(&b.pin));
+    found
 }

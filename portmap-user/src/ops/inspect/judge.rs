@@ -314,6 +314,7 @@ mod tests {
             tc: vec![tc(Direction::Ingress), tc(Direction::Egress)],
             drift: NodeDrift::default(),
             other_links: Vec::new(),
+            bridge_ports: Vec::new(),
             maps: vec![MapFill {
                 name: "mappings".into(),
                 map_type: "hash".into(),

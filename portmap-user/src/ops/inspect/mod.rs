@@ -40,7 +40,11 @@ pub fn status(layout: &PinLayout) -> Status {
         (Vec::new(), Vec::new())
     };
     let programs = pinned_programs(layout);
-    let (tc, other_links) = attachments(layout);
+    let attachments::Attachments {
+        tc,
+        bridge_ports,
+        other: other_links,
+    } = attachments(layout);
     let drift = if installed {
         node_drift(layout, &tc)
     } else {
@@ -56,6 +60,7 @@ pub fn status(layout: &PinLayout) -> Status {
         fast_path: status::fast_path(layout),
         programs,
         tc,
+        bridge_ports,
         drift,
         other_links,
         maps,

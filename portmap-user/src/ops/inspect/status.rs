@@ -54,6 +54,9 @@ pub struct Status {
     pub fast_path: Option<FastPathReport>,
     pub programs: Vec<PinnedProgram>,
     pub tc: Vec<TcAttachment>,
+    /// The pods' bridge ports carrying the ingress program (hairpin flows
+    /// are translated there, before the bridge's netfilter hooks).
+    pub bridge_ports: Vec<TcAttachment>,
     /// How the node differs from what the plugin's runs set up.
     pub drift: NodeDrift,
     pub other_links: Vec<OtherLink>,
