@@ -20,7 +20,7 @@ use portmap_tests::plugins::plugin_bin;
 use portmap_tests::topology::{NODE_IP4, NODE_IP6};
 use portmap_tests::traffic::{tcp_connect_from, tcp_echo_server};
 use portmap_tests::world::{World, operator_json, sock};
-use portmap_tests::{Container, PortMapping};
+use portmap_tests::{CniCommand, Container, PortMapping};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -274,4 +274,28 @@ fn pods_made_before_the_dataplane_get_the_program_from_the_add_that_installs_it(
             .unwrap_or_else(|e| panic!("{what}: {e}\n{}", world.dump()));
         assert_eq!(answer, "brp-late ping", "{what}");
     }
+}
+
+#[test]
+fn an_add_that_finds_its_ports_program_linked_by_a_run_beside_it_succeeds() {
+    let world = World::bridge();
+    let pod = world.node.add_container("brp-shared");
+    let result = world.add(&pod, &[PortMapping::tcp(HOST_PORT, 80)]);
+    let port = host_veth(&world, &pod);
+    let links = world.pins.path().join("v1/links");
+    let pin = links.join(format!("port{}_ingress", world.node.ifindex(&port)));
+    if !pin.exists() {
+        // clsact (before 6.6): a filter, no link to hold elsewhere.
+        return;
+    }
+    // What a run beside this one leaves for an instant: this build's
+    // program on the port's hook, by a link not (yet) at our pin. The hook
+    // takes a program once: linking it again fails with EEXIST.
+    let held = links.join("held-by-another-run");
+    std::fs::rename(&pin, &held).expect("move the port's link pin");
+    let mut rt = pod.with_port_mappings(&[PortMapping::tcp(9000, 80)]);
+    rt.container_id = "brp-shared-2".into();
+    let added = world.exec_ours(CniCommand::Add, &rt, Some(&result));
+    std::fs::remove_file(&held).expect("let the held link go");
+    added.unwrap_or_else(|e| panic!("ADD beside a run that linked the port: {e}"));
 }

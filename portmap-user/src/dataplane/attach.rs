@@ -37,6 +37,7 @@ use crate::{
     dataplane::resize,
     dataplane::sizing::Capacities,
     dataplane::stale,
+    dataplane::tcx,
     node::netlink,
 };
 
@@ -874,8 +875,17 @@ fn attach_bridge_ports(
     mode: AttachMode,
 ) -> Result<(), AttachError> {
     for &ifindex in ports {
-        let pins = HookPins::port(layout, ifindex);
-        match attach_at(layout, &pins, ifindex, Direction::Ingress, mode) {
+        let attached = match mode {
+            AttachMode::Tcx => attach_port_tcx(layout, ifindex),
+            AttachMode::Clsact => attach_at(
+                layout,
+                &HookPins::port(layout, ifindex),
+                ifindex,
+                Direction::Ingress,
+                mode,
+            ),
+        };
+        match attached {
             // A pod's veth that went since the run's dump (a node-wide pass
             // finds every pod's): its pin goes with the next such pass.
             Err(AttachError::NoInterface { .. }) => {}
@@ -883,6 +893,51 @@ fn attach_bridge_ports(
         }
     }
     Ok(())
+}
+
+/// The ingress program on bridge port `ifindex` under tcx, without opening
+/// the program in aya (see `dataplane::tcx`): its ID from the pin, the
+/// hook asked, and, if this build's program is not there, a new link. A
+/// pin of ours that runs another program (a reused index, or a build that
+/// an upgrade pass has not reached) is replaced. Concurrent runs for the
+/// same port (a node-wide pass beside the pod's ADD) end with one link:
+/// the hook refuses a program it runs already (`EEXIST`), and a link that
+/// loses the race for the pin goes with its fd.
+fn attach_port_tcx(layout: &PinLayout, ifindex: u32) -> Result<(), AttachError> {
+    let name = program_name(Direction::Ingress);
+    let program = layout.program(build_id(), name);
+    let not_loaded = || AttachError::Program {
+        program: name,
+        source: Box::new(ProgramError::NotLoaded),
+    };
+    let id = pinned_id(&program).ok_or_else(not_loaded)?;
+    let pins = HookPins::port(layout, ifindex);
+    if attached_at(&pins, ifindex, Direction::Ingress, id) {
+        return Ok(());
+    }
+    let _ = fs::remove_file(&pins.tcx);
+    match tcx::link_pinned(&program, ifindex, Direction::Ingress, &pins.tcx) {
+        Ok(()) => Ok(()),
+        Err(error) if error.raw_os_error() == Some(libc::ENODEV) => {
+            Err(AttachError::NoInterface { index: ifindex })
+        }
+        // The hook runs this very program already (a hook takes a program
+        // once: the link of a run beside this one, pinned or about to be).
+        Err(error)
+            if error.raw_os_error() == Some(libc::EEXIST)
+                && tcx_program_ids(ifindex, Direction::Ingress)
+                    .is_ok_and(|ids| ids.contains(&id)) =>
+        {
+            Ok(())
+        }
+        Err(error) => Err(AttachError::Attach {
+            program: name,
+            interface: netlink::interface_name(ifindex)
+                .unwrap_or_else(|| format!("interface index {ifindex}")),
+            direction: Direction::Ingress.as_str(),
+            source: Box::new(ProgramError::IOError(error)),
+        }),
+    }
 }
 
 /// The record that a run of this build has put the ingress program on

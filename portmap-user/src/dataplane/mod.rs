@@ -32,5 +32,6 @@ pub mod resize;
 pub mod scope;
 pub mod sizing;
 pub mod stale;
+pub mod tcx;
 pub mod trace;
 pub mod verb_stats;
