@@ -32,13 +32,20 @@ impl Hook {
     }
 }
 
+/// A pod's bridge port (the host end of its veth), which carries
+/// ebpf-portmap's ingress program: each world's pods have veths of their
+/// own names, so a hook there is named by its role and found again in
+/// the world the floor goes to.
+pub const POD_PORT: &str = "<every pod's bridge port>";
+
 /// The tc hooks in `ns` that run one of ebpf-portmap's programs (whose
-/// names start with `portmap_`), found by asking the kernel.
+/// names start with `portmap_`), found by asking the kernel; a bridge
+/// port's as [`POD_PORT`].
 pub fn hooks_of_ebpf_portmap(ns: &NsHandle) -> Result<Vec<Hook>, String> {
     let interfaces = interfaces(ns)?;
     ns.run(|| {
         let mut hooks = Vec::new();
-        for interface in interfaces {
+        for (interface, port) in interfaces {
             for ingress in [true, false] {
                 let hook = Hook {
                     interface: interface.clone(),
@@ -54,7 +61,13 @@ pub fn hooks_of_ebpf_portmap(ns: &NsHandle) -> Result<Vec<Hook>, String> {
                     .iter()
                     .any(|p| p.name_as_str().is_some_and(|n| n.starts_with("portmap_")))
                 {
-                    hooks.push(hook);
+                    hooks.push(match port {
+                        true => Hook {
+                            interface: POD_PORT.into(),
+                            ..hook
+                        },
+                        false => hook,
+                    });
                 }
             }
         }
@@ -62,17 +75,20 @@ pub fn hooks_of_ebpf_portmap(ns: &NsHandle) -> Result<Vec<Hook>, String> {
     })
 }
 
-/// The interface names of `ns`, as the harness lists them elsewhere (`ip
-/// -j link show`; not /sys/class/net, which shows the namespace that
-/// mounted it).
-fn interfaces(ns: &NsHandle) -> Result<Vec<String>, String> {
+/// The interface names of `ns`, each with whether it is a port of a
+/// bridge or bond, as the harness lists them elsewhere (`ip -j link show`;
+/// not /sys/class/net, which shows the namespace that mounted it).
+fn interfaces(ns: &NsHandle) -> Result<Vec<(String, bool)>, String> {
     let shown: serde_json::Value = serde_json::from_str(&ns.exec("ip", &["-j", "link", "show"]))
         .map_err(|e| format!("ip -j link show: {e}"))?;
     Ok(shown
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|link| link["ifname"].as_str().map(str::to_owned))
+        .filter_map(|link| {
+            let name = link["ifname"].as_str()?.to_owned();
+            Some((name, link.get("master").is_some()))
+        })
         .collect())
 }
 
@@ -86,6 +102,28 @@ impl TcFloor {
     /// Attaches the floor program at each of `hooks` in `ns`, the way
     /// ebpf-portmap attaches its own (tcx where the kernel has it).
     pub fn attach(ns: &NsHandle, hooks: &[Hook]) -> Result<TcFloor, String> {
+        // [`POD_PORT`]: every port of this world's bridge.
+        let ports: Vec<String> = interfaces(ns)?
+            .into_iter()
+            .filter_map(|(name, port)| port.then_some(name))
+            .collect();
+        let hooks: Vec<Hook> = hooks
+            .iter()
+            .flat_map(|hook| match hook.interface == POD_PORT {
+                true => ports
+                    .iter()
+                    .map(|port| Hook {
+                        interface: port.clone(),
+                        ingress: hook.ingress,
+                    })
+                    .collect(),
+                false => vec![hook.clone()],
+            })
+            .collect();
+        // One pod's port per world now, but never a hook twice.
+        let mut hooks = hooks;
+        hooks.sort_by(|a, b| (&a.interface, a.ingress).cmp(&(&b.interface, b.ingress)));
+        hooks.dedup();
         ns.run(|| {
             let mut ebpf =
                 Ebpf::load(OBJECT).map_err(|e| format!("loading the floor object: {e}"))?;
@@ -97,7 +135,7 @@ impl TcFloor {
             program
                 .load()
                 .map_err(|e| format!("loading floor_tc: {e}"))?;
-            for hook in hooks {
+            for hook in &hooks {
                 program
                     .attach(&hook.interface, hook.attach_type())
                     .map_err(|e| format!("attaching floor_tc to {hook:?}: {e}"))?;
