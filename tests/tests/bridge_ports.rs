@@ -109,6 +109,37 @@ fn reconcile(world: &World) {
     );
 }
 
+/// That `pods`' bridge ports, and no other, carry the ingress program.
+fn assert_ports_attached(world: &World, pods: &[&Container], what: &str) {
+    let mut ports = bridge_ports(world);
+    ports.sort();
+    let mut expected: Vec<_> = pods
+        .iter()
+        .map(|pod| (Some(host_veth(world, pod)), true))
+        .collect();
+    expected.sort();
+    assert_eq!(ports, expected, "{what}");
+}
+
+/// A TCP request from `client` to nodeIP:hostPort, IPv4 and IPv6, answered
+/// by the server `identity`.
+fn echo_through_the_node(world: &World, client: &Container, identity: &str) {
+    for node in [IpAddr::from(NODE_IP4), IpAddr::from(NODE_IP6)] {
+        let what = format!("{} -> {node}:{HOST_PORT}", client.id);
+        let mut session = tcp_connect_from(
+            &client.ns,
+            unspecified(node),
+            sock(node, HOST_PORT),
+            TIMEOUT,
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}\n{}", world.dump()));
+        let answer = session
+            .request("ping", TIMEOUT)
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", world.dump()));
+        assert_eq!(answer, format!("{identity} ping"), "{what}");
+    }
+}
+
 #[test]
 fn on_a_kubernetes_node_a_pods_hairpin_connection_is_translated_before_the_bridges_netfilter() {
     let world = kubernetes_node();
@@ -119,21 +150,8 @@ fn on_a_kubernetes_node_a_pods_hairpin_connection_is_translated_before_the_bridg
     world.add(&other, &[]);
     let web_addrs = result_addresses(&result);
 
-    for node in [IpAddr::from(NODE_IP4), IpAddr::from(NODE_IP6)] {
-        for client in [&web, &other] {
-            let what = format!("{} -> {node}:{HOST_PORT}", client.id);
-            let mut session = tcp_connect_from(
-                &client.ns,
-                unspecified(node),
-                sock(node, HOST_PORT),
-                TIMEOUT,
-            )
-            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", world.dump()));
-            let answer = session
-                .request("ping", TIMEOUT)
-                .unwrap_or_else(|e| panic!("{what}: {e}\n{}", world.dump()));
-            assert_eq!(answer, "brp-web ping", "{what}");
-        }
+    for client in [&web, &other] {
+        echo_through_the_node(&world, client, "brp-web");
     }
 
     // Netfilter saw each flow as the containers did: to web's port 80,
@@ -168,16 +186,10 @@ fn on_a_kubernetes_node_a_pods_hairpin_connection_is_translated_before_the_bridg
         );
     }
 
-    let mut ports = bridge_ports(&world);
-    ports.sort();
-    let mut expected = vec![
-        (Some(host_veth(&world, &web)), true),
-        (Some(host_veth(&world, &other)), true),
-    ];
-    expected.sort();
-    assert_eq!(
-        ports, expected,
-        "each pod's bridge port runs the ingress program"
+    assert_ports_attached(
+        &world,
+        &[&web, &other],
+        "each pod's bridge port runs the ingress program",
     );
 }
 
@@ -256,24 +268,8 @@ fn pods_made_before_the_dataplane_get_the_program_from_the_add_that_installs_it(
     let _server = tcp_echo_server(&web.ns, 80, "brp-late");
     world.add(&web, &[PortMapping::tcp(HOST_PORT, 80)]);
 
-    let mut ports = bridge_ports(&world);
-    ports.sort();
-    let mut expected = vec![
-        (Some(host_veth(&world, &early)), true),
-        (Some(host_veth(&world, &web)), true),
-    ];
-    expected.sort();
-    assert_eq!(ports, expected, "the earlier pod's port too");
-    for node in [IpAddr::from(NODE_IP4), IpAddr::from(NODE_IP6)] {
-        let what = format!("the earlier pod -> {node}:{HOST_PORT}");
-        let mut session =
-            tcp_connect_from(&early.ns, unspecified(node), sock(node, HOST_PORT), TIMEOUT)
-                .unwrap_or_else(|e| panic!("{what}: {e}\n{}", world.dump()));
-        let answer = session
-            .request("ping", TIMEOUT)
-            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", world.dump()));
-        assert_eq!(answer, "brp-late ping", "{what}");
-    }
+    assert_ports_attached(&world, &[&early, &web], "the earlier pod's port too");
+    echo_through_the_node(&world, &early, "brp-late");
 }
 
 #[test]
