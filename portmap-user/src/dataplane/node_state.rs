@@ -665,7 +665,7 @@ mod tests {
         assert_eq!(base, Wanted::of(&state(), 7).node.sync_hash, "stable");
         /// What changed, and how.
         type Change = (&'static str, fn(&mut NodeState));
-        let changed: [Change; 9] = [
+        let changed: [Change; 10] = [
             ("an interface gone", |s| {
                 s.live.remove(&1);
             }),
@@ -688,7 +688,10 @@ mod tests {
             ("snat off", |s| s.snat = false),
             ("masqAll on", |s| s.masq_all = true),
             ("another interface attached", |s| {
-                s.attached.insert(9);
+                s.attached.insert(1);
+            }),
+            ("another bridge port", |s| {
+                s.bridge_ports.insert(11, 4);
             }),
             ("another container side", |s| {
                 s.container_side.insert(2);
