@@ -1,6 +1,9 @@
 //! The fast path: hands a translated packet straight to the container's
 //! interface, or a container's answer straight to the interface towards
-//! its client, skipping the node's routing, netfilter and bridge. For
+//! its client, skipping the node's routing, netfilter and bridge (a
+//! hairpin flow's packets, from a container to a container, go to the
+//! egress of the interface towards the other end, which masquerades or
+//! translates them back as on the normal path). For
 //! every translated flow (`fastPath: true`), or, the default, only for
 //! flows the kernel's conntrack holds as confirmed (see `confirm`).
 
@@ -40,7 +43,7 @@ pub fn fast_path(ctx: &TcContext) {
     scratch.confirm.armed = false;
     scratch.fast = Offer::Nothing;
     scratch.action = TC_ACT_OK;
-    let offered = matches!(offer, Offer::Forward | Offer::Reply);
+    let offered = matches!(offer, Offer::Forward | Offer::Reply | Offer::Unmasqueraded);
     // Without the fast path, not even a call: a call and its return cost
     // 10-15 ns (program_cost.rs).
     let go = offered
@@ -51,7 +54,11 @@ pub fn fast_path(ctx: &TcContext) {
         };
     let taken = match offer {
         Offer::Forward => {
-            let action = if go { fast_forward(ctx) } else { TC_ACT_OK };
+            let action = if go {
+                fast_forward(ctx, armed)
+            } else {
+                TC_ACT_OK
+            };
             // On the normal path, unmasqueraded: the next egress hook
             // has nothing to do.
             if action != TC_ACT_REDIRECT && not_masqueraded(ctx, flow_flags) {
@@ -59,8 +66,8 @@ pub fn fast_path(ctx: &TcContext) {
             }
             action
         }
-        Offer::Reply if go => fast_reply(ctx),
-        Offer::Reply => TC_ACT_OK,
+        Offer::Reply | Offer::Unmasqueraded if go => fast_reply(ctx, offer == Offer::Reply),
+        Offer::Reply | Offer::Unmasqueraded => TC_ACT_OK,
         Offer::Drop => TC_ACT_SHOT,
         Offer::Nothing => return,
     };
@@ -139,14 +146,15 @@ pub fn fast_path_on() -> bool {
 /// goes straight into the container's interface (`bpf_redirect_peer`),
 /// skipping the node's routing, netfilter and bridge. Only when the
 /// hand-over entry belongs to the owner of the mapping that translated it.
-/// Reads what existing_flow or new_flow left in scratch.
+/// Reads what existing_flow or new_flow left in scratch; `known`: a known
+/// flow's packet (see `confirm::note`).
 #[inline(never)]
-pub fn fast_forward(ctx: &TcContext) -> i32 {
+pub fn fast_forward(ctx: &TcContext, known: bool) -> i32 {
     let pass = TC_ACT_OK;
-    // Hairpin flows (from the containers' side) stay on the normal path,
-    // where their masquerade is done.
-    if fast_path_from_containers(ctx) != Some(false) {
-        return pass;
+    match fast_path_from_containers(ctx) {
+        Some(false) => {}
+        Some(true) => return hairpin_forward(ctx, known),
+        None => return pass,
     }
     let Some(scratch) = maps::scratch() else {
         return pass;
@@ -178,15 +186,73 @@ pub fn fast_forward(ctx: &TcContext) -> i32 {
     action
 }
 
+/// The fast path of a hairpin flow (a container dialling a host port
+/// through a node address, translated to a container of this node): the
+/// translated packet goes straight to the egress of the interface towards
+/// that container, as the node's FIB says, where egress masquerades it as
+/// usual (the source a node address and a masquerade port, see `masq`).
+/// It skips the bridge's netfilter (br_netfilter), the node's routing and
+/// its FORWARD and POSTROUTING hooks; the container's answer comes back
+/// the same way (see [`fast_reply`]). Only to an interface on the
+/// containers' side whose egress program masquerades. Reads the tuple
+/// the flow decision left in scratch: a `known` flow's in what it noted
+/// for the confirmed-flow question (its key as it arrived, and the
+/// container's end), a new one's (`fastPath: true`) in its entries.
+#[inline(never)]
+fn hairpin_forward(ctx: &TcContext, known: bool) -> i32 {
+    let pass = TC_ACT_OK;
+    let Some(scratch) = maps::scratch() else {
+        return pass;
+    };
+    let (client, container, container_port) = if known {
+        let pending = &scratch.confirm;
+        (pending.key, pending.kernel_dst_be, pending.kernel_dport_be)
+    } else {
+        (
+            scratch.forward_key,
+            scratch.forward.nat_addr_be,
+            scratch.forward.nat_port_be,
+        )
+    };
+    let params = &mut scratch.fib;
+    let ret = fib_lookup_as_received(
+        ctx,
+        params,
+        client.family,
+        client.proto,
+        (&client.src_addr_be, client.src_port_be),
+        (&container, container_port),
+    );
+    let towards_containers = maps::iface(params.ifindex)
+        .is_some_and(|iface| iface.flags & iface_flags::CONTAINER_SIDE != 0);
+    if ret != 0 || !towards_containers {
+        return pass;
+    }
+    if ctx.store(0, &params.dmac, 0).is_err() || ctx.store(6, &params.smac, 0).is_err() {
+        return pass;
+    }
+    // SAFETY: plain helper call; it only records where the skb goes.
+    let action = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
+    if action == TC_ACT_REDIRECT {
+        events::note_first(stat::FAST_FORWARD);
+    }
+    action
+}
+
 /// The fast path back: a container's answer goes straight to the egress of
 /// the interface towards its client (as the node's FIB says, with the
 /// neighbour it knows), where egress translates it back as usual. It skips
-/// the node's routing, netfilter and, on a bridge, nothing more. Anything
+/// the node's routing, netfilter and, on a bridge, nothing more; a hairpin
+/// flow's answer (its destination restored to the client by ingress, on
+/// the answering container's bridge port) also skips the bridge's
+/// netfilter. Anything
 /// the FIB does not answer plainly (no neighbour yet, too big, not
 /// forwarded) takes the normal path. Reads the tuple existing_flow left in
-/// scratch.
+/// scratch: a translated flow's answer's (`translated`) in `reply_key`, a
+/// masqueraded one's in what it noted for the confirmed-flow question (the
+/// answer as it arrived, the client's end in `kernel_dst`).
 #[inline(never)]
-pub fn fast_reply(ctx: &TcContext) -> i32 {
+pub fn fast_reply(ctx: &TcContext, translated: bool) -> i32 {
     let pass = TC_ACT_OK;
     if fast_path_from_containers(ctx) != Some(true) {
         return pass;
@@ -194,7 +260,13 @@ pub fn fast_reply(ctx: &TcContext) -> i32 {
     let Some(scratch) = maps::scratch() else {
         return pass;
     };
-    let key = scratch.reply_key;
+    let (key, client, client_port) = if translated {
+        let key = scratch.reply_key;
+        (key, key.dst_addr_be, key.dst_port_be)
+    } else {
+        let pending = &scratch.confirm;
+        (pending.key, pending.kernel_dst_be, pending.kernel_dport_be)
+    };
     let params = &mut scratch.fib;
     let ret = fib_lookup_as_received(
         ctx,
@@ -202,7 +274,7 @@ pub fn fast_reply(ctx: &TcContext) -> i32 {
         key.family,
         key.proto,
         (&key.src_addr_be, key.src_port_be),
-        (&key.dst_addr_be, key.dst_port_be),
+        (&client, client_port),
     );
     // Only to an interface whose egress program translates the answer.
     if ret != 0 || maps::iface(params.ifindex).is_none() {

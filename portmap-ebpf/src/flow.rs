@@ -9,7 +9,7 @@ use portmap_common::{
 use crate::{
     confirm,
     counters::{self, Way},
-    ct, events,
+    ct, events, fast,
     fib::{self, Locality, local_destination},
     maps::{self, Insert, Offer, Table, find_mapping},
     masq::{masquerade, wants_masquerade},
@@ -41,6 +41,11 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     // else follows its flow first.
     if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet) {
         ct::track_tcp(packet, true);
+        // After existing_flow's frame is gone: in it, any more code took
+        // 6.1 past BPF's 512-byte stack.
+        if fast::fast_path_on() {
+            offer_unmasqueraded(packet);
+        }
         return;
     }
     // Only a packet for a host port opens a flow (ingress also takes in
@@ -154,6 +159,41 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
         events::note(stat::REWRITE_FAILED);
     }
     true
+}
+
+/// Offers a container's answer to a masqueraded flow (a hairpin flow's,
+/// to the node's address), whose destination existing_flow restored to
+/// the client, to the fast path: egress of the interface towards the
+/// client translates it back, as any answer (see `fast::fast_reply`).
+/// Netfilter sees the answer so restored: the reply of its entry for the
+/// flow (client to container). The entry is looked up again (`packet`
+/// holds the tuple as it arrived), only for a known flow's packet from a
+/// container port that existing_flow offered nothing: existing_flow's
+/// frame has no room for one more line on 6.1. Not inlined: off every
+/// other path.
+#[inline(never)]
+fn offer_unmasqueraded(packet: &Packet) {
+    if maps::scratch().is_none_or(|scratch| scratch.fast != Offer::Nothing)
+        || !maps::port_is(PortRole::Container, packet.proto, packet.sport_be)
+    {
+        return;
+    }
+    let key = ct::key_of(packet);
+    let Some(entry) = ct::lookup(&key) else {
+        return;
+    };
+    if entry.kind != ct_kind::UNMASQ {
+        return;
+    }
+    if let Some(scratch) = maps::scratch() {
+        scratch.fast = Offer::Unmasqueraded;
+    }
+    confirm::note(
+        &key,
+        &entry,
+        (&entry.nat_addr_be, entry.nat_port_be),
+        packet.flags,
+    );
 }
 
 /// Whether a packet that does not open a flow, has no entry and is for a

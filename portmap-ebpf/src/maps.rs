@@ -281,6 +281,11 @@ pub enum Offer {
     /// A container's answer that egress translates back (its tuple in
     /// `scratch.reply_key`).
     Reply = 2,
+    /// A container's answer to a masqueraded flow (a hairpin flow's), its
+    /// destination restored to the client, that egress translates back:
+    /// its tuple in `scratch.confirm` (the key as it arrived, the client's
+    /// end in `kernel_dst`), which existing_flow's frame writes anyway.
+    Unmasqueraded = 4,
     /// Not an offer but the flow decision's verdict: the packet is
     /// dropped (a crafted one, see `flow::ingress`). Carried here, the one
     /// value `fast::fast_path` turns into the action, so the entry point keeps

@@ -76,20 +76,26 @@ pub fn masquerade(ctx: &TcContext) {
         family,
         _pad0: 0,
     };
+    // Both masquerade directions start in the handshake state of the DNAT
+    // entry (a new TCP flow's SYN_ONLY): the client's first segment without
+    // SYN, rewritten by egress, clears it on both (see `ct::track_tcp`). Until
+    // then the container's answers stay off the fast path, so netfilter sees
+    // the whole handshake (see `confirm`).
     scratch.reply = CtEntry {
         nat_addr_be: scratch.forward_key.src_addr_be,
         nat_port_be: scratch.forward_key.src_port_be,
         kind: ct_kind::UNMASQ,
+        tcp_state: scratch.forward.tcp_state,
         mapping: scratch.forward.mapping,
         last_seen_ns: scratch.forward.last_seen_ns,
         ..CtEntry::default()
     };
     // Towards the container the source becomes node_addr and the port
-    // tried (filled in below); the mapping and the time stay.
+    // tried (filled in below); the mapping, the time and the handshake
+    // state stay.
     scratch.forward.nat_addr_be = node_addr;
     scratch.forward.nat_port_be = 0;
     scratch.forward.kind = ct_kind::SNAT;
-    scratch.forward.tcp_state = 0;
     scratch.forward.flags = 0;
     let table = maps::Table::for_proto(scratch.forward_key.proto);
     // The first candidate is the port this client tuple had last, if

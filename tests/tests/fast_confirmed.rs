@@ -236,105 +236,184 @@ fn established_flows_leave_netfilter_after_their_first_packets() {
     }
     world.node.drop_invalid_at_forward();
     let (web4, web6) = container_ips(&result);
-    const ROUNDS: u64 = 20;
     for (container, node_ip, client) in [
         (web4, IpAddr::V4(NODE_IP4), IpAddr::V4(EXT_IP4)),
         (web6, IpAddr::V6(NODE_IP6), IpAddr::V6(EXT_IP6)),
     ] {
-        let (container_s, client_s) = (container.to_string(), client.to_string());
-        for (proto, port) in [("tcp", "80"), ("udp", "53")] {
-            // One rule per direction; the later insert is rule 1.
-            let towards = [
-                "-s",
-                &*client_s,
-                "-d",
-                &*container_s,
-                "-p",
-                proto,
-                "--dport",
-                port,
-            ];
-            let back = [
-                "-s",
-                &*container_s,
-                "-d",
-                &*client_s,
-                "-p",
-                proto,
-                "--sport",
-                port,
-            ];
-            let before = counters(&world);
-            count_forward(&world, client, &towards);
-            let exchange = |round: u64| format!("{proto}-{client}-{round}");
-            let mut tcp_session = None;
-            let mut udp_socket = None;
-            for round in 0..ROUNDS {
-                let payload = exchange(round);
-                let answer = if proto == "tcp" {
-                    tcp_session
-                        .get_or_insert_with(|| {
-                            tcp_connect(&world.node.ext, sock(node_ip, 8080), PROBE)
-                                .unwrap_or_else(|e| panic!("TCP via {node_ip}: {e}"))
-                        })
-                        .request(&payload, PROBE)
-                        .map_err(|e| e.to_string())
-                } else {
-                    udp_exchange(
-                        udp_socket
-                            .get_or_insert_with(|| udp_flow(&world.node.ext, sock(node_ip, 5353))),
-                        &payload,
-                        PROBE,
-                    )
-                };
-                world.expect_answer(
-                    &format!("{proto} via {node_ip}, round {round}"),
-                    answer,
-                    &echo_reply("web", &payload),
-                );
-                if round == 0 {
-                    // The answers' rule now: it sees from the first answer on
-                    // (TCP's SYN-ACK came before it, and is left out).
-                    count_forward(&world, client, &back);
-                }
-            }
-            let answers_forwarded = forwarded(&world, client);
-            world.node.ns.exec(tables(client), &["-D", "FORWARD", "1"]);
-            let requests_forwarded = forwarded(&world, client);
-            world.node.ns.exec(tables(client), &["-D", "FORWARD", "1"]);
-            // TCP: SYN and the handshake's ACK; UDP: the first datagram
-            // (a re-sent one at most once more).
-            let first = if proto == "tcp" { 2 } else { 1 };
-            assert!(
-                (first..=first + 1).contains(&requests_forwarded),
-                "{proto} via {node_ip}: netfilter forwarded {requests_forwarded} packets towards the container in {ROUNDS} rounds; only the first {first} belong there\n{}",
-                world.dump()
-            );
-            // TCP: the SYN-ACK is before the rule; its answers all go fast.
-            // UDP: the first answer is handed over too (the first datagram
-            // confirmed the flow).
-            assert!(
-                answers_forwarded <= 1,
-                "{proto} via {node_ip}: netfilter forwarded {answers_forwarded} answers; after the handshake none belong there\n{}",
-                world.dump()
-            );
-            let after = counters(&world);
-            let grew = |reason: &str| counter(&after, reason) - counter(&before, reason);
-            assert!(
-                grew("fast_forward") >= ROUNDS - 1 && grew("fast_reply") >= ROUNDS - 1,
-                "{proto} via {node_ip}: fast_forward grew by {}, fast_reply by {}, in {ROUNDS} rounds\n{after:#}",
-                grew("fast_forward"),
-                grew("fast_reply")
-            );
-            // Asked once per direction (a refresh falls due every 5.4 s).
-            assert!(
-                (2..=4).contains(&grew("ct_confirmed")),
-                "{proto} via {node_ip}: the kernel was asked {} times for one flow of {ROUNDS} rounds\n{after:#}",
-                grew("ct_confirmed")
-            );
+        flows_leave_netfilter(&world, (&world.node.ext, client), container, node_ip);
+    }
+}
+
+/// Hairpin flows (a pod dialling a hostPort through the node's address,
+/// masqueraded with `snat`, its traffic not covered by the socket hooks)
+/// take the fast path as flows from outside do: netfilter forwards the
+/// handshake (a UDP flow's first datagram), then none of the flow's
+/// packets, both from the pod that serves the port and from another pod
+/// on the bridge, behind kube-proxy's INVALID drop at FORWARD (and the
+/// bridge's netfilter on this machine). Both families.
+#[test]
+fn hairpin_flows_leave_netfilter_after_their_first_packets() {
+    let world = default_world();
+    let web = world.node.add_container("web");
+    let other = world.node.add_container("other");
+    let _tcp = tcp_echo_server(&web.ns, 80, "web");
+    let _udp = udp_echo_server(&web.ns, 53, "web");
+    let served = world.add(
+        &web,
+        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
+    );
+    let dialling = world.add(&other, &[]);
+    if !runs_confirmed(&world) {
+        return;
+    }
+    world.node.drop_invalid_at_forward();
+    let (web4, web6) = container_ips(&served);
+    let (other4, other6) = container_ips(&dialling);
+    for (client, client4, client6) in [(&web, web4, web6), (&other, other4, other6)] {
+        for (container, node_ip, client_ip) in [
+            (web4, IpAddr::V4(NODE_IP4), client4),
+            (web6, IpAddr::V6(NODE_IP6), client6),
+        ] {
+            flows_leave_netfilter(&world, (&client.ns, client_ip), container, node_ip);
         }
     }
 }
+
+/// One TCP flow and one UDP flow from `client` (its namespace and
+/// address) through `node_ip` to `container`'s mapped ports (8080 to 80,
+/// 5353 to 53), [`ROUNDS`] exchanges each, with FORWARD rules counting
+/// what netfilter still forwards of them: the handshake only (a UDP flow's
+/// first datagram), the rest over the fast path, the kernel asked once per
+/// direction.
+fn flows_leave_netfilter(
+    world: &World,
+    (client_ns, client): (&NetNs, IpAddr),
+    container: IpAddr,
+    node_ip: IpAddr,
+) {
+    let (container_s, client_s) = (container.to_string(), client.to_string());
+    for (proto, port) in [("tcp", "80"), ("udp", "53")] {
+        // One rule per direction; the later insert is rule 1.
+        let towards = [
+            "-s",
+            &*client_s,
+            "-d",
+            &*container_s,
+            "-p",
+            proto,
+            "--dport",
+            port,
+        ];
+        let back = [
+            "-s",
+            &*container_s,
+            "-d",
+            &*client_s,
+            "-p",
+            proto,
+            "--sport",
+            port,
+        ];
+        let before = counters(world);
+        count_forward(world, client, &towards);
+        let exchange = |round: u64| format!("{proto}-{client}-{round}");
+        let mut tcp_session = None;
+        let mut udp_socket = None;
+        for round in 0..ROUNDS {
+            let payload = exchange(round);
+            let answer = if proto == "tcp" {
+                tcp_session
+                    .get_or_insert_with(|| {
+                        tcp_connect(client_ns, sock(node_ip, 8080), PROBE).unwrap_or_else(|e| {
+                            panic!("TCP from {client} via {node_ip}: {e}\n{}", world.dump())
+                        })
+                    })
+                    .request(&payload, PROBE)
+                    .map_err(|e| e.to_string())
+            } else {
+                udp_exchange(
+                    udp_socket.get_or_insert_with(|| udp_flow(client_ns, sock(node_ip, 5353))),
+                    &payload,
+                    PROBE,
+                )
+            };
+            world.expect_answer(
+                &format!("{proto} from {client} via {node_ip}, round {round}"),
+                answer,
+                &echo_reply("web", &payload),
+            );
+            if round == 0 {
+                // The answers' rule now: it sees from the first answer on
+                // (TCP's SYN-ACK came before it, and is left out).
+                count_forward(world, client, &back);
+            }
+        }
+        if proto == "tcp" {
+            // Netfilter saw the whole handshake, SYN-ACK included: its entry
+            // is established, not stuck in SYN_SENT under a flow it was
+            // left out of (the client's ACK would have been INVALID to it).
+            let family = if client.is_ipv4() { "ipv4" } else { "ipv6" };
+            let entries = world.node.ns.exec(
+                "conntrack",
+                &[
+                    "-L",
+                    "-f",
+                    family,
+                    "-p",
+                    "tcp",
+                    "-s",
+                    &client_s,
+                    "-d",
+                    &container_s,
+                    "--dport",
+                    port,
+                ],
+            );
+            assert!(
+                entries.contains("ESTABLISHED") && entries.contains("[ASSURED]"),
+                "tcp from {client} via {node_ip}: the kernel's entry of the flow after {ROUNDS} rounds: {entries:?}\n{}",
+                world.dump()
+            );
+        }
+        let answers_forwarded = forwarded(world, client);
+        world.node.ns.exec(tables(client), &["-D", "FORWARD", "1"]);
+        let requests_forwarded = forwarded(world, client);
+        world.node.ns.exec(tables(client), &["-D", "FORWARD", "1"]);
+        // TCP: SYN and the handshake's ACK; UDP: the first datagram
+        // (a re-sent one at most once more).
+        let first = if proto == "tcp" { 2 } else { 1 };
+        assert!(
+            (first..=first + 1).contains(&requests_forwarded),
+            "{proto} from {client} via {node_ip}: netfilter forwarded {requests_forwarded} packets towards the container in {ROUNDS} rounds; only the first {first} belong there\n{}",
+            world.dump()
+        );
+        // TCP: the SYN-ACK is before the rule; its answers all go fast.
+        // UDP: the first answer is handed over too (the first datagram
+        // confirmed the flow).
+        assert!(
+            answers_forwarded <= 1,
+            "{proto} from {client} via {node_ip}: netfilter forwarded {answers_forwarded} answers; after the handshake none belong there\n{}",
+            world.dump()
+        );
+        let after = counters(world);
+        let grew = |reason: &str| counter(&after, reason) - counter(&before, reason);
+        assert!(
+            grew("fast_forward") >= ROUNDS - 1 && grew("fast_reply") >= ROUNDS - 1,
+            "{proto} from {client} via {node_ip}: fast_forward grew by {}, fast_reply by {}, in {ROUNDS} rounds\n{after:#}",
+            grew("fast_forward"),
+            grew("fast_reply")
+        );
+        // Asked once per direction (a refresh falls due every 5.4 s).
+        assert!(
+            (2..=4).contains(&grew("ct_confirmed")),
+            "{proto} from {client} via {node_ip}: the kernel was asked {} times for one flow of {ROUNDS} rounds\n{after:#}",
+            grew("ct_confirmed")
+        );
+    }
+}
+
+/// Exchanges per flow in [`flows_leave_netfilter`].
+const ROUNDS: u64 = 20;
 
 /// A UDP flow on the fast path outlives a shortened
 /// `nf_conntrack_udp_timeout_stream` behind `ct state invalid drop` and a
