@@ -27,7 +27,7 @@ pub enum FastPathSetting {
     /// say, see `dataplane::features::fast_path_flags`).
     #[default]
     Confirmed,
-    /// `fastPath: true`: every translated flow from outside, FORWARD or not.
+    /// `fastPath: true`: every translated flow (hairpin from its second packet), FORWARD or not.
     Always,
     /// `fastPath: false`: none; every packet through netfilter.
     Never,

@@ -469,14 +469,14 @@ pub fn fast_path_report(flags: u32, kfuncs: Option<Kfuncs>) -> FastPathReport {
         (
             FastPathMode::Always,
             format!(
-                "fastPath unset, and {}; nothing is hooked at FORWARD (nfnetlink_hook), so skipping it skips no rule: every translated flow from outside is handed over (a FORWARD rule added later counts from the next ADD or agent pass)",
+                "fastPath unset, and {}; nothing is hooked at FORWARD (nfnetlink_hook), so skipping it skips no rule: every translated flow is handed over (from outside from its first packet, hairpin from its second; a FORWARD rule added later counts from the next ADD or agent pass)",
                 no_kfuncs(kfuncs)
             ),
         )
     } else if flags & node_flags::FAST_PATH != 0 {
         (
             FastPathMode::Always,
-            "fastPath: true: every translated flow from outside is handed over, and skips the node's FORWARD rules"
+            "fastPath: true: every translated flow is handed over (from outside from its first packet, hairpin from its second), and skips the node's FORWARD rules"
                 .to_owned(),
         )
     } else if flags & node_flags::FAST_CONFIRMED != 0 {
