@@ -8,12 +8,12 @@
 //! flows the kernel's conntrack holds as confirmed (see `confirm`).
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
+    bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, bpf_fib_lookup},
     helpers::{bpf_redirect, bpf_redirect_peer},
     programs::TcContext,
 };
 use portmap_common::{
-    ct_flags,
+    CtKey, ct_flags,
     local::{iface_flags, node_flags},
     stat,
 };
@@ -214,29 +214,14 @@ fn hairpin_forward(ctx: &TcContext, known: bool) -> i32 {
             scratch.forward.nat_port_be,
         )
     };
-    let params = &mut scratch.fib;
-    let ret = fib_lookup_as_received(
+    // Only to an interface on the containers' side: its egress masquerades.
+    redirect_as_routed(
         ctx,
-        params,
-        client.family,
-        client.proto,
-        (&client.src_addr_be, client.src_port_be),
-        (&container, container_port),
-    );
-    let towards_containers = maps::iface(params.ifindex)
-        .is_some_and(|iface| iface.flags & iface_flags::CONTAINER_SIDE != 0);
-    if ret != 0 || !towards_containers {
-        return pass;
-    }
-    if ctx.store(0, &params.dmac, 0).is_err() || ctx.store(6, &params.smac, 0).is_err() {
-        return pass;
-    }
-    // SAFETY: plain helper call; it only records where the skb goes.
-    let action = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
-    if action == TC_ACT_REDIRECT {
-        events::note_first(stat::FAST_FORWARD);
-    }
-    action
+        &mut scratch.fib,
+        (&client, (&container, container_port)),
+        iface_flags::CONTAINER_SIDE,
+        stat::FAST_FORWARD,
+    )
 }
 
 /// The fast path back: a container's answer goes straight to the egress of
@@ -267,17 +252,42 @@ pub fn fast_reply(ctx: &TcContext, translated: bool) -> i32 {
         let pending = &scratch.confirm;
         (pending.key, pending.kernel_dst_be, pending.kernel_dport_be)
     };
-    let params = &mut scratch.fib;
+    // Only to an interface whose egress program translates the answer.
+    redirect_as_routed(
+        ctx,
+        &mut scratch.fib,
+        (&key, (&client, client_port)),
+        0,
+        stat::FAST_REPLY,
+    )
+}
+
+/// Hands the packet to the egress of the interface the node's FIB routes
+/// it to, as if received here, from the source end of `key` (with its
+/// family and protocol) to `dst`, rewriting the frame's MACs as that hop
+/// would: only to an interface that carries our programs and has every
+/// bit of `flags`, and only when the FIB answers plainly (a neighbour
+/// known, not too big, forwarded). Counts `stat` when handed over; the
+/// normal path (`TC_ACT_OK`) otherwise.
+#[inline(always)]
+fn redirect_as_routed(
+    ctx: &TcContext,
+    params: &mut bpf_fib_lookup,
+    (key, dst): (&CtKey, (&[u32; 4], u16)),
+    flags: u32,
+    stat: u32,
+) -> i32 {
+    let pass = TC_ACT_OK;
     let ret = fib_lookup_as_received(
         ctx,
         params,
         key.family,
         key.proto,
         (&key.src_addr_be, key.src_port_be),
-        (&client, client_port),
+        dst,
     );
-    // Only to an interface whose egress program translates the answer.
-    if ret != 0 || maps::iface(params.ifindex).is_none() {
+    let ours = maps::iface(params.ifindex).is_some_and(|iface| iface.flags & flags == flags);
+    if ret != 0 || !ours {
         return pass;
     }
     if ctx.store(0, &params.dmac, 0).is_err() || ctx.store(6, &params.smac, 0).is_err() {
@@ -286,7 +296,7 @@ pub fn fast_reply(ctx: &TcContext, translated: bool) -> i32 {
     // SAFETY: plain helper call; it only records where the skb goes.
     let action = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
     if action == TC_ACT_REDIRECT {
-        events::note_first(stat::FAST_REPLY);
+        events::note_first(stat);
     }
     action
 }

@@ -352,23 +352,7 @@ fn flows_leave_netfilter(
             // Netfilter saw the whole handshake, SYN-ACK included: its entry
             // is established, not stuck in SYN_SENT under a flow it was
             // left out of (the client's ACK would have been INVALID to it).
-            let family = if client.is_ipv4() { "ipv4" } else { "ipv6" };
-            let entries = world.node.ns.exec(
-                "conntrack",
-                &[
-                    "-L",
-                    "-f",
-                    family,
-                    "-p",
-                    "tcp",
-                    "-s",
-                    &client_s,
-                    "-d",
-                    &container_s,
-                    "--dport",
-                    port,
-                ],
-            );
+            let entries = kernel_entries(world, "tcp", client, container, Some(port));
             assert!(
                 entries.contains("ESTABLISHED") && entries.contains("[ASSURED]"),
                 "tcp from {client} via {node_ip}: the kernel's entry of the flow after {ROUNDS} rounds: {entries:?}\n{}",
@@ -410,6 +394,26 @@ fn flows_leave_netfilter(
             grew("ct_confirmed")
         );
     }
+}
+
+/// `conntrack -L` in the node of the kernel's `proto` entries from
+/// `client` to `container` (to its `port`, if given).
+fn kernel_entries(
+    world: &World,
+    proto: &str,
+    client: IpAddr,
+    container: IpAddr,
+    port: Option<&str>,
+) -> String {
+    let family = if client.is_ipv4() { "ipv4" } else { "ipv6" };
+    let (client, container) = (client.to_string(), container.to_string());
+    let mut args = vec![
+        "-L", "-f", family, "-p", proto, "-s", &client, "-d", &container,
+    ];
+    if let Some(port) = port {
+        args.extend(["--dport", port]);
+    }
+    world.node.ns.exec("conntrack", &args)
 }
 
 /// Exchanges per flow in [`flows_leave_netfilter`].
@@ -479,21 +483,7 @@ fn a_fast_udp_flow_keeps_its_kernel_entry_past_the_udp_timeouts() {
             "UDP via {node_ip}: netfilter forwarded {requests} datagrams towards the container and {answers} answers in {round} rounds over 12 s: the flow left the fast path (its kernel entry expired?)\n{}",
             world.dump()
         );
-        let family = if client.is_ipv4() { "ipv4" } else { "ipv6" };
-        let entries = world.node.ns.exec(
-            "conntrack",
-            &[
-                "-L",
-                "-f",
-                family,
-                "-p",
-                "udp",
-                "-s",
-                &*client_s,
-                "-d",
-                &*container_s,
-            ],
-        );
+        let entries = kernel_entries(&world, "udp", client, container, None);
         let timeout: u64 = entries
             .lines()
             .find_map(|line| line.split_whitespace().nth(2)?.parse().ok())
