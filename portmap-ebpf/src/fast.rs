@@ -43,7 +43,7 @@ pub fn fast_path(ctx: &TcContext) {
     scratch.confirm.armed = false;
     scratch.fast = Offer::Nothing;
     scratch.action = TC_ACT_OK;
-    let offered = matches!(offer, Offer::Forward | Offer::Reply | Offer::Unmasqueraded);
+    let offered = matches!(offer, Offer::Forward | Offer::Reply);
     // Without the fast path, not even a call: a call and its return cost
     // 10-15 ns (program_cost.rs).
     let go = offered
@@ -66,8 +66,8 @@ pub fn fast_path(ctx: &TcContext) {
             }
             action
         }
-        Offer::Reply | Offer::Unmasqueraded if go => fast_reply(ctx, offer == Offer::Reply),
-        Offer::Reply | Offer::Unmasqueraded => TC_ACT_OK,
+        Offer::Reply if go => fast_reply(ctx),
+        Offer::Reply => TC_ACT_OK,
         Offer::Drop => TC_ACT_SHOT,
         Offer::Nothing => return,
     };
@@ -232,12 +232,12 @@ fn hairpin_forward(ctx: &TcContext, known: bool) -> i32 {
 /// the answering container's bridge port) also skips the bridge's
 /// netfilter. Anything
 /// the FIB does not answer plainly (no neighbour yet, too big, not
-/// forwarded) takes the normal path. Reads the tuple existing_flow left in
-/// scratch: a translated flow's answer's (`translated`) in `reply_key`, a
-/// masqueraded one's in what it noted for the confirmed-flow question (the
-/// answer as it arrived, the client's end in `kernel_dst`).
+/// forwarded) takes the normal path. Reads the tuple the flow decision
+/// noted for the confirmed-flow question (the answer as it arrived, the
+/// client's end in `kernel_dst`: for a masqueraded flow's answer, where
+/// ingress restored it).
 #[inline(never)]
-pub fn fast_reply(ctx: &TcContext, translated: bool) -> i32 {
+pub fn fast_reply(ctx: &TcContext) -> i32 {
     let pass = TC_ACT_OK;
     if fast_path_from_containers(ctx) != Some(true) {
         return pass;
@@ -245,13 +245,8 @@ pub fn fast_reply(ctx: &TcContext, translated: bool) -> i32 {
     let Some(scratch) = maps::scratch() else {
         return pass;
     };
-    let (key, client, client_port) = if translated {
-        let key = scratch.reply_key;
-        (key, key.dst_addr_be, key.dst_port_be)
-    } else {
-        let pending = &scratch.confirm;
-        (pending.key, pending.kernel_dst_be, pending.kernel_dport_be)
-    };
+    let pending = &scratch.confirm;
+    let (key, client, client_port) = (pending.key, pending.kernel_dst_be, pending.kernel_dport_be);
     // Only to an interface whose egress program translates the answer.
     redirect_as_routed(
         ctx,

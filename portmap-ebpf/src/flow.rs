@@ -101,10 +101,10 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
         }
         ct_kind::REPLY => {
             // A container answering a translated flow: egress translates
-            // it back; the fast path may take it there directly. Netfilter
-            // sees the answer as it is (egress translates it after).
+            // it back; the fast path may take it there directly (its tuple
+            // in what `confirm::note` writes). Netfilter sees the answer as
+            // it is (egress translates it after).
             if let Some(scratch) = maps::scratch() {
-                scratch.reply_key = key;
                 scratch.fast = Offer::Reply;
             }
             confirm::note(
@@ -186,7 +186,7 @@ fn offer_unmasqueraded(packet: &Packet) {
         return;
     }
     if let Some(scratch) = maps::scratch() {
-        scratch.fast = Offer::Unmasqueraded;
+        scratch.fast = Offer::Reply;
     }
     confirm::note(
         &key,

@@ -278,14 +278,12 @@ pub enum Offer {
     /// Translated towards the container (its address in
     /// `scratch.forward.nat_addr_be`, the owner in `scratch.owner_id`).
     Forward = 1,
-    /// A container's answer that egress translates back (its tuple in
-    /// `scratch.reply_key`).
+    /// A container's answer that egress translates back: to a translated
+    /// flow, or to a masqueraded one (a hairpin flow's) whose destination
+    /// ingress restored to the client. Its tuple is in `scratch.confirm`
+    /// (the key as it arrived, the client's end in `kernel_dst`), which
+    /// the flow decision writes for the confirmed-flow question anyway.
     Reply = 2,
-    /// A container's answer to a masqueraded flow (a hairpin flow's), its
-    /// destination restored to the client, that egress translates back:
-    /// its tuple in `scratch.confirm` (the key as it arrived, the client's
-    /// end in `kernel_dst`), which existing_flow's frame writes anyway.
-    Unmasqueraded = 4,
     /// Not an offer but the flow decision's verdict: the packet is
     /// dropped (a crafted one, see `flow::ingress`). Carried here, the one
     /// value `fast::fast_path` turns into the action, so the entry point keeps
