@@ -126,6 +126,15 @@ pub fn parse_port_link_name(name: &str) -> Option<(u32, bool)> {
     Some((index.parse().ok()?, clsact))
 }
 
+/// Parses the pin file name of either kind of tc attachment (an
+/// interface's, [`parse_link_name`], or a bridge port's, ingress only,
+/// [`parse_port_link_name`]) back into (ifindex, direction, clsact).
+pub fn parse_tc_pin_name(name: &str) -> Option<(u32, Direction, bool)> {
+    parse_port_link_name(name)
+        .map(|(ifindex, clsact)| (ifindex, Direction::Ingress, clsact))
+        .or_else(|| parse_link_name(name))
+}
+
 /// Parses a link pin file name back into (ifindex, direction, clsact).
 pub fn parse_link_name(name: &str) -> Option<(u32, Direction, bool)> {
     let rest = name.strip_prefix("if")?;
@@ -194,6 +203,15 @@ mod tests {
         assert_eq!(parse_link_name(marker), None);
         assert_eq!(parse_port_link_name("if42_ingress"), None);
         assert_eq!(parse_port_link_name("port42_egress"), None);
+        assert_eq!(
+            parse_tc_pin_name("port42_ingress_clsact"),
+            Some((42, Direction::Ingress, true))
+        );
+        assert_eq!(
+            parse_tc_pin_name("if42_egress"),
+            Some((42, Direction::Egress, false))
+        );
+        assert_eq!(parse_tc_pin_name("beacon"), None);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use aya::programs::links::PinnedLink;
 use crate::{
     dataplane::attach,
     dataplane::maps::Maps,
-    dataplane::pin::{Direction, PinLayout, parse_link_name, parse_port_link_name},
+    dataplane::pin::{PinLayout, parse_tc_pin_name},
     node::netlink,
 };
 
@@ -126,10 +126,7 @@ fn detach_links(layout: &PinLayout, report: &mut Report) {
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        // A pod's bridge port carries the ingress program only.
-        let parsed = parse_port_link_name(&name)
-            .map(|(ifindex, clsact)| (ifindex, Direction::Ingress, clsact))
-            .or_else(|| parse_link_name(&name));
+        let parsed = parse_tc_pin_name(&name);
         match parsed {
             Some((ifindex, direction, true)) => {
                 // The marker pin is the program; the filter holds it.
@@ -291,10 +288,7 @@ pub fn remove_stale_links(
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let ifindex = parse_link_name(&name)
-            .map(|(ifindex, _, _)| ifindex)
-            .or_else(|| parse_port_link_name(&name).map(|(ifindex, _)| ifindex));
-        if let Some(ifindex) = ifindex
+        if let Some((ifindex, _, _)) = parse_tc_pin_name(&name)
             && netlink::interface_name(ifindex).is_none()
         {
             if !dry_run {
