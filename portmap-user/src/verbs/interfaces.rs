@@ -117,11 +117,7 @@ fn needed_links(
     let Some(mut links) = rtnl.links_without_controller()? else {
         return Ok((rtnl.links()?, false));
     };
-    let own = interfaces
-        .iter()
-        .filter(|i| !i.in_sandbox())
-        .filter_map(|i| i.name.as_deref());
-    for name in own {
+    for name in host_side_names(interfaces) {
         if !links.iter().any(|l| l.name == name)
             && let Some(link) = rtnl.link_named(name)?
         {
@@ -287,11 +283,7 @@ fn node_bridge_ports(
 /// not outlive it. A port the plugin does not find is left to the next
 /// node-wide pass.
 pub(super) fn forget_bridge_ports(layout: &PinLayout, interfaces: &[PrevInterface]) {
-    for name in interfaces
-        .iter()
-        .filter(|i| !i.in_sandbox())
-        .filter_map(|i| i.name.as_deref())
-    {
+    for name in host_side_names(interfaces) {
         if let Some(ifindex) = netlink::interface_index(name) {
             attach::forget_port(layout, ifindex);
         }
@@ -363,20 +355,34 @@ pub(super) fn reconcile_after(verb: &str, layout: &PinLayout, conf: &NetConf, pa
     }
 }
 
+/// The names of the node-side interfaces prevResult reports (entries
+/// without a sandbox: the bridge and the host end of the veth).
+fn host_side_names(interfaces: &[PrevInterface]) -> impl Iterator<Item = &str> {
+    interfaces
+        .iter()
+        .filter(|i| !i.in_sandbox())
+        .filter_map(|i| i.name.as_deref())
+}
+
+/// [`host_side_names`] found in the node's `links`.
+fn host_side_links<'a>(
+    links: &'a [Link],
+    interfaces: &'a [PrevInterface],
+) -> impl Iterator<Item = &'a Link> {
+    host_side_names(interfaces).filter_map(|name| links.iter().find(|l| l.name == name))
+}
+
 /// The node-side interfaces of the container's network, as the interface
 /// plugin reported them in prevResult (entries without a sandbox: the
 /// bridge and the host end of the veth), found in the node's `links`: the
 /// hairpin path starts there. These are the container-facing interfaces;
 /// their settings record it, so later runs keep treating them so.
 pub fn container_side_interfaces(links: &[Link], interfaces: &[PrevInterface]) -> BTreeSet<u32> {
-    interfaces
-        .iter()
-        .filter(|i| !i.in_sandbox())
-        .filter_map(|i| i.name.as_deref())
-        .filter_map(|name| links.iter().find(|l| l.name == name))
-        // A bridge's ports are left out: everything between the containers
-        // and the node crosses the bridge device's own hooks, and running
-        // the programs twice per packet only costs.
+    host_side_links(links, interfaces)
+        // A bridge's ports are left out: they carry the ingress program
+        // only, under pins of their own ([`bridge_ports`]); everything
+        // else between the containers and the node crosses the bridge
+        // device's own hooks.
         .filter(|l| !l.has_controller)
         .map(|l| l.index)
         .collect()
@@ -400,11 +406,7 @@ pub fn bridge_ports(
     interfaces: &[PrevInterface],
     container_side: &BTreeSet<u32>,
 ) -> BTreeMap<u32, u32> {
-    interfaces
-        .iter()
-        .filter(|i| !i.in_sandbox())
-        .filter_map(|i| i.name.as_deref())
-        .filter_map(|name| links.iter().find(|l| l.name == name))
+    host_side_links(links, interfaces)
         .filter(|l| container_side.contains(&l.controller))
         .map(|l| (l.index, l.controller))
         .collect()
