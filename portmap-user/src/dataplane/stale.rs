@@ -40,9 +40,8 @@
 //! dead namespace mean nothing in the caller's.
 
 use std::{
-    ffi::CString,
     fs, io,
-    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
 };
 
@@ -140,42 +139,8 @@ pub struct BeaconInfo {
 
 /// Reads `layout`'s beacon link.
 pub fn beacon(layout: &PinLayout) -> io::Result<BeaconInfo> {
-    let link = open_pin(&beacon_pin(layout))?;
+    let link = super::tcx::open_pin(&beacon_pin(layout))?;
     netns_link_info(link.as_raw_fd())
-}
-
-/// Opens the bpf object pinned at `path` (`BPF_OBJ_GET`; a link opens
-/// read-write only, the kernel refuses other flags for links).
-fn open_pin(path: &Path) -> io::Result<OwnedFd> {
-    /// `union bpf_attr` as `BPF_OBJ_GET` reads it.
-    #[repr(C)]
-    struct ObjGet {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-    }
-    const BPF_OBJ_GET: libc::c_long = 7;
-    let path = CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let mut attr = ObjGet {
-        pathname: path.as_ptr() as u64,
-        bpf_fd: 0,
-        file_flags: 0,
-    };
-    // SAFETY: a valid attr of the size passed; `path` outlives the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            &raw mut attr,
-            std::mem::size_of::<ObjGet>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just handed us this descriptor; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// The program and the network namespace inode of a netns link
