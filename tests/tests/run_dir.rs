@@ -63,6 +63,42 @@ fn a_link_planted_at_the_lock_is_not_followed() {
     container.del(&world).expect("DEL");
 }
 
+/// Records are written to new files of unpredictable names: links planted
+/// at the temporary names older builds used beside a record
+/// (`{hash}.local-addrs-new`, `{hash}.ifaces-new`, `{hash}.root-{pid}` is
+/// the PID's and not guessable here) are never written through.
+#[test]
+fn links_planted_at_predictable_temporary_names_are_not_followed() {
+    let world = World::plugin_only();
+    let container = FakeContainer::new(&world, "temporary", 0, vec![PortMapping::tcp(7122, 80)]);
+    let lock = lock_file(world.pins.path());
+    std::fs::create_dir_all(RUN_DIR).expect("the run directory");
+    let mut planted = Vec::new();
+    for extension in ["local-addrs-new", "ifaces-new", "interfaces-new"] {
+        let path = lock.with_extension(extension);
+        let target = world.node.data_dir().join(extension);
+        let _ = std::fs::remove_file(&path);
+        std::os::unix::fs::symlink(&target, &path).expect("plant a link");
+        planted.push((Removed(path), target));
+    }
+    container.add(&world).expect("ADD");
+    for (link, target) in &planted {
+        assert!(
+            !target.exists(),
+            "written through the link {}: {} was created",
+            link.0.display(),
+            target.display()
+        );
+    }
+    let record = portmap_tests::bpffs::local_addrs_record(world.pins.path());
+    assert!(
+        std::fs::symlink_metadata(&record).is_ok_and(|m| m.file_type().is_file()),
+        "ADD recorded the node's addresses in {}",
+        record.display()
+    );
+    container.del(&world).expect("DEL");
+}
+
 /// Runs ADD of `container` with a group-writable run directory: a tmpfs of
 /// mode 0775 over `/run/ebpf-portmap` in a private mount namespace, so the
 /// machine's own run directory (other tests' locks) is left as it is.
