@@ -80,8 +80,9 @@ pub struct MappingValue {
     pub owner_id: u64,
 }
 
-/// Longest network name and container ID kept verbatim in an owner record;
-/// longer ones are stored truncated (the owner ID hashes the full strings).
+/// Longest network name and container ID kept verbatim in an owner record.
+/// ADD refuses longer ones; builds before that stored them cut, which the
+/// owner ID (a hash of the full strings) still tells apart.
 pub const OWNER_NAME_LEN: usize = 128;
 pub const OWNER_IFNAME_LEN: usize = 16;
 

@@ -766,3 +766,101 @@ fn hook_link_pins_changed_since_the_record_are_checked_again() {
     }
     world.assert_clean("after the DELs");
 }
+
+/// The pin root's files in the run directory (`{id}.lock`, `{id}.root`,
+/// ...): what /run (a tmpfs) loses at a reboot, with the pins.
+fn run_dir_records(world: &World) -> Vec<std::path::PathBuf> {
+    let lock = portmap_tests::bpffs::lock_file(world.pins.path());
+    let stem = lock.file_stem().expect("a stem").to_owned();
+    std::fs::read_dir(portmap_tests::bpffs::RUN_DIR)
+        .expect("the run directory")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.file_stem() == Some(&stem))
+        .collect()
+}
+
+/// Nomad (1.9+) restores an allocation after a client restart with CHECK,
+/// and re-creates its network when CHECK fails. So CHECK passes after a
+/// restart (the same pins, a new plugin process, a new agent), and fails,
+/// saying why, after a reboot (bpffs and /run are emptied: the pin root and
+/// its run-directory records are gone); the DEL and ADD that follow
+/// restore everything.
+#[test]
+fn check_passes_after_a_restart_and_fails_clearly_after_a_reboot() {
+    let world = World::plugin_only();
+    let container = FakeContainer::new(&world, "nomad-alloc", 1, vec![PortMapping::tcp(8090, 80)]);
+    let mut agent = portmap_tests::agent::Agent::start(&world);
+    container.add(&world).expect("ADD");
+    container.check(&world).expect("CHECK after ADD");
+    // Restart: the agent and the plugin are new processes, the pins stay.
+    agent.signal(libc::SIGKILL);
+    let agent = portmap_tests::agent::Agent::start(&world);
+    agent.wait_ready(Duration::from_secs(30), "after its restart");
+    container
+        .check(&world)
+        .unwrap_or_else(|e| panic!("CHECK after a restart: {e}\n{}", world.dump()));
+    drop(agent);
+    container
+        .check(&world)
+        .unwrap_or_else(|e| panic!("CHECK with the agent stopped: {e}\n{}", world.dump()));
+
+    // Reboot: every pin under the root and every record in /run are gone.
+    let records = run_dir_records(&world);
+    assert!(
+        !records.is_empty(),
+        "the ADD left no record in the run directory"
+    );
+    portmap_tests::bpffs::remove_tree(world.pins.path()).expect("remove the pin root");
+    for record in records {
+        // Another test's run may sweep them first: the root is gone.
+        match std::fs::remove_file(&record) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                panic!("removing {}: {e}", record.display())
+            }
+            _ => {}
+        }
+    }
+    let expect_not_added = |when: &str, cause: &str| {
+        let failure = world
+            .exec_ours(CniCommand::Check, &container.rt, Some(&container.prev))
+            .expect_err(&format!(
+                "CHECK passed {when}, although the node rebooted and the mappings are gone"
+            ));
+        let msg = failure.error_msg().unwrap_or_default();
+        for part in [
+            container.rt.container_id.as_str(),
+            &world.pins.path().display().to_string(),
+            cause,
+            "ADD it again",
+        ] {
+            assert!(
+                msg.contains(part),
+                "{when}: the failure names {part:?}: {failure}"
+            );
+        }
+        assert_eq!(
+            failure.error_code(),
+            Some(CHECK_FAILED),
+            "{when}: {failure}"
+        );
+    };
+    expect_not_added("with the pins gone", "no ebpf-portmap dataplane is there");
+    // The agent, started at boot, sets the dataplane up again, without
+    // the container's mappings.
+    std::fs::create_dir_all(world.pins.path()).expect("the pin root again");
+    let agent = portmap_tests::agent::Agent::start(&world);
+    agent.wait_ready(Duration::from_secs(30), "after the reboot");
+    expect_not_added("with the agent's new dataplane", "lost with a reboot");
+    drop(agent);
+
+    // What Nomad does next: DEL, then ADD; CHECK passes again.
+    container.del(&world).expect("DEL after the reboot");
+    container.add(&world).expect("ADD after the reboot");
+    container.check(&world).expect("CHECK after the re-ADD");
+    container.del(&world).expect("DEL");
+    world.assert_clean("after the last DEL");
+}
+
+/// The CNI error code of a failed CHECK.
+const CHECK_FAILED: u64 = 103;

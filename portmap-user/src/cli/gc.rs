@@ -10,9 +10,9 @@ use portmap_user::{
     dataplane::counters,
     dataplane::maps,
     dataplane::maps::Maps,
-    dataplane::ownership::{GoneOwner, GoneReclaim, record_strings},
+    dataplane::ownership::{GoneOwner, GoneReclaim, record_is, record_network_is, record_strings},
     logging::utc_timestamp,
-    model::{Attachment, Liveness, PodIdentity},
+    model::{Attachment, Liveness, Owner, PodIdentity},
     node::sandbox::Judge,
     ops::uninstall,
 };
@@ -283,11 +283,18 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         .as_secs();
     for (id, record) in maps.owners().context("reading the owners")? {
         let (network, container_id, ifname) = record_strings(&record);
-        let by_network = args.network.as_deref() == Some(network.as_str())
-            && !args
-                .keep
-                .iter()
-                .any(|k| k.container_id == container_id && k.ifname == ifname);
+        // Matched whole, like CNI GC (`Maps::collect_garbage`).
+        let by_network = args.network.as_deref().is_some_and(|wanted| {
+            record_network_is(id, &record, wanted) == Some(true)
+                && !args.keep.iter().any(|k| {
+                    let kept = Owner {
+                        network: wanted.to_owned(),
+                        container_id: k.container_id.clone(),
+                        ifname: k.ifname.clone(),
+                    };
+                    record_is(id, &record, &kept)
+                })
+        });
         let empty = args.empty_owners
             && !held.contains(&id)
             && now.saturating_sub(record.created_unix) >= args.min_age;

@@ -7,7 +7,10 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::cni::error::code;
-use crate::cni::names::{IdentifierError, IfnameError, validate_identifier, validate_ifname};
+use crate::cni::names::{
+    IdentifierError, IfnameError, NameTooLong, validate_identifier, validate_ifname,
+    validate_recorded_length,
+};
 use crate::model::PodIdentity;
 use portmap_common::{NOMAD_FIELD_LEN, POD_NAME_LEN, POD_NAMESPACE_LEN, POD_UID_LEN};
 
@@ -81,6 +84,16 @@ pub enum RequestError {
         value: String,
         reason: IdentifierError,
     },
+    #[error(
+        "{field} {value:?} is too long for ADD: {reason}. Use a {} of at most {limit} bytes (containerd, CRI-O and Podman IDs are 64, Nomad's 36)",
+        field.what(),
+        limit = crate::cni::names::MAX_RECORDED_NAME_LEN
+    )]
+    NameTooLong {
+        field: RecordedName,
+        value: String,
+        reason: NameTooLong,
+    },
     #[error("CNI_IFNAME {value:?} is not a valid interface name: {reason}")]
     InvalidIfname { value: String, reason: IfnameError },
     #[error("CNI_NETNS {value:?} is not an absolute path")]
@@ -120,6 +133,10 @@ impl RequestError {
             | RequestError::InvalidContainerId { .. }
             | RequestError::InvalidIfname { .. }
             | RequestError::NetnsNotAbsolute { .. } => code::INVALID_ENVIRONMENT_VARIABLES,
+            RequestError::NameTooLong { field, .. } => match field {
+                RecordedName::ContainerId => code::INVALID_ENVIRONMENT_VARIABLES,
+                RecordedName::Network => code::INVALID_NETWORK_CONFIG,
+            },
             RequestError::NetnsGone { .. } => code::UNKNOWN_CONTAINER,
             RequestError::StdinTooLarge { .. } => code::DECODING_FAILURE,
             RequestError::StdinRead { .. } => code::IO_FAILURE,
@@ -127,6 +144,50 @@ impl RequestError {
             RequestError::VersionTooOld { .. } => code::INCOMPATIBLE_VERSION,
         }
     }
+}
+
+/// A name ADD records in the owner record, for [`RequestError::NameTooLong`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordedName {
+    /// `CNI_CONTAINERID`.
+    ContainerId,
+    /// The configuration's `name`.
+    Network,
+}
+
+impl RecordedName {
+    fn what(self) -> &'static str {
+        match self {
+            RecordedName::ContainerId => "container ID",
+            RecordedName::Network => "network name",
+        }
+    }
+}
+
+impl fmt::Display for RecordedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RecordedName::ContainerId => "CNI_CONTAINERID",
+            RecordedName::Network => "network name (`name`)",
+        })
+    }
+}
+
+/// ADD's check that the container ID and the network name fit an owner
+/// record whole (see [`crate::cni::names::MAX_RECORDED_NAME_LEN`]). Only
+/// ADD: DEL and GC of a longer name must still succeed, finding nothing.
+pub(super) fn check_recorded_names(container_id: &str, network: &str) -> Result<(), RequestError> {
+    for (field, value) in [
+        (RecordedName::ContainerId, container_id),
+        (RecordedName::Network, network),
+    ] {
+        validate_recorded_length(value).map_err(|reason| RequestError::NameTooLong {
+            field,
+            value: value.to_owned(),
+            reason,
+        })?;
+    }
+    Ok(())
 }
 
 /// The per-attachment environment of ADD, DEL and CHECK, validated.
@@ -311,4 +372,30 @@ pub(super) fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>, RequestError> 
         });
     }
     Ok(buffer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_refuses_names_an_owner_record_would_cut() {
+        let id = "3f6940ab5ab43bc522569d15b23f8c1bbde1d7678b080398506924fc01d72755";
+        check_recorded_names(id, "podman").expect("a runtime's ID and a short network");
+        let long = "c".repeat(200);
+        let error = check_recorded_names(&long, "podman").expect_err("200-byte container ID");
+        assert_eq!(error.cni_code(), code::INVALID_ENVIRONMENT_VARIABLES);
+        let text = error.to_string();
+        assert!(
+            text.starts_with("CNI_CONTAINERID") && text.contains("200 bytes"),
+            "names the field and its length: {text}"
+        );
+        let error = check_recorded_names(id, &long).expect_err("200-byte network name");
+        assert_eq!(error.cni_code(), code::INVALID_NETWORK_CONFIG);
+        let text = error.to_string();
+        assert!(
+            text.starts_with("network name (`name`)") && text.contains("at most 128"),
+            "names the field and the limit: {text}"
+        );
+    }
 }

@@ -223,6 +223,7 @@ fn add(
 ) -> Result<Value, CniError> {
     let attachment = AttachmentEnv::from_env(env, Command::Add)?;
     let conf = netconf::parse_netconf(stdin)?;
+    env::check_recorded_names(&attachment.container_id, &conf.name)?;
     let prev_result = conf.prev_result.clone().ok_or(RequestError::NotChained)?;
     let prev = PrevResult::parse(&prev_result, &attachment.ifname)?;
     port_mappings::check_mappings_reachable(

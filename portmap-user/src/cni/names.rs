@@ -6,6 +6,33 @@
 /// Longest interface name the kernel accepts: `IFNAMSIZ` (16) minus the NUL.
 pub const MAX_IFNAME_LEN: usize = 15;
 
+/// Longest network name and container ID an ADD accepts: what an owner
+/// record holds verbatim (`portmap_common::OWNER_NAME_LEN`). The CNI spec
+/// sets no limit, but every runtime stays far below it (containerd, CRI-O
+/// and Podman IDs are 64 hex digits, Nomad's are 36-byte UUIDs); a longer
+/// name would be recorded cut, and a GC comparing names could then not
+/// tell it from another sharing its first 128 bytes. So ADD refuses it,
+/// naming the field; DEL and GC accept any length (they only remove what
+/// an ADD recorded, found by the full name).
+pub const MAX_RECORDED_NAME_LEN: usize = portmap_common::OWNER_NAME_LEN;
+
+/// A name ADD would have to record cut (see [`MAX_RECORDED_NAME_LEN`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "it is {len} bytes long; ebpf-portmap records at most {MAX_RECORDED_NAME_LEN} bytes, and a cut name could be confused with another sharing its first {MAX_RECORDED_NAME_LEN}"
+)]
+pub struct NameTooLong {
+    pub len: usize,
+}
+
+/// Checks that `value` fits an owner record whole.
+pub fn validate_recorded_length(value: &str) -> Result<(), NameTooLong> {
+    if value.len() > MAX_RECORDED_NAME_LEN {
+        return Err(NameTooLong { len: value.len() });
+    }
+    Ok(())
+}
+
 /// Why a name (network name, container ID) breaks the CNI spec's
 /// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$` rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,6 +148,30 @@ mod tests {
         assert!(
             validate_identifier("é").is_err(),
             "non-ASCII letters are not allowed"
+        );
+    }
+
+    #[test]
+    fn recorded_names_fit_an_owner_record_whole() {
+        let runtime_ids = [
+            "3f6940ab5ab43bc522569d15b23f8c1bbde1d7678b080398506924fc01d72755",
+            "5e0c1d2a-8f3b-4c6d-9e7f-0a1b2c3d4e5f",
+        ];
+        for id in runtime_ids {
+            assert_eq!(validate_recorded_length(id), Ok(()), "{id}");
+        }
+        let longest = "a".repeat(MAX_RECORDED_NAME_LEN);
+        assert_eq!(
+            validate_recorded_length(&longest),
+            Ok(()),
+            "the limit itself fits"
+        );
+        let error = validate_recorded_length(&"a".repeat(200)).expect_err("200 bytes");
+        assert_eq!(error, NameTooLong { len: 200 });
+        let text = error.to_string();
+        assert!(
+            text.contains("200 bytes") && text.contains("at most 128"),
+            "the length and the limit are named: {text}"
         );
     }
 

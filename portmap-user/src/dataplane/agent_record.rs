@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use crate::dataplane::lock::{read_record, write_record};
 use crate::dataplane::pin::PinLayout;
 
 /// What `/proc/PID/comm` holds for the agent: its name, cut to 15 bytes.
@@ -21,10 +22,10 @@ pub fn record_path(layout: &PinLayout) -> PathBuf {
 pub fn claim(layout: &PinLayout) {
     let pid = std::process::id();
     let path = record_path(layout);
-    if std::fs::read_to_string(&path).is_ok_and(|text| text.trim() == pid.to_string()) {
+    if read_record(&path).is_ok_and(|text| text.trim() == pid.to_string()) {
         return;
     }
-    if let Err(error) = crate::dataplane::lock::write_record(&path, &format!("{pid}\n")) {
+    if let Err(error) = write_record(&path, &format!("{pid}\n")) {
         log::debug!("{} not written: {error}", path.display());
     }
 }
@@ -32,16 +33,14 @@ pub fn claim(layout: &PinLayout) {
 /// Removes the record of `layout` if it names this process.
 pub fn release(layout: &PinLayout) {
     let path = record_path(layout);
-    if std::fs::read_to_string(&path)
-        .is_ok_and(|text| text.trim() == std::process::id().to_string())
-    {
+    if read_record(&path).is_ok_and(|text| text.trim() == std::process::id().to_string()) {
         let _ = std::fs::remove_file(path);
     }
 }
 
 /// The PID of a running agent that keeps `layout`, if any.
 pub fn running(layout: &PinLayout) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(record_path(layout))
+    let pid: u32 = read_record(&record_path(layout))
         .ok()?
         .trim()
         .parse()

@@ -30,6 +30,12 @@ pub enum BpffsError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "{path} {problem}, so another user could plant or replace ebpf-portmap's locks, records or pins there; {fix}",
+        path = path.display(),
+        fix = problem.fix(path)
+    )]
+    UnsafeDir { path: PathBuf, problem: DirProblem },
     #[error("bpffs is not mounted at {path}; mount it with `mount -t bpf bpf /sys/fs/bpf`")]
     NoBpffs { path: PathBuf },
     #[error(
@@ -58,7 +64,77 @@ impl BpffsError {
 /// Where ADD mounts a bpffs when the node has none.
 const DEFAULT_MOUNT: &str = "/sys/fs/bpf";
 
-/// Creates `path` and its parents, readable by root only.
+/// What makes an existing directory unfit to hold our locks, records or
+/// pins (see [`create_private_dir`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirProblem {
+    /// A symbolic link: whoever made it chose where our files go.
+    Symlink,
+    NotADirectory,
+    /// Owned by neither root nor this process's user.
+    Owner {
+        uid: u32,
+    },
+    /// Group- or world-writable (the mode's permission bits).
+    Writable {
+        mode: u32,
+    },
+}
+
+impl DirProblem {
+    /// What an operator runs to put it right.
+    fn fix(self, path: &Path) -> String {
+        let path = path.display();
+        match self {
+            DirProblem::Symlink | DirProblem::NotADirectory => {
+                format!("remove it (`rm {path}`); the next run creates the directory, mode 0700")
+            }
+            DirProblem::Owner { .. } => format!("run `chown root:root {path}`"),
+            DirProblem::Writable { .. } => {
+                format!("run `chmod go-w {path}` (0700 is what we create)")
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for DirProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirProblem::Symlink => f.write_str("is a symbolic link, not a directory"),
+            DirProblem::NotADirectory => f.write_str("is not a directory"),
+            DirProblem::Owner { uid } => write!(f, "is owned by uid {uid}, not root"),
+            DirProblem::Writable { mode } => {
+                write!(f, "is group- or world-writable (mode {mode:04o})")
+            }
+        }
+    }
+}
+
+/// Whether a directory with `metadata` (from `lstat`) may hold our files
+/// for a process of effective uid `euid`: a real directory, owned by root
+/// (or by `euid`, for a process given capabilities instead of root),
+/// writable by its owner only.
+fn dir_problem(metadata: &fs::Metadata, euid: u32) -> Option<DirProblem> {
+    use std::os::unix::fs::MetadataExt;
+    if metadata.file_type().is_symlink() {
+        return Some(DirProblem::Symlink);
+    }
+    if !metadata.is_dir() {
+        return Some(DirProblem::NotADirectory);
+    }
+    if metadata.uid() != 0 && metadata.uid() != euid {
+        return Some(DirProblem::Owner {
+            uid: metadata.uid(),
+        });
+    }
+    let mode = metadata.mode() & 0o7777;
+    (mode & 0o022 != 0).then_some(DirProblem::Writable { mode })
+}
+
+/// Creates `path` and its parents, readable by root only, and checks that
+/// `path` (new or found) is ours alone: a real directory, owned by root,
+/// not group- or world-writable. A directory that is not is refused,
+/// not repaired: someone made it so, and an operator should know.
 pub fn create_private_dir(path: &Path) -> Result<(), BpffsError> {
     fs::DirBuilder::new()
         .recursive(true)
@@ -67,7 +143,20 @@ pub fn create_private_dir(path: &Path) -> Result<(), BpffsError> {
         .map_err(|source| BpffsError::CreateDir {
             path: path.to_owned(),
             source,
-        })
+        })?;
+    let metadata = fs::symlink_metadata(path).map_err(|source| BpffsError::CreateDir {
+        path: path.to_owned(),
+        source,
+    })?;
+    // SAFETY: a plain syscall without arguments.
+    let euid = unsafe { libc::geteuid() };
+    match dir_problem(&metadata, euid) {
+        None => Ok(()),
+        Some(problem) => Err(BpffsError::UnsafeDir {
+            path: path.to_owned(),
+            problem,
+        }),
+    }
 }
 
 /// Whether `path` is on a bpffs (or below a directory that will be on one).
@@ -291,6 +380,119 @@ mod tests {
 24 23 0:22 / /sys/fs/cgroup rw shared:8 - cgroup2 cgroup2 rw
 25 23 0:23 / /sys/fs/bpf rw shared:9 - bpf bpf rw,mode=700
 ";
+
+    /// A directory of the test's own, removed on drop.
+    struct TestDir(PathBuf);
+
+    impl TestDir {
+        fn new(name: &str) -> TestDir {
+            let path = std::env::temp_dir().join(format!(
+                "epm-bpffs-{name}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = fs::remove_dir_all(&path);
+            fs::create_dir(&path).expect("create the test directory");
+            TestDir(path)
+        }
+    }
+
+    impl Drop for TestDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn chmod(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+
+    #[test]
+    fn a_private_dir_is_created_owner_only() {
+        use std::os::unix::fs::MetadataExt;
+        let test = TestDir::new("create");
+        let dir = test.0.join("a/b");
+        create_private_dir(&dir).expect("created");
+        let mode = fs::metadata(&dir).expect("stat").mode() & 0o777;
+        assert_eq!(mode, 0o700, "created {mode:o}");
+        create_private_dir(&dir).expect("found again, still fine");
+    }
+
+    #[test]
+    fn a_group_or_world_writable_dir_is_refused() {
+        let test = TestDir::new("writable");
+        let dir = test.0.join("run");
+        for mode in [0o770, 0o757, 0o1777] {
+            fs::create_dir_all(&dir).expect("mkdir");
+            chmod(&dir, mode);
+            let error = create_private_dir(&dir).expect_err("a writable directory is refused");
+            assert!(
+                matches!(
+                    error,
+                    BpffsError::UnsafeDir {
+                        problem: DirProblem::Writable { .. },
+                        ..
+                    }
+                ),
+                "mode {mode:o}: {error:?}"
+            );
+            let text = error.to_string();
+            assert!(
+                text.contains(&dir.display().to_string()) && text.contains("chmod go-w"),
+                "names the directory and the fix: {text}"
+            );
+        }
+        chmod(&dir, 0o755);
+        create_private_dir(&dir).expect("mode 0755 is the owner's alone to write");
+    }
+
+    #[test]
+    fn a_symlinked_dir_is_refused() {
+        let test = TestDir::new("symlink");
+        let elsewhere = test.0.join("elsewhere");
+        fs::create_dir(&elsewhere).expect("mkdir");
+        chmod(&elsewhere, 0o700);
+        let link = test.0.join("run");
+        std::os::unix::fs::symlink(&elsewhere, &link).expect("symlink");
+        let error = create_private_dir(&link).expect_err("a symlink is refused");
+        assert!(
+            matches!(
+                error,
+                BpffsError::UnsafeDir {
+                    problem: DirProblem::Symlink,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn a_dir_of_another_user_is_refused() {
+        // SAFETY: a plain syscall without arguments.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to give a directory away");
+            return;
+        }
+        let test = TestDir::new("owner");
+        let dir = test.0.join("run");
+        fs::create_dir(&dir).expect("mkdir");
+        chmod(&dir, 0o700);
+        std::os::unix::fs::chown(&dir, Some(12345), None).expect("chown");
+        let error = create_private_dir(&dir).expect_err("another user's directory is refused");
+        assert!(
+            matches!(
+                error,
+                BpffsError::UnsafeDir {
+                    problem: DirProblem::Owner { uid: 12345 },
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("chown root:root"), "{error}");
+    }
 
     #[test]
     fn the_covering_mount_is_the_longest_prefix() {

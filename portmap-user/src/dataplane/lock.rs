@@ -10,10 +10,20 @@
 //! Beside each lock, in the same run directory, live the pin root's
 //! records (its hooks, its registration, STATUS's probe): [`write_record`]
 //! writes any of them.
+//!
+//! # The run directory
+//! `/run/ebpf-portmap` is root's alone: created 0700, and refused when found
+//! group- or world-writable, owned by another user or a symbolic link (see
+//! `bpffs::create_private_dir`), since whoever can write there can plant a
+//! file or a link where a lock or record goes. Every file is opened
+//! without following a symbolic link (`O_NOFOLLOW`) and must be a regular
+//! file; a record is written to a new temporary file of an unpredictable
+//! name (`O_EXCL`, mode 0600) and renamed over the old one.
 
 use std::{
     fs, io,
-    os::fd::AsRawFd,
+    io::{Read, Write},
+    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
     path::{Path, PathBuf},
     sync::atomic::{AtomicU64, Ordering},
     time::{Duration, Instant},
@@ -28,6 +38,10 @@ use crate::dataplane::{
 pub enum LockError {
     #[error(transparent)]
     Bpffs(#[from] BpffsError),
+    #[error(
+        "{path} is not a regular file (a symbolic link, a directory or a device put there by hand?); remove it, the next run creates it"
+    )]
+    NotAFile { path: PathBuf },
     #[error("cannot lock {path}")]
     Lock {
         path: PathBuf,
@@ -111,14 +125,17 @@ pub fn root_record(layout: &PinLayout) -> PathBuf {
 pub fn register(layout: &PinLayout) {
     let path = root_record(layout);
     let text = format!("{}\n", layout.root().display());
-    if let Ok(lock) = fs::OpenOptions::new().write(true).open(layout.lock_file())
-        && lock.metadata().is_ok_and(|m| m.len() == 0)
+    if let Ok(lock) = fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(layout.lock_file())
+        && lock.metadata().is_ok_and(|m| m.is_file() && m.len() == 0)
     {
         use std::os::unix::fs::FileExt;
         // Every writer writes the same text at the same place.
         let _ = lock.write_all_at(text.as_bytes(), 0);
     }
-    if fs::read_to_string(&path).is_ok_and(|old| old == text) {
+    if read_record(&path).is_ok_and(|old| old == text) {
         return;
     }
     let _ = write_record(&path, &text);
@@ -126,18 +143,7 @@ pub fn register(layout: &PinLayout) {
 
 fn lock_once(layout: &PinLayout) -> Result<fs::File, LockError> {
     let lock_path = layout.lock_file();
-    if let Some(dir) = lock_path.parent() {
-        create_private_dir(dir)?;
-    }
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|source| LockError::Lock {
-            path: lock_path.clone(),
-            source,
-        })?;
+    let lock = open_lock_file(&lock_path)?;
     let Some(limit) = wait_limit() else {
         // SAFETY: flock on an fd we own; released when `lock` is closed.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -150,6 +156,45 @@ fn lock_once(layout: &PinLayout) -> Result<fs::File, LockError> {
     };
     flock_within(&lock, &lock_path, limit)?;
     Ok(lock)
+}
+
+/// Opens (creating it if missing) the lock file `path` in the run
+/// directory, which is checked first (see the module docs). A symbolic
+/// link there is not followed (`O_NOFOLLOW`: the open fails with ELOOP),
+/// and only a regular file is a lock: a FIFO would block the open, a
+/// device would be written.
+fn open_lock_file(path: &Path) -> Result<fs::File, LockError> {
+    if let Some(dir) = path.parent() {
+        create_private_dir(dir)?;
+    }
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        // NONBLOCK: a FIFO without a reader fails at once instead of
+        // blocking; a regular file ignores it (flock is asked separately).
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::ELOOP | libc::ENXIO) => LockError::NotAFile {
+                path: path.to_path_buf(),
+            },
+            _ => LockError::Lock {
+                path: path.to_path_buf(),
+                source,
+            },
+        })?;
+    match file.metadata() {
+        Ok(metadata) if metadata.is_file() => Ok(file),
+        Ok(_) => Err(LockError::NotAFile {
+            path: path.to_path_buf(),
+        }),
+        Err(source) => Err(LockError::Lock {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// Takes `file`'s `flock` (the lock file at `path`), giving up after
@@ -222,21 +267,6 @@ impl Drop for WritersLock {
     }
 }
 
-fn open_lock_file(path: &Path) -> Result<fs::File, LockError> {
-    if let Some(dir) = path.parent() {
-        create_private_dir(dir)?;
-    }
-    fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(|source| LockError::Lock {
-            path: path.to_path_buf(),
-            source,
-        })
-}
-
 /// Takes the writers' lock shared, waiting while a resize holds it (within
 /// the limit set by [`limit_waits`], if any).
 pub fn writers_shared(layout: &PinLayout) -> Result<WritersLock, LockError> {
@@ -275,26 +305,216 @@ pub fn writers_exclusive(layout: &PinLayout, limit: Duration) -> Result<fs::File
 
 /// Writes the record `path` (a file beside the pin roots' locks) as a whole
 /// file renamed over the old one, so a reader sees the old record or the
-/// new, never half of one; creates the run directory if it is missing.
+/// new, never half of one; creates the run directory if it is missing, and
+/// refuses one that is not root's alone (see the module docs). The
+/// temporary file has a name nobody can guess beforehand and is created
+/// new (`O_EXCL`, which also refuses a symbolic link), so nothing planted
+/// in the directory is written through.
 pub fn write_record(path: &Path, text: &str) -> io::Result<()> {
     if let Some(dir) = path.parent() {
         create_private_dir(dir).map_err(io::Error::other)?;
     }
-    let extension = path
-        .extension()
-        .map(|e| e.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temporary = path.with_extension(format!("{extension}-{}", std::process::id()));
-    let written = fs::write(&temporary, text).and_then(|()| fs::rename(&temporary, path));
+    let (temporary, mut file) = create_temporary(path)?;
+    let written = file
+        .write_all(text.as_bytes())
+        .and_then(|()| fs::rename(&temporary, path));
     if written.is_err() {
         let _ = fs::remove_file(&temporary);
     }
     written
 }
 
+/// Creates a new file beside `path` for [`write_record`]: `{stem}.{ext}-tmp-{16
+/// random hex digits}`, mode 0600, `O_EXCL | O_NOFOLLOW`; a name that
+/// exists already (never, short of a broken random source) is tried again.
+fn create_temporary(path: &Path) -> io::Result<(PathBuf, fs::File)> {
+    let extension = path
+        .extension()
+        .map(|e| e.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut last_error = None;
+    for _ in 0..4 {
+        // Same stem: the stale sweep finds what a killed writer left
+        // (`stale::records_of`).
+        let temporary = path.with_extension(format!("{extension}-tmp-{:016x}", random_u64()?));
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temporary)
+        {
+            Ok(file) => return Ok((temporary, file)),
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => last_error = Some(error),
+            Err(error) => return Err(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| io::Error::other("no temporary name was free")))
+}
+
+/// 64 bits from the kernel's random source (getrandom(2)).
+fn random_u64() -> io::Result<u64> {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got != bytes.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::from_ne_bytes(bytes))
+}
+
+/// Reads the record `path` without following a symbolic link put in its
+/// place; only a regular file is a record.
+pub fn read_record(path: &Path) -> io::Result<String> {
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text)?;
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A private run directory of the test's own (0700), removed on drop,
+    /// with a victim file outside it that nothing may write through a link.
+    struct RunDir {
+        base: PathBuf,
+    }
+
+    impl RunDir {
+        fn new(name: &str) -> RunDir {
+            let base = std::env::temp_dir().join(format!(
+                "epm-lock-{name}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = fs::remove_dir_all(&base);
+            create_private_dir(&base.join("run")).expect("the run directory");
+            fs::write(base.join("victim"), "untouched\n").expect("the victim");
+            RunDir { base }
+        }
+
+        fn run(&self) -> PathBuf {
+            self.base.join("run")
+        }
+
+        fn victim(&self) -> PathBuf {
+            self.base.join("victim")
+        }
+
+        fn victim_text(&self) -> String {
+            fs::read_to_string(self.victim()).expect("the victim is still there")
+        }
+    }
+
+    impl Drop for RunDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.base);
+        }
+    }
+
+    /// The temporary names an older build used (`{stem}.{ext}-{pid}`) and
+    /// the ones a guess of a random one could hit: links planted at all of
+    /// them are never written through.
+    #[test]
+    fn a_record_is_never_written_through_a_planted_link() {
+        let dir = RunDir::new("record");
+        let record = dir.run().join("0123456789abcdef.root");
+        let predictable = record.with_extension(format!("root-{}", std::process::id()));
+        std::os::unix::fs::symlink(dir.victim(), &predictable).expect("plant a link");
+        write_record(&record, "/sys/fs/bpf/x\n").expect("written");
+        assert_eq!(dir.victim_text(), "untouched\n", "written through the link");
+        assert_eq!(read_record(&record).expect("read"), "/sys/fs/bpf/x\n");
+        let left: Vec<_> = fs::read_dir(dir.run())
+            .expect("list")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(
+            left.len(),
+            2,
+            "the record and the planted link only: {left:?}"
+        );
+
+        // The record itself replaced by a link: renamed over, not followed.
+        fs::remove_file(&record).expect("rm");
+        std::os::unix::fs::symlink(dir.victim(), &record).expect("plant a link");
+        assert!(read_record(&record).is_err(), "a link is not a record");
+        write_record(&record, "new\n").expect("written");
+        assert_eq!(dir.victim_text(), "untouched\n", "written through the link");
+        assert_eq!(read_record(&record).expect("read"), "new\n");
+    }
+
+    #[test]
+    fn temporary_names_are_unpredictable_and_keep_the_stem() {
+        let dir = RunDir::new("names");
+        let record = dir.run().join("0123456789abcdef.agent");
+        let (a, _) = create_temporary(&record).expect("one");
+        let (b, _) = create_temporary(&record).expect("two");
+        assert_ne!(a, b, "two temporaries of one record share a name");
+        for temporary in [&a, &b] {
+            assert_eq!(temporary.file_stem(), record.file_stem(), "{temporary:?}");
+            let name = temporary
+                .file_name()
+                .and_then(|n| n.to_str())
+                .expect("name");
+            assert!(
+                !name.ends_with(&format!("-{}", std::process::id())),
+                "named by the PID: {name}"
+            );
+        }
+    }
+
+    /// A link planted at a lock's path is not followed: the lock fails
+    /// naming the path, and the file it points at is not touched.
+    #[test]
+    fn a_lock_is_never_opened_through_a_planted_link() {
+        let dir = RunDir::new("lockfile");
+        let lock = dir.run().join("0123456789abcdef.writers");
+        std::os::unix::fs::symlink(dir.victim(), &lock).expect("plant a link");
+        let error = open_lock_file(&lock).expect_err("a link is not a lock");
+        assert!(matches!(error, LockError::NotAFile { .. }), "{error:?}");
+        assert!(
+            error.to_string().contains(&lock.display().to_string()),
+            "{error}"
+        );
+        assert_eq!(dir.victim_text(), "untouched\n");
+        fs::remove_file(&lock).expect("rm");
+        let fifo = std::ffi::CString::new(lock.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+        let error = open_lock_file(&lock).expect_err("a FIFO is not a lock, nor does it block");
+        assert!(matches!(error, LockError::NotAFile { .. }), "{error:?}");
+    }
+
+    #[test]
+    fn records_go_nowhere_in_a_writable_run_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = RunDir::new("writable");
+        fs::set_permissions(dir.run(), fs::Permissions::from_mode(0o775)).expect("chmod");
+        let record = dir.run().join("0123456789abcdef.root");
+        let error = write_record(&record, "x\n").expect_err("refused");
+        assert!(
+            error.to_string().contains("group- or world-writable"),
+            "{error}"
+        );
+        assert!(!record.exists(), "nothing written");
+        let error = open_lock_file(&record.with_extension("lock")).expect_err("refused");
+        assert!(
+            matches!(error, LockError::Bpffs(BpffsError::UnsafeDir { .. })),
+            "{error:?}"
+        );
+    }
 
     /// The writers' lock keeps a resize out while any run holds its maps
     /// open, and the runs out while a resize holds it. Writes a lock file

@@ -162,9 +162,7 @@ fn record_interfaces(layout: &PinLayout, interfaces: Option<&[String]>) -> io::R
             _ => Ok(()),
         };
     };
-    let temporary = path.with_extension("interfaces-new");
-    std::fs::write(&temporary, interfaces.join("\n"))?;
-    std::fs::rename(&temporary, &path)
+    crate::dataplane::lock::write_record(&path, &interfaces.join("\n"))
 }
 
 /// The records of what the last sync wrote (local addresses, interface
@@ -229,9 +227,7 @@ impl LocalRecord {
     }
 
     fn write(&self) -> io::Result<()> {
-        let temporary = self.path.with_extension("local-addrs-new");
-        std::fs::write(&temporary, &self.text)?;
-        std::fs::rename(&temporary, &self.path)
+        crate::dataplane::lock::write_record(&self.path, &self.text)
     }
 }
 
@@ -501,11 +497,8 @@ impl IfacesRecord {
                 config.flags, config.addr4_be
             );
         }
-        let temporary = path.with_extension("ifaces-new");
         // Best effort: without it the next run reads the map.
-        if std::fs::write(&temporary, text).is_ok() {
-            let _ = std::fs::rename(&temporary, path);
-        }
+        let _ = crate::dataplane::lock::write_record(path, &text);
     }
 }
 

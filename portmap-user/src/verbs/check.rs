@@ -1,5 +1,13 @@
 //! CHECK: every mapping of the container is installed as ADD left it, and
 //! with `containerSockets` its network namespace is registered.
+//!
+//! A runtime restoring its containers after a restart asks CHECK whether
+//! their networks still work (Nomad 1.9+ does, for every allocation, and
+//! re-creates the network of one whose CHECK fails). After a restart of the
+//! runtime, the agent or this plugin the pins are all there and CHECK
+//! passes; after a reboot bpffs and /run start empty, and CHECK fails
+//! first thing, saying the container has no mappings under the pin root
+//! and must be added again, rather than naming a missing attachment.
 
 use super::interfaces::NodeView;
 use super::interfaces::{Pass, reconcile};
@@ -9,6 +17,8 @@ use crate::cni::Request;
 use crate::dataplane::attach;
 use crate::dataplane::container_netns;
 use crate::dataplane::maps::Maps;
+use crate::dataplane::ownership::StoreError;
+use crate::dataplane::pin::PinLayout;
 use crate::dataplane::scope;
 use crate::node::netlink::Rtnl;
 
@@ -18,6 +28,9 @@ pub(super) fn check(req: &Request) -> Result<(), PluginError> {
     let installed = layout.map(portmap_common::map_names::OWNERS).exists();
     if translations.is_empty() && !installed && !req.conf.container_sockets {
         return Ok(());
+    }
+    if !translations.is_empty() && !installed {
+        return Err(not_added(req, &layout, false));
     }
     require_privilege()?;
     let mut rtnl = Rtnl::open()?;
@@ -48,6 +61,19 @@ pub(super) fn check(req: &Request) -> Result<(), PluginError> {
         return Err(PluginError::NotAttached { index });
     }
     let maps = Maps::open(&layout)?;
+    if !maps.has_owner(&req.owner)? {
+        return Err(not_added(req, &layout, true));
+    }
     maps.verify(&req.owner, &translations)?;
     Ok(())
+}
+
+/// The failure of a CHECK of a container that holds nothing under
+/// `layout` (see the module docs).
+fn not_added(req: &Request, layout: &PinLayout, dataplane: bool) -> PluginError {
+    PluginError::Store(StoreError::NotAdded {
+        container_id: req.owner.container_id.clone(),
+        pin_root: layout.root().to_path_buf(),
+        dataplane,
+    })
 }

@@ -83,7 +83,7 @@ impl PluginError {
             PluginError::Store(StoreError::Capacity { .. } | StoreError::TooManySlots { .. }) => {
                 code::CAPACITY
             }
-            PluginError::Store(StoreError::Missing { .. })
+            PluginError::Store(StoreError::Missing { .. } | StoreError::NotAdded { .. })
             | PluginError::NotAttached { .. }
             | PluginError::NotRegistered { .. } => code::CHECK_FAILED,
             PluginError::Store(_) | PluginError::Maps(_) | PluginError::Netlink(_) => {

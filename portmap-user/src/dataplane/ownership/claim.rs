@@ -9,7 +9,7 @@ use portmap_common::{
 
 use super::error::{HolderDisplay, StoreError, map_error};
 use super::index::{BPF_ANY, BPF_EXIST, BPF_NOEXIST, slot_key};
-use super::records::{now_unix, owner_id, owner_record, record_strings, same_identity};
+use super::records::{now_unix, owner_id, owner_record, record_is, record_strings, same_identity};
 use super::translation::{KeyDisplay, Translation};
 use crate::dataplane::maps::{Maps, is_errno};
 use crate::dataplane::pin::PinLayout;
@@ -272,7 +272,20 @@ impl Maps {
     /// Removes everything `owner` holds. Idempotent; returns how many
     /// mappings it removed.
     pub fn release(&mut self, owner: &Owner) -> Result<usize, StoreError> {
-        self.release_id(owner_id(owner))
+        let id = owner_id(owner);
+        // The record under this ID is another owner's (IDs are hashes, and
+        // ADD refuses a colliding owner): nothing here is the caller's.
+        if let Ok(record) = self.owners.get(&id, 0)
+            && !record_is(id, &record, owner)
+        {
+            let (network, container_id, ifname) = record_strings(&record);
+            log::warn!(
+                "owner ID {id:016x} of container {} is held by container {container_id} (network {network}, interface {ifname}): not removed",
+                owner.container_id
+            );
+            return Ok(0);
+        }
+        self.release_id(id)
     }
 
     pub(super) fn release_id(&mut self, id: u64) -> Result<usize, StoreError> {

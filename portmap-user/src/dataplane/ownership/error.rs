@@ -61,6 +61,21 @@ pub enum StoreError {
         "the conditions map is not pinned under this pin root (programs of an older build?): the conditionsV4/conditionsV6 of this configuration cannot be enforced"
     )]
     NoConditionsMap,
+    #[error(
+        "container {container_id} has no port mappings under pin root {}: {}; ADD it again",
+        pin_root.display(),
+        if *dataplane {
+            "they were removed (by a GC, `ebpf-portmap gc` or a DEL), or lost with a reboot after which the dataplane was set up again"
+        } else {
+            "no ebpf-portmap dataplane is there (bpffs keeps no pins across a reboot; an uninstall removes them)"
+        }
+    )]
+    NotAdded {
+        container_id: String,
+        pin_root: std::path::PathBuf,
+        /// Whether the pin root holds a dataplane (its owners map).
+        dataplane: bool,
+    },
     #[error("mapping {key} is missing or not owned by {container_id}")]
     Missing {
         key: KeyDisplay,

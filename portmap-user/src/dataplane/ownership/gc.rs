@@ -12,10 +12,10 @@ use portmap_common::{
 
 use super::error::{StoreError, map_error};
 use super::index::{BPF_NOEXIST, slot_key};
-use super::records::record_strings;
+use super::records::{record_is, record_network_is, record_strings};
 use crate::dataplane::maps::{Maps, is_errno};
 use crate::dataplane::pin::PinLayout;
-use crate::model::{Attachment, Liveness, PodIdentity, Sandbox};
+use crate::model::{Attachment, Liveness, Owner, PodIdentity, Sandbox};
 
 /// What [`Maps::reclaim_orphans`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -340,7 +340,11 @@ impl Maps {
     }
 
     /// GC (CNI 1.1): removes every owner of `network` that is not in `valid`.
-    /// Returns the container IDs it removed.
+    /// Returns the container IDs it removed. Owners are matched whole (see
+    /// [`record_is`]), also those an older build recorded with a cut name;
+    /// one whose record cannot say whether it is of `network` (both names
+    /// cut) is left alone unless listed: removing another network's owner
+    /// is worse than keeping one.
     pub fn collect_garbage(
         &mut self,
         network: &str,
@@ -348,17 +352,30 @@ impl Maps {
     ) -> Result<Vec<String>, StoreError> {
         let mut removed = Vec::new();
         for (id, record) in self.owners()? {
-            let (owner_network, container_id, ifname) = record_strings(&record);
-            if owner_network != network {
+            let ours = record_network_is(id, &record, network);
+            if ours == Some(false) {
                 continue;
             }
-            let keep = valid
-                .iter()
-                .any(|a| a.container_id == container_id && a.ifname == ifname);
-            if !keep {
-                self.release_id(id)?;
-                removed.push(container_id);
+            let keep = valid.iter().any(|a| {
+                let listed = Owner {
+                    network: network.to_owned(),
+                    container_id: a.container_id.clone(),
+                    ifname: a.ifname.clone(),
+                };
+                record_is(id, &record, &listed)
+            });
+            let (_, container_id, _) = record_strings(&record);
+            if keep {
+                continue;
             }
+            if ours.is_none() {
+                log::warn!(
+                    "GC of network {network} leaves owner {id:016x} (container {container_id}…) alone: an older build recorded both its names cut, so it may be another network's; a DEL with its full container ID removes it"
+                );
+                continue;
+            }
+            self.release_id(id)?;
+            removed.push(container_id);
         }
         Ok(removed)
     }

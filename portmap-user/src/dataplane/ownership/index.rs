@@ -5,7 +5,7 @@
 use portmap_common::{MAX_SLOTS_PER_OWNER, MappingKey, OwnerRecord, OwnerSlotKey};
 
 use super::error::{StoreError, map_error};
-use super::records::owner_id;
+use super::records::{owner_id, record_is};
 use crate::dataplane::maps::{Maps, is_errno};
 use crate::model::{MAX_MAPPINGS_MAX, Owner};
 
@@ -125,6 +125,17 @@ impl Maps {
             .iter()
             .collect::<Result<Vec<_>, _>>()
             .map_err(map_error("owners", "iterate"))
+    }
+
+    /// Whether `owner` has an owner record (exactly its own, see
+    /// [`record_is`]). Read-only.
+    pub fn has_owner(&self, owner: &Owner) -> Result<bool, StoreError> {
+        let id = owner_id(owner);
+        match self.owners.get(&id, 0) {
+            Ok(record) => Ok(record_is(id, &record, owner)),
+            Err(e) if is_errno(&e, libc::ENOENT) => Ok(false),
+            Err(e) => Err(map_error("owners", "lookup")(e)),
+        }
     }
 
     /// The mapping keys `owner` has claimed (from its index; some may since

@@ -84,8 +84,8 @@ pub use gc::{
     GONE_GRACE_SECS, GoneOwner, GoneReclaim, ORPHAN_GRACE_SECS, OrphanReclaim, orphan_due,
 };
 pub use records::{
-    now_unix, owner_id, owner_record, pod_identity, pod_record, record_strings, sandbox_of_record,
-    sandbox_record,
+    now_unix, owner_id, owner_record, pod_identity, pod_record, record_is, record_network_is,
+    record_strings, sandbox_of_record, sandbox_record,
 };
 pub use translation::{
     KeyDisplay, Translation, addr_from_words, plan, protocol_name, with_conditions, words_from_addr,

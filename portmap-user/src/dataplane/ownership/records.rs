@@ -158,6 +158,53 @@ pub(super) fn same_identity(a: &OwnerRecord, b: &OwnerRecord) -> bool {
     record_strings(a) == record_strings(b)
 }
 
+/// The first [`OWNER_NAME_LEN`] bytes of `name`: what a record keeps of it.
+fn recorded_part(name: &str) -> &[u8] {
+    &name.as_bytes()[..name.len().min(OWNER_NAME_LEN)]
+}
+
+fn recorded<const N: usize>(bytes: &[u8; N], len: u16) -> &[u8] {
+    &bytes[..(len as usize).min(N)]
+}
+
+/// Whether owner `id`, whose record is `record`, is exactly `owner`. ADD
+/// refuses names longer than a record holds, but an older build recorded
+/// them cut; the ID hashes the full names, so comparing it too tells a
+/// cut name from another sharing its first [`OWNER_NAME_LEN`] bytes.
+pub fn record_is(id: u64, record: &OwnerRecord, owner: &Owner) -> bool {
+    recorded(&record.network, record.network_len) == recorded_part(&owner.network)
+        && recorded(&record.container_id, record.container_id_len)
+            == recorded_part(&owner.container_id)
+        && recorded(&record.ifname, record.ifname_len) == owner.ifname.as_bytes()
+        && owner_id(owner) == id
+}
+
+/// Whether owner `id` (record `record`) belongs to network `network`:
+/// `Some` when the record tells, `None` when it cannot (an older build cut
+/// both its network name and its container ID, so neither the name nor
+/// the ID can be checked whole).
+pub fn record_network_is(id: u64, record: &OwnerRecord, network: &str) -> Option<bool> {
+    if recorded(&record.network, record.network_len) != recorded_part(network) {
+        return Some(false);
+    }
+    if usize::from(record.network_len) < OWNER_NAME_LEN {
+        // Not cut: the names are equal.
+        return Some(true);
+    }
+    if usize::from(record.container_id_len) >= OWNER_NAME_LEN {
+        return None;
+    }
+    // The container ID is whole: the owner ID tells whether the network is.
+    let (_, container_id, ifname) = record_strings(record);
+    Some(
+        owner_id(&Owner {
+            network: network.to_owned(),
+            container_id,
+            ifname,
+        }) == id,
+    )
+}
+
 pub fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -217,6 +264,52 @@ mod tests {
             owner_id(&owner("ab", "c", "x")),
             owner_id(&owner("a", "bc", "x"))
         );
+    }
+
+    /// What an older build recorded for a name longer than a record: its
+    /// first bytes, under the ID of the full names.
+    fn cut_record(owner: &Owner) -> (u64, OwnerRecord) {
+        (owner_id(owner), owner_record(owner, 0))
+    }
+
+    #[test]
+    fn cut_names_are_told_apart_by_the_owner_id() {
+        let owner = |network: &str, container_id: &str| Owner {
+            network: network.into(),
+            container_id: container_id.into(),
+            ifname: "eth0".into(),
+        };
+        let long_id = "c".repeat(200);
+        let sharing_prefix = format!("{}d", "c".repeat(199));
+        let (id, record) = cut_record(&owner("net", &long_id));
+        assert!(record_is(id, &record, &owner("net", &long_id)));
+        assert!(
+            !record_is(id, &record, &owner("net", &sharing_prefix)),
+            "an ID sharing the first 128 bytes is another owner"
+        );
+        assert!(!record_is(id, &record, &owner("net", &"c".repeat(128))));
+        assert!(!record_is(id, &record, &owner("net", &long_id[..12])));
+        assert_eq!(record_network_is(id, &record, "net"), Some(true));
+        assert_eq!(record_network_is(id, &record, "net2"), Some(false));
+
+        let net_a = format!("{}a", "n".repeat(150));
+        let net_b = format!("{}b", "n".repeat(150));
+        let (id, record) = cut_record(&owner(&net_a, "abc"));
+        assert_eq!(record_network_is(id, &record, &net_a), Some(true));
+        assert_eq!(
+            record_network_is(id, &record, &net_b),
+            Some(false),
+            "a network sharing the first 128 bytes is another network"
+        );
+        assert_eq!(record_network_is(id, &record, &net_a[..128]), Some(false));
+        let (id, record) = cut_record(&owner(&net_a, &long_id));
+        assert_eq!(
+            record_network_is(id, &record, &net_b),
+            None,
+            "both cut: the record cannot tell"
+        );
+        assert!(record_is(id, &record, &owner(&net_a, &long_id)));
+        assert!(!record_is(id, &record, &owner(&net_b, &long_id)));
     }
 
     #[test]
