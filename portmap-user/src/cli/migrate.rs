@@ -78,6 +78,22 @@ fn leftover_json(leftover: &Leftover) -> Value {
     })
 }
 
+/// What is left because it is a live container's: their mappings' hosts,
+/// so a report says what it kept and why.
+fn live_left(leftovers: &[Leftover]) -> Vec<Value> {
+    leftovers
+        .iter()
+        .filter(|l| matches!(l.verdict, Verdict::Live(_)))
+        .map(|l| {
+            json!({
+                "containerID": l.container_id,
+                "network": l.network,
+                "hosts": l.mappings.iter().map(Mapping::host).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
 fn removed_json(removed: &Removed) -> Value {
     json!({
         "upstream": removed.source.backend.to_string(),
@@ -90,13 +106,14 @@ fn removed_json(removed: &Removed) -> Value {
 pub fn run(args: &MigrateArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let survey = migrate::survey(&args.results_dir)?;
     let mut problems: Vec<String> = survey.errors.iter().map(|e| with_sources(e)).collect();
-    let gone = survey.gone();
-    let (removed, remove_errors) = if args.remove {
+    let gone = &survey.gone;
+    let report = if args.remove {
         migrate::remove_gone(&survey)
     } else {
-        (Vec::new(), Vec::new())
+        Default::default()
     };
-    problems.extend(remove_errors.iter().map(|e| with_sources(e)));
+    let removed = &report.removed;
+    problems.extend(report.errors.iter().map(|e| with_sources(e)));
     let left_gone = !args.remove && !gone.is_empty();
 
     if out.json() {
@@ -104,6 +121,7 @@ pub fn run(args: &MigrateArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "upstreamState": !survey.sources.is_empty(),
             "leftovers": survey.leftovers.iter().map(leftover_json).collect::<Vec<_>>(),
             "removed": removed.iter().map(removed_json).collect::<Vec<_>>(),
+            "liveRulesLeft": live_left(&survey.leftovers),
             "errors": problems,
         }));
     } else {
@@ -140,7 +158,7 @@ pub fn run(args: &MigrateArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             }
             text.push_str(&table.render(out.style()));
         }
-        for done in &removed {
+        for done in removed {
             let containers: Vec<&str> = done.containers.iter().map(String::as_str).collect();
             text.push_str(&format!(
                 "removed upstream portmap's {} {} rules of {}{}\n",
