@@ -14,10 +14,10 @@
 //! - `POSTROUTING`: `-j CNI-HOSTPORT-MASQ` (marked traffic masqueraded),
 //!   and `CNI-HOSTPORT-SETMARK`, which sets that mark.
 //!
-//! Upstream cuts the jump's comment to 255 bytes (`trimComment`: the first
-//! 253 and `...`), which a network name of more than 171 bytes reaches with
-//! a 64-character container ID: such a comment names a prefix of the ID, or
-//! of the network. Owners are therefore matched on the comment upstream
+//! Upstream cuts the jump's comment past 255 bytes (`trimComment`: the
+//! first 253 and `...`, of which iptables stores 255), which a network name
+//! of more than 171 bytes reaches with a 64-character container ID: such a
+//! comment names a prefix of the ID, or of the network. Owners are therefore matched on the comment upstream
 //! would write ([`owner_comment`]), never on what a cut comment seems to say.
 //!
 //! A removal is one `iptables-restore --noflush` transaction of exact `-D`
@@ -159,17 +159,20 @@ pub fn parse_save(text: &str) -> NatTable {
     table
 }
 
-/// iptables' longest comment (`XT_MAX_COMMENT_LEN` less the NUL).
+/// iptables' longest comment (`XT_MAX_COMMENT_LEN` less the NUL): it
+/// stores the first 255 bytes of a longer one.
 const MAX_COMMENT_LEN: usize = 255;
 /// How much of a longer comment upstream keeps before its `...`.
 const CUT_COMMENT_KEEP: usize = 253;
 const OWNER_PREFIX: &str = "dnat name: \"";
 const OWNER_MIDDLE: &str = "\" id: \"";
 
-/// The comment upstream writes on the jumps to the container chain of
-/// `container_id` on `network`: `dnat name: "NET" id: "ID"`, cut as
-/// upstream cuts it (over 255 bytes: the first 253 and `...`; CNI names
-/// are ASCII, so bytes and characters agree).
+/// The comment on the jumps to the container chain of `container_id` on
+/// `network`, as upstream writes it and iptables stores it: `dnat name:
+/// "NET" id: "ID"`; over 255 bytes, upstream's `trimComment` keeps the
+/// first 253 and adds `...` (256 bytes), of which iptables stores the
+/// first 255, so the stored comment ends in `..` (CNI names are ASCII, so
+/// bytes and characters agree).
 pub fn owner_comment(network: &str, container_id: &str) -> String {
     let full = format!("{OWNER_PREFIX}{network}{OWNER_MIDDLE}{container_id}\"");
     if full.len() <= MAX_COMMENT_LEN {
@@ -179,12 +182,14 @@ pub fn owner_comment(network: &str, container_id: &str) -> String {
     while !full.is_char_boundary(keep) {
         keep -= 1;
     }
-    format!("{}...", &full[..keep])
+    let mut cut = format!("{}...", &full[..keep]);
+    cut.truncate(MAX_COMMENT_LEN);
+    cut
 }
 
-/// Whether `comment` is one upstream cut.
+/// Whether `comment` is one upstream cut (as iptables stores it).
 pub fn is_cut(comment: &str) -> bool {
-    comment.len() == CUT_COMMENT_KEEP + 3 && comment.ends_with("...")
+    comment.len() == MAX_COMMENT_LEN && comment.get(CUT_COMMENT_KEEP..) == Some("..")
 }
 
 /// What an owner comment says, as far as upstream's cut left it.
@@ -502,13 +507,15 @@ COMMIT
         let whole = owner_comment(&"n".repeat(171), &id);
         assert_eq!(whole.len(), 255);
         assert!(!is_cut(&whole));
-        // 172: 256 bytes, cut to the first 253 and "...".
+        // 172: 256 bytes, cut by upstream to the first 253 and "...", of
+        // which iptables stores 255 (as iptables-save shows them).
         let cut = owner_comment(&"n".repeat(172), &id);
-        assert_eq!(cut.len(), 256);
+        assert_eq!(cut.len(), 255);
         assert_eq!(
             cut,
-            format!("dnat name: \"{}\" id: \"{}...", "n".repeat(172), &id[..62])
+            format!("dnat name: \"{}\" id: \"{}..", "n".repeat(172), &id[..62])
         );
+        assert!(is_cut(&cut));
         assert_eq!(
             parse_owner_comment(&cut),
             Some(OwnerComment {
@@ -521,7 +528,7 @@ COMMIT
         // 234 and more: no room for the ID; past 240, the network itself is cut.
         let network = "m".repeat(250);
         let no_id = owner_comment(&network, &id);
-        assert_eq!(no_id, format!("dnat name: \"{}...", &network[..241]));
+        assert_eq!(no_id, format!("dnat name: \"{}..", &network[..241]));
         let owner = parse_owner_comment(&no_id).expect("a cut owner comment");
         assert!(owner.network_cut && owner.id_cut, "{owner:?}");
         assert_eq!(owner.network_shown(), format!("{}...", &network[..241]));
