@@ -26,8 +26,10 @@ use crate::cli::{
 /// in (the node's).
 ///
 /// A container is gone when the runtime's CNI result cache (libcni's
-/// `results` directory, --results-dir) has no entry naming it (and its
-/// network, where upstream recorded one), or when every entry naming it
+/// `results` directory, --results-dir) has no entry naming it (iptables:
+/// its network and container ID, as upstream's comment names them, cut
+/// past 255 bytes; nftables: its container ID, on any network), or when
+/// every entry naming it
 /// records a network namespace that no longer exists. An entry without a
 /// namespace (libcni before 1.1), or with one that exists, keeps it: a
 /// live container's rules are never removed. Rules whose chain no jump
@@ -78,22 +80,6 @@ fn leftover_json(leftover: &Leftover) -> Value {
     })
 }
 
-/// What is left because it is a live container's: their mappings' hosts,
-/// so a report says what it kept and why.
-fn live_left(leftovers: &[Leftover]) -> Vec<Value> {
-    leftovers
-        .iter()
-        .filter(|l| matches!(l.verdict, Verdict::Live(_)))
-        .map(|l| {
-            json!({
-                "containerID": l.container_id,
-                "network": l.network,
-                "hosts": l.mappings.iter().map(Mapping::host).collect::<Vec<_>>(),
-            })
-        })
-        .collect()
-}
-
 fn removed_json(removed: &Removed) -> Value {
     json!({
         "upstream": removed.source.backend.to_string(),
@@ -121,7 +107,6 @@ pub fn run(args: &MigrateArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "upstreamState": !survey.sources.is_empty(),
             "leftovers": survey.leftovers.iter().map(leftover_json).collect::<Vec<_>>(),
             "removed": removed.iter().map(removed_json).collect::<Vec<_>>(),
-            "liveRulesLeft": live_left(&survey.leftovers),
             "errors": problems,
         }));
     } else {

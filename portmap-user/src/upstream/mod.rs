@@ -592,7 +592,15 @@ fn remove_iptables(source: Source, select: &dyn Selector) -> Outcome {
                 };
                 return Ok((Some(done), left));
             }
-            Err(error) => failed = Some(error),
+            Err(error) => {
+                log::info!(
+                    "upstream portmap's {} {} rules: the removal did not apply ({}); reading them again, in case they changed since the read",
+                    source.backend,
+                    source.family,
+                    crate::cni::error::with_sources(&error)
+                );
+                failed = Some(error);
+            }
         }
     }
     // The same failure from fresh reads: not a race. Some iptables-nft
@@ -676,7 +684,15 @@ fn remove_nftables(source: Source, select: &dyn Selector) -> Outcome {
                 };
                 return Ok((Some(done), left));
             }
-            Err(error) => failed = Some(error),
+            Err(error) => {
+                log::info!(
+                    "upstream portmap's {} {} rules: the removal did not apply ({}); reading them again, in case they changed since the read",
+                    source.backend,
+                    source.family,
+                    crate::cni::error::with_sources(&error)
+                );
+                failed = Some(error);
+            }
         }
     }
     Err(failed.expect("a removal was tried"))
