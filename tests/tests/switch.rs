@@ -912,6 +912,11 @@ fn removal_racing_an_add(mut world: World, upstream: Upstream) {
         8091,
         "the pod added during the removal",
     );
+    let log = plugin_log(&world);
+    assert!(
+        log.contains("the removal did not apply") && log.contains("reading them again"),
+        "the write made on the stale read failed, and a fresh read was used:\n{log}"
+    );
     world
         .runner
         .del(conflist, &new_rt)
