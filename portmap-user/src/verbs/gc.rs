@@ -51,7 +51,10 @@ pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
 /// before this build, or never). Only the iptables backend records the
 /// network; the nftables backend's rules of containers not kept may be
 /// another network's, and are left (and said so): `ebpf-portmap migrate`
-/// judges those on the runtime's cache.
+/// judges those on the runtime's cache. Nothing is lost by that in
+/// libcni's GC, which first runs the DEL of every cached attachment the
+/// keep-list leaves out, with its cached result as prevResult: those DELs
+/// take their nftables rules by address.
 fn collect_upstream_garbage(req: &GcRequest) {
     let sources = upstream::sources();
     if sources.is_empty() {
