@@ -310,31 +310,35 @@ fn family_name(family: Family) -> &'static str {
 
 fn read_source(source: Source) -> Result<Read, UpstreamError> {
     match source.backend {
-        Backend::Nftables => {
-            let tool = tool(source, "nft")?;
-            let name = tool.1;
-            let text = run(
-                tool,
-                &[
-                    "-j",
-                    "list",
-                    "table",
-                    family_name(source.family),
-                    nft::TABLE,
-                ],
-                None,
-            )?;
-            let json = serde_json::from_str(&text).map_err(|source| UpstreamError::Json {
-                tool: name.to_owned(),
-                source,
-            })?;
-            Ok(Read::Nft(nft::parse_table(&json)))
-        }
-        _ => {
-            let text = run(tool(source, "save")?, &["-t", "nat"], None)?;
-            Ok(Read::Iptables(iptables::parse_save(&text)))
-        }
+        Backend::Nftables => read_nftables(source).map(Read::Nft),
+        _ => read_iptables(source).map(Read::Iptables),
     }
+}
+
+fn read_nftables(source: Source) -> Result<nft::Table, UpstreamError> {
+    let tool = tool(source, "nft")?;
+    let name = tool.1;
+    let text = run(
+        tool,
+        &[
+            "-j",
+            "list",
+            "table",
+            family_name(source.family),
+            nft::TABLE,
+        ],
+        None,
+    )?;
+    let json = serde_json::from_str(&text).map_err(|source| UpstreamError::Json {
+        tool: name.to_owned(),
+        source,
+    })?;
+    Ok(nft::parse_table(&json))
+}
+
+fn read_iptables(source: Source) -> Result<iptables::NatTable, UpstreamError> {
+    let text = run(tool(source, "save")?, &["-t", "nat"], None)?;
+    Ok(iptables::parse_save(&text))
 }
 
 fn mappings_of(source: Source, read: &Read) -> Vec<Mapping> {
@@ -571,9 +575,7 @@ type Outcome = Result<(Option<Removed>, BTreeSet<String>), UpstreamError>;
 fn remove_iptables(source: Source, select: &dyn Selector) -> Outcome {
     let mut failed = None;
     for _ in 0..ATTEMPTS {
-        let Read::Iptables(table) = read_source(source)? else {
-            unreachable!("an iptables source reads as iptables");
-        };
+        let table = read_iptables(source)?;
         let (chains, containers, left) = pick_chains(&table, select);
         let Some(removal) = table.removal(&chains) else {
             return Ok((None, left));
@@ -607,9 +609,7 @@ fn remove_iptables(source: Source, select: &dyn Selector) -> Outcome {
     // builds refuse to delete a chain in the transaction that deletes the
     // last jump to it; the container chains then go in two transactions,
     // and upstream's shared chains stay (as its own DEL leaves them).
-    let Read::Iptables(table) = read_source(source)? else {
-        unreachable!("an iptables source reads as iptables");
-    };
+    let table = read_iptables(source)?;
     let (chains, containers, left) = pick_chains(&table, select);
     let Some(split) = table.removal(&chains).and_then(|r| r.split) else {
         return Err(failed.expect("a removal was tried"));
@@ -652,9 +652,7 @@ fn pick_chains(
 fn remove_nftables(source: Source, select: &dyn Selector) -> Outcome {
     let mut failed = None;
     for _ in 0..ATTEMPTS {
-        let Read::Nft(table) = read_source(source)? else {
-            unreachable!("an nftables source reads as nftables");
-        };
+        let table = read_nftables(source)?;
         let mut taken = BTreeSet::new();
         let mut left = BTreeSet::new();
         for rule in &table.rules {
