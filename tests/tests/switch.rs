@@ -408,9 +408,12 @@ fn switch_in(world: &World, upstream: &Upstream) {
     );
 }
 
-/// CNI GC with the runtime's keep-list removes upstream's rules of this
-/// network's containers it no longer lists (their DEL never came, or came
-/// before the switch to a build that knew upstream), and keeps the others'.
+/// CNI GC with the runtime's keep-list removes upstream's iptables rules
+/// of this network's containers it no longer lists (their DEL never came,
+/// or came before the switch to a build that knew upstream), and keeps the
+/// others'. The nftables backend's rules name no network: a container the
+/// keep-list leaves out may be another network's, so GC leaves its rules
+/// and says so (`migrate` judges them on the runtime's cache).
 #[test]
 fn gc_removes_upstreams_rules_of_containers_the_runtime_no_longer_lists() {
     // ebpf-portmap alone at CNI 1.1.0 (GC), on the network upstream's pods use.
@@ -420,7 +423,7 @@ fn gc_removes_upstreams_rules_of_containers_the_runtime_no_longer_lists() {
 }
 
 #[test]
-fn gc_removes_the_nftables_backends_rules_of_containers_the_runtime_no_longer_lists() {
+fn gc_leaves_the_nftables_backends_rules_it_cannot_prove_its_networks() {
     let mut world = World::plugin_only();
     let Some(upstream) = Upstream::nftables(&mut world) else {
         return;
@@ -450,11 +453,25 @@ fn gc_of_upstream(world: &World, upstream: &Upstream) {
         .gc(&world.list, &[(&kept_rt).into()])
         .unwrap_or_else(|e| panic!("GC: {e}\n{}", plugin_log(world)));
     let left = node_state(world, upstream);
-    assert!(
-        !upstream.mentions(&left, "gone"),
-        "GC removed upstream's rules of the unlisted container:\n{left}\n{}",
-        plugin_log(world)
-    );
+    match upstream.nft {
+        None => assert!(
+            !upstream.mentions(&left, "gone"),
+            "GC removed upstream's rules of the unlisted container:\n{left}\n{}",
+            plugin_log(world)
+        ),
+        Some(_) => {
+            assert!(
+                upstream.mentions(&left, "gone"),
+                "GC leaves nftables rules that name no network:\n{left}\n{}",
+                plugin_log(world)
+            );
+            let log = plugin_log(world);
+            assert!(
+                log.contains("rules of {\"gone\"} left") && log.contains("name no network"),
+                "GC says what it left and why:\n{log}"
+            );
+        }
+    }
     assert!(
         upstream.mentions(&left, "kept"),
         "GC kept upstream's rules of the listed container:\n{left}"
@@ -658,4 +675,413 @@ fn migrate_leftovers(mut world: World, upstream: Upstream) {
         "nothing of upstream is left: {}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// The nftables backend's rules in `nft list ruleset`, counters left out:
+/// what another network's upstream holds.
+fn nft_state(world: &World, upstream: &Upstream) -> String {
+    let state = node_state(world, upstream);
+    state
+        .split_once("nft list ruleset:")
+        .map(|(_, nft)| nft.to_owned())
+        .unwrap_or_default()
+}
+
+/// Network B beside the world's network A: bridge `epmb0`,
+/// 10.250.0.0/24 and fd50::/64, with upstream `portmap` 1.9's nftables
+/// backend. Its containers route only the outside client's subnets through
+/// it, so one container can sit on both networks.
+fn network_b(world: &World) -> Conflist {
+    let mut json = bridge_conflist("epm-b", "portmap", None, world.node.data_dir())
+        .json()
+        .clone();
+    json["plugins"][0]["bridge"] = Value::from("epmb0");
+    json["plugins"][0]["ipam"]["ranges"] =
+        serde_json::json!([[{"subnet": "10.250.0.0/24"}], [{"subnet": "fd50::/64"}]]);
+    json["plugins"][0]["ipam"]["routes"] =
+        serde_json::json!([{"dst": "198.18.0.0/24"}, {"dst": "fd18::/64"}]);
+    json["plugins"][1]["backend"] = Value::from("nftables");
+    Conflist::from_json(json).expect("a well-formed conflist")
+}
+
+/// Two networks on one node: B keeps upstream `portmap` 1.9 with its
+/// nftables backend, A runs ebpf-portmap. Upstream's rules record no
+/// network, so nothing A does may take them on a container ID alone: A's
+/// DEL of a container that is on B too, A's GC (whose keep-list never
+/// names B's containers) and `migrate` leave B's rules, and B's hostPort
+/// keeps answering.
+#[test]
+fn another_networks_nftables_rules_survive_this_networks_del_gc_and_migrate() {
+    let mut world = World::plugin_only();
+    let Some(upstream) = Upstream::nftables(&mut world) else {
+        return;
+    };
+    let results = world.node.data_dir().join("cni-cache").join("results");
+    world.runner = runner(&world, upstream.nft.as_ref()).with_results_dir(&results);
+    // A: bridge + host-local + ebpf-portmap at 1.1.0 (GC), on cni0.
+    let mut a_json = bridge_conflist(
+        world.list.name(),
+        "ebpf-portmap",
+        Some(world.pins.path()),
+        world.node.data_dir(),
+    )
+    .json()
+    .clone();
+    a_json["cniVersion"] = Value::from("1.1.0");
+    a_json["plugins"][1] = world.list.json()["plugins"][0].clone();
+    let network_a = Conflist::from_json(a_json).expect("a well-formed conflist");
+    let network_b = network_b(&world);
+
+    let bee = world.node.add_container("bee");
+    let _bee_servers = serve(&bee);
+    let bee_rt = bee.with_port_mappings(&[PortMapping::tcp(8080, 80), PortMapping::udp(8081, 81)]);
+    world
+        .runner
+        .add(&network_b, &bee_rt)
+        .unwrap_or_else(|e| panic!("upstream ADD of bee on B: {e}\n{}", world.dump()));
+    assert_answers(&world, "bee", 8080, 8081, "B's pod through upstream");
+
+    // `both` is on A (eth0) and on B (eth1); `ant` on A only.
+    let both = world.node.add_container("both");
+    let both_a = both.with_port_mappings(&[PortMapping::tcp(8094, 80)]);
+    let mut both_b = both.with_port_mappings(&[PortMapping::tcp(8084, 80)]);
+    both_b.ifname = "eth1".into();
+    let ant = world.node.add_container("ant");
+    let ant_rt = ant.with_port_mappings(&[PortMapping::tcp(8090, 80)]);
+    for (list, rt, what) in [
+        (&network_a, &both_a, "both on A"),
+        (&network_b, &both_b, "both on B"),
+        (&network_a, &ant_rt, "ant on A"),
+    ] {
+        world
+            .runner
+            .add(list, rt)
+            .unwrap_or_else(|e| panic!("ADD of {what}: {e}\n{}", plugin_log(&world)));
+    }
+    let b_rules = nft_state(&world, &upstream);
+    for id in ["bee", "both"] {
+        assert!(upstream.mentions(&b_rules, id), "{id} on B:\n{b_rules}");
+    }
+
+    // A's DELs: `both`'s prevResult on A names its A address, not B's.
+    for (rt, what) in [(&both_a, "both"), (&ant_rt, "ant")] {
+        world
+            .runner
+            .del(&network_a, rt)
+            .unwrap_or_else(|e| panic!("DEL of {what} on A: {e}"));
+        assert_eq!(
+            nft_state(&world, &upstream),
+            b_rules,
+            "A's DEL of {what} leaves B's rules\n{}",
+            plugin_log(&world)
+        );
+    }
+
+    // A's GC: nothing of A is live, and B's containers are not A's to list.
+    world
+        .runner
+        .gc(&network_a, &[])
+        .unwrap_or_else(|e| panic!("GC of A: {e}\n{}", plugin_log(&world)));
+    assert_eq!(
+        nft_state(&world, &upstream),
+        b_rules,
+        "A's GC leaves B's rules\n{}",
+        plugin_log(&world)
+    );
+    let log = plugin_log(&world);
+    assert!(
+        log.contains("left: not in this network's keep-list") && log.contains("name no network"),
+        "GC says what it left and why:\n{log}"
+    );
+
+    // migrate, on the runtime's cache: B's containers are live.
+    let results_arg = results.to_str().expect("UTF-8 temp path");
+    let out = operator_output(
+        &world,
+        &upstream,
+        &[
+            "migrate",
+            "--remove",
+            "--json",
+            "--results-dir",
+            results_arg,
+        ],
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "migrate printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    assert_eq!(report["removed"], Value::Array(Vec::new()), "{report:#}");
+    assert_eq!(
+        nft_state(&world, &upstream),
+        b_rules,
+        "migrate leaves B's live rules: {report:#}"
+    );
+    assert_answers(
+        &world,
+        "bee",
+        8080,
+        8081,
+        "B's pod after A's DELs, GC and migrate",
+    );
+
+    for rt in [&both_b, &bee_rt] {
+        world
+            .runner
+            .del(&network_b, rt)
+            .unwrap_or_else(|e| panic!("upstream DEL of {} on B: {e}", rt.container_id));
+    }
+}
+
+/// An upstream ADD that lands between a removal's read and its write keeps
+/// its rules: the DEL of upstream's last pod, through ebpf-portmap, is held
+/// there (the debug-build knob `EBPF_PORTMAP_TEST_UPSTREAM_PAUSE`) while
+/// upstream adds another pod. Its write then fails on what changed, and a
+/// fresh read removes only the old pod's rules.
+#[test]
+fn an_upstream_add_during_our_removal_keeps_its_rules() {
+    let world = World::bridge();
+    let upstream = Upstream::iptables(&world);
+    removal_racing_an_add(world, upstream);
+}
+
+#[test]
+fn an_upstream_nftables_add_during_our_removal_keeps_its_table() {
+    let mut world = World::bridge();
+    let Some(upstream) = Upstream::nftables(&mut world) else {
+        return;
+    };
+    removal_racing_an_add(world, upstream);
+}
+
+fn removal_racing_an_add(mut world: World, upstream: Upstream) {
+    let pause = world.node.data_dir().join("upstream-pause");
+    std::fs::create_dir_all(&pause).expect("a pause directory");
+    world.runner =
+        runner(&world, upstream.nft.as_ref()).with_env("EBPF_PORTMAP_TEST_UPSTREAM_PAUSE", &pause);
+    let conflist = &upstream.conflist;
+    let old = world.node.add_container("old");
+    let old_rt = old.with_port_mappings(&[PortMapping::tcp(8080, 80), PortMapping::udp(8081, 81)]);
+    world
+        .runner
+        .add(conflist, &old_rt)
+        .unwrap_or_else(|e| panic!("upstream ADD of old: {e}"));
+    let new = world.node.add_container("new");
+    let _new_servers = serve(&new);
+    let new_rt = new.with_port_mappings(&[PortMapping::tcp(8090, 80), PortMapping::udp(8091, 81)]);
+
+    std::thread::scope(|scope| {
+        // old's DEL, through ebpf-portmap: it reads, then waits.
+        let del = scope.spawn(|| world.runner.del(&world.list, &old_rt));
+        let paused = pause.join("paused");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !paused.exists() {
+            assert!(
+                std::time::Instant::now() < deadline && !del.is_finished(),
+                "the DEL never reached the pause between its read and its write\n{}",
+                plugin_log(&world)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let added = world.runner.add(conflist, &new_rt);
+        std::fs::write(pause.join("resume"), b"").expect("resume the DEL");
+        added.unwrap_or_else(|e| panic!("upstream ADD of new during the DEL: {e}"));
+        del.join()
+            .expect("the DEL thread")
+            .unwrap_or_else(|e| panic!("DEL of old through ebpf-portmap: {e}"));
+    });
+
+    let left = node_state(&world, &upstream);
+    assert!(
+        !upstream.mentions(&left, "old"),
+        "old's rules removed:\n{left}\n{}",
+        plugin_log(&world)
+    );
+    assert!(
+        upstream.mentions(&left, "new"),
+        "the ADD made during the removal keeps its rules:\n{left}\n{}",
+        plugin_log(&world)
+    );
+    assert_answers(
+        &world,
+        "new",
+        8090,
+        8091,
+        "the pod added during the removal",
+    );
+    let log = plugin_log(&world);
+    assert!(
+        log.contains("the removal did not apply") && log.contains("reading them again"),
+        "the write made on the stale read failed, and a fresh read was used:\n{log}"
+    );
+    world
+        .runner
+        .del(conflist, &new_rt)
+        .unwrap_or_else(|e| panic!("upstream DEL of new: {e}"));
+}
+
+/// A rule in upstream's table that the parser cannot read (here a port set,
+/// as a future upstream might write) is still a rule: the DEL of upstream's
+/// last pod it can read leaves the table, and that rule, in place.
+#[test]
+fn a_table_holding_a_rule_the_parser_cannot_read_is_not_deleted() {
+    let mut world = World::bridge();
+    let Some(upstream) = Upstream::nftables(&mut world) else {
+        return;
+    };
+    let nft = upstream.nft.as_ref().expect("the nftables backend");
+    let old = world.node.add_container("old");
+    let old_rt = old.with_port_mappings(&[PortMapping::tcp(8080, 80)]);
+    world
+        .runner
+        .add(&upstream.conflist, &old_rt)
+        .unwrap_or_else(|e| panic!("upstream ADD of old: {e}"));
+    let out = world
+        .node
+        .ns
+        .command(nft.nft())
+        .args([
+            "add rule ip cni_hostport hostports tcp dport { 9000, 9001 } dnat to 10.244.0.99:80 comment \"future\"",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("run nft: {e}"));
+    assert!(
+        out.status.success(),
+        "nft add rule: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    world
+        .runner
+        .del(&world.list, &old_rt)
+        .unwrap_or_else(|e| panic!("DEL of old through ebpf-portmap: {e}"));
+    let left = nft_state(&world, &upstream);
+    assert!(
+        !upstream.mentions(&left, "old"),
+        "old's rules removed:\n{left}"
+    );
+    assert!(
+        upstream.mentions(&left, "future") && left.contains("table ip cni_hostport"),
+        "the table keeps the rule the parser cannot read:\n{left}\n{}",
+        plugin_log(&world)
+    );
+}
+
+/// A network name over 171 characters: upstream 1.1's iptables comments
+/// (`dnat name: "NET" id: "ID"`) pass 255 bytes and upstream cuts them to
+/// the first 253 and `...`. `migrate` and GC match them as upstream writes
+/// them, so a live container's rules stay; the DEL of that container,
+/// through ebpf-portmap, finds and removes them.
+#[test]
+fn upstreams_cut_comments_keep_a_live_containers_rules_until_its_del() {
+    let long = format!("long-{}", "n".repeat(175));
+    let world = World::with(|_, pins, data| {
+        Conflist::from_json(serde_json::json!({
+            "cniVersion": "1.1.0",
+            "name": long,
+            "plugins": [{
+                "type": "ebpf-portmap",
+                "capabilities": {"portMappings": true},
+                "pinRoot": pins,
+                "logFile": data.join(PLUGIN_LOG),
+                "cgroupPath": portmap_tests::cgroup::cgroup_for_pin_root(pins),
+            }]
+        }))
+        .expect("a well-formed conflist")
+    });
+    let results = world.node.data_dir().join("cni-cache").join("results");
+    let mut world = world;
+    world.runner = runner(&world, None).with_results_dir(&results);
+    let upstream = Upstream {
+        conflist: bridge_conflist(&long, "portmap", None, world.node.data_dir()),
+        backend: "iptables-nft",
+        nft: None,
+    };
+    let before = node_state(&world, &upstream);
+    // 64-character IDs, as runtimes make them; upstream keeps 54.
+    let id = |name: &str| format!("{name}{}", "0".repeat(64 - name.len()));
+    let live = world.node.add_container("live");
+    let _live_servers = serve(&live);
+    let mut live_rt =
+        live.with_port_mappings(&[PortMapping::tcp(8080, 80), PortMapping::udp(8081, 81)]);
+    live_rt.container_id = id("live");
+    let lost = world.node.add_container("lost");
+    let mut lost_rt = lost.with_port_mappings(&[PortMapping::tcp(8082, 80)]);
+    lost_rt.container_id = id("lost");
+    for rt in [&live_rt, &lost_rt] {
+        world
+            .runner
+            .add(&upstream.conflist, rt)
+            .unwrap_or_else(|e| panic!("upstream ADD of {}: {e}", rt.container_id));
+    }
+    let mapped = node_state(&world, &upstream);
+    // Upstream writes 253 bytes and `...`; iptables stores 255 of them.
+    let cut = format!("id: \\\"{}..\" ", &id("live")[..54]);
+    assert!(
+        mapped.contains(&cut),
+        "upstream cut the comment to {cut}:\n{mapped}"
+    );
+    let has = |state: &str, name: &str| state.contains(&format!("id: \\\"{name}"));
+    // The runtime lost `lost`.
+    assert!(world.runner.forget(&upstream.conflist, &lost_rt));
+
+    let results_arg = results.to_str().expect("UTF-8 temp path");
+    let out = operator_output(
+        &world,
+        &upstream,
+        &[
+            "migrate",
+            "--remove",
+            "--json",
+            "--results-dir",
+            results_arg,
+        ],
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "migrate printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    let left = node_state(&world, &upstream);
+    assert!(
+        has(&left, "live"),
+        "migrate keeps the live container's rules: {report:#}\n{left}"
+    );
+    assert!(
+        !has(&left, "lost"),
+        "migrate removes the lost one's: {report:#}\n{left}"
+    );
+    assert_answers(&world, "live", 8080, 8081, "the live pod after migrate");
+
+    world
+        .runner
+        .gc(&world.list, &[(&live_rt).into()])
+        .unwrap_or_else(|e| panic!("GC: {e}\n{}", plugin_log(&world)));
+    let left = node_state(&world, &upstream);
+    assert!(
+        has(&left, "live"),
+        "GC keeps the listed container's rules:\n{left}\n{}",
+        plugin_log(&world)
+    );
+    assert_answers(&world, "live", 8080, 8081, "the live pod after GC");
+
+    // live's DEL comes to ebpf-portmap (with upstream's cached result as
+    // prevResult): its cut rules go, and with them upstream's shared chains.
+    world
+        .runner
+        .del(&world.list, &live_rt)
+        .unwrap_or_else(|e| panic!("DEL of live through ebpf-portmap: {e}"));
+    assert_eq!(
+        node_state(&world, &upstream),
+        before,
+        "live's DEL removes its rules and upstream's chains\n{}",
+        plugin_log(&world)
+    );
+    // bridge and host-local free the addresses (upstream's DEL finds nothing).
+    let _ = world.runner.del(&upstream.conflist, &live_rt);
+    let _ = world.runner.del(&upstream.conflist, &lost_rt);
 }

@@ -26,8 +26,10 @@ use crate::cli::{
 /// in (the node's).
 ///
 /// A container is gone when the runtime's CNI result cache (libcni's
-/// `results` directory, --results-dir) has no entry naming it (and its
-/// network, where upstream recorded one), or when every entry naming it
+/// `results` directory, --results-dir) has no entry naming it (iptables:
+/// its network and container ID, as upstream's comment names them, cut
+/// past 255 bytes; nftables: its container ID, on any network), or when
+/// every entry naming it
 /// records a network namespace that no longer exists. An entry without a
 /// namespace (libcni before 1.1), or with one that exists, keeps it: a
 /// live container's rules are never removed. Rules whose chain no jump
@@ -90,13 +92,14 @@ fn removed_json(removed: &Removed) -> Value {
 pub fn run(args: &MigrateArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let survey = migrate::survey(&args.results_dir)?;
     let mut problems: Vec<String> = survey.errors.iter().map(|e| with_sources(e)).collect();
-    let gone = survey.gone();
-    let (removed, remove_errors) = if args.remove {
+    let gone = &survey.gone;
+    let report = if args.remove {
         migrate::remove_gone(&survey)
     } else {
-        (Vec::new(), Vec::new())
+        Default::default()
     };
-    problems.extend(remove_errors.iter().map(|e| with_sources(e)));
+    let removed = &report.removed;
+    problems.extend(report.errors.iter().map(|e| with_sources(e)));
     let left_gone = !args.remove && !gone.is_empty();
 
     if out.json() {
@@ -140,7 +143,7 @@ pub fn run(args: &MigrateArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             }
             text.push_str(&table.render(out.style()));
         }
-        for done in &removed {
+        for done in removed {
             let containers: Vec<&str> = done.containers.iter().map(String::as_str).collect();
             text.push_str(&format!(
                 "removed upstream portmap's {} {} rules of {}{}\n",

@@ -8,8 +8,11 @@
 //! successful ADD and removes it after a successful DEL; containerd,
 //! CRI-O and podman with CNI all use libcni, `/var/lib/cni` by default).
 //! A container upstream maps is
-//! - *live* when an entry of the cache names it (and its network, where
-//!   the backend recorded one) and either records no network namespace
+//! - *live* when an entry of the cache names it (for the iptables backend:
+//!   when upstream's owner comment for the entry's network and container,
+//!   cut as upstream cuts it, is the one on the rules; for the nftables
+//!   backend, which records no network: the container ID, on any network)
+//!   and either records no network namespace
 //!   (libcni before 1.1 did not) or one that still exists;
 //! - *gone* when no entry names it (its DEL ran, through a chain that no
 //!   longer held upstream, or the runtime forgot it), or when every entry
@@ -24,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::upstream::{self, Mapping, Removed, Source, UpstreamError};
+use crate::upstream::{self, Mapping, Source, UpstreamError, iptables};
 
 /// libcni's default cache directory's `results`.
 pub const DEFAULT_RESULTS_DIR: &str = "/var/lib/cni/results";
@@ -107,20 +110,37 @@ pub enum Verdict {
     Unowned,
 }
 
-/// The verdict on container `id` of `network` (`None`: the backend does
-/// not record it) from `cache`, with `netns_exists` telling which
-/// recorded namespaces are still there.
+/// How upstream named a container on its rules.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Owner {
+    /// iptables: the comment of the jumps to its chain, as written (cut
+    /// by upstream past 255 bytes).
+    Iptables(String),
+    /// nftables: the container ID (no network).
+    Nftables(String),
+}
+
+impl Owner {
+    /// Whether `entry` is the attachment these rules were written for.
+    fn named_by(&self, entry: &CacheEntry) -> bool {
+        match self {
+            Owner::Iptables(comment) => {
+                *comment == iptables::owner_comment(&entry.network, &entry.container_id)
+            }
+            Owner::Nftables(id) => *id == entry.container_id,
+        }
+    }
+}
+
+/// The verdict on the container upstream named `owner` from `cache`, with
+/// `netns_exists` telling which recorded namespaces are still there.
 pub fn judge(
-    network: Option<&str>,
-    id: &str,
+    owner: &Owner,
     cache: &[CacheEntry],
     results_dir: &Path,
     netns_exists: &dyn Fn(&Path) -> bool,
 ) -> Verdict {
-    let named: Vec<&CacheEntry> = cache
-        .iter()
-        .filter(|e| e.container_id == id && network.is_none_or(|n| n == e.network))
-        .collect();
+    let named: Vec<&CacheEntry> = cache.iter().filter(|e| owner.named_by(e)).collect();
     if named.is_empty() {
         return Verdict::Gone(format!("no entry of {} names it", results_dir.display()));
     }
@@ -148,6 +168,7 @@ pub fn judge(
 /// The mappings of one container upstream set up, and the verdict on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leftover {
+    /// As the rules name them (a cut name ends in `...`).
     pub network: Option<String>,
     pub container_id: Option<String>,
     pub mappings: Vec<Mapping>,
@@ -159,19 +180,18 @@ pub struct Leftover {
 pub struct Survey {
     pub sources: Vec<Source>,
     pub leftovers: Vec<Leftover>,
+    /// The owners judged gone.
+    pub gone: BTreeSet<Owner>,
     /// Sources that could not be read (the others were).
     pub errors: Vec<UpstreamError>,
 }
 
-impl Survey {
-    /// The (network, container) pairs judged gone.
-    pub fn gone(&self) -> BTreeSet<(Option<String>, String)> {
-        self.leftovers
-            .iter()
-            .filter(|l| matches!(l.verdict, Verdict::Gone(_)))
-            .filter_map(|l| Some((l.network.clone(), l.container_id.clone()?)))
-            .collect()
-    }
+fn owner_of(mapping: &Mapping) -> Option<Owner> {
+    let comment = mapping.comment.clone()?;
+    Some(match mapping.source.backend {
+        upstream::Backend::Nftables => Owner::Nftables(comment),
+        _ => Owner::Iptables(comment),
+    })
 }
 
 /// Reads upstream's state (no process run when there is none) and judges
@@ -184,30 +204,32 @@ pub fn survey(results_dir: &Path) -> Result<Survey, MigrateError> {
     }
     let (mappings, errors) = upstream::mappings(&sources);
     // Only a container needs the evidence: an emptied table needs none.
-    let cache = if mappings.iter().any(|m| m.container_id.is_some()) {
+    let cache = if mappings.iter().any(|m| m.comment.is_some()) {
         read_cache(results_dir)?
     } else {
         Vec::new()
     };
-    let mut by_owner: BTreeMap<(Option<String>, Option<String>), Vec<Mapping>> = BTreeMap::new();
+    let mut by_owner: BTreeMap<Option<Owner>, Vec<Mapping>> = BTreeMap::new();
     for mapping in mappings {
         by_owner
-            .entry((mapping.network.clone(), mapping.container_id.clone()))
+            .entry(owner_of(&mapping))
             .or_default()
             .push(mapping);
     }
+    let mut gone = BTreeSet::new();
     let leftovers = by_owner
         .into_iter()
-        .map(|((network, container_id), mappings)| {
-            let verdict = match &container_id {
-                Some(id) => judge(network.as_deref(), id, &cache, results_dir, &|netns| {
-                    netns.exists()
-                }),
+        .map(|(owner, mappings)| {
+            let verdict = match &owner {
+                Some(owner) => judge(owner, &cache, results_dir, &|netns| netns.exists()),
                 None => Verdict::Unowned,
             };
+            if let (Some(owner), Verdict::Gone(_)) = (&owner, &verdict) {
+                gone.insert(owner.clone());
+            }
             Leftover {
-                network,
-                container_id,
+                network: mappings[0].network.clone(),
+                container_id: mappings[0].container_id.clone(),
                 mappings,
                 verdict,
             }
@@ -216,20 +238,29 @@ pub fn survey(results_dir: &Path) -> Result<Survey, MigrateError> {
     Ok(Survey {
         sources,
         leftovers,
+        gone,
         errors,
     })
 }
 
 /// Removes the rules of the containers `survey` judged gone (and
-/// upstream's shared chains or table where no mapping is left), as their
+/// upstream's shared chains or table where nothing else is left), as their
 /// DEL would. Keeps going after a failure and reports each.
-pub fn remove_gone(survey: &Survey) -> (Vec<Removed>, Vec<UpstreamError>) {
+pub fn remove_gone(survey: &Survey) -> upstream::Removal {
     if survey.sources.is_empty() {
-        return (Vec::new(), Vec::new());
+        return upstream::Removal::default();
     }
-    let gone = survey.gone();
-    let select = |network: Option<&str>, id: &str| {
-        gone.contains(&(network.map(str::to_owned), id.to_owned()))
+    let mut comments = BTreeSet::new();
+    let mut ids = BTreeSet::new();
+    for owner in &survey.gone {
+        match owner {
+            Owner::Iptables(comment) => comments.insert(comment.clone()),
+            Owner::Nftables(id) => ids.insert(id.clone()),
+        };
+    }
+    let select = upstream::Gone {
+        iptables_comments: &comments,
+        nftables_ids: &ids,
     };
     upstream::remove(&survey.sources, &select)
 }
@@ -291,27 +322,56 @@ mod tests {
         ];
         let exists = |netns: &Path| netns == Path::new("/run/netns/a");
         let live = |v: &Verdict| matches!(v, Verdict::Live(_));
-        assert!(live(&judge(Some("cbr0"), "live", &cache, dir, &exists)));
-        assert!(live(&judge(None, "live", &cache, dir, &exists)));
+        let ipt = |net: &str, id: &str| Owner::Iptables(iptables::owner_comment(net, id));
+        let nft = |id: &str| Owner::Nftables(id.into());
+        assert!(live(&judge(&ipt("cbr0", "live"), &cache, dir, &exists)));
+        assert!(live(&judge(&nft("live"), &cache, dir, &exists)));
         // No netns recorded (libcni before 1.1): the entry alone keeps it.
-        assert!(live(&judge(Some("cbr0"), "old", &cache, dir, &exists)));
+        assert!(live(&judge(&ipt("cbr0", "old"), &cache, dir, &exists)));
         assert_eq!(
-            judge(Some("cbr0"), "dead", &cache, dir, &exists),
+            judge(&ipt("cbr0", "dead"), &cache, dir, &exists),
             Verdict::Gone("its network namespace /run/netns/b no longer exists".into())
         );
         assert_eq!(
-            judge(Some("cbr0"), "never", &cache, dir, &exists),
+            judge(&ipt("cbr0", "never"), &cache, dir, &exists),
             Verdict::Gone("no entry of /r names it".into())
         );
         // The iptables backend records the network: another network's entry is not this one.
         assert!(!live(&judge(
-            Some("cbr0"),
-            "elsewhere",
+            &ipt("cbr0", "elsewhere"),
             &cache,
             dir,
             &exists
         )));
-        assert!(live(&judge(None, "elsewhere", &cache, dir, &exists)));
+        assert!(live(&judge(&nft("elsewhere"), &cache, dir, &exists)));
+    }
+
+    #[test]
+    fn a_cut_comment_is_matched_as_upstream_writes_it() {
+        // 180 characters of network: upstream keeps 54 of a 64-character ID.
+        let network = "n".repeat(180);
+        let id = format!("{}{}", "a".repeat(54), "0123456789");
+        let twin = format!("{}{}", "a".repeat(54), "9876543210");
+        let comment = iptables::owner_comment(&network, &id);
+        assert!(iptables::is_cut(&comment), "{comment}");
+        let dir = Path::new("/r");
+        let exists = |_: &Path| true;
+        let owner = Owner::Iptables(comment);
+        assert!(matches!(
+            judge(&owner, &[entry(&network, &id, Some("/n"))], dir, &exists),
+            Verdict::Live(_)
+        ));
+        // Another network's entry of the same container is not it.
+        assert!(matches!(
+            judge(&owner, &[entry("short", &id, Some("/n"))], dir, &exists),
+            Verdict::Gone(_)
+        ));
+        // A container whose ID agrees in what upstream kept is named alike:
+        // live too (never removed on a guess).
+        assert!(matches!(
+            judge(&owner, &[entry(&network, &twin, Some("/n"))], dir, &exists),
+            Verdict::Live(_)
+        ));
     }
 
     #[test]

@@ -14,6 +14,16 @@
 //! - `POSTROUTING`: `-j CNI-HOSTPORT-MASQ` (marked traffic masqueraded),
 //!   and `CNI-HOSTPORT-SETMARK`, which sets that mark.
 //!
+//! Upstream cuts the jump's comment past 255 bytes (`trimComment`: the
+//! first 253 and `...`, of which iptables stores 255), which a network name
+//! of more than 171 bytes reaches with a 64-character container ID: such a
+//! comment names a prefix of the ID, or of the network. Owners are therefore matched on the comment upstream
+//! would write ([`owner_comment`]), never on what a cut comment seems to say.
+//!
+//! A removal is one `iptables-restore --noflush` transaction of exact `-D`
+//! lines (never `-F`) and `-X`: `-X` of a chain that gained a rule since
+//! the read fails, and with it the whole transaction.
+//!
 //! Parsing and the batches are pure and tested here; running the tools is
 //! in [`super`].
 
@@ -61,11 +71,24 @@ pub struct NatTable {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainMapping {
     pub chain: String,
-    /// From `dnat name: "NET" id: "ID"`; `None` when no jump names the chain
-    /// with that comment (a leftover nobody owns).
-    pub network: Option<String>,
-    pub container_id: Option<String>,
+    /// The owner comment of the jumps to the chain, as written; `None` when
+    /// no jump names the chain with one (a leftover nobody owns).
+    pub comment: Option<String>,
     pub port: Port,
+}
+
+/// A removal of container chains, as `iptables-restore --noflush` input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    /// One transaction: the exact rules, then the chains; upstream's
+    /// shared chains too when `shared`.
+    pub batch: String,
+    pub shared: bool,
+    /// For an iptables that refuses `-X` in the transaction that deletes
+    /// the last jump to the chain: the container chains alone, their rules
+    /// in one transaction and the chains in a second. `None` when no
+    /// container chain is removed.
+    pub split: Option<String>,
 }
 
 /// Splits one line as `iptables-save` quotes it: words separated by
@@ -136,14 +159,97 @@ pub fn parse_save(text: &str) -> NatTable {
     table
 }
 
-/// (network, container ID) of upstream's comment `dnat name: "NET" id: "ID"`.
-pub fn parse_owner_comment(comment: &str) -> Option<(String, String)> {
-    let rest = comment.strip_prefix("dnat name: \"")?;
-    let (network, rest) = rest.split_once("\" id: \"")?;
-    // Upstream trims comments to 256 characters; an ID cut there has no
-    // closing quote.
-    let id = rest.strip_suffix('"').unwrap_or(rest);
-    Some((network.to_owned(), id.to_owned()))
+/// iptables' longest comment (`XT_MAX_COMMENT_LEN` less the NUL): it
+/// stores the first 255 bytes of a longer one.
+const MAX_COMMENT_LEN: usize = 255;
+/// How much of a longer comment upstream keeps before its `...`.
+const CUT_COMMENT_KEEP: usize = 253;
+const OWNER_PREFIX: &str = "dnat name: \"";
+const OWNER_MIDDLE: &str = "\" id: \"";
+
+/// The comment on the jumps to the container chain of `container_id` on
+/// `network`, as upstream writes it and iptables stores it: `dnat name:
+/// "NET" id: "ID"`; over 255 bytes, upstream's `trimComment` keeps the
+/// first 253 and adds `...` (256 bytes), of which iptables stores the
+/// first 255, so the stored comment ends in `..` (CNI names are ASCII, so
+/// bytes and characters agree).
+pub fn owner_comment(network: &str, container_id: &str) -> String {
+    let full = format!("{OWNER_PREFIX}{network}{OWNER_MIDDLE}{container_id}\"");
+    if full.len() <= MAX_COMMENT_LEN {
+        return full;
+    }
+    let mut keep = CUT_COMMENT_KEEP;
+    while !full.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    let mut cut = format!("{}...", &full[..keep]);
+    cut.truncate(MAX_COMMENT_LEN);
+    cut
+}
+
+/// Whether `comment` is one upstream cut (as iptables stores it).
+pub fn is_cut(comment: &str) -> bool {
+    comment.len() == MAX_COMMENT_LEN && comment.get(CUT_COMMENT_KEEP..) == Some("..")
+}
+
+/// What an owner comment says, as far as upstream's cut left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerComment {
+    /// The network, or its first bytes when `network_cut`.
+    pub network: String,
+    pub network_cut: bool,
+    /// The container ID, or its first bytes (maybe none) when `id_cut`.
+    pub container_id: String,
+    pub id_cut: bool,
+}
+
+impl OwnerComment {
+    /// The network as shown: a cut one ends in `...`.
+    pub fn network_shown(&self) -> String {
+        if self.network_cut {
+            format!("{}...", self.network)
+        } else {
+            self.network.clone()
+        }
+    }
+
+    /// The container ID as shown: a cut one ends in `...`.
+    pub fn id_shown(&self) -> String {
+        if self.id_cut {
+            format!("{}...", self.container_id)
+        } else {
+            self.container_id.clone()
+        }
+    }
+}
+
+/// Reads upstream's owner comment `dnat name: "NET" id: "ID"`, whole or cut.
+pub fn parse_owner_comment(comment: &str) -> Option<OwnerComment> {
+    if is_cut(comment) {
+        let body = comment[..CUT_COMMENT_KEEP].strip_prefix(OWNER_PREFIX)?;
+        return Some(match body.split_once(OWNER_MIDDLE) {
+            Some((network, id)) => OwnerComment {
+                network: network.to_owned(),
+                network_cut: false,
+                container_id: id.to_owned(),
+                id_cut: true,
+            },
+            None => OwnerComment {
+                network: body.to_owned(),
+                network_cut: true,
+                container_id: String::new(),
+                id_cut: true,
+            },
+        });
+    }
+    let rest = comment.strip_prefix(OWNER_PREFIX)?.strip_suffix('"')?;
+    let (network, id) = rest.split_once(OWNER_MIDDLE)?;
+    Some(OwnerComment {
+        network: network.to_owned(),
+        network_cut: false,
+        container_id: id.to_owned(),
+        id_cut: false,
+    })
 }
 
 fn strip_prefix_len(addr: &str) -> Option<IpAddr> {
@@ -158,22 +264,36 @@ fn parse_destination(text: &str) -> Option<(IpAddr, u16)> {
 }
 
 impl NatTable {
-    /// (network, container ID) of each container chain, from the jumps of
-    /// `CNI-HOSTPORT-DNAT`.
-    pub fn owners(&self) -> BTreeMap<String, (String, String)> {
+    /// The owner comment of each container chain, from the jumps of
+    /// `CNI-HOSTPORT-DNAT` (only comments of upstream's form).
+    pub fn owners(&self) -> BTreeMap<String, String> {
         let mut owners = BTreeMap::new();
         for rule in self.rules.iter().filter(|r| r.chain == TOP_DNAT_CHAIN) {
             let (Some(target), Some(comment)) = (rule.value("-j"), rule.value("--comment")) else {
                 continue;
             };
-            if let Some(owner) = parse_owner_comment(comment) {
-                owners.insert(target.to_owned(), owner);
+            if parse_owner_comment(comment).is_some() {
+                owners.insert(target.to_owned(), comment.to_owned());
             }
         }
         owners
     }
 
-    /// Every DNAT rule of every container chain, with its owner.
+    /// Where `chain`'s DNAT rules send traffic: the container's addresses.
+    pub fn destinations(&self, chain: &str) -> Vec<IpAddr> {
+        let mut addrs: Vec<IpAddr> = self
+            .rules
+            .iter()
+            .filter(|r| r.chain == chain && r.value("-j") == Some("DNAT"))
+            .filter_map(|r| r.value("--to-destination").and_then(parse_destination))
+            .map(|(addr, _)| addr)
+            .collect();
+        addrs.sort();
+        addrs.dedup();
+        addrs
+    }
+
+    /// Every DNAT rule of every container chain, with its owner comment.
     pub fn mappings(&self) -> Vec<ChainMapping> {
         let owners = self.owners();
         let mut mappings = Vec::new();
@@ -192,11 +312,9 @@ impl NatTable {
             else {
                 continue;
             };
-            let owner = owners.get(&rule.chain);
             mappings.push(ChainMapping {
                 chain: rule.chain.clone(),
-                network: owner.map(|o| o.0.clone()),
-                container_id: owner.map(|o| o.1.clone()),
+                comment: owners.get(&rule.chain).cloned(),
                 port: Port {
                     protocol,
                     host_port,
@@ -216,65 +334,91 @@ impl NatTable {
             .any(|c| c.starts_with(CONTAINER_CHAIN_PREFIX) || SHARED_CHAINS.contains(&c.as_str()))
     }
 
-    /// The `iptables-restore --noflush` batch that removes the container
-    /// chains in `chains` (their jumps, then the chains), and, when no
-    /// container chain is left after that, upstream's shared chains and
-    /// the built-in chains' jumps to them. `None` when there is nothing to
-    /// remove.
-    pub fn removal_batch(&self, chains: &BTreeSet<String>) -> Option<String> {
-        let chains: BTreeSet<&String> = chains
+    fn jumps_to(rule: &Rule, chains: &[&str]) -> bool {
+        rule.value("-j").is_some_and(|t| chains.contains(&t))
+    }
+
+    /// Whether a rule of a shared chain is one upstream writes there for
+    /// itself (not a container's jump): the mark, and the masquerade of
+    /// marked traffic.
+    fn upstreams_own(rule: &Rule) -> bool {
+        match rule.chain.as_str() {
+            SET_MARK_CHAIN => rule.value("-j") == Some("MARK"),
+            MASQ_CHAIN => rule.value("-j") == Some("MASQUERADE") && rule.value("--mark").is_some(),
+            _ => false,
+        }
+    }
+
+    /// The removal of the container chains in `chains` (those declared):
+    /// each rule that jumps to one and each rule in one, exactly as read,
+    /// then the chains. When no other container chain is declared and the
+    /// shared chains hold nothing but upstream's own rules and the jumps
+    /// going now, they go too, with every jump to them, in the same
+    /// transaction: its `-X CNI-HOSTPORT-DNAT` fails if an ADD put a jump
+    /// there after the read, so that ADD keeps the jump from PREROUTING.
+    /// `None` when there is nothing to remove.
+    pub fn removal(&self, chains: &BTreeSet<String>) -> Option<Removal> {
+        let chains: Vec<&str> = chains
             .iter()
+            .map(String::as_str)
             .filter(|c| self.chains.contains(*c) && c.starts_with(CONTAINER_CHAIN_PREFIX))
             .collect();
-        // Two transactions: iptables-nft refuses to delete a chain (EBUSY)
-        // in the transaction that deletes the last jump to it.
-        let mut rules = Vec::new();
-        let mut removals = Vec::new();
-        for rule in &self.rules {
-            if rule
-                .value("-j")
-                .is_some_and(|t| chains.iter().any(|c| c.as_str() == t))
-            {
-                rules.push(format!("-D {} {}", rule.chain, rule.text));
-            }
-        }
-        for chain in &chains {
-            rules.push(format!("-F {chain}"));
-            removals.push(format!("-X {chain}"));
-        }
-        let left = self
-            .chains
+        let line = |rule: &Rule| format!("-D {} {}", rule.chain, rule.text);
+        // The jumps first: no packet enters a chain being emptied.
+        let in_chains = |r: &&Rule| chains.contains(&r.chain.as_str());
+        let mut deletes: Vec<String> = self
+            .rules
             .iter()
-            .any(|c| c.starts_with(CONTAINER_CHAIN_PREFIX) && !chains.contains(c));
+            .filter(|r| Self::jumps_to(r, &chains) && !in_chains(r))
+            .chain(self.rules.iter().filter(in_chains))
+            .map(line)
+            .collect();
+        let mut removals: Vec<String> = chains.iter().map(|c| format!("-X {c}")).collect();
+        let split = (!chains.is_empty()).then(|| {
+            format!(
+                "*nat\n{}\nCOMMIT\n*nat\n{}\nCOMMIT\n",
+                deletes.join("\n"),
+                removals.join("\n")
+            )
+        });
         let shared: Vec<&str> = SHARED_CHAINS
             .into_iter()
             .filter(|c| self.chains.contains(*c))
             .collect();
-        if !left && !shared.is_empty() {
-            // What jumps to a shared chain from anywhere else goes, then the
-            // shared chains' own rules (one jumps to another), then the chains.
+        let other_container_chain = self
+            .chains
+            .iter()
+            .any(|c| c.starts_with(CONTAINER_CHAIN_PREFIX) && !chains.contains(&c.as_str()));
+        // Every rule of a shared chain is upstream's own or a jump going
+        // now; anything else (another tool's, a container chain not
+        // declared) keeps them all.
+        let only_upstreams = self
+            .rules
+            .iter()
+            .filter(|r| shared.contains(&r.chain.as_str()))
+            .all(|r| Self::upstreams_own(r) || Self::jumps_to(r, &chains));
+        let with_shared = !shared.is_empty() && !other_container_chain && only_upstreams;
+        if with_shared {
             for rule in &self.rules {
-                let jumps_to_shared = rule.value("-j").is_some_and(|t| shared.contains(&t));
-                if jumps_to_shared
-                    && !shared.contains(&rule.chain.as_str())
-                    && !chains.contains(&rule.chain)
-                {
-                    rules.push(format!("-D {} {}", rule.chain, rule.text));
+                let going = chains.contains(&rule.chain.as_str()) || Self::jumps_to(rule, &chains);
+                if going {
+                    continue;
+                }
+                if shared.contains(&rule.chain.as_str()) || Self::jumps_to(rule, &shared) {
+                    deletes.push(line(rule));
                 }
             }
-            for chain in &shared {
-                rules.push(format!("-F {chain}"));
-                removals.push(format!("-X {chain}"));
-            }
+            removals.extend(shared.iter().map(|c| format!("-X {c}")));
         }
-        if rules.is_empty() {
+        if deletes.is_empty() && removals.is_empty() {
             return None;
         }
-        let mut batch = format!("*nat\n{}\nCOMMIT\n", rules.join("\n"));
-        if !removals.is_empty() {
-            batch.push_str(&format!("*nat\n{}\nCOMMIT\n", removals.join("\n")));
-        }
-        Some(batch)
+        let body: Vec<String> = deletes.into_iter().chain(removals).collect();
+        Some(Removal {
+            batch: format!("*nat\n{}\nCOMMIT\n", body.join("\n")),
+            shared: with_shared,
+            split,
+        })
     }
 }
 
@@ -342,9 +486,52 @@ COMMIT
     fn the_owner_comes_from_the_comment() {
         assert_eq!(
             parse_owner_comment(r#"dnat name: "cbr0" id: "3a1b""#),
-            Some(("cbr0".into(), "3a1b".into()))
+            Some(OwnerComment {
+                network: "cbr0".into(),
+                network_cut: false,
+                container_id: "3a1b".into(),
+                id_cut: false,
+            })
         );
         assert_eq!(parse_owner_comment("CNI portfwd masquerade mark"), None);
+        assert_eq!(
+            owner_comment("cbr0", "3a1b"),
+            r#"dnat name: "cbr0" id: "3a1b""#
+        );
+    }
+
+    #[test]
+    fn comments_over_255_bytes_are_cut_as_upstream_cuts_them() {
+        let id = "0123456789abcdef".repeat(4);
+        // 171 characters of network: 255 bytes, the longest left whole.
+        let whole = owner_comment(&"n".repeat(171), &id);
+        assert_eq!(whole.len(), 255);
+        assert!(!is_cut(&whole));
+        // 172: 256 bytes, cut by upstream to the first 253 and "...", of
+        // which iptables stores 255 (as iptables-save shows them).
+        let cut = owner_comment(&"n".repeat(172), &id);
+        assert_eq!(cut.len(), 255);
+        assert_eq!(
+            cut,
+            format!("dnat name: \"{}\" id: \"{}..", "n".repeat(172), &id[..62])
+        );
+        assert!(is_cut(&cut));
+        assert_eq!(
+            parse_owner_comment(&cut),
+            Some(OwnerComment {
+                network: "n".repeat(172),
+                network_cut: false,
+                container_id: id[..62].into(),
+                id_cut: true,
+            })
+        );
+        // 234 and more: no room for the ID; past 240, the network itself is cut.
+        let network = "m".repeat(250);
+        let no_id = owner_comment(&network, &id);
+        assert_eq!(no_id, format!("dnat name: \"{}..", &network[..241]));
+        let owner = parse_owner_comment(&no_id).expect("a cut owner comment");
+        assert!(owner.network_cut && owner.id_cut, "{owner:?}");
+        assert_eq!(owner.network_shown(), format!("{}...", &network[..241]));
     }
 
     #[test]
@@ -353,7 +540,7 @@ COMMIT
         assert!(table.chains.contains(FIRST) && table.chains.contains("PREROUTING"));
         assert!(!table.chains.contains("INPUT ACCEPT"), "{:?}", table.chains);
         let mappings = table.mappings();
-        type Seen<'a> = (u16, Protocol, Option<IpAddr>, IpAddr, u16, Option<&'a str>);
+        type Seen = (u16, Protocol, Option<IpAddr>, IpAddr, u16, Option<String>);
         let ports: Vec<Seen> = mappings
             .iter()
             .map(|m| {
@@ -363,7 +550,10 @@ COMMIT
                     m.port.host_addr,
                     m.port.container_addr,
                     m.port.container_port,
-                    m.container_id.as_deref(),
+                    m.comment
+                        .as_deref()
+                        .and_then(parse_owner_comment)
+                        .map(|o| o.container_id),
                 )
             })
             .collect();
@@ -377,7 +567,7 @@ COMMIT
                     None,
                     v4("10.244.0.5"),
                     80,
-                    Some("abcdef123")
+                    Some("abcdef123".into())
                 ),
                 (
                     8081,
@@ -385,7 +575,7 @@ COMMIT
                     None,
                     v4("10.244.0.5"),
                     81,
-                    Some("abcdef123")
+                    Some("abcdef123".into())
                 ),
                 (
                     9090,
@@ -393,75 +583,127 @@ COMMIT
                     Some(v4("198.18.0.1")),
                     v4("10.244.0.5"),
                     90,
-                    Some("abcdef123")
+                    Some("abcdef123".into())
                 ),
-                (7070, Protocol::Tcp, None, v4("fd44::7"), 70, Some("c2")),
+                (
+                    7070,
+                    Protocol::Tcp,
+                    None,
+                    v4("fd44::7"),
+                    70,
+                    Some("c2".into())
+                ),
             ]
         );
-        assert_eq!(mappings[0].network.as_deref(), Some("netx"));
+        assert_eq!(
+            mappings[0].comment.as_deref(),
+            Some(r#"dnat name: "netx" id: "abcdef123""#)
+        );
+        // Every DNAT of the chain goes to the one container address.
+        assert_eq!(table.destinations(FIRST), [v4("10.244.0.5")]);
+        assert_eq!(table.destinations(SECOND), [v4("fd44::7")]);
     }
 
     #[test]
     fn removing_one_container_keeps_the_shared_chains_while_another_is_mapped() {
         let table = parse_save(SAVED);
-        let batch = table
-            .removal_batch(&BTreeSet::from([FIRST.to_owned()]))
+        let removal = table
+            .removal(&BTreeSet::from([FIRST.to_owned()]))
             .expect("something to remove");
+        let comment = r#""dnat name: \"netx\" id: \"abcdef123\"""#;
+        let rules = format!(
+            "-D CNI-HOSTPORT-DNAT -p tcp -m comment --comment {comment} -m multiport --dports 8080,9090 -j {FIRST}\n\
+             -D CNI-HOSTPORT-DNAT -p udp -m comment --comment {comment} -m multiport --dports 8081 -j {FIRST}\n\
+             -D {FIRST} -s 10.244.0.0/24 -p tcp -m tcp --dport 8080 -j CNI-HOSTPORT-SETMARK\n\
+             -D {FIRST} -s 127.0.0.1/32 -p tcp -m tcp --dport 8080 -j CNI-HOSTPORT-SETMARK\n\
+             -D {FIRST} -p tcp -m tcp --dport 8080 -j DNAT --to-destination 10.244.0.5:80\n\
+             -D {FIRST} -p udp -m udp --dport 8081 -j DNAT --to-destination 10.244.0.5:81\n\
+             -D {FIRST} -d 198.18.0.1/32 -p tcp -m tcp --dport 9090 -j DNAT --to-destination 10.244.0.5:90"
+        );
+        // Exact rules and the chain, in one transaction; nothing flushed.
         assert_eq!(
-            batch,
-            format!(
-                "*nat\n\
-                 -D CNI-HOSTPORT-DNAT -p tcp -m comment --comment \"dnat name: \\\"netx\\\" id: \\\"abcdef123\\\"\" -m multiport --dports 8080,9090 -j {FIRST}\n\
-                 -D CNI-HOSTPORT-DNAT -p udp -m comment --comment \"dnat name: \\\"netx\\\" id: \\\"abcdef123\\\"\" -m multiport --dports 8081 -j {FIRST}\n\
-                 -F {FIRST}\nCOMMIT\n*nat\n-X {FIRST}\nCOMMIT\n"
-            )
+            removal.batch,
+            format!("*nat\n{rules}\n-X {FIRST}\nCOMMIT\n")
+        );
+        assert!(!removal.shared);
+        assert_eq!(
+            removal.split.as_deref(),
+            Some(format!("*nat\n{rules}\nCOMMIT\n*nat\n-X {FIRST}\nCOMMIT\n").as_str())
         );
     }
 
     #[test]
     fn removing_the_last_container_removes_the_shared_chains_and_their_jumps() {
         let table = parse_save(SAVED);
-        let batch = table
-            .removal_batch(&BTreeSet::from([FIRST.to_owned(), SECOND.to_owned()]))
+        let removal = table
+            .removal(&BTreeSet::from([FIRST.to_owned(), SECOND.to_owned()]))
             .expect("something to remove");
+        assert!(removal.shared);
+        let batch = &removal.batch;
         let lines: Vec<&str> = batch.lines().collect();
+        assert_eq!(
+            batch.matches("COMMIT").count(),
+            1,
+            "one transaction: {batch}"
+        );
         assert!(lines.contains(&"-D PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT"));
         assert!(lines.contains(&"-D OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT"));
         assert!(lines.contains(
             &"-D POSTROUTING -m comment --comment \"CNI portfwd requiring masquerade\" -j CNI-HOSTPORT-MASQ"
         ));
-        // Another tool's rule in POSTROUTING stays.
+        assert!(lines.contains(&"-D CNI-HOSTPORT-MASQ -m mark --mark 0x2000/0x2000 -j MASQUERADE"));
+        // Another tool's rule in POSTROUTING stays; nothing is flushed.
         assert!(!batch.contains("10.9.0.0/16"), "{batch}");
-        // The shared chains' own rules are flushed, not deleted one by one.
-        assert!(!batch.contains("-D CNI-HOSTPORT-MASQ"), "{batch}");
-        let second = batch
-            .split("COMMIT\n")
-            .nth(1)
-            .expect("a second transaction");
+        assert!(!batch.contains("-F "), "{batch}");
+        let removals: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.starts_with("-X "))
+            .collect();
         assert_eq!(
-            second,
-            format!(
-                "*nat\n-X {SECOND}\n-X {FIRST}\n-X CNI-HOSTPORT-DNAT\n-X CNI-HOSTPORT-SETMARK\n\
-                 -X CNI-HOSTPORT-MASQ\n"
-            )
+            removals,
+            [
+                format!("-X {SECOND}"),
+                format!("-X {FIRST}"),
+                "-X CNI-HOSTPORT-DNAT".into(),
+                "-X CNI-HOSTPORT-SETMARK".into(),
+                "-X CNI-HOSTPORT-MASQ".into(),
+            ]
         );
-        for chain in [
-            "CNI-HOSTPORT-DNAT",
-            "CNI-HOSTPORT-SETMARK",
-            "CNI-HOSTPORT-MASQ",
-        ] {
-            assert!(lines.contains(&format!("-F {chain}").as_str()), "{batch}");
-        }
+        // The chains go after every rule.
+        let first_x = lines.iter().position(|l| l.starts_with("-X ")).unwrap();
+        assert!(
+            lines[first_x..].iter().all(|l| !l.starts_with("-D ")),
+            "{batch}"
+        );
+    }
+
+    #[test]
+    fn a_shared_chain_with_a_rule_not_upstreams_stays() {
+        let text = SAVED.replace(
+            "-A CNI-HOSTPORT-MASQ -m mark",
+            "-A CNI-HOSTPORT-MASQ -s 10.1.0.0/16 -j RETURN\n-A CNI-HOSTPORT-MASQ -m mark",
+        );
+        let removal = parse_save(&text)
+            .removal(&BTreeSet::from([FIRST.to_owned(), SECOND.to_owned()]))
+            .expect("the container chains go");
+        assert!(!removal.shared, "{}", removal.batch);
+        assert!(!removal.batch.contains("PREROUTING"), "{}", removal.batch);
+        assert!(
+            !removal.batch.contains("-X CNI-HOSTPORT"),
+            "{}",
+            removal.batch
+        );
     }
 
     #[test]
     fn nothing_to_remove_is_no_batch() {
         let table = parse_save(SAVED);
         assert_eq!(
-            table.removal_batch(&BTreeSet::from(["CNI-DN-gone".to_owned()])),
+            table.removal(&BTreeSet::from(["CNI-DN-gone".to_owned()])),
             None
         );
-        assert_eq!(parse_save("").removal_batch(&BTreeSet::new()), None);
+        assert_eq!(parse_save("").removal(&BTreeSet::new()), None);
     }
 
     #[test]
@@ -472,12 +714,14 @@ COMMIT
                     -A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT\nCOMMIT\n";
         let table = parse_save(text);
         assert!(table.has_upstream_state());
+        let removal = table
+            .removal(&BTreeSet::new())
+            .expect("the shared chain goes");
         assert_eq!(
-            table.removal_batch(&BTreeSet::new()).as_deref(),
-            Some(
-                "*nat\n-D PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT\n\
-                 -F CNI-HOSTPORT-DNAT\nCOMMIT\n*nat\n-X CNI-HOSTPORT-DNAT\nCOMMIT\n"
-            )
+            removal.batch,
+            "*nat\n-D PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT\n\
+             -X CNI-HOSTPORT-DNAT\nCOMMIT\n"
         );
+        assert_eq!(removal.split, None);
     }
 }

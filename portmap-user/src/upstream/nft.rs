@@ -10,7 +10,17 @@
 //! `[ip daddr HOSTIP] tcp dport 8080 dnat to 10.244.0.5:80 comment "ID"`,
 //! and `masquerading` (postrouting) with the hairpin rules, also commented
 //! with the container ID. The comment is the container ID alone: unlike
-//! iptables, no network name.
+//! iptables, no network name; the rule's container address (the DNAT's,
+//! the masquerade's `daddr`) is what ties it to one attachment.
+//!
+//! A removal is one `nft -f` batch of `delete rule ... handle N`, which
+//! fails whole if any handle is gone. The table goes only when every rule
+//! in it, counted from the raw listing, is either going now or one of
+//! upstream's own jumps between its chains, and it holds nothing else (no
+//! set, map, or chain of another name). Those jumps are deleted by handle
+//! in the same batch, and upstream's ADD rewrites them (flush and add) in
+//! every transaction: an ADD after the read makes the batch fail rather
+//! than lose its table.
 
 use std::net::IpAddr;
 
@@ -23,24 +33,62 @@ pub const TABLE: &str = "cni_hostport";
 /// The chains whose rules carry a container's ID.
 pub const OWNED_CHAINS: [&str; 3] = ["hostports", "hostip_hostports", "masquerading"];
 const MAPPING_CHAINS: [&str; 2] = ["hostports", "hostip_hostports"];
+/// Every chain upstream makes (1.5 to 1.9): the table holds no other.
+const UPSTREAM_CHAINS: [&str; 6] = [
+    "hostports",
+    "hostip_hostports",
+    "hostports_all",
+    "prerouting",
+    "output",
+    "masquerading",
+];
+/// The chains of upstream's own jumps (no container's).
+const JUMP_CHAINS: [&str; 3] = ["prerouting", "output", "hostports_all"];
 
-/// One rule of the table that names a container.
+/// One rule of the table, whatever it says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnedRule {
+pub struct Rule {
     pub chain: String,
-    pub handle: u64,
-    pub container_id: String,
-    /// Set for a port mapping (`hostports`); `None` for the masquerading rules.
+    pub handle: Option<u64>,
+    /// Upstream's comment: the container ID.
+    pub comment: Option<String>,
+    /// Set for a port mapping this parser reads.
     pub mapping: Option<Port>,
+    /// The container address the rule serves (the DNAT's, the
+    /// masquerade's `daddr`), when read.
+    pub container_addr: Option<IpAddr>,
+    /// One of upstream's own jumps between its chains.
+    pub jump: bool,
+}
+
+impl Rule {
+    /// The container this rule is upstream's for: a commented rule of one
+    /// of the container chains.
+    pub fn owner(&self) -> Option<&str> {
+        OWNED_CHAINS
+            .contains(&self.chain.as_str())
+            .then_some(self.comment.as_deref())
+            .flatten()
+    }
 }
 
 /// The table as `nft -j list table` prints it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Table {
     pub family: String,
-    pub rules: Vec<OwnedRule>,
-    /// Rules of the mapping chains that name no container (hand-made).
-    pub unowned_mappings: usize,
+    /// Every rule listed, read or not.
+    pub rules: Vec<Rule>,
+    pub chains: Vec<String>,
+    /// Listed objects other than the table, its chains and rules (sets,
+    /// maps, counters, ...).
+    pub others: usize,
+}
+
+/// A removal: the batch, and whether the table goes with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    pub script: String,
+    pub table: bool,
 }
 
 fn payload_match<'a>(expr: &'a Value, field: &str) -> Option<(&'a str, &'a Value)> {
@@ -52,6 +100,10 @@ fn payload_match<'a>(expr: &'a Value, field: &str) -> Option<(&'a str, &'a Value
     Some((payload.get("protocol")?.as_str()?, matched.get("right")?))
 }
 
+fn port_of(value: &Value) -> Option<u16> {
+    value.as_u64().and_then(|p| u16::try_from(p).ok())
+}
+
 fn mapping_of(exprs: &[Value]) -> Option<Port> {
     let mut protocol = None;
     let mut host_port = None;
@@ -60,16 +112,12 @@ fn mapping_of(exprs: &[Value]) -> Option<Port> {
     for expr in exprs {
         if let Some((proto, right)) = payload_match(expr, "dport") {
             protocol = Protocol::from_name(proto);
-            host_port = right.as_u64().and_then(|p| u16::try_from(p).ok());
+            host_port = Some(port_of(right)?);
         } else if let Some((_, right)) = payload_match(expr, "daddr") {
-            host_addr = right.as_str().and_then(|a| a.parse().ok());
+            host_addr = Some(right.as_str()?.parse().ok()?);
         } else if let Some(dnat) = expr.get("dnat") {
             let addr: IpAddr = dnat.get("addr")?.as_str()?.parse().ok()?;
-            let port = dnat
-                .get("port")?
-                .as_u64()
-                .and_then(|p| u16::try_from(p).ok())?;
-            destination = Some((addr, port));
+            destination = Some((addr, port_of(dnat.get("port")?)?));
         }
     }
     let (container_addr, container_port) = destination?;
@@ -82,6 +130,35 @@ fn mapping_of(exprs: &[Value]) -> Option<Port> {
     })
 }
 
+/// The `daddr` of a masquerading rule: the container's address.
+fn masquerade_addr(exprs: &[Value]) -> Option<IpAddr> {
+    if !exprs.iter().any(|e| e.get("masquerade").is_some()) {
+        return None;
+    }
+    let (_, right) = exprs.iter().find_map(|e| payload_match(e, "daddr"))?;
+    right.as_str()?.parse().ok()
+}
+
+/// Upstream's jump between its own chains: `[fib daddr type local] jump
+/// CHAIN`, nothing else.
+fn is_upstream_jump(chain: &str, exprs: &[Value]) -> bool {
+    let Some((last, before)) = exprs.split_last() else {
+        return false;
+    };
+    let jumps_home = last
+        .get("jump")
+        .and_then(|j| j.get("target"))
+        .and_then(Value::as_str)
+        .is_some_and(|t| UPSTREAM_CHAINS.contains(&t));
+    let local_only = |e: &Value| {
+        e.get("match").is_some_and(|m| {
+            m.get("left").and_then(|l| l.get("fib")).is_some()
+                && m.get("right").and_then(Value::as_str) == Some("local")
+        })
+    };
+    JUMP_CHAINS.contains(&chain) && jumps_home && before.iter().all(local_only)
+}
+
 /// Parses `nft -j list table <family> cni_hostport`.
 pub fn parse_table(json: &Value) -> Table {
     let mut table = Table::default();
@@ -89,77 +166,94 @@ pub fn parse_table(json: &Value) -> Table {
         return table;
     };
     for item in items {
+        if item.get("metainfo").is_some() {
+            continue;
+        }
         if let Some(t) = item.get("table") {
             if let Some(family) = t.get("family").and_then(Value::as_str) {
                 table.family = family.to_owned();
             }
             continue;
         }
-        let Some(rule) = item.get("rule") else {
-            continue;
-        };
-        let Some(chain) = rule.get("chain").and_then(Value::as_str) else {
-            continue;
-        };
-        if !OWNED_CHAINS.contains(&chain) {
+        if let Some(chain) = item.get("chain") {
+            let name = chain.get("name").and_then(Value::as_str).unwrap_or("");
+            table.chains.push(name.to_owned());
             continue;
         }
+        let Some(rule) = item.get("rule") else {
+            table.others += 1;
+            continue;
+        };
+        let chain = rule.get("chain").and_then(Value::as_str).unwrap_or("");
         let exprs = rule
             .get("expr")
             .and_then(Value::as_array)
             .map(Vec::as_slice)
             .unwrap_or_default();
+        let comment = rule.get("comment").and_then(Value::as_str);
         let mapping = MAPPING_CHAINS
             .contains(&chain)
             .then(|| mapping_of(exprs))
             .flatten();
-        match (
-            rule.get("comment").and_then(Value::as_str),
-            rule.get("handle").and_then(Value::as_u64),
-        ) {
-            (Some(id), Some(handle)) => table.rules.push(OwnedRule {
-                chain: chain.to_owned(),
-                handle,
-                container_id: id.to_owned(),
-                mapping,
-            }),
-            _ if MAPPING_CHAINS.contains(&chain) => table.unowned_mappings += 1,
-            _ => {}
-        }
+        table.rules.push(Rule {
+            chain: chain.to_owned(),
+            handle: rule.get("handle").and_then(Value::as_u64),
+            comment: comment.map(str::to_owned),
+            container_addr: mapping
+                .map(|m| m.container_addr)
+                .or_else(|| masquerade_addr(exprs)),
+            mapping,
+            jump: comment.is_none() && is_upstream_jump(chain, exprs),
+        });
     }
     table
 }
 
 impl Table {
-    /// The `nft -f -` script that removes the rules of the containers
-    /// `remove` selects and, when no mapping rule is left after that, the
-    /// whole table (as the state before upstream's first ADD had none).
-    /// Upstream's own DEL never removes its table, so a table without any
-    /// mapping goes even when `remove` selects nothing in it. `None` when
-    /// there is nothing to remove.
-    pub fn removal_script(&self, remove: impl Fn(&str) -> bool) -> Option<String> {
-        let (gone, kept): (Vec<&OwnedRule>, Vec<&OwnedRule>) =
-            self.rules.iter().partition(|r| remove(&r.container_id));
-        let unused = self.unowned_mappings == 0 && !self.rules.iter().any(|r| r.mapping.is_some());
-        if gone.is_empty() && !unused {
-            return None;
-        }
+    /// The `nft -f -` batch that deletes the rules `take` picks among the
+    /// containers' (by handle), and the table itself when nothing but
+    /// upstream's own jumps would be left in it (those by handle too, then
+    /// the table). Upstream's own DEL never removes its table, so a table
+    /// holding no container rule goes even when `take` picks nothing.
+    /// `None` when there is nothing to remove.
+    pub fn removal(&self, take: impl Fn(&Rule) -> bool) -> Option<Removal> {
         let family = if self.family.is_empty() {
             "ip"
         } else {
             &self.family
         };
-        if self.unowned_mappings == 0 && !kept.iter().any(|r| r.mapping.is_some()) {
-            return Some(format!("delete table {family} {TABLE}\n"));
+        let taken = |r: &Rule| r.owner().is_some() && r.handle.is_some() && take(r);
+        let gone: Vec<&Rule> = self.rules.iter().filter(|r| taken(r)).collect();
+        let table = self.others == 0
+            && self
+                .chains
+                .iter()
+                .all(|c| UPSTREAM_CHAINS.contains(&c.as_str()))
+            && self
+                .rules
+                .iter()
+                .all(|r| taken(r) || (r.jump && r.handle.is_some()));
+        if gone.is_empty() && !table {
+            return None;
         }
+        let deleted: Vec<&Rule> = if table {
+            self.rules.iter().collect()
+        } else {
+            gone
+        };
         let mut script = String::new();
-        for rule in gone {
-            script.push_str(&format!(
-                "delete rule {family} {TABLE} {} handle {}\n",
-                rule.chain, rule.handle
-            ));
+        for rule in deleted {
+            if let Some(handle) = rule.handle {
+                script.push_str(&format!(
+                    "delete rule {family} {TABLE} {} handle {handle}\n",
+                    rule.chain
+                ));
+            }
         }
-        Some(script)
+        if table {
+            script.push_str(&format!("delete table {family} {TABLE}\n"));
+        }
+        Some(Removal { script, table })
     }
 }
 
@@ -191,6 +285,10 @@ mod tests {
         ]})
     }
 
+    fn script(removal: Option<Removal>) -> Option<String> {
+        removal.map(|r| r.script)
+    }
+
     #[test]
     fn mapping_rules_are_read_with_their_container() {
         let table = parse_table(&listed());
@@ -198,7 +296,7 @@ mod tests {
         let mappings: Vec<(&str, Port)> = table
             .rules
             .iter()
-            .filter_map(|r| Some((r.container_id.as_str(), r.mapping?)))
+            .filter_map(|r| Some((r.owner()?, r.mapping?)))
             .collect();
         assert_eq!(
             mappings,
@@ -225,24 +323,73 @@ mod tests {
                 ),
             ]
         );
-        assert_eq!(table.rules.len(), 3, "the masquerading rule is owned too");
+        let owned = table.rules.iter().filter(|r| r.owner().is_some()).count();
+        assert_eq!(owned, 3, "the masquerading rule is owned too");
+        assert_eq!(table.rules.len(), 4, "and the jump is listed");
+        assert!(table.rules[0].jump);
     }
 
     #[test]
     fn one_container_goes_by_handle_and_the_last_takes_the_table() {
         let table = parse_table(&listed());
         assert_eq!(
-            table.removal_script(|id| id == "c1").as_deref(),
+            script(table.removal(|r| r.owner() == Some("c1"))).as_deref(),
             Some(
                 "delete rule ip cni_hostport hostports handle 9\n\
                  delete rule ip cni_hostport masquerading handle 11\n"
             )
         );
+        // The last container: every rule by handle (so an ADD since the
+        // read fails the batch), then the table.
         assert_eq!(
-            table.removal_script(|_| true).as_deref(),
-            Some("delete table ip cni_hostport\n")
+            table.removal(|_| true),
+            Some(Removal {
+                script: "delete rule ip cni_hostport hostports_all handle 5\n\
+                         delete rule ip cni_hostport hostports handle 9\n\
+                         delete rule ip cni_hostport hostports handle 10\n\
+                         delete rule ip cni_hostport masquerading handle 11\n\
+                         delete table ip cni_hostport\n"
+                    .into(),
+                table: true,
+            })
         );
-        assert_eq!(table.removal_script(|id| id == "c3"), None);
+        assert_eq!(table.removal(|r| r.owner() == Some("c3")), None);
+    }
+
+    #[test]
+    fn a_rule_the_parser_cannot_read_keeps_the_table() {
+        // A mapping through a port set, commented like upstream's: no
+        // mapping read, but a rule all the same.
+        let mut with_set = listed();
+        with_set["nftables"].as_array_mut().unwrap().push(json!(
+            {"rule": {"family": "ip", "table": "cni_hostport", "chain": "hostports", "handle": 12, "comment": "future",
+                      "expr": [
+                        {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}},
+                                   "right": {"set": [9000, 9001]}}},
+                        {"dnat": {"addr": "10.244.0.9", "port": 80}}]}}
+        ));
+        let table = parse_table(&with_set);
+        let future = table.rules.last().unwrap();
+        assert_eq!((future.owner(), future.mapping), (Some("future"), None));
+        let taken = |r: &Rule| matches!(r.owner(), Some("c1" | "c2"));
+        let removal = table.removal(taken).expect("c1 and c2 go");
+        assert!(!removal.table, "{}", removal.script);
+        assert!(!removal.script.contains("delete table"));
+        // Nor does a rule without a comment, or any other object.
+        for extra in [
+            json!({"rule": {"family": "ip", "table": "cni_hostport", "chain": "hostports", "handle": 12,
+                            "expr": [{"counter": {"packets": 0, "bytes": 0}}]}}),
+            json!({"set": {"family": "ip", "table": "cni_hostport", "name": "ports", "handle": 12, "type": "inet_service"}}),
+            json!({"chain": {"family": "ip", "table": "cni_hostport", "name": "mine", "handle": 12}}),
+        ] {
+            let mut listed = listed();
+            listed["nftables"]
+                .as_array_mut()
+                .unwrap()
+                .push(extra.clone());
+            let removal = parse_table(&listed).removal(|_| true).expect("rules go");
+            assert!(!removal.table, "{extra}: {}", removal.script);
+        }
     }
 
     /// `nft -j list table ip|ip6 cni_hostport` (nft 1.0.6) after upstream
@@ -256,7 +403,6 @@ mod tests {
         for (text, family, addr) in [(REAL_IP, "ip", "10.244.0.2"), (REAL_IP6, "ip6", "fd44::2")] {
             let table = parse_table(&serde_json::from_str(text).unwrap());
             assert_eq!(table.family, family);
-            assert_eq!(table.unowned_mappings, 0, "{family}");
             let mappings: Vec<Port> = table.rules.iter().filter_map(|r| r.mapping).collect();
             let addr: IpAddr = addr.parse().unwrap();
             assert_eq!(
@@ -272,12 +418,29 @@ mod tests {
                 ),
                 "{family}"
             );
-            assert!(table.rules.iter().all(|r| r.container_id == "old"));
+            // Every rule is old's or one of upstream's jumps, each with
+            // the container's address where it serves one.
+            for rule in &table.rules {
+                match rule.owner() {
+                    Some(id) => {
+                        assert_eq!(id, "old", "{rule:?}");
+                        assert_eq!(rule.container_addr, Some(addr), "{rule:?}");
+                    }
+                    None => assert!(rule.jump, "{rule:?}"),
+                }
+            }
             // Hairpin (and, for IPv4, localhost) masquerading is old's too.
             assert!(table.rules.iter().any(|r| r.chain == "masquerading"));
-            assert_eq!(
-                table.removal_script(|id| id == "old").as_deref(),
-                Some(format!("delete table {family} cni_hostport\n").as_str())
+            let removal = table
+                .removal(|r| r.owner() == Some("old"))
+                .expect("old's rules go");
+            assert!(removal.table, "{family}");
+            let handles = removal.script.matches(" handle ").count();
+            assert_eq!(handles, table.rules.len(), "{}", removal.script);
+            assert!(
+                removal
+                    .script
+                    .ends_with(&format!("delete table {family} cni_hostport\n"))
             );
         }
     }
@@ -291,8 +454,11 @@ mod tests {
         });
         let table = parse_table(&emptied);
         assert_eq!(
-            table.removal_script(|_| false).as_deref(),
-            Some("delete table ip cni_hostport\n")
+            script(table.removal(|_| false)).as_deref(),
+            Some(
+                "delete rule ip cni_hostport hostports_all handle 5\n\
+                 delete table ip cni_hostport\n"
+            )
         );
     }
 }

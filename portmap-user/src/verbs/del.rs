@@ -22,6 +22,7 @@
 //!   then leaves that work to the next run.
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use super::interfaces::{Pass, forget_bridge_ports, reconcile_after};
@@ -69,11 +70,22 @@ fn release_upstream(req: &Request) {
     if sources.is_empty() {
         return;
     }
-    let network = req.conf.name.as_str();
-    let container = req.owner.container_id.as_str();
-    let select = |net: Option<&str>, id: &str| id == container && net.is_none_or(|n| n == network);
-    let (removed, errors) = upstream::remove(&sources, &select);
-    for done in removed {
+    // The nftables backend records no network: the container's addresses
+    // on this network (prevResult's) tell its rules from another
+    // network's of the same container.
+    let select = upstream::Attachment {
+        network: req.conf.name.as_str(),
+        container_id: req.owner.container_id.as_str(),
+        addrs: [
+            req.container.v4.map(IpAddr::V4),
+            req.container.v6.map(IpAddr::V6),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+    };
+    let report = upstream::remove(&sources, &select);
+    for done in report.removed {
         if !done.containers.is_empty() {
             log::info!(
                 "DEL {}: upstream portmap's {} {} rules of this container removed{}",
@@ -95,7 +107,20 @@ fn release_upstream(req: &Request) {
             );
         }
     }
-    for error in errors {
+    for left in report.left {
+        log::warn!(
+            "DEL {}: upstream portmap's {} {} rules of this container ID left: {}; `ebpf-portmap migrate --remove` removes them once the container is gone",
+            who(&req.owner, &req.identity),
+            left.source.backend,
+            left.source.family,
+            if select.addrs.is_empty() {
+                "they name no network, and this DEL has no prevResult address to match them by"
+            } else {
+                "nothing shows they are this network's (their container address cannot be read, or upstream cut their comment)"
+            }
+        );
+    }
+    for error in report.errors {
         log::warn!(
             "DEL {}: upstream portmap's rules of this container not removed: {}",
             who(&req.owner, &req.identity),

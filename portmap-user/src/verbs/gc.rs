@@ -48,20 +48,27 @@ pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
 
 /// Removes upstream `portmap`'s rules of this network's containers that
 /// the runtime's keep-list no longer names (their DEL may have come to us
-/// before this build, or never). The nftables backend records no network:
-/// there a container ID in no attachment of this network goes.
+/// before this build, or never). Only the iptables backend records the
+/// network; the nftables backend's rules of containers not kept may be
+/// another network's, and are left (and said so): `ebpf-portmap migrate`
+/// judges those on the runtime's cache. Nothing is lost by that in
+/// libcni's GC, which first runs the DEL of every cached attachment the
+/// keep-list leaves out, with its cached result as prevResult: those DELs
+/// take their nftables rules by address.
 fn collect_upstream_garbage(req: &GcRequest) {
     let sources = upstream::sources();
     if sources.is_empty() {
         return;
     }
     let network = req.conf.name.as_str();
-    let valid: std::collections::BTreeSet<&str> =
-        req.valid.iter().map(|a| a.container_id.as_str()).collect();
-    let select =
-        |net: Option<&str>, id: &str| net.is_none_or(|n| n == network) && !valid.contains(id);
-    let (removed, errors) = upstream::remove(&sources, &select);
-    for done in removed {
+    let keep: std::collections::BTreeSet<String> =
+        req.valid.iter().map(|a| a.container_id.clone()).collect();
+    let select = upstream::Collect {
+        network,
+        keep: &keep,
+    };
+    let report = upstream::remove(&sources, &select);
+    for done in report.removed {
         log::info!(
             "GC {network}: upstream portmap's {} {} rules of {:?} removed{}",
             done.source.backend,
@@ -74,7 +81,19 @@ fn collect_upstream_garbage(req: &GcRequest) {
             }
         );
     }
-    for error in errors {
+    for left in report.left {
+        log::info!(
+            "GC {network}: upstream portmap's {} {} rules of {:?} left: not in this network's keep-list, but nothing shows they are this network's ({}); `ebpf-portmap migrate --remove` removes those of containers that are gone",
+            left.source.backend,
+            left.source.family,
+            left.containers,
+            match left.source.backend {
+                upstream::Backend::Nftables => "its rules name no network",
+                _ => "upstream cut the network name from their comment",
+            }
+        );
+    }
+    for error in report.errors {
         log::warn!(
             "GC {network}: upstream portmap's rules not removed: {}",
             crate::cni::error::with_sources(&error)
