@@ -21,9 +21,7 @@ use std::{
 };
 
 use hyper::body::Bytes;
-
 use portmap_common::{
-    CtEntry, CtKey, ct_kind, ct_timeout, map_names,
     reason::{Kind, REASONS},
     verb_stats,
 };
@@ -37,9 +35,7 @@ use prometheus_client::{
 use super::worker::Shared;
 use crate::{
     dataplane::{
-        attach,
-        maps::{self},
-        object,
+        attach, object,
         pin::{Direction, PinLayout},
         sizing::{self, InForce},
         trace,
@@ -73,29 +69,6 @@ pub struct Snapshot {
     pub netlink_overruns: u64,
 }
 
-/// Live translated flows (DNAT entries that have not idled out) by protocol.
-fn flows_by_protocol(layout: &PinLayout) -> BTreeMap<&'static str, u64> {
-    let now = inspect::monotonic_ns();
-    let mut flows = BTreeMap::new();
-    for table in [map_names::CONNTRACK, map_names::CONNTRACK_OTHER] {
-        let Ok(conntrack) = maps::conntrack(layout, table) else {
-            continue;
-        };
-        for (key, entry) in conntrack.iter().filter_map(Result::ok) {
-            let (key, entry): (CtKey, CtEntry) = (key, entry);
-            if entry.kind == ct_kind::DNAT
-                && now.saturating_sub(entry.last_seen_ns)
-                    <= ct_timeout::for_entry(key.proto, entry.tcp_state)
-            {
-                *flows
-                    .entry(crate::dataplane::ownership::protocol_name(key.proto))
-                    .or_insert(0) += 1;
-            }
-        }
-    }
-    flows
-}
-
 impl Snapshot {
     /// Reads the state under `layout` (blocking: bpf syscalls).
     pub fn read(shared: &Shared, layout: Option<&PinLayout>) -> Snapshot {
@@ -118,14 +91,22 @@ impl Snapshot {
         if !snapshot.installed {
             return snapshot;
         }
-        snapshot.mappings = inspect::mapping_rows(layout).unwrap_or_else(|error| {
+        // One walk of the conntrack tables gives the flows of each
+        // mapping and of each protocol.
+        let (mappings, flows) = inspect::mapping_rows_and_flows(layout).unwrap_or_else(|error| {
             log::warn!("metrics: mappings not read: {error}");
-            Vec::new()
+            Default::default()
         });
+        snapshot.mappings = mappings;
+        for ((mapping, _, _), count) in flows {
+            *snapshot
+                .flows
+                .entry(crate::dataplane::ownership::protocol_name(mapping.proto))
+                .or_insert(0) += count;
+        }
         snapshot.reasons = inspect::stats(layout);
         snapshot.maps = inspect::map_fills(layout).0;
         snapshot.sizes = InForce::read(layout);
-        snapshot.flows = flows_by_protocol(layout);
         snapshot.attachments = inspect::attachments(layout).tc;
         snapshot.trace_lost = trace::lost_events(layout);
         snapshot.verbs = match VerbStats::open(layout) {
@@ -610,8 +591,11 @@ pub struct Exposition {
 impl Exposition {
     /// Reads the state (blocking: bpf syscalls).
     pub fn read(shared: &Shared, per_mapping: bool) -> Exposition {
+        let start = std::time::Instant::now();
         let layout = shared.layout().ok();
-        Exposition::of(Snapshot::read(shared, layout.as_ref()), per_mapping)
+        let snapshot = Snapshot::read(shared, layout.as_ref());
+        log::debug!("metrics: read in {:?}", start.elapsed());
+        Exposition::of(snapshot, per_mapping)
     }
 
     pub fn of(snapshot: Snapshot, per_mapping: bool) -> Exposition {

@@ -194,6 +194,14 @@ impl MappingRow {
 /// So a reader holds the lock for a walk of the mappings only, and a
 /// resize waiting for it is never kept out for long.
 pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError> {
+    mapping_rows_and_flows(layout).map(|(rows, _)| rows)
+}
+
+/// [`mapping_rows`], and every live translated flow by target (those of
+/// mappings gone since included), from the one walk of the tables.
+pub fn mapping_rows_and_flows(
+    layout: &PinLayout,
+) -> Result<(Vec<MappingRow>, StdHashMap<FlowTarget, u64>), InspectError> {
     require_installed(layout)?;
     let read = {
         let maps = Maps::open(layout)?;
@@ -272,7 +280,7 @@ pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError>
         })
         .collect();
     rows.sort_by_key(MappingRow::sort_key);
-    Ok(rows)
+    Ok((rows, flows))
 }
 
 #[cfg(test)]
