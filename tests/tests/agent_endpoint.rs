@@ -255,7 +255,7 @@ const GROWTH_BOUND_KIB: u64 = 16 * 1024;
 /// 16 scrapes at once, all along, on a node whose conntrack tables hold
 /// 500 000 flows, while `maxMappings` changes: the agent's pass resizes
 /// the mappings (a scrape holds the writers' lock only while it walks the
-/// mappings, and reads start a second apart), the scrapes are answered,
+/// mappings), the scrapes are answered,
 /// and the agent's peak memory stays under [`PEAK_RSS_BOUND_KIB`], the
 /// scrapes raising it by less than [`GROWTH_BOUND_KIB`] (the tables are
 /// counted entry by entry, once for all the scrapes).

@@ -6,7 +6,8 @@
 //! [`MAX_CONNECTIONS`] connections are served at once (more wait in the
 //! kernel's accept queue), one request each (no keep-alive), each cut off
 //! after [`REQUEST_TIMEOUT`]; the kernel is read once however many scrapes
-//! and probes overlap ([`Fresh`]), so memory does not grow with them.
+//! and probes overlap ([`SingleFlight`]), so memory does not grow with
+//! them.
 //! Where it listens is `--listen`: the node's loopback by default, as
 //! kube-proxy serves its metrics (README: "Metrics").
 
@@ -24,8 +25,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use super::{
-    fresh::Fresh,
-    metrics::{COLLECT_EVERY, Collections, Exposition, Format},
+    metrics::{Collections, Exposition, Format},
+    single_flight::SingleFlight,
     worker::Shared,
 };
 use crate::ops::inspect;
@@ -51,7 +52,7 @@ pub struct Endpoint {
     /// Series per mapping in `/metrics` (`--metrics-per-mapping`).
     pub per_mapping: bool,
     metrics: Collections,
-    readiness: Fresh<Vec<String>>,
+    readiness: SingleFlight<Vec<String>>,
 }
 
 impl Endpoint {
@@ -59,8 +60,8 @@ impl Endpoint {
         Endpoint {
             shared,
             per_mapping,
-            metrics: Fresh::new(COLLECT_EVERY),
-            readiness: Fresh::new(COLLECT_EVERY),
+            metrics: SingleFlight::default(),
+            readiness: SingleFlight::default(),
         }
     }
 }
@@ -113,6 +114,7 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
 }
 
 async fn serve(endpoint: Arc<Endpoint>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let asked = std::time::Instant::now();
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
     }
@@ -122,7 +124,7 @@ async fn serve(endpoint: Arc<Endpoint>, request: Request<Incoming>) -> Response<
             let problems = blocking(move || {
                 endpoint
                     .readiness
-                    .get(|| readiness_problems(&endpoint.shared))
+                    .get(asked, || readiness_problems(&endpoint.shared))
             })
             .await;
             match problems.as_deref() {
@@ -147,7 +149,9 @@ async fn serve(endpoint: Arc<Endpoint>, request: Request<Incoming>) -> Response<
             let rendered = blocking(move || {
                 endpoint
                     .metrics
-                    .get(|| Exposition::read(&endpoint.shared, endpoint.per_mapping))
+                    .get(asked, || {
+                        Exposition::read(&endpoint.shared, endpoint.per_mapping)
+                    })
                     .text(format)
             })
             .await;

@@ -1,10 +1,13 @@
 //! `/metrics`: the dataplane's state read from the kernel, encoded by
 //! `prometheus-client` in the OpenMetrics or the Prometheus text format.
 //!
-//! One read serves every scrape that asks within [`COLLECT_EVERY`] of it
+//! One read at a time serves every scrape that came while it ran
 //! ([`Collections`]): however many scrapes overlap, the kernel is read
 //! once at a time, and the exposition is encoded once per format, from a
-//! copy (no lock is held while encoding).
+//! copy (no lock is held while encoding). A read holds the mappings'
+//! writers lock only while it walks the mappings
+//! ([`inspect::mapping_rows_and_flows`]), so a resize waiting for it
+//! finds it free for most of each read.
 //!
 //! Labels are bounded: aggregates by default (per reason, per map, per
 //! attached interface and direction, per protocol and family, per CNI verb
@@ -17,7 +20,6 @@
 use std::{
     collections::BTreeMap,
     sync::{Arc, OnceLock, atomic::Ordering},
-    time::Duration,
 };
 
 use hyper::body::Bytes;
@@ -572,12 +574,6 @@ impl Format {
     }
 }
 
-/// How long one read of the kernel serves the scrapes that follow it: a
-/// scrape shows numbers at most this old, and reads start at least this
-/// far apart, so a resize waiting for the writers' lock (which a read
-/// holds while it walks the mappings) always finds it free in between.
-pub const COLLECT_EVERY: Duration = Duration::from_secs(1);
-
 /// One read of the kernel, and its encodings, each made the first time a
 /// scrape asks for it and shared by every scrape that reads it.
 #[derive(Debug)]
@@ -626,8 +622,9 @@ impl Exposition {
     }
 }
 
-/// The reads the scrapes share (see [`COLLECT_EVERY`]).
-pub type Collections = super::fresh::Fresh<Exposition>;
+/// The reads the scrapes share: one at a time, each answering every
+/// scrape that came while it ran.
+pub type Collections = super::single_flight::SingleFlight<Exposition>;
 
 /// The exposition of `snapshot`; the series of each mapping only if
 /// `per_mapping`.

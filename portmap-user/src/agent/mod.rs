@@ -32,9 +32,9 @@ use std::{
 pub mod conf;
 pub mod datapath_log;
 pub mod events;
-pub mod fresh;
 pub mod http;
 pub mod metrics;
+pub mod single_flight;
 pub mod worker;
 
 use conf::{ConfError, ConfSource};
