@@ -681,4 +681,49 @@ mod tests {
         let classic = render(Arc::default(), false, Format::Prometheus).unwrap();
         assert!(!classic.contains("# EOF"), "{classic}");
     }
+
+    #[test]
+    fn series_per_mapping_only_when_asked_for() {
+        use portmap_common::{FAMILY_V4, MappingKey, MappingValue};
+        let row = MappingRow {
+            key: MappingKey {
+                host_port_be: 8080u16.to_be(),
+                proto: 6,
+                family: FAMILY_V4,
+                ..MappingKey::default()
+            },
+            value: MappingValue::default(),
+            owner: None,
+            pod: crate::model::PodIdentity {
+                pod_namespace: Some("shop".into()),
+                pod_name: Some("web-0".into()),
+                ..Default::default()
+            },
+            counters: Default::default(),
+            sock: Default::default(),
+            active_flows: 3,
+            sandbox: None,
+            liveness: crate::model::Liveness::Alive,
+        };
+        let snapshot = Arc::new(Snapshot {
+            mappings: vec![row],
+            ..Snapshot::default()
+        });
+        let aggregate = render(snapshot.clone(), false, Format::Prometheus).unwrap();
+        assert!(
+            aggregate.contains("ebpf_portmap_mappings{protocol=\"tcp\",family=\"ipv4\"} 1"),
+            "{aggregate}"
+        );
+        assert!(!aggregate.contains("ebpf_portmap_mapping_"), "{aggregate}");
+        assert!(!aggregate.contains("web-0"), "{aggregate}");
+        let per_mapping = render(snapshot, true, Format::Prometheus).unwrap();
+        assert!(
+            per_mapping.lines().any(
+                |line| line.starts_with("ebpf_portmap_mapping_active_flows{")
+                    && line.contains("pod=\"web-0\"")
+                    && line.ends_with(" 3")
+            ),
+            "{per_mapping}"
+        );
+    }
 }
