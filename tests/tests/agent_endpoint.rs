@@ -313,9 +313,17 @@ fn sixteen_scrapes_neither_starve_a_resize_nor_grow_the_agent() {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        // A few more seconds of scrapes on the resized maps.
-        std::thread::sleep(Duration::from_secs(3));
-        peak = peak.max(peak_rss_kib(agent.pid()));
+        // A few more seconds of scrapes on the resized maps, and until as
+        // many were answered as there are scrapers (a read of the flows
+        // takes seconds in a debug build on a loaded machine).
+        let more = Instant::now();
+        while more.elapsed() < Duration::from_secs(3)
+            || (answered.load(Ordering::Relaxed) < SCRAPERS as u64
+                && more.elapsed() < Duration::from_secs(60))
+        {
+            std::thread::sleep(Duration::from_millis(200));
+            peak = peak.max(peak_rss_kib(agent.pid()));
+        }
         stop.store(true, Ordering::Relaxed);
         (scraped, resized_after, peak)
     });
@@ -432,4 +440,70 @@ fn series_per_mapping_appear_only_when_asked_for() {
             "no {name} for the mapping when asked for:\n{exposition}"
         );
     }
+}
+
+// ---- bounded connections -----------------------------------------------------
+
+/// Connections the agent serves at once (`agent::http::MAX_CONNECTIONS`).
+const MAX_CONNECTIONS: usize = 8;
+
+/// Sockets the process `pid` holds open.
+fn open_sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the agent runs")
+        .filter_map(Result::ok)
+        .filter(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"))
+        })
+        .count()
+}
+
+/// 32 clients that connect and send nothing: the agent holds at most
+/// [`MAX_CONNECTIONS`] of them at a time, closes each one (its headers did
+/// not come in time), and answers again once they are gone.
+#[test]
+fn idle_connections_are_bounded_and_closed() {
+    use std::io::Read;
+    const IDLE: usize = 32;
+    let world = World::bridge();
+    let agent = Agent::start(&world);
+    let before = open_sockets(agent.pid());
+    let target = agent.listen;
+    let mut idle: Vec<std::net::TcpStream> = world.node.ns.run(|| {
+        (0..IDLE)
+            .map(|n| {
+                std::net::TcpStream::connect_timeout(&target, Duration::from_secs(5))
+                    .unwrap_or_else(|e| panic!("idle connection {n}: {e}"))
+            })
+            .collect()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let held = open_sockets(agent.pid()).saturating_sub(before);
+    assert!(
+        held <= MAX_CONNECTIONS,
+        "the agent holds {held} connections of {IDLE} idle clients, more than {MAX_CONNECTIONS}:\n{}",
+        agent.log_text()
+    );
+    for (n, stream) in idle.iter_mut().enumerate() {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("read timeout");
+        let mut byte = [0u8; 1];
+        match stream.read(&mut byte) {
+            // Closed by the agent: an end of file, or a reset.
+            Ok(0) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!(
+                "idle connection {n} was not closed by the agent within 30 s: {other:?}\n{}",
+                agent.log_text()
+            ),
+        }
+    }
+    drop(idle);
+    assert!(
+        matches!(agent.get("/healthz"), Ok((200, _))),
+        "no answer after the idle clients:\n{}",
+        agent.log_text()
+    );
 }

@@ -4,8 +4,9 @@
 //!
 //! Bounded as a node agent must be, whoever connects: at most
 //! [`MAX_CONNECTIONS`] connections are served at once (more wait in the
-//! kernel's accept queue), one request each (no keep-alive), each cut off
-//! after [`REQUEST_TIMEOUT`]; the kernel is read once however many scrapes
+//! kernel's accept queue), one request each (no keep-alive), whose headers
+//! must come within [`HEADER_TIMEOUT`], each cut off after
+//! [`REQUEST_TIMEOUT`]; the kernel is read once however many scrapes
 //! and probes overlap ([`SingleFlight`]), so memory does not grow with
 //! them.
 //! Where it listens is `--listen`: the node's loopback by default, as
@@ -21,7 +22,7 @@ use hyper::{
     server::conn::http1,
     service::service_fn,
 };
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use super::{
@@ -44,6 +45,11 @@ pub const MAX_CONNECTIONS: usize = 8;
 /// read of a loaded node (a second or two), below Prometheus' default
 /// scrape timeout (10 s).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// How long a connection may take to send its request's headers (a probe
+/// or a scrape sends them at once): a client that holds a connection
+/// without asking frees its slot after this.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the endpoint serves from.
 #[derive(Debug)]
@@ -202,6 +208,8 @@ pub async fn run(listener: TcpListener, endpoint: Arc<Endpoint>) {
             });
             let connection = http1::Builder::new()
                 .keep_alive(false)
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
             match tokio::time::timeout(REQUEST_TIMEOUT, connection).await {
                 Ok(Ok(())) => {}
