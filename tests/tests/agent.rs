@@ -116,7 +116,8 @@ fn prometheus_scrapes_the_agent_and_sees_a_mappings_traffic() {
         .runner
         .add(&world.list, &rt)
         .unwrap_or_else(|e| panic!("ADD: {e}\n{}", world.dump()));
-    let agent = Agent::start(&world);
+    // The mapping's own series are asked for (off by default).
+    let agent = Agent::start_with(&world, &["--metrics-per-mapping"]);
     agent.wait_ready(Duration::from_secs(10), "after the ADD");
 
     let exposition = agent.metrics();

@@ -987,6 +987,51 @@ fn manifest_dockerfile_and_script_agree() {
     }
 }
 
+/// deploy/metrics-proxy-patch.yaml: the kube-rbac-proxy that Prometheus
+/// scrapes forwards to where the agent listens (`listen`), on a port of
+/// its own that its annotations name, and deploy/metrics-proxy.yaml binds
+/// the reviews it makes to the DaemonSet's service account.
+fn check_metrics_proxy(listen: &str, agent_port: u64) {
+    let patch: Value = serde_yaml_ng::from_str(&read("deploy/metrics-proxy-patch.yaml"))
+        .expect("the patch is YAML");
+    let proxy = &at(&patch, "/spec/template/spec/containers")[0];
+    let args: Vec<&str> = proxy["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("an argument"))
+        .collect();
+    assert!(
+        args.contains(&format!("--upstream=http://{listen}/").as_str()),
+        "the proxy must forward to the agent at {listen}: {args:?}"
+    );
+    let port = at(proxy, "/ports/0/containerPort").as_u64().expect("port");
+    assert_ne!(
+        port, agent_port,
+        "hostNetwork: the proxy's port is the node's, beside the agent's"
+    );
+    assert!(
+        args.contains(&format!("--secure-listen-address=$(POD_IP):{port}").as_str()),
+        "the proxy must listen on its port {port}: {args:?}"
+    );
+    let annotations = at(&patch, "/spec/template/metadata/annotations");
+    assert_eq!(annotations["prometheus.io/port"], port.to_string());
+    assert_eq!(annotations["prometheus.io/scheme"], "https");
+    let rbac: Vec<Value> =
+        serde_yaml_ng::Deserializer::from_str(&read("deploy/metrics-proxy.yaml"))
+            .map(|document| {
+                <Value as serde::Deserialize>::deserialize(document).expect("a YAML document")
+            })
+            .collect();
+    let service_account = &manifest()[0]["metadata"];
+    assert!(
+        rbac.iter().any(|d| d["kind"] == "ClusterRoleBinding"
+            && d["subjects"][0]["name"] == service_account["name"]
+            && d["subjects"][0]["namespace"] == service_account["namespace"]),
+        "the proxy's reviews must be bound to the DaemonSet's service account"
+    );
+}
+
 /// The agent container: its binary in the image, the named metrics port its
 /// `--listen` serves, probes on it, the capabilities it needs and no more,
 /// and the node's paths for pins, the lock and the cgroup root.
@@ -1023,19 +1068,29 @@ fn check_agent_container(
         .iter()
         .map(|a| a.as_str().expect("an argument"))
         .collect();
+    // The node's loopback (hostNetwork): the kubelet's probes reach it,
+    // pods do not.
+    let listen = format!("127.0.0.1:{port}");
     assert!(
-        args.iter()
-            .any(|a| a.starts_with("--listen=") && a.ends_with(&format!(":{port}"))),
-        "--listen must serve the metrics port {port}: {args:?}"
+        args.contains(&format!("--listen={listen}").as_str()),
+        "--listen must serve the metrics port {port} on the loopback: {args:?}"
     );
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         assert_eq!(at(agent, &format!("/{probe}/httpGet/path")), path);
         assert_eq!(at(agent, &format!("/{probe}/httpGet/port")), "metrics");
+        assert_eq!(
+            at(agent, &format!("/{probe}/httpGet/host")),
+            "127.0.0.1",
+            "the {probe} must go where the agent listens"
+        );
     }
-    let annotations = at(daemonset, "/spec/template/metadata/annotations");
-    assert_eq!(annotations["prometheus.io/scrape"], "true");
-    assert_eq!(annotations["prometheus.io/port"], port.to_string());
-    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    assert!(
+        daemonset
+            .pointer("/spec/template/metadata/annotations/prometheus.io~1scrape")
+            .is_none(),
+        "no scrape annotation for an endpoint only the node reaches"
+    );
+    check_metrics_proxy(&listen, port);
     let security = &agent["securityContext"];
     assert_eq!(
         security["capabilities"],

@@ -199,7 +199,8 @@ fn the_agent_exports_the_socket_translations_per_mapping() {
         "m3",
     );
 
-    let agent = Agent::start(&world);
+    // Series per mapping are off unless asked for.
+    let agent = Agent::start_with(&world, &["--metrics-per-mapping"]);
     let exposition = agent.metrics();
     let name = "ebpf_portmap_mapping_socket_translations_total";
     let value = |port: &str, protocol: &str, hook: &str| {

@@ -1,6 +1,16 @@
 //! The agent's HTTP endpoint (HTTP/1.1, hyper): `/metrics`, `/healthz`,
 //! `/readyz`. Every answer that reads the kernel is computed on the blocking
 //! pool, so a slow scrape never stalls the event loop.
+//!
+//! Bounded as a node agent must be, whoever connects: at most
+//! [`MAX_CONNECTIONS`] connections are served at once (more wait in the
+//! kernel's accept queue), one request each (no keep-alive), whose headers
+//! must come within [`HEADER_TIMEOUT`], each cut off after
+//! [`REQUEST_TIMEOUT`]; the kernel is read once however many scrapes
+//! and probes overlap ([`SingleFlight`]), so memory does not grow with
+//! them.
+//! Where it listens is `--listen`: the node's loopback by default, as
+//! kube-proxy serves its metrics (README: "Metrics").
 
 use std::{convert::Infallible, sync::Arc, time::Duration};
 
@@ -12,11 +22,12 @@ use hyper::{
     server::conn::http1,
     service::service_fn,
 };
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use super::{
-    metrics::{self, Format, Snapshot},
+    metrics::{Collections, Exposition, Format},
+    single_flight::SingleFlight,
     worker::Shared,
 };
 use crate::ops::inspect;
@@ -25,6 +36,41 @@ use crate::ops::inspect;
 /// stuck (a lock never released, a syscall that never returns), and a
 /// restart is the cure.
 pub const STUCK_AFTER: Duration = Duration::from_secs(30);
+
+/// Connections served at once; more wait to be accepted.
+pub const MAX_CONNECTIONS: usize = 8;
+
+/// How long a connection may take, from accept to the end of its answer:
+/// a client that sends nothing, or reads nothing, is dropped then. Above a
+/// read of a loaded node (a second or two), below Prometheus' default
+/// scrape timeout (10 s).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// How long a connection may take to send its request's headers (a probe
+/// or a scrape sends them at once): a client that holds a connection
+/// without asking frees its slot after this.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the endpoint serves from.
+#[derive(Debug)]
+pub struct Endpoint {
+    pub shared: Arc<Shared>,
+    /// Series per mapping in `/metrics` (`--metrics-per-mapping`).
+    pub per_mapping: bool,
+    metrics: Collections,
+    readiness: SingleFlight<Vec<String>>,
+}
+
+impl Endpoint {
+    pub fn new(shared: Arc<Shared>, per_mapping: bool) -> Endpoint {
+        Endpoint {
+            shared,
+            per_mapping,
+            metrics: SingleFlight::default(),
+            readiness: SingleFlight::default(),
+        }
+    }
+}
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -73,15 +119,21 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
     tokio::task::spawn_blocking(work).await.ok()
 }
 
-async fn serve(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn serve(endpoint: Arc<Endpoint>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let asked = std::time::Instant::now();
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
     }
     match request.uri().path() {
-        "/healthz" => healthz(&shared),
+        "/healthz" => healthz(&endpoint.shared),
         "/readyz" => {
-            let problems = blocking(move || readiness_problems(&shared)).await;
-            match problems {
+            let problems = blocking(move || {
+                endpoint
+                    .readiness
+                    .get(asked, || readiness_problems(&endpoint.shared))
+            })
+            .await;
+            match problems.as_deref() {
                 Some(problems) if problems.is_empty() => text(StatusCode::OK, "ready\n".into()),
                 Some(problems) => text(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -101,13 +153,17 @@ async fn serve(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Full
                     .and_then(|value| value.to_str().ok()),
             );
             let rendered = blocking(move || {
-                let layout = shared.layout().ok();
-                metrics::render(Snapshot::read(&shared, layout.as_ref()), format)
+                endpoint
+                    .metrics
+                    .get(asked, || {
+                        Exposition::read(&endpoint.shared, endpoint.per_mapping)
+                    })
+                    .text(format)
             })
             .await;
             match rendered {
-                Some(Ok(body)) => {
-                    let mut response = text(StatusCode::OK, body);
+                Some(Some(body)) => {
+                    let mut response = Response::new(Full::new(body));
                     response.headers_mut().insert(
                         CONTENT_TYPE,
                         hyper::header::HeaderValue::from_static(format.content_type()),
@@ -128,8 +184,13 @@ async fn serve(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Full
 }
 
 /// Serves connections on `listener` for ever.
-pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
+pub async fn run(listener: TcpListener, endpoint: Arc<Endpoint>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        // A slot first: past the bound, connections wait unaccepted.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(error) => {
@@ -139,18 +200,23 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let shared = shared.clone();
+        let endpoint = endpoint.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(serve(shared, request).await) }
+                let endpoint = endpoint.clone();
+                async move { Ok::<_, Infallible>(serve(endpoint, request).await) }
             });
-            if let Err(error) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                log::debug!("HTTP connection ended with an error: {error}");
+            let connection = http1::Builder::new()
+                .keep_alive(false)
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(REQUEST_TIMEOUT, connection).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => log::debug!("HTTP connection ended with an error: {error}"),
+                Err(_) => log::debug!("HTTP connection cut off after {REQUEST_TIMEOUT:?}"),
             }
+            drop(slot);
         });
     }
 }

@@ -1,15 +1,29 @@
-//! `/metrics`: the dataplane's state read from the kernel at each scrape
-//! (nothing is cached, so a scrape never shows a stale number), encoded by
+//! `/metrics`: the dataplane's state read from the kernel, encoded by
 //! `prometheus-client` in the OpenMetrics or the Prometheus text format.
 //!
-//! Labels are bounded: one series per mapping (not per connection), per
-//! reason, per map, per attached interface and direction, per CNI verb and
-//! result code. The list with meanings is in the README ("Node agent").
+//! One read at a time serves every scrape that came while it ran
+//! ([`Collections`]): however many scrapes overlap, the kernel is read
+//! once at a time, and the exposition is encoded once per format, from a
+//! copy (no lock is held while encoding). A read holds the mappings'
+//! writers lock only while it walks the mappings
+//! ([`inspect::mapping_rows_and_flows`]), so a resize waiting for it
+//! finds it free for most of each read.
+//!
+//! Labels are bounded: aggregates by default (per reason, per map, per
+//! attached interface and direction, per protocol and family, per CNI verb
+//! and result code). Series per mapping (its pod's namespace and name, its
+//! host port and traffic) are off unless asked for
+//! (`--metrics-per-mapping`): about ten series per mapping, the bulk of a
+//! node's exposition, as kube-proxy and Cilium keep per-pod series off. The
+//! list with meanings is in the README ("Metrics").
 
-use std::{collections::BTreeMap, sync::atomic::Ordering};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, OnceLock, atomic::Ordering},
+};
 
+use hyper::body::Bytes;
 use portmap_common::{
-    CtEntry, CtKey, ct_kind, ct_timeout, map_names,
     reason::{Kind, REASONS},
     verb_stats,
 };
@@ -23,9 +37,7 @@ use prometheus_client::{
 use super::worker::Shared;
 use crate::{
     dataplane::{
-        attach,
-        maps::{self},
-        object,
+        attach, object,
         pin::{Direction, PinLayout},
         sizing::{self, InForce},
         trace,
@@ -59,29 +71,6 @@ pub struct Snapshot {
     pub netlink_overruns: u64,
 }
 
-/// Live translated flows (DNAT entries that have not idled out) by protocol.
-fn flows_by_protocol(layout: &PinLayout) -> BTreeMap<&'static str, u64> {
-    let now = inspect::monotonic_ns();
-    let mut flows = BTreeMap::new();
-    for table in [map_names::CONNTRACK, map_names::CONNTRACK_OTHER] {
-        let Ok(conntrack) = maps::conntrack(layout, table) else {
-            continue;
-        };
-        for (key, entry) in conntrack.iter().filter_map(Result::ok) {
-            let (key, entry): (CtKey, CtEntry) = (key, entry);
-            if entry.kind == ct_kind::DNAT
-                && now.saturating_sub(entry.last_seen_ns)
-                    <= ct_timeout::for_entry(key.proto, entry.tcp_state)
-            {
-                *flows
-                    .entry(crate::dataplane::ownership::protocol_name(key.proto))
-                    .or_insert(0) += 1;
-            }
-        }
-    }
-    flows
-}
-
 impl Snapshot {
     /// Reads the state under `layout` (blocking: bpf syscalls).
     pub fn read(shared: &Shared, layout: Option<&PinLayout>) -> Snapshot {
@@ -104,14 +93,22 @@ impl Snapshot {
         if !snapshot.installed {
             return snapshot;
         }
-        snapshot.mappings = inspect::mapping_rows(layout).unwrap_or_else(|error| {
+        // One walk of the conntrack tables gives the flows of each
+        // mapping and of each protocol.
+        let (mappings, flows) = inspect::mapping_rows_and_flows(layout).unwrap_or_else(|error| {
             log::warn!("metrics: mappings not read: {error}");
-            Vec::new()
+            Default::default()
         });
+        snapshot.mappings = mappings;
+        for ((mapping, _, _), count) in flows {
+            *snapshot
+                .flows
+                .entry(crate::dataplane::ownership::protocol_name(mapping.proto))
+                .or_insert(0) += count;
+        }
         snapshot.reasons = inspect::stats(layout);
         snapshot.maps = inspect::map_fills(layout).0;
         snapshot.sizes = InForce::read(layout);
-        snapshot.flows = flows_by_protocol(layout);
         snapshot.attachments = inspect::attachments(layout).tc;
         snapshot.trace_lost = trace::lost_events(layout);
         snapshot.verbs = match VerbStats::open(layout) {
@@ -192,8 +189,25 @@ fn gauge_family(
     Ok(())
 }
 
-impl Collector for Snapshot {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+/// A snapshot as one exposition shows it.
+#[derive(Debug)]
+struct Shown {
+    snapshot: Arc<Snapshot>,
+    per_mapping: bool,
+}
+
+impl Collector for Shown {
+    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.snapshot.encode(encoder, self.per_mapping)
+    }
+}
+
+impl Snapshot {
+    fn encode(
+        &self,
+        mut encoder: DescriptorEncoder,
+        per_mapping: bool,
+    ) -> Result<(), std::fmt::Error> {
         let e = &mut encoder;
         {
             let labels: Labels = vec![
@@ -217,67 +231,37 @@ impl Collector for Snapshot {
             &[(vec![], i64::from(self.installed))],
         )?;
 
-        let rows = &self.mappings;
-        let by_way = |packets: bool| -> Vec<(Labels, u64)> {
-            rows.iter()
-                .flat_map(|row| {
-                    let c = row.counters;
-                    let (inbound, outbound) = if packets {
-                        (c.packets_in, c.packets_out)
-                    } else {
-                        (c.bytes_in, c.bytes_out)
-                    };
-                    [("in", inbound), ("out", outbound)].map(|(way, value)| {
-                        let mut labels = mapping_labels(row);
-                        labels.push(("direction", way.to_owned()));
-                        (labels, value)
+        {
+            let mut by_kind: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+            for protocol in ["tcp", "udp", "sctp"] {
+                for family in ["ipv4", "ipv6"] {
+                    by_kind.insert((protocol, family), 0);
+                }
+            }
+            for row in &self.mappings {
+                *by_kind.entry((row.protocol(), row.family())).or_insert(0) += 1;
+            }
+            gauge_family(
+                e,
+                "ebpf_portmap_mappings",
+                "Host port mappings in the mappings map, by protocol and family",
+                &by_kind
+                    .iter()
+                    .map(|((protocol, family), count)| {
+                        (
+                            vec![
+                                ("protocol", (*protocol).to_owned()),
+                                ("family", (*family).to_owned()),
+                            ],
+                            *count,
+                        )
                     })
-                })
-                .collect()
-        };
-        counter_family(
-            e,
-            "ebpf_portmap_mapping_packets",
-            "Packets translated for a mapping: in towards the container, out the replies",
-            None,
-            &by_way(true),
-        )?;
-        counter_family(
-            e,
-            "ebpf_portmap_mapping",
-            "Bytes translated for a mapping: in towards the container, out the replies",
-            Some(&Unit::Bytes),
-            &by_way(false),
-        )?;
-        counter_family(
-            e,
-            "ebpf_portmap_mapping_socket_translations",
-            "Node processes' connect() and sendmsg() calls the socket hooks pointed at a mapping's container (their packets cross no translating tc hook, so they are not in mapping_packets)",
-            None,
-            &rows
-                .iter()
-                .flat_map(|row| {
-                    [
-                        ("connect", row.sock.connects),
-                        ("sendmsg", row.sock.sendmsgs),
-                    ]
-                    .map(|(hook, value)| {
-                        let mut labels = mapping_labels(row);
-                        labels.push(("hook", hook.to_owned()));
-                        (labels, value)
-                    })
-                })
-                .collect::<Vec<_>>(),
-        )?;
-        gauge_family(
-            e,
-            "ebpf_portmap_mapping_active_flows",
-            "Live translated flows of a mapping",
-            &rows
-                .iter()
-                .map(|row| (mapping_labels(row), row.active_flows as i64))
-                .collect::<Vec<_>>(),
-        )?;
+                    .collect::<Vec<_>>(),
+            )?;
+        }
+        if per_mapping {
+            self.encode_mappings(e)?;
+        }
         counter_family(
             e,
             "ebpf_portmap_datapath_decisions",
@@ -496,6 +480,72 @@ impl Collector for Snapshot {
         )?;
         Ok(())
     }
+
+    /// The series of each mapping (`--metrics-per-mapping`).
+    fn encode_mappings(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rows = &self.mappings;
+        let by_way = |packets: bool| -> Vec<(Labels, u64)> {
+            rows.iter()
+                .flat_map(|row| {
+                    let c = row.counters;
+                    let (inbound, outbound) = if packets {
+                        (c.packets_in, c.packets_out)
+                    } else {
+                        (c.bytes_in, c.bytes_out)
+                    };
+                    [("in", inbound), ("out", outbound)].map(|(way, value)| {
+                        let mut labels = mapping_labels(row);
+                        labels.push(("direction", way.to_owned()));
+                        (labels, value)
+                    })
+                })
+                .collect()
+        };
+        counter_family(
+            e,
+            "ebpf_portmap_mapping_packets",
+            "Packets translated for a mapping: in towards the container, out the replies",
+            None,
+            &by_way(true),
+        )?;
+        counter_family(
+            e,
+            "ebpf_portmap_mapping",
+            "Bytes translated for a mapping: in towards the container, out the replies",
+            Some(&Unit::Bytes),
+            &by_way(false),
+        )?;
+        counter_family(
+            e,
+            "ebpf_portmap_mapping_socket_translations",
+            "Node processes' connect() and sendmsg() calls the socket hooks pointed at a mapping's container (their packets cross no translating tc hook, so they are not in mapping_packets)",
+            None,
+            &rows
+                .iter()
+                .flat_map(|row| {
+                    [
+                        ("connect", row.sock.connects),
+                        ("sendmsg", row.sock.sendmsgs),
+                    ]
+                    .map(|(hook, value)| {
+                        let mut labels = mapping_labels(row);
+                        labels.push(("hook", hook.to_owned()));
+                        (labels, value)
+                    })
+                })
+                .collect::<Vec<_>>(),
+        )?;
+        gauge_family(
+            e,
+            "ebpf_portmap_mapping_active_flows",
+            "Live translated flows of a mapping",
+            &rows
+                .iter()
+                .map(|row| (mapping_labels(row), row.active_flows as i64))
+                .collect::<Vec<_>>(),
+        )?;
+        Ok(())
+    }
 }
 
 /// Which text format a scraper asked for.
@@ -524,10 +574,70 @@ impl Format {
     }
 }
 
-/// The exposition of `snapshot`.
-pub fn render(snapshot: Snapshot, format: Format) -> Result<String, std::fmt::Error> {
+/// One read of the kernel, and its encodings, each made the first time a
+/// scrape asks for it and shared by every scrape that reads it.
+#[derive(Debug)]
+pub struct Exposition {
+    shown: Arc<Snapshot>,
+    per_mapping: bool,
+    open_metrics: OnceLock<Option<Bytes>>,
+    prometheus: OnceLock<Option<Bytes>>,
+}
+
+impl Exposition {
+    /// Reads the state (blocking: bpf syscalls).
+    pub fn read(shared: &Shared, per_mapping: bool) -> Exposition {
+        let start = std::time::Instant::now();
+        let layout = shared.layout().ok();
+        let snapshot = Snapshot::read(shared, layout.as_ref());
+        log::debug!("metrics: read in {:?}", start.elapsed());
+        Exposition::of(snapshot, per_mapping)
+    }
+
+    pub fn of(snapshot: Snapshot, per_mapping: bool) -> Exposition {
+        Exposition {
+            shown: Arc::new(snapshot),
+            per_mapping,
+            open_metrics: OnceLock::new(),
+            prometheus: OnceLock::new(),
+        }
+    }
+
+    /// The text in `format`; `None` if it could not be encoded.
+    pub fn text(&self, format: Format) -> Option<Bytes> {
+        let cell = match format {
+            Format::OpenMetrics => &self.open_metrics,
+            Format::Prometheus => &self.prometheus,
+        };
+        cell.get_or_init(
+            || match render(self.shown.clone(), self.per_mapping, format) {
+                Ok(text) => Some(Bytes::from(text)),
+                Err(error) => {
+                    log::warn!("metrics: encoding failed: {error}");
+                    None
+                }
+            },
+        )
+        .clone()
+    }
+}
+
+/// The reads the scrapes share: one at a time, each answering every
+/// scrape that came while it ran.
+pub type Collections = super::single_flight::SingleFlight<Exposition>;
+
+/// The exposition of `snapshot`; the series of each mapping only if
+/// `per_mapping`.
+pub fn render(
+    snapshot: Arc<Snapshot>,
+    per_mapping: bool,
+    format: Format,
+) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(snapshot));
+    registry.register_collector(Box::new(Shown {
+        snapshot,
+        per_mapping,
+    }));
     let mut text = String::new();
     match format {
         Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, &registry)?,
@@ -550,7 +660,7 @@ mod tests {
             verbs: records(&vec![0; verb_stats::SLOTS]),
             ..Snapshot::default()
         };
-        let text = render(snapshot, Format::OpenMetrics).unwrap();
+        let text = render(Arc::new(snapshot), false, Format::OpenMetrics).unwrap();
         assert!(
             text.contains("ebpf_portmap_build_info{version=\""),
             "{text}"
@@ -568,7 +678,52 @@ mod tests {
         );
         assert!(text.contains("ebpf_portmap_bpf_memory_bytes 0"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
-        let classic = render(Snapshot::default(), Format::Prometheus).unwrap();
+        let classic = render(Arc::default(), false, Format::Prometheus).unwrap();
         assert!(!classic.contains("# EOF"), "{classic}");
+    }
+
+    #[test]
+    fn series_per_mapping_only_when_asked_for() {
+        use portmap_common::{FAMILY_V4, MappingKey, MappingValue};
+        let row = MappingRow {
+            key: MappingKey {
+                host_port_be: 8080u16.to_be(),
+                proto: 6,
+                family: FAMILY_V4,
+                ..MappingKey::default()
+            },
+            value: MappingValue::default(),
+            owner: None,
+            pod: crate::model::PodIdentity {
+                pod_namespace: Some("shop".into()),
+                pod_name: Some("web-0".into()),
+                ..Default::default()
+            },
+            counters: Default::default(),
+            sock: Default::default(),
+            active_flows: 3,
+            sandbox: None,
+            liveness: crate::model::Liveness::Alive,
+        };
+        let snapshot = Arc::new(Snapshot {
+            mappings: vec![row],
+            ..Snapshot::default()
+        });
+        let aggregate = render(snapshot.clone(), false, Format::Prometheus).unwrap();
+        assert!(
+            aggregate.contains("ebpf_portmap_mappings{protocol=\"tcp\",family=\"ipv4\"} 1"),
+            "{aggregate}"
+        );
+        assert!(!aggregate.contains("ebpf_portmap_mapping_"), "{aggregate}");
+        assert!(!aggregate.contains("web-0"), "{aggregate}");
+        let per_mapping = render(snapshot, true, Format::Prometheus).unwrap();
+        assert!(
+            per_mapping.lines().any(
+                |line| line.starts_with("ebpf_portmap_mapping_active_flows{")
+                    && line.contains("pod=\"web-0\"")
+                    && line.ends_with(" 3")
+            ),
+            "{per_mapping}"
+        );
     }
 }

@@ -6,7 +6,8 @@
 //!   uplink carries the programs within a second;
 //! - a timer runs the node GC (ownerless mappings after their grace period,
 //!   stale counters, pod and fast-path records);
-//! - `/metrics`, `/healthz`, `/readyz` over HTTP;
+//! - `/metrics`, `/healthz`, `/readyz` over HTTP, on the node's loopback
+//!   by default ([`http`]);
 //! - the datapath's rare problems (counted by the programs) are logged,
 //!   rate-limited, and each rare event the programs log through aya-log
 //!   (a failed rewrite or conntrack insert, no masquerade port or address,
@@ -33,11 +34,14 @@ pub mod datapath_log;
 pub mod events;
 pub mod http;
 pub mod metrics;
+pub mod single_flight;
 pub mod worker;
 
 use conf::{ConfError, ConfSource};
 
-/// Where `/metrics` is served unless `--listen` says otherwise.
+/// Where `/metrics`, `/healthz` and `/readyz` are served unless
+/// `--listen` says otherwise: the node's loopback, which no pod reaches
+/// (kube-proxy's default for its metrics too).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9965";
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +73,8 @@ pub enum AgentError {
 pub struct Settings {
     pub conf: ConfSource,
     pub listen: SocketAddr,
+    /// Series per mapping in `/metrics` (`--metrics-per-mapping`).
+    pub per_mapping_metrics: bool,
     pub timing: worker::Timing,
 }
 
@@ -115,7 +121,11 @@ async fn serve(settings: Settings) -> Result<(), AgentError> {
         settings.conf
     );
     let watch = tokio::spawn(events::watch(events, shared.clone(), wake.clone()));
-    let http = tokio::spawn(http::run(listener, shared.clone()));
+    let endpoint = Arc::new(http::Endpoint::new(
+        shared.clone(),
+        settings.per_mapping_metrics,
+    ));
+    let http = tokio::spawn(http::run(listener, endpoint));
 
     tokio::select! {
         _ = terminate.recv() => log::info!("SIGTERM: stopping"),

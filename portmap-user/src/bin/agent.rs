@@ -19,9 +19,18 @@ rtnetlink event; stale state is collected on a timer) and serves /metrics (Prome
 The plugin works without it. Stops on SIGTERM."
 )]
 struct Args {
-    /// Address to serve /metrics, /healthz and /readyz on.
+    /// Address to serve /metrics, /healthz and /readyz on. The default,
+    /// the node's loopback, is reached by the kubelet's probes and by node
+    /// processes (a kube-rbac-proxy in front, for Prometheus), not by pods;
+    /// an address pods reach shows them every mapping's pod and addresses.
     #[arg(long, value_name = "ADDR:PORT", env = "EPM_AGENT_LISTEN", default_value = agent::DEFAULT_LISTEN)]
     listen: SocketAddr,
+    /// Also serve series per mapping in /metrics (traffic, flows and socket
+    /// translations by host port, pod namespace and name): about ten series
+    /// per mapping, so off by default, as kube-proxy and Cilium keep
+    /// per-pod series off.
+    #[arg(long)]
+    metrics_per_mapping: bool,
     /// The CNI configuration file (.conflist or .conf) whose ebpf-portmap
     /// entry to reconcile with; default: the first file of --cni-conf-dir
     /// that names the plugin.
@@ -61,6 +70,7 @@ fn main() -> ExitCode {
             None => ConfSource::Dir(args.cni_conf_dir),
         },
         listen: args.listen,
+        per_mapping_metrics: args.metrics_per_mapping,
         timing: Timing {
             gc_interval: Duration::from_secs(args.gc_interval),
             gone_grace: Duration::from_secs(args.gone_grace),

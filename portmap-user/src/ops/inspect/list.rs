@@ -35,6 +35,17 @@ pub fn live_flows(
     now_ns: u64,
 ) -> StdHashMap<FlowTarget, u64> {
     let mut flows = StdHashMap::new();
+    count_live_flows(&mut flows, entries, now_ns);
+    flows
+}
+
+/// [`live_flows`] added to `flows`, one entry at a time (a table is never
+/// held in memory whole).
+fn count_live_flows(
+    flows: &mut StdHashMap<FlowTarget, u64>,
+    entries: impl IntoIterator<Item = (CtKey, CtEntry)>,
+    now_ns: u64,
+) {
     for (key, entry) in entries {
         if entry.kind != ct_kind::DNAT
             || now_ns.saturating_sub(entry.last_seen_ns)
@@ -46,7 +57,6 @@ pub fn live_flows(
             .entry((entry.mapping, entry.nat_addr_be, entry.nat_port_be))
             .or_insert(0) += 1;
     }
-    flows
 }
 
 /// One mapping as `list` shows it.
@@ -175,62 +185,102 @@ impl MappingRow {
 /// Every mapping with owner, counters and live flows, sorted by port,
 /// protocol, family and address. Counters and flows read as zero when
 /// their maps are missing (pins of an older build).
+///
+/// The maps a `maxMappings` resize replaces (`mappings`, the owners'
+/// index, `counters`) are read first, under the writers' lock they take
+/// (`Maps`), and the lock is released before the slow part: the walk of
+/// the conntrack tables (hundreds of thousands of entries, counted as they
+/// come, never copied) and the containers' liveness (reads of `/proc`).
+/// So a reader holds the lock for a walk of the mappings only, and a
+/// resize waiting for it is never kept out for long.
 pub fn mapping_rows(layout: &PinLayout) -> Result<Vec<MappingRow>, InspectError> {
+    mapping_rows_and_flows(layout).map(|(rows, _)| rows)
+}
+
+/// [`mapping_rows`], and every live translated flow by target (those of
+/// mappings gone since included), from the one walk of the tables.
+pub fn mapping_rows_and_flows(
+    layout: &PinLayout,
+) -> Result<(Vec<MappingRow>, StdHashMap<FlowTarget, u64>), InspectError> {
     require_installed(layout)?;
-    let maps = Maps::open(layout)?;
-    let counters_map = maps::counters(layout).ok();
-    let sock_map = maps::sock_counters(layout).ok();
+    let read = {
+        let maps = Maps::open(layout)?;
+        let counters_map = maps::counters(layout).ok();
+        let sock_map = maps::sock_counters(layout).ok();
+        let mut read = Vec::new();
+        for entry in &maps.mappings {
+            let (key, value) = entry.map_err(read_error("mappings"))?;
+            let counters = match &counters_map {
+                Some(map) => counters::read(map, &key, value.owner_id)?,
+                None => MappingCounters::default(),
+            };
+            let sock = match &sock_map {
+                Some(map) => counters::read_sock(map, &key, value.owner_id)?,
+                None => SockCounters::default(),
+            };
+            read.push((
+                key,
+                value,
+                maps.owners.get(&value.owner_id, 0).ok(),
+                maps.pod_of(value.owner_id),
+                maps.sandbox_of(value.owner_id),
+                counters,
+                sock,
+            ));
+        }
+        read
+        // The writers' lock is released here.
+    };
+    let now = monotonic_ns();
+    let mut flows = StdHashMap::new();
     // A table missing (pins of an older build) has no flows.
-    let mut entries: Vec<(CtKey, CtEntry)> = Vec::new();
     for table in [map_names::CONNTRACK, map_names::CONNTRACK_OTHER] {
         if let Ok(conntrack) = maps::conntrack(layout, table) {
-            for entry in &conntrack {
-                entries.push(entry.map_err(read_error(table))?);
+            let mut failed = None;
+            let entries = conntrack.iter().map_while(|entry| {
+                entry
+                    .map_err(|error| failed = Some(read_error(table)(error)))
+                    .ok()
+            });
+            count_live_flows(&mut flows, entries, now);
+            if let Some(error) = failed {
+                return Err(error);
             }
         }
     }
-    let flows = live_flows(entries, monotonic_ns());
-    let mut rows = Vec::new();
     let mut judge = crate::node::sandbox::Judge::new();
     let mut judged: StdHashMap<u64, Liveness> = StdHashMap::new();
-    for entry in &maps.mappings {
-        let (key, value) = entry.map_err(read_error("mappings"))?;
-        let owner = maps.owners.get(&value.owner_id, 0).ok();
-        let pod = maps.pod_of(value.owner_id);
-        let sandbox = maps.sandbox_of(value.owner_id);
-        let liveness = judged
-            .entry(value.owner_id)
-            .or_insert_with(|| match &sandbox {
-                Some(sandbox) => judge.judge(sandbox),
-                None => Liveness::Unknown("no sandbox recorded (added by an older build)".into()),
-            })
-            .clone();
-        let counters = match &counters_map {
-            Some(map) => counters::read(map, &key, value.owner_id)?,
-            None => MappingCounters::default(),
-        };
-        let sock = match &sock_map {
-            Some(map) => counters::read_sock(map, &key, value.owner_id)?,
-            None => SockCounters::default(),
-        };
-        let active_flows = flows
-            .get(&(key, value.container_addr_be, value.container_port_be))
-            .copied()
-            .unwrap_or(0);
-        rows.push(MappingRow {
-            key,
-            value,
-            owner,
-            pod,
-            counters,
-            sock,
-            active_flows,
-            sandbox,
-            liveness,
-        });
-    }
+    let mut rows: Vec<MappingRow> = read
+        .into_iter()
+        .map(|(key, value, owner, pod, sandbox, counters, sock)| {
+            let liveness = judged
+                .entry(value.owner_id)
+                .or_insert_with(|| match &sandbox {
+                    Some(sandbox) => judge.judge(sandbox),
+                    None => {
+                        Liveness::Unknown("no sandbox recorded (added by an older build)".into())
+                    }
+                })
+                .clone();
+            let active_flows = flows
+                .get(&(key, value.container_addr_be, value.container_port_be))
+                .copied()
+                .unwrap_or(0);
+            MappingRow {
+                key,
+                value,
+                owner,
+                pod,
+                counters,
+                sock,
+                active_flows,
+                sandbox,
+                liveness,
+            }
+        })
+        .collect();
     rows.sort_by_key(MappingRow::sort_key);
-    Ok(rows)
+    Ok((rows, flows))
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ pub use attachments::{OtherLink, PinnedProgram, TcAttachment, attachments, pinne
 pub use drift::{NodeDrift, node_drift};
 pub use fills::{FILL_WARNING_PERCENT, MapFill, map_fills};
 pub use judge::{judge, judge_gone_containers};
-pub use list::{FlowTarget, MappingRow, live_flows, mapping_rows};
+pub use list::{FlowTarget, MappingRow, live_flows, mapping_rows, mapping_rows_and_flows};
 pub use ownership::{Ownership, ownership};
 pub use shared::{InspectError, monotonic_ns};
 pub use status::{Status, fast_path, hooks_cgroup, kernel_release, stats};
