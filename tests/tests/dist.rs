@@ -108,6 +108,8 @@ fn the_checksums_cover_every_file_and_match() {
         "deploy/daemonset.yaml",
         "deploy/install.sh",
         "deploy/Dockerfile",
+        "deploy/metrics-proxy.yaml",
+        "deploy/metrics-proxy-patch.yaml",
     ] {
         assert!(
             listed.iter().any(|f| f == required),

@@ -8,7 +8,8 @@
 //! ebpf-portmap-agent           the node agent, likewise
 //! completions/ebpf-portmap.bash, _ebpf-portmap (zsh), ebpf-portmap.fish
 //! man/man1/ebpf-portmap.1, ebpf-portmap-<verb>.1
-//! deploy/                      daemonset.yaml (image tag = the version), install.sh, Dockerfile
+//! deploy/                      daemonset.yaml (image tag = the version), install.sh, Dockerfile,
+//!                              metrics-proxy.yaml and metrics-proxy-patch.yaml (Prometheus through kube-rbac-proxy)
 //! README.md, LICENSE
 //! SHA256SUMS                   of every other file, for `sha256sum -c`
 //! ```
@@ -40,7 +41,13 @@ const COMPLETIONS: &[(&str, &str)] = &[
 ];
 /// The node agent's binary (deploy/daemonset.yaml's `agent` container).
 pub const AGENT_BIN: &str = "ebpf-portmap-agent";
-const DEPLOY_FILES: &[&str] = &["daemonset.yaml", "install.sh", "Dockerfile"];
+const DEPLOY_FILES: &[&str] = &[
+    "daemonset.yaml",
+    "install.sh",
+    "Dockerfile",
+    "metrics-proxy.yaml",
+    "metrics-proxy-patch.yaml",
+];
 /// Environment variable through which `cargo xtask test` hands the tarball
 /// to `tests/tests/dist.rs`.
 pub const TARBALL_ENV: &str = "EPM_DIST_TARBALL";

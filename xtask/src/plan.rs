@@ -313,7 +313,7 @@ pub(crate) fn bench_steps(bench_args: &[String]) -> Vec<Step<'_>> {
 }
 
 /// The Kubernetes manifests, checked against the API schemas.
-pub(crate) const MANIFESTS: &[&str] = &["deploy/daemonset.yaml"];
+pub(crate) const MANIFESTS: &[&str] = &["deploy/daemonset.yaml", "deploy/metrics-proxy.yaml"];
 
 /// Every Kubernetes version that release bundles schemas for: the manifests
 /// must be valid for all of them.
