@@ -36,7 +36,7 @@
 //! paired by repetition index.
 //!
 //! iptables portmap's rules for the pods are real ADDs for the first
-//! [`UPSTREAM_REAL_PODS`] pods, then copies of the last one's rules loaded
+//! [`UPSTREAM_REAL_PODS`](super::results::UPSTREAM_REAL_PODS) pods, then copies of the last one's rules loaded
 //! with `iptables-restore` (see [`super::iptables`]): the ruleset those ADDs
 //! would write, in a minute instead of a quarter of an hour. nftables
 //! portmap's rules are all its own real ADDs (about 0.1 s each, flat in
@@ -66,7 +66,8 @@ use super::nftables;
 use super::plan::Plan;
 use super::progress::Progress;
 use super::results::{
-    CallAccount, POD_SHAPES, PodCell, PodPrefill, Results, Shape, StatusRow, Verb, size_label,
+    CallAccount, POD_SHAPES, PodCell, PodPrefill, Results, Shape, StatusRow, UPSTREAM_REAL_PODS,
+    Verb, size_label,
 };
 use super::world::{Flavor, OP_PORT_BASE};
 
@@ -76,9 +77,6 @@ const POD_RANGE4: &str = "10.244.0.0/20";
 const POD_PORT_BASE: u16 = 30_000;
 /// Callers that attach the prefill pods at once.
 const PREFILL_CALLERS: usize = 4;
-/// Pods that iptables portmap gets by real ADDs; the others get copies of
-/// the last one's rules.
-pub const UPSTREAM_REAL_PODS: usize = 10;
 /// The table of upstream portmap's nftables backend.
 const UPSTREAM_NFT_TABLE: &str = "cni_hostport";
 /// STATUS calls per repetition on each node state.
