@@ -32,7 +32,9 @@
 // and the sections, one module each: control_plane, scale (with the
 // prefilled nodes), dataplane, conntrack (the memory section's full
 // table), hairpin and pods. None of them imports this file, which only
-// runs the sections in order and writes the results.
+// runs the sections in order and writes the results. Imports point down:
+// sections and report over results, results over the parts (the layers
+// are spelled out in bench/README.md).
 mod conntrack;
 mod control;
 mod control_plane;

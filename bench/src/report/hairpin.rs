@@ -3,9 +3,9 @@
 use std::fmt::Write as _;
 
 use super::cells::{cell, rate_cell};
-use crate::hairpin::rows::{self as hairpin, Family, Route};
 use crate::load::Test;
 use crate::results::Results;
+use crate::results::hairpin_rows::{self as hairpin, Family, Route};
 use crate::world::Flavor;
 
 /// The hairpin rows: a pod dials nodeIP:hostPort, ebpf-portmap and

@@ -4,7 +4,9 @@
 use std::fmt::Write as _;
 
 use super::cells::{PLUGINS, cell, fmt_ms, latency_cell, rules_of};
-use crate::results::{CallAccount, POD_SHAPES, Results, Verb, cpu_per_rep, pct_per_rep};
+use crate::results::{
+    CallAccount, POD_SHAPES, Results, UPSTREAM_REAL_PODS, Verb, cpu_per_rep, pct_per_rep,
+};
 use crate::stats::Pct;
 use crate::world::Flavor;
 
@@ -32,14 +34,13 @@ pub(super) fn pods_table(md: &mut String, results: &Results) {
          ADD then DEL, op by op against an empty node (\"vs empty\"). Each plugin is timed on the node in its own \
          steady state: ebpf-portmap while no rule of upstream portmap exists on either node (its ADD and DEL read \
          upstream's whole state when there is any, as on a node switching from it); then iptables and nftables \
-         portmap on the same pods with their rules for them: iptables portmap's are real ADDs for the first {}, \
+         portmap on the same pods with their rules for them: iptables portmap's are real ADDs for the first {UPSTREAM_REAL_PODS}, \
          copies of the last one's rules beyond; nftables portmap's (upstream 1.9.x, `backend: nftables`) all its \
          own real ADDs. Both are removed again before the next shape. \
          Latency: median over the repetitions of each repetition's p50 (worst in brackets); CPU: median CPU \
          time of the plugin process (and, for iptables portmap, the `iptables` it runs). What one ADD or DEL of \
          ebpf-portmap does is counted on an untimed run: `bpf()` calls with strace, netlink reads, bytes and \
-         records from the plugin's own debug account (`EPM_LOG_LEVEL=debug`).\n",
-        crate::pods::UPSTREAM_REAL_PODS
+         records from the plugin's own debug account (`EPM_LOG_LEVEL=debug`).\n"
     );
     let _ = writeln!(
         md,

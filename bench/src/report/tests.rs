@@ -2,8 +2,8 @@ use serde_json::json;
 
 use super::cells::{PLUGINS, cell, latency_cell};
 use super::{date_of, markdown, plots, to_json};
-use crate::hairpin::rows::{self as hairpin, Family, Route};
 use crate::load::Test;
+use crate::results::hairpin_rows::{self as hairpin, Family, Route};
 use crate::results::{
     ConnectRep, CostLoad, LoadProfile, ProgramCost, Results, Scope, Status, Verb,
 };

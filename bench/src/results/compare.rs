@@ -2,11 +2,11 @@
 //! every target and plot is taken from (ebpf-portmap against each peer,
 //! against the direct path, against an empty node or a baseline build).
 
+use super::hairpin_rows::{Family, Route};
 use super::model::{
     ControlCell, DataCell, HairpinCell, PodCell, Results, ScaleCell, Scope, Shape, Verb,
     pct_per_rep, size_label,
 };
-use crate::hairpin::rows::{Family, Route};
 use crate::load::{RunResult, Test};
 use crate::stats::{Pct, paired_ratios};
 use crate::world::Flavor;

@@ -2,9 +2,9 @@
 //! connect error in any hostPort measurement of ebpf-portmap.
 
 use super::compare::{PEERS, peer_id};
+use super::hairpin_rows::{self as hairpin, Family, Route};
 use super::model::{Results, error_count, errors_of};
 use super::verdict::{Compare, Status, TargetRow, ratio_target};
-use crate::hairpin::rows::{self as hairpin, Family, Route};
 use crate::load::Test;
 use crate::world::Flavor;
 

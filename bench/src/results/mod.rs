@@ -2,13 +2,17 @@
 //! Pure data and pure functions: the orchestration fills it, the report
 //! renders it.
 //!
-//! `model` holds the data, `compare` finds cells and pairs their
-//! repetitions into ratios, `verdict` is what a judged target is, and
-//! `judge` (with `pods` and `hairpin` for those sections' rows) judges
-//! them. None of them imports this file.
+//! `model` holds the data (`hairpin_rows` the keys of the hairpin rows),
+//! `compare` finds cells and pairs their repetitions into ratios,
+//! `verdict` is what a judged target is, and `judge` (with `pods` and
+//! `hairpin` for those sections' rows) judges them. None of them imports
+//! this file. Below the sections and the report: it imports only the
+//! shared parts its data is made of (`load`, `world`, `control`, `memory`,
+//! `stats`), never a section.
 
 mod compare;
 mod hairpin;
+pub mod hairpin_rows;
 mod judge;
 mod model;
 mod pods;
@@ -20,7 +24,7 @@ pub use judge::judge;
 pub use model::{
     CallAccount, ConnectRep, ControlCell, CostLoad, DataCell, HairpinCell, LoadProfile, MemoryRow,
     POD_SHAPES, PodCell, PodPrefill, Prefill, ProgramCost, Results, ScaleCell, Scope, Shape,
-    StatusRow, Verb, cpu_per_rep, error_count, errors_of, failures, ops_per_s_per_rep, pct_per_rep,
-    size_label,
+    StatusRow, UPSTREAM_REAL_PODS, Verb, cpu_per_rep, error_count, errors_of, failures,
+    ops_per_s_per_rep, pct_per_rep, size_label,
 };
 pub use verdict::{REPORTED, Status, TargetRow};

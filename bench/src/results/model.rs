@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use super::hairpin_rows::{Family, Route};
 use crate::control::Batch;
-use crate::hairpin::rows::{Family, Route};
 use crate::load::{RunResult, Test};
 use crate::memory::MapInfo;
 use crate::stats::{Pct, paired_ratios};
@@ -152,6 +152,11 @@ pub const POD_SHAPES: [Shape; 4] = [
     Shape::new(1000, 2),
     Shape::new(1000, 10),
 ];
+
+/// Pods that iptables portmap gets by real ADDs in the pods section; the
+/// others get copies of the last one's rules. Here, beside the shapes, for
+/// the section that fills by it and the report that states it.
+pub const UPSTREAM_REAL_PODS: usize = 10;
 
 /// What one plugin call did, counted on an untimed run of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,10 +1,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::hairpin_rows::{Family, Route};
 use super::judge::idle_target;
 use super::*;
 use crate::control::Batch;
-use crate::hairpin::rows::{Family, Route};
 use crate::load::{RunResult, Test};
 use crate::memory::MapInfo;
 use crate::stats::Pct;

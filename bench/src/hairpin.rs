@@ -23,19 +23,17 @@
 //! TIME_WAIT sockets a connection loop leaves in a pod's namespace go with
 //! it, before any later measurement walks the machine's TCP hash.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use portmap_tests::Container;
 use portmap_tests::netns::NsHandle;
-
-pub mod rows;
-
-use rows::{Family, Route, TESTS};
+use portmap_tests::topology::{NODE_IP4, NODE_IP6};
 
 use super::load::{self, RunResult, Test};
 use super::plan::Plan;
 use super::progress::{Progress, short_measurement};
+use super::results::hairpin_rows::{Family, Route, TESTS};
 use super::results::{HairpinCell, Results};
 use super::warm_up::warm_up;
 use super::world::{
@@ -54,7 +52,15 @@ pub fn target(family: Family, test: Test) -> SocketAddr {
         Test::UdpRr => PROBE_UDP_HOST_PORT,
         Test::TcpStream => panic!("no hairpin row measures {}", test.title()),
     };
-    SocketAddr::new(family.node_ip(), port)
+    SocketAddr::new(node_ip(family), port)
+}
+
+/// The node's address in `family`, the one a hairpin pod dials.
+fn node_ip(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::V4(NODE_IP4),
+        Family::V6 => IpAddr::V6(NODE_IP6),
+    }
 }
 
 /// One plugin's hairpin world: the server pod (the world's container,
@@ -375,10 +381,6 @@ fn push(
 
 #[cfg(test)]
 mod tests {
-    use std::net::IpAddr;
-
-    use portmap_tests::topology::{NODE_IP4, NODE_IP6};
-
     use super::*;
 
     #[test]

@@ -1,10 +1,8 @@
 //! The hairpin rows themselves: which pod a pod dials through the node
 //! (route), in which family, with which tests, and the id of each row.
-//! Below the section (`hairpin`) and the results that judge the rows.
-
-use std::net::IpAddr;
-
-use portmap_tests::topology::{NODE_IP4, NODE_IP6};
+//! Data only, here in the results that key their cells and judge their
+//! targets by it; the `hairpin` section, which measures the rows, imports
+//! it from here.
 
 use crate::load::Test;
 
@@ -55,13 +53,6 @@ impl Family {
         match self {
             Family::V4 => "IPv4",
             Family::V6 => "IPv6",
-        }
-    }
-
-    pub fn node_ip(self) -> IpAddr {
-        match self {
-            Family::V4 => IpAddr::V4(NODE_IP4),
-            Family::V6 => IpAddr::V6(NODE_IP6),
         }
     }
 }
