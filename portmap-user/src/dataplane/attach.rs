@@ -29,6 +29,7 @@ use portmap_common::{local, map_names, program_names};
 use crate::{
     dataplane::bpffs::{BpffsError, check_bpffs, create_private_dir, mount_bpffs_if_missing},
     dataplane::cgroup,
+    dataplane::crash,
     dataplane::features::{self, AttachMode},
     dataplane::kfunc::Kfuncs,
     dataplane::lock::{LockError, lock},
@@ -104,6 +105,14 @@ pub enum AttachError {
     Resize(#[from] crate::dataplane::resize::ResizeError),
     #[error("cannot link the eBPF object's kfunc calls")]
     Kfunc(#[from] crate::dataplane::kfunc::KfuncError),
+    #[error(
+        "cannot remove {path}, the record that every attachment runs the pinned programs, before changing them; nothing was changed"
+    )]
+    Record {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// A load failure, explained by the missing feature when the kernel lacks
@@ -391,9 +400,11 @@ pub fn ensure(
     // Every attachment is looked at (a few `bpf()` calls each, one per pod
     // on a routed network) only when the programs may have changed under
     // it: this run loaded them (an upgrade), a resize, or no run has
-    // finished that pass for this build yet. Otherwise an interface with
-    // its pins is attached already, as `is_ready` trusts, and a run costs
-    // the same on a node of 3 pods and of 1 000 (issue 36).
+    // finished that pass for this build since the last change (the record
+    // goes before a change's first step, see [`invalidate_pass`]).
+    // Otherwise an interface with its pins is attached already, as
+    // `is_ready` trusts, and a run costs the same on a node of 3 pods and
+    // of 1 000 (issue 36).
     let upgrade_pass = loaded || resize.is_some() || !PassRecord::is_current(layout);
     let full_pass = upgrade_pass || mode == AttachMode::Clsact;
     let pinned: std::collections::HashSet<(u32, Direction)> =
@@ -403,34 +414,59 @@ pub fn ensure(
             .iter()
             .all(|&direction| pinned.contains(&(ifindex, direction)))
     };
+    // A failure of the request's own attachment fails the run, but only
+    // once the pass is over: after a resize or an upgrade every other
+    // attachment must still get the new programs (a pod torn down during
+    // its ADD must not leave the uplinks on tables no longer pinned).
+    let mut failed: Option<AttachError> = None;
+    let mut complete = true;
+    let mut fail = |error: AttachError, failed: &mut Option<AttachError>| {
+        complete = false;
+        failed.get_or_insert(error);
+    };
     for &ifindex in targets.required {
         for direction in Direction::BOTH {
-            attach_one(layout, ifindex, direction, mode)?;
+            if let Err(error) = attach_one(layout, ifindex, direction, mode) {
+                fail(error, &mut failed);
+            }
         }
     }
-    attach_bridge_ports(layout, targets.bridge_ports, mode)?;
+    crash::point("attach-required");
+    if let Err(error) = attach_bridge_ports(layout, targets.bridge_ports, mode) {
+        fail(error, &mut failed);
+    }
+    let mut incomplete = false;
     for &ifindex in targets.uplinks.difference(targets.required) {
         if !full_pass && has_pins(ifindex) {
             continue;
         }
         for direction in Direction::BOTH {
-            if let Err(error) = attach_one(layout, ifindex, direction, mode) {
-                log::warn!("attaching to interface {ifindex}: {error}");
+            match attach_one(layout, ifindex, direction, mode) {
+                // Gone since the run's dump: nothing runs there.
+                Ok(()) | Err(AttachError::NoInterface { .. }) => {}
+                Err(error) => {
+                    log::warn!("attaching to interface {ifindex}: {error}");
+                    incomplete = true;
+                }
             }
         }
+        crash::point("attach-uplink");
     }
     // Interfaces attached by earlier runs (other containers' veths, after
     // an upgrade): this build's programs go there too, or the old ones keep
     // running.
-    let mut all_updated = true;
     for &(ifindex, direction) in pinned.iter().filter(|_| full_pass) {
         if targets.required.contains(&ifindex) || targets.uplinks.contains(&ifindex) {
             continue;
         }
-        if let Err(error) = attach_one(layout, ifindex, direction, mode) {
-            log::warn!("updating the programs on interface {ifindex}: {error}");
-            all_updated = false;
+        match attach_one(layout, ifindex, direction, mode) {
+            Ok(()) | Err(AttachError::NoInterface { .. }) => {}
+            Err(error) => {
+                log::warn!("updating the programs on interface {ifindex}: {error}");
+                incomplete = true;
+            }
         }
+        crash::point("attach-pinned");
     }
     // Other pods' bridge ports (one pin each, read only here): their
     // program changes with an upgrade only, whatever the mode.
@@ -439,35 +475,105 @@ pub fn ensure(
             continue;
         }
         let pins = HookPins::port(layout, ifindex);
-        if let Err(error) = attach_at(layout, &pins, ifindex, Direction::Ingress, mode) {
-            log::warn!("updating the program on bridge port {ifindex}: {error}");
-            all_updated = false;
+        match attach_at(layout, &pins, ifindex, Direction::Ingress, mode) {
+            Ok(()) | Err(AttachError::NoInterface { .. }) => {}
+            Err(error) => {
+                log::warn!("updating the program on bridge port {ifindex}: {error}");
+                incomplete = true;
+            }
         }
-    }
-    if full_pass && all_updated {
-        PassRecord::write(layout);
+        crash::point("attach-port");
     }
     for program in local::program_names::ALL {
-        if !hook_attached(layout, cgroup, program) {
-            cgroup::attach(
+        if !hook_attached(layout, cgroup, program)
+            && let Err(error) = cgroup::attach(
                 layout,
                 cgroup,
                 program,
                 &layout.program(build_id(), program),
-            )?;
+            )
+        {
+            fail(error.into(), &mut failed);
         }
     }
+    crash::point("attach-hooks");
     attach_beacon_if_missing(layout);
     // Programs of this build that ran before another build took over (a
     // downgrade and an upgrade again) may hold mappings in their cache that
     // the other build deleted without raising the epoch.
     crate::dataplane::maps::MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)).raise();
-    remove_other_builds(layout);
     if let Some(resize) = resize {
         resize.finish(layout);
     }
+    // The record is the last step, and only of a pass that put this
+    // build's programs everywhere and then found them there: until it is
+    // written, every run (and the agent's pass) does the whole pass again.
+    if full_pass && complete && !incomplete {
+        let unverified = unverified_attachments(layout, cgroup);
+        if unverified.is_empty() {
+            // The older builds' programs run nowhere any more.
+            remove_other_builds(layout);
+            PassRecord::write(layout);
+            crash::point("attach-recorded");
+        } else {
+            log::warn!(
+                "after the attach pass, {} do not run this build's programs; the next run tries again",
+                unverified.join(", ")
+            );
+        }
+    }
     drop(lock);
-    Ok(())
+    failed.map_or(Ok(()), Err)
+}
+
+/// Whether every attachment recorded under links/ and every socket hook
+/// runs this build's pinned programs. A node-wide pass (the agent's,
+/// `reconcile`, GC) asks before it reconciles, and a no makes it redo the
+/// whole attach pass whatever the records say ([`invalidate_pass`]): a
+/// split left by anything (a build without the records, a hand-made
+/// change) is repaired there. A few `bpf()` calls per attachment.
+pub fn attachments_current(layout: &PinLayout, cgroup: &Path) -> bool {
+    unverified_attachments(layout, cgroup).is_empty()
+}
+
+/// Every attachment recorded under links/ (of an interface that exists)
+/// and every socket hook that does not run this build's pinned program,
+/// described: empty when the attach pass is done. A few `bpf()` calls per
+/// attachment; full passes only.
+fn unverified_attachments(layout: &PinLayout, cgroup: &Path) -> Vec<String> {
+    let mut unverified = Vec::new();
+    for direction in Direction::BOTH {
+        let Some(want) = pinned_id(&layout.program(build_id(), program_name(direction))) else {
+            unverified.push(format!("the pinned {} program", direction.as_str()));
+            continue;
+        };
+        for (ifindex, _) in recorded_attachments(layout)
+            .into_iter()
+            .filter(|&(_, d)| d == direction)
+        {
+            if !attached(layout, ifindex, direction, want)
+                && netlink::interface_name(ifindex).is_some()
+            {
+                unverified.push(format!("interface {ifindex} ({})", direction.as_str()));
+            }
+        }
+        if direction == Direction::Ingress {
+            for ifindex in port_pins(layout) {
+                let pins = HookPins::port(layout, ifindex);
+                if !attached_at(&pins, ifindex, direction, want)
+                    && netlink::interface_name(ifindex).is_some()
+                {
+                    unverified.push(format!("bridge port {ifindex}"));
+                }
+            }
+        }
+    }
+    for program in local::program_names::ALL {
+        if !hook_attached(layout, cgroup, program) {
+            unverified.push(format!("socket hook {program}"));
+        }
+    }
+    unverified
 }
 
 /// Whether the namespace beacon's link is among `listed` (see
@@ -504,6 +610,11 @@ fn is_ready(
     listed: &[(OsString, u64)],
     cgroup: &Path,
 ) -> bool {
+    // A change of programs or tables whose attach pass has not finished:
+    // the pins below say nothing of which programs run (issue 52).
+    if !PassRecord::is_current(layout) {
+        return false;
+    }
     // The socket hooks: known to be in place if a run of this build
     // recorded these very link pins; otherwise each link's program is
     // compared with this build's, and what passes is recorded. The pins
@@ -564,15 +675,50 @@ fn pinned_id(path: &Path) -> Option<u32> {
 }
 
 /// The record that a run of this build has put its tc programs on every
-/// interface attached before (`{lock}.tc`, the build ID in hex, beside the
-/// lock): until it is written, each slow-path run looks at every
-/// attachment, so a run that died halfway through an upgrade leaves the
-/// next one to finish it.
+/// interface attached before, and its socket hooks in place, and then
+/// found them all there (`{lock}.tc`, the build ID in hex, beside the
+/// lock). Until it is written, no run takes the fast path, and each
+/// slow-path run looks at every attachment: a change of programs or
+/// tables (an upgrade, a resize) removes it before its first step (see
+/// [`invalidate_pass`]), so a run killed at any step of one leaves the
+/// next run, or the agent's pass, to finish it.
 struct PassRecord;
 
 /// Where [`PassRecord`] is: an uninstall removes it with the programs.
 pub fn pass_record(layout: &PinLayout) -> PathBuf {
     PassRecord::path(layout)
+}
+
+/// The build whose attach pass the record says is done, if any: `status`
+/// compares it with the pinned programs.
+pub fn recorded_pass(layout: &PinLayout) -> Option<u64> {
+    let text = std::fs::read_to_string(PassRecord::path(layout)).ok()?;
+    u64::from_str_radix(text.trim(), 16).ok()
+}
+
+/// Removes the records that let a run trust the attachments without
+/// looking at them ([`PassRecord`], [`PortsRecord`], the socket hooks'):
+/// the first step of every change of the programs or of the tables they
+/// read (a load of programs, a resize), taken under the pin root's lock
+/// before anything is changed. From then until a pass has put the new
+/// programs everywhere and found them there, every run does that pass: a
+/// run killed midway leaves one whole dataplane running (the links hold
+/// the old programs and the tables they read until each is replaced) and
+/// the next run (any CNI call, the agent's pass, `reconcile`) finishes the
+/// change. A removal that fails changes nothing and fails the run.
+pub fn invalidate_pass(layout: &PinLayout) -> Result<(), AttachError> {
+    for path in [
+        PassRecord::path(layout),
+        PortsRecord::path(layout),
+        cgroup::hooks_record(layout),
+    ] {
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(AttachError::Record { path, source }),
+        }
+    }
+    Ok(())
 }
 
 impl PassRecord {
@@ -613,6 +759,9 @@ fn load_and_pin(
     }
     let linked = crate::dataplane::object::linked_for_this_kernel()?;
     check_pinned_layouts(layout)?;
+    // New programs (an upgrade, a resize, pins removed by hand): the pass
+    // that puts them everywhere must finish, whoever is killed when.
+    invalidate_pass(layout)?;
     let migration = Migration::prepare(layout);
     let conntrack_was_pinned = layout.map(map_names::CONNTRACK).exists();
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
@@ -676,7 +825,9 @@ fn load_and_pin(
             path: path.clone(),
             source: io::Error::other(e.to_string()),
         })?;
+        crash::point("load-pinned-one");
     }
+    crash::point("load-pinned");
     Ok(Some(linked.kfuncs))
 }
 
@@ -915,7 +1066,17 @@ fn attach_port_tcx(layout: &PinLayout, ifindex: u32) -> Result<(), AttachError> 
     if attached_at(&pins, ifindex, Direction::Ingress, id) {
         return Ok(());
     }
-    let _ = fs::remove_file(&pins.tcx);
+    // Our link, running another program (an upgrade, a resize): swapped in
+    // place, so no packet of the port goes without a program, whenever
+    // this run is killed. A defunct link (its index reused) goes.
+    if pins.tcx.exists() {
+        match tcx::update_pinned(&pins.tcx, &program) {
+            Ok(()) if attached_at(&pins, ifindex, Direction::Ingress, id) => return Ok(()),
+            Ok(()) => {}
+            Err(error) => log::debug!("bridge port {ifindex}: link not updated ({error})"),
+        }
+        let _ = fs::remove_file(&pins.tcx);
+    }
     match tcx::link_pinned(&program, ifindex, Direction::Ingress, &pins.tcx) {
         Ok(()) => Ok(()),
         Err(error) if error.raw_os_error() == Some(libc::ENODEV) => {

@@ -7,7 +7,8 @@
 //! sockets the hooks translate ([`container_netns`]), the node's own addresses
 //! ([`node_state`]), where containers hand packets over ([`peers`]), traffic
 //! counters ([`counters`]) and the trace ring ([`trace`]); the state of
-//! nodes whose network namespace is gone ([`stale`]); the keys the last ADD
+//! nodes whose network namespace is gone ([`stale`]); test-only fault
+//! injection at the steps of a change ([`crash`]); the keys the last ADD
 //! took for typos ([`key_notes`]); which agent keeps a pin root
 //! ([`agent_record`]).
 
@@ -17,6 +18,7 @@ pub mod bpffs;
 pub mod cgroup;
 pub mod container_netns;
 pub mod counters;
+pub mod crash;
 pub mod features;
 pub mod hash;
 pub mod key_notes;
