@@ -544,6 +544,51 @@ mod tests {
     }
 
     #[test]
+    fn a_split_and_an_unfinished_change_are_problems_naming_reconcile() {
+        use super::super::attachments::Split;
+        let mut split = healthy();
+        split.splits = vec![
+            Split {
+                at: "eth0 ingress".into(),
+                program_id: 7,
+                kind: SplitKind::StaleMaps(vec![("mappings".into(), 12, 34)]),
+            },
+            Split {
+                at: "link cg1_connect4".into(),
+                program_id: 8,
+                kind: SplitKind::Unpinned,
+            },
+        ];
+        split.change_unfinished = Some(true);
+        let problems = judged(split).problems;
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(
+            problems[0].starts_with(
+                "eth0 ingress: its program (ID 7) reads mappings (map ID 12) in place of the pinned one(s) (ID 34): the dataplane is split"
+            ),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[1].starts_with(
+                "link cg1_connect4: runs program ID 8, which is none of the pinned programs"
+            ),
+            "{problems:#?}"
+        );
+        assert!(problems[2].starts_with("the last change of the programs or tables"));
+        for problem in &problems {
+            assert!(
+                problem.contains("run `ebpf-portmap reconcile`"),
+                "{problem}"
+            );
+        }
+
+        // Nothing pinned nor attached: nothing to finish.
+        let mut nothing = healthy();
+        nothing.change_unfinished = None;
+        assert!(judged(nothing).problems.is_empty());
+    }
+
+    #[test]
     fn another_build_is_a_note_not_a_problem() {
         let mut old = healthy();
         for p in &mut old.programs {
