@@ -34,6 +34,7 @@ use crate::{
     dataplane::kfunc::Kfuncs,
     dataplane::lock::{LockError, lock},
     dataplane::object::build_id,
+    dataplane::pass::PassRecord,
     dataplane::pin::{Direction, PinLayout},
     dataplane::resize,
     dataplane::sizing::Capacities,
@@ -41,6 +42,8 @@ use crate::{
     dataplane::tcx,
     node::netlink,
 };
+
+pub use crate::dataplane::pass::{PortsRecord, invalidate_pass, pass_record, recorded_pass};
 
 /// Priority and handle of our filters when attached through clsact
 /// (kernels without tcx): fixed, so a new build replaces them in place.
@@ -105,14 +108,8 @@ pub enum AttachError {
     Resize(#[from] crate::dataplane::resize::ResizeError),
     #[error("cannot link the eBPF object's kfunc calls")]
     Kfunc(#[from] crate::dataplane::kfunc::KfuncError),
-    #[error(
-        "cannot remove {path}, the record that every attachment runs the pinned programs, before changing them; nothing was changed"
-    )]
-    Record {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Pass(#[from] crate::dataplane::pass::PassError),
 }
 
 /// A load failure, explained by the missing feature when the kernel lacks
@@ -674,75 +671,6 @@ fn pinned_id(path: &Path) -> Option<u32> {
         .map(|info| info.id())
 }
 
-/// The record that a run of this build has put its tc programs on every
-/// interface attached before, and its socket hooks in place, and then
-/// found them all there (`{lock}.tc`, the build ID in hex, beside the
-/// lock). Until it is written, no run takes the fast path, and each
-/// slow-path run looks at every attachment: a change of programs or
-/// tables (an upgrade, a resize) removes it before its first step (see
-/// [`invalidate_pass`]), so a run killed at any step of one leaves the
-/// next run, or the agent's pass, to finish it.
-struct PassRecord;
-
-/// Where [`PassRecord`] is: an uninstall removes it with the programs.
-pub fn pass_record(layout: &PinLayout) -> PathBuf {
-    PassRecord::path(layout)
-}
-
-/// The build whose attach pass the record says is done, if any: `status`
-/// compares it with the pinned programs.
-pub fn recorded_pass(layout: &PinLayout) -> Option<u64> {
-    let text = std::fs::read_to_string(PassRecord::path(layout)).ok()?;
-    u64::from_str_radix(text.trim(), 16).ok()
-}
-
-/// Removes the records that let a run trust the attachments without
-/// looking at them ([`PassRecord`], [`PortsRecord`], the socket hooks'):
-/// the first step of every change of the programs or of the tables they
-/// read (a load of programs, a resize), taken under the pin root's lock
-/// before anything is changed. From then until a pass has put the new
-/// programs everywhere and found them there, every run does that pass: a
-/// run killed midway leaves one whole dataplane running (the links hold
-/// the old programs and the tables they read until each is replaced) and
-/// the next run (any CNI call, the agent's pass, `reconcile`) finishes the
-/// change. A removal that fails changes nothing and fails the run.
-pub fn invalidate_pass(layout: &PinLayout) -> Result<(), AttachError> {
-    for path in [
-        PassRecord::path(layout),
-        PortsRecord::path(layout),
-        cgroup::hooks_record(layout),
-    ] {
-        match fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => return Err(AttachError::Record { path, source }),
-        }
-    }
-    Ok(())
-}
-
-impl PassRecord {
-    fn path(layout: &PinLayout) -> PathBuf {
-        layout.lock_file().with_extension("tc")
-    }
-
-    fn text() -> String {
-        format!("{:016x}\n", build_id())
-    }
-
-    fn is_current(layout: &PinLayout) -> bool {
-        std::fs::read_to_string(Self::path(layout)).is_ok_and(|text| text == Self::text())
-    }
-
-    /// Best effort: without it the next slow path looks at everything again.
-    fn write(layout: &PinLayout) {
-        let path = Self::path(layout);
-        if let Err(error) = crate::dataplane::lock::write_record(&path, &Self::text()) {
-            log::debug!("attachment record {} not written: {error}", path.display());
-        }
-    }
-}
-
 /// Loads the object (reusing pinned maps) and pins this build's programs,
 /// unless they are pinned already; what linking its kfunc calls found if
 /// it loaded them.
@@ -1098,34 +1026,6 @@ fn attach_port_tcx(layout: &PinLayout, ifindex: u32) -> Result<(), AttachError> 
             direction: Direction::Ingress.as_str(),
             source: Box::new(ProgramError::IOError(error)),
         }),
-    }
-}
-
-/// The record that a run of this build has put the ingress program on
-/// every pod's bridge port of the node (`{lock}.ports`, the build ID in
-/// hex, beside the lock). Until then a run does that node-wide: the pods
-/// made before the dataplane existed (an ADD without mappings installs
-/// nothing) or before this build (an upgrade) have none.
-pub struct PortsRecord;
-
-impl PortsRecord {
-    pub fn path(layout: &PinLayout) -> PathBuf {
-        layout.lock_file().with_extension("ports")
-    }
-
-    pub fn is_current(layout: &PinLayout) -> bool {
-        std::fs::read_to_string(Self::path(layout)).is_ok_and(|text| text == PassRecord::text())
-    }
-
-    /// Best effort: without it the next run walks the ports again.
-    pub fn write(layout: &PinLayout) {
-        let path = Self::path(layout);
-        if let Err(error) = crate::dataplane::lock::write_record(&path, &PassRecord::text()) {
-            log::debug!(
-                "bridge ports record {} not written: {error}",
-                path.display()
-            );
-        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! [`scope`]), the eBPF object ([`object`], its kfunc calls linked by
 //! [`kfunc`]), loading and attaching the
 //! programs ([`attach`], on [`bpffs`], under the pin root's [`lock`]; [`cgroup`],
-//! [`features`]), the maps ([`maps`], sized by [`sizing`]) and what is kept in them: which
+//! [`features`]; the records of its last pass, [`pass`]), the maps ([`maps`], sized by [`sizing`]) and what is kept in them: which
 //! container owns which port ([`ownership`]), the containers whose own
 //! sockets the hooks translate ([`container_netns`]), the node's own addresses
 //! ([`node_state`]), where containers hand packets over ([`peers`]), traffic
@@ -28,6 +28,7 @@ pub mod maps;
 pub mod node_state;
 pub mod object;
 pub mod ownership;
+pub mod pass;
 pub mod peers;
 pub mod pin;
 pub mod resize;

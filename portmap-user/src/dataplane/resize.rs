@@ -124,8 +124,8 @@ pub enum ResizeError {
         #[source]
         source: MapError,
     },
-    #[error("cannot start the resize")]
-    Record(#[source] Box<crate::dataplane::attach::AttachError>),
+    #[error(transparent)]
+    Pass(#[from] crate::dataplane::pass::PassError),
     #[error(
         "maxMappings {wanted} is too small: the {map} map holds {live} live entries, and would have room for {room}; nothing was resized (it keeps its {size} entries). Set maxMappings to at least {at_least}, or remove containers first"
     )]
@@ -202,7 +202,7 @@ fn recover(layout: &PinLayout) {
     if left {
         // The run that died removed the records before its first step; a
         // removal that fails here is tried again by the load.
-        if let Err(error) = crate::dataplane::attach::invalidate_pass(layout) {
+        if let Err(error) = crate::dataplane::pass::invalidate_pass(layout) {
             log::warn!("{error}");
         }
         remove_program_pins(layout);
@@ -350,8 +350,7 @@ impl Resize {
         }
         // The first destructive step: from here on, until the attach pass
         // of the new programs is done, no run trusts the attachments.
-        crate::dataplane::attach::invalidate_pass(layout)
-            .map_err(|error| ResizeError::Record(Box::new(error)))?;
+        crate::dataplane::pass::invalidate_pass(layout)?;
         // The programs are loaded anew with the new tables; the links keep
         // the old ones running until they are replaced.
         remove_program_pins(layout);

@@ -189,7 +189,7 @@ pub fn reconcile(
         && layout.progs_dir().exists()
         && !attach::attachments_current(layout, &cgroup)
     {
-        attach::invalidate_pass(layout)?;
+        attach::invalidate_pass(layout).map_err(AttachError::from)?;
     }
     let pins = LinkPins::read(layout);
     let Attached { mut live, ports } = attached(rtnl, &pins, conf, node)?;
