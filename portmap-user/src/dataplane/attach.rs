@@ -43,7 +43,9 @@ use crate::{
     node::netlink,
 };
 
-pub use crate::dataplane::pass::{PortsRecord, invalidate_pass, pass_record, recorded_pass};
+pub use crate::dataplane::pass::{
+    PortsRecord, Recorded, invalidate_pass, pass_record, recorded_pass,
+};
 
 /// Priority and handle of our filters when attached through clsact
 /// (kernels without tcx): fixed, so a new build replaces them in place.
@@ -691,6 +693,7 @@ fn load_and_pin(
     // that puts them everywhere must finish, whoever is killed when.
     invalidate_pass(layout)?;
     let migration = Migration::prepare(layout);
+    crash::point("load-prepared");
     let conntrack_was_pinned = layout.map(map_names::CONNTRACK).exists();
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
         .iter()

@@ -15,7 +15,7 @@ use crate::dataplane::{cgroup, object::build_id, pin::PinLayout};
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
     #[error(
-        "cannot remove {path}, the record that every attachment runs the pinned programs, before changing them; nothing was changed"
+        "cannot write or remove {path}, a record of which programs the attachments run, before changing them; nothing was changed"
     )]
     Invalidate {
         path: PathBuf,
@@ -29,9 +29,9 @@ pub enum PassError {
 /// found them all there (`{lock}.tc`, the build ID in hex, beside the
 /// lock). Until it is written, no run takes the fast path, and each
 /// slow-path run looks at every attachment: a change of programs or
-/// tables (an upgrade, a resize) removes it before its first step (see
-/// [`invalidate_pass`]), so a run killed at any step of one leaves the
-/// next run, or the agent's pass, to finish it.
+/// tables (an upgrade, a resize) makes it say `pending` before its first
+/// step (see [`invalidate_pass`]), so a run killed at any step of one
+/// leaves the next run, or the agent's pass, to finish it.
 pub(crate) struct PassRecord;
 
 /// Where [`PassRecord`] is: an uninstall removes it with the programs.
@@ -39,29 +39,50 @@ pub fn pass_record(layout: &PinLayout) -> PathBuf {
     PassRecord::path(layout)
 }
 
-/// The build whose attach pass the record says is done, if any: `status`
-/// compares it with the pinned programs.
-pub fn recorded_pass(layout: &PinLayout) -> Option<u64> {
-    let text = std::fs::read_to_string(PassRecord::path(layout)).ok()?;
-    u64::from_str_radix(text.trim(), 16).ok()
+/// What the record of the attach pass says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// No record: nothing installed yet, or pins of a build before the
+    /// record (it wrote none), or an uninstall.
+    Nothing,
+    /// A change of the programs or tables began and its pass has not
+    /// finished: the next run must do it.
+    Pending,
+    /// The pass of this build (its ID) is done.
+    Done(u64),
 }
 
-/// Removes the records that let a run trust the attachments without
-/// looking at them ([`PassRecord`], [`PortsRecord`], the socket hooks'):
-/// the first step of every change of the programs or of the tables they
-/// read (a load of programs, a resize), taken under the pin root's lock
-/// before anything is changed. From then until a pass has put the new
+/// What the record says: `status` compares it with the pinned programs.
+pub fn recorded_pass(layout: &PinLayout) -> Recorded {
+    let Ok(text) = fs::read_to_string(PassRecord::path(layout)) else {
+        return Recorded::Nothing;
+    };
+    if text == PENDING {
+        return Recorded::Pending;
+    }
+    u64::from_str_radix(text.trim(), 16).map_or(Recorded::Nothing, Recorded::Done)
+}
+
+/// The record's text while a change is under way.
+const PENDING: &str = "pending\n";
+
+/// Marks a change of the programs or of the tables they read (a load of
+/// programs, a resize) as begun, the first step of each, under the pin
+/// root's lock before anything is changed: [`PassRecord`] says `pending`
+/// (a record written whole, see `lock::write_record`), and the records of
+/// the bridge ports and of the socket hooks, which let a run trust them
+/// without looking, are removed. From then until a pass has put the new
 /// programs everywhere and found them there, every run does that pass: a
 /// run killed midway leaves one whole dataplane running (the links hold
 /// the old programs and the tables they read until each is replaced) and
 /// the next run (any CNI call, the agent's pass, `reconcile`) finishes the
-/// change. A removal that fails changes nothing and fails the run.
+/// change; `status` says it is unfinished. A record that cannot be
+/// written or removed changes nothing and fails the run.
 pub fn invalidate_pass(layout: &PinLayout) -> Result<(), PassError> {
-    for path in [
-        PassRecord::path(layout),
-        PortsRecord::path(layout),
-        cgroup::hooks_record(layout),
-    ] {
+    let path = PassRecord::path(layout);
+    crate::dataplane::lock::write_record(&path, PENDING)
+        .map_err(|source| PassError::Invalidate { path, source })?;
+    for path in [PortsRecord::path(layout), cgroup::hooks_record(layout)] {
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(error) if error.kind() == io::ErrorKind::NotFound => {}

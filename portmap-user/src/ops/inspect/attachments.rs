@@ -301,25 +301,13 @@ pub fn splits(layout: &PinLayout, found: &Attachments) -> Vec<Split> {
 }
 
 /// Whether the last change of programs or tables (an install, an upgrade,
-/// a resize) has not finished its attach pass: the record of the pass
-/// (see `attach::invalidate_pass`) names none of the builds whose programs
-/// are pinned, or none is while programs are attached (a resize removes
-/// the pins before it loads their successors). `None` when nothing is
-/// pinned or attached.
-pub fn change_unfinished(
-    layout: &PinLayout,
-    programs: &[PinnedProgram],
-    found: &Attachments,
-) -> Option<bool> {
-    let builds: Vec<&str> = programs
-        .iter()
-        .filter(|p| p.name == portmap_common::program_names::TC_INGRESS)
-        .map(|p| p.build.as_str())
-        .collect();
-    if builds.is_empty() {
-        let attached = found.tc.iter().any(|a| a.attached) || !found.other.is_empty();
-        return attached.then_some(true);
+/// a resize) has not finished its attach pass: the record of the pass says
+/// it is pending (see `attach::invalidate_pass`). `None` when there is no
+/// record (nothing installed, or pins of a build before the record).
+pub fn change_unfinished(layout: &PinLayout) -> Option<bool> {
+    match attach::recorded_pass(layout) {
+        attach::Recorded::Nothing => None,
+        attach::Recorded::Pending => Some(true),
+        attach::Recorded::Done(_) => Some(false),
     }
-    let recorded = attach::recorded_pass(layout).map(|build| format!("{build:016x}"));
-    Some(!recorded.is_some_and(|recorded| builds.contains(&recorded.as_str())))
 }

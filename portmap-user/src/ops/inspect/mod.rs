@@ -49,7 +49,7 @@ pub fn status(layout: &PinLayout) -> Status {
     } else {
         Vec::new()
     };
-    let change_unfinished = change_unfinished(layout, &programs, &found);
+    let change_unfinished = change_unfinished(layout);
     let attachments::Attachments {
         tc,
         bridge_ports,
