@@ -400,7 +400,7 @@ pub fn ensure(
     // on a routed network) only when the programs may have changed under
     // it: this run loaded them (an upgrade), a resize, or no run has
     // finished that pass for this build since the last change (the record
-    // goes before a change's first step, see [`invalidate_pass`]).
+    // says `pending` from a change's first step, see [`invalidate_pass`]).
     // Otherwise an interface with its pins is attached already, as
     // `is_ready` trusts, and a run costs the same on a node of 3 pods and
     // of 1 000 (issue 36).
@@ -418,23 +418,19 @@ pub fn ensure(
     // attachment must still get the new programs (a pod torn down during
     // its ADD must not leave the uplinks on tables no longer pinned).
     let mut failed: Option<AttachError> = None;
-    let mut complete = true;
-    let mut fail = |error: AttachError, failed: &mut Option<AttachError>| {
-        complete = false;
-        failed.get_or_insert(error);
-    };
+    // Any other attachment that could not be moved: the pass is not done.
+    let mut incomplete = false;
     for &ifindex in targets.required {
         for direction in Direction::BOTH {
             if let Err(error) = attach_one(layout, ifindex, direction, mode) {
-                fail(error, &mut failed);
+                failed.get_or_insert(error);
             }
         }
     }
     crash::point("attach-required");
     if let Err(error) = attach_bridge_ports(layout, targets.bridge_ports, mode) {
-        fail(error, &mut failed);
+        failed.get_or_insert(error);
     }
-    let mut incomplete = false;
     for &ifindex in targets.uplinks.difference(targets.required) {
         if !full_pass && has_pins(ifindex) {
             continue;
@@ -492,7 +488,7 @@ pub fn ensure(
                 &layout.program(build_id(), program),
             )
         {
-            fail(error.into(), &mut failed);
+            failed.get_or_insert(error.into());
         }
     }
     crash::point("attach-hooks");
@@ -507,7 +503,7 @@ pub fn ensure(
     // The record is the last step, and only of a pass that put this
     // build's programs everywhere and then found them there: until it is
     // written, every run (and the agent's pass) does the whole pass again.
-    if full_pass && complete && !incomplete {
+    if full_pass && failed.is_none() && !incomplete {
         let unverified = unverified_attachments(layout, cgroup);
         if unverified.is_empty() {
             // The older builds' programs run nowhere any more.

@@ -210,10 +210,19 @@ fn pinned_maps(layout: &PinLayout) -> std::collections::HashMap<u32, String> {
 fn pinned_program_paths(layout: &PinLayout) -> std::collections::HashMap<u32, std::path::PathBuf> {
     let mut paths = std::collections::HashMap::new();
     for dir in [layout.progs_dir(), layout.links_dir()] {
-        let Ok(entries) = fs::read_dir(dir) else {
+        let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
         for entry in entries.flatten() {
+            // Under links/ only the clsact markers are programs: a link's
+            // info read as a program's would give its link ID, which may
+            // equal a program's.
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let marker = parse_link_name(&name).is_some_and(|(_, _, clsact)| clsact)
+                || parse_port_link_name(&name).is_some_and(|(_, clsact)| clsact);
+            if dir == layout.links_dir() && !marker {
+                continue;
+            }
             if let Ok(info) = ProgramInfo::from_pin(entry.path()) {
                 paths.insert(info.id(), entry.path());
             }
@@ -241,14 +250,22 @@ pub fn splits(layout: &PinLayout, found: &Attachments) -> Vec<Split> {
         judged
             .entry(id)
             .or_insert_with(|| {
-                let fd = match programs.get(&id) {
-                    Some(path) => tcx::open_program_pin(path),
-                    None => tcx::open_program_id(id),
-                };
+                let fd = programs
+                    .get(&id)
+                    .and_then(|path| tcx::open_program_pin(path).ok())
+                    // The pin must still be that program.
+                    .filter(|fd| tcx::program_id(fd).is_ok_and(|found| found == id))
+                    .map_or_else(|| tcx::open_program_id(id), Ok);
                 let Ok(fd) = fd else {
                     return Some(SplitKind::Unpinned);
                 };
-                let map_ids = tcx::program_map_ids(&fd).ok()?;
+                let map_ids = match tcx::program_map_ids(&fd) {
+                    Ok(ids) => ids,
+                    Err(error) => {
+                        log::warn!("the maps of program {id} cannot be read: {error}");
+                        return None;
+                    }
+                };
                 let stale: Vec<(String, u32, u32)> = map_ids
                     .into_iter()
                     .filter(|map_id| !pinned.contains_key(map_id))
