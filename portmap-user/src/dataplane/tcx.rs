@@ -166,6 +166,10 @@ struct ProgInfoHead {
     map_ids: u64,
 }
 
+// `map_ids` is at offset 56 of `struct bpf_prog_info`; the head ends there.
+const _: () = assert!(size_of::<ProgInfoHead>() == 64);
+const _: () = assert!(std::mem::offset_of!(ProgInfoHead, map_ids) == 56);
+
 fn prog_info(fd: &OwnedFd, map_ids: &mut [u32]) -> io::Result<ProgInfoHead> {
     let mut info = ProgInfoHead {
         nr_map_ids: map_ids.len() as u32,
