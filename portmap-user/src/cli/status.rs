@@ -145,6 +145,20 @@ pub fn status_json(status: &Status) -> Value {
             "staleAddresses": status.drift.stale,
             "absentHostIPs": status.drift.absent_host_ips,
         }),
+        "splitAttachments": status.splits.iter().map(|split| json!({
+            "at": split.at,
+            "programID": split.program_id,
+            "staleMaps": match &split.kind {
+                portmap_user::ops::inspect::SplitKind::StaleMaps(maps) => maps.iter().map(|(name, id, pinned)| json!({
+                    "map": name,
+                    "id": id,
+                    "pinnedID": pinned,
+                })).collect::<Vec<_>>(),
+                portmap_user::ops::inspect::SplitKind::Unpinned => Vec::new(),
+            },
+            "pinned": !matches!(split.kind, portmap_user::ops::inspect::SplitKind::Unpinned),
+        })).collect::<Vec<_>>(),
+        "changeUnfinished": status.change_unfinished,
         "otherLinks": status.other_links.iter().map(|l| json!({
             "pin": l.pin,
             "type": l.link_type,

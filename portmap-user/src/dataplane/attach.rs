@@ -29,16 +29,22 @@ use portmap_common::{local, map_names, program_names};
 use crate::{
     dataplane::bpffs::{BpffsError, check_bpffs, create_private_dir, mount_bpffs_if_missing},
     dataplane::cgroup,
+    dataplane::crash,
     dataplane::features::{self, AttachMode},
     dataplane::kfunc::Kfuncs,
     dataplane::lock::{LockError, lock},
     dataplane::object::build_id,
+    dataplane::pass::PassRecord,
     dataplane::pin::{Direction, PinLayout},
     dataplane::resize,
     dataplane::sizing::Capacities,
     dataplane::stale,
     dataplane::tcx,
     node::netlink,
+};
+
+pub use crate::dataplane::pass::{
+    PortsRecord, Recorded, invalidate_pass, pass_record, recorded_pass,
 };
 
 /// Priority and handle of our filters when attached through clsact
@@ -104,6 +110,8 @@ pub enum AttachError {
     Resize(#[from] crate::dataplane::resize::ResizeError),
     #[error("cannot link the eBPF object's kfunc calls")]
     Kfunc(#[from] crate::dataplane::kfunc::KfuncError),
+    #[error(transparent)]
+    Pass(#[from] crate::dataplane::pass::PassError),
 }
 
 /// A load failure, explained by the missing feature when the kernel lacks
@@ -391,9 +399,11 @@ pub fn ensure(
     // Every attachment is looked at (a few `bpf()` calls each, one per pod
     // on a routed network) only when the programs may have changed under
     // it: this run loaded them (an upgrade), a resize, or no run has
-    // finished that pass for this build yet. Otherwise an interface with
-    // its pins is attached already, as `is_ready` trusts, and a run costs
-    // the same on a node of 3 pods and of 1 000 (issue 36).
+    // finished that pass for this build since the last change (the record
+    // says `pending` from a change's first step, see [`invalidate_pass`]).
+    // Otherwise an interface with its pins is attached already, as
+    // `is_ready` trusts, and a run costs the same on a node of 3 pods and
+    // of 1 000 (issue 36).
     let upgrade_pass = loaded || resize.is_some() || !PassRecord::is_current(layout);
     let full_pass = upgrade_pass || mode == AttachMode::Clsact;
     let pinned: std::collections::HashSet<(u32, Direction)> =
@@ -403,34 +413,55 @@ pub fn ensure(
             .iter()
             .all(|&direction| pinned.contains(&(ifindex, direction)))
     };
+    // A failure of the request's own attachment fails the run, but only
+    // once the pass is over: after a resize or an upgrade every other
+    // attachment must still get the new programs (a pod torn down during
+    // its ADD must not leave the uplinks on tables no longer pinned).
+    let mut failed: Option<AttachError> = None;
+    // Any other attachment that could not be moved: the pass is not done.
+    let mut incomplete = false;
     for &ifindex in targets.required {
         for direction in Direction::BOTH {
-            attach_one(layout, ifindex, direction, mode)?;
+            if let Err(error) = attach_one(layout, ifindex, direction, mode) {
+                failed.get_or_insert(error);
+            }
         }
     }
-    attach_bridge_ports(layout, targets.bridge_ports, mode)?;
+    crash::point("attach-required");
+    if let Err(error) = attach_bridge_ports(layout, targets.bridge_ports, mode) {
+        failed.get_or_insert(error);
+    }
     for &ifindex in targets.uplinks.difference(targets.required) {
         if !full_pass && has_pins(ifindex) {
             continue;
         }
         for direction in Direction::BOTH {
-            if let Err(error) = attach_one(layout, ifindex, direction, mode) {
-                log::warn!("attaching to interface {ifindex}: {error}");
+            match attach_one(layout, ifindex, direction, mode) {
+                // Gone since the run's dump: nothing runs there.
+                Ok(()) | Err(AttachError::NoInterface { .. }) => {}
+                Err(error) => {
+                    log::warn!("attaching to interface {ifindex}: {error}");
+                    incomplete = true;
+                }
             }
         }
+        crash::point("attach-uplink");
     }
     // Interfaces attached by earlier runs (other containers' veths, after
     // an upgrade): this build's programs go there too, or the old ones keep
     // running.
-    let mut all_updated = true;
     for &(ifindex, direction) in pinned.iter().filter(|_| full_pass) {
         if targets.required.contains(&ifindex) || targets.uplinks.contains(&ifindex) {
             continue;
         }
-        if let Err(error) = attach_one(layout, ifindex, direction, mode) {
-            log::warn!("updating the programs on interface {ifindex}: {error}");
-            all_updated = false;
+        match attach_one(layout, ifindex, direction, mode) {
+            Ok(()) | Err(AttachError::NoInterface { .. }) => {}
+            Err(error) => {
+                log::warn!("updating the programs on interface {ifindex}: {error}");
+                incomplete = true;
+            }
         }
+        crash::point("attach-pinned");
     }
     // Other pods' bridge ports (one pin each, read only here): their
     // program changes with an upgrade only, whatever the mode.
@@ -439,35 +470,105 @@ pub fn ensure(
             continue;
         }
         let pins = HookPins::port(layout, ifindex);
-        if let Err(error) = attach_at(layout, &pins, ifindex, Direction::Ingress, mode) {
-            log::warn!("updating the program on bridge port {ifindex}: {error}");
-            all_updated = false;
+        match attach_at(layout, &pins, ifindex, Direction::Ingress, mode) {
+            Ok(()) | Err(AttachError::NoInterface { .. }) => {}
+            Err(error) => {
+                log::warn!("updating the program on bridge port {ifindex}: {error}");
+                incomplete = true;
+            }
         }
-    }
-    if full_pass && all_updated {
-        PassRecord::write(layout);
+        crash::point("attach-port");
     }
     for program in local::program_names::ALL {
-        if !hook_attached(layout, cgroup, program) {
-            cgroup::attach(
+        if !hook_attached(layout, cgroup, program)
+            && let Err(error) = cgroup::attach(
                 layout,
                 cgroup,
                 program,
                 &layout.program(build_id(), program),
-            )?;
+            )
+        {
+            failed.get_or_insert(error.into());
         }
     }
+    crash::point("attach-hooks");
     attach_beacon_if_missing(layout);
     // Programs of this build that ran before another build took over (a
     // downgrade and an upgrade again) may hold mappings in their cache that
     // the other build deleted without raising the epoch.
     crate::dataplane::maps::MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)).raise();
-    remove_other_builds(layout);
     if let Some(resize) = resize {
         resize.finish(layout);
     }
+    // The record is the last step, and only of a pass that put this
+    // build's programs everywhere and then found them there: until it is
+    // written, every run (and the agent's pass) does the whole pass again.
+    if full_pass && failed.is_none() && !incomplete {
+        let unverified = unverified_attachments(layout, cgroup);
+        if unverified.is_empty() {
+            // The older builds' programs run nowhere any more.
+            remove_other_builds(layout);
+            PassRecord::write(layout);
+            crash::point("attach-recorded");
+        } else {
+            log::warn!(
+                "after the attach pass, {} do not run this build's programs; the next run tries again",
+                unverified.join(", ")
+            );
+        }
+    }
     drop(lock);
-    Ok(())
+    failed.map_or(Ok(()), Err)
+}
+
+/// Whether every attachment recorded under links/ and every socket hook
+/// runs this build's pinned programs. A node-wide pass (the agent's,
+/// `reconcile`, GC) asks before it reconciles, and a no makes it redo the
+/// whole attach pass whatever the records say ([`invalidate_pass`]): a
+/// split left by anything (a build without the records, a hand-made
+/// change) is repaired there. A few `bpf()` calls per attachment.
+pub fn attachments_current(layout: &PinLayout, cgroup: &Path) -> bool {
+    unverified_attachments(layout, cgroup).is_empty()
+}
+
+/// Every attachment recorded under links/ (of an interface that exists)
+/// and every socket hook that does not run this build's pinned program,
+/// described: empty when the attach pass is done. A few `bpf()` calls per
+/// attachment; full passes only.
+fn unverified_attachments(layout: &PinLayout, cgroup: &Path) -> Vec<String> {
+    let mut unverified = Vec::new();
+    for direction in Direction::BOTH {
+        let Some(want) = pinned_id(&layout.program(build_id(), program_name(direction))) else {
+            unverified.push(format!("the pinned {} program", direction.as_str()));
+            continue;
+        };
+        for (ifindex, _) in recorded_attachments(layout)
+            .into_iter()
+            .filter(|&(_, d)| d == direction)
+        {
+            if !attached(layout, ifindex, direction, want)
+                && netlink::interface_name(ifindex).is_some()
+            {
+                unverified.push(format!("interface {ifindex} ({})", direction.as_str()));
+            }
+        }
+        if direction == Direction::Ingress {
+            for ifindex in port_pins(layout) {
+                let pins = HookPins::port(layout, ifindex);
+                if !attached_at(&pins, ifindex, direction, want)
+                    && netlink::interface_name(ifindex).is_some()
+                {
+                    unverified.push(format!("bridge port {ifindex}"));
+                }
+            }
+        }
+    }
+    for program in local::program_names::ALL {
+        if !hook_attached(layout, cgroup, program) {
+            unverified.push(format!("socket hook {program}"));
+        }
+    }
+    unverified
 }
 
 /// Whether the namespace beacon's link is among `listed` (see
@@ -504,6 +605,11 @@ fn is_ready(
     listed: &[(OsString, u64)],
     cgroup: &Path,
 ) -> bool {
+    // A change of programs or tables whose attach pass has not finished:
+    // the pins below say nothing of which programs run (issue 52).
+    if !PassRecord::is_current(layout) {
+        return false;
+    }
     // The socket hooks: known to be in place if a run of this build
     // recorded these very link pins; otherwise each link's program is
     // compared with this build's, and what passes is recorded. The pins
@@ -563,40 +669,6 @@ fn pinned_id(path: &Path) -> Option<u32> {
         .map(|info| info.id())
 }
 
-/// The record that a run of this build has put its tc programs on every
-/// interface attached before (`{lock}.tc`, the build ID in hex, beside the
-/// lock): until it is written, each slow-path run looks at every
-/// attachment, so a run that died halfway through an upgrade leaves the
-/// next one to finish it.
-struct PassRecord;
-
-/// Where [`PassRecord`] is: an uninstall removes it with the programs.
-pub fn pass_record(layout: &PinLayout) -> PathBuf {
-    PassRecord::path(layout)
-}
-
-impl PassRecord {
-    fn path(layout: &PinLayout) -> PathBuf {
-        layout.lock_file().with_extension("tc")
-    }
-
-    fn text() -> String {
-        format!("{:016x}\n", build_id())
-    }
-
-    fn is_current(layout: &PinLayout) -> bool {
-        std::fs::read_to_string(Self::path(layout)).is_ok_and(|text| text == Self::text())
-    }
-
-    /// Best effort: without it the next slow path looks at everything again.
-    fn write(layout: &PinLayout) {
-        let path = Self::path(layout);
-        if let Err(error) = crate::dataplane::lock::write_record(&path, &Self::text()) {
-            log::debug!("attachment record {} not written: {error}", path.display());
-        }
-    }
-}
-
 /// Loads the object (reusing pinned maps) and pins this build's programs,
 /// unless they are pinned already; what linking its kfunc calls found if
 /// it loaded them.
@@ -613,7 +685,11 @@ fn load_and_pin(
     }
     let linked = crate::dataplane::object::linked_for_this_kernel()?;
     check_pinned_layouts(layout)?;
+    // New programs (an upgrade, a resize, pins removed by hand): the pass
+    // that puts them everywhere must finish, whoever is killed when.
+    invalidate_pass(layout)?;
     let migration = Migration::prepare(layout);
+    crash::point("load-prepared");
     let conntrack_was_pinned = layout.map(map_names::CONNTRACK).exists();
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
         .iter()
@@ -676,7 +752,9 @@ fn load_and_pin(
             path: path.clone(),
             source: io::Error::other(e.to_string()),
         })?;
+        crash::point("load-pinned-one");
     }
+    crash::point("load-pinned");
     Ok(Some(linked.kfuncs))
 }
 
@@ -915,7 +993,17 @@ fn attach_port_tcx(layout: &PinLayout, ifindex: u32) -> Result<(), AttachError> 
     if attached_at(&pins, ifindex, Direction::Ingress, id) {
         return Ok(());
     }
-    let _ = fs::remove_file(&pins.tcx);
+    // Our link, running another program (an upgrade, a resize): swapped in
+    // place, so no packet of the port goes without a program, whenever
+    // this run is killed. A defunct link (its index reused) goes.
+    if pins.tcx.exists() {
+        match tcx::update_pinned(&pins.tcx, &program) {
+            Ok(()) if attached_at(&pins, ifindex, Direction::Ingress, id) => return Ok(()),
+            Ok(()) => {}
+            Err(error) => log::debug!("bridge port {ifindex}: link not updated ({error})"),
+        }
+        let _ = fs::remove_file(&pins.tcx);
+    }
     match tcx::link_pinned(&program, ifindex, Direction::Ingress, &pins.tcx) {
         Ok(()) => Ok(()),
         Err(error) if error.raw_os_error() == Some(libc::ENODEV) => {
@@ -937,34 +1025,6 @@ fn attach_port_tcx(layout: &PinLayout, ifindex: u32) -> Result<(), AttachError> 
             direction: Direction::Ingress.as_str(),
             source: Box::new(ProgramError::IOError(error)),
         }),
-    }
-}
-
-/// The record that a run of this build has put the ingress program on
-/// every pod's bridge port of the node (`{lock}.ports`, the build ID in
-/// hex, beside the lock). Until then a run does that node-wide: the pods
-/// made before the dataplane existed (an ADD without mappings installs
-/// nothing) or before this build (an upgrade) have none.
-pub struct PortsRecord;
-
-impl PortsRecord {
-    pub fn path(layout: &PinLayout) -> PathBuf {
-        layout.lock_file().with_extension("ports")
-    }
-
-    pub fn is_current(layout: &PinLayout) -> bool {
-        std::fs::read_to_string(Self::path(layout)).is_ok_and(|text| text == PassRecord::text())
-    }
-
-    /// Best effort: without it the next run walks the ports again.
-    pub fn write(layout: &PinLayout) {
-        let path = Self::path(layout);
-        if let Err(error) = crate::dataplane::lock::write_record(&path, &PassRecord::text()) {
-            log::debug!(
-                "bridge ports record {} not written: {error}",
-                path.display()
-            );
-        }
     }
 }
 

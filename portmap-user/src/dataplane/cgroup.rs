@@ -180,6 +180,20 @@ pub fn attach(
         source: Box::new(source),
     };
     let kind = attach_type(program).ok_or_else(|| fail(ProgramError::NotLoaded))?;
+    // Our link is there, running another program (an older build's, or
+    // this build's before a resize): the program is swapped inside it,
+    // atomically, so no connect() goes untranslated, nor translated twice,
+    // whenever this run is killed.
+    let pin = link_pin(layout, cgroup, program);
+    if pin.exists() {
+        match crate::dataplane::tcx::update_pinned(&pin, program_pin) {
+            Ok(()) => {
+                crate::dataplane::crash::point("hook-updated");
+                return Ok(());
+            }
+            Err(error) => log::debug!("{}: link not updated ({error})", pin.display()),
+        }
+    }
     let mut hook = CgroupSockAddr::from_pin(program_pin, kind).map_err(fail)?;
     let file = fs::File::open(cgroup).map_err(|source| CgroupError::Open {
         path: cgroup.to_path_buf(),
@@ -192,7 +206,6 @@ pub fn attach(
     let link = hook.take_link(link_id).map_err(fail)?;
     let link = FdLink::try_from(link)
         .map_err(|e| fail(ProgramError::IOError(io::Error::other(e.to_string()))))?;
-    let pin = link_pin(layout, cgroup, program);
     // The old link goes when its pin does (nothing else holds it).
     let _ = fs::remove_file(&pin);
     link.pin(&pin).map_err(|e| CgroupError::Pin {

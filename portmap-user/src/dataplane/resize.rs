@@ -124,6 +124,8 @@ pub enum ResizeError {
         #[source]
         source: MapError,
     },
+    #[error(transparent)]
+    Pass(#[from] crate::dataplane::pass::PassError),
     #[error(
         "maxMappings {wanted} is too small: the {map} map holds {live} live entries, and would have room for {room}; nothing was resized (it keeps its {size} entries). Set maxMappings to at least {at_least}, or remove containers first"
     )]
@@ -198,6 +200,11 @@ fn recover(layout: &PinLayout) {
         }
     }
     if left {
+        // The run that died removed the records before its first step; a
+        // removal that fails here is tried again by the load.
+        if let Err(error) = crate::dataplane::pass::invalidate_pass(layout) {
+            log::warn!("{error}");
+        }
         remove_program_pins(layout);
     }
 }
@@ -341,9 +348,13 @@ impl Resize {
         if tables.is_empty() && mapping_tables.is_empty() {
             return Ok(None);
         }
+        // The first destructive step: from here on, until the attach pass
+        // of the new programs is done, no run trusts the attachments.
+        crate::dataplane::pass::invalidate_pass(layout)?;
         // The programs are loaded anew with the new tables; the links keep
         // the old ones running until they are replaced.
         remove_program_pins(layout);
+        crate::dataplane::crash::point("resize-begun");
         let split = !layout.map(map_names::CONNTRACK_OTHER).exists();
         Ok(Some(Resize {
             tables,
@@ -448,6 +459,7 @@ impl Resize {
                 self.copy_conntrack(layout, table)?;
                 renames.push(table.name);
             }
+            crate::dataplane::crash::point("resize-copied");
             for name in renames {
                 std::fs::rename(staging(layout, name), layout.map(name)).map_err(|source| {
                     ResizeError::Rename {
@@ -455,6 +467,7 @@ impl Resize {
                         source,
                     }
                 })?;
+                crate::dataplane::crash::point(&format!("resize-renamed-{name}"));
             }
             Ok(())
         });

@@ -5,6 +5,11 @@
 //! first (a dozen BTF and program loads per process): on the bench's
 //! plugin-alone loop that doubled an ADD (1.63 to 3.70 ms at p50).
 //! [`open_pin`] also serves `dataplane::stale`'s read of the beacon link.
+//!
+//! Also the other raw `bpf()` calls of the attachments: [`update_pinned`]
+//! swaps the program inside a pinned link (any link type), and
+//! [`program_map_ids`] reads which maps a program uses, for `status`'s
+//! check that every attached program reads the pinned maps.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -16,6 +21,9 @@ use super::pin::Direction;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_UPDATE: libc::c_long = 29;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_TCX_INGRESS: u32 = 46;
 const BPF_TCX_EGRESS: u32 = 47;
 
@@ -102,4 +110,117 @@ pub fn link_pinned(
     };
     bpf(BPF_OBJ_PIN, &mut pin)?;
     Ok(())
+}
+
+/// `union bpf_attr` as `BPF_LINK_UPDATE` reads it: no old program named
+/// (`flags` 0), so whatever the link runs is replaced.
+#[repr(C)]
+struct LinkUpdateAttr {
+    link_fd: u32,
+    new_prog_fd: u32,
+    flags: u32,
+    old_prog_fd: u32,
+}
+
+/// Replaces the program inside the link pinned at `link` with the one
+/// pinned at `program`, atomically (`BPF_LINK_UPDATE`): every packet, or
+/// `connect()`, runs one or the other, never both nor neither, and a
+/// process killed at any point leaves one of them attached. `ENOLINK`:
+/// the link is defunct (its interface gone).
+pub fn update_pinned(link: &Path, program: &Path) -> io::Result<()> {
+    let link = open_pin(link)?;
+    let prog = open_pin(program)?;
+    let mut update = LinkUpdateAttr {
+        link_fd: link.as_raw_fd() as u32,
+        new_prog_fd: prog.as_raw_fd() as u32,
+        flags: 0,
+        old_prog_fd: 0,
+    };
+    bpf(BPF_LINK_UPDATE, &mut update)?;
+    Ok(())
+}
+
+/// `union bpf_attr` as `BPF_OBJ_GET_INFO_BY_FD` reads it.
+#[repr(C)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// The head of `struct bpf_prog_info` (include/uapi/linux/bpf.h), up to
+/// `map_ids`: the kernel fills as much as `info_len` says.
+#[repr(C)]
+#[derive(Default)]
+struct ProgInfoHead {
+    prog_type: u32,
+    id: u32,
+    tag: [u8; 8],
+    jited_prog_len: u32,
+    xlated_prog_len: u32,
+    jited_prog_insns: u64,
+    xlated_prog_insns: u64,
+    load_time: u64,
+    created_by_uid: u32,
+    nr_map_ids: u32,
+    map_ids: u64,
+}
+
+// `map_ids` is at offset 56 of `struct bpf_prog_info`; the head ends there.
+const _: () = assert!(size_of::<ProgInfoHead>() == 64);
+const _: () = assert!(std::mem::offset_of!(ProgInfoHead, map_ids) == 56);
+
+fn prog_info(fd: &OwnedFd, map_ids: &mut [u32]) -> io::Result<ProgInfoHead> {
+    let mut info = ProgInfoHead {
+        nr_map_ids: map_ids.len() as u32,
+        map_ids: map_ids.as_mut_ptr() as u64,
+        ..ProgInfoHead::default()
+    };
+    let mut attr = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: size_of::<ProgInfoHead>() as u32,
+        info: std::ptr::from_mut(&mut info) as u64,
+    };
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok(info)
+}
+
+/// The IDs of the maps the program `fd` uses (`map_ids` of its info):
+/// needs only the fd, which a pin gives without CAP_SYS_ADMIN.
+pub fn program_map_ids(fd: &OwnedFd) -> io::Result<Vec<u32>> {
+    let count = prog_info(fd, &mut [])?.nr_map_ids as usize;
+    let mut ids = vec![0u32; count];
+    let filled = prog_info(fd, &mut ids)?.nr_map_ids as usize;
+    // Maps are fixed at load: the count cannot grow between the calls.
+    ids.truncate(filled.min(count));
+    Ok(ids)
+}
+
+/// The ID of the program `fd`.
+pub fn program_id(fd: &OwnedFd) -> io::Result<u32> {
+    Ok(prog_info(fd, &mut [])?.id)
+}
+
+/// Opens the program pinned at `path`.
+pub fn open_program_pin(path: &Path) -> io::Result<OwnedFd> {
+    open_pin(path)
+}
+
+/// Opens the program with ID `id` (`BPF_PROG_GET_FD_BY_ID`: the kernel
+/// wants CAP_SYS_ADMIN, which `status` run as root has and the node agent
+/// has not: `EPERM` then).
+pub fn open_program_id(id: u32) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct GetFdAttr {
+        id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    let mut attr = GetFdAttr {
+        id,
+        next_id: 0,
+        open_flags: 0,
+    };
+    // SAFETY: BPF_PROG_GET_FD_BY_ID returns a new fd, ours to own.
+    Ok(unsafe { OwnedFd::from_raw_fd(bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)? as i32) })
 }

@@ -181,6 +181,16 @@ pub fn reconcile(
         conntrack: conf.conntrack_size,
     };
     let cgroup = cgroup::target(conf.cgroup_path.as_deref()).map_err(AttachError::from)?;
+    // A node-wide pass looks at every attachment: one that runs another
+    // program than this build's pinned one (a change of programs or tables
+    // that did not finish, however it came about) sends it through the
+    // whole attach pass.
+    if pass == Pass::Node
+        && layout.progs_dir().exists()
+        && !attach::attachments_current(layout, &cgroup)
+    {
+        attach::invalidate_pass(layout).map_err(AttachError::from)?;
+    }
     let pins = LinkPins::read(layout);
     let Attached { mut live, ports } = attached(rtnl, &pins, conf, node)?;
     let mut port_bridges = node.ports.clone();

@@ -226,6 +226,19 @@ pub const GUEST_TESTS: &[GuestTest] = &[
             "a_gone_nodes_pins_and_hooks_are_removed_by_another_nodes_next_run",
         ]),
     },
+    // A resize killed right after its last rename and midway through its
+    // attach pass (issue 52): the next plugin run, and `reconcile`, must
+    // move every attachment to the new programs, which each kernel does its
+    // own way (6.1: clsact filters replaced by netlink; 6.12: tcx links
+    // and cgroup links updated in place), and `status` must read each
+    // attached program's maps (`BPF_OBJ_GET_INFO_BY_FD`) to name the split.
+    GuestTest {
+        name: "crash",
+        tests: InGuest::Only(&[
+            "a_resize_killed_after_its_last_rename_is_finished_by_the_next_plugin_run",
+            "a_resize_killed_after_its_renames_is_finished_by_reconcile",
+        ]),
+    },
     // The tc paths over bridge and ptp, both families, and the fast path's
     // redirects (`bpf_redirect_peer`, FIB plus redirect).
     GuestTest {

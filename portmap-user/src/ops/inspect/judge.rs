@@ -4,7 +4,7 @@
 
 use portmap_common::MappingKey;
 
-use super::attachments::TcAttachment;
+use super::attachments::{SplitKind, TcAttachment};
 use super::drift::NodeDrift;
 use super::fills::FILL_WARNING_PERCENT;
 use super::list::mapping_rows;
@@ -99,6 +99,7 @@ pub fn judge(status: &mut Status) {
         if status.tc.is_empty() {
             problems.push("the programs are attached to no interface".into());
         }
+        judge_changes(status, &mut problems);
     }
     let mut interfaces: Vec<u32> = status.tc.iter().map(|a| a.ifindex).collect();
     interfaces.dedup();
@@ -228,6 +229,42 @@ pub fn judge(status: &mut Status) {
     status.notes = notes;
 }
 
+/// What `reconcile` (and every plugin run, and the agent's pass) does to
+/// an unfinished change: the fix named by its problems.
+const FINISH: &str = "run `ebpf-portmap reconcile` (the next CNI ADD, DEL, CHECK or GC, or the node agent's pass, does it too)";
+
+/// The problems of a change of programs or tables (an upgrade, a resize)
+/// that did not finish (issue 52): attached programs that read maps no
+/// longer pinned, and a pass over the attachments still to do.
+fn judge_changes(status: &Status, problems: &mut Vec<String>) {
+    for split in &status.splits {
+        problems.push(match &split.kind {
+            SplitKind::StaleMaps(maps) => format!(
+                "{}: its program (ID {}) reads {} in place of the pinned one(s) ({}): the dataplane is split (a resize or an upgrade that did not finish), so traffic there sees other mappings and flows than the plugin's runs write: {FINISH}",
+                split.at,
+                split.program_id,
+                maps.iter()
+                    .map(|(name, id, _)| format!("{name} (map ID {id})"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                maps.iter()
+                    .map(|(_, _, pinned)| format!("ID {pinned}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            SplitKind::Unpinned => format!(
+                "{}: runs program ID {}, which is none of the pinned programs (a resize or an upgrade that did not finish left it there; it may read maps no longer pinned): {FINISH}",
+                split.at, split.program_id
+            ),
+        });
+    }
+    if status.change_unfinished == Some(true) {
+        problems.push(format!(
+            "the last change of the programs or tables (an install, an upgrade, a resize) has not put them on every attachment yet (a run was killed or failed midway): {FINISH}"
+        ));
+    }
+}
+
 /// Up to three keys, then how many more: for one-line problems.
 fn key_list(keys: &[MappingKey]) -> String {
     let mut shown: Vec<String> = keys
@@ -314,6 +351,8 @@ mod tests {
             tc: vec![tc(Direction::Ingress), tc(Direction::Egress)],
             drift: NodeDrift::default(),
             other_links: Vec::new(),
+            splits: Vec::new(),
+            change_unfinished: Some(false),
             bridge_ports: Vec::new(),
             maps: vec![MapFill {
                 name: "mappings".into(),
@@ -502,6 +541,51 @@ mod tests {
         assert!(drifted.notes[0].contains("\"bond0.*\" matches no interface"));
         assert!(drifted.notes[1].starts_with("198.18.0.66 is still taken"));
         assert!(drifted.notes[2].starts_with("mapping 198.18.0.99:8080/tcp: its hostIP"));
+    }
+
+    #[test]
+    fn a_split_and_an_unfinished_change_are_problems_naming_reconcile() {
+        use super::super::attachments::Split;
+        let mut split = healthy();
+        split.splits = vec![
+            Split {
+                at: "eth0 ingress".into(),
+                program_id: 7,
+                kind: SplitKind::StaleMaps(vec![("mappings".into(), 12, 34)]),
+            },
+            Split {
+                at: "link cg1_connect4".into(),
+                program_id: 8,
+                kind: SplitKind::Unpinned,
+            },
+        ];
+        split.change_unfinished = Some(true);
+        let problems = judged(split).problems;
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(
+            problems[0].starts_with(
+                "eth0 ingress: its program (ID 7) reads mappings (map ID 12) in place of the pinned one(s) (ID 34): the dataplane is split"
+            ),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[1].starts_with(
+                "link cg1_connect4: runs program ID 8, which is none of the pinned programs"
+            ),
+            "{problems:#?}"
+        );
+        assert!(problems[2].starts_with("the last change of the programs or tables"));
+        for problem in &problems {
+            assert!(
+                problem.contains("run `ebpf-portmap reconcile`"),
+                "{problem}"
+            );
+        }
+
+        // Nothing pinned nor attached: nothing to finish.
+        let mut nothing = healthy();
+        nothing.change_unfinished = None;
+        assert!(judged(nothing).problems.is_empty());
     }
 
     #[test]

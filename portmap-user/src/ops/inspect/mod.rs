@@ -20,7 +20,10 @@ mod ownership;
 mod shared;
 mod status;
 
-pub use attachments::{OtherLink, PinnedProgram, TcAttachment, attachments, pinned_programs};
+pub use attachments::{
+    OtherLink, PinnedProgram, Split, SplitKind, TcAttachment, attachments, change_unfinished,
+    pinned_programs, splits,
+};
 pub use drift::{NodeDrift, node_drift};
 pub use fills::{FILL_WARNING_PERCENT, MapFill, map_fills};
 pub use judge::{judge, judge_gone_containers};
@@ -40,11 +43,18 @@ pub fn status(layout: &PinLayout) -> Status {
         (Vec::new(), Vec::new())
     };
     let programs = pinned_programs(layout);
+    let found = attachments(layout);
+    let splits = if installed {
+        splits(layout, &found)
+    } else {
+        Vec::new()
+    };
+    let change_unfinished = change_unfinished(layout);
     let attachments::Attachments {
         tc,
         bridge_ports,
         other: other_links,
-    } = attachments(layout);
+    } = found;
     let drift = if installed {
         node_drift(layout, &tc)
     } else {
@@ -63,6 +73,8 @@ pub fn status(layout: &PinLayout) -> Status {
         bridge_ports,
         drift,
         other_links,
+        splits,
+        change_unfinished,
         maps,
         missing_maps,
         stats: stats(layout),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use portmap_common::{TraceFilter, stat};
 
-use super::attachments::{OtherLink, PinnedProgram, TcAttachment};
+use super::attachments::{OtherLink, PinnedProgram, Split, TcAttachment};
 use super::drift::NodeDrift;
 use super::fills::MapFill;
 use super::ownership::Ownership;
@@ -60,6 +60,12 @@ pub struct Status {
     /// How the node differs from what the plugin's runs set up.
     pub drift: NodeDrift,
     pub other_links: Vec<OtherLink>,
+    /// Attached programs that do not read the pinned maps (see
+    /// `attachments::splits`).
+    pub splits: Vec<Split>,
+    /// Whether the last change of programs or tables has not finished its
+    /// attach pass (`None`: no programs pinned).
+    pub change_unfinished: Option<bool>,
     pub maps: Vec<MapFill>,
     pub missing_maps: Vec<&'static str>,
     pub stats: Vec<(&'static str, u64)>,
