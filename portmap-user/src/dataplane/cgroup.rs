@@ -83,7 +83,10 @@ pub fn target(configured: Option<&Path>) -> Result<PathBuf, CgroupError> {
     if let Some(path) = cgroup2_mount_in(&mounts) {
         return Ok(path);
     }
-    fs::create_dir_all(PRIVATE_MOUNT).map_err(CgroupError::Mount)?;
+    // Private like the rest of the run directory: a parent made here with
+    // the runtime's umask (002, say) would be refused by every later run.
+    crate::dataplane::bpffs::create_private_dir(Path::new(PRIVATE_MOUNT))
+        .map_err(|error| CgroupError::Mount(io::Error::other(error)))?;
     crate::dataplane::bpffs::mount_fs("cgroup2", Path::new(PRIVATE_MOUNT))
         .map_err(CgroupError::Mount)?;
     Ok(PathBuf::from(PRIVATE_MOUNT))
