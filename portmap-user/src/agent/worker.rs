@@ -25,11 +25,8 @@ use std::{
 
 use portmap_common::reason::{Kind, REASONS};
 
-use super::{
-    AgentError,
-    conf::{ConfError, ConfSource},
-    datapath_log::DatapathLog,
-};
+use super::{AgentError, datapath_log::DatapathLog};
+use crate::ops::conf::{ConfError, ConfSource};
 use crate::{
     cni::error::with_sources,
     dataplane::{
