@@ -778,3 +778,49 @@ fn the_scanner_finds_a_circle_through_use_trees_super_and_inline_paths() {
         vec![vec!["a::b".to_owned(), "c".to_owned()]]
     );
 }
+
+#[test]
+fn an_import_against_a_rule_is_found_also_through_the_librarys_name() {
+    let modules: BTreeSet<String> = ["dataplane", "dataplane::maps", "ops", "cli", "cli::gc"]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    const GROUPS: &[Group] = &[
+        group("dataplane", &["dataplane"], &[]),
+        group("ops", &["ops"], &["dataplane"]),
+        group("cli", &["cli"], &["ops"]),
+    ];
+    // A binary's module names the library by its name: `portmap_user::`
+    // resolves like `crate::` there, in a `use` and inline alike.
+    let gc = blank_comments_and_strings(
+        "use portmap_user::{ops::gc, dataplane::maps::Maps};\nfn f() { portmap_user::ops::g() }",
+    );
+    let named = named_modules("cli::gc", &gc, &modules, Some("portmap_user"));
+    assert_eq!(
+        named,
+        BTreeSet::from(["dataplane::maps".to_owned(), "ops".to_owned()])
+    );
+    // Not under another crate's name.
+    assert!(named_modules("cli::gc", &gc, &modules, Some("portmap_tests")).is_empty());
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("cli::gc".to_owned(), named),
+        (
+            "ops".to_owned(),
+            BTreeSet::from(["dataplane::maps".to_owned()]),
+        ),
+        ("dataplane::maps".to_owned(), BTreeSet::new()),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(
+        crossings(GROUPS, &graph),
+        Ok(BTreeSet::from([(
+            "cli::gc".to_owned(),
+            "dataplane::maps".to_owned()
+        )]))
+    );
+    // A module in no group is named, not skipped.
+    let mut unplaced = graph.clone();
+    unplaced.insert("agent".to_owned(), BTreeSet::new());
+    assert_eq!(crossings(GROUPS, &unplaced), Err(vec!["agent".to_owned()]));
+}
