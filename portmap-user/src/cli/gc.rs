@@ -5,7 +5,6 @@ use std::{
     time::{Duration, UNIX_EPOCH},
 };
 
-use anyhow::Context;
 use portmap_user::{
     logging::utc_timestamp,
     model::Attachment,
@@ -157,8 +156,7 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     };
-    let collected = gc::collect(&layout, &request)
-        .with_context(|| format!("collecting under {}", root.display()))?;
+    let collected = gc::collect(&layout, &request)?;
     if out.json() {
         print_json(&json_of(args, &collected, root));
     } else {
