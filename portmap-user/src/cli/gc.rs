@@ -158,9 +158,9 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     };
     let collected = gc::collect(&layout, &request)?;
     if out.json() {
-        print_json(&json_of(args, &collected, root));
+        print_json(&json_of(&request, &collected, root));
     } else {
-        for line in lines(args, &collected) {
+        for line in lines(&request, &collected) {
             print(&format!("{line}\n"));
         }
     }
@@ -168,8 +168,8 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// "removed" or "would remove".
-fn verb(args: &GcArgs) -> &'static str {
-    if args.dry_run {
+fn verb(request: &Request) -> &'static str {
+    if request.dry_run {
         "would remove"
     } else {
         "removed"
@@ -177,8 +177,8 @@ fn verb(args: &GcArgs) -> &'static str {
 }
 
 /// What the collection did, a line each, class by class.
-fn lines(args: &GcArgs, collected: &Collected) -> Vec<String> {
-    let verb = verb(args);
+fn lines(request: &Request, collected: &Collected) -> Vec<String> {
+    let verb = verb(request);
     let mut lines = Vec::new();
     if let Some(owners) = &collected.owners {
         for removed in owners {
@@ -193,7 +193,7 @@ fn lines(args: &GcArgs, collected: &Collected) -> Vec<String> {
         }
     }
     if let Some(orphans) = &collected.orphans {
-        let was = if args.dry_run { "is" } else { "was" };
+        let was = if request.dry_run { "is" } else { "was" };
         for (id, mappings) in &orphans.reclaimed {
             lines.push(format!(
                 "{verb} {} of owner {id:016x}, whose record {was} gone",
@@ -204,7 +204,7 @@ fn lines(args: &GcArgs, collected: &Collected) -> Vec<String> {
             lines.push(format!(
                 "kept the mappings of owner {id:016x}, whose record is gone: first seen {}s ago, less than --min-age {}",
                 collected.now.saturating_sub(*first_seen),
-                args.min_age
+                request.min_age
             ));
         }
         if orphans.reclaimed.is_empty() && orphans.waiting.is_empty() {
@@ -212,7 +212,7 @@ fn lines(args: &GcArgs, collected: &Collected) -> Vec<String> {
         }
     }
     if let Some(gone) = &collected.gone {
-        gone_lines(args, gone, collected.now, &mut lines);
+        gone_lines(request, gone, collected.now, &mut lines);
     }
     if let Some(stale) = collected.traffic_counters {
         lines.push(match stale {
@@ -255,8 +255,8 @@ fn lines(args: &GcArgs, collected: &Collected) -> Vec<String> {
 
 /// --gone: the containers removed (or to be), those within the grace
 /// period, and those nothing proves gone.
-fn gone_lines(args: &GcArgs, outcome: &GoneReclaim, now: u64, lines: &mut Vec<String>) {
-    let verb = verb(args);
+fn gone_lines(request: &Request, outcome: &GoneReclaim, now: u64, lines: &mut Vec<String>) {
+    let verb = verb(request);
     let netns = |path: &Option<std::path::PathBuf>| {
         path.as_deref()
             .map_or_else(|| "?".into(), |p| p.display().to_string())
@@ -279,7 +279,7 @@ fn gone_lines(args: &GcArgs, outcome: &GoneReclaim, now: u64, lines: &mut Vec<St
             pod_words(&gone.pod),
             netns(&gone.netns),
             now.saturating_sub(gone.gone_since),
-            args.gone_grace
+            request.gone_grace
         ));
     }
     for (container_id, why) in &outcome.unproven {
@@ -297,7 +297,7 @@ fn timestamp(unix: u64) -> String {
 }
 
 /// `-o json`: the same, keyed.
-fn json_of(args: &GcArgs, collected: &Collected, root: &std::path::Path) -> serde_json::Value {
+fn json_of(request: &Request, collected: &Collected, root: &std::path::Path) -> serde_json::Value {
     let owners: Vec<_> = collected
         .owners
         .iter()
@@ -326,7 +326,7 @@ fn json_of(args: &GcArgs, collected: &Collected, root: &std::path::Path) -> serd
                 "netns": owner.netns,
                 "goneSince": timestamp(owner.gone_since),
                 "mappings": owner.mappings,
-                "removed": !args.dry_run,
+                "removed": !request.dry_run,
             }));
         }
         for owner in &outcome.waiting {
@@ -351,7 +351,7 @@ fn json_of(args: &GcArgs, collected: &Collected, root: &std::path::Path) -> serd
     json!({
         "installed": true,
         "pinRoot": root,
-        "dryRun": args.dry_run,
+        "dryRun": request.dry_run,
         "owners": owners,
         "orphans": orphans,
         "gone": gone,
@@ -359,4 +359,106 @@ fn json_of(args: &GcArgs, collected: &Collected, root: &std::path::Path) -> serd
         "portFilterRestored": collected.port_filter_restored,
         "staleLinks": stale_links,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use portmap_user::{
+        model::PodIdentity,
+        ops::gc::{GoneOwner, OrphanReclaim, RemovedOwner},
+    };
+
+    use super::*;
+
+    fn gone(mappings: usize, gone_since: u64) -> GoneOwner {
+        GoneOwner {
+            id: 7,
+            network: "podman".into(),
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            pod: PodIdentity::default(),
+            netns: None,
+            gone_since,
+            mappings,
+        }
+    }
+
+    #[test]
+    fn each_class_asked_for_is_reported_in_order_also_when_it_found_nothing() {
+        let request = Request {
+            network: Some("podman".into()),
+            orphans: true,
+            min_age: 60,
+            gone: true,
+            gone_grace: 300,
+            stale_links: true,
+            ..Request::default()
+        };
+        let collected = Collected {
+            now: 1_000,
+            owners: Some(vec![RemovedOwner {
+                owner: "c2/eth0 (network podman)".into(),
+                mappings: Some(2),
+            }]),
+            orphans: Some(OrphanReclaim {
+                reclaimed: vec![(0xab, 1)],
+                waiting: vec![(0xcd, 990)],
+            }),
+            gone: Some(GoneReclaim {
+                removed: Vec::new(),
+                waiting: vec![gone(0, 900)],
+                unproven: vec![("c3".into(), "no sandbox recorded".into())],
+            }),
+            traffic_counters: Some(0),
+            sock_counters: 1,
+            port_filter_restored: Some(3),
+            stale_links: Some(Vec::new()),
+        };
+        assert_eq!(
+            lines(&request, &collected),
+            [
+                "removed owner c2/eth0 (network podman): 2 mappings",
+                "removed 1 mapping of owner 00000000000000ab, whose record was gone",
+                "kept the mappings of owner 00000000000000cd, whose record is gone: first seen 10s ago, less than --min-age 60",
+                "kept the mappings of container c1 (no known pod): its network namespace ? is gone, first seen 100s ago, less than --gone-grace 300",
+                "kept the mappings of container c3: nothing proves it gone (no sandbox recorded)",
+                "no stale traffic counter",
+                "removed 1 stale socket-hook counter",
+                "restored the port-filter bits of 3 mappings",
+                "no stale attachment pin",
+            ]
+        );
+        let json = json_of(&request, &collected, std::path::Path::new("/sys/fs/bpf/x"));
+        assert_eq!(json["prunedCounters"], 1);
+        assert_eq!(json["owners"][0]["mappings"], 2);
+        assert_eq!(json["gone"][0]["removed"], false);
+    }
+
+    #[test]
+    fn a_dry_run_says_would_and_an_owner_class_that_found_none_says_so() {
+        let request = Request {
+            empty_owners: true,
+            orphans: true,
+            dry_run: true,
+            ..Request::default()
+        };
+        let collected = Collected {
+            owners: Some(Vec::new()),
+            orphans: Some(OrphanReclaim {
+                reclaimed: vec![(1, 2)],
+                waiting: Vec::new(),
+            }),
+            ..Collected::default()
+        };
+        assert_eq!(
+            lines(&request, &collected),
+            [
+                "would remove 2 mappings of owner 0000000000000001, whose record is gone",
+                "no owner to remove",
+            ]
+        );
+        let json = json_of(&request, &collected, std::path::Path::new("/x"));
+        assert_eq!(json["dryRun"], true);
+        assert_eq!(json["prunedCounters"], serde_json::Value::Null);
+    }
 }
