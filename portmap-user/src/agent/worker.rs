@@ -26,7 +26,6 @@ use std::{
 use portmap_common::reason::{Kind, REASONS};
 
 use super::{AgentError, datapath_log::DatapathLog};
-use crate::ops::conf::{ConfError, ConfSource};
 use crate::{
     cni::error::with_sources,
     dataplane::{
@@ -35,7 +34,10 @@ use crate::{
         scope::{self, Access},
     },
     node::netlink::Rtnl,
-    ops::inspect,
+    ops::{
+        conf::{ConfError, ConfSource},
+        inspect,
+    },
     verbs::{
         self,
         interfaces::{NodeView, Pass, reconcile},
