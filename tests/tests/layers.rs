@@ -1,14 +1,22 @@
-//! No module imports one that imports it back, in any crate of the
-//! workspace (issue 32): a reader can then take a crate bottom-up, and a
-//! change low down cannot depend on what sits above it.
+//! Imports in every crate of the workspace run the way ARCHITECTURE.md
+//! says, and no module imports one that imports it back (issue 32): a
+//! reader can then take a crate bottom-up, and a change low down cannot
+//! depend on what sits above it.
+//!
+//! Two checks. Each crate's modules fall into the groups ARCHITECTURE.md
+//! names (portmap-user's `cni`, `dataplane`, `ops`, `cli`...; the eBPF
+//! crate's layers; the harness's `runtime` and its drivers...), and a
+//! group imports only the groups its rule lists (issue 54). And no set of
+//! modules imports itself round in a circle.
 //!
 //! The modules are the source files; an edge is any path that names
 //! another module of the same crate (`use crate::a::b`, `super::x`,
-//! `self::y`, a child named in a `use`, or an inline `crate::a::f()`).
-//! A circle is a strongly connected set of two or more modules. Reading
-//! the source with a small scanner keeps this test free of a parser
-//! dependency; comments and string literals are blanked first so that
-//! neither counts as an import.
+//! `self::y`, a child named in a `use`, an inline `crate::a::f()`, or, from
+//! a binary beside the library, `portmap_user::a`). A binary's root
+//! (`main.rs` beside `lib.rs`, `bin/x.rs`) is the module `main` or
+//! `bin::x`. Reading the source with a small scanner keeps this test free
+//! of a parser dependency; comments and string literals are blanked first
+//! so that neither counts as an import.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -18,26 +26,209 @@ use std::path::{Path, PathBuf};
 /// no longer exists (so the list only shrinks, and says what is left).
 const KNOWN_CIRCLES: &[(&str, &[&str])] = &[];
 
-/// The crates checked: their name, root file and source directory.
-const CRATES: &[(&str, &str, &str)] = &[
+/// The crates checked: their name, root file, source directory, and the
+/// name under which a binary beside the library reaches it (its paths
+/// then resolve like `crate::`).
+const CRATES: &[(&str, &str, &str, Option<&str>)] = &[
     (
         "portmap-common",
         "portmap-common/src/lib.rs",
         "portmap-common/src",
+        None,
     ),
     (
         "portmap-ebpf",
         "portmap-ebpf/src/main.rs",
         "portmap-ebpf/src",
+        None,
     ),
     (
         "portmap-user",
         "portmap-user/src/lib.rs",
         "portmap-user/src",
+        Some("portmap_user"),
     ),
-    ("portmap-tests", "tests/src/lib.rs", "tests/src"),
-    ("portmap-bench", "bench/src/main.rs", "bench/src"),
-    ("xtask", "xtask/src/main.rs", "xtask/src"),
+    (
+        "portmap-tests",
+        "tests/src/lib.rs",
+        "tests/src",
+        Some("portmap_tests"),
+    ),
+    ("portmap-bench", "bench/src/main.rs", "bench/src", None),
+    ("xtask", "xtask/src/main.rs", "xtask/src", None),
+];
+
+/// A group of a crate's modules: its name, the modules it holds (each
+/// with its children; `*` for every module no other group holds), and
+/// the groups it may import. Imports inside a group are free (the circle
+/// check covers them); the crate's root, which only declares modules, is
+/// in no group.
+struct Group {
+    name: &'static str,
+    modules: &'static [&'static str],
+    may_import: &'static [&'static str],
+}
+
+const fn group(
+    name: &'static str,
+    modules: &'static [&'static str],
+    may_import: &'static [&'static str],
+) -> Group {
+    Group {
+        name,
+        modules,
+        may_import,
+    }
+}
+
+/// The direction of every crate, as ARCHITECTURE.md states it.
+const LAYERS: &[(&str, &[Group])] = &[
+    ("portmap-common", &[group("all", &["*"], &[])]),
+    ("portmap-user", PORTMAP_USER),
+    ("portmap-ebpf", PORTMAP_EBPF),
+    ("portmap-tests", PORTMAP_TESTS),
+    ("portmap-bench", PORTMAP_BENCH),
+    ("xtask", XTASK),
+];
+
+const PORTMAP_USER: &[Group] = &[
+    group("model", &["model"], &[]),
+    group("cni", &["cni"], &["model"]),
+    group("logging", &["logging"], &["model"]),
+    group("node", &["node"], &["model"]),
+    group("upstream", &["upstream"], &["model", "cni"]),
+    group("dataplane", &["dataplane"], &["model", "node", "logging"]),
+    group(
+        "verbs",
+        &["verbs"],
+        &["model", "cni", "dataplane", "node", "upstream"],
+    ),
+    group(
+        "ops",
+        &["ops"],
+        &[
+            "model",
+            "cni",
+            "verbs",
+            "dataplane",
+            "node",
+            "upstream",
+            "logging",
+        ],
+    ),
+    group("cli", &["cli"], &["model", "cni", "ops", "logging"]),
+    group(
+        "agent",
+        &["agent"],
+        &[
+            "model",
+            "cni",
+            "verbs",
+            "dataplane",
+            "node",
+            "ops",
+            "logging",
+        ],
+    ),
+    group(
+        "bin/main",
+        &["main"],
+        &["cli", "cni", "verbs", "dataplane", "logging", "model"],
+    ),
+    group("bin/agent", &["bin"], &["agent", "ops", "cni", "logging"]),
+];
+
+/// The layers of ARCHITECTURE.md's drawing, top down: the entry points,
+/// the decisions, the mechanisms, and at the bottom `maps` over `parse`.
+/// `log_map` is the object that holds only the log's ring buffer.
+const PORTMAP_EBPF: &[Group] = &[
+    group(
+        "entry points",
+        &["tc", "sock", "beacon"],
+        &[
+            "flow",
+            "hand-over",
+            "confirm",
+            "mechanisms",
+            "maps",
+            "parse",
+        ],
+    ),
+    group(
+        "flow",
+        &["flow"],
+        &["hand-over", "confirm", "mechanisms", "maps", "parse"],
+    ),
+    group(
+        "hand-over",
+        &["fast", "masq"],
+        &["confirm", "mechanisms", "maps", "parse"],
+    ),
+    group("confirm", &["confirm"], &["mechanisms", "maps", "parse"]),
+    group(
+        "mechanisms",
+        &["ct", "nat", "fib", "counters", "trace", "events", "mark"],
+        &["maps", "parse"],
+    ),
+    group("maps", &["maps"], &["parse"]),
+    group("parse", &["parse"], &[]),
+    group("log_map", &["log_map"], &[]),
+];
+/// The harness: the world's modules (namespaces, topology, traffic,
+/// plugins...) at the bottom, `runtime` (what every runtime's tests share)
+/// over them, the runtime drivers over `runtime`, and what drives a
+/// runtime for its own ends (the installer image, the binaries) on top.
+const PORTMAP_TESTS: &[Group] = &[
+    group("world", &["*"], &[]),
+    group("runtime", &["runtime"], &["world"]),
+    group(
+        "drivers",
+        &["containerd", "cri", "podman"],
+        &["runtime", "world"],
+    ),
+    group(
+        "driver users",
+        &["image", "bin"],
+        &["drivers", "runtime", "world"],
+    ),
+];
+
+/// The bench: its sections (each measurement), `results` (the judged
+/// numbers every section hands over) and `report` (which reads them all).
+/// `results` knows no section's own types.
+const PORTMAP_BENCH: &[Group] = &[
+    group("sections and basics", &["*"], &["results"]),
+    group("hairpin", &["hairpin"], &["results", "sections and basics"]),
+    group("results", &["results"], &["sections and basics"]),
+    group(
+        "report",
+        &["report"],
+        &["results", "hairpin", "sections and basics"],
+    ),
+];
+
+/// xtask: `plan` (what CI runs, in order) on top, the steps under it,
+/// `cmd` (running a command) at the bottom.
+const XTASK: &[Group] = &[
+    group("plan", &["plan"], &["steps", "cmd"]),
+    group("steps", &["*"], &["cmd"]),
+    group("cmd", &["cmd"], &[]),
+];
+
+/// Imports against the stated direction that exist today and are to go,
+/// as (crate, importing module, imported module). The test fails on any
+/// crossing not listed, and on a listed one that no longer exists (so the
+/// list only shrinks).
+const KNOWN_CROSSINGS: &[(&str, &str, &str)] = &[
+    // Upstream nft's runner takes the name of containerd's root variable
+    // from the driver.
+    ("portmap-tests", "upstream_nft", "containerd"),
+    // The bench's results name the hairpin section's rows (its helper of
+    // issue 54 takes them out).
+    ("portmap-bench", "results::compare", "hairpin::rows"),
+    ("portmap-bench", "results::hairpin", "hairpin::rows"),
+    ("portmap-bench", "results::model", "hairpin::rows"),
+    ("portmap-bench", "results::tests", "hairpin::rows"),
 ];
 
 fn workspace() -> PathBuf {
@@ -47,8 +238,8 @@ fn workspace() -> PathBuf {
 #[test]
 fn no_module_imports_one_that_imports_it_back() {
     let mut found = BTreeSet::new();
-    for (name, root, dir) in CRATES {
-        let graph = module_graph(&workspace().join(root), &workspace().join(dir));
+    for (name, root, dir, alias) in CRATES {
+        let graph = module_graph(&workspace().join(root), &workspace().join(dir), *alias);
         for circle in circles(&graph) {
             found.insert((name.to_string(), circle));
         }
@@ -69,9 +260,90 @@ fn no_module_imports_one_that_imports_it_back() {
     );
 }
 
+#[test]
+fn each_group_imports_only_what_its_rule_allows() {
+    let mut found = BTreeSet::new();
+    for (name, root, dir, alias) in CRATES {
+        let Some((_, groups)) = LAYERS.iter().find(|(krate, _)| krate == name) else {
+            panic!("{name} has no rules in LAYERS");
+        };
+        let graph = module_graph(&workspace().join(root), &workspace().join(dir), *alias);
+        match crossings(groups, &graph) {
+            Ok(crossed) => {
+                for (from, to) in crossed {
+                    found.insert((name.to_string(), from, to));
+                }
+            }
+            Err(unplaced) => panic!(
+                "modules of {name} in no group of LAYERS (place them, and say so in ARCHITECTURE.md): {unplaced:?}"
+            ),
+        }
+    }
+    let known: BTreeSet<(String, String, String)> = KNOWN_CROSSINGS
+        .iter()
+        .map(|(krate, from, to)| (krate.to_string(), from.to_string(), to.to_string()))
+        .collect();
+    let new: Vec<_> = found.difference(&known).collect();
+    let gone: Vec<_> = known.difference(&found).collect();
+    assert!(
+        new.is_empty() && gone.is_empty(),
+        "imports against the direction ARCHITECTURE.md states (crate, module, imported module):\n  new: {new:#?}\n  listed but gone (remove them from KNOWN_CROSSINGS): {gone:#?}"
+    );
+}
+
+/// The group of `module`: the one holding the longest prefix of it, else
+/// the one holding `*`.
+fn group_of<'a>(groups: &'a [Group], module: &str) -> Option<&'a Group> {
+    let held = |prefix: &str| module == prefix || module.starts_with(&format!("{prefix}::"));
+    groups
+        .iter()
+        .filter_map(|g| {
+            g.modules
+                .iter()
+                .filter(|m| held(m))
+                .map(|m| m.len())
+                .max()
+                .map(|len| (len, g))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, g)| g)
+        .or_else(|| groups.iter().find(|g| g.modules.contains(&"*")))
+}
+
+/// The imports of `graph` from one group to another its rule does not
+/// list, as (module, imported module); or the modules no group holds.
+fn crossings(
+    groups: &[Group],
+    graph: &BTreeMap<String, BTreeSet<String>>,
+) -> Result<BTreeSet<(String, String)>, Vec<String>> {
+    let unplaced: Vec<String> = graph
+        .keys()
+        .filter(|m| !m.is_empty() && group_of(groups, m).is_none())
+        .cloned()
+        .collect();
+    if !unplaced.is_empty() {
+        return Err(unplaced);
+    }
+    let mut crossed = BTreeSet::new();
+    for (from, tos) in graph.iter().filter(|(m, _)| !m.is_empty()) {
+        let source = group_of(groups, from).unwrap();
+        for to in tos.iter().filter(|m| !m.is_empty()) {
+            let target = group_of(groups, to).unwrap();
+            if target.name != source.name && !source.may_import.contains(&target.name) {
+                crossed.insert((from.clone(), to.clone()));
+            }
+        }
+    }
+    Ok(crossed)
+}
+
 /// Module path (`a::b`, empty for the root) of every source file under
 /// `dir`, with the modules each one names.
-fn module_graph(root: &Path, dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+fn module_graph(
+    root: &Path,
+    dir: &Path,
+    alias: Option<&str>,
+) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = BTreeMap::new();
     collect(dir, dir, root, &mut files);
     let modules: BTreeSet<String> = files.keys().cloned().collect();
@@ -79,7 +351,7 @@ fn module_graph(root: &Path, dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
         .iter()
         .map(|(module, path)| {
             let text = blank_comments_and_strings(&std::fs::read_to_string(path).unwrap());
-            let named = named_modules(module, &text, &modules);
+            let named = named_modules(module, &text, &modules, alias);
             (module.clone(), named)
         })
         .collect()
@@ -89,10 +361,7 @@ fn collect(base: &Path, dir: &Path, root: &Path, files: &mut BTreeMap<String, Pa
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            // Binaries under src/bin are crates of their own.
-            if path.file_name().is_some_and(|n| n != "bin") {
-                collect(base, &path, root, files);
-            }
+            collect(base, &path, root, files);
             continue;
         }
         if path.extension().is_none_or(|e| e != "rs") {
@@ -108,11 +377,12 @@ fn collect(base: &Path, dir: &Path, root: &Path, files: &mut BTreeMap<String, Pa
         }
         if path == root {
             parts.clear();
-        } else if parts.len() == 1 && (parts[0] == "main" || parts[0] == "lib") {
-            // The other root of a crate with both (a binary's main.rs
-            // beside lib.rs) is a crate of its own.
+        } else if parts.len() == 1 && parts[0] == "lib" {
             continue;
         }
+        // A binary beside the library (main.rs, bin/x.rs) is a crate of
+        // its own, named `main` or `bin::x` here: it reaches the library
+        // by its name, never by `crate::`, so it joins no circle.
         files.insert(parts.join("::"), path);
     }
 }
@@ -197,8 +467,13 @@ fn is_ident(bytes: &[u8], i: usize) -> bool {
 }
 
 /// The modules of `modules` that the file of `module` names, itself
-/// excluded.
-fn named_modules(module: &str, text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+/// excluded; `alias` is the library's name as its binaries write it.
+fn named_modules(
+    module: &str,
+    text: &str,
+    modules: &BTreeSet<String>,
+    alias: Option<&str>,
+) -> BTreeSet<String> {
     let here: Vec<&str> = if module.is_empty() {
         Vec::new()
     } else {
@@ -210,7 +485,7 @@ fn named_modules(module: &str, text: &str, modules: &BTreeSet<String>) -> BTreeS
         // Inside an inline module (`mod tests { ... }`), `super` is this
         // file's module and `self` the inline one.
         let depth = inline.iter().filter(|(s, e)| *s <= at && at < *e).count();
-        if let Some(target) = resolve(&here, depth, &path, in_use, modules)
+        if let Some(target) = resolve(&here, depth, &path, in_use, modules, alias)
             && target != module
         {
             named.insert(target);
@@ -281,7 +556,13 @@ fn paths(text: &str) -> Vec<(usize, Vec<String>, bool)> {
             found.push((at, path, true));
         }
     }
-    for start in ["crate::", "super::", "self::"] {
+    for start in [
+        "crate::",
+        "super::",
+        "self::",
+        "portmap_user::",
+        "portmap_tests::",
+    ] {
         for (at, _) in text.match_indices(start) {
             // Not the second `super` of `super::super`, nor inside a `use`.
             if is_ident(bytes, at)
@@ -361,10 +642,12 @@ fn resolve(
     path: &[String],
     in_use: bool,
     modules: &BTreeSet<String>,
+    alias: Option<&str>,
 ) -> Option<String> {
     let first = path.first()?;
     let (mut base, rest): (Vec<String>, &[String]) = match first.as_str() {
         "crate" => (Vec::new(), &path[1..]),
+        name if Some(name) == alias => (Vec::new(), &path[1..]),
         "self" => (here.iter().map(ToString::to_string).collect(), &path[1..]),
         "super" => {
             let supers = path.iter().take_while(|s| *s == "super").count();
@@ -466,26 +749,26 @@ fn the_scanner_finds_a_circle_through_use_trees_super_and_inline_paths() {
     );
     // `x` is no module: an item of the crate root.
     assert_eq!(
-        named_modules("a", &a, &modules),
+        named_modules("a", &a, &modules, None),
         BTreeSet::from(["".to_owned(), "c".to_owned()])
     );
     let b = "fn g() { super::super::c::h() }\nmod tests { use super::*; }";
     assert_eq!(
-        named_modules("a::b", b, &modules),
+        named_modules("a::b", b, &modules, None),
         BTreeSet::from(["c".to_owned()])
     );
     // A module whose name holds "as", and a rename.
     let renamed = blank_comments_and_strings("use crate::{c as cas, a::b::G as Gas};");
     assert_eq!(
-        named_modules("", &renamed, &modules),
+        named_modules("", &renamed, &modules, None),
         BTreeSet::from(["a::b".to_owned(), "c".to_owned()])
     );
     let c = "use b::X;\nfn h() { crate::a::b::g() }";
-    let named = named_modules("c", c, &modules);
+    let named = named_modules("c", c, &modules, None);
     assert_eq!(named, BTreeSet::from(["a::b".to_owned()]));
     let graph: BTreeMap<String, BTreeSet<String>> = [
-        ("a".to_owned(), named_modules("a", &a, &modules)),
-        ("a::b".to_owned(), named_modules("a::b", b, &modules)),
+        ("a".to_owned(), named_modules("a", &a, &modules, None)),
+        ("a::b".to_owned(), named_modules("a::b", b, &modules, None)),
         ("c".to_owned(), named),
     ]
     .into_iter()
@@ -494,4 +777,50 @@ fn the_scanner_finds_a_circle_through_use_trees_super_and_inline_paths() {
         circles(&graph),
         vec![vec!["a::b".to_owned(), "c".to_owned()]]
     );
+}
+
+#[test]
+fn an_import_against_a_rule_is_found_also_through_the_librarys_name() {
+    let modules: BTreeSet<String> = ["dataplane", "dataplane::maps", "ops", "cli", "cli::gc"]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    const GROUPS: &[Group] = &[
+        group("dataplane", &["dataplane"], &[]),
+        group("ops", &["ops"], &["dataplane"]),
+        group("cli", &["cli"], &["ops"]),
+    ];
+    // A binary's module names the library by its name: `portmap_user::`
+    // resolves like `crate::` there, in a `use` and inline alike.
+    let gc = blank_comments_and_strings(
+        "use portmap_user::{ops::gc, dataplane::maps::Maps};\nfn f() { portmap_user::ops::g() }",
+    );
+    let named = named_modules("cli::gc", &gc, &modules, Some("portmap_user"));
+    assert_eq!(
+        named,
+        BTreeSet::from(["dataplane::maps".to_owned(), "ops".to_owned()])
+    );
+    // Not under another crate's name.
+    assert!(named_modules("cli::gc", &gc, &modules, Some("portmap_tests")).is_empty());
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("cli::gc".to_owned(), named),
+        (
+            "ops".to_owned(),
+            BTreeSet::from(["dataplane::maps".to_owned()]),
+        ),
+        ("dataplane::maps".to_owned(), BTreeSet::new()),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(
+        crossings(GROUPS, &graph),
+        Ok(BTreeSet::from([(
+            "cli::gc".to_owned(),
+            "dataplane::maps".to_owned()
+        )]))
+    );
+    // A module in no group is named, not skipped.
+    let mut unplaced = graph.clone();
+    unplaced.insert("agent".to_owned(), BTreeSet::new());
+    assert_eq!(crossings(GROUPS, &unplaced), Err(vec!["agent".to_owned()]));
 }

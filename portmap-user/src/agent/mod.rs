@@ -29,7 +29,6 @@ use std::{
     time::Duration,
 };
 
-pub mod conf;
 pub mod datapath_log;
 pub mod events;
 pub mod http;
@@ -37,7 +36,7 @@ pub mod metrics;
 pub mod single_flight;
 pub mod worker;
 
-use conf::{ConfError, ConfSource};
+use crate::ops::conf::{ConfError, ConfSource};
 
 /// Where `/metrics`, `/healthz` and `/readyz` are served unless
 /// `--listen` says otherwise: the node's loopback, which no pod reaches

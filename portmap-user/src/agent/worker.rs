@@ -25,11 +25,7 @@ use std::{
 
 use portmap_common::reason::{Kind, REASONS};
 
-use super::{
-    AgentError,
-    conf::{ConfError, ConfSource},
-    datapath_log::DatapathLog,
-};
+use super::{AgentError, datapath_log::DatapathLog};
 use crate::{
     cni::error::with_sources,
     dataplane::{
@@ -38,7 +34,10 @@ use crate::{
         scope::{self, Access},
     },
     node::netlink::Rtnl,
-    ops::inspect,
+    ops::{
+        conf::{ConfError, ConfSource},
+        inspect,
+    },
     verbs::{
         self,
         interfaces::{NodeView, Pass, reconcile},

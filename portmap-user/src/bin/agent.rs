@@ -5,7 +5,10 @@
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::Parser;
-use portmap_user::agent::{self, Settings, conf::ConfSource, worker::Timing};
+use portmap_user::{
+    agent::{self, Settings, worker::Timing},
+    ops::conf::ConfSource,
+};
 
 #[derive(Parser)]
 #[command(
@@ -44,7 +47,7 @@ struct Args {
     gc_interval: u64,
     /// Seconds the node GC leaves the mappings of a container whose network
     /// namespace is gone (no DEL came) before it removes them.
-    #[arg(long, value_name = "SECONDS", default_value_t = portmap_user::dataplane::ownership::GONE_GRACE_SECS)]
+    #[arg(long, value_name = "SECONDS", default_value_t = portmap_user::ops::gc::GONE_GRACE_SECS)]
     gone_grace: u64,
     /// At most one log line per datapath problem reason in this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = agent::DEFAULT_RARE_EVENT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]

@@ -5,16 +5,10 @@ use std::{
     time::{Duration, UNIX_EPOCH},
 };
 
-use anyhow::Context;
 use portmap_user::{
-    dataplane::counters,
-    dataplane::maps,
-    dataplane::maps::Maps,
-    dataplane::ownership::{GoneOwner, GoneReclaim, record_is, record_network_is, record_strings},
     logging::utc_timestamp,
-    model::{Attachment, Liveness, Owner, PodIdentity},
-    node::sandbox::Judge,
-    ops::uninstall,
+    model::Attachment,
+    ops::gc::{self, Collected, GoneReclaim, Request, pod_words},
 };
 use serde_json::json;
 
@@ -95,7 +89,7 @@ pub struct GcArgs {
     gone: bool,
     /// With --gone: only containers a GC first found gone this many
     /// seconds ago.
-    #[arg(long, value_name = "SECONDS", default_value_t = portmap_user::dataplane::ownership::GONE_GRACE_SECS, requires = "gone")]
+    #[arg(long, value_name = "SECONDS", default_value_t = gc::GONE_GRACE_SECS, requires = "gone")]
     gone_grace: u64,
     /// Unpin the attachments of interfaces that no longer exist.
     #[arg(long)]
@@ -125,128 +119,25 @@ fn count(n: usize, one: &str, many: &str) -> String {
     }
 }
 
-/// "pod default/web (UID 5c9e…)", "pod UID 5c9e…", "no known pod".
-fn pod_words(pod: &PodIdentity) -> String {
-    let mut named = pod.clone();
-    let uid = named.pod_uid.take();
-    match (named.is_empty(), uid) {
-        (false, Some(uid)) => format!("{named} (UID {uid})"),
-        (false, None) => named.to_string(),
-        (true, Some(uid)) => format!("pod UID {uid}"),
-        (true, None) => "no known pod".into(),
-    }
-}
-
-/// --gone: removes (or, with --dry-run, names) the owners whose container's
-/// namespace is gone, and says which it cannot judge.
-fn gone_containers(
-    args: &GcArgs,
-    maps: &mut Maps,
-    now: u64,
-    lines: &mut Vec<String>,
-    json_out: &mut Vec<serde_json::Value>,
-) -> anyhow::Result<()> {
-    let verb = if args.dry_run {
-        "would remove"
-    } else {
-        "removed"
-    };
-    let outcome = if args.dry_run {
-        // Judged, nothing written (not even the first sighting).
-        let mut judge = Judge::new();
-        let mut outcome = GoneReclaim::default();
-        let held = maps
-            .owners_with_mappings()
-            .context("reading the mappings")?;
-        for (id, record) in maps.owners().context("reading the owners")? {
-            if !held.contains(&id) {
-                continue;
-            }
-            let (network, container_id, ifname) = record_strings(&record);
-            let Some(sandbox) = maps.sandbox_of(id) else {
-                outcome.unproven.push((
-                    container_id,
-                    "no sandbox recorded (added by an older build)".into(),
-                ));
-                continue;
-            };
-            match judge.judge(&sandbox) {
-                Liveness::Alive => {}
-                Liveness::Unknown(why) => outcome.unproven.push((container_id, why)),
-                Liveness::Gone => outcome.removed.push(GoneOwner {
-                    id,
-                    network,
-                    container_id,
-                    ifname,
-                    pod: maps.pod_of(id),
-                    netns: sandbox.netns.clone(),
-                    gone_since: sandbox.gone_since.unwrap_or(now),
-                    mappings: maps.owner_index(id).map_or(0, |keys| keys.len()),
-                }),
-            }
+impl GcArgs {
+    fn request(&self) -> Request {
+        Request {
+            network: self.network.clone(),
+            keep: self.keep.clone(),
+            empty_owners: self.empty_owners,
+            orphans: self.orphans,
+            min_age: self.min_age,
+            gone: self.gone,
+            gone_grace: self.gone_grace,
+            stale_links: self.stale_links,
+            dry_run: self.dry_run,
         }
-        outcome
-    } else {
-        portmap_user::verbs::reclaim_gone_containers("gc", maps, args.gone_grace)
-            .context("removing the mappings of containers that are gone")?
-    };
-    for gone in &outcome.removed {
-        lines.push(format!(
-            "{verb} {} of container {} ({}, network {}): its network namespace {} is gone (first seen {})",
-            count(gone.mappings, "mapping", "mappings"),
-            gone.container_id,
-            pod_words(&gone.pod),
-            gone.network,
-            gone.netns.as_deref().map_or_else(|| "?".into(), |p| p.display().to_string()),
-            utc_timestamp(UNIX_EPOCH + Duration::from_secs(gone.gone_since)),
-        ));
-        json_out.push(json!({
-            "containerID": gone.container_id,
-            "network": gone.network,
-            "ifname": gone.ifname,
-            "podNamespace": gone.pod.pod_namespace,
-            "podName": gone.pod.pod_name,
-            "podUID": gone.pod.pod_uid,
-            "netns": gone.netns,
-            "goneSince": utc_timestamp(UNIX_EPOCH + Duration::from_secs(gone.gone_since)),
-            "mappings": gone.mappings,
-            "removed": !args.dry_run,
-        }));
     }
-    for gone in &outcome.waiting {
-        lines.push(format!(
-            "kept the mappings of container {} ({}): its network namespace {} is gone, first seen {}s ago, less than --gone-grace {}",
-            gone.container_id,
-            pod_words(&gone.pod),
-            gone.netns.as_deref().map_or_else(|| "?".into(), |p| p.display().to_string()),
-            now.saturating_sub(gone.gone_since),
-            args.gone_grace
-        ));
-        json_out.push(json!({
-            "containerID": gone.container_id,
-            "podUID": gone.pod.pod_uid,
-            "goneSince": utc_timestamp(UNIX_EPOCH + Duration::from_secs(gone.gone_since)),
-            "removed": false,
-        }));
-    }
-    for (container_id, why) in &outcome.unproven {
-        lines.push(format!(
-            "kept the mappings of container {container_id}: nothing proves it gone ({why})"
-        ));
-    }
-    if outcome.removed.is_empty() && outcome.waiting.is_empty() {
-        lines.push("no container whose network namespace is gone".into());
-    }
-    Ok(())
 }
 
 pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
-    if args.network.is_none()
-        && !args.empty_owners
-        && !args.stale_links
-        && !args.orphans
-        && !args.gone
-    {
+    let request = args.request();
+    if !request.asks_anything() {
         // The command line is incomplete: a usage error, like clap's own.
         return Ok(crate::cli::usage_refusal(
             "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, --orphans, --gone, or --stale-links",
@@ -265,185 +156,309 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     };
-    let mut maps = Maps::open(&layout)
-        .with_context(|| format!("cannot open the maps under {}", root.display()))?;
-    let verb = if args.dry_run {
+    let collected = gc::collect(&layout, &request)?;
+    if out.json() {
+        print_json(&json_of(&request, &collected, root));
+    } else {
+        for line in lines(&request, &collected) {
+            print(&format!("{line}\n"));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// "removed" or "would remove".
+fn verb(request: &Request) -> &'static str {
+    if request.dry_run {
         "would remove"
     } else {
         "removed"
-    };
-    let mut lines: Vec<String> = Vec::new();
-    let mut doomed: Vec<(u64, String)> = Vec::new();
-    let held = maps
-        .owners_with_mappings()
-        .context("reading the mappings")?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs();
-    for (id, record) in maps.owners().context("reading the owners")? {
-        let (network, container_id, ifname) = record_strings(&record);
-        // Matched whole, like CNI GC (`Maps::collect_garbage`).
-        let by_network = args.network.as_deref().is_some_and(|wanted| {
-            record_network_is(id, &record, wanted) == Some(true)
-                && !args.keep.iter().any(|k| {
-                    let kept = Owner {
-                        network: wanted.to_owned(),
-                        container_id: k.container_id.clone(),
-                        ifname: k.ifname.clone(),
-                    };
-                    record_is(id, &record, &kept)
-                })
-        });
-        let empty = args.empty_owners
-            && !held.contains(&id)
-            && now.saturating_sub(record.created_unix) >= args.min_age;
-        if by_network || empty {
-            doomed.push((id, format!("{container_id}/{ifname} (network {network})")));
-        }
     }
-    let mut owners = Vec::new();
-    for (id, owner) in &doomed {
-        if args.dry_run {
-            lines.push(format!("{verb} owner {owner}"));
-            owners.push(json!({"owner": owner}));
-            continue;
-        }
-        let removed = maps
-            .remove_owner(*id)
-            .with_context(|| format!("removing owner {owner}"))?;
-        lines.push(format!(
-            "{verb} owner {owner}: {}",
-            count(removed, "mapping", "mappings")
-        ));
-        owners.push(json!({"owner": owner, "mappings": removed}));
-    }
-    let mut orphans = Vec::new();
-    if args.orphans {
-        if args.dry_run {
-            for (id, keys) in maps.orphans().context("reading the mappings")? {
-                lines.push(format!(
-                    "{verb} {} of owner {id:016x}, whose record is gone",
-                    count(keys.len(), "mapping", "mappings")
-                ));
-                orphans.push(json!({"owner": format!("{id:016x}"), "mappings": keys.len()}));
-            }
-            if orphans.is_empty() {
-                lines.push("no mapping without an owner".into());
-            }
-        } else {
-            let outcome = maps
-                .reclaim_orphans(&layout, args.min_age, now)
-                .context("reclaiming mappings without an owner")?;
-            for (id, count_of) in &outcome.reclaimed {
-                lines.push(format!(
-                    "{verb} {} of owner {id:016x}, whose record was gone",
-                    count(*count_of, "mapping", "mappings")
-                ));
-                orphans.push(json!({"owner": format!("{id:016x}"), "mappings": count_of}));
-            }
-            for (id, first_seen) in &outcome.waiting {
-                lines.push(format!(
-                    "kept the mappings of owner {id:016x}, whose record is gone: first seen {}s ago, less than --min-age {}",
-                    now.saturating_sub(*first_seen),
-                    args.min_age
-                ));
-            }
-            if outcome.reclaimed.is_empty() && outcome.waiting.is_empty() {
-                lines.push("no mapping without an owner".into());
-            }
-        }
-    }
-    let mut gone = Vec::new();
-    if args.gone {
-        gone_containers(args, &mut maps, now, &mut lines, &mut gone)?;
-    }
-    // With --dry-run: how many a run would prune.
-    let mut pruned_counters = None;
-    match maps::counters(&layout) {
-        Ok(mut map) => {
-            let stale = if args.dry_run {
-                counters::stale_keys(&map, &maps.mappings)
-                    .context("reading the traffic counters")?
-            } else {
-                counters::prune(&mut map, &maps.mappings).context("pruning the traffic counters")?
-            };
-            lines.push(match stale.len() {
-                0 => "no stale traffic counter".into(),
-                n => format!(
-                    "{verb} {}",
-                    count(n, "stale traffic counter", "stale traffic counters")
+}
+
+/// What the collection did, a line each, class by class.
+fn lines(request: &Request, collected: &Collected) -> Vec<String> {
+    let verb = verb(request);
+    let mut lines = Vec::new();
+    if let Some(owners) = &collected.owners {
+        for removed in owners {
+            lines.push(match removed.mappings {
+                None => format!("{verb} owner {}", removed.owner),
+                Some(n) => format!(
+                    "{verb} owner {}: {}",
+                    removed.owner,
+                    count(n, "mapping", "mappings")
                 ),
             });
-            pruned_counters = Some(stale.len());
         }
-        Err(error) => log::warn!("traffic counters not pruned: {error}"),
     }
-    // The socket hooks' counters, keyed alike (missing in older pins):
-    // counted with the traffic counters.
-    if let Ok(mut map) = maps::sock_counters(&layout) {
-        let stale = if args.dry_run {
-            counters::stale_keys(&map, &maps.mappings)
-                .context("reading the socket-hook counters")?
-        } else {
-            counters::prune(&mut map, &maps.mappings).context("pruning the socket-hook counters")?
-        };
-        if !stale.is_empty() {
+    if let Some(orphans) = &collected.orphans {
+        let was = if request.dry_run { "is" } else { "was" };
+        for (id, mappings) in &orphans.reclaimed {
             lines.push(format!(
+                "{verb} {} of owner {id:016x}, whose record {was} gone",
+                count(*mappings, "mapping", "mappings")
+            ));
+        }
+        for (id, first_seen) in &orphans.waiting {
+            lines.push(format!(
+                "kept the mappings of owner {id:016x}, whose record is gone: first seen {}s ago, less than --min-age {}",
+                collected.now.saturating_sub(*first_seen),
+                request.min_age
+            ));
+        }
+        if orphans.reclaimed.is_empty() && orphans.waiting.is_empty() {
+            lines.push("no mapping without an owner".into());
+        }
+    }
+    if let Some(gone) = &collected.gone {
+        gone_lines(request, gone, collected.now, &mut lines);
+    }
+    if let Some(stale) = collected.traffic_counters {
+        lines.push(match stale {
+            0 => "no stale traffic counter".into(),
+            n => format!(
                 "{verb} {}",
-                count(
-                    stale.len(),
-                    "stale socket-hook counter",
-                    "stale socket-hook counters"
-                )
-            ));
-            pruned_counters = Some(pruned_counters.unwrap_or(0) + stale.len());
-        }
+                count(n, "stale traffic counter", "stale traffic counters")
+            ),
+        });
     }
-    // A mapping whose ports are missing from the programs' port filter is
-    // never translated; every GC that writes restores them.
-    let mut port_filter_restored = None;
-    if !args.dry_run {
-        let restored = maps.mark_every_mapping();
-        if restored > 0 {
-            lines.push(format!(
-                "restored the port-filter bits of {}",
-                count(restored, "mapping", "mappings")
-            ));
-        }
-        port_filter_restored = Some(restored);
+    if collected.sock_counters > 0 {
+        lines.push(format!(
+            "{verb} {}",
+            count(
+                collected.sock_counters,
+                "stale socket-hook counter",
+                "stale socket-hook counters"
+            )
+        ));
     }
-    let mut stale_links = Vec::new();
-    if args.stale_links {
-        let stale = uninstall::remove_stale_links(&layout, args.dry_run)
-            .context("removing stale attachment pins")?;
-        for pin in &stale {
+    if let Some(restored) = collected.port_filter_restored.filter(|n| *n > 0) {
+        lines.push(format!(
+            "restored the port-filter bits of {}",
+            count(restored, "mapping", "mappings")
+        ));
+    }
+    if let Some(stale) = &collected.stale_links {
+        for pin in stale {
             lines.push(format!("{verb} stale attachment pin {}", pin.display()));
-            stale_links.push(pin.display().to_string());
         }
         if stale.is_empty() {
             lines.push("no stale attachment pin".into());
         }
     }
-    if doomed.is_empty() && (args.network.is_some() || args.empty_owners) {
+    if collected.owners.as_ref().is_some_and(Vec::is_empty) {
         lines.push("no owner to remove".into());
     }
-    if out.json() {
-        print_json(&json!({
-            "installed": true,
-            "pinRoot": root,
-            "dryRun": args.dry_run,
-            "owners": owners,
-            "orphans": orphans,
-            "gone": gone,
-            "prunedCounters": pruned_counters,
-            "portFilterRestored": port_filter_restored,
-            "staleLinks": stale_links,
-        }));
-    } else {
-        for line in lines {
-            print(&format!("{line}\n"));
+    lines
+}
+
+/// --gone: the containers removed (or to be), those within the grace
+/// period, and those nothing proves gone.
+fn gone_lines(request: &Request, outcome: &GoneReclaim, now: u64, lines: &mut Vec<String>) {
+    let verb = verb(request);
+    let netns = |path: &Option<std::path::PathBuf>| {
+        path.as_deref()
+            .map_or_else(|| "?".into(), |p| p.display().to_string())
+    };
+    for gone in &outcome.removed {
+        lines.push(format!(
+            "{verb} {} of container {} ({}, network {}): its network namespace {} is gone (first seen {})",
+            count(gone.mappings, "mapping", "mappings"),
+            gone.container_id,
+            pod_words(&gone.pod),
+            gone.network,
+            netns(&gone.netns),
+            timestamp(gone.gone_since),
+        ));
+    }
+    for gone in &outcome.waiting {
+        lines.push(format!(
+            "kept the mappings of container {} ({}): its network namespace {} is gone, first seen {}s ago, less than --gone-grace {}",
+            gone.container_id,
+            pod_words(&gone.pod),
+            netns(&gone.netns),
+            now.saturating_sub(gone.gone_since),
+            request.gone_grace
+        ));
+    }
+    for (container_id, why) in &outcome.unproven {
+        lines.push(format!(
+            "kept the mappings of container {container_id}: nothing proves it gone ({why})"
+        ));
+    }
+    if outcome.removed.is_empty() && outcome.waiting.is_empty() {
+        lines.push("no container whose network namespace is gone".into());
+    }
+}
+
+fn timestamp(unix: u64) -> String {
+    utc_timestamp(UNIX_EPOCH + Duration::from_secs(unix))
+}
+
+/// `-o json`: the same, keyed.
+fn json_of(request: &Request, collected: &Collected, root: &std::path::Path) -> serde_json::Value {
+    let owners: Vec<_> = collected
+        .owners
+        .iter()
+        .flatten()
+        .map(|removed| match removed.mappings {
+            None => json!({"owner": removed.owner}),
+            Some(n) => json!({"owner": removed.owner, "mappings": n}),
+        })
+        .collect();
+    let orphans: Vec<_> = collected
+        .orphans
+        .iter()
+        .flat_map(|o| &o.reclaimed)
+        .map(|(id, n)| json!({"owner": format!("{id:016x}"), "mappings": n}))
+        .collect();
+    let mut gone = Vec::new();
+    if let Some(outcome) = &collected.gone {
+        for owner in &outcome.removed {
+            gone.push(json!({
+                "containerID": owner.container_id,
+                "network": owner.network,
+                "ifname": owner.ifname,
+                "podNamespace": owner.pod.pod_namespace,
+                "podName": owner.pod.pod_name,
+                "podUID": owner.pod.pod_uid,
+                "netns": owner.netns,
+                "goneSince": timestamp(owner.gone_since),
+                "mappings": owner.mappings,
+                "removed": !request.dry_run,
+            }));
+        }
+        for owner in &outcome.waiting {
+            gone.push(json!({
+                "containerID": owner.container_id,
+                "podUID": owner.pod.pod_uid,
+                "goneSince": timestamp(owner.gone_since),
+                "removed": false,
+            }));
         }
     }
-    Ok(ExitCode::SUCCESS)
+    let pruned_counters = match (collected.traffic_counters, collected.sock_counters) {
+        (None, 0) => None,
+        (traffic, sock) => Some(traffic.unwrap_or(0) + sock),
+    };
+    let stale_links: Vec<String> = collected
+        .stale_links
+        .iter()
+        .flatten()
+        .map(|pin| pin.display().to_string())
+        .collect();
+    json!({
+        "installed": true,
+        "pinRoot": root,
+        "dryRun": request.dry_run,
+        "owners": owners,
+        "orphans": orphans,
+        "gone": gone,
+        "prunedCounters": pruned_counters,
+        "portFilterRestored": collected.port_filter_restored,
+        "staleLinks": stale_links,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use portmap_user::{
+        model::PodIdentity,
+        ops::gc::{GoneOwner, OrphanReclaim, RemovedOwner},
+    };
+
+    use super::*;
+
+    fn gone(mappings: usize, gone_since: u64) -> GoneOwner {
+        GoneOwner {
+            id: 7,
+            network: "podman".into(),
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            pod: PodIdentity::default(),
+            netns: None,
+            gone_since,
+            mappings,
+        }
+    }
+
+    #[test]
+    fn each_class_asked_for_is_reported_in_order_also_when_it_found_nothing() {
+        let request = Request {
+            network: Some("podman".into()),
+            orphans: true,
+            min_age: 60,
+            gone: true,
+            gone_grace: 300,
+            stale_links: true,
+            ..Request::default()
+        };
+        let collected = Collected {
+            now: 1_000,
+            owners: Some(vec![RemovedOwner {
+                owner: "c2/eth0 (network podman)".into(),
+                mappings: Some(2),
+            }]),
+            orphans: Some(OrphanReclaim {
+                reclaimed: vec![(0xab, 1)],
+                waiting: vec![(0xcd, 990)],
+            }),
+            gone: Some(GoneReclaim {
+                removed: Vec::new(),
+                waiting: vec![gone(0, 900)],
+                unproven: vec![("c3".into(), "no sandbox recorded".into())],
+            }),
+            traffic_counters: Some(0),
+            sock_counters: 1,
+            port_filter_restored: Some(3),
+            stale_links: Some(Vec::new()),
+        };
+        assert_eq!(
+            lines(&request, &collected),
+            [
+                "removed owner c2/eth0 (network podman): 2 mappings",
+                "removed 1 mapping of owner 00000000000000ab, whose record was gone",
+                "kept the mappings of owner 00000000000000cd, whose record is gone: first seen 10s ago, less than --min-age 60",
+                "kept the mappings of container c1 (no known pod): its network namespace ? is gone, first seen 100s ago, less than --gone-grace 300",
+                "kept the mappings of container c3: nothing proves it gone (no sandbox recorded)",
+                "no stale traffic counter",
+                "removed 1 stale socket-hook counter",
+                "restored the port-filter bits of 3 mappings",
+                "no stale attachment pin",
+            ]
+        );
+        let json = json_of(&request, &collected, std::path::Path::new("/sys/fs/bpf/x"));
+        assert_eq!(json["prunedCounters"], 1);
+        assert_eq!(json["owners"][0]["mappings"], 2);
+        assert_eq!(json["gone"][0]["removed"], false);
+    }
+
+    #[test]
+    fn a_dry_run_says_would_and_an_owner_class_that_found_none_says_so() {
+        let request = Request {
+            empty_owners: true,
+            orphans: true,
+            dry_run: true,
+            ..Request::default()
+        };
+        let collected = Collected {
+            owners: Some(Vec::new()),
+            orphans: Some(OrphanReclaim {
+                reclaimed: vec![(1, 2)],
+                waiting: Vec::new(),
+            }),
+            ..Collected::default()
+        };
+        assert_eq!(
+            lines(&request, &collected),
+            [
+                "would remove 2 mappings of owner 0000000000000001, whose record is gone",
+                "no owner to remove",
+            ]
+        );
+        let json = json_of(&request, &collected, std::path::Path::new("/x"));
+        assert_eq!(json["dryRun"], true);
+        assert_eq!(json["prunedCounters"], serde_json::Value::Null);
+    }
 }

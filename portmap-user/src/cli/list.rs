@@ -7,7 +7,7 @@ use portmap_user::{
     logging::utc_timestamp,
     model::Liveness,
     ops::inspect::{self, MappingRow},
-    upstream,
+    ops::upstream,
 };
 use serde_json::{Value, json};
 

@@ -6,7 +6,7 @@ use std::{path::PathBuf, process::ExitCode};
 use portmap_user::{
     cni::error::with_sources,
     ops::migrate::{self, DEFAULT_RESULTS_DIR, Leftover, Verdict},
-    upstream::{Mapping, Removed},
+    ops::upstream::{Mapping, Removed},
 };
 use serde_json::{Value, json};
 

@@ -10,9 +10,9 @@ use std::{
 
 use aya::maps::MapData;
 use portmap_user::{
-    dataplane::bpffs,
-    dataplane::pin::PinLayout,
-    dataplane::scope::{self, Access},
+    ops::bpffs,
+    ops::pin::PinLayout,
+    ops::scope::{self, Access},
 };
 use serde_json::json;
 

@@ -7,9 +7,9 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context;
 use portmap_user::{
-    agent::conf::ConfSource,
-    node::netlink::Rtnl,
-    verbs::interfaces::{NodeView, Pass, reconcile},
+    ops::conf::ConfSource,
+    ops::interfaces::{NodeView, Pass, reconcile},
+    ops::netlink::Rtnl,
 };
 use serde_json::json;
 

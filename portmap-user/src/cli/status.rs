@@ -7,10 +7,10 @@ use portmap_common::{
     reason::{self, Kind},
 };
 use portmap_user::{
-    dataplane::pin::PinLayout,
-    dataplane::sizing::{self, InForce, Source},
     logging::utc_timestamp,
     ops::inspect::{self, Status},
+    ops::pin::PinLayout,
+    ops::sizing::{self, InForce, Source},
 };
 use serde_json::{Value, json};
 
@@ -113,7 +113,7 @@ pub fn status_json(status: &Status) -> Value {
         "pinRoot": status.root,
         "layoutVersion": LAYOUT_VERSION,
         "installed": status.installed,
-        "attachMode": status.mode.map(portmap_user::dataplane::features::AttachMode::as_str),
+        "attachMode": status.mode.map(portmap_user::ops::features::AttachMode::as_str),
         "fastPath": status.fast_path.as_ref().map(|report| json!({
             "mode": report.mode.as_str(),
             "why": report.why,

@@ -10,9 +10,9 @@ use std::{
 use anyhow::Context;
 use portmap_common::reason::Kind;
 use portmap_user::{
-    dataplane::trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
     model::Protocol,
-    node::netlink,
+    ops::netlink,
+    ops::trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
 };
 
 use crate::cli::{

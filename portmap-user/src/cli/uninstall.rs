@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use portmap_user::{dataplane::stale, ops::uninstall};
+use portmap_user::{ops::stale, ops::uninstall};
 use serde_json::json;
 
 use crate::cli::{
@@ -51,7 +51,7 @@ pub struct UninstallArgs {
 }
 
 fn remove_stale(root: &std::path::Path, out: &OutputArgs) -> ExitCode {
-    use portmap_user::dataplane::{pin::PinLayout, scope};
+    use portmap_user::ops::{pin::PinLayout, scope};
     let ours = scope::resolve(root, scope::Access::Read).unwrap_or_else(|_| PinLayout::new(root));
     let mut removed = Vec::new();
     let mut failures = Vec::new();

@@ -5,14 +5,14 @@
 use std::process::ExitCode;
 
 use portmap_user::{
-    dataplane::features,
-    dataplane::kfunc::Kfuncs,
-    dataplane::object,
-    dataplane::pin::PinLayout,
-    dataplane::scope::{self, Access},
-    dataplane::sizing::{self, InForce, NodeShape},
-    node::privilege,
+    ops::features,
     ops::inspect::kernel_release,
+    ops::kfunc::Kfuncs,
+    ops::object,
+    ops::pin::PinLayout,
+    ops::privilege,
+    ops::scope::{self, Access},
+    ops::sizing::{self, InForce, NodeShape},
 };
 use serde_json::json;
 
@@ -51,16 +51,16 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let build = format!("{:016x}", object::build_id());
     let kernel = kernel_release();
     let mode = features::recorded_attach_mode(&layout)
-        .map(portmap_user::dataplane::features::AttachMode::as_str);
+        .map(portmap_user::ops::features::AttachMode::as_str);
     let fast_path = portmap_user::ops::inspect::fast_path(&layout);
     // Whether this kernel has the conntrack kfuncs in vmlinux BTF, as a
     // load would link them (no program is loaded to tell).
-    let kfuncs = portmap_user::dataplane::object::linked_for_this_kernel()
+    let kfuncs = portmap_user::ops::object::linked_for_this_kernel()
         .map(|linked| linked.kfuncs)
         .ok();
     // What the fallback without them reads: anything hooked at FORWARD in
     // this network namespace (`None`: nfnetlink_hook cannot tell).
-    let forward_hooks = portmap_user::node::forward_hooks::count();
+    let forward_hooks = portmap_user::ops::forward_hooks::count();
     let kfuncs_text = match kfuncs {
         Some(Kfuncs::Linked) => {
             "yes (bpf_skb_ct_lookup, bpf_ct_change_timeout, bpf_ct_release in vmlinux BTF)"

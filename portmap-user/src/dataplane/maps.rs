@@ -467,22 +467,12 @@ pub fn create_user_map<K: aya::Pod, V: aya::Pod>(
         return Ok((map, false));
     }
     let name = spec.name;
-    let definition = aya_obj::Map::Legacy(aya_obj::maps::LegacyMap {
-        def: aya_obj::maps::bpf_map_def {
-            map_type: aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_HASH as u32,
-            key_size: spec.key_size,
-            value_size: spec.value_size,
-            max_entries: spec.max_entries,
-            map_flags: aya_obj::generated::BPF_F_NO_PREALLOC,
-            id: 0,
-            pinning: aya_obj::maps::PinningType::None,
-        },
-        inner_def: None,
-        section_index: 0,
-        section_kind: aya_obj::EbpfSectionKind::Maps,
-        symbol_index: None,
-        data: Vec::new(),
-    });
+    let definition = user_map_definition(
+        aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_HASH,
+        (spec.key_size, spec.value_size),
+        spec.max_entries,
+        aya_obj::generated::BPF_F_NO_PREALLOC,
+    );
     let create = |source| MapsError::Create { map: name, source };
     let data = MapData::create(definition, name, None).map_err(create)?;
     match data.pin(layout.map(name)) {
@@ -506,6 +496,34 @@ pub fn create_user_map<K: aya::Pod, V: aya::Pod>(
             error,
         })),
     }
+}
+
+/// The definition of a map this process makes itself (no eBPF object
+/// declares it: the user maps above, the namespace's owner record, the
+/// verbs' counters): its type, (key, value) sizes, capacity and flags,
+/// the loader's bookkeeping fields empty.
+pub fn user_map_definition(
+    map_type: aya_obj::generated::bpf_map_type,
+    (key_size, value_size): (u32, u32),
+    max_entries: u32,
+    map_flags: u32,
+) -> aya_obj::Map {
+    aya_obj::Map::Legacy(aya_obj::maps::LegacyMap {
+        def: aya_obj::maps::bpf_map_def {
+            map_type: map_type as u32,
+            key_size,
+            value_size,
+            max_entries,
+            map_flags,
+            id: 0,
+            pinning: aya_obj::maps::PinningType::None,
+        },
+        inner_def: None,
+        section_index: 0,
+        section_kind: aya_obj::EbpfSectionKind::Maps,
+        symbol_index: None,
+        data: Vec::new(),
+    })
 }
 
 /// A conntrack table (`map_names::CONNTRACK`, `CONNTRACK_CLOSED` or

@@ -213,24 +213,14 @@ fn claim(layout: &PinLayout, ours: u64) -> Result<Option<u64>, ScopeError> {
     crate::dataplane::bpffs::mount_bpffs_if_missing(layout.root())
         .and_then(|()| crate::dataplane::bpffs::create_private_dir(&layout.maps_dir()))
         .map_err(ScopeError::Bpffs)?;
-    let definition = aya_obj::Map::Legacy(aya_obj::maps::LegacyMap {
-        def: aya_obj::maps::bpf_map_def {
-            // An array: `status` judges hash maps by fill, and this one is
-            // full by design.
-            map_type: aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY as u32,
-            key_size: size_of::<u32>() as u32,
-            value_size: size_of::<u64>() as u32,
-            max_entries: 1,
-            map_flags: 0,
-            id: 0,
-            pinning: aya_obj::maps::PinningType::None,
-        },
-        inner_def: None,
-        section_index: 0,
-        section_kind: aya_obj::EbpfSectionKind::Maps,
-        symbol_index: None,
-        data: Vec::new(),
-    });
+    // An array: `status` judges hash maps by fill, and this one is full by
+    // design.
+    let definition = crate::dataplane::maps::user_map_definition(
+        aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY,
+        (size_of::<u32>() as u32, size_of::<u64>() as u32),
+        1,
+        0,
+    );
     let other = |error: String| fail(io::Error::other(error));
     let data =
         MapData::create(definition, NETNS_OWNER_MAP, None).map_err(|e| other(e.to_string()))?;

@@ -53,22 +53,12 @@ pub enum VerbStatsError {
 const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 fn definition() -> aya_obj::Map {
-    aya_obj::Map::Legacy(aya_obj::maps::LegacyMap {
-        def: aya_obj::maps::bpf_map_def {
-            map_type: aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY as u32,
-            key_size: 4,
-            value_size: 8,
-            max_entries: SLOTS as u32,
-            map_flags: BPF_F_MMAPABLE,
-            id: 0,
-            pinning: aya_obj::maps::PinningType::None,
-        },
-        inner_def: None,
-        section_index: 0,
-        section_kind: aya_obj::EbpfSectionKind::Maps,
-        symbol_index: None,
-        data: Vec::new(),
-    })
+    crate::dataplane::maps::user_map_definition(
+        aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY,
+        (4, 8),
+        SLOTS as u32,
+        BPF_F_MMAPABLE,
+    )
 }
 
 /// The slots of the pinned map, mapped into this process.

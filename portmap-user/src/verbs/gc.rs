@@ -164,7 +164,7 @@ pub fn collect_node_garbage(
 }
 
 /// "pod default/web (UID 5c9e…)", "pod UID 5c9e…", "no known pod".
-fn pod_words(pod: &crate::model::PodIdentity) -> String {
+pub fn pod_words(pod: &crate::model::PodIdentity) -> String {
     let mut named = pod.clone();
     let uid = named.pod_uid.take();
     match (named.is_empty(), uid) {

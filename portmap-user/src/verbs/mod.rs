@@ -9,7 +9,7 @@ mod add;
 mod check;
 mod del;
 mod gc;
-pub use gc::{collect_node_garbage, reclaim_gone_containers};
+pub use gc::{collect_node_garbage, pod_words, reclaim_gone_containers};
 pub mod interfaces;
 pub mod logged;
 pub mod recorded;

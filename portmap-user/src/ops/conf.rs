@@ -1,7 +1,7 @@
-//! The agent's configuration of the dataplane: the plugin's own entry of the
-//! node's CNI configuration, read the way a runtime would hand it to the
-//! plugin, so the agent reconciles with exactly the settings the plugin's
-//! runs use (`pinRoot`, `interfaces`, `cgroupPath`, `snat`, capacities ...).
+//! The plugin's own entry of the node's CNI configuration, read the way a
+//! runtime would hand it to the plugin, so that the agent (and `reconcile`)
+//! act with exactly the settings the plugin's runs use (`pinRoot`,
+//! `interfaces`, `cgroupPath`, `snat`, capacities ...).
 //! Read again on every pass: a configuration chained or changed after the
 //! agent started is taken up without a restart.
 
