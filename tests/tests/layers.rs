@@ -223,12 +223,6 @@ const KNOWN_CROSSINGS: &[(&str, &str, &str)] = &[
     // Upstream nft's runner takes the name of containerd's root variable
     // from the driver.
     ("portmap-tests", "upstream_nft", "containerd"),
-    // The bench's results name the hairpin section's rows (its helper of
-    // issue 54 takes them out).
-    ("portmap-bench", "results::compare", "hairpin::rows"),
-    ("portmap-bench", "results::hairpin", "hairpin::rows"),
-    ("portmap-bench", "results::model", "hairpin::rows"),
-    ("portmap-bench", "results::tests", "hairpin::rows"),
 ];
 
 fn workspace() -> PathBuf {

@@ -29,10 +29,12 @@ pub(super) fn check(req: &Request) -> Result<(), PluginError> {
     if translations.is_empty() && !installed && !req.conf.container_sockets {
         return Ok(());
     }
+    // Privilege first: without it nothing under the pin root can be read,
+    // which is not the same as nothing being there.
+    require_privilege()?;
     if !translations.is_empty() && !installed {
         return Err(not_added(req, &layout, false));
     }
-    require_privilege()?;
     let mut rtnl = Rtnl::open()?;
     let node = NodeView::read(&mut rtnl, &req.conf, &req.interfaces)?;
     if installed && let Err(error) = reconcile(&mut rtnl, &layout, &req.conf, &node, Pass::Call) {
