@@ -27,23 +27,25 @@ use aya::{
 use portmap_common::{local, map_names, program_names};
 
 use crate::{
-    dataplane::bpffs::{BpffsError, check_bpffs, create_private_dir, mount_bpffs_if_missing},
-    dataplane::cgroup,
-    dataplane::crash,
-    dataplane::features::{self, AttachMode},
-    dataplane::kfunc::Kfuncs,
-    dataplane::lock::{LockError, lock},
-    dataplane::object::build_id,
-    dataplane::pass::PassRecord,
-    dataplane::pin::{Direction, PinLayout},
-    dataplane::resize,
-    dataplane::sizing::Capacities,
-    dataplane::stale,
-    dataplane::tcx,
+    dataplane::attach::cgroup,
+    dataplane::attach::crash,
+    dataplane::attach::pass::PassRecord,
+    dataplane::attach::stale,
+    dataplane::attach::tcx,
+    dataplane::load::features::{self, AttachMode},
+    dataplane::load::kfunc::Kfuncs,
+    dataplane::load::object::build_id,
+    dataplane::pinned::bpffs::{
+        BpffsError, check_bpffs, create_private_dir, mount_bpffs_if_missing,
+    },
+    dataplane::pinned::lock::{LockError, lock},
+    dataplane::pinned::pin::{Direction, PinLayout},
+    dataplane::pinned::resize,
+    dataplane::pinned::sizing::Capacities,
     node::netlink,
 };
 
-pub use crate::dataplane::pass::{
+pub use crate::dataplane::attach::pass::{
     PortsRecord, Recorded, invalidate_pass, pass_record, recorded_pass,
 };
 
@@ -55,7 +57,7 @@ const CLSACT_HANDLE: TcHandle = TcHandle::new(0, 0xbeef);
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
     #[error(transparent)]
-    Feature(#[from] crate::dataplane::features::FeatureError),
+    Feature(#[from] crate::dataplane::load::features::FeatureError),
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
     #[error(transparent)]
@@ -107,11 +109,11 @@ pub enum AttachError {
     #[error("interface index {index} does not exist")]
     NoInterface { index: u32 },
     #[error(transparent)]
-    Resize(#[from] crate::dataplane::resize::ResizeError),
+    Resize(#[from] crate::dataplane::pinned::resize::ResizeError),
     #[error("cannot link the eBPF object's kfunc calls")]
-    Kfunc(#[from] crate::dataplane::kfunc::KfuncError),
+    Kfunc(#[from] crate::dataplane::load::kfunc::KfuncError),
     #[error(transparent)]
-    Pass(#[from] crate::dataplane::pass::PassError),
+    Pass(#[from] crate::dataplane::attach::pass::PassError),
 }
 
 /// A load failure, explained by the missing feature when the kernel lacks
@@ -496,7 +498,8 @@ pub fn ensure(
     // Programs of this build that ran before another build took over (a
     // downgrade and an upgrade again) may hold mappings in their cache that
     // the other build deleted without raising the epoch.
-    crate::dataplane::maps::MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)).raise();
+    crate::dataplane::pinned::maps::MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH))
+        .raise();
     if let Some(resize) = resize {
         resize.finish(layout);
     }
@@ -587,7 +590,7 @@ fn attach_beacon_if_missing(layout: &PinLayout) {
     if let Ok(info) = stale::beacon(layout)
         && Some(info.program_id) == current
     {
-        crate::dataplane::lock::register(layout);
+        crate::dataplane::pinned::lock::register(layout);
         return;
     }
     if let Err(error) = stale::attach_beacon(layout, &program) {
@@ -683,7 +686,7 @@ fn load_and_pin(
     {
         return Ok(None);
     }
-    let linked = crate::dataplane::object::linked_for_this_kernel()?;
+    let linked = crate::dataplane::load::object::linked_for_this_kernel()?;
     check_pinned_layouts(layout)?;
     // New programs (an upgrade, a resize, pins removed by hand): the pass
     // that puts them everywhere must finish, whoever is killed when.
@@ -714,9 +717,9 @@ fn load_and_pin(
     // theirs until a resize (see `resize`).
     let sizes = resize.map_or_else(
         || {
-            crate::dataplane::sizing::Sizes::resolve(
+            crate::dataplane::pinned::sizing::Sizes::resolve(
                 capacities,
-                crate::dataplane::sizing::NodeShape::this(),
+                crate::dataplane::pinned::sizing::NodeShape::this(),
             )
         },
         |r| *r.sizes(),
@@ -726,7 +729,9 @@ fn load_and_pin(
         .load(linked.bytes())
         .map_err(|e| AttachError::Load(Box::new(e)))?;
     migration.finish(&mut ebpf);
-    if !conntrack_was_pinned && let Err(error) = crate::dataplane::sizing::record(layout, &sizes) {
+    if !conntrack_was_pinned
+        && let Err(error) = crate::dataplane::pinned::sizing::record(layout, &sizes)
+    {
         log::warn!("{error}");
     }
     for name in all_programs() {
@@ -802,7 +807,7 @@ impl Migration {
         if info.max_entries() >= portmap_common::stat::COUNT {
             return None;
         }
-        let values = match crate::dataplane::maps::stats(layout) {
+        let values = match crate::dataplane::pinned::maps::stats(layout) {
             Ok(stats) => (0..info.max_entries())
                 .filter_map(|reason| stats.get(&reason, 0).ok())
                 .collect(),
@@ -855,7 +860,9 @@ impl Migration {
             _ => return,
         };
         let ports = match ebpf.map(map_names::MAPPED_PORTS) {
-            Some(aya::maps::Map::Array(data)) => crate::dataplane::maps::MappedPorts::of(data),
+            Some(aya::maps::Map::Array(data)) => {
+                crate::dataplane::pinned::maps::MappedPorts::of(data)
+            }
             _ => return,
         };
         match ports {
@@ -974,7 +981,7 @@ fn attach_bridge_ports(
 }
 
 /// The ingress program on bridge port `ifindex` under tcx, without opening
-/// the program in aya (see `dataplane::tcx`): its ID from the pin, the
+/// the program in aya (see `dataplane::attach::tcx`): its ID from the pin, the
 /// hook asked, and, if this build's program is not there, a new link. A
 /// pin of ours that runs another program (a reused index, or a build that
 /// an upgrade pass has not reached) is replaced. Concurrent runs for the
@@ -1035,7 +1042,7 @@ pub fn port_pins(layout: &PinLayout) -> BTreeSet<u32> {
     listed_links(layout)
         .iter()
         .filter_map(|(name, _)| {
-            crate::dataplane::pin::parse_port_link_name(&name.to_string_lossy())
+            crate::dataplane::pinned::pin::parse_port_link_name(&name.to_string_lossy())
         })
         .map(|(ifindex, _)| ifindex)
         .collect()
@@ -1084,7 +1091,9 @@ fn listed_links(layout: &PinLayout) -> Vec<(OsString, u64)> {
 fn tc_attachments(listed: &[(OsString, u64)]) -> Vec<(u32, Direction)> {
     listed
         .iter()
-        .filter_map(|(name, _)| crate::dataplane::pin::parse_link_name(&name.to_string_lossy()))
+        .filter_map(|(name, _)| {
+            crate::dataplane::pinned::pin::parse_link_name(&name.to_string_lossy())
+        })
         .map(|(ifindex, direction, _)| (ifindex, direction))
         .collect()
 }
@@ -1352,7 +1361,7 @@ fn probe_load(layout: &PinLayout) -> Result<(), AttachError> {
     {
         return Ok(());
     }
-    let linked = crate::dataplane::object::linked_for_this_kernel()?;
+    let linked = crate::dataplane::load::object::linked_for_this_kernel()?;
     let mut ebpf = EbpfLoader::new()
         .load(linked.bytes())
         .map_err(|e| AttachError::Load(Box::new(e)))?;
@@ -1386,7 +1395,7 @@ pub fn attach_mode(layout: &PinLayout) -> Option<AttachMode> {
     let mut mode = None;
     for entry in entries.flatten() {
         if let Some((_, _, clsact)) =
-            crate::dataplane::pin::parse_link_name(&entry.file_name().to_string_lossy())
+            crate::dataplane::pinned::pin::parse_link_name(&entry.file_name().to_string_lossy())
         {
             mode = Some(if clsact {
                 AttachMode::Clsact
@@ -1439,7 +1448,7 @@ mod tests {
     fn build_id_is_the_hash_of_the_embedded_object() {
         assert_eq!(
             build_id(),
-            crate::dataplane::hash::fnv1a64(crate::dataplane::object::OBJECT)
+            crate::dataplane::pinned::hash::fnv1a64(crate::dataplane::load::object::OBJECT)
         );
     }
 }
