@@ -3,15 +3,21 @@
 //! replaces an older build, and the records that let a run trust what it
 //! finds.
 
+mod beacon;
 pub mod cgroup;
 pub mod crash;
 mod ensure;
+mod error;
+mod hook;
 pub mod pass;
+mod ports;
 pub mod stale;
 pub mod tcx;
+mod upgrade;
 
-pub use ensure::{
-    AttachError, LinkPins, PortsRecord, Recorded, Targets, attach_mode, attachments_current,
-    check_pinned_layouts, detach_clsact, ensure, forget_port, invalidate_pass, is_attached,
-    pass_record, port_pins, probe, recorded_pass, tcx_program_ids,
-};
+pub use ensure::{LinkPins, Targets, attachments_current, ensure};
+pub use error::AttachError;
+pub use hook::{attach_mode, detach_clsact, is_attached, tcx_program_ids};
+pub use pass::{PortsRecord, Recorded, invalidate_pass, pass_record, recorded_pass};
+pub use ports::{forget_port, port_pins};
+pub use upgrade::{check_pinned_layouts, probe};
