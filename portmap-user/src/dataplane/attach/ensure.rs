@@ -300,9 +300,10 @@ pub fn ensure(
 /// Whether every attachment recorded under links/ and every socket hook
 /// runs this build's pinned programs. A node-wide pass (the agent's,
 /// `reconcile`, GC) asks before it reconciles, and a no makes it redo the
-/// whole attach pass whatever the records say ([`invalidate_pass`]): a
-/// split left by anything (a build without the records, a hand-made
-/// change) is repaired there. A few `bpf()` calls per attachment.
+/// whole attach pass whatever the records say
+/// ([`invalidate_pass`](super::invalidate_pass)): a split left by anything
+/// (a build without the records, a hand-made change) is repaired there. A
+/// few `bpf()` calls per attachment.
 pub fn attachments_current(layout: &PinLayout, cgroup: &Path) -> bool {
     unverified_attachments(layout, cgroup).is_empty()
 }

@@ -93,7 +93,8 @@ impl HookPins {
         }
     }
 
-    /// The ingress attachment of a bridge port (see [`Targets::bridge_ports`](super::Targets::bridge_ports)).
+    /// The ingress attachment of a bridge port (see
+    /// [`Targets::bridge_ports`](super::Targets::bridge_ports)).
     pub(super) fn port(layout: &PinLayout, ifindex: u32) -> HookPins {
         HookPins {
             tcx: layout.port_link(ifindex),
@@ -184,8 +185,9 @@ pub(super) fn forget_interfaces_not_in(layout: &PinLayout, live: &BTreeSet<u32>)
 }
 
 /// Takes the programs off `ifindex`, a port of a bridge or a bond (see
-/// [`LinkPins::interfaces`]): a tcx link goes with its pin, a clsact filter
-/// is deleted. A failure is logged; the next run tries again.
+/// [`LinkPins::interfaces`](super::LinkPins::interfaces)): a tcx link goes
+/// with its pin, a clsact filter is deleted. A failure is logged; the next
+/// run tries again.
 pub(super) fn detach_port(layout: &PinLayout, ifindex: u32) {
     for direction in Direction::BOTH {
         let marker = layout.clsact_marker(ifindex, direction);

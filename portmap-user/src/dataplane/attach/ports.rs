@@ -19,9 +19,10 @@ use crate::{
 };
 
 /// Puts the ingress program on the request's bridge ports (see
-/// [`Targets::bridge_ports`]), each checked in the kernel: a pod's own, so
-/// no other run races for it but a node-wide pass, and without the load
-/// lock (the slow path would raise the mappings' epoch on every ADD).
+/// [`Targets::bridge_ports`](super::Targets::bridge_ports)), each checked
+/// in the kernel: a pod's own, so no other run races for it but a
+/// node-wide pass, and without the load lock (the slow path would raise
+/// the mappings' epoch on every ADD).
 pub(super) fn attach_bridge_ports(
     layout: &PinLayout,
     ports: &BTreeSet<u32>,
@@ -103,8 +104,9 @@ fn attach_port_tcx(layout: &PinLayout, ifindex: u32) -> Result<(), AttachError> 
     }
 }
 
-/// Every bridge port with a pin of ours (see [`Targets::bridge_ports`]):
-/// one read of the links directory. Only a node-wide pass, an upgrade and
+/// Every bridge port with a pin of ours (see
+/// [`Targets::bridge_ports`](super::Targets::bridge_ports)): one read of
+/// the links directory. Only a node-wide pass, an upgrade and
 /// the operator's commands read them; a run of one pod never does.
 pub fn port_pins(layout: &PinLayout) -> BTreeSet<u32> {
     listed_links(layout)
