@@ -1,40 +1,28 @@
-//! Every read or write of the pinned BPF state: where it is pinned ([`pin`],
-//! [`scope`]), the eBPF object ([`object`], its kfunc calls linked by
-//! [`kfunc`]), loading and attaching the
-//! programs ([`attach`], on [`bpffs`], under the pin root's [`lock`]; [`cgroup`],
-//! [`features`]; the records of its last pass, [`pass`]), the maps ([`maps`], sized by [`sizing`]) and what is kept in them: which
-//! container owns which port ([`ownership`]), the containers whose own
-//! sockets the hooks translate ([`container_netns`]), the node's own addresses
-//! ([`node_state`]), where containers hand packets over ([`peers`]), traffic
-//! counters ([`counters`]) and the trace ring ([`trace`]); the state of
-//! nodes whose network namespace is gone ([`stale`]); test-only fault
-//! injection at the steps of a change ([`crash`]); the keys the last ADD
-//! took for typos ([`key_notes`]); which agent keeps a pin root
-//! ([`agent_record`]).
+//! Every read or write of the pinned BPF state, in rooms by lifecycle:
+//! - [`load`]: the eBPF object, its kfunc calls and the kernel's features;
+//! - [`attach`]: putting the programs on the tc hooks, bridge ports and
+//!   socket hooks, replacing older builds, the namespace beacon and the
+//!   state of nodes whose namespace is gone;
+//! - [`pinned`]: the pin layout on bpffs, the pin root's lock, the maps,
+//!   their sizes and resizing;
+//! - [`ownership`]: which container owns which port;
+//! - [`node_maps`]: what the programs are told about the node;
+//! - [`observe`]: counters, the trace ring and the plugin's own runs.
+//!
+//! The modules of each room are also named here (`dataplane::pin`,
+//! `dataplane::maps`, ...), the paths the rest of the crate uses. Inside
+//! `dataplane`, a module names another by its room's path, so that no
+//! room imports this file and back.
 
-pub mod agent_record;
 pub mod attach;
-pub mod bpffs;
-pub mod cgroup;
-pub mod container_netns;
-pub mod counters;
-pub mod crash;
-pub mod features;
-pub mod hash;
-pub mod key_notes;
-pub mod kfunc;
-pub mod lock;
-pub mod maps;
-pub mod node_state;
-pub mod object;
+pub mod load;
+pub mod node_maps;
+pub mod observe;
 pub mod ownership;
-pub mod pass;
-pub mod peers;
-pub mod pin;
-pub mod resize;
-pub mod scope;
-pub mod sizing;
-pub mod stale;
-pub mod tcx;
-pub mod trace;
-pub mod verb_stats;
+pub mod pinned;
+
+pub use attach::{cgroup, crash, pass, stale, tcx};
+pub use load::{features, kfunc, object};
+pub use node_maps::{container_netns, node_state, peers};
+pub use observe::{counters, trace, verb_stats};
+pub use pinned::{agent_record, bpffs, hash, key_notes, lock, maps, pin, resize, scope, sizing};

@@ -11,8 +11,8 @@ use super::error::{HolderDisplay, StoreError, map_error};
 use super::index::{BPF_ANY, BPF_EXIST, BPF_NOEXIST, slot_key};
 use super::records::{now_unix, owner_id, owner_record, record_is, record_strings, same_identity};
 use super::translation::{KeyDisplay, Translation};
-use crate::dataplane::maps::{Maps, is_errno};
-use crate::dataplane::pin::PinLayout;
+use crate::dataplane::pinned::maps::{Maps, is_errno};
+use crate::dataplane::pinned::pin::PinLayout;
 use crate::model::{Owner, PodIdentity};
 
 impl Maps {
@@ -356,9 +356,9 @@ impl Maps {
         if self.specific_ports.is_some() {
             return Ok(());
         }
-        let (mut map, created) = crate::dataplane::maps::create_user_map::<PortKey, u32>(
+        let (mut map, created) = crate::dataplane::pinned::maps::create_user_map::<PortKey, u32>(
             layout,
-            &crate::dataplane::maps::SPECIFIC_PORTS,
+            &crate::dataplane::pinned::maps::SPECIFIC_PORTS,
         )
         .map_err(|source| StoreError::UserMap {
             map: SPECIFIC_PORTS_MAP,

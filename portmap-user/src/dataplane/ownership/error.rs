@@ -8,7 +8,7 @@ use portmap_common::OwnerRecord;
 
 use super::records::record_strings;
 use super::translation::KeyDisplay;
-use crate::dataplane::maps::is_errno;
+use crate::dataplane::pinned::maps::is_errno;
 use crate::model::PodIdentity;
 
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +55,7 @@ pub enum StoreError {
     UserMap {
         map: &'static str,
         #[source]
-        source: Box<crate::dataplane::maps::MapsError>,
+        source: Box<crate::dataplane::pinned::maps::MapsError>,
     },
     #[error(
         "the conditions map is not pinned under this pin root (programs of an older build?): the conditionsV4/conditionsV6 of this configuration cannot be enforced"

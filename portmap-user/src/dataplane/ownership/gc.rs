@@ -13,8 +13,8 @@ use portmap_common::{
 use super::error::{StoreError, map_error};
 use super::index::{BPF_NOEXIST, slot_key};
 use super::records::{record_is, record_network_is, record_strings};
-use crate::dataplane::maps::{Maps, is_errno};
-use crate::dataplane::pin::PinLayout;
+use crate::dataplane::pinned::maps::{Maps, is_errno};
+use crate::dataplane::pinned::pin::PinLayout;
 use crate::model::{Attachment, Liveness, Owner, PodIdentity, Sandbox};
 
 /// What [`Maps::reclaim_orphans`] did.
@@ -272,9 +272,9 @@ impl Maps {
             return Ok(outcome);
         }
         if self.orphans.is_none() {
-            let (map, _) = crate::dataplane::maps::create_user_map::<u64, u64>(
+            let (map, _) = crate::dataplane::pinned::maps::create_user_map::<u64, u64>(
                 layout,
-                &crate::dataplane::maps::ORPHANS,
+                &crate::dataplane::pinned::maps::ORPHANS,
             )
             .map_err(|source| StoreError::UserMap {
                 map: portmap_common::ORPHANS_MAP,

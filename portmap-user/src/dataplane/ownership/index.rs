@@ -6,7 +6,7 @@ use portmap_common::{MAX_SLOTS_PER_OWNER, MappingKey, OwnerRecord, OwnerSlotKey}
 
 use super::error::{StoreError, map_error};
 use super::records::{owner_id, record_is};
-use crate::dataplane::maps::{Maps, is_errno};
+use crate::dataplane::pinned::maps::{Maps, is_errno};
 use crate::model::{MAX_MAPPINGS_MAX, Owner};
 
 // One owner may hold every entry of the largest mappings map.

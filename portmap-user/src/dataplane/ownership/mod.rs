@@ -52,7 +52,7 @@
 //!   path was resolved in, plus `K8S_POD_UID`. A GC that finds the
 //!   namespace gone records when (`gone_since`, first sighting) and
 //!   removes the owner after a grace period
-//!   ([`Maps::reclaim_gone`](crate::dataplane::maps::Maps::reclaim_gone));
+//!   ([`Maps::reclaim_gone`](crate::dataplane::pinned::maps::Maps::reclaim_gone));
 //!   DEL leaves the record to GC's prune (it opens only the maps it needs).
 //!
 //! Why a separate map rather than a longer `OwnerRecord`: the pinned maps

@@ -10,7 +10,7 @@ use portmap_common::{
 use super::error::{StoreError, map_error};
 use super::index::{BPF_ANY, BPF_EXIST};
 use super::records::{owner_id, pod_identity, pod_record, sandbox_of_record, sandbox_record};
-use crate::dataplane::maps::{Maps, is_errno};
+use crate::dataplane::pinned::maps::{Maps, is_errno};
 use crate::model::{Owner, PodIdentity, Sandbox};
 
 pub(super) fn condition_key(owner_id: u64, family: u8) -> ConditionKey {

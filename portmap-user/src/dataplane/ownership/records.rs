@@ -9,7 +9,7 @@ use portmap_common::{
     POD_NAMESPACE_LEN, POD_UID_LEN, PodRecord, SandboxRecord,
 };
 
-use crate::dataplane::hash::fnv1a64;
+use crate::dataplane::pinned::hash::fnv1a64;
 use crate::model::{NsId, Owner, PodIdentity, Sandbox};
 
 /// Stable ID of an owner: hash of network, container ID and interface name.

@@ -17,7 +17,7 @@ use aya::programs::{
 };
 use portmap_common::local::program_names;
 
-use crate::{dataplane::hash::fnv1a64, dataplane::pin::PinLayout};
+use crate::{dataplane::pinned::hash::fnv1a64, dataplane::pinned::pin::PinLayout};
 
 /// Where the plugin mounts cgroup2 on a node that has none (cgroup v1 only).
 pub const PRIVATE_MOUNT: &str = "/run/ebpf-portmap/cgroup2";
@@ -85,9 +85,9 @@ pub fn target(configured: Option<&Path>) -> Result<PathBuf, CgroupError> {
     }
     // Private like the rest of the run directory: a parent made here with
     // the runtime's umask (002, say) would be refused by every later run.
-    crate::dataplane::bpffs::create_private_dir(Path::new(PRIVATE_MOUNT))
+    crate::dataplane::pinned::bpffs::create_private_dir(Path::new(PRIVATE_MOUNT))
         .map_err(|error| CgroupError::Mount(io::Error::other(error)))?;
-    crate::dataplane::bpffs::mount_fs("cgroup2", Path::new(PRIVATE_MOUNT))
+    crate::dataplane::pinned::bpffs::mount_fs("cgroup2", Path::new(PRIVATE_MOUNT))
         .map_err(CgroupError::Mount)?;
     Ok(PathBuf::from(PRIVATE_MOUNT))
 }
@@ -154,7 +154,7 @@ pub fn hooks_recorded(
 /// the next run a full check, never a wrong answer. Best effort, atomic (a
 /// whole file renamed over the old one).
 pub fn record_hooks(layout: &PinLayout, cgroup: &Path, build: u64, pins: &[(String, u64)]) {
-    let _ = crate::dataplane::lock::write_record(
+    let _ = crate::dataplane::pinned::lock::write_record(
         &hooks_record(layout),
         &hooks_record_text(build, cgroup, pins),
     );
@@ -189,9 +189,9 @@ pub fn attach(
     // whenever this run is killed.
     let pin = link_pin(layout, cgroup, program);
     if pin.exists() {
-        match crate::dataplane::tcx::update_pinned(&pin, program_pin) {
+        match crate::dataplane::attach::tcx::update_pinned(&pin, program_pin) {
             Ok(()) => {
-                crate::dataplane::crash::point("hook-updated");
+                crate::dataplane::attach::crash::point("hook-updated");
                 return Ok(());
             }
             Err(error) => log::debug!("{}: link not updated ({error})", pin.display()),

@@ -48,7 +48,7 @@ use std::{
 use aya::programs::{SkLookup, links::FdLink};
 use portmap_common::program_names;
 
-use crate::dataplane::{lock, pin::PinLayout};
+use crate::dataplane::pinned::{lock, pin::PinLayout};
 
 /// File name of the beacon's link pin in `links/`.
 pub const BEACON_LINK: &str = "netns_beacon";
@@ -274,7 +274,7 @@ pub fn remove(layout: &PinLayout) -> Option<Removal> {
     remove_tree(&layout.versioned(), &mut removal);
     // The root itself only once nothing else lives there (the default
     // root holds other namespaces' roots under `netns/`).
-    crate::dataplane::bpffs::remove_root_if_empty(layout.root(), &mut |dir| {
+    crate::dataplane::pinned::bpffs::remove_root_if_empty(layout.root(), &mut |dir| {
         remove_entry(dir, true, &mut removal);
     });
     // Every record of the root (hooks, interfaces, addresses, probe, key
@@ -346,7 +346,7 @@ pub fn orphan_records() -> Vec<OrphanRecords> {
         if !root.is_absolute() || layout.lock_file().file_stem() != record.file_stem() {
             continue;
         }
-        if root.exists() || crate::dataplane::bpffs::check_bpffs(&root).is_err() {
+        if root.exists() || crate::dataplane::pinned::bpffs::check_bpffs(&root).is_err() {
             continue;
         }
         roots.insert(root);
@@ -480,7 +480,7 @@ mod tests {
         let layout = PinLayout::new("/sys/fs/bpf/x");
         let pin = beacon_pin(&layout);
         assert_eq!(pin, Path::new("/sys/fs/bpf/x/v1/links/netns_beacon"));
-        assert!(crate::dataplane::pin::parse_link_name(BEACON_LINK).is_none());
+        assert!(crate::dataplane::pinned::pin::parse_link_name(BEACON_LINK).is_none());
     }
 
     #[test]

@@ -103,7 +103,7 @@ impl PinLayout {
     /// Lock serialising program loads and attachments for this root (map
     /// updates never take it). Lives outside bpffs, which holds no files.
     pub fn lock_file(&self) -> PathBuf {
-        let id = crate::dataplane::hash::fnv1a64(self.root.as_os_str().as_encoded_bytes());
+        let id = crate::dataplane::pinned::hash::fnv1a64(self.root.as_os_str().as_encoded_bytes());
         PathBuf::from(format!("/run/ebpf-portmap/{id:016x}.lock"))
     }
 }

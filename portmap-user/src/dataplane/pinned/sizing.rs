@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use aya::maps::{Array, MapData};
 use portmap_common::{capacity, map_names};
 
-use crate::dataplane::pin::PinLayout;
+use crate::dataplane::pinned::pin::PinLayout;
 
 /// Map sizes chosen by configuration (`None`: the default, see the module
 /// docs); they apply when the maps are created, and a change resizes them
@@ -627,7 +627,7 @@ mod tests {
     /// row to change in the other.
     #[test]
     fn the_readme_footprint_table_is_the_model() {
-        let readme = include_str!("../../../README.md");
+        let readme = include_str!("../../../../README.md");
         let rows = [
             ("2 GiB, 2 CPUs", 2, 2),
             ("24 GiB, 2 CPUs", 24, 2),

@@ -31,9 +31,9 @@ use portmap_common::{
 use serde_json::{Value, json};
 
 use crate::{
-    dataplane::maps::{self, MapsError},
     dataplane::ownership::{addr_from_words, protocol_name},
-    dataplane::pin::PinLayout,
+    dataplane::pinned::maps::{self, MapsError},
+    dataplane::pinned::pin::PinLayout,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +162,7 @@ fn ring_buffers(layout: &PinLayout) -> Result<Vec<RingBuf<MapData>>, TraceError>
 /// the pins are of a build that did not count them).
 pub fn lost_events(layout: &PinLayout) -> Option<u64> {
     let map: aya::maps::PerCpuArray<MapData, u64> =
-        crate::dataplane::maps::open(layout, portmap_common::TRACE_LOST_MAP).ok()?;
+        crate::dataplane::pinned::maps::open(layout, portmap_common::TRACE_LOST_MAP).ok()?;
     map.get(&0, 0).ok().map(|values| values.iter().sum())
 }
 

@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use crate::dataplane::pin::PinLayout;
+use crate::dataplane::pinned::pin::PinLayout;
 
 /// A key the last ADD of `network` ignored, and the key meant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +85,7 @@ pub fn record<'a>(
     let written = if after.is_empty() {
         std::fs::remove_file(&path)
     } else {
-        crate::dataplane::lock::write_record(&path, &render(&after))
+        crate::dataplane::pinned::lock::write_record(&path, &render(&after))
     };
     if let Err(error) = written {
         log::debug!("{} not written: {error}", path.display());

@@ -18,7 +18,7 @@ use std::{path::Path, sync::atomic::Ordering, time::Duration};
 use aya::maps::{Array, Map, MapData, MapError};
 use portmap_common::verb_stats::{self, SLOTS, VERBS};
 
-use crate::dataplane::{maps::MappedArray, pin::PinLayout};
+use crate::dataplane::pinned::{maps::MappedArray, pin::PinLayout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VerbStatsError {

@@ -40,10 +40,10 @@ use portmap_common::{
 };
 
 use crate::dataplane::{
-    maps::{MapsError, OWNER_NETNS, create_user_map, is_errno, open, open_user_map},
-    node_state,
+    node_maps::node_state,
     ownership::{owner_id, owner_record, record_strings},
-    pin::PinLayout,
+    pinned::maps::{MapsError, OWNER_NETNS, create_user_map, is_errno, open, open_user_map},
+    pinned::pin::PinLayout,
 };
 use crate::model::{Attachment, Owner};
 

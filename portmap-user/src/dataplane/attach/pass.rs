@@ -4,13 +4,13 @@
 //! ([`PassRecord`], `{lock}.tc`) and on every pod's bridge port
 //! ([`PortsRecord`], `{lock}.ports`). A change of the programs or the
 //! tables they read removes them before its first step
-//! ([`invalidate_pass`]); `attach.rs` writes the first back after its
+//! ([`invalidate_pass`]); `attach/ensure.rs` writes the first back after its
 //! verified pass, `verbs::interfaces` the second after its walk of the
 //! ports.
 
 use std::{fs, io, path::PathBuf};
 
-use crate::dataplane::{cgroup, object::build_id, pin::PinLayout};
+use crate::dataplane::{attach::cgroup, load::object::build_id, pinned::pin::PinLayout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
@@ -80,7 +80,7 @@ const PENDING: &str = "pending\n";
 /// written or removed changes nothing and fails the run.
 pub fn invalidate_pass(layout: &PinLayout) -> Result<(), PassError> {
     let path = PassRecord::path(layout);
-    crate::dataplane::lock::write_record(&path, PENDING)
+    crate::dataplane::pinned::lock::write_record(&path, PENDING)
         .map_err(|source| PassError::Invalidate { path, source })?;
     for path in [PortsRecord::path(layout), cgroup::hooks_record(layout)] {
         match fs::remove_file(&path) {
@@ -108,7 +108,7 @@ impl PassRecord {
     /// Best effort: without it the next slow path looks at everything again.
     pub(crate) fn write(layout: &PinLayout) {
         let path = Self::path(layout);
-        if let Err(error) = crate::dataplane::lock::write_record(&path, &Self::text()) {
+        if let Err(error) = crate::dataplane::pinned::lock::write_record(&path, &Self::text()) {
             log::debug!("attachment record {} not written: {error}", path.display());
         }
     }
@@ -133,7 +133,8 @@ impl PortsRecord {
     /// Best effort: without it the next run walks the ports again.
     pub fn write(layout: &PinLayout) {
         let path = Self::path(layout);
-        if let Err(error) = crate::dataplane::lock::write_record(&path, &PassRecord::text()) {
+        if let Err(error) = crate::dataplane::pinned::lock::write_record(&path, &PassRecord::text())
+        {
             log::debug!(
                 "bridge ports record {} not written: {error}",
                 path.display()

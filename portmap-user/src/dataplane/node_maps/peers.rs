@@ -11,9 +11,9 @@ use std::{collections::BTreeSet, io, net::IpAddr, os::fd::FromRawFd};
 
 use crate::model::{ContainerAddrs, PrevInterface};
 use crate::{
-    dataplane::maps::{MapsError, open},
     dataplane::ownership::words_from_addr,
-    dataplane::pin::PinLayout,
+    dataplane::pinned::maps::{MapsError, open},
+    dataplane::pinned::pin::PinLayout,
 };
 use aya::maps::{HashMap, MapData};
 use portmap_common::{

@@ -39,7 +39,7 @@ use aya::maps::{Array, Map, MapData};
 use portmap_common::{NETNS_OWNER_MAP, local::NodeConfig};
 
 use crate::model::DEFAULT_PIN_ROOT;
-use crate::{dataplane::node_state, dataplane::pin::PinLayout};
+use crate::{dataplane::node_maps::node_state, dataplane::pinned::pin::PinLayout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScopeError {
@@ -52,7 +52,7 @@ pub enum ScopeError {
         ours: u64,
     },
     #[error(transparent)]
-    Bpffs(#[from] crate::dataplane::bpffs::BpffsError),
+    Bpffs(#[from] crate::dataplane::pinned::bpffs::BpffsError),
     #[error("cannot record this network namespace as the owner of {path}")]
     Claim {
         path: PathBuf,
@@ -108,7 +108,7 @@ fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, Scop
     // (see `stale.rs`), the root is nobody's, and taking it would leave our
     // mappings behind.
     if shared {
-        let own = PinLayout::new(crate::dataplane::pin::netns_root(root, ours));
+        let own = PinLayout::new(crate::dataplane::pinned::pin::netns_root(root, ours));
         if own.versioned().exists() {
             return Ok(own);
         }
@@ -121,7 +121,9 @@ fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, Scop
         let owner = marker.or_else(|| recorded_by_node_map(&base));
         let layout = match place(owner, ours, shared) {
             Place::Root => base,
-            Place::OwnDirectory => PinLayout::new(crate::dataplane::pin::netns_root(root, ours)),
+            Place::OwnDirectory => {
+                PinLayout::new(crate::dataplane::pinned::pin::netns_root(root, ours))
+            }
             Place::Refused => {
                 return Err(ScopeError::InUse {
                     root: root.to_path_buf(),
@@ -148,7 +150,7 @@ fn resolve_for(root: &Path, ours: u64, access: Access) -> Result<PinLayout, Scop
             _ => return Ok(layout),
         }
     }
-    Ok(PinLayout::new(crate::dataplane::pin::netns_root(
+    Ok(PinLayout::new(crate::dataplane::pinned::pin::netns_root(
         root, ours,
     )))
 }
@@ -210,8 +212,8 @@ fn claim(layout: &PinLayout, ours: u64) -> Result<Option<u64>, ScopeError> {
     };
     // Before anything is made: a node without bpffs at /sys/fs/bpf gets it
     // mounted (as ADD always did), and the directory made private.
-    crate::dataplane::bpffs::mount_bpffs_if_missing(layout.root())
-        .and_then(|()| crate::dataplane::bpffs::create_private_dir(&layout.maps_dir()))
+    crate::dataplane::pinned::bpffs::mount_bpffs_if_missing(layout.root())
+        .and_then(|()| crate::dataplane::pinned::bpffs::create_private_dir(&layout.maps_dir()))
         .map_err(ScopeError::Bpffs)?;
     // An array: `status` judges hash maps by fill, and this one is full by
     // design.

@@ -29,12 +29,12 @@ use portmap_common::{
 };
 
 use crate::{
-    dataplane::hash::fnv1a64,
-    dataplane::kfunc::Kfuncs,
-    dataplane::lock::{self, LockError},
-    dataplane::maps::{MapsError, open},
+    dataplane::load::kfunc::Kfuncs,
     dataplane::ownership::{addr_from_words, words_from_addr},
-    dataplane::pin::PinLayout,
+    dataplane::pinned::hash::fnv1a64,
+    dataplane::pinned::lock::{self, LockError},
+    dataplane::pinned::maps::{MapsError, open},
+    dataplane::pinned::pin::PinLayout,
     model::FastPathSetting,
     node::netlink::NodeAddress,
 };
@@ -162,7 +162,7 @@ fn record_interfaces(layout: &PinLayout, interfaces: Option<&[String]>) -> io::R
             _ => Ok(()),
         };
     };
-    crate::dataplane::lock::write_record(&path, &interfaces.join("\n"))
+    crate::dataplane::pinned::lock::write_record(&path, &interfaces.join("\n"))
 }
 
 /// The records of what the last sync wrote (local addresses, interface
@@ -227,7 +227,7 @@ impl LocalRecord {
     }
 
     fn write(&self) -> io::Result<()> {
-        crate::dataplane::lock::write_record(&self.path, &self.text)
+        crate::dataplane::pinned::lock::write_record(&self.path, &self.text)
     }
 }
 
@@ -252,7 +252,7 @@ impl Wanted {
         if state.masq_all {
             flags |= node_flags::MASQ_ALL;
         }
-        flags |= crate::dataplane::features::fast_path_flags(
+        flags |= crate::dataplane::load::features::fast_path_flags(
             state.fast_path,
             state.kfuncs,
             state.forward_hooked,
@@ -498,7 +498,7 @@ impl IfacesRecord {
             );
         }
         // Best effort: without it the next run reads the map.
-        let _ = crate::dataplane::lock::write_record(path, &text);
+        let _ = crate::dataplane::pinned::lock::write_record(path, &text);
     }
 }
 

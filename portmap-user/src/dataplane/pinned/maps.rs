@@ -13,7 +13,7 @@ use portmap_common::{
     map_names,
 };
 
-use crate::dataplane::pin::PinLayout;
+use crate::dataplane::pinned::pin::PinLayout;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
@@ -52,7 +52,7 @@ pub enum MapsError {
         source: MapError,
     },
     #[error("cannot take the mappings' writers lock")]
-    Writers(#[from] crate::dataplane::lock::LockError),
+    Writers(#[from] crate::dataplane::pinned::lock::LockError),
 }
 
 /// The maps ADD/DEL/CHECK/GC and the CLI work on.
@@ -60,7 +60,7 @@ pub struct Maps {
     /// Held for as long as the maps are open: a resize of `mappings` and
     /// `owner_slots` waits for it, so nothing is written to a map being
     /// replaced (see `resize.rs`). Taken before the maps are opened.
-    pub writers: crate::dataplane::lock::WritersLock,
+    pub writers: crate::dataplane::pinned::lock::WritersLock,
     pub mappings: HashMap<MapData, MappingKey, MappingValue>,
     pub owners: HashMap<MapData, u64, OwnerRecord>,
     pub owner_slots: HashMap<MapData, OwnerSlotKey, MappingKey>,
@@ -149,8 +149,10 @@ impl Maps {
 }
 
 /// The mappings' writers lock, shared (see [`Maps::writers`]).
-pub fn writers(layout: &PinLayout) -> Result<crate::dataplane::lock::WritersLock, MapsError> {
-    Ok(crate::dataplane::lock::writers_shared(layout)?)
+pub fn writers(
+    layout: &PinLayout,
+) -> Result<crate::dataplane::pinned::lock::WritersLock, MapsError> {
+    Ok(crate::dataplane::pinned::lock::writers_shared(layout)?)
 }
 
 /// The conditions map, if the programs' load pinned it.
@@ -397,7 +399,7 @@ pub const ORPHANS: UserMap = UserMap {
 };
 
 /// Each owner's registered container namespace (`containerSockets`), by
-/// owner ID (see `dataplane::container_netns`).
+/// owner ID (see `dataplane::node_maps::container_netns`).
 pub const OWNER_NETNS: UserMap = UserMap {
     name: portmap_common::local::OWNER_NETNS_MAP,
     key_size: size_of::<u64>() as u32,
@@ -540,7 +542,7 @@ pub fn stats(layout: &PinLayout) -> Result<PerCpuArray<MapData, u64>, MapsError>
     open(layout, map_names::STATS)
 }
 
-/// Per-mapping traffic counters, see [`crate::dataplane::counters`].
+/// Per-mapping traffic counters, see [`crate::dataplane::observe::counters`].
 pub fn counters(
     layout: &PinLayout,
 ) -> Result<PerCpuHashMap<MapData, CounterKey, MappingCounters>, MapsError> {
@@ -548,14 +550,14 @@ pub fn counters(
 }
 
 /// Per-mapping socket-hook counters (`sock_counters`), see
-/// [`crate::dataplane::counters`]; missing in pins of a build before them.
+/// [`crate::dataplane::observe::counters`]; missing in pins of a build before them.
 pub fn sock_counters(
     layout: &PinLayout,
 ) -> Result<PerCpuHashMap<MapData, CounterKey, portmap_common::local::SockCounters>, MapsError> {
     open(layout, portmap_common::local::map_names::SOCK_COUNTERS)
 }
 
-/// What `ebpf-portmap trace` asks the programs for, see [`crate::dataplane::trace`].
+/// What `ebpf-portmap trace` asks the programs for, see [`crate::dataplane::observe::trace`].
 pub fn trace_filter(layout: &PinLayout) -> Result<Array<MapData, TraceFilter>, MapsError> {
     open(layout, map_names::TRACE_FILTER)
 }

@@ -8,7 +8,7 @@
 //!   [`MODE_CLSACT`]); every later attachment reads it. bpffs lives exactly
 //!   as long as the running kernel, so a new kernel is probed anew.
 //! - **Conntrack kfuncs.** The load that links the object's kfunc calls
-//!   (see [`kfunc`](crate::dataplane::kfunc)) records whether the kernel
+//!   (see [`kfunc`](crate::dataplane::load::kfunc)) records whether the kernel
 //!   had them (index [`KFUNCS`]); the fast-path mode every ADD writes to
 //!   the node's settings follows from it and `fastPath`
 //!   ([`fast_path_flags`]), and `status` explains it ([`FastPathReport`]).
@@ -39,7 +39,7 @@ use aya::{
 use portmap_common::local::node_flags;
 
 use crate::{
-    dataplane::{kfunc::Kfuncs, pin::PinLayout},
+    dataplane::{load::kfunc::Kfuncs, pinned::pin::PinLayout},
     model::FastPathSetting,
 };
 

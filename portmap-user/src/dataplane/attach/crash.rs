@@ -6,8 +6,8 @@
 //!
 //! Nothing sets it but those tests; unset (as everywhere else), [`point`]
 //! reads one environment variable and returns. The steps are named where
-//! [`point`] is called: `resize-*` in `resize.rs`, `load-*` and `attach-*`
-//! in `attach.rs`, `hook-*` in `cgroup.rs`.
+//! [`point`] is called: `resize-*` in `pinned/resize.rs`, `load-*` in
+//! `upgrade.rs`, `attach-*` in `ensure.rs`, `hook-*` in `cgroup.rs`.
 
 /// The variable that names the step to die after. Test-only.
 pub const ENV: &str = "EPM_TEST_CRASH_AFTER";

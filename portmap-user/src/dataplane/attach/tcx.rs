@@ -4,7 +4,7 @@
 //! and opening a pinned program makes it probe the kernel's features
 //! first (a dozen BTF and program loads per process): on the bench's
 //! plugin-alone loop that doubled an ADD (1.63 to 3.70 ms at p50).
-//! [`open_pin`] also serves `dataplane::stale`'s read of the beacon link.
+//! [`open_pin`] also serves `dataplane::attach::stale`'s read of the beacon link.
 //!
 //! Also the other raw `bpf()` calls of the attachments: [`update_pinned`]
 //! swaps the program inside a pinned link (any link type), and
@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use super::pin::Direction;
+use crate::dataplane::pinned::pin::Direction;
 
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;

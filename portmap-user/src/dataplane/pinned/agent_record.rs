@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
-use crate::dataplane::lock::{read_record, write_record};
-use crate::dataplane::pin::PinLayout;
+use crate::dataplane::pinned::lock::{read_record, write_record};
+use crate::dataplane::pinned::pin::PinLayout;
 
 /// What `/proc/PID/comm` holds for the agent: its name, cut to 15 bytes.
 const AGENT_COMM: &str = "ebpf-portmap-ag";

@@ -29,7 +29,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::dataplane::{
+use crate::dataplane::pinned::{
     bpffs::{BpffsError, create_private_dir},
     pin::PinLayout,
 };

@@ -5,7 +5,7 @@
 //! carried over.
 //!
 //! A map's `max_entries` is fixed when it is made, so a resize makes a new
-//! table and swaps it in the way an upgrade swaps programs (`attach.rs`):
+//! table and swaps it in the way an upgrade swaps programs (`attach/upgrade.rs`):
 //! under the pin root's lock,
 //! 1. for `maxMappings`, the writers' lock is taken exclusive (see below)
 //!    and the live entries counted: a map smaller than its live entries is
@@ -75,10 +75,10 @@ use portmap_common::{
 };
 
 use crate::dataplane::{
-    lock,
-    object::build_id,
-    pin::PinLayout,
-    sizing::{Capacities, NodeShape, Sizes},
+    load::object::build_id,
+    pinned::lock,
+    pinned::pin::PinLayout,
+    pinned::sizing::{Capacities, NodeShape, Sizes},
 };
 
 /// `BPF_NOEXIST` (include/uapi/linux/bpf.h): never overwrite the new
@@ -125,7 +125,7 @@ pub enum ResizeError {
         source: MapError,
     },
     #[error(transparent)]
-    Pass(#[from] crate::dataplane::pass::PassError),
+    Pass(#[from] crate::dataplane::attach::pass::PassError),
     #[error(
         "maxMappings {wanted} is too small: the {map} map holds {live} live entries, and would have room for {room}; nothing was resized (it keeps its {size} entries). Set maxMappings to at least {at_least}, or remove containers first"
     )]
@@ -202,7 +202,7 @@ fn recover(layout: &PinLayout) {
     if left {
         // The run that died removed the records before its first step; a
         // removal that fails here is tried again by the load.
-        if let Err(error) = crate::dataplane::pass::invalidate_pass(layout) {
+        if let Err(error) = crate::dataplane::attach::pass::invalidate_pass(layout) {
             log::warn!("{error}");
         }
         remove_program_pins(layout);
@@ -254,7 +254,7 @@ pub struct Resize {
     sizes: Sizes,
     /// The pins are of a build before the split conntrack (no
     /// `conntrack_other`): the UDP and SCTP entries of the old `conntrack`
-    /// go to the `conntrack_other` the load creates, which `attach.rs`'s
+    /// go to the `conntrack_other` the load creates, which `attach/upgrade.rs`'s
     /// migration would otherwise fill from the (new, empty) `conntrack`.
     split: bool,
     /// The writers' lock, exclusive, while the mappings are resized.
@@ -350,11 +350,11 @@ impl Resize {
         }
         // The first destructive step: from here on, until the attach pass
         // of the new programs is done, no run trusts the attachments.
-        crate::dataplane::pass::invalidate_pass(layout)?;
+        crate::dataplane::attach::pass::invalidate_pass(layout)?;
         // The programs are loaded anew with the new tables; the links keep
         // the old ones running until they are replaced.
         remove_program_pins(layout);
-        crate::dataplane::crash::point("resize-begun");
+        crate::dataplane::attach::crash::point("resize-begun");
         let split = !layout.map(map_names::CONNTRACK_OTHER).exists();
         Ok(Some(Resize {
             tables,
@@ -459,7 +459,7 @@ impl Resize {
                 self.copy_conntrack(layout, table)?;
                 renames.push(table.name);
             }
-            crate::dataplane::crash::point("resize-copied");
+            crate::dataplane::attach::crash::point("resize-copied");
             for name in renames {
                 std::fs::rename(staging(layout, name), layout.map(name)).map_err(|source| {
                     ResizeError::Rename {
@@ -467,7 +467,7 @@ impl Resize {
                         source,
                     }
                 })?;
-                crate::dataplane::crash::point(&format!("resize-renamed-{name}"));
+                crate::dataplane::attach::crash::point(&format!("resize-renamed-{name}"));
             }
             Ok(())
         });
@@ -478,7 +478,7 @@ impl Resize {
             remove_program_pins(layout);
             return Err(error);
         }
-        if let Err(error) = crate::dataplane::sizing::record(layout, &self.sizes) {
+        if let Err(error) = crate::dataplane::pinned::sizing::record(layout, &self.sizes) {
             log::warn!("{error}");
         }
         Ok(())

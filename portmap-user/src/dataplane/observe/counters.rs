@@ -16,7 +16,7 @@ use aya::{
 };
 use portmap_common::{CounterKey, MappingCounters, MappingKey, MappingValue, local::SockCounters};
 
-use crate::dataplane::maps::is_errno;
+use crate::dataplane::pinned::maps::is_errno;
 
 pub type CountersMap = PerCpuHashMap<MapData, CounterKey, MappingCounters>;
 pub type SockCountersMap = PerCpuHashMap<MapData, CounterKey, SockCounters>;

@@ -6,14 +6,14 @@
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/portmap"));
 
 /// [`OBJECT`] with its kfunc calls linked for the running kernel (see
-/// [`kfunc`](crate::dataplane::kfunc)): what is loaded, never `OBJECT`
+/// [`kfunc`](crate::dataplane::load::kfunc)): what is loaded, never `OBJECT`
 /// itself, whose calls name markers no kernel knows. Reads the kernel's
 /// BTF (one pass over its types; done by the loads that verify programs
 /// only).
 pub fn linked_for_this_kernel()
--> Result<crate::dataplane::kfunc::Linked, crate::dataplane::kfunc::KfuncError> {
+-> Result<crate::dataplane::load::kfunc::Linked, crate::dataplane::load::kfunc::KfuncError> {
     let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok();
-    crate::dataplane::kfunc::link_for_kernel(OBJECT, btf.as_deref())
+    crate::dataplane::load::kfunc::link_for_kernel(OBJECT, btf.as_deref())
 }
 
 /// Identifies this build's programs; part of their pin names. The FNV-1a
