@@ -29,6 +29,8 @@ pub mod daemon;
 pub mod e2e;
 pub mod firewall;
 pub mod holder;
+pub mod recorder;
 pub mod rootfs;
 
-pub use e2e::{Driver, E2e, PluginCall, PortPlugin, Workload};
+pub use e2e::{Capability, Driver, E2e, PortPlugin, Workload};
+pub use recorder::{CniCall, Recorder};
