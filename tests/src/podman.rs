@@ -47,7 +47,7 @@ use crate::plugins::{PluginDirs, plugin_bin};
 use crate::runtime::conf_dir::{CniConfDir, toml_string};
 use crate::runtime::e2e::operator_output;
 use crate::runtime::holder::{HolderSpec, MountNsHolder};
-use crate::runtime::recorder::Recorder;
+use crate::runtime::recorder::{CniCall, Recorder};
 use crate::runtime::rootfs::{IMAGE_PROBE, build_rootfs, tar_dir};
 use crate::runtime::{Capability, Driver, PortPlugin, Workload};
 use crate::tmp::TempDir;
@@ -563,7 +563,6 @@ impl Driver for PodmanDriver {
             // podman 4.3's CNI backend runs libcni with the conflist's
             // `cniVersion` and never asks for STATUS.
             Capability::CniStatus => false,
-            Capability::LoopbackHostIp => true,
         }
     }
 
@@ -613,7 +612,7 @@ impl Driver for PodmanDriver {
             .trace()
             .iter()
             .filter(|e| e.command != "VERSION")
-            .map(|call| call.summary())
+            .map(CniCall::summary)
             .collect();
         format!(
             "{}--- plugin log (newest first)\n{}\n--- plugin executions\n{}\n",

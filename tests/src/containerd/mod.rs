@@ -785,7 +785,6 @@ impl Driver for Containerd {
     fn supports(&self, capability: Capability) -> bool {
         match capability {
             Capability::CniStatus => self.runtime.sends_status(),
-            Capability::LoopbackHostIp => true,
         }
     }
 

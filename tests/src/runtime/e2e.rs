@@ -73,9 +73,6 @@ pub enum Capability {
     /// The runtime asks the plugins for CNI STATUS (`cniVersion` 1.1.0)
     /// and reports the answer (containerd 2.x: the CRI's `NetworkReady`).
     CniStatus,
-    /// The runtime passes a mapping's `hostIP` of `127.0.0.1` to the
-    /// plugins (Kubernetes' hostPort conformance publishes one pod there).
-    LoopbackHostIp,
 }
 
 impl Capability {
@@ -83,9 +80,6 @@ impl Capability {
     pub fn lacking(self) -> &'static str {
         match self {
             Capability::CniStatus => "asks the plugins for no CNI STATUS",
-            Capability::LoopbackHostIp => {
-                "does not pass a 127.0.0.1 hostIP to the port-mapping plugin"
-            }
         }
     }
 }
@@ -641,31 +635,22 @@ pub const CONFORMANCE_PORT: u16 = 54323;
 /// `curl http://<nodeIP>:54323/hostname` and a UDP `hostname` to
 /// `<nodeIP>:54323` (`nc -u` there; the probe here: busybox's nc has no
 /// UDP) each reach a different workload. Returns the three, running.
-/// Without [`Capability::LoopbackHostIp`] the first (on `127.0.0.1`) is
-/// left out, and its check with it.
 pub fn hostport_conformance<D: Driver>(t: &E2e<D>, plugin: PortPlugin) -> Vec<D::Workload> {
     const PORT: u16 = CONFORMANCE_PORT;
     let node_ip = IpAddr::V4(NODE_IP4);
     let localhost = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let on_loopback = t.supports(
-        Capability::LoopbackHostIp,
-        "the conformance pod on hostIP 127.0.0.1",
-    );
     let specs = [
         ("pod1", PortMapping::tcp(PORT, 80).on(localhost)),
         ("pod2", PortMapping::tcp(PORT, 80).on(node_ip)),
         ("pod3", PortMapping::udp(PORT, 53).on(node_ip)),
     ];
-    let workloads: Vec<Option<D::Workload>> = specs
+    let workloads: Vec<D::Workload> = specs
         .iter()
         .map(|(name, port)| {
-            if *name == "pod1" && !on_loopback {
-                return None;
-            }
             let workload = t.run(name, std::slice::from_ref(port));
             t.assert_calls(plugin, "ADD", &workload, 1);
             t.assert_translations(plugin, &workload, std::slice::from_ref(port), "conformance");
-            Some(workload)
+            workload
         })
         .collect();
     let node_ip_text = node_ip.to_string();
@@ -697,20 +682,15 @@ pub fn hostport_conformance<D: Driver>(t: &E2e<D>, plugin: PortPlugin) -> Vec<D:
     let deadline = Instant::now() + READY;
     let localhost_url = format!("http://localhost:{PORT}/hostname");
     let node_url = format!("http://{}/hostname", sock(node_ip, PORT));
-    let checks: [(&str, Vec<&str>, Option<&D::Workload>); 2] = [
+    let checks: [(&str, Vec<&str>, &D::Workload); 2] = [
         (
             "pod1 via localhost",
             vec!["--interface", &node_ip_text, &localhost_url],
-            workloads[0].as_ref(),
+            &workloads[0],
         ),
-        (
-            "pod2 via the node IP",
-            vec![&node_url],
-            workloads[1].as_ref(),
-        ),
+        ("pod2 via the node IP", vec![&node_url], &workloads[1]),
     ];
     for (what, args, workload) in checks {
-        let Some(workload) = workload else { continue };
         loop {
             let last = match curl(&args) {
                 Ok(body) if body == workload.name() => break,
@@ -725,7 +705,7 @@ pub fn hostport_conformance<D: Driver>(t: &E2e<D>, plugin: PortPlugin) -> Vec<D:
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-    let pod3 = workloads[2].as_ref().expect("pod3 always runs");
+    let pod3 = &workloads[2];
     let udp = sock(node_ip, PORT);
     let seen = t.node_probe("udp", udp, "hostname");
     t.expect_seen(
@@ -734,7 +714,7 @@ pub fn hostport_conformance<D: Driver>(t: &E2e<D>, plugin: PortPlugin) -> Vec<D:
         udp,
         &echo_reply(pod3.name(), "hostname"),
     );
-    workloads.into_iter().flatten().collect()
+    workloads
 }
 
 /// The host port of [`wildcard_then_node_ip_is_refused`].
