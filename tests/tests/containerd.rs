@@ -47,17 +47,20 @@
 //! STATUS: true while it passes, also during 32 sandboxes set up at once,
 //! false while it fails.
 //!
-//! The field's cases (issue 33): TCP and UDP 53 on one host port, both
+//! The field's cases (issue 33) are the runtime harness's scenarios, run
+//! here and in `podman.rs` alike: TCP and UDP 53 on one host port, both
 //! families (both plugins); Kubernetes' hostPort conformance case on 54323
 //! checked from the node as that test checks it (both plugins), and its
-//! scheduler twin on 54322 (ours refuses the overlap); a pod recreated
-//! under its name while the old sandbox still holds the port (refused with
-//! code 100 naming it, served after the kubelet's retry); a pod without
-//! host ports installing nothing.
+//! scheduler twin on 54322 (ours refuses the overlap); upstream's
+//! `conditionsV4`/`conditionsV6` restricting who reaches a host port. What
+//! only the CRI has stays here: a pod recreated under its name while the
+//! old sandbox still holds the port (refused with code 100 naming it,
+//! served after the kubelet's retry); a pod without host ports installing
+//! nothing.
 //!
 //! All are `#[ignore]`d: they need containerd, runc, gcc and busybox-static.
 //! `cargo xtask e2e-containerd` installs those and runs them (and `cargo
-//! xtask test` does, unless `--skip-containerd` or EPM_SKIP_CONTAINERD=1).
+//! xtask test` does, unless `--skip containerd` or EPM_SKIP_CONTAINERD=1).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;

@@ -24,9 +24,15 @@
 //!    untouched, and a new container gets its host port;
 //! 6. `podman rm -f` of everything: no translation is left on the node.
 //!
+//! The field's cases (issue 33), the runtime harness's scenarios that the
+//! containerd tests run too: TCP and UDP 53 on one host port, Kubernetes'
+//! hostPort conformance case and its scheduler twin (ours refuses the
+//! overlap: the refused ADD is found in the recorder by `K8S_POD_NAME`,
+//! which podman sets to the container's name), and `conditionsV4`/`V6`.
+//!
 //! Both tests are `#[ignore]`d: they need podman, runc, conmon and
 //! busybox-static. `cargo xtask e2e-podman` installs those and runs them (and
-//! `cargo xtask test` does, unless `--skip-podman` or EPM_SKIP_PODMAN=1).
+//! `cargo xtask test` does, unless `--skip podman` or EPM_SKIP_PODMAN=1).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;

@@ -3,7 +3,10 @@
 //! driver over the standard node), the checks every runtime's test makes
 //! (translations, reachability from outside and from the node, plugin
 //! calls), and the scenarios written once and run for each runtime
-//! ([`publish_and_reach`], [`fleet_at_once`], [`nothing_translated`]).
+//! ([`publish_and_reach`], [`fleet_at_once`], [`nothing_translated`], and
+//! the field's cases: [`tcp_and_udp_share_a_host_port`],
+//! [`hostport_conformance`], [`wildcard_then_node_ip_is_refused`],
+//! [`conditions_restrict_who_reaches_a_host_port`]).
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
