@@ -110,11 +110,28 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
             .iter()
             .map(|suite| runtimes::test_step(suite, &skips)),
     );
+    steps.push(image_test_step(&skips));
     steps.push(match &vm {
         Ok(vm) => Step::wait_for(vm, || Ok(())),
         Err(skipped) => skipped_vm_step(skipped),
     });
     steps
+}
+
+/// The installer image built from the tarball and run under podman (what
+/// the podman suite installed), unless podman is skipped.
+fn image_test_step(skips: &Skips) -> Step<'static> {
+    let name = "the installer image from the tarball, under podman (cargo xtask image)";
+    match skips.reason("podman") {
+        Some(reason) => {
+            let reason = reason.to_owned();
+            Step::new(name, move || {
+                println!("xtask test: the installer image skipped with podman ({reason})");
+                Ok(())
+            })
+        }
+        None => Step::new(name, || image::test(&dist::tarball_path())),
+    }
 }
 
 /// The name of the VM tests in `test`'s steps.

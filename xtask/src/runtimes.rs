@@ -37,8 +37,6 @@ pub struct Suite {
     pub check: fn() -> Result<()>,
     /// The passes of the test file (at least one).
     pub passes: fn() -> Vec<Pass>,
-    /// What `test` runs after the suite, with what the suite installed.
-    pub then_in_test: Option<fn() -> Result<()>>,
 }
 
 /// One run of a suite's test file.
@@ -82,8 +80,6 @@ pub const SUITES: &[Suite] = &[
         ],
         check: check_podman,
         passes: || vec![Pass::run("podman")],
-        // The installer image runs under the same podman.
-        then_in_test: Some(|| crate::image::test(&crate::dist::tarball_path())),
     },
     Suite {
         name: "containerd",
@@ -109,7 +105,6 @@ pub const SUITES: &[Suite] = &[
             Ok(())
         },
         passes: containerd_passes,
-        then_in_test: None,
     },
 ];
 
@@ -236,10 +231,7 @@ pub fn test_step(suite: &'static Suite, skips: &Skips) -> Step<'static> {
                 Ok(())
             })
         }
-        None => Step::new(name, move || {
-            e2e(suite, &[])?;
-            suite.then_in_test.map_or(Ok(()), |then| then())
-        }),
+        None => Step::new(name, move || e2e(suite, &[])),
     }
 }
 

@@ -6,10 +6,19 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::{IMAGE, NETWORK};
 use crate::plugins::PLUGIN_TYPE;
 use crate::runtime::conf_dir::toml_string;
 use crate::topology::{BRIDGE_NAME, POD_SUBNET4, POD_SUBNET6};
+
+/// The image the driver imports when it starts: the pods' sandbox image (its
+/// entrypoint is a static `pause`) and the image of every app container.
+pub const IMAGE: &str = "localhost/epm-ctrd:1";
+/// The CNI network (the conflist's `name`).
+pub const NETWORK: &str = "epm-ctrd";
+/// The Kubernetes namespace of every pod.
+pub const POD_NAMESPACE: &str = "e2e";
+/// The conflist's file in the CNI config directory.
+pub const CONFLIST_FILE: &str = "10-epm-ctrd.conflist";
 
 /// The conflist a user drops in: `bridge` + dual-stack `host-local` + the
 /// port-mapping plugin with only the `portMappings` capability. ebpf-portmap

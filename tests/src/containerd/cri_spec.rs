@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::path::Path;
 
-use super::{IMAGE, POD_NAMESPACE};
+use super::config::{IMAGE, POD_NAMESPACE};
 use crate::cri::{
     ContainerConfig, ContainerMetadata, ImageSpec, LinuxPodSandboxConfig, PodSandboxConfig,
     PodSandboxMetadata, Protocol,

@@ -70,18 +70,11 @@ mod config;
 mod cri_spec;
 
 pub use crate::runtime::recorder::short;
-pub use config::{config_toml, conflist, loaded_plugin_types};
+pub use config::{
+    CONFLIST_FILE, IMAGE, NETWORK, POD_NAMESPACE, config_toml, conflist, loaded_plugin_types,
+};
 pub use cri_spec::{app_config, cri_port_mapping, pod_ips, sandbox_config};
 
-/// The image [`Containerd::start`] imports: the pods' sandbox image (its
-/// entrypoint is a static `pause`) and the image of every app container.
-pub const IMAGE: &str = "localhost/epm-ctrd:1";
-/// The CNI network (the conflist's `name`).
-pub const NETWORK: &str = "epm-ctrd";
-/// The Kubernetes namespace of every pod.
-pub const POD_NAMESPACE: &str = "e2e";
-/// The conflist's file in the CNI config directory.
-pub const CONFLIST_FILE: &str = "10-epm-ctrd.conflist";
 /// The upstream plugin's `type`.
 pub const UPSTREAM_TYPE: &str = "portmap";
 /// The plugins the bin directory offers: the chain, and `loopback`, which
