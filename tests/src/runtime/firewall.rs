@@ -187,8 +187,16 @@ pub struct RootState {
     pub mounts: Vec<String>,
 }
 
-/// Paths a runtime, libcni, runc or ebpf-portmap write to by default.
-const ROOT_PATHS: [&str; 10] = [
+/// Paths a runtime, libcni or runc write to by default. ebpf-portmap's own
+/// defaults (`/sys/fs/bpf/ebpf-portmap`, `/run/ebpf-portmap`,
+/// `/var/log/ebpf-portmap.log`) are not among them: other tests of this
+/// project use them on the machine (`stale.rs` runs a node under the
+/// default pin root), so whether they exist says nothing about a runtime
+/// test running beside them. Their confinement is checked where it holds:
+/// each driver reads ebpf-portmap's mappings from its private pin root, so
+/// a plugin that pinned on the machine's bpffs instead fails every
+/// translation check.
+const ROOT_PATHS: [&str; 7] = [
     "/run/containerd",
     "/var/lib/containerd",
     "/run/runc",
@@ -196,9 +204,6 @@ const ROOT_PATHS: [&str; 10] = [
     "/run/cni",
     "/etc/cni/net.d",
     "/opt/cni/bin",
-    "/var/log/ebpf-portmap.log",
-    "/run/ebpf-portmap",
-    "/sys/fs/bpf/ebpf-portmap",
 ];
 
 impl RootState {
