@@ -51,8 +51,9 @@ mod vm;
     bin_name = "cargo xtask",
     about = "Build, test and demo driver for ebpf-portmap",
     after_help = "Each runtime of the table in xtask/src/runtimes.rs has its verb: \
-                  `cargo xtask e2e-<runtime> [-- <test args>]` (e2e-podman, e2e-containerd) \
-                  installs the runtime and runs tests/tests/<runtime>.rs."
+                  `cargo xtask e2e-<runtime> [-- <test args>]` (e.g. e2e-podman, e2e-containerd) \
+                  installs the runtime and runs tests/tests/<runtime>.rs (an unknown \
+                  e2e-<name> lists them)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -71,8 +72,9 @@ enum Verb {
     /// containerd) and the VM tests on Debian 6.1 and 6.12 kernels
     /// (`vm-test`), but those `--skip NAME` or EPM_SKIP_<NAME>=1 names.
     Test {
-        /// Leave out a runtime suite or the VM tests: `podman`,
-        /// `containerd`, `vm` (repeatable; also EPM_SKIP_<NAME>=1).
+        /// Leave out a runtime suite (its name in xtask/src/runtimes.rs:
+        /// `podman`, `containerd`, ...) or the VM tests (`vm`); repeatable;
+        /// also EPM_SKIP_<NAME>=1.
         #[arg(long, value_name = "NAME")]
         skip: Vec<String>,
         /// The same as `--skip vm` (also: EPM_SKIP_VM=1).
