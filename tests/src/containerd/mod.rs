@@ -55,7 +55,7 @@ use serde_json::Value;
 
 use crate::cri::{CriClient, CriError, RuntimeCondition};
 use crate::netns::NetNs;
-use crate::plugins::{PLUGIN_TYPE, UPSTREAM_PLUGIN_DIR, plugin_bin};
+use crate::plugins::{PLUGIN_TYPE, plugin_bin};
 use crate::runtime::conf_dir::CniConfDir;
 use crate::runtime::daemon::Daemon;
 use crate::runtime::e2e::operator_output;
@@ -68,70 +68,20 @@ use crate::topology::PortMapping;
 
 mod config;
 mod cri_spec;
+mod version;
 
 pub use crate::runtime::recorder::short;
 pub use config::{
     CONFLIST_FILE, IMAGE, NETWORK, POD_NAMESPACE, config_toml, conflist, loaded_plugin_types,
 };
 pub use cri_spec::{app_config, cri_port_mapping, pod_ips, sandbox_config};
+pub use version::{RUNTIME_ROOT_ENV, Runtime};
 
 /// The upstream plugin's `type`.
 pub const UPSTREAM_TYPE: &str = "portmap";
 /// The plugins the bin directory offers: the chain, and `loopback`, which
 /// the CRI plugin runs for every pod's `lo`.
 const REFERENCE_PLUGINS: [&str; 4] = ["bridge", "host-local", "loopback", UPSTREAM_TYPE];
-/// Names the root of an unpacked containerd 2.x and plugins 1.9
-/// (`usr/bin/containerd`, `usr/lib/cni/bridge`, ...): the tests then drive
-/// that containerd instead of the machine's.
-pub const RUNTIME_ROOT_ENV: &str = "EPM_CONTAINERD_ROOT";
-
-/// The containerd under test and the reference plugins that go with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Runtime {
-    /// Where `containerd`, `ctr` and `containerd-shim-runc-v2` are.
-    pub bin_dir: PathBuf,
-    /// Where `bridge`, `host-local`, `loopback` and `portmap` are.
-    pub plugin_dir: PathBuf,
-    /// The conflist's `cniVersion`: 1.1.0 only where containerd and the
-    /// plugins speak it (containerd 1.6's libcni and the plugins 1.1
-    /// refuse it).
-    pub cni_version: &'static str,
-}
-
-impl Runtime {
-    /// The machine's containerd (Debian 12: 1.6) and plugins (1.1).
-    pub fn system() -> Runtime {
-        Runtime {
-            bin_dir: PathBuf::from("/usr/bin"),
-            plugin_dir: PathBuf::from(UPSTREAM_PLUGIN_DIR),
-            cni_version: "1.0.0",
-        }
-    }
-
-    /// An unpacked containerd 2.x and plugins 1.9 under `root`.
-    pub fn unpacked(root: &Path) -> Runtime {
-        Runtime {
-            bin_dir: root.join("usr/bin"),
-            plugin_dir: root.join("usr/lib/cni"),
-            cni_version: "1.1.0",
-        }
-    }
-
-    /// [`Runtime::unpacked`] under `EPM_CONTAINERD_ROOT` if it is set,
-    /// else [`Runtime::system`].
-    pub fn from_env() -> Runtime {
-        match std::env::var_os(RUNTIME_ROOT_ENV) {
-            Some(root) if !root.is_empty() => Runtime::unpacked(Path::new(&root)),
-            _ => Runtime::system(),
-        }
-    }
-
-    /// Whether containerd asks the plugins for STATUS (CNI 1.1.0; containerd
-    /// 2.x does on every CRI `Status`).
-    pub fn sends_status(&self) -> bool {
-        self.cni_version == "1.1.0"
-    }
-}
 /// How long containerd may take to serve the CRI, or to load a new conflist.
 const READY: Duration = Duration::from_secs(30);
 /// The `kind` in the names of the directory and the cgroup.
@@ -892,25 +842,4 @@ fn create_dir(path: &Path) {
 
 fn write_file(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_runtime_is_the_machines_unless_a_root_is_named() {
-        let unpacked = Runtime::unpacked(Path::new("/t/debian-unstable/root"));
-        assert_eq!(
-            (unpacked.bin_dir.as_path(), unpacked.plugin_dir.as_path()),
-            (
-                Path::new("/t/debian-unstable/root/usr/bin"),
-                Path::new("/t/debian-unstable/root/usr/lib/cni")
-            )
-        );
-        assert!(unpacked.sends_status());
-        let system = Runtime::system();
-        assert_eq!(system.plugin_dir, Path::new("/usr/lib/cni"));
-        assert!(!system.sends_status(), "Debian 12's plugins refuse 1.1.0");
-    }
 }
