@@ -3,12 +3,13 @@
 //! [`plugin_dirs`] makes one private plugin directory holding every reference
 //! plugin of `/usr/lib/cni` plus `ebpf-portmap`, so a conflist can name either
 //! the upstream `portmap` or ours by `type`. [`PluginDirs::traced`] makes the
-//! same directory out of small shell shims that log each execution, which also
-//! catches delegated plugins (bridge runs host-local itself, the runner never
-//! sees it).
+//! same directory out of the runtime harness's recording shims
+//! ([`crate::runtime::recorder`]), which also catch delegated plugins (bridge
+//! runs host-local itself, the runner never sees it).
 
 use std::path::{Path, PathBuf};
 
+use crate::runtime::recorder::{CniCall, Recorder};
 use crate::tmp::TempDir;
 
 /// Where Debian's containernetworking-plugins installs the reference plugins.
@@ -40,17 +41,11 @@ pub fn plugin_bin() -> PathBuf {
 /// A private plugin directory (see the module docs), removed on drop.
 #[derive(Debug)]
 pub struct PluginDirs {
-    dir: TempDir,
-    trace_log: Option<PathBuf>,
-}
-
-/// One execution seen by a traced plugin directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TracedExec {
-    pub plugin: String,
-    /// `CNI_COMMAND` as the plugin saw it.
-    pub command: String,
-    pub container_id: String,
+    /// The plugins: `dir` itself, or the recorder's `bin/` in it.
+    path: PathBuf,
+    recorder: Option<Recorder>,
+    /// Held for its drop, which removes the directory.
+    _dir: TempDir,
 }
 
 /// Symlinks to every file in `/usr/lib/cni` plus `ebpf-portmap` → [`plugin_bin`].
@@ -106,55 +101,56 @@ impl PluginDirs {
             });
         }
         PluginDirs {
-            dir,
-            trace_log: None,
+            path: dir.path().to_path_buf(),
+            recorder: None,
+            _dir: dir,
         }
     }
 
-    /// Like [`PluginDirs::new`], but every entry is a `/bin/sh` shim that appends
-    /// `<plugin> <CNI_COMMAND> <CNI_CONTAINERID>` to a log, then execs the real
-    /// binary with the same stdin, stdout, stderr and arguments.
+    /// Like [`PluginDirs::new`], but every entry is a recording shim
+    /// ([`crate::runtime::recorder`]) in front of the real binary: each
+    /// execution is recorded with its environment, stdin, answer and exit
+    /// code.
     pub fn traced() -> PluginDirs {
         let dir = TempDir::new("plugins");
-        let trace_log = dir.path().join(".trace.log");
-        std::fs::write(&trace_log, b"")
-            .unwrap_or_else(|e| panic!("creating {}: {e}", trace_log.display()));
-        for (name, target) in plugin_targets(&plugin_bin()) {
-            let shim = dir.path().join(&name);
-            std::fs::write(&shim, shim_script(&name, &target, &trace_log))
-                .unwrap_or_else(|e| panic!("writing shim {}: {e}", shim.display()));
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("chmod {}: {e}", shim.display()));
-        }
+        let targets = plugin_targets(&plugin_bin());
+        let recorder = Recorder::install(
+            dir.path(),
+            targets
+                .iter()
+                .map(|(name, target)| (name.as_str(), target.as_path())),
+        );
         PluginDirs {
-            dir,
-            trace_log: Some(trace_log),
+            path: recorder.bin_dir().to_path_buf(),
+            recorder: Some(recorder),
+            _dir: dir,
         }
     }
 
     /// The directory.
     pub fn path(&self) -> &Path {
-        self.dir.path()
+        &self.path
     }
 
     /// The directory as a `CNI_PATH`-style list for [`crate::CniRunner::new`].
     pub fn paths(&self) -> Vec<PathBuf> {
-        vec![self.dir.path().to_path_buf()]
+        vec![self.path.clone()]
     }
 
-    /// Every execution logged so far by a traced directory, in order.
+    /// The recorder of a traced directory.
+    pub fn recorder(&self) -> Option<&Recorder> {
+        self.recorder.as_ref()
+    }
+
+    /// Every execution recorded so far by a traced directory, oldest first.
     ///
     /// # Panics
     /// If the directory was made by [`PluginDirs::new`] (not traced).
-    pub fn trace(&self) -> Vec<TracedExec> {
-        let log = self
-            .trace_log
+    pub fn trace(&self) -> Vec<CniCall> {
+        self.recorder
             .as_ref()
-            .expect("PluginDirs::trace needs PluginDirs::traced()");
-        let text = std::fs::read_to_string(log)
-            .unwrap_or_else(|e| panic!("reading {}: {e}", log.display()));
-        parse_trace(&text)
+            .expect("PluginDirs::trace needs PluginDirs::traced()")
+            .calls()
     }
 }
 
@@ -181,81 +177,9 @@ fn plugin_targets(ours: &Path) -> Vec<(String, PathBuf)> {
     targets
 }
 
-fn shell_quote(path: &Path) -> String {
-    let text = path
-        .to_str()
-        .unwrap_or_else(|| panic!("{} is not UTF-8", path.display()));
-    assert!(!text.contains('\''), "{text} contains a single quote");
-    format!("'{text}'")
-}
-
-fn shim_script(name: &str, target: &Path, trace_log: &Path) -> String {
-    assert!(
-        !name.contains('\''),
-        "plugin name {name} contains a single quote"
-    );
-    format!(
-        "#!/bin/sh\nprintf '%s %s %s\\n' '{name}' \"${{CNI_COMMAND:--}}\" \"${{CNI_CONTAINERID:--}}\" >> {log}\nexec {target} \"$@\"\n",
-        log = shell_quote(trace_log),
-        target = shell_quote(target),
-    )
-}
-
-/// Parses the shim log: one `<plugin> <command> <container>` line per exec
-/// (`-` stands for an empty value).
-pub fn parse_trace(text: &str) -> Vec<TracedExec> {
-    let dash_is_empty = |s: &str| {
-        if s == "-" {
-            String::new()
-        } else {
-            s.to_owned()
-        }
-    };
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.split(' ');
-            Some(TracedExec {
-                plugin: fields.next()?.to_owned(),
-                command: dash_is_empty(fields.next()?),
-                container_id: dash_is_empty(fields.next().unwrap_or("-")),
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn trace_lines_parse() {
-        let trace = parse_trace("bridge ADD c1\nhost-local ADD c1\nportmap VERSION -\n");
-        assert_eq!(trace.len(), 3);
-        assert_eq!(
-            trace[1],
-            TracedExec {
-                plugin: "host-local".into(),
-                command: "ADD".into(),
-                container_id: "c1".into()
-            }
-        );
-        assert_eq!(trace[2].container_id, "");
-    }
-
-    #[test]
-    fn shim_execs_the_target_and_logs() {
-        let script = shim_script(
-            "bridge",
-            Path::new("/usr/lib/cni/bridge"),
-            Path::new("/tmp/x/.trace.log"),
-        );
-        assert!(script.starts_with("#!/bin/sh\n"));
-        assert!(script.contains(">> '/tmp/x/.trace.log'"), "{script}");
-        assert!(
-            script.contains("exec '/usr/lib/cni/bridge' \"$@\""),
-            "{script}"
-        );
-    }
 
     #[test]
     fn plugin_bin_defaults_into_the_workspace_target_dir() {

@@ -43,12 +43,13 @@ use serde_json::Value;
 use crate::cni::Conflist;
 use crate::netns::{NetNs, NsHandle};
 use crate::pin_root::PinRoot;
-use crate::plugins::{PluginDirs, TracedExec, plugin_bin};
+use crate::plugins::{PluginDirs, plugin_bin};
 use crate::runtime::conf_dir::{CniConfDir, toml_string};
 use crate::runtime::e2e::operator_output;
 use crate::runtime::holder::{HolderSpec, MountNsHolder};
+use crate::runtime::recorder::{CniCall, Recorder};
 use crate::runtime::rootfs::{IMAGE_PROBE, build_rootfs, tar_dir};
-use crate::runtime::{Driver, PluginCall, PortPlugin, Workload};
+use crate::runtime::{Capability, Driver, PortPlugin, Workload};
 use crate::tmp::TempDir;
 use crate::topology::{Node, PortMapping, bridge_conflist};
 
@@ -92,6 +93,8 @@ pub struct Podman {
     holder: MountNsHolder,
     cgroup_parent: String,
     network: String,
+    /// The CNI config directory with the one conflist.
+    conf: CniConfDir,
     dir: TempDir,
 }
 
@@ -133,7 +136,8 @@ impl Podman {
         write("storage.conf", &storage_conf(root));
         write("registries.conf", "");
         let network = conflist.name().to_owned();
-        CniConfDir::new(root.join("net.d"), &format!("{network}.conflist")).write(conflist.json());
+        let conf = CniConfDir::new(root.join("net.d"), &format!("{network}.conflist"));
+        conf.write(conflist.json());
         // The cgroup parent's name: the directory's own name, so that both
         // carry the creator's pid for the stale sweep.
         let cgroup_parent = root
@@ -147,6 +151,7 @@ impl Podman {
             holder,
             cgroup_parent,
             network,
+            conf,
             dir,
         }
     }
@@ -154,6 +159,12 @@ impl Podman {
     /// The test directory (configuration, storage, event log).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Replaces the conflist (atomically). Every podman command reads it
+    /// anew: the next `podman run` uses it.
+    pub fn write_conflist(&self, conflist: &Conflist) {
+        self.conf.write(conflist.json());
     }
 
     /// The CNI network every container joins (the conflist's `name`).
@@ -368,14 +379,16 @@ pub fn run_web_args(
         args.push("--publish".to_owned());
         args.push(publish_spec(port));
     }
-    // httpd without -f puts itself in the background; the UDP echo is the
-    // container's main process. Neither handles SIGTERM: stop with -t 0.
+    // httpd without -f puts itself in the background (on 80, and on TCP 53
+    // beside the UDP echo: one port for both protocols, as a DNS server's;
+    // `/` and `/hostname` answer the name); the UDP echo is the container's
+    // main process. Neither handles SIGTERM: stop with -t 0.
     args.extend([
         IMAGE.to_owned(),
         "/bin/sh".to_owned(),
         "-c".to_owned(),
         format!(
-            "mkdir -p /www && echo {name} > /www/index.html && httpd -p 80 -h /www && exec {IMAGE_PROBE} udp-echo-server 53 {name}"
+            "mkdir -p /www && echo {name} > /www/index.html && echo {name} > /www/hostname && httpd -p 80 -h /www && httpd -p 53 -h /www && exec {IMAGE_PROBE} udp-echo-server 53 {name}"
         ),
     ]);
     args
@@ -422,6 +435,8 @@ pub struct PodmanDriver {
     pub plugins: PluginDirs,
     pub pins: PinRoot,
     pub plugin: PortPlugin,
+    /// The conflist podman was started with.
+    conflist: Conflist,
     node: NsHandle,
     data_dir: PathBuf,
 }
@@ -461,6 +476,7 @@ impl PodmanDriver {
             plugins,
             pins,
             plugin,
+            conflist,
             node: node.ns.handle(),
             data_dir: node.data_dir().to_path_buf(),
         }
@@ -506,20 +522,8 @@ impl Workload for ContainerInfo {
     }
 }
 
-impl PluginCall for TracedExec {
-    /// The traced shims record the start of an execution only.
-    fn exit_code(&self) -> Option<i32> {
-        None
-    }
-
-    fn summary(&self) -> String {
-        format!("{} {} {}", self.plugin, self.command, self.container_id)
-    }
-}
-
 impl Driver for PodmanDriver {
     type Workload = ContainerInfo;
-    type Call = TracedExec;
 
     fn describe(&self) -> String {
         "podman".to_owned()
@@ -548,14 +552,36 @@ impl Driver for PodmanDriver {
         1
     }
 
-    fn calls(&self, plugin: PortPlugin, command: &str, id: &str) -> Vec<TracedExec> {
+    fn recorder(&self) -> &Recorder {
         self.plugins
-            .trace()
-            .into_iter()
-            .filter(|e| {
-                e.plugin == plugin.plugin_type() && e.command == command && e.container_id == id
-            })
-            .collect()
+            .recorder()
+            .expect("the driver's plugin directory is traced")
+    }
+
+    fn supports(&self, capability: Capability) -> bool {
+        match capability {
+            // podman 4.3's CNI backend runs libcni with the conflist's
+            // `cniVersion` and never asks for STATUS.
+            Capability::CniStatus => false,
+        }
+    }
+
+    fn set_port_plugin_keys(&self, keys: &Value) -> Result<(), String> {
+        let mut json = self.conflist.json().clone();
+        let entry = json["plugins"]
+            .as_array_mut()
+            .and_then(|plugins| plugins.last_mut())
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| format!("no port-mapping plugin in {}", self.conflist.json()))?;
+        let keys = keys
+            .as_object()
+            .ok_or_else(|| format!("conflist keys must be an object: {keys}"))?;
+        for (key, value) in keys {
+            entry.insert(key.clone(), value.clone());
+        }
+        let conflist = Conflist::from_json(json).map_err(|e| e.to_string())?;
+        self.podman.write_conflist(&conflist);
+        Ok(())
     }
 
     fn operator_json(&self, verb: &str) -> Result<Option<Value>, String> {
@@ -586,7 +612,7 @@ impl Driver for PodmanDriver {
             .trace()
             .iter()
             .filter(|e| e.command != "VERSION")
-            .map(PluginCall::summary)
+            .map(CniCall::summary)
             .collect();
         format!(
             "{}--- plugin log (newest first)\n{}\n--- plugin executions\n{}\n",

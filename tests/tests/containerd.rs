@@ -47,17 +47,20 @@
 //! STATUS: true while it passes, also during 32 sandboxes set up at once,
 //! false while it fails.
 //!
-//! The field's cases (issue 33): TCP and UDP 53 on one host port, both
+//! The field's cases (issue 33) are the runtime harness's scenarios, run
+//! here and in `podman.rs` alike: TCP and UDP 53 on one host port, both
 //! families (both plugins); Kubernetes' hostPort conformance case on 54323
 //! checked from the node as that test checks it (both plugins), and its
-//! scheduler twin on 54322 (ours refuses the overlap); a pod recreated
-//! under its name while the old sandbox still holds the port (refused with
-//! code 100 naming it, served after the kubelet's retry); a pod without
-//! host ports installing nothing.
+//! scheduler twin on 54322 (ours refuses the overlap); upstream's
+//! `conditionsV4`/`conditionsV6` restricting who reaches a host port. What
+//! only the CRI has stays here: a pod recreated under its name while the
+//! old sandbox still holds the port (refused with code 100 naming it,
+//! served after the kubelet's retry); a pod without host ports installing
+//! nothing.
 //!
 //! All are `#[ignore]`d: they need containerd, runc, gcc and busybox-static.
 //! `cargo xtask e2e-containerd` installs those and runs them (and `cargo
-//! xtask test` does, unless `--skip-containerd` or EPM_SKIP_CONTAINERD=1).
+//! xtask test` does, unless `--skip containerd` or EPM_SKIP_CONTAINERD=1).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
@@ -67,17 +70,18 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use portmap_tests::containerd::{
-    CniCall, Containerd, NETWORK, POD_NAMESPACE, Pod, Runtime, UPSTREAM_TYPE, short,
+    Containerd, NETWORK, POD_NAMESPACE, Pod, Runtime, UPSTREAM_TYPE, short,
 };
 use portmap_tests::cri::CriError;
 use portmap_tests::runtime::e2e::{
-    PARALLEL, READY, fleet_at_once, nothing_translated, publish_and_reach, remove_at_once,
-    web_ports,
+    PARALLEL, conditions_restrict_who_reaches_a_host_port, fleet_at_once, hostport_conformance,
+    nothing_translated, publish_and_reach, refused_add, remove_at_once,
+    tcp_and_udp_share_a_host_port, web_ports, wildcard_then_node_ip_is_refused,
 };
 use portmap_tests::runtime::firewall::{RootState, nat_rules};
-use portmap_tests::runtime::{Driver, PortPlugin};
+use portmap_tests::runtime::{Capability, CniCall, Driver, PortPlugin};
 use portmap_tests::topology::{NODE_IP4, NODE_IP4_SECONDARY, NODE_IP6};
-use portmap_tests::traffic::{echo_reply, http_get};
+use portmap_tests::traffic::http_get;
 use portmap_tests::world::{GONE, PROBE, expect_unreachable, sock};
 use portmap_tests::{Node, PortMapping};
 
@@ -534,7 +538,9 @@ fn containerd_deletes_through_the_current_conflist() {
                 t.dump()
             );
         }
-        let add = refused_add(&t, uid);
+        let add = refused_add(&t, &format!("pod uid {uid}"), |call| {
+            call.cni_arg("K8S_POD_UID") == Some(uid)
+        });
         assert!(
             add.error_message().contains(short(&theirs.sandbox_id)),
             "the refusal of {port:?} names upstream's pod {}: {}",
@@ -697,17 +703,13 @@ impl Drop for StopOnDrop<'_> {
 #[test]
 #[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
 fn containerd_status_follows_the_plugin() {
-    let runtime = Runtime::from_env();
-    if !runtime.sends_status() {
-        eprintln!(
-            "skipped: with cniVersion {} (containerd 1.6, plugins 1.1) containerd asks for no STATUS; \
-             the containerd 2.x pass (EPM_CONTAINERD_ROOT, set by `cargo xtask e2e-containerd`) runs it",
-            runtime.cni_version
-        );
-        return;
-    }
     let root_before = RootState::capture();
     let mut t = e2e(PortPlugin::Ours);
+    // containerd 1.6 with the plugins 1.1 (cniVersion 1.0.0) asks for no
+    // STATUS; the containerd 2.x pass of `cargo xtask e2e-containerd` runs it.
+    if !t.supports(Capability::CniStatus, "NetworkReady follows STATUS") {
+        return;
+    }
     let plugin = PortPlugin::Ours;
     let statuses = |t: &E2e| -> Vec<CniCall> {
         t.driver
@@ -881,24 +883,11 @@ fn containerd_status_follows_the_plugin() {
 
 // ---- the field's cases (issue 33) -----------------------------------------
 
-/// One pod publishing TCP 53 and UDP 53 on the same host port, as a DNS
-/// server does (Cilium's hostPort served only one of them, cilium#41426):
-/// both answer over IPv4 and IPv6, from outside and from the node.
-fn tcp_and_udp_share_a_host_port(plugin: PortPlugin) {
+/// [`tcp_and_udp_share_a_host_port`] on containerd, then nothing is left.
+fn containerd_tcp_and_udp(plugin: PortPlugin) {
     let root_before = RootState::capture();
     let mut t = e2e(plugin);
-    let ports = [PortMapping::tcp(53, 53), PortMapping::udp(53, 53)];
-    let dns = t.run("dns", &ports);
-    t.assert_calls(plugin, "ADD", &dns, 1);
-    t.assert_translations(plugin, &dns, &ports, "TCP and UDP on host port 53");
-    let both = [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)];
-    t.wait_serving(&dns, both[0], 53, Some(53));
-    t.wait_serving(&dns, both[1], 53, Some(53));
-    t.check_external(&dns, &both, 53, Some(53));
-    t.check_from_node(plugin, &dns, 53, 53);
-    t.stop(&dns);
-    t.remove(&dns);
-    t.assert_calls(plugin, "DEL", &dns, 2);
+    tcp_and_udp_share_a_host_port(&t, plugin);
     assert_nothing_left(&mut t, &[plugin], &[]);
     drop(t);
     assert_root_unchanged(&root_before);
@@ -907,176 +896,17 @@ fn tcp_and_udp_share_a_host_port(plugin: PortPlugin) {
 #[test]
 #[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
 fn containerd_tcp_and_udp_on_one_host_port_with_ebpf_portmap() {
-    tcp_and_udp_share_a_host_port(PortPlugin::Ours);
+    containerd_tcp_and_udp(PortPlugin::Ours);
 }
 
 #[test]
 #[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
 fn containerd_tcp_and_udp_on_one_host_port_with_upstream_portmap() {
-    tcp_and_udp_share_a_host_port(PortPlugin::Upstream);
+    containerd_tcp_and_udp(PortPlugin::Upstream);
 }
 
-/// Kubernetes' conformance test "validates that there is no conflict
-/// between pods with same hostPort but different hostIP and protocol"
-/// (test/e2e/network/hostport.go), its three checks run from the node as it
-/// runs them: `curl --interface <nodeIP> http://localhost:54323/hostname`,
-/// `curl http://<nodeIP>:54323/hostname` and a UDP `hostname` to
-/// `<nodeIP>:54323` (`nc -u` there; the probe here: busybox's nc has no
-/// UDP) each reach a different pod.
-fn hostport_conformance(t: &E2e, plugin: PortPlugin) -> Vec<Pod> {
-    const PORT: u16 = 54323;
-    let node_ip = IpAddr::V4(NODE_IP4);
-    let localhost = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let specs = [
-        ("pod1", PortMapping::tcp(PORT, 80).on(localhost)),
-        ("pod2", PortMapping::tcp(PORT, 80).on(node_ip)),
-        ("pod3", PortMapping::udp(PORT, 53).on(node_ip)),
-    ];
-    let pods: Vec<Pod> = specs
-        .iter()
-        .map(|(name, port)| {
-            let pod = t.run(name, std::slice::from_ref(port));
-            t.assert_calls(plugin, "ADD", &pod, 1);
-            t.assert_translations(plugin, &pod, std::slice::from_ref(port), "conformance");
-            pod
-        })
-        .collect();
-    let node_ip_text = node_ip.to_string();
-    let curl = |args: &[&str]| -> Result<String, String> {
-        let out = t
-            .node_client("curl")
-            .args([
-                "-g",
-                "-sS",
-                "--fail",
-                "--connect-timeout",
-                "5",
-                "--max-time",
-                "10",
-            ])
-            .args(args)
-            .output()
-            .map_err(|e| format!("spawn curl: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        } else {
-            Err(format!(
-                "curl {args:?}: {} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
-    };
-    let deadline = Instant::now() + READY;
-    let localhost_url = format!("http://localhost:{PORT}/hostname");
-    let node_url = format!("http://{}/hostname", sock(node_ip, PORT));
-    let checks: [(&str, Vec<&str>, &Pod); 2] = [
-        (
-            "pod1 via localhost",
-            vec!["--interface", &node_ip_text, &localhost_url],
-            &pods[0],
-        ),
-        ("pod2 via the node IP", vec![&node_url], &pods[1]),
-    ];
-    for (what, args, pod) in checks {
-        loop {
-            let last = match curl(&args) {
-                Ok(body) if body == pod.name => break,
-                Ok(body) => format!("answered {body:?}"),
-                Err(e) => e,
-            };
-            assert!(
-                Instant::now() < deadline,
-                "{plugin:?} conformance {what}: {last}\n{}",
-                t.dump()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-    let udp = sock(node_ip, PORT);
-    let seen = t.node_probe("udp", udp, "hostname");
-    t.expect_seen(
-        "conformance pod3 via UDP to the node IP",
-        seen,
-        udp,
-        &echo_reply(&pods[2].name, "hostname"),
-    );
-    pods
-}
-
-/// The scheduler's twin (hostport.go's "validates that there exists
-/// conflict between pods with same hostPort and protocol, but one using
-/// 0.0.0.0 hostIP"): a wildcard TCP 54322 then TCP 54322 on the node IP.
-/// The scheduler keeps such pods apart; a node that gets both anyway (a
-/// static pod, a kubelet without the scheduler's view) must refuse the
-/// second with code 100 naming the first, and keep serving the first.
-fn wildcard_then_node_ip_is_refused(t: &E2e) {
-    const PORT: u16 = 54322;
-    let node_ip = IpAddr::V4(NODE_IP4);
-    let first_ports = [PortMapping::tcp(PORT, 80)];
-    let first = t.run("wild", &first_ports);
-    t.wait_serving(&first, node_ip, PORT, None);
-    let refused = t.driver.run_pod_as(
-        "specific",
-        "specific-uid",
-        &[PortMapping::tcp(PORT, 80).on(node_ip)],
-    );
-    let error = match refused {
-        Ok(pod) => panic!(
-            "TCP {PORT} on {node_ip} was granted to {} while pod {} holds TCP {PORT} on every address\n{}",
-            pod.name,
-            first.name,
-            t.dump()
-        ),
-        Err(e) => e.to_string(),
-    };
-    let add = refused_add(t, "specific-uid");
-    assert!(
-        add.error_message().contains(short(&first.sandbox_id)),
-        "the refusal names the holder's sandbox {}: {}",
-        short(&first.sandbox_id),
-        add.summary()
-    );
-    eprintln!("the node-IP pod after a wildcard one: {error}");
-    t.expect_answer(
-        "the wildcard pod after the refused one",
-        http_get(&t.node.ext, sock(node_ip, PORT), PROBE).map(|r| r.body),
-        &first.name,
-    );
-    t.stop(&first);
-    t.remove(&first);
-}
-
-/// The one ADD of ours for the pod with `uid`; it must have failed with
-/// code 100.
-fn refused_add(t: &E2e, uid: &str) -> CniCall {
-    let adds: Vec<CniCall> = t
-        .driver
-        .calls()
-        .into_iter()
-        .filter(|c| {
-            c.plugin == "ebpf-portmap"
-                && c.command == "ADD"
-                && c.cni_arg("K8S_POD_UID") == Some(uid)
-        })
-        .collect();
-    let [add] = adds.as_slice() else {
-        panic!(
-            "one ADD for pod uid {uid}, found {}\n{}",
-            adds.len(),
-            t.dump()
-        );
-    };
-    let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
-    assert_eq!(
-        (add.exit_code, result["code"].as_u64()),
-        (Some(1), Some(100)),
-        "the ADD for pod uid {uid} fails with code 100: {}",
-        add.summary()
-    );
-    add.clone()
-}
-
+/// [`hostport_conformance`], then (ours only)
+/// [`wildcard_then_node_ip_is_refused`], then nothing is left.
 fn containerd_conformance(plugin: PortPlugin) {
     let root_before = RootState::capture();
     let mut t = e2e(plugin);
@@ -1138,7 +968,9 @@ fn containerd_recreated_pod_waits_for_the_old_sandbox() {
             t.dump()
         );
     }
-    let add = refused_add(&t, "sts-0-uid-new");
+    let add = refused_add(&t, "the recreated pod", |call| {
+        call.cni_arg("K8S_POD_UID") == Some("sts-0-uid-new")
+    });
     assert!(
         add.error_message().contains(short(&old.sandbox_id)),
         "the refusal names the old sandbox {}: {}",
@@ -1218,50 +1050,15 @@ fn containerd_pod_without_host_ports_installs_nothing() {
     assert_root_unchanged(&root_before);
 }
 
-/// Issue 33: upstream's `conditionsV4`/`conditionsV6` in the conflist
-/// containerd loads restrict who opens a flow to a pod's host port: `far`
-/// (198.19.0.2, fd19::2, inside the conditions) reaches the pod through the
-/// node's address, `ext` (198.18.0.2, fd18::2, outside) gets the node's
-/// own answer (nothing listens there: refused), v4 and v6.
+/// [`conditions_restrict_who_reaches_a_host_port`] on containerd (the
+/// conflist it loads carries `conditionsV4`/`conditionsV6`), then nothing
+/// is left.
 #[test]
 #[ignore = "needs containerd, runc, gcc and busybox-static: run by `cargo xtask e2e-containerd`"]
 fn containerd_conditions_restrict_who_reaches_a_host_port() {
     let root_before = RootState::capture();
     let mut t = e2e(PortPlugin::Ours);
-    t.driver.set_port_plugin_keys(&serde_json::json!({
-        "conditionsV4": ["-s", "198.19.0.0/24"],
-        "conditionsV6": ["-s", "fd19::/64"],
-    }));
-    let ports = [PortMapping::tcp(8400, 80)];
-    let web = t.run("cond", &ports);
-    t.assert_calls(PortPlugin::Ours, "ADD", &web, 1);
-    for node_ip in [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)] {
-        let target = sock(node_ip, 8400);
-        let deadline = Instant::now() + READY;
-        loop {
-            let last = match http_get(&t.node.far, target, Duration::from_secs(1)) {
-                Ok(response) if response.body.trim() == web.name => break,
-                Ok(response) => format!("{response:?}"),
-                Err(e) => e.to_string(),
-            };
-            assert!(
-                Instant::now() < deadline,
-                "far (inside conditionsV4/V6) never reached {} on {target}: {last}\n{}",
-                web.name,
-                t.dump()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let outside = http_get(&t.node.ext, target, Duration::from_secs(2));
-        assert!(
-            outside.is_err(),
-            "ext is outside conditionsV4/V6 and must not reach the pod on {target}: {outside:?}\n{}",
-            t.dump()
-        );
-    }
-    t.stop(&web);
-    t.remove(&web);
-    t.assert_calls(PortPlugin::Ours, "DEL", &web, 2);
+    conditions_restrict_who_reaches_a_host_port(&t);
     assert_nothing_left(&mut t, &[PortPlugin::Ours], &[]);
     drop(t);
     assert_root_unchanged(&root_before);

@@ -24,9 +24,15 @@
 //!    untouched, and a new container gets its host port;
 //! 6. `podman rm -f` of everything: no translation is left on the node.
 //!
+//! The field's cases (issue 33), the runtime harness's scenarios that the
+//! containerd tests run too: TCP and UDP 53 on one host port, Kubernetes'
+//! hostPort conformance case and its scheduler twin (ours refuses the
+//! overlap: the refused ADD is found in the recorder by `K8S_POD_NAME`,
+//! which podman sets to the container's name), and `conditionsV4`/`V6`.
+//!
 //! Both tests are `#[ignore]`d: they need podman, runc, conmon and
 //! busybox-static. `cargo xtask e2e-podman` installs those and runs them (and
-//! `cargo xtask test` does, unless `--skip-podman` or EPM_SKIP_PODMAN=1).
+//! `cargo xtask test` does, unless `--skip podman` or EPM_SKIP_PODMAN=1).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
@@ -36,7 +42,9 @@ use portmap_tests::plugin_bin;
 use portmap_tests::podman::{ContainerInfo, PodmanDriver};
 use portmap_tests::runtime::PortPlugin;
 use portmap_tests::runtime::e2e::{
-    PARALLEL, check_fleet_member, fleet_at_once, nothing_translated, publish_and_reach, web_ports,
+    PARALLEL, check_fleet_member, conditions_restrict_who_reaches_a_host_port, fleet_at_once,
+    hostport_conformance, nothing_translated, publish_and_reach, tcp_and_udp_share_a_host_port,
+    web_ports, wildcard_then_node_ip_is_refused,
 };
 use portmap_tests::topology::{NODE_IP4, NODE_IP6};
 use portmap_tests::traffic::{echo_reply, http_get, udp_request};
@@ -243,6 +251,64 @@ fn podman_with_ebpf_portmap_fast_path() {
 #[ignore = "needs podman, runc and busybox-static: run by `cargo xtask e2e-podman`"]
 fn podman_with_upstream_portmap() {
     podman_publishes_ports_through(PortPlugin::Upstream, false);
+}
+
+// ---- the field's cases (issue 33), shared with containerd -------------------
+
+/// [`tcp_and_udp_share_a_host_port`] on podman, then nothing is translated.
+fn podman_tcp_and_udp(plugin: PortPlugin) {
+    let t = e2e(plugin, false, HooksAt::TestCgroup);
+    tcp_and_udp_share_a_host_port(&t, plugin);
+    nothing_translated(&t, plugin, &[]);
+}
+
+#[test]
+#[ignore = "needs podman, runc and busybox-static: run by `cargo xtask e2e-podman`"]
+fn podman_tcp_and_udp_on_one_host_port_with_ebpf_portmap() {
+    podman_tcp_and_udp(PortPlugin::Ours);
+}
+
+#[test]
+#[ignore = "needs podman, runc and busybox-static: run by `cargo xtask e2e-podman`"]
+fn podman_tcp_and_udp_on_one_host_port_with_upstream_portmap() {
+    podman_tcp_and_udp(PortPlugin::Upstream);
+}
+
+/// [`hostport_conformance`], then (ours only)
+/// [`wildcard_then_node_ip_is_refused`], then nothing is translated.
+fn podman_conformance(plugin: PortPlugin) {
+    let t = e2e(plugin, false, HooksAt::TestCgroup);
+    for container in hostport_conformance(&t, plugin) {
+        t.remove_workload(&container);
+    }
+    if plugin == PortPlugin::Ours {
+        // Upstream does not detect conflicts (it relies on the scheduler).
+        wildcard_then_node_ip_is_refused(&t);
+    }
+    nothing_translated(&t, plugin, &[]);
+}
+
+#[test]
+#[ignore = "needs podman, runc, busybox-static and curl: run by `cargo xtask e2e-podman`"]
+fn podman_hostport_conformance_with_ebpf_portmap() {
+    podman_conformance(PortPlugin::Ours);
+}
+
+#[test]
+#[ignore = "needs podman, runc, busybox-static and curl: run by `cargo xtask e2e-podman`"]
+fn podman_hostport_conformance_with_upstream_portmap() {
+    podman_conformance(PortPlugin::Upstream);
+}
+
+/// [`conditions_restrict_who_reaches_a_host_port`] on podman (the conflist
+/// it reads carries `conditionsV4`/`conditionsV6`), then nothing is
+/// translated.
+#[test]
+#[ignore = "needs podman, runc and busybox-static: run by `cargo xtask e2e-podman`"]
+fn podman_conditions_restrict_who_reaches_a_host_port() {
+    let t = e2e(PortPlugin::Ours, false, HooksAt::TestCgroup);
+    conditions_restrict_who_reaches_a_host_port(&t);
+    nothing_translated(&t, PortPlugin::Ours, &[]);
 }
 
 /// Takes ebpf-portmap off the node when dropped (also when a check

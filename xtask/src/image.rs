@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::{cmd::cargo_workspace, cmd::run, dist, podman};
+use crate::{cmd::cargo_workspace, cmd::run, dist, runtimes};
 
 /// Where [`build`] writes the archive.
 pub fn archive_path() -> PathBuf {
@@ -22,7 +22,7 @@ pub fn archive_path() -> PathBuf {
 
 /// Installs podman if missing, then builds the image from `tarball`.
 pub fn build(tarball: &Path) -> Result<PathBuf> {
-    podman::ensure_podman()?;
+    runtimes::ensure_podman()?;
     let archive = archive_path();
     run(cargo_workspace("run")
         .args(["--quiet", "--bin", "image", "--"])
@@ -36,7 +36,7 @@ pub fn build(tarball: &Path) -> Result<PathBuf> {
 /// The image test of `cargo xtask test`: `tests/tests/image.rs` on the
 /// release tarball.
 pub fn test(tarball: &Path) -> Result<()> {
-    podman::ensure_podman()?;
+    runtimes::ensure_podman()?;
     run(cargo_workspace("test")
         .args(["--test", "image", "--", "--ignored"])
         .env(dist::TARBALL_ENV, tarball))

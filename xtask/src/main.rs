@@ -8,12 +8,13 @@
 //!   kubernetes-validate, and mounts bpffs; one line per step.
 //! - `test [-- <cargo test args>]`: setup, build `ebpf-portmap`, validate the
 //!   Kubernetes manifests, run the tests (the traffic suites twice, the second
-//!   time with `fastPath`), then the podman end-to-end tests
-//!   (`--skip-podman`), the containerd ones (`--skip-containerd`) and the
-//!   VM tests (`--skip-vm`).
-//! - `e2e-podman [-- <test args>]`: setup, build `ebpf-portmap`, install
-//!   podman, run podman with `ebpf-portmap` and with upstream `portmap`.
-//! - `e2e-containerd [-- <test args>]`: the same with containerd's CRI.
+//!   time with `fastPath`), then each runtime's end-to-end suite (the table
+//!   in `runtimes.rs`: podman, containerd) and the VM tests; `--skip NAME`
+//!   (repeatable; also `--skip-podman`, `--skip-containerd`, `--skip-vm`
+//!   and `EPM_SKIP_<NAME>=1`) leaves one out.
+//! - `e2e-<runtime> [-- <test args>]` (`e2e-podman`, `e2e-containerd`):
+//!   setup, build `ebpf-portmap`, install the runtime, run its suite with
+//!   `ebpf-portmap` and with upstream `portmap`.
 //! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` as it ships and
 //!   the bench in release, run the benchmark against iptables portmap and the
 //!   direct path.
@@ -26,22 +27,20 @@
 
 use std::process::ExitCode;
 
-use crate::plan::{
-    bench_steps, demo_steps, dist_steps, e2e_podman_steps, image_steps, test_steps, vm_test_steps,
-};
+use crate::plan::{bench_steps, demo_steps, dist_steps, image_steps, test_steps, vm_test_steps};
+use crate::runtimes::Skips;
 use crate::setup::setup;
 use crate::step::run_steps;
 use clap::{Parser, Subcommand};
 
 mod background;
 mod cmd;
-mod containerd;
 mod dist;
 mod image;
 mod plan;
 mod plugin;
-mod podman;
 mod previous;
+mod runtimes;
 mod setup;
 mod step;
 mod vm;
@@ -50,7 +49,11 @@ mod vm;
 #[command(
     name = "xtask",
     bin_name = "cargo xtask",
-    about = "Build, test and demo driver for ebpf-portmap"
+    about = "Build, test and demo driver for ebpf-portmap",
+    after_help = "Each runtime of the table in xtask/src/runtimes.rs has its verb: \
+                  `cargo xtask e2e-<runtime> [-- <test args>]` (e.g. e2e-podman, e2e-containerd) \
+                  installs the runtime and runs tests/tests/<runtime>.rs (an unknown \
+                  e2e-<name> lists them)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -65,41 +68,31 @@ enum Verb {
     /// Setup, build ebpf-portmap, validate deploy/*.yaml against the Kubernetes
     /// API schemas, then `cargo test` with EBPF_PORTMAP_BIN set.
     /// Arguments after `--` go to `cargo test` (e.g. `-- -p portmap-tests -- --nocapture`).
-    /// Then podman end to end (`e2e-podman`) unless `--skip-podman` or
-    /// EPM_SKIP_PODMAN=1, containerd end to end (`e2e-containerd`) unless
-    /// `--skip-containerd` or EPM_SKIP_CONTAINERD=1, and the VM tests on Debian 6.1 and 6.12 kernels
-    /// (`vm-test`) unless `--skip-vm` or EPM_SKIP_VM=1.
+    /// Then each runtime's end-to-end suite (`e2e-<runtime>`: podman,
+    /// containerd) and the VM tests on Debian 6.1 and 6.12 kernels
+    /// (`vm-test`), but those `--skip NAME` or EPM_SKIP_<NAME>=1 names.
     Test {
-        /// Skip the VM tests on older kernels (also: EPM_SKIP_VM=1).
+        /// Leave out a runtime suite (its name in xtask/src/runtimes.rs:
+        /// `podman`, `containerd`, ...) or the VM tests (`vm`); repeatable;
+        /// also EPM_SKIP_<NAME>=1.
+        #[arg(long, value_name = "NAME")]
+        skip: Vec<String>,
+        /// The same as `--skip vm` (also: EPM_SKIP_VM=1).
         #[arg(long)]
         skip_vm: bool,
-        /// Skip the podman end-to-end tests (also: EPM_SKIP_PODMAN=1).
+        /// The same as `--skip podman` (also: EPM_SKIP_PODMAN=1).
         #[arg(long)]
         skip_podman: bool,
-        /// Skip the containerd end-to-end tests (also: EPM_SKIP_CONTAINERD=1).
+        /// The same as `--skip containerd` (also: EPM_SKIP_CONTAINERD=1).
         #[arg(long)]
         skip_containerd: bool,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_test_args: Vec<String>,
     },
-    /// Setup, build ebpf-portmap, install Debian's podman 4.3, then run podman
-    /// (CNI backend, in a test-owned network namespace) publishing ports
-    /// through ebpf-portmap and through upstream portmap. Arguments after
-    /// `--` go to the test binary (e.g. `-- --nocapture`).
-    E2ePodman {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        test_args: Vec<String>,
-    },
-    /// Setup, build ebpf-portmap, install Debian's containerd and runc, then
-    /// drive containerd's CRI (in a test-owned network namespace) to run pods
-    /// with hostPorts through ebpf-portmap and through upstream portmap: on
-    /// Debian 12's containerd 1.6, then on the containerd 2.x that setup
-    /// unpacks from Debian's unstable suite.
-    /// Arguments after `--` go to the test binary (e.g. `-- --nocapture`).
-    E2eContainerd {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        test_args: Vec<String>,
-    },
+    /// `e2e-<runtime> [-- <test args>]`: a runtime suite of the table (see
+    /// below).
+    #[command(external_subcommand)]
+    E2e(Vec<String>),
     /// Setup, build ebpf-portmap as it ships (profile dist, static musl), then write the
     /// release tarball target/dist/ebpf-portmap-<version>-x86_64-linux.tar.gz: the binary,
     /// shell completions, man pages, deploy/ with the image tag set to the version, LICENSE
@@ -133,18 +126,20 @@ fn main() -> ExitCode {
     let outcome = match &cli.command {
         Verb::Setup => setup(),
         Verb::Test {
+            skip,
             skip_vm,
             skip_podman,
             skip_containerd,
             cargo_test_args,
-        } => run_steps(
-            "test",
-            test_steps(cargo_test_args, *skip_vm, *skip_podman, *skip_containerd),
-        ),
-        Verb::E2ePodman { test_args } => run_steps("e2e-podman", e2e_podman_steps(test_args)),
-        Verb::E2eContainerd { test_args } => {
-            run_steps("e2e-containerd", containerd::steps(test_args))
-        }
+        } => Skips::new(&skip_names(skip, *skip_vm, *skip_podman, *skip_containerd))
+            .and_then(|skips| run_steps("test", test_steps(cargo_test_args, skips))),
+        Verb::E2e(words) => match e2e_verb(words) {
+            Ok((suite, test_args)) => run_steps(
+                &format!("e2e-{}", suite.name),
+                runtimes::e2e_steps(suite, test_args),
+            ),
+            Err(e) => Err(e),
+        },
         Verb::Dist => run_steps("dist", dist_steps()),
         Verb::Image => run_steps("image", image_steps()),
         Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),
@@ -158,6 +153,42 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--skip NAME`s with the old flags as names.
+fn skip_names(skip: &[String], vm: bool, podman: bool, containerd: bool) -> Vec<String> {
+    let mut names = skip.to_vec();
+    for (flag, name) in [
+        (vm, runtimes::VM),
+        (podman, "podman"),
+        (containerd, "containerd"),
+    ] {
+        if flag {
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
+/// `e2e-<runtime> [--] [test args]` as clap hands an unknown verb over: the
+/// runtime's row and the test binary's arguments.
+fn e2e_verb(words: &[String]) -> anyhow::Result<(&'static runtimes::Suite, &[String])> {
+    let (verb, rest) = words.split_first().expect("clap names the verb");
+    let known: Vec<String> = runtimes::SUITES
+        .iter()
+        .map(|suite| format!("e2e-{}", suite.name))
+        .collect();
+    let Some(suite) = verb.strip_prefix("e2e-").and_then(runtimes::suite) else {
+        anyhow::bail!(
+            "unknown verb `{verb}` (`cargo xtask --help` lists the verbs; the runtime suites: {})",
+            known.join(", ")
+        );
+    };
+    let test_args = match rest.split_first() {
+        Some((separator, after)) if separator == "--" => after,
+        _ => rest,
+    };
+    Ok((suite, test_args))
 }
 
 // ---- setup -----------------------------------------------------------------
@@ -188,6 +219,7 @@ mod tests {
             skip_vm: false,
             skip_podman: false,
             skip_containerd: false,
+            ..
         } = parse(&["test", "--", "-p", "portmap-tests", "--", "--nocapture"])
         else {
             panic!("not the test verb")
@@ -280,26 +312,75 @@ mod tests {
         assert_eq!(cargo_test_args, ["--skip-containerd"]);
     }
 
+    /// `e2e-<runtime>` as clap hands it over.
+    fn e2e(args: &[&str]) -> anyhow::Result<(&'static str, Vec<String>)> {
+        let Verb::E2e(words) = parse(args) else {
+            panic!("not an e2e verb: {args:?}")
+        };
+        e2e_verb(&words).map(|(suite, test_args)| (suite.name, test_args.to_vec()))
+    }
+
     #[test]
     fn e2e_containerd_arguments_pass_through() {
-        let Verb::E2eContainerd { test_args } =
-            parse(&["e2e-containerd", "--", "--nocapture", "pods_are_named"])
-        else {
-            panic!("not the e2e-containerd verb")
-        };
+        let (suite, test_args) =
+            e2e(&["e2e-containerd", "--", "--nocapture", "pods_are_named"]).unwrap();
+        assert_eq!(suite, "containerd");
         assert_eq!(test_args, ["--nocapture", "pods_are_named"]);
     }
 
     #[test]
     fn e2e_podman_arguments_pass_through() {
-        let Verb::E2ePodman { test_args } = parse(&["e2e-podman", "--", "--nocapture"]) else {
-            panic!("not the e2e-podman verb")
+        assert_eq!(
+            e2e(&["e2e-podman", "--", "--nocapture"]).unwrap(),
+            ("podman", vec!["--nocapture".to_owned()])
+        );
+        assert_eq!(e2e(&["e2e-podman"]).unwrap(), ("podman", vec![]));
+    }
+
+    #[test]
+    fn every_runtime_suite_is_a_verb_and_others_are_refused() {
+        for suite in runtimes::SUITES {
+            assert_eq!(
+                e2e(&[&format!("e2e-{}", suite.name)]).unwrap().0,
+                suite.name
+            );
+        }
+        let error = e2e(&["e2e-crio"]).unwrap_err().to_string();
+        assert!(
+            error.contains("unknown verb `e2e-crio`")
+                && error.contains("e2e-podman, e2e-containerd"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn skip_takes_names_and_the_old_flags_are_its_aliases() {
+        let Verb::Test {
+            skip,
+            skip_vm,
+            skip_podman,
+            skip_containerd,
+            cargo_test_args,
+        } = parse(&[
+            "test",
+            "--skip",
+            "podman",
+            "--skip-vm",
+            "--skip",
+            "containerd",
+            "--",
+            "-p",
+            "x",
+        ])
+        else {
+            panic!("not the test verb")
         };
-        assert_eq!(test_args, ["--nocapture"]);
-        let Verb::E2ePodman { test_args } = parse(&["e2e-podman"]) else {
-            panic!("not the e2e-podman verb")
-        };
-        assert!(test_args.is_empty());
+        assert_eq!(cargo_test_args, ["-p", "x"]);
+        assert_eq!(
+            skip_names(&skip, skip_vm, skip_podman, skip_containerd),
+            ["podman", "containerd", "vm"]
+        );
+        assert_eq!(skip_names(&[], false, true, true), ["podman", "containerd"]);
     }
 
     #[test]

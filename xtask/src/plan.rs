@@ -11,17 +11,13 @@ use crate::plugin::{
     PLUGIN_BIN_ENV, build_plugin, build_plugin_step, plugin_bin, shipped_build_name,
     shipped_plugin_bin, shipped_plugin_step,
 };
+use crate::runtimes::{SUITES, Skips, VM};
 use crate::setup::{setup_step, validator_bin};
 use crate::step::Step;
-use crate::{containerd, dist, image, podman, previous, vm};
+use crate::{dist, image, previous, runtimes, vm};
 use anyhow::{Context, Result, bail};
 
-pub(crate) fn test_steps(
-    cargo_test_args: &[String],
-    skip_vm: bool,
-    skip_podman: bool,
-    skip_containerd: bool,
-) -> Vec<Step<'_>> {
+pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'_>> {
     // Built beside the steps in front, where they leave a core idle (see
     // background.rs): the previous release (its own target directory) is
     // needed by `cargo test`, the shipped plugin (its own profile) by the
@@ -85,12 +81,12 @@ pub(crate) fn test_steps(
     ];
     // The VMs (one vCPU each, with the guests' own timeouts) run beside the
     // steps after here, which mostly wait on traffic and runtimes: the
-    // fastPath suites, the tarball, podman and containerd.
-    let vm = vm_job(skip_vm);
+    // fastPath suites, the tarball and the runtime suites.
+    let skips = Rc::new(skips);
+    let vm = vm_job(&skips);
     if let Ok(vm) = &vm {
-        steps.push(Step::start_beside(vm, move || {
-            vm_job_command(skip_podman, skip_containerd)
-        }));
+        let skips = Rc::clone(&skips);
+        steps.push(Step::start_beside(vm, move || vm_job_command(&skips)));
     }
     // The suites that carry traffic once more with `fastPath` on in every
     // conflist: the fast path must not lose any behaviour they check.
@@ -109,13 +105,33 @@ pub(crate) fn test_steps(
         "release tarball: write it, then unpack and test it (cargo xtask dist)",
         dist_and_test,
     ));
-    steps.push(podman_step(skip_podman));
-    steps.push(containerd::test_step(skip_containerd));
+    steps.extend(
+        SUITES
+            .iter()
+            .map(|suite| runtimes::test_step(suite, &skips)),
+    );
+    steps.push(image_test_step(&skips));
     steps.push(match &vm {
         Ok(vm) => Step::wait_for(vm, || Ok(())),
         Err(skipped) => skipped_vm_step(skipped),
     });
     steps
+}
+
+/// The installer image built from the tarball and run under podman (what
+/// the podman suite installed), unless podman is skipped.
+fn image_test_step(skips: &Skips) -> Step<'static> {
+    let name = "the installer image from the tarball, under podman (cargo xtask image)";
+    match skips.reason("podman") {
+        Some(reason) => {
+            let reason = reason.to_owned();
+            Step::new(name, move || {
+                println!("xtask test: the installer image skipped with podman ({reason})");
+                Ok(())
+            })
+        }
+        None => Step::new(name, || image::test(&dist::tarball_path())),
+    }
 }
 
 /// The name of the VM tests in `test`'s steps.
@@ -127,17 +143,15 @@ fn vm_step_name() -> String {
 }
 
 /// The VM tests as a job of `test`, or why they are skipped.
-fn vm_job(skip_vm: bool) -> Result<Rc<Job>, &'static str> {
-    if skip_vm {
-        Err("--skip-vm")
-    } else if vm::skip_requested_by_env() {
-        Err("EPM_SKIP_VM is set")
-    } else {
-        Ok(Job::new(vm_step_name(), "vm-test", Priority::Same))
+fn vm_job(skips: &Skips) -> Result<Rc<Job>, String> {
+    match skips.reason(VM) {
+        Some(reason) => Err(reason.to_owned()),
+        None => Ok(Job::new(vm_step_name(), "vm-test", Priority::Same)),
     }
 }
 
-fn skipped_vm_step(reason: &'static str) -> Step<'static> {
+fn skipped_vm_step(reason: &str) -> Step<'static> {
+    let reason = reason.to_owned();
     Step::new(vm_step_name(), move || {
         println!("xtask test: VM tests skipped ({reason})");
         Ok(())
@@ -147,12 +161,11 @@ fn skipped_vm_step(reason: &'static str) -> Step<'static> {
 /// `cargo xtask vm-test` as `test` runs it beside the runtime suites: what
 /// those suites and the VMs install comes first, so no two `apt-get` runs
 /// meet on the dpkg lock.
-fn vm_job_command(skip_podman: bool, skip_containerd: bool) -> Result<Command> {
-    if !skip_podman && !podman::skip_requested_by_env() {
-        podman::ensure_podman()?;
-    }
-    if !skip_containerd && !containerd::skip_requested_by_env() {
-        containerd::ensure_packages()?;
+fn vm_job_command(skips: &Skips) -> Result<Command> {
+    for suite in SUITES {
+        if skips.reason(suite.name).is_none() {
+            runtimes::ensure(suite)?;
+        }
     }
     vm::ensure_vm_packages()?;
     let mut command = Command::new(std::env::current_exe().context("finding xtask's own binary")?);
@@ -222,41 +235,6 @@ pub(crate) fn dist_and_test() -> Result<()> {
     run(cargo_workspace("test")
         .args(["--test", "dist", "--", "--ignored"])
         .env(dist::TARBALL_ENV, &tarball))
-}
-
-/// The podman end-to-end tests as a step of `test`, or a step saying why
-/// they are skipped.
-pub(crate) fn podman_step(skip_podman: bool) -> Step<'static> {
-    let name = "podman end to end, ebpf-portmap and upstream portmap (cargo xtask e2e-podman), then the installer image";
-    let reason = if skip_podman {
-        Some("--skip-podman")
-    } else if podman::skip_requested_by_env() {
-        Some("EPM_SKIP_PODMAN is set")
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Step::new(name, move || {
-            println!("xtask test: podman tests skipped ({reason})");
-            Ok(())
-        }),
-        None => Step::new(name, || {
-            podman::e2e_podman(&[])?;
-            // The installer image runs under the same podman.
-            image::test(&dist::tarball_path())
-        }),
-    }
-}
-
-pub(crate) fn e2e_podman_steps(test_args: &[String]) -> Vec<Step<'_>> {
-    vec![
-        setup_step(),
-        build_plugin_step(),
-        Step::new(
-            "podman end to end: ebpf-portmap, then upstream portmap",
-            move || podman::e2e_podman(test_args),
-        ),
-    ]
 }
 
 pub(crate) fn vm_test_steps(args: &vm::VmTestArgs) -> Vec<Step<'_>> {

@@ -3,7 +3,10 @@
 //! driver over the standard node), the checks every runtime's test makes
 //! (translations, reachability from outside and from the node, plugin
 //! calls), and the scenarios written once and run for each runtime
-//! ([`publish_and_reach`], [`fleet_at_once`], [`nothing_translated`]).
+//! ([`publish_and_reach`], [`fleet_at_once`], [`nothing_translated`], and
+//! the field's cases: [`tcp_and_udp_share_a_host_port`],
+//! [`hostport_conformance`], [`wildcard_then_node_ip_is_refused`],
+//! [`conditions_restrict_who_reaches_a_host_port`]).
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -17,6 +20,7 @@ use super::firewall::{
     Translation, expected_translations, ours_translations, upstream_leftovers,
     upstream_translations_in,
 };
+use super::recorder::{CniCall, Recorder, short};
 use crate::topology::{NODE_IP4, NODE_IP6, Node, PortMapping};
 use crate::traffic::{ProbeError, echo_reply, http_get, udp_request};
 use crate::world::{PROBE, sock};
@@ -64,13 +68,23 @@ pub trait Workload: Clone + std::fmt::Debug + Send + Sync {
     fn ipv6(&self) -> Ipv6Addr;
 }
 
-/// One plugin execution as a runtime's harness recorded it.
-pub trait PluginCall: std::fmt::Debug {
-    /// The exit code, if the harness records it (`None`: unknown or still
-    /// running).
-    fn exit_code(&self) -> Option<i32>;
-    /// One line for failure messages.
-    fn summary(&self) -> String;
+/// What a runtime can or cannot do, for the scenarios that need it: a
+/// scenario asks [`Driver::supports`] and skips with a printed reason
+/// where the runtime cannot (see [`E2e::supports`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// The runtime asks the plugins for CNI STATUS (`cniVersion` 1.1.0)
+    /// and reports the answer (containerd 2.x: the CRI's `NetworkReady`).
+    CniStatus,
+}
+
+impl Capability {
+    /// What the runtime cannot do when it lacks this, for the skip message.
+    pub fn lacking(self) -> &'static str {
+        match self {
+            Capability::CniStatus => "asks the plugins for no CNI STATUS",
+        }
+    }
 }
 
 /// What differs between runtimes. A new runtime is a type implementing
@@ -78,7 +92,6 @@ pub trait PluginCall: std::fmt::Debug {
 /// [`super::holder`]); every scenario of this module then runs with it.
 pub trait Driver: Sync {
     type Workload: Workload;
-    type Call: PluginCall;
 
     /// The runtime and its version, for messages.
     fn describe(&self) -> String;
@@ -92,9 +105,15 @@ pub trait Driver: Sync {
     /// How many DELs the port-mapping plugin gets for one [`Driver::remove`]
     /// of a running workload.
     fn dels_per_remove(&self) -> usize;
-    /// The executions of `plugin` running `command` for the CNI ID `id`,
-    /// oldest first.
-    fn calls(&self, plugin: PortPlugin, command: &str, id: &str) -> Vec<Self::Call>;
+    /// The recorder of the runtime's CNI bin directory: every plugin
+    /// execution, delegated ones too.
+    fn recorder(&self) -> &Recorder;
+    /// Whether the runtime can do what `capability` names.
+    fn supports(&self, capability: Capability) -> bool;
+    /// Replaces the conflist with one whose port-mapping plugin (ours)
+    /// carries `keys` too (e.g. upstream's `conditionsV4`), and returns
+    /// once the runtime uses it for new workloads.
+    fn set_port_plugin_keys(&self, keys: &Value) -> Result<(), String>;
     /// `ebpf-portmap <verb> --json` on the node, as an operator runs it
     /// there; `None` while ebpf-portmap is not installed on the node.
     fn operator_json(&self, verb: &str) -> Result<Option<Value>, String>;
@@ -156,9 +175,25 @@ impl<D: Driver> E2e<D> {
             .unwrap_or_else(|e| panic!("removing {}: {e}\n{}", workload.name(), self.dump()));
     }
 
-    /// The calls of `plugin` running `command` for `workload`.
-    pub fn calls(&self, plugin: PortPlugin, command: &str, workload: &D::Workload) -> Vec<D::Call> {
-        self.driver.calls(plugin, command, workload.cni_id())
+    /// The calls of `plugin` running `command` for `workload`, oldest first.
+    pub fn calls(&self, plugin: PortPlugin, command: &str, workload: &D::Workload) -> Vec<CniCall> {
+        self.driver
+            .recorder()
+            .calls_of(plugin.plugin_type(), command, workload.cni_id())
+    }
+
+    /// Whether the runtime can do what `capability` names; if not, prints
+    /// why the calling scenario (`what`) skips it.
+    pub fn supports(&self, capability: Capability, what: &str) -> bool {
+        let supported = self.driver.supports(capability);
+        if !supported {
+            eprintln!(
+                "skipped: {what}: {} {}",
+                self.driver.describe(),
+                capability.lacking()
+            );
+        }
+        supported
     }
 
     /// `expected` calls of `plugin` running `command` for `workload`, none
@@ -169,7 +204,7 @@ impl<D: Driver> E2e<D> {
         command: &str,
         workload: &D::Workload,
         expected: usize,
-    ) -> Vec<D::Call> {
+    ) -> Vec<CniCall> {
         let calls = self.calls(plugin, command, workload);
         assert_eq!(
             calls.len(),
@@ -182,7 +217,7 @@ impl<D: Driver> E2e<D> {
         );
         for call in &calls {
             assert!(
-                call.exit_code().is_none_or(|code| code == 0),
+                call.exit_code.is_none_or(|code| code == 0),
                 "{} {command} of {} failed: {}\n{}",
                 plugin.plugin_type(),
                 workload.name(),
@@ -570,4 +605,233 @@ pub fn nothing_translated<D: Driver>(t: &E2e<D>, plugin: PortPlugin, leaked: &[S
     {
         panic!("{tool} still has per-container chains or DNAT rules:\n{save}");
     }
+}
+
+// ---- the field's cases (issue 33), run for every runtime ---------------------
+
+/// One workload publishing TCP 53 and UDP 53 on the same host port, as a
+/// DNS server does (Cilium's hostPort served only one of them,
+/// cilium#41426): both answer over IPv4 and IPv6, from outside and from
+/// the node; removing it runs its DELs and leaves none of its translations.
+pub fn tcp_and_udp_share_a_host_port<D: Driver>(t: &E2e<D>, plugin: PortPlugin) {
+    let ports = [PortMapping::tcp(53, 53), PortMapping::udp(53, 53)];
+    let dns = t.run("dns", &ports);
+    t.assert_calls(plugin, "ADD", &dns, 1);
+    t.assert_translations(plugin, &dns, &ports, "TCP and UDP on host port 53");
+    let both = [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)];
+    t.wait_serving(&dns, both[0], 53, Some(53));
+    t.wait_serving(&dns, both[1], 53, Some(53));
+    t.check_external(&dns, &both, 53, Some(53));
+    t.check_from_node(plugin, &dns, 53, 53);
+    t.remove_workload(&dns);
+    t.assert_calls(plugin, "DEL", &dns, t.driver.dels_per_remove());
+    t.assert_no_translations(plugin, &dns, "after its removal");
+}
+
+/// The host port of [`hostport_conformance`].
+pub const CONFORMANCE_PORT: u16 = 54323;
+
+/// Kubernetes' conformance test "validates that there is no conflict
+/// between pods with same hostPort but different hostIP and protocol"
+/// (test/e2e/network/hostport.go), its three checks run from the node as it
+/// runs them: `curl --interface <nodeIP> http://localhost:54323/hostname`,
+/// `curl http://<nodeIP>:54323/hostname` and a UDP `hostname` to
+/// `<nodeIP>:54323` (`nc -u` there; the probe here: busybox's nc has no
+/// UDP) each reach a different workload. Returns the three, running.
+pub fn hostport_conformance<D: Driver>(t: &E2e<D>, plugin: PortPlugin) -> Vec<D::Workload> {
+    const PORT: u16 = CONFORMANCE_PORT;
+    let node_ip = IpAddr::V4(NODE_IP4);
+    let localhost = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let specs = [
+        ("pod1", PortMapping::tcp(PORT, 80).on(localhost)),
+        ("pod2", PortMapping::tcp(PORT, 80).on(node_ip)),
+        ("pod3", PortMapping::udp(PORT, 53).on(node_ip)),
+    ];
+    let workloads: Vec<D::Workload> = specs
+        .iter()
+        .map(|(name, port)| {
+            let workload = t.run(name, std::slice::from_ref(port));
+            t.assert_calls(plugin, "ADD", &workload, 1);
+            t.assert_translations(plugin, &workload, std::slice::from_ref(port), "conformance");
+            workload
+        })
+        .collect();
+    let node_ip_text = node_ip.to_string();
+    let curl = |args: &[&str]| -> Result<String, String> {
+        let out = t
+            .node_client("curl")
+            .args([
+                "-g",
+                "-sS",
+                "--fail",
+                "--connect-timeout",
+                "5",
+                "--max-time",
+                "10",
+            ])
+            .args(args)
+            .output()
+            .map_err(|e| format!("spawn curl: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        } else {
+            Err(format!(
+                "curl {args:?}: {} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    };
+    let deadline = Instant::now() + READY;
+    let localhost_url = format!("http://localhost:{PORT}/hostname");
+    let node_url = format!("http://{}/hostname", sock(node_ip, PORT));
+    let checks: [(&str, Vec<&str>, &D::Workload); 2] = [
+        (
+            "pod1 via localhost",
+            vec!["--interface", &node_ip_text, &localhost_url],
+            &workloads[0],
+        ),
+        ("pod2 via the node IP", vec![&node_url], &workloads[1]),
+    ];
+    for (what, args, workload) in checks {
+        loop {
+            let last = match curl(&args) {
+                Ok(body) if body == workload.name() => break,
+                Ok(body) => format!("answered {body:?}"),
+                Err(e) => e,
+            };
+            assert!(
+                Instant::now() < deadline,
+                "{plugin:?} conformance {what}: {last}\n{}",
+                t.dump()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let pod3 = &workloads[2];
+    let udp = sock(node_ip, PORT);
+    let seen = t.node_probe("udp", udp, "hostname");
+    t.expect_seen(
+        "conformance pod3 via UDP to the node IP",
+        seen,
+        udp,
+        &echo_reply(pod3.name(), "hostname"),
+    );
+    workloads
+}
+
+/// The host port of [`wildcard_then_node_ip_is_refused`].
+pub const WILDCARD_PORT: u16 = 54322;
+
+/// The scheduler's twin (hostport.go's "validates that there exists
+/// conflict between pods with same hostPort and protocol, but one using
+/// 0.0.0.0 hostIP"): a wildcard TCP 54322 then TCP 54322 on the node IP.
+/// The scheduler keeps such workloads apart; a node that gets both anyway
+/// (a static pod, a kubelet without the scheduler's view, two `podman run`)
+/// must refuse the second with code 100 naming the first, and keep serving
+/// the first. Ours only: upstream does not detect conflicts (it relies on
+/// the scheduler).
+pub fn wildcard_then_node_ip_is_refused<D: Driver>(t: &E2e<D>) {
+    const PORT: u16 = WILDCARD_PORT;
+    let node_ip = IpAddr::V4(NODE_IP4);
+    let first = t.run("wild", &[PortMapping::tcp(PORT, 80)]);
+    t.wait_serving(&first, node_ip, PORT, None);
+    let refused = t
+        .driver
+        .start("specific", &[PortMapping::tcp(PORT, 80).on(node_ip)]);
+    let error = match refused {
+        Ok(workload) => panic!(
+            "TCP {PORT} on {node_ip} was granted to {} while {} holds TCP {PORT} on every address\n{}",
+            workload.name(),
+            first.name(),
+            t.dump()
+        ),
+        Err(e) => e,
+    };
+    let add = refused_add(t, "the node-IP workload after a wildcard one", |call| {
+        call.cni_arg("K8S_POD_NAME") == Some("specific")
+    });
+    assert!(
+        add.error_message().contains(short(first.cni_id())),
+        "the refusal names the holder {}: {}",
+        short(first.cni_id()),
+        add.summary()
+    );
+    eprintln!("the node-IP workload after a wildcard one: {error}");
+    t.expect_answer(
+        "the wildcard workload after the refused one",
+        http_get(&t.node.ext, sock(node_ip, PORT), PROBE).map(|r| r.body),
+        first.name(),
+    );
+    t.remove_workload(&first);
+    t.assert_no_translations(PortPlugin::Ours, &first, "after its removal");
+}
+
+/// The one ADD of ours that `which` selects (by its `CNI_ARGS`: the CNI ID
+/// of a refused workload is not known to the test); it must have failed
+/// with code 100.
+pub fn refused_add<D: Driver>(t: &E2e<D>, what: &str, which: impl Fn(&CniCall) -> bool) -> CniCall {
+    let adds: Vec<CniCall> = t
+        .driver
+        .recorder()
+        .calls()
+        .into_iter()
+        .filter(|c| c.plugin == PortPlugin::Ours.plugin_type() && c.command == "ADD" && which(c))
+        .collect();
+    let [add] = adds.as_slice() else {
+        panic!("one ADD for {what}, found {}\n{}", adds.len(), t.dump());
+    };
+    assert_eq!(
+        (add.exit_code, add.error_code()),
+        (Some(1), Some(100)),
+        "the ADD for {what} fails with code 100: {}",
+        add.summary()
+    );
+    add.clone()
+}
+
+/// Issue 33: upstream's `conditionsV4`/`conditionsV6` in the conflist the
+/// runtime loads restrict who opens a flow to a host port (ours only):
+/// `far` (198.19.0.2, fd19::2, inside the conditions) reaches the workload
+/// through the node's address, `ext` (198.18.0.2, fd18::2, outside) gets
+/// the node's own answer (nothing listens there: refused), v4 and v6.
+pub fn conditions_restrict_who_reaches_a_host_port<D: Driver>(t: &E2e<D>) {
+    let plugin = PortPlugin::Ours;
+    t.driver
+        .set_port_plugin_keys(&serde_json::json!({
+            "conditionsV4": ["-s", "198.19.0.0/24"],
+            "conditionsV6": ["-s", "fd19::/64"],
+        }))
+        .unwrap_or_else(|e| panic!("conditions in the conflist: {e}\n{}", t.dump()));
+    let ports = [PortMapping::tcp(8400, 80)];
+    let web = t.run("cond", &ports);
+    t.assert_calls(plugin, "ADD", &web, 1);
+    for node_ip in [IpAddr::V4(NODE_IP4), IpAddr::V6(NODE_IP6)] {
+        let target = sock(node_ip, 8400);
+        let deadline = Instant::now() + READY;
+        loop {
+            let last = match http_get(&t.node.far, target, Duration::from_secs(1)) {
+                Ok(response) if response.body.trim() == web.name() => break,
+                Ok(response) => format!("{response:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                Instant::now() < deadline,
+                "far (inside conditionsV4/V6) never reached {} on {target}: {last}\n{}",
+                web.name(),
+                t.dump()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let outside = http_get(&t.node.ext, target, Duration::from_secs(2));
+        assert!(
+            outside.is_err(),
+            "ext is outside conditionsV4/V6 and must not reach {} on {target}: {outside:?}\n{}",
+            web.name(),
+            t.dump()
+        );
+    }
+    t.remove_workload(&web);
+    t.assert_calls(plugin, "DEL", &web, t.driver.dels_per_remove());
+    t.assert_no_translations(plugin, &web, "after its removal");
 }

@@ -187,8 +187,16 @@ pub struct RootState {
     pub mounts: Vec<String>,
 }
 
-/// Paths a runtime, libcni, runc or ebpf-portmap write to by default.
-const ROOT_PATHS: [&str; 10] = [
+/// Paths a runtime, libcni or runc write to by default. ebpf-portmap's own
+/// defaults (`/sys/fs/bpf/ebpf-portmap`, `/run/ebpf-portmap`,
+/// `/var/log/ebpf-portmap.log`) are not among them: other tests of this
+/// project use them on the machine (`stale.rs` runs a node under the
+/// default pin root), so whether they exist says nothing about a runtime
+/// test running beside them. Their confinement is checked where it holds:
+/// each driver reads ebpf-portmap's mappings from its private pin root, so
+/// a plugin that pinned on the machine's bpffs instead fails every
+/// translation check.
+const ROOT_PATHS: [&str; 7] = [
     "/run/containerd",
     "/var/lib/containerd",
     "/run/runc",
@@ -196,9 +204,6 @@ const ROOT_PATHS: [&str; 10] = [
     "/run/cni",
     "/etc/cni/net.d",
     "/opt/cni/bin",
-    "/var/log/ebpf-portmap.log",
-    "/run/ebpf-portmap",
-    "/sys/fs/bpf/ebpf-portmap",
 ];
 
 impl RootState {
@@ -227,14 +232,13 @@ impl RootState {
             .map(|path| (*path, Path::new(path).exists()))
             .collect();
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let prefixes = [
+            crate::naming::name_prefix(),
+            crate::naming::DEFAULT_NAME_PREFIX.to_owned(),
+        ];
         let mounts = mountinfo
             .lines()
-            .filter(|l| {
-                l.contains("containerd")
-                    || l.contains("/cni")
-                    || l.contains(&format!("{}-", crate::naming::name_prefix()))
-                    || l.contains("epm-")
-            })
+            .filter(|l| mount_to_compare(l, &prefixes, std::process::id()))
             .map(str::to_owned)
             .collect();
         RootState {
@@ -274,6 +278,28 @@ impl RootState {
     }
 }
 
+/// Whether a line of `/proc/self/mountinfo` belongs in [`RootState`]: a
+/// mount that names containerd, CNI or a harness name (`<prefix>-...` of
+/// `prefixes`), unless the harness name is another live process's. Every
+/// test binary of the harness mounts its network namespaces on
+/// `/run/netns/<prefix>-<kind>-<pid>-<n>` in the root mount namespace:
+/// another suite running beside this one (with the same prefix, or both
+/// with the default one) adds and removes such mounts all the time, and
+/// none of them is a mount this test left behind.
+fn mount_to_compare(line: &str, prefixes: &[String], own_pid: u32) -> bool {
+    let named = line.contains("containerd")
+        || line.contains("/cni")
+        || prefixes.iter().any(|p| line.contains(&format!("{p}-")));
+    let anothers = line
+        .split(|c: char| c == '/' || c.is_whitespace())
+        .any(|word| {
+            prefixes.iter().any(|prefix| {
+                crate::naming::owner_pid(word, prefix).is_some_and(|pid| pid != own_pid)
+            })
+        });
+    named && !anothers
+}
+
 /// `ip` output without the counting-down lifetimes of dynamic addresses
 /// and routes (`valid_lft 86390sec`, `expires 1799sec`).
 fn without_lifetimes(text: &str) -> String {
@@ -301,6 +327,36 @@ fn without_lifetimes(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn root_mounts_of_another_test_process_are_not_compared() {
+        let prefixes = ["epmrt".to_owned(), "epm".to_owned()];
+        let netns = |name: &str| {
+            format!("48 46 0:4 net:[4026532239] /run/netns/{name} rw shared:3 - nsfs nsfs rw")
+        };
+        // This process's own namespace, and a leaked runtime mount: compared.
+        assert!(mount_to_compare(&netns("epmrt-node-100-1"), &prefixes, 100));
+        assert!(mount_to_compare(&netns("epm-ctrd-100-7"), &prefixes, 100));
+        assert!(mount_to_compare(
+            "60 46 0:50 / /run/containerd/io.containerd.runtime.v2.task/k8s.io/x rw - overlay overlay rw",
+            &prefixes,
+            100
+        ));
+        // Another test binary's namespaces, with this prefix or the default
+        // one: never this test's leftovers.
+        assert!(!mount_to_compare(
+            &netns("epmrt-node-200-1"),
+            &prefixes,
+            100
+        ));
+        assert!(!mount_to_compare(&netns("epm-far-200-5"), &prefixes, 100));
+        // Nothing of the harness or a runtime: not compared.
+        assert!(!mount_to_compare(
+            "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw",
+            &prefixes,
+            100
+        ));
+    }
 
     #[test]
     fn upstream_rules_parse_into_translations() {

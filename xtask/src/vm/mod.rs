@@ -59,9 +59,6 @@ pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
 /// no better (389 s against 396 s, quiet machine, debug plugin).
 pub const SPLIT_KERNELS: &[&str] = &["6.1"];
 
-/// `EPM_SKIP_VM=1` skips the VM step of `cargo xtask test`, like `--skip-vm`.
-pub const SKIP_ENV: &str = "EPM_SKIP_VM";
-
 #[derive(Debug, Clone, Args)]
 pub struct VmTestArgs {
     /// Kernel series to boot, e.g. 6.1 (repeat for several); default 6.1 and 6.12.
@@ -125,11 +122,6 @@ impl Default for VmTestArgs {
             within_test: false,
         }
     }
-}
-
-/// Whether `EPM_SKIP_VM` asks to skip the VM tests (`1`, `true`, `yes`).
-pub fn skip_requested_by_env() -> bool {
-    std::env::var(SKIP_ENV).is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
 }
 
 fn vm_dir() -> PathBuf {

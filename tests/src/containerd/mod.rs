@@ -44,7 +44,6 @@
 //! [`Containerd`] is the CRI's [`crate::runtime::Driver`]: the shared
 //! end-to-end scenarios run through it.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
@@ -52,89 +51,37 @@ use std::process::{Command, ExitStatus, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::cri::{
-    ContainerConfig, ContainerMetadata, CriClient, CriError, ImageSpec, LinuxPodSandboxConfig,
-    PodSandboxConfig, PodSandboxMetadata, Protocol, RuntimeCondition,
-};
+use crate::cri::{CriClient, CriError, RuntimeCondition};
 use crate::netns::NetNs;
-use crate::plugins::{PLUGIN_TYPE, UPSTREAM_PLUGIN_DIR, plugin_bin};
-use crate::runtime::conf_dir::{CniConfDir, toml_string};
+use crate::plugins::{PLUGIN_TYPE, plugin_bin};
+use crate::runtime::conf_dir::CniConfDir;
 use crate::runtime::daemon::Daemon;
 use crate::runtime::e2e::operator_output;
 use crate::runtime::holder::{HolderSpec, MountNsHolder};
-use crate::runtime::rootfs::{IMAGE_PROBE, build_rootfs, oci_archive, run_tool};
-use crate::runtime::{Driver, PluginCall, PortPlugin, Workload};
+use crate::runtime::recorder::{CniCall, Recorder};
+use crate::runtime::rootfs::{build_rootfs, oci_archive, run_tool};
+use crate::runtime::{Capability, Driver, Workload};
 use crate::tmp::TempDir;
-use crate::topology::{BRIDGE_NAME, POD_SUBNET4, POD_SUBNET6, PortMapping};
+use crate::topology::PortMapping;
 
-/// The image [`Containerd::start`] imports: the pods' sandbox image (its
-/// entrypoint is a static `pause`) and the image of every app container.
-pub const IMAGE: &str = "localhost/epm-ctrd:1";
-/// The CNI network (the conflist's `name`).
-pub const NETWORK: &str = "epm-ctrd";
-/// The Kubernetes namespace of every pod.
-pub const POD_NAMESPACE: &str = "e2e";
-/// The conflist's file in the CNI config directory.
-pub const CONFLIST_FILE: &str = "10-epm-ctrd.conflist";
+mod config;
+mod cri_spec;
+mod version;
+
+pub use crate::runtime::recorder::short;
+pub use config::{
+    CONFLIST_FILE, IMAGE, NETWORK, POD_NAMESPACE, config_toml, conflist, loaded_plugin_types,
+};
+pub use cri_spec::{app_config, cri_port_mapping, pod_ips, sandbox_config};
+pub use version::{RUNTIME_ROOT_ENV, Runtime};
+
 /// The upstream plugin's `type`.
 pub const UPSTREAM_TYPE: &str = "portmap";
 /// The plugins the bin directory offers: the chain, and `loopback`, which
 /// the CRI plugin runs for every pod's `lo`.
 const REFERENCE_PLUGINS: [&str; 4] = ["bridge", "host-local", "loopback", UPSTREAM_TYPE];
-/// Names the root of an unpacked containerd 2.x and plugins 1.9
-/// (`usr/bin/containerd`, `usr/lib/cni/bridge`, ...): the tests then drive
-/// that containerd instead of the machine's.
-pub const RUNTIME_ROOT_ENV: &str = "EPM_CONTAINERD_ROOT";
-
-/// The containerd under test and the reference plugins that go with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Runtime {
-    /// Where `containerd`, `ctr` and `containerd-shim-runc-v2` are.
-    pub bin_dir: PathBuf,
-    /// Where `bridge`, `host-local`, `loopback` and `portmap` are.
-    pub plugin_dir: PathBuf,
-    /// The conflist's `cniVersion`: 1.1.0 only where containerd and the
-    /// plugins speak it (containerd 1.6's libcni and the plugins 1.1
-    /// refuse it).
-    pub cni_version: &'static str,
-}
-
-impl Runtime {
-    /// The machine's containerd (Debian 12: 1.6) and plugins (1.1).
-    pub fn system() -> Runtime {
-        Runtime {
-            bin_dir: PathBuf::from("/usr/bin"),
-            plugin_dir: PathBuf::from(UPSTREAM_PLUGIN_DIR),
-            cni_version: "1.0.0",
-        }
-    }
-
-    /// An unpacked containerd 2.x and plugins 1.9 under `root`.
-    pub fn unpacked(root: &Path) -> Runtime {
-        Runtime {
-            bin_dir: root.join("usr/bin"),
-            plugin_dir: root.join("usr/lib/cni"),
-            cni_version: "1.1.0",
-        }
-    }
-
-    /// [`Runtime::unpacked`] under `EPM_CONTAINERD_ROOT` if it is set,
-    /// else [`Runtime::system`].
-    pub fn from_env() -> Runtime {
-        match std::env::var_os(RUNTIME_ROOT_ENV) {
-            Some(root) if !root.is_empty() => Runtime::unpacked(Path::new(&root)),
-            _ => Runtime::system(),
-        }
-    }
-
-    /// Whether containerd asks the plugins for STATUS (CNI 1.1.0; containerd
-    /// 2.x does on every CRI `Status`).
-    pub fn sends_status(&self) -> bool {
-        self.cni_version == "1.1.0"
-    }
-}
 /// How long containerd may take to serve the CRI, or to load a new conflist.
 const READY: Duration = Duration::from_secs(30);
 /// The `kind` in the names of the directory and the cgroup.
@@ -150,17 +97,7 @@ const HOLDER: HolderSpec = HolderSpec {
     private_bpffs: true,
 };
 /// A 10-line `pause` for the sandbox: sleeps until a signal, exits on TERM/INT.
-const PAUSE_C: &str = r#"#include <signal.h>
-#include <unistd.h>
-
-static void stop(int sig) { (void)sig; _exit(0); }
-
-int main(void) {
-    signal(SIGTERM, stop);
-    signal(SIGINT, stop);
-    for (;;) pause();
-}
-"#;
+const PAUSE_C: &str = include_str!("pause.c");
 
 /// A pod the test started: its sandbox, its app container, its addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,83 +111,6 @@ pub struct Pod {
     pub ipv6: Ipv6Addr,
 }
 
-/// One plugin execution as a shim recorded it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CniCall {
-    /// The plugin's file name (`bridge`, `ebpf-portmap`, ...).
-    pub plugin: String,
-    pub command: String,
-    pub container_id: String,
-    /// `CNI_NETNS` (empty on the DEL that RemovePodSandbox sends).
-    pub netns: String,
-    pub ifname: String,
-    /// `CNI_ARGS` as sent (`K8S_POD_NAMESPACE=...;...`).
-    pub args: String,
-    /// The network configuration on stdin (`Null` if it was not JSON).
-    pub config: Value,
-    /// `None` while the plugin runs (or if it was killed).
-    pub exit_code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl CniCall {
-    /// Whether the configuration carried a `prevResult`.
-    pub fn has_prev_result(&self) -> bool {
-        self.config.get("prevResult").is_some_and(|v| !v.is_null())
-    }
-
-    /// The value of `key` in `CNI_ARGS`.
-    pub fn cni_arg(&self, key: &str) -> Option<&str> {
-        self.args
-            .split(';')
-            .filter_map(|pair| pair.split_once('='))
-            .find_map(|(k, v)| (k == key).then_some(v))
-    }
-
-    /// `runtimeConfig.portMappings` as sent.
-    pub fn port_mappings(&self) -> &Value {
-        &self.config["runtimeConfig"]["portMappings"]
-    }
-
-    /// One line for failure messages.
-    pub fn summary(&self) -> String {
-        let code = self
-            .exit_code
-            .map_or_else(|| "running".to_owned(), |c| format!("exit {c}"));
-        let mut line = format!(
-            "{} {} {} netns={:?} prevResult={} {code}",
-            self.plugin,
-            self.command,
-            short(&self.container_id),
-            self.netns,
-            self.has_prev_result()
-        );
-        if self.exit_code != Some(0) && self.exit_code.is_some() {
-            let _ = write!(line, ": {}", self.error_message());
-        }
-        line
-    }
-
-    /// The `msg` of the CNI error result the plugin printed (else its
-    /// stdout, then its stderr, on one line).
-    pub fn error_message(&self) -> String {
-        let result: Value = serde_json::from_str(&self.stdout).unwrap_or(Value::Null);
-        match result["msg"].as_str() {
-            Some(msg) => msg.trim().to_owned(),
-            None if !self.stdout.trim().is_empty() => {
-                self.stdout.split_whitespace().collect::<Vec<_>>().join(" ")
-            }
-            None => self.stderr.split_whitespace().collect::<Vec<_>>().join(" "),
-        }
-    }
-}
-
-/// The first 12 characters of an ID, as tools show it.
-pub fn short(id: &str) -> &str {
-    &id[..id.len().min(12)]
-}
-
 /// A containerd confined to a node namespace (see the module docs).
 #[derive(Debug)]
 pub struct Containerd {
@@ -258,6 +118,8 @@ pub struct Containerd {
     daemon: Option<Daemon>,
     holder: MountNsHolder,
     conf: CniConfDir,
+    /// The CNI bin directory (`bin/`): every plugin call is recorded.
+    recorder: Recorder,
     /// The directory's name: also the name of the test cgroup.
     name: String,
     runtime: Runtime,
@@ -293,17 +155,18 @@ impl Containerd {
             .expect("a harness temp dir has a UTF-8 name")
             .to_owned();
         for sub in [
-            "bin", "real", "calls", "root", "state", "opt", "runc", "var-lib", "var-log", "logs",
-            "image",
+            "real", "root", "state", "opt", "runc", "var-lib", "var-log", "logs", "image",
         ] {
             create_dir(&root.join(sub));
         }
+        let recorder = install_plugins(&root, runtime);
         let holder = MountNsHolder::spawn(node, &root, &HOLDER);
         let mut containerd = Containerd {
             client: None,
             daemon: None,
             holder,
             conf: CniConfDir::new(root.join("net.d"), CONFLIST_FILE),
+            recorder,
             name,
             runtime: runtime.clone(),
             runtime_version: String::new(),
@@ -315,7 +178,6 @@ impl Containerd {
         let cgroup2 = crate::cgroup::cgroup2_mount().join(&containerd.name);
         create_dir(&cgroup2.join(DAEMON_CGROUP));
         create_dir(&cgroup2.join(HOOKS_CGROUP));
-        containerd.install_plugins();
         containerd.write_conflist(port_plugin_type);
         write_file(&root.join("config.toml"), &config_toml(&root));
         let image = containerd.build_image(probe);
@@ -520,7 +382,7 @@ impl Containerd {
 
     /// Every plugin execution recorded so far, oldest first.
     pub fn calls(&self) -> Vec<CniCall> {
-        read_calls(&self.dir.path().join("calls"))
+        self.recorder.calls()
     }
 
     /// The executions of `plugin` running `command` for `sandbox_id`.
@@ -658,32 +520,6 @@ impl Containerd {
     }
 
     // ---- setup --------------------------------------------------------------
-
-    /// Copies the real plugins into `real/` and writes a recording shim for
-    /// each into `bin/`.
-    fn install_plugins(&self) {
-        let root = self.dir.path();
-        let mut plugins: Vec<(String, PathBuf)> = REFERENCE_PLUGINS
-            .iter()
-            .map(|name| (name.to_string(), self.runtime.plugin_dir.join(name)))
-            .collect();
-        plugins.push((PLUGIN_TYPE.to_owned(), plugin_bin()));
-        for (name, source) in plugins {
-            let real = root.join("real").join(&name);
-            std::fs::copy(&source, &real).unwrap_or_else(|e| {
-                panic!(
-                    "copying {} to {}: {e} (`cargo xtask e2e-containerd` installs and builds what is missing)",
-                    source.display(),
-                    real.display()
-                )
-            });
-            let shim = root.join("bin").join(&name);
-            write_file(&shim, &shim_script(&name, &real, &root.join("calls")));
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("chmod {}: {e}", shim.display()));
-        }
-    }
 
     fn write_conflist(&self, port_plugin_type: &str) {
         self.write_conflist_value(&self.conflist(port_plugin_type));
@@ -862,19 +698,8 @@ impl Workload for Pod {
     }
 }
 
-impl PluginCall for CniCall {
-    fn exit_code(&self) -> Option<i32> {
-        self.exit_code
-    }
-
-    fn summary(&self) -> String {
-        CniCall::summary(self)
-    }
-}
-
 impl Driver for Containerd {
     type Workload = Pod;
-    type Call = CniCall;
 
     fn describe(&self) -> String {
         format!("containerd {}", self.runtime_version)
@@ -896,8 +721,19 @@ impl Driver for Containerd {
         2
     }
 
-    fn calls(&self, plugin: PortPlugin, command: &str, id: &str) -> Vec<CniCall> {
-        self.calls_of(plugin.plugin_type(), command, id)
+    fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    fn supports(&self, capability: Capability) -> bool {
+        match capability {
+            Capability::CniStatus => self.runtime.sends_status(),
+        }
+    }
+
+    fn set_port_plugin_keys(&self, keys: &Value) -> Result<(), String> {
+        Containerd::set_port_plugin_keys(self, keys);
+        Ok(())
     }
 
     fn operator_json(&self, verb: &str) -> Result<Option<Value>, String> {
@@ -957,294 +793,33 @@ impl Drop for Containerd {
     }
 }
 
-// ---- pure parts -------------------------------------------------------------
-
-/// The conflist a user drops in: `bridge` + dual-stack `host-local` + the
-/// port-mapping plugin with only the `portMappings` capability. ebpf-portmap
-/// also gets `cgroupPath` (its default, the root of the cgroup2 hierarchy,
-/// would hook every process of the machine); everything else is left to the
-/// defaults, which the private mount namespace keeps on the node.
-pub fn conflist(port_plugin_type: &str, hooks_cgroup: &Path, cni_version: &str) -> Value {
-    let mut port_plugin =
-        json!({ "type": port_plugin_type, "capabilities": { "portMappings": true } });
-    if port_plugin_type == PLUGIN_TYPE {
-        port_plugin["cgroupPath"] = Value::from(hooks_cgroup.to_string_lossy().into_owned());
-    }
-    json!({
-        "cniVersion": cni_version,
-        "name": NETWORK,
-        "plugins": [
-            {
-                "type": "bridge",
-                "bridge": BRIDGE_NAME,
-                "isGateway": true,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{ "subnet": POD_SUBNET4 }], [{ "subnet": POD_SUBNET6 }]],
-                    "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }],
-                },
-            },
-            port_plugin,
-        ]
-    })
-}
-
-/// containerd's `config.toml` (version 2) with everything under `root`.
-pub fn config_toml(root: &Path) -> String {
-    let path = |sub: &str| toml_string(&root.join(sub));
-    format!(
-        r#"version = 2
-root = {root_dir}
-state = {state}
-# Snapshotters and tracing this test does not use: quieter, faster start.
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.internal.v1.tracing",
-]
-
-[grpc]
-  address = {socket}
-
-[ttrpc]
-  address = {ttrpc}
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = {opt}
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{IMAGE}"
-  netns_mounts_under_state_dir = true
-  disable_apparmor = true
-  restrict_oom_score_adj = true
-  tolerate_missing_hugetlb_controller = true
-  disable_hugetlb_controller = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-
-[plugins."io.containerd.grpc.v1.cri".cni]
-  bin_dir = {bin}
-  conf_dir = {net_d}
-  max_conf_num = 1
-
-[plugins."io.containerd.grpc.v1.cri".containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
-
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-  SystemdCgroup = false
-  BinaryName = "/usr/sbin/runc"
-  Root = {runc}
-"#,
-        root_dir = path("root"),
-        state = path("state"),
-        socket = path("containerd.sock"),
-        ttrpc = path("containerd.sock.ttrpc"),
-        opt = path("opt"),
-        bin = path("bin"),
-        net_d = path("net.d"),
-        runc = path("runc"),
-    )
-}
-
-/// The plugin types of every network in containerd's verbose `cniconfig`
-/// (go-cni's `ConfigResult`: `Networks[].Config.Plugins[].Network.type`).
-pub fn loaded_plugin_types(cniconfig: &Value) -> Vec<String> {
-    cniconfig["Networks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|network| {
-            network["Config"]["Plugins"]
-                .as_array()
-                .into_iter()
-                .flatten()
-        })
-        .filter_map(|plugin| plugin["Network"]["type"].as_str().map(str::to_owned))
-        .collect()
-}
-
-/// The sandbox of pod `name` as the kubelet would describe it.
-pub fn sandbox_config(
-    name: &str,
-    uid: &str,
-    log_directory: &Path,
-    cgroup_parent: &str,
-    ports: &[PortMapping],
-) -> PodSandboxConfig {
-    PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: name.to_owned(),
-            uid: uid.to_owned(),
-            namespace: POD_NAMESPACE.to_owned(),
-            attempt: 0,
-        }),
-        hostname: name.to_owned(),
-        log_directory: log_directory.to_string_lossy().into_owned(),
-        port_mappings: ports.iter().map(cri_port_mapping).collect(),
-        labels: [("app".to_owned(), name.to_owned())].into(),
-        linux: Some(LinuxPodSandboxConfig {
-            cgroup_parent: cgroup_parent.to_owned(),
-        }),
-    }
-}
-
-/// A port mapping as the kubelet puts it in a sandbox config.
-pub fn cri_port_mapping(port: &PortMapping) -> crate::cri::PortMapping {
-    let protocol = match port.protocol.as_str() {
-        "tcp" => Protocol::Tcp,
-        "udp" => Protocol::Udp,
-        "sctp" => Protocol::Sctp,
-        other => panic!("no CRI protocol {other:?}"),
-    };
-    crate::cri::PortMapping {
-        protocol: protocol as i32,
-        container_port: i32::from(port.container_port),
-        host_port: i32::from(port.host_port),
-        host_ip: port.host_ip.map(|ip| ip.to_string()).unwrap_or_default(),
-    }
-}
-
-/// The app container of pod `name`: httpd on 80 and on TCP 53 (`/` and
-/// `/hostname` answer `name`, in the background), the UDP echo on 53 as the
-/// main process (so one port can be published for both protocols, as a DNS
-/// server's is).
-pub fn app_config(name: &str) -> ContainerConfig {
-    assert!(
-        !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
-        "pod name {name:?}: letters, digits and dashes only (it goes into a shell line)"
-    );
-    ContainerConfig {
-        metadata: Some(ContainerMetadata {
-            name: "app".to_owned(),
-            attempt: 0,
-        }),
-        image: Some(ImageSpec {
-            image: IMAGE.to_owned(),
-        }),
-        command: vec!["/bin/sh".to_owned(), "-c".to_owned()],
-        args: vec![format!(
-            "mkdir -p /www && echo {name} > /www/index.html && echo {name} > /www/hostname && httpd -p 80 -h /www && httpd -p 53 -h /www && exec {IMAGE_PROBE} udp-echo-server 53 {name}"
-        )],
-        log_path: "app.log".to_owned(),
-    }
-}
-
-/// Every address the CRI reports for a sandbox.
-pub fn pod_ips(status: &crate::cri::PodSandboxStatus) -> Vec<IpAddr> {
-    let Some(network) = &status.network else {
-        return Vec::new();
-    };
-    std::iter::once(network.ip.as_str())
-        .chain(network.additional_ips.iter().map(|ip| ip.ip.as_str()))
-        .filter_map(|ip| ip.parse().ok())
-        .collect()
-}
-
-/// The shim for plugin `name`: records the call under `calls` as
-/// `<ns-timestamp>-<pid>-<name>.{env,stdin,stdout,stderr,rc}` (`rc` last:
-/// a call without it has not finished), runs `real` with the same stdin and
-/// arguments and gives containerd its stdout, stderr and exit code.
-pub fn shim_script(name: &str, real: &Path, calls: &Path) -> String {
-    let quote = |path: &Path| {
-        let text = path
-            .to_str()
-            .unwrap_or_else(|| panic!("{} is not UTF-8", path.display()));
-        assert!(!text.contains('\''), "{text} contains a single quote");
-        format!("'{text}'")
-    };
-    assert!(
-        name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
-        "plugin name {name:?}"
-    );
-    format!(
-        r#"#!/bin/sh
-# Records one CNI call for the containerd end-to-end test, then runs the plugin.
-rec={calls}/$(date +%s%N)-$$-{name}
-cat > "$rec.stdin"
-{{
-  printf 'CNI_COMMAND=%s\n' "$CNI_COMMAND"
-  printf 'CNI_CONTAINERID=%s\n' "$CNI_CONTAINERID"
-  printf 'CNI_NETNS=%s\n' "$CNI_NETNS"
-  printf 'CNI_IFNAME=%s\n' "$CNI_IFNAME"
-  printf 'CNI_ARGS=%s\n' "$CNI_ARGS"
-}} > "$rec.env"
-{real} "$@" < "$rec.stdin" > "$rec.stdout" 2> "$rec.stderr"
-rc=$?
-cat "$rec.stdout"
-cat "$rec.stderr" >&2
-echo "$rc" > "$rec.rc"
-exit "$rc"
-"#,
-        calls = quote(calls),
-        real = quote(real),
-    )
-}
-
-/// Reads every call the shims recorded in `dir`, oldest first.
-pub fn read_calls(dir: &Path) -> Vec<CniCall> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut records: Vec<((u128, u32), String, PathBuf)> = entries
-        .flatten()
-        .filter_map(|entry| {
-            let file = entry.file_name().into_string().ok()?;
-            let stem = file.strip_suffix(".env")?;
-            let mut parts = stem.splitn(3, '-');
-            let at: u128 = parts.next()?.parse().ok()?;
-            let pid: u32 = parts.next()?.parse().ok()?;
-            let plugin = parts.next()?.to_owned();
-            Some(((at, pid), plugin, dir.join(stem)))
-        })
+/// Copies the real plugins into `root/real/` (nothing can then write
+/// through to the machine's) and puts a recording shim for each into
+/// `root/bin/`, containerd's CNI bin directory.
+fn install_plugins(root: &Path, runtime: &Runtime) -> Recorder {
+    let mut plugins: Vec<(String, PathBuf)> = REFERENCE_PLUGINS
+        .iter()
+        .map(|name| (name.to_string(), runtime.plugin_dir.join(name)))
         .collect();
-    records.sort();
-    records
-        .into_iter()
-        .map(|(_, plugin, stem)| {
-            let read =
-                |ext: &str| std::fs::read_to_string(stem.with_extension(ext)).unwrap_or_default();
-            parse_call(
-                plugin,
-                &read("env"),
-                &read("stdin"),
-                &read("rc"),
-                read("stdout"),
-                read("stderr"),
+    plugins.push((PLUGIN_TYPE.to_owned(), plugin_bin()));
+    let mut copies = Vec::new();
+    for (name, source) in plugins {
+        let real = root.join("real").join(&name);
+        std::fs::copy(&source, &real).unwrap_or_else(|e| {
+            panic!(
+                "copying {} to {}: {e} (`cargo xtask e2e-containerd` installs and builds what is missing)",
+                source.display(),
+                real.display()
             )
-        })
-        .collect()
-}
-
-/// One recorded call from its files' contents.
-pub fn parse_call(
-    plugin: String,
-    env: &str,
-    stdin: &str,
-    rc: &str,
-    stdout: String,
-    stderr: String,
-) -> CniCall {
-    let vars: BTreeMap<&str, &str> = env.lines().filter_map(|l| l.split_once('=')).collect();
-    let var = |key: &str| vars.get(key).copied().unwrap_or_default().to_owned();
-    CniCall {
-        plugin,
-        command: var("CNI_COMMAND"),
-        container_id: var("CNI_CONTAINERID"),
-        netns: var("CNI_NETNS"),
-        ifname: var("CNI_IFNAME"),
-        args: var("CNI_ARGS"),
-        config: serde_json::from_str(stdin).unwrap_or(Value::Null),
-        exit_code: rc.trim().parse().ok(),
-        stdout,
-        stderr,
+        });
+        copies.push((name, real));
     }
+    Recorder::install(
+        root,
+        copies
+            .iter()
+            .map(|(name, real)| (name.as_str(), real.as_path())),
+    )
 }
 
 fn walk_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
@@ -1267,209 +842,4 @@ fn create_dir(path: &Path) {
 
 fn write_file(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn conflists_are_the_minimal_drop_in() {
-        let hooks = Path::new("/sys/fs/cgroup/unified/ct-ctrd-1-2/hooks");
-        let ours = conflist("ebpf-portmap", hooks, "1.1.0");
-        assert_eq!(ours["cniVersion"], "1.1.0");
-        assert_eq!(ours["name"], NETWORK);
-        assert_eq!(ours["plugins"][0]["type"], "bridge");
-        assert_eq!(ours["plugins"][0]["ipam"]["type"], "host-local");
-        assert_eq!(
-            ours["plugins"][0]["ipam"]["ranges"],
-            json!([[{ "subnet": "10.244.0.0/24" }], [{ "subnet": "fd44::/64" }]])
-        );
-        assert_eq!(
-            ours["plugins"][1],
-            json!({
-                "type": "ebpf-portmap",
-                "capabilities": { "portMappings": true },
-                "cgroupPath": "/sys/fs/cgroup/unified/ct-ctrd-1-2/hooks",
-            })
-        );
-        let upstream = conflist("portmap", hooks, "1.0.0");
-        assert_eq!(upstream["cniVersion"], "1.0.0");
-        assert_eq!(
-            upstream["plugins"][1],
-            json!({ "type": "portmap", "capabilities": { "portMappings": true } })
-        );
-        assert_eq!(upstream["plugins"][0], ours["plugins"][0]);
-    }
-
-    #[test]
-    fn the_runtime_is_the_machines_unless_a_root_is_named() {
-        let unpacked = Runtime::unpacked(Path::new("/t/debian-unstable/root"));
-        assert_eq!(
-            (unpacked.bin_dir.as_path(), unpacked.plugin_dir.as_path()),
-            (
-                Path::new("/t/debian-unstable/root/usr/bin"),
-                Path::new("/t/debian-unstable/root/usr/lib/cni")
-            )
-        );
-        assert!(unpacked.sends_status());
-        let system = Runtime::system();
-        assert_eq!(system.plugin_dir, Path::new("/usr/lib/cni"));
-        assert!(!system.sends_status(), "Debian 12's plugins refuse 1.1.0");
-    }
-
-    #[test]
-    fn containerd_config_keeps_everything_under_the_test_dir() {
-        let toml = config_toml(Path::new("/tmp/c"));
-        for line in [
-            "root = \"/tmp/c/root\"",
-            "state = \"/tmp/c/state\"",
-            "  address = \"/tmp/c/containerd.sock\"",
-            "  address = \"/tmp/c/containerd.sock.ttrpc\"",
-            "  path = \"/tmp/c/opt\"",
-            "  bin_dir = \"/tmp/c/bin\"",
-            "  conf_dir = \"/tmp/c/net.d\"",
-            "  max_conf_num = 1",
-            "  netns_mounts_under_state_dir = true",
-            "  sandbox_image = \"localhost/epm-ctrd:1\"",
-            "  SystemdCgroup = false",
-            "  Root = \"/tmp/c/runc\"",
-        ] {
-            assert!(toml.lines().any(|l| l == line), "{line:?} missing:\n{toml}");
-        }
-    }
-
-    #[test]
-    fn loaded_plugin_types_come_from_cniconfig() {
-        let cniconfig = json!({
-            "PluginDirs": ["/tmp/c/bin"],
-            "Networks": [
-                { "Config": { "Name": "cni-loopback", "Plugins": [{ "Network": { "type": "loopback" } }] }, "IFName": "lo" },
-                { "Config": { "Name": "epm-ctrd", "Plugins": [
-                    { "Network": { "type": "bridge" } },
-                    { "Network": { "type": "ebpf-portmap" } },
-                ] }, "IFName": "eth0" },
-            ]
-        });
-        assert_eq!(
-            loaded_plugin_types(&cniconfig),
-            ["loopback", "bridge", "ebpf-portmap"]
-        );
-        assert!(loaded_plugin_types(&Value::Null).is_empty());
-    }
-
-    #[test]
-    fn sandbox_configs_carry_the_ports_as_the_kubelet_sends_them() {
-        let config = sandbox_config(
-            "web",
-            "web-uid-0",
-            Path::new("/tmp/c/logs/web-uid-0"),
-            "/ct-ctrd-1-2",
-            &[
-                PortMapping::tcp(8080, 80),
-                PortMapping::udp(8053, 53).on("198.18.0.11".parse().unwrap()),
-            ],
-        );
-        let metadata = config.metadata.as_ref().unwrap();
-        assert_eq!(
-            (metadata.name.as_str(), metadata.namespace.as_str()),
-            ("web", POD_NAMESPACE)
-        );
-        assert_eq!(config.linux.unwrap().cgroup_parent, "/ct-ctrd-1-2");
-        assert_eq!(
-            config.port_mappings,
-            [
-                crate::cri::PortMapping {
-                    protocol: Protocol::Tcp as i32,
-                    container_port: 80,
-                    host_port: 8080,
-                    host_ip: String::new(),
-                },
-                crate::cri::PortMapping {
-                    protocol: Protocol::Udp as i32,
-                    container_port: 53,
-                    host_port: 8053,
-                    host_ip: "198.18.0.11".into(),
-                },
-            ]
-        );
-    }
-
-    #[test]
-    #[should_panic(expected = "letters, digits and dashes")]
-    fn pod_names_never_reach_the_shell_unchecked() {
-        app_config("a;b");
-    }
-
-    #[test]
-    fn shims_record_then_answer_as_the_plugin() {
-        let script = shim_script(
-            "ebpf-portmap",
-            Path::new("/tmp/c/real/ebpf-portmap"),
-            Path::new("/tmp/c/calls"),
-        );
-        assert!(script.starts_with("#!/bin/sh\n"));
-        assert!(
-            script.contains("rec='/tmp/c/calls'/$(date +%s%N)-$$-ebpf-portmap\n"),
-            "{script}"
-        );
-        assert!(
-            script.contains(
-                "'/tmp/c/real/ebpf-portmap' \"$@\" < \"$rec.stdin\" > \"$rec.stdout\" 2> \"$rec.stderr\"\n"
-            ),
-            "{script}"
-        );
-        assert!(script.ends_with("echo \"$rc\" > \"$rec.rc\"\nexit \"$rc\"\n"));
-    }
-
-    #[test]
-    fn recorded_calls_parse() {
-        let call = parse_call(
-            "ebpf-portmap".into(),
-            "CNI_COMMAND=DEL\nCNI_CONTAINERID=abc\nCNI_NETNS=\nCNI_IFNAME=eth0\nCNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME=web\n",
-            r#"{"type":"ebpf-portmap","runtimeConfig":{"portMappings":[{"HostPort":8080}]}}"#,
-            "0\n",
-            String::new(),
-            String::new(),
-        );
-        assert_eq!(call.command, "DEL");
-        assert_eq!(call.container_id, "abc");
-        assert_eq!(call.netns, "");
-        assert_eq!(call.exit_code, Some(0));
-        assert!(!call.has_prev_result());
-        assert_eq!(call.cni_arg("K8S_POD_NAME"), Some("web"));
-        assert_eq!(call.cni_arg("K8S_POD_UID"), None);
-        assert_eq!(call.port_mappings()[0]["HostPort"], 8080);
-        let running = parse_call(
-            "bridge".into(),
-            "",
-            "not json",
-            "",
-            String::new(),
-            String::new(),
-        );
-        assert_eq!((running.exit_code, running.config), (None, Value::Null));
-    }
-
-    #[test]
-    fn calls_are_read_in_the_order_they_started() {
-        let dir = TempDir::new("ctrd-unit");
-        for (stem, command) in [
-            ("1700000000000000002-10-ebpf-portmap", "DEL"),
-            ("1700000000000000001-11-bridge", "ADD"),
-        ] {
-            write_file(
-                &dir.path().join(format!("{stem}.env")),
-                &format!("CNI_COMMAND={command}\n"),
-            );
-            write_file(&dir.path().join(format!("{stem}.rc")), "0\n");
-        }
-        write_file(&dir.path().join("unrelated.txt"), "");
-        let calls = read_calls(dir.path());
-        let seen: Vec<(&str, &str)> = calls
-            .iter()
-            .map(|c| (c.plugin.as_str(), c.command.as_str()))
-            .collect();
-        assert_eq!(seen, [("bridge", "ADD"), ("ebpf-portmap", "DEL")]);
-    }
 }
