@@ -179,17 +179,20 @@ const PORTMAP_EBPF: &[Group] = &[
 /// over them, the runtime drivers over `runtime`, and what drives a
 /// runtime for its own ends (the installer image, the binaries) on top.
 const PORTMAP_TESTS: &[Group] = &[
-    group("world", &["*"], &[]),
-    group("runtime", &["runtime"], &["world"]),
+    // The call recorder is the one part of `runtime` below the world: a
+    // plugin directory (`plugins`) is traced the way a runtime's is.
+    group("world", &["*"], &["recorder"]),
+    group("recorder", &["runtime::recorder"], &["world"]),
+    group("runtime", &["runtime"], &["world", "recorder"]),
     group(
         "drivers",
         &["containerd", "cri", "podman"],
-        &["runtime", "world"],
+        &["runtime", "recorder", "world"],
     ),
     group(
         "driver users",
         &["image", "bin"],
-        &["drivers", "runtime", "world"],
+        &["drivers", "runtime", "recorder", "world"],
     ),
 ];
 

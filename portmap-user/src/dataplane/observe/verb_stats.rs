@@ -53,7 +53,7 @@ pub enum VerbStatsError {
 const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 fn definition() -> aya_obj::Map {
-    crate::dataplane::maps::user_map_definition(
+    crate::dataplane::pinned::maps::user_map_definition(
         aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY,
         (4, 8),
         SLOTS as u32,

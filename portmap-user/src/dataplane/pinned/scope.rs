@@ -217,7 +217,7 @@ fn claim(layout: &PinLayout, ours: u64) -> Result<Option<u64>, ScopeError> {
         .map_err(ScopeError::Bpffs)?;
     // An array: `status` judges hash maps by fill, and this one is full by
     // design.
-    let definition = crate::dataplane::maps::user_map_definition(
+    let definition = crate::dataplane::pinned::maps::user_map_definition(
         aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY,
         (size_of::<u32>() as u32, size_of::<u64>() as u32),
         1,
