@@ -10,8 +10,8 @@
 //!   attach, features, maps, ownership of ports.
 //! - [`node`]: read-only facts about the host: links and addresses, listening
 //!   sockets, privileges.
-//! - [`ops`]: the operator library (inspect, uninstall, chain) that `cli/`
-//!   prints.
+//! - [`ops`]: the operator library that `cli/` prints: inspect, gc,
+//!   uninstall, chain, conf, migrate, namespace.
 //! - [`upstream`]: upstream `portmap`'s live iptables/nftables state, read
 //!   so ADD never takes its ports, removed when its containers' DEL comes here.
 

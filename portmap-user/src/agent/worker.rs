@@ -29,7 +29,7 @@ use super::{AgentError, datapath_log::DatapathLog};
 use crate::{
     cni::error::with_sources,
     dataplane::{
-        maps::Maps,
+        ownership::Store,
         pin::PinLayout,
         scope::{self, Access},
     },
@@ -170,7 +170,7 @@ impl Cleanup {
             );
             return;
         }
-        let left = match Maps::open_existing(layout) {
+        let left = match Store::open_existing(layout) {
             Ok(None) => Vec::new(),
             Ok(Some(maps)) => match (maps.owners_with_mappings(), maps.owners()) {
                 (Ok(held), Ok(owners)) => {
@@ -256,7 +256,7 @@ fn node_gc(layout: &PinLayout, gone_grace: Duration) -> Result<(), AgentError> {
     // Other nodes of this machine whose namespace went away send this one
     // no event: the GC timer is when the agent looks for their state.
     crate::dataplane::stale::sweep(layout);
-    let Some(mut maps) = Maps::open_existing(layout).map_err(verbs::PluginError::from)? else {
+    let Some(mut maps) = Store::open_existing(layout).map_err(verbs::PluginError::from)? else {
         return Ok(());
     };
     verbs::collect_node_garbage("agent GC", layout, &mut maps)?;

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use crate::{
     dataplane::{
         counters::{self, CountersError},
-        maps::{self, Maps, MapsError},
-        ownership::{StoreError, record_is, record_network_is, record_strings},
+        maps::{self, MapsError},
+        ownership::{Store, StoreError, record_is, record_network_is, record_strings},
         pin::PinLayout,
     },
     model::{Attachment, Liveness, Owner},
@@ -136,7 +136,7 @@ pub fn collect(layout: &PinLayout, request: &Request) -> Result<Collected, GcErr
             source: Box::new(source),
         }
     };
-    let mut maps = Maps::open(layout).map_err(|source| GcError::Open {
+    let mut maps = Store::open(layout).map_err(|source| GcError::Open {
         root: layout.root().to_path_buf(),
         source: Box::new(source),
     })?;
@@ -153,7 +153,7 @@ pub fn collect(layout: &PinLayout, request: &Request) -> Result<Collected, GcErr
         let mut doomed = Vec::new();
         for (id, record) in maps.owners().map_err(read("owners"))? {
             let (network, container_id, ifname) = record_strings(&record);
-            // Matched whole, like CNI GC (`Maps::collect_garbage`).
+            // Matched whole, like CNI GC (`Store::collect_garbage`).
             let by_network = request.network.as_deref().is_some_and(|wanted| {
                 record_network_is(id, &record, wanted) == Some(true)
                     && !request.keep.iter().any(|k| {
@@ -265,7 +265,7 @@ pub fn collect(layout: &PinLayout, request: &Request) -> Result<Collected, GcErr
 
 /// A dry run's `--gone`: each owner holding mappings judged, nothing
 /// written (not even the first sighting).
-fn judge_gone(maps: &Maps, now: u64) -> Result<GoneReclaim, GcError> {
+fn judge_gone(maps: &Store, now: u64) -> Result<GoneReclaim, GcError> {
     let read = |what| {
         move |source| GcError::Read {
             what,

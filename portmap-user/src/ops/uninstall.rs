@@ -27,7 +27,7 @@ use aya::programs::links::PinnedLink;
 
 use crate::{
     dataplane::attach,
-    dataplane::maps::Maps,
+    dataplane::ownership::Store,
     dataplane::pin::{PinLayout, parse_tc_pin_name},
     node::netlink,
 };
@@ -73,7 +73,7 @@ pub struct Report {
 
 /// Mappings and owners still installed under `layout`.
 pub fn in_use(layout: &PinLayout) -> (usize, usize) {
-    let Ok(maps) = Maps::open(layout) else {
+    let Ok(maps) = Store::open(layout) else {
         return (0, 0);
     };
     let mappings = maps.mappings.keys().filter(Result::is_ok).count();

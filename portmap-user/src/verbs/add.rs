@@ -11,8 +11,8 @@ use crate::cni::error::with_sources;
 use crate::cni::netconf::ListenerPolicy;
 use crate::cni::netconf::NetConf;
 use crate::dataplane::container_netns;
-use crate::dataplane::maps::Maps;
 use crate::dataplane::ownership;
+use crate::dataplane::ownership::Store;
 use crate::dataplane::ownership::Translation;
 use crate::dataplane::peers;
 use crate::dataplane::scope;
@@ -90,7 +90,7 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     warn_absent_host_ips(&req.conf, &node.addresses);
     reconcile(&mut rtnl, &layout, &req.conf, &node, Pass::Call)?;
     log::debug!("ADD account: {}", netlink::account());
-    let mut maps = Maps::open(&layout)?;
+    let mut maps = Store::open(&layout)?;
     container_sockets(req, &layout)?;
     if translations.is_empty() {
         return Ok(());
@@ -254,7 +254,7 @@ fn warn_absent_host_ips(conf: &NetConf, addresses: &[NodeAddress]) {
 /// Refuses (or, by policy, warns about) host ports that a node process
 /// already listens on. Ports the owner holds already are its own business.
 fn check_node_listeners(
-    maps: &Maps,
+    maps: &Store,
     owner: &Owner,
     translations: &[Translation],
     policy: ListenerPolicy,

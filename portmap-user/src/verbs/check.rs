@@ -16,7 +16,7 @@ use super::shared::require_privilege;
 use crate::cni::Request;
 use crate::dataplane::attach;
 use crate::dataplane::container_netns;
-use crate::dataplane::maps::Maps;
+use crate::dataplane::ownership::Store;
 use crate::dataplane::ownership::StoreError;
 use crate::dataplane::pin::PinLayout;
 use crate::dataplane::scope;
@@ -62,7 +62,7 @@ pub(super) fn check(req: &Request) -> Result<(), PluginError> {
     {
         return Err(PluginError::NotAttached { index });
     }
-    let maps = Maps::open(&layout)?;
+    let maps = Store::open(&layout)?;
     if !maps.has_owner(&req.owner)? {
         return Err(not_added(req, &layout, true));
     }

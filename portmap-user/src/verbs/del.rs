@@ -36,12 +36,9 @@ use crate::cni::error::with_sources;
 use crate::dataplane::bpffs;
 use crate::dataplane::container_netns;
 use crate::dataplane::lock;
-use crate::dataplane::maps::{self, MappingsEpoch, Maps};
-use crate::dataplane::ownership;
+use crate::dataplane::ownership::{self, Store};
 use crate::dataplane::peers;
-use crate::dataplane::pin::PinLayout;
 use crate::upstream;
-use portmap_common::map_names;
 
 /// How long DEL waits for the pin root's lock: longer than a first ADD
 /// holds it to load and attach (about 0.3 s of CPU, a few seconds on a
@@ -144,11 +141,11 @@ fn release(req: &Request) -> Result<(), PluginError> {
     let Some(layout) = own_state(&req.conf.pin_root)? else {
         return Ok(());
     };
-    let mut maps = match Maps::open_existing(&layout) {
+    let mut maps = match Store::open_existing(&layout) {
         Ok(Some(maps)) => maps,
         // Nothing was ever added under this root: nothing to delete.
         Ok(None) => return Ok(()),
-        Err(error) => match ownership_maps(&layout) {
+        Err(error) => match Store::open_for_release(&layout) {
             // A map DEL can do without (pod labels, the port filter) is
             // of another layout or broken: release through the others.
             Ok(maps) => {
@@ -209,22 +206,4 @@ fn release(req: &Request) -> Result<(), PluginError> {
     // us, in the interface plugin's DEL): their dead link pins go too.
     reconcile_after("DEL", &layout, &req.conf, Pass::Call);
     Ok(())
-}
-
-/// The three maps a release needs, and none of the others.
-fn ownership_maps(layout: &PinLayout) -> Result<Maps, maps::MapsError> {
-    Ok(Maps {
-        writers: maps::writers(layout)?,
-        mappings: maps::open(layout, map_names::MAPPINGS)?,
-        owners: maps::open(layout, map_names::OWNERS)?,
-        owner_slots: maps::open(layout, map_names::OWNER_SLOTS)?,
-        pods: None,
-        sandboxes: None,
-        specific_ports: None,
-        orphans: None,
-        mapped_ports: None,
-        epoch: MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)),
-        // Best effort: a conditions entry left here is pruned by GC.
-        conditions: maps::open_conditions(layout).ok().flatten(),
-    })
 }

@@ -8,8 +8,8 @@ use super::shared::prune_counters;
 use super::shared::require_privilege;
 use crate::cni::GcRequest;
 use crate::dataplane::container_netns;
-use crate::dataplane::maps::Maps;
 use crate::dataplane::ownership;
+use crate::dataplane::ownership::Store;
 use crate::dataplane::peers;
 use crate::dataplane::pin::PinLayout;
 use crate::upstream;
@@ -29,7 +29,7 @@ pub(super) fn gc(req: &GcRequest) -> Result<(), PluginError> {
     let Some(layout) = own_state(&req.conf.pin_root)? else {
         return Ok(());
     };
-    let Some(mut maps) = Maps::open_existing(&layout)? else {
+    let Some(mut maps) = Store::open_existing(&layout)? else {
         return Ok(());
     };
     let removed = maps.collect_garbage(&req.conf.name, &req.valid)?;
@@ -109,7 +109,7 @@ fn collect_upstream_garbage(req: &GcRequest) {
 pub fn collect_node_garbage(
     verb: &str,
     layout: &PinLayout,
-    maps: &mut Maps,
+    maps: &mut Store,
 ) -> Result<(), PluginError> {
     // Mappings of any network whose owner record is gone: no DEL will
     // ever remove them, so GC does after a grace period.
@@ -176,14 +176,14 @@ pub fn pod_words(pod: &crate::model::PodIdentity) -> String {
 }
 
 /// Removes the mappings of containers whose network namespace is gone
-/// (see [`ownership::Maps::reclaim_gone`]) once `grace` seconds have passed
+/// (see [`ownership::Store::reclaim_gone`]) once `grace` seconds have passed
 /// since a GC first saw it so, and logs each removal and each wait. The
 /// node agent runs it on its timer and `ebpf-portmap gc --gone` on demand;
 /// CNI GC does not (the runtime's keep-list is its word, and its mount
 /// namespace may not be the one the paths were given in).
 pub fn reclaim_gone_containers(
     verb: &str,
-    maps: &mut Maps,
+    maps: &mut Store,
     grace: u64,
 ) -> Result<ownership::GoneReclaim, PluginError> {
     let mut judge = crate::node::sandbox::Judge::new();

@@ -8,11 +8,11 @@ use crate::{
     cni::error::{code, with_sources},
     dataplane::attach::AttachError,
     dataplane::counters,
-    dataplane::maps::{Maps, MapsError},
     dataplane::node_state,
     dataplane::ownership::StoreError,
     dataplane::pin::PinLayout,
     dataplane::scope,
+    dataplane::{maps::MapsError, ownership::Store},
     node::netlink::NetlinkError,
     node::privilege,
 };
@@ -206,7 +206,7 @@ pub(super) fn forget_counters(
 }
 
 /// Drops the traffic counters of mappings that no longer exist (best effort).
-pub(super) fn prune_counters(layout: &PinLayout, maps: &Maps) {
+pub(super) fn prune_counters(layout: &PinLayout, maps: &Store) {
     let result = crate::dataplane::maps::counters(layout)
         .map_err(|e| e.to_string())
         .and_then(|mut map| counters::prune(&mut map, &maps.mappings).map_err(|e| e.to_string()));

@@ -10,12 +10,13 @@ use portmap_common::{
 use super::error::{HolderDisplay, StoreError, map_error};
 use super::index::{BPF_ANY, BPF_EXIST, BPF_NOEXIST, slot_key};
 use super::records::{now_unix, owner_id, owner_record, record_is, record_strings, same_identity};
+use super::store::Store;
 use super::translation::{KeyDisplay, Translation};
-use crate::dataplane::pinned::maps::{Maps, is_errno};
+use crate::dataplane::pinned::maps::is_errno;
 use crate::dataplane::pinned::pin::PinLayout;
 use crate::model::{Owner, PodIdentity};
 
-impl Maps {
+impl Store {
     /// Claims every translation for `owner`, all or nothing. Re-ADD by the
     /// same owner is idempotent; a changed set replaces the old one (what
     /// the old set held and the new one does not is released first, so the

@@ -13,11 +13,12 @@ use portmap_common::{
 use super::error::{StoreError, map_error};
 use super::index::{BPF_NOEXIST, slot_key};
 use super::records::{record_is, record_network_is, record_strings};
-use crate::dataplane::pinned::maps::{Maps, is_errno};
+use super::store::Store;
+use crate::dataplane::pinned::maps::is_errno;
 use crate::dataplane::pinned::pin::PinLayout;
 use crate::model::{Attachment, Liveness, Owner, PodIdentity, Sandbox};
 
-/// What [`Maps::reclaim_orphans`] did.
+/// What [`Store::reclaim_orphans`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct OrphanReclaim {
     /// (owner ID, mappings removed).
@@ -40,7 +41,7 @@ pub const ORPHAN_GRACE_SECS: u64 = 60;
 pub const GONE_GRACE_SECS: u64 = 60;
 
 /// One owner whose container's network namespace is gone (see
-/// [`Maps::reclaim_gone`]).
+/// [`Store::reclaim_gone`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GoneOwner {
     pub id: u64,
@@ -55,7 +56,7 @@ pub struct GoneOwner {
     pub mappings: usize,
 }
 
-/// What [`Maps::reclaim_gone`] found and did.
+/// What [`Store::reclaim_gone`] found and did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GoneReclaim {
     /// Removed: the namespace was gone for at least the grace period.
@@ -72,7 +73,7 @@ pub fn orphan_due(first_seen: u64, now: u64, grace: u64) -> bool {
     now.saturating_sub(first_seen) >= grace
 }
 
-impl Maps {
+impl Store {
     /// Removes sandbox records whose owner is gone (DEL leaves them, see
     /// the module doc of `ownership`). Returns how many it removed.
     pub fn prune_sandboxes(&mut self) -> Result<usize, StoreError> {

@@ -6,7 +6,8 @@ use portmap_common::{MAX_SLOTS_PER_OWNER, MappingKey, OwnerRecord, OwnerSlotKey}
 
 use super::error::{StoreError, map_error};
 use super::records::{owner_id, record_is};
-use crate::dataplane::pinned::maps::{Maps, is_errno};
+use super::store::Store;
+use crate::dataplane::pinned::maps::is_errno;
 use crate::model::{MAX_MAPPINGS_MAX, Owner};
 
 // One owner may hold every entry of the largest mappings map.
@@ -33,7 +34,7 @@ enum SlotStep {
 }
 
 /// The steps that turn index `index` (slot 0 first) into `keep`, an ordered
-/// subsequence of it, in order: see [`Maps::compact_slots`] for why every
+/// subsequence of it, in order: see [`Store::compact_slots`] for why every
 /// prefix of them leaves each kept key in a contiguous run of slots.
 fn compaction(index: &[MappingKey], keep: &[MappingKey]) -> Vec<SlotStep> {
     let mut steps = Vec::new();
@@ -48,7 +49,7 @@ fn compaction(index: &[MappingKey], keep: &[MappingKey]) -> Vec<SlotStep> {
     steps
 }
 
-impl Maps {
+impl Store {
     /// The mapping keys in an owner's index, slot 0 first.
     pub(super) fn slots(&self, owner_id: u64) -> Result<Vec<MappingKey>, StoreError> {
         let mut keys = Vec::new();

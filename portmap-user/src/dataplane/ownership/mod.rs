@@ -51,8 +51,7 @@
 //!   path, the namespace's (device, inode) and the mount namespace the
 //!   path was resolved in, plus `K8S_POD_UID`. A GC that finds the
 //!   namespace gone records when (`gone_since`, first sighting) and
-//!   removes the owner after a grace period
-//!   ([`Maps::reclaim_gone`](crate::dataplane::pinned::maps::Maps::reclaim_gone));
+//!   removes the owner after a grace period ([`Store::reclaim_gone`]);
 //!   DEL leaves the record to GC's prune (it opens only the maps it needs).
 //!
 //! Why a separate map rather than a longer `OwnerRecord`: the pinned maps
@@ -65,7 +64,9 @@
 //! (upgrade and downgrade both keep working), and is created by the first
 //! ADD that has an identity to record (`maps::create_pods`).
 //!
-//! Where each part lives: `claim` (ADD's claim, DEL's release, CHECK's
+//! Every step above is a method of [`Store`], the maps the protocol works
+//! on. Where each part lives: `store` (the `Store` itself, opened under the
+//! mappings' writers lock), `claim` (ADD's claim, DEL's release, CHECK's
 //! verify), `gc` (CNI GC, gone namespaces, orphans), `index` (owner
 //! records, their slots and the update flags), `owner_maps` (pod,
 //! sandbox and conditions entries), `records` (pinned forms, pure),
@@ -77,6 +78,7 @@ mod gc;
 mod index;
 mod owner_maps;
 mod records;
+mod store;
 mod translation;
 
 pub use error::{HolderDisplay, StoreError};
@@ -87,6 +89,7 @@ pub use records::{
     now_unix, owner_id, owner_record, pod_identity, pod_record, record_is, record_network_is,
     record_strings, sandbox_of_record, sandbox_record,
 };
+pub use store::Store;
 pub use translation::{
     KeyDisplay, Translation, addr_from_words, plan, protocol_name, with_conditions, words_from_addr,
 };

@@ -10,7 +10,8 @@ use portmap_common::{
 use super::error::{StoreError, map_error};
 use super::index::{BPF_ANY, BPF_EXIST};
 use super::records::{owner_id, pod_identity, pod_record, sandbox_of_record, sandbox_record};
-use crate::dataplane::pinned::maps::{Maps, is_errno};
+use super::store::Store;
+use crate::dataplane::pinned::maps::is_errno;
 use crate::model::{Owner, PodIdentity, Sandbox};
 
 pub(super) fn condition_key(owner_id: u64, family: u8) -> ConditionKey {
@@ -21,7 +22,7 @@ pub(super) fn condition_key(owner_id: u64, family: u8) -> ConditionKey {
     }
 }
 
-impl Maps {
+impl Store {
     /// Records `identity` for owner `id` (an empty one leaves what an earlier
     /// ADD recorded). Best effort: it only labels the owner in `list`, logs
     /// and conflict messages, so a failure is logged and the ADD goes on.

@@ -92,7 +92,7 @@ pub fn pod_identity(record: &PodRecord) -> PodIdentity {
         nomad_namespace: text(&record.nomad_namespace, record.nomad_namespace_len),
         nomad_job: text(&record.nomad_job, record.nomad_job_len),
         nomad_group: text(&record.nomad_group, record.nomad_group_len),
-        // Kept in the sandbox record (see `Maps::pod_of`).
+        // Kept in the sandbox record (see `Store::pod_of`).
         pod_uid: None,
     }
 }

@@ -242,7 +242,7 @@ fn flock_kind_within(
 /// Beside the pin root's lock, a second one guards the maps the ownership
 /// protocol writes (`mappings`, `owner_slots`) against a resize that
 /// replaces them (see `resize.rs`): every process that opens them takes it
-/// shared for as long as it holds them (`Maps`), so plugin runs never wait
+/// shared for as long as it holds them (`ownership::Store`), so plugin runs never wait
 /// for each other; a resize takes it exclusive, so no run writes a map
 /// that is being copied and replaced. Released by the kernel if the holder
 /// dies, like the pin root's lock.

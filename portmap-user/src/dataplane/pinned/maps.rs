@@ -1,14 +1,15 @@
 //! Typed access to the pinned maps, opened by path from a short-lived plugin
 //! process. Layout checks (key/value sizes) are aya's; the versioned pin path
-//! keeps maps of another layout out of reach.
+//! keeps maps of another layout out of reach. The maps the ownership
+//! protocol works on are opened together as `ownership::Store`.
 
 use std::path::PathBuf;
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap};
 use portmap_common::{
     CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, ORPHANS_MAP,
-    OWNER_PODS_MAP, OWNER_SANDBOXES_MAP, OwnerRecord, OwnerSlotKey, PodRecord, PortKey,
-    SPECIFIC_PORTS_CAPACITY, SPECIFIC_PORTS_MAP, SandboxRecord, TraceFilter, capacity,
+    OWNER_PODS_MAP, OWNER_SANDBOXES_MAP, PodRecord, PortKey, SPECIFIC_PORTS_CAPACITY,
+    SPECIFIC_PORTS_MAP, SandboxRecord, TraceFilter, capacity,
     conditions::{CONDITIONS_MAP, ConditionKey, Conditions},
     map_names,
 };
@@ -55,39 +56,6 @@ pub enum MapsError {
     Writers(#[from] crate::dataplane::pinned::lock::LockError),
 }
 
-/// The maps ADD/DEL/CHECK/GC and the CLI work on.
-pub struct Maps {
-    /// Held for as long as the maps are open: a resize of `mappings` and
-    /// `owner_slots` waits for it, so nothing is written to a map being
-    /// replaced (see `resize.rs`). Taken before the maps are opened.
-    pub writers: crate::dataplane::pinned::lock::WritersLock,
-    pub mappings: HashMap<MapData, MappingKey, MappingValue>,
-    pub owners: HashMap<MapData, u64, OwnerRecord>,
-    pub owner_slots: HashMap<MapData, OwnerSlotKey, MappingKey>,
-    /// Pod identity by owner ID; `None` until an ADD created it (pins made
-    /// by a build before it have none, see [`create_pods`]).
-    pub pods: Option<HashMap<MapData, u64, PodRecord>>,
-    /// What proves each owner's container alive (and its pod UID), by
-    /// owner ID; `None` until an ADD created it (see [`create_sandboxes`]).
-    pub sandboxes: Option<HashMap<MapData, u64, SandboxRecord>>,
-    /// Ports a specific host address was ever claimed on; `None` until the
-    /// first ADD of this build created it (see store.rs).
-    pub specific_ports: Option<HashMap<MapData, PortKey, u32>>,
-    /// When GC first saw each orphaned owner ID; `None` until a GC found one.
-    pub orphans: Option<HashMap<MapData, u64, u64>>,
-    /// Ports the mappings use (see [`MappedPorts`]); `None` on a pin root
-    /// whose programs are of a build before the port filter, which do not
-    /// read it.
-    pub mapped_ports: Option<MappedPorts>,
-    /// The programs' mappings epoch, raised after a mapping is deleted or
-    /// re-pointed (see [`MappingsEpoch`]).
-    pub epoch: MappingsEpoch,
-    /// Owners' `conditionsV4`/`conditionsV6` (see
-    /// `portmap_common::conditions`); `None` on a pin root whose programs
-    /// are of a build before them.
-    pub conditions: Option<HashMap<MapData, ConditionKey, Conditions>>,
-}
-
 pub fn open<T>(layout: &PinLayout, name: &str) -> Result<T, MapsError>
 where
     T: TryFrom<Map, Error = MapError>,
@@ -100,59 +68,6 @@ where
     let data = MapData::from_pin(&path).map_err(fail)?;
     let map = Map::from_map_data(data).map_err(fail)?;
     T::try_from(map).map_err(fail)
-}
-
-impl Maps {
-    /// The maps, or `None` while any of them is not pinned yet: no ADD has
-    /// finished on this root, so there is nothing to delete or collect. (A
-    /// first ADD pins the maps one by one; a DEL running meanwhile must not
-    /// fail on the ones still missing.)
-    pub fn open_existing(layout: &PinLayout) -> Result<Option<Self>, MapsError> {
-        let all_pinned = [
-            map_names::MAPPINGS,
-            map_names::OWNERS,
-            map_names::OWNER_SLOTS,
-        ]
-        .iter()
-        .all(|name| layout.map(name).exists());
-        if !all_pinned {
-            return Ok(None);
-        }
-        Self::open(layout).map(Some)
-    }
-
-    pub fn open(layout: &PinLayout) -> Result<Self, MapsError> {
-        Ok(Self {
-            // First: the maps opened below are then the ones in place.
-            writers: writers(layout)?,
-            mappings: open(layout, map_names::MAPPINGS)?,
-            owners: open(layout, map_names::OWNERS)?,
-            owner_slots: open(layout, map_names::OWNER_SLOTS)?,
-            pods: open_user_map(layout, &PODS)?,
-            sandboxes: open_user_map(layout, &SANDBOXES)?,
-            specific_ports: open_user_map(layout, &SPECIFIC_PORTS)?,
-            orphans: open_user_map(layout, &ORPHANS)?,
-            mapped_ports: if layout.map(map_names::MAPPED_PORTS).exists() {
-                let path = layout.map(map_names::MAPPED_PORTS);
-                let data = MapData::from_pin(&path).map_err(|source| MapsError::Open {
-                    path: path.clone(),
-                    source,
-                })?;
-                Some(MappedPorts::of(&data)?)
-            } else {
-                None
-            },
-            epoch: MappingsEpoch::at(layout.map(map_names::MAPPINGS_EPOCH)),
-            conditions: open_conditions(layout)?,
-        })
-    }
-}
-
-/// The mappings' writers lock, shared (see [`Maps::writers`]).
-pub fn writers(
-    layout: &PinLayout,
-) -> Result<crate::dataplane::pinned::lock::WritersLock, MapsError> {
-    Ok(crate::dataplane::pinned::lock::writers_shared(layout)?)
 }
 
 /// The conditions map, if the programs' load pinned it.
@@ -223,24 +138,6 @@ impl MappingsEpoch {
         words
             .word(0)
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl Maps {
-    /// Sets the port-filter bits of every mapping in the map and returns how
-    /// many had a bit missing. ADD marks a mapping's ports before writing
-    /// it; a mapping written without them (by a build older than the filter,
-    /// racing the first load that created it) would never be translated, so
-    /// GC heals it.
-    pub fn mark_every_mapping(&self) -> usize {
-        let Some(ports) = self.mapped_ports.as_ref() else {
-            return 0;
-        };
-        self.mappings
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(key, value)| ports.mark(key, value))
-            .count()
     }
 }
 

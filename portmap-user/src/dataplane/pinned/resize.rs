@@ -39,7 +39,7 @@
 //! The ownership protocol's writers take no lock of each other
 //! (`ownership/`), but every process that opens those maps holds the
 //! writers' lock shared while it does (`lock::writers_shared`, taken by
-//! `Maps`): plugin runs never wait for each other, and a resize, which
+//! `ownership::Store`): plugin runs never wait for each other, and a resize, which
 //! takes it exclusive, copies maps nobody writes, and no run goes on
 //! writing the old map after the swap (a run that starts meanwhile waits,
 //! then opens the new one). A run that holds it itself (DEL and GC keep

@@ -14,9 +14,8 @@ use portmap_common::{
 
 use super::shared::{InspectError, monotonic_ns, read_error, require_installed};
 use crate::dataplane::{
-    counters,
-    maps::{self, Maps},
-    ownership::{KeyDisplay, addr_from_words, protocol_name, record_strings},
+    counters, maps,
+    ownership::{self, KeyDisplay, addr_from_words, protocol_name, record_strings},
     pin::PinLayout,
 };
 use crate::model::{Liveness, PodIdentity, Sandbox};
@@ -188,7 +187,7 @@ impl MappingRow {
 ///
 /// The maps a `maxMappings` resize replaces (`mappings`, the owners'
 /// index, `counters`) are read first, under the writers' lock they take
-/// (`Maps`), and the lock is released before the slow part: the walk of
+/// (`Store`), and the lock is released before the slow part: the walk of
 /// the conntrack tables (hundreds of thousands of entries, counted as they
 /// come, never copied) and the containers' liveness (reads of `/proc`).
 /// So a reader holds the lock for a walk of the mappings only, and a
@@ -204,7 +203,7 @@ pub fn mapping_rows_and_flows(
 ) -> Result<(Vec<MappingRow>, StdHashMap<FlowTarget, u64>), InspectError> {
     require_installed(layout)?;
     let read = {
-        let maps = Maps::open(layout)?;
+        let maps = ownership::Store::open(layout)?;
         let counters_map = maps::counters(layout).ok();
         let sock_map = maps::sock_counters(layout).ok();
         let mut read = Vec::new();

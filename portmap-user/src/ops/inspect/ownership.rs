@@ -6,7 +6,10 @@ use std::collections::HashMap as StdHashMap;
 use portmap_common::{MappingKey, OwnerRecord};
 
 use super::shared::{InspectError, read_error, require_installed};
-use crate::dataplane::{maps::Maps, ownership::record_strings, pin::PinLayout};
+use crate::dataplane::{
+    ownership::{Store, record_strings},
+    pin::PinLayout,
+};
 
 /// What differs between the owners' indexes (`owner_slots`) and the
 /// mappings map: what `status` reports as lost or stuck.
@@ -42,7 +45,7 @@ fn owner_label(record: &OwnerRecord) -> String {
 /// mapping, and removed just after).
 pub fn ownership(layout: &PinLayout) -> Result<Ownership, InspectError> {
     require_installed(layout)?;
-    let maps = Maps::open(layout)?;
+    let maps = Store::open(layout)?;
     let store_error = |source| InspectError::Store(Box::new(source));
     let mut report = Ownership {
         orphans: maps.orphans().map_err(store_error)?.into_iter().collect(),
