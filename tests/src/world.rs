@@ -377,6 +377,36 @@ impl World {
         operator_json(&self.node.ns, self.pins.path(), "list")
     }
 
+    /// The `host` of every `list --json` row with its container ID.
+    pub fn listed_hosts(&self) -> BTreeSet<(String, String)> {
+        self.list()
+            .as_array()
+            .expect("list is an array")
+            .iter()
+            .map(|r| {
+                (
+                    r["host"].as_str().expect("host").to_owned(),
+                    r["containerID"].as_str().expect("containerID").to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// `max_entries` of the pinned map `map` as the kernel has it.
+    pub fn map_max_entries(&self, map: &str) -> u64 {
+        let path = self.pins.path().join("v1/maps").join(map);
+        let out = Command::new("bpftool")
+            .args(["--json", "map", "show", "pinned"])
+            .arg(&path)
+            .output()
+            .expect("run bpftool");
+        let info: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("bpftool map show {}: {e}", path.display()));
+        info["max_entries"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no max_entries for {}: {info}", path.display()))
+    }
+
     /// `ebpf-portmap trace <args>` in the node namespace, returned once
     /// `status` names it as the tracer; panics if that takes over `bound`.
     pub fn start_trace(&self, args: &[&str], bound: Duration) -> Child {

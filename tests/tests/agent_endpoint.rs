@@ -206,21 +206,6 @@ fn fill_conntrack(path: &std::path::Path, count: u32) {
     }
 }
 
-/// max_entries of a pinned map as the kernel has it.
-fn max_entries(world: &World, map: &str) -> u64 {
-    let path = world.pins.path().join("v1/maps").join(map);
-    let out = std::process::Command::new("bpftool")
-        .args(["--json", "map", "show", "pinned"])
-        .arg(&path)
-        .output()
-        .expect("run bpftool");
-    let info: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bpftool map show {}: {e}", path.display()));
-    info["max_entries"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no max_entries for {}: {info}", path.display()))
-}
-
 /// The peak resident memory of process `pid` (VmHWM), in KiB.
 fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the agent runs");
@@ -276,7 +261,7 @@ fn sixteen_scrapes_neither_starve_a_resize_nor_grow_the_agent() {
     // A pass every second: each one tries the resize.
     let agent = Agent::start_with_conf(&world, &conf, &["--gc-interval", "1"]);
     agent.wait_ready(Duration::from_secs(20), "at start");
-    assert_eq!(max_entries(&world, "mappings"), 1024);
+    assert_eq!(world.map_max_entries("mappings"), 1024);
     let maps = world.pins.path().join("v1/maps");
     for table in ["conntrack", "conntrack_other"] {
         fill_conntrack(&maps.join(table), FLOWS_PER_TABLE);
@@ -309,7 +294,7 @@ fn sixteen_scrapes_neither_starve_a_resize_nor_grow_the_agent() {
         let mut resized_after = None;
         while changed.elapsed() < Duration::from_secs(30) {
             peak = peak.max(peak_rss_kib(agent.pid()));
-            if max_entries(&world, "mappings") == 2048 {
+            if world.map_max_entries("mappings") == 2048 {
                 resized_after = Some(changed.elapsed());
                 break;
             }

@@ -31,21 +31,6 @@ fn small_table_world() -> World {
     })
 }
 
-/// Entries of the open TCP table as the kernel has it (after the first ADD).
-fn open_table_entries(world: &World) -> u64 {
-    let path = world.pins.path().join("v1/maps/conntrack");
-    let out = std::process::Command::new("bpftool")
-        .args(["--json", "map", "show", "pinned"])
-        .arg(&path)
-        .output()
-        .expect("run bpftool");
-    let info: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bpftool map show {}: {e}", path.display()));
-    info["max_entries"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no max_entries for {}: {info}", path.display()))
-}
-
 /// The table a world's conflist gives: [`TABLE`], or the default size
 /// (no `conntrackSize`), which the node formula sets and the kernel reports.
 #[derive(Clone, Copy)]
@@ -62,7 +47,7 @@ fn churn_world(size: Size) -> (World, Web, u64) {
         Size::Default => World::bridge(),
     };
     let web = serve_web(&world);
-    let table = open_table_entries(&world);
+    let table = world.map_max_entries("conntrack");
     if let Size::Small = size {
         assert_eq!(table, TABLE, "conntrackSize sets the open table");
     }

@@ -53,22 +53,6 @@ fn status_problems(world: &World) -> (bool, Vec<String>) {
     (out.status.success(), problems)
 }
 
-/// The `host` of every `list --json` row with its container ID.
-fn listed(world: &World) -> BTreeSet<(String, String)> {
-    world
-        .list()
-        .as_array()
-        .expect("list is an array")
-        .iter()
-        .map(|r| {
-            (
-                r["host"].as_str().expect("host").to_owned(),
-                r["containerID"].as_str().expect("containerID").to_owned(),
-            )
-        })
-        .collect()
-}
-
 /// Deletes one entry of a pinned map behind the plugin's back.
 fn bpftool_delete(world: &World, map: &str, key: &[u8]) {
     let path = world.pins.path().join("v1/maps").join(map);
@@ -185,7 +169,7 @@ fn a_wildcard_and_a_specific_host_ip_on_one_port_exclude_each_other() {
     );
     world.del(&c, &wildcard);
     assert_eq!(
-        listed(&world),
+        world.listed_hosts(),
         BTreeSet::from([("198.18.0.1:8083/tcp".to_owned(), "d".to_owned())]),
         "the refused wildcard left nothing behind"
     );
@@ -465,7 +449,7 @@ fn a_re_add_with_a_changed_set_only_needs_room_for_the_new_set() {
         .add(&world)
         .unwrap_or_else(|e| panic!("re-ADD with a changed set: {e}\n{}", world.dump()));
     assert_eq!(
-        listed(&world),
+        world.listed_hosts(),
         again.expected_hosts(),
         "exactly the new set"
     );
@@ -700,7 +684,7 @@ fn an_explicit_pin_root_of_another_namespace_is_refused() {
     );
     second.del(&other, &[PortMapping::tcp(9090, 80)]);
     assert_eq!(
-        listed(&first),
+        first.listed_hosts(),
         BTreeSet::from([
             ("0.0.0.0:8080/tcp".to_owned(), "web".to_owned()),
             ("[::]:8080/tcp".to_owned(), "web".to_owned()),

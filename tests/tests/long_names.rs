@@ -9,30 +9,12 @@
     reason = "CniFailure carries the whole plugin exchange on purpose (see cni.rs)"
 )]
 
-use std::collections::BTreeSet;
-
 use portmap_tests::cni::{CniCommand, GcAttachment};
 use portmap_tests::world::{FakeContainer, World};
 use portmap_tests::{Conflist, PortMapping};
 
 /// The longest name an owner record holds whole.
 const LIMIT: usize = 128;
-
-/// The `host` of every `list --json` row with its container ID.
-fn listed(world: &World) -> BTreeSet<(String, String)> {
-    world
-        .list()
-        .as_array()
-        .expect("list is an array")
-        .iter()
-        .map(|r| {
-            (
-                r["host"].as_str().expect("host").to_owned(),
-                r["containerID"].as_str().expect("containerID").to_owned(),
-            )
-        })
-        .collect()
-}
 
 /// An ID of `len` bytes, all valid CNI identifier characters, starting
 /// with `prefix`.
@@ -82,7 +64,7 @@ fn a_container_id_past_the_limit_is_refused_at_add_and_del_and_gc_harm_nobody() 
         vec![PortMapping::tcp(7101, 80)],
     );
     at_limit.add(&world).expect("ADD of a 128-byte ID");
-    let before = listed(&world);
+    let before = world.listed_hosts();
     let mut expected = kept.expected_hosts();
     expected.extend(at_limit.expected_hosts());
     assert_eq!(before, expected, "both containers listed, IDs whole");
@@ -97,7 +79,11 @@ fn a_container_id_past_the_limit_is_refused_at_add_and_del_and_gc_harm_nobody() 
         200,
         4,
     );
-    assert_eq!(listed(&world), before, "a refused ADD changed the mappings");
+    assert_eq!(
+        world.listed_hosts(),
+        before,
+        "a refused ADD changed the mappings"
+    );
 
     // GC listing the long ID (and the others): nothing goes.
     let all: Vec<GcAttachment> = [&kept, &at_limit, &long]
@@ -109,7 +95,7 @@ fn a_container_id_past_the_limit_is_refused_at_add_and_del_and_gc_harm_nobody() 
         .gc(&world.list, &all)
         .unwrap_or_else(|e| panic!("GC listing a 200-byte ID: {e}"));
     assert_eq!(
-        listed(&world),
+        world.listed_hosts(),
         before,
         "GC listing everyone removed someone"
     );
@@ -123,7 +109,7 @@ fn a_container_id_past_the_limit_is_refused_at_add_and_del_and_gc_harm_nobody() 
     long.del(&world)
         .unwrap_or_else(|e| panic!("DEL of a 200-byte ID: {e}"));
     assert_eq!(
-        listed(&world),
+        world.listed_hosts(),
         before,
         "DEL of the long ID removed another's"
     );
@@ -132,7 +118,7 @@ fn a_container_id_past_the_limit_is_refused_at_add_and_del_and_gc_harm_nobody() 
         .gc(&world.list, &without_at_limit)
         .unwrap_or_else(|e| panic!("GC: {e}"));
     assert_eq!(
-        listed(&world),
+        world.listed_hosts(),
         kept.expected_hosts(),
         "the unlisted 128-byte owner goes, the listed one stays"
     );
@@ -141,7 +127,7 @@ fn a_container_id_past_the_limit_is_refused_at_add_and_del_and_gc_harm_nobody() 
         .runner
         .gc(&world.list, &[GcAttachment::from(&kept.rt)])
         .unwrap_or_else(|e| panic!("GC: {e}"));
-    assert_eq!(listed(&world), kept.expected_hosts());
+    assert_eq!(world.listed_hosts(), kept.expected_hosts());
     kept.del(&world).expect("DEL");
     world.assert_clean("after every DEL");
 }
@@ -160,7 +146,10 @@ fn a_network_name_past_the_limit_is_refused_and_a_shared_prefix_confuses_nothing
         200,
         7,
     );
-    assert!(listed(&world).is_empty(), "a refused ADD added something");
+    assert!(
+        world.listed_hosts().is_empty(),
+        "a refused ADD added something"
+    );
     refused
         .del(&world)
         .unwrap_or_else(|e| panic!("DEL on a 200-byte network: {e}"));
@@ -175,7 +164,7 @@ fn a_network_name_past_the_limit_is_refused_and_a_shared_prefix_confuses_nothing
         .gc(&longer_list, &[])
         .unwrap_or_else(|e| panic!("GC of a 200-byte network: {e}"));
     assert_eq!(
-        listed(&world),
+        world.listed_hosts(),
         held.expected_hosts(),
         "GC of a network sharing the first 128 bytes removed this one's owner"
     );
@@ -183,7 +172,11 @@ fn a_network_name_past_the_limit_is_refused_and_a_shared_prefix_confuses_nothing
         .runner
         .gc(&world.list, &[GcAttachment::from(&held.rt)])
         .unwrap_or_else(|e| panic!("GC: {e}"));
-    assert_eq!(listed(&world), held.expected_hosts(), "GC keeps the listed");
+    assert_eq!(
+        world.listed_hosts(),
+        held.expected_hosts(),
+        "GC keeps the listed"
+    );
     world.runner.gc(&world.list, &[]).expect("GC of everything");
     world.assert_clean("after GC with no valid attachments");
 }

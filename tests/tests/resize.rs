@@ -33,21 +33,6 @@ fn world_with(size: u64) -> World {
     })
 }
 
-/// max_entries of a conntrack table as the kernel has it.
-fn table_entries(world: &World, table: &str) -> u64 {
-    let path = world.pins.path().join("v1/maps").join(table);
-    let out = std::process::Command::new("bpftool")
-        .args(["--json", "map", "show", "pinned"])
-        .arg(&path)
-        .output()
-        .expect("run bpftool");
-    let info: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bpftool map show {}: {e}", path.display()));
-    info["max_entries"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no max_entries for {}: {info}", path.display()))
-}
-
 /// A container `web` with TCP and UDP echo servers on 80 and 53, mapped
 /// from 8080/TCP and 5353/UDP.
 fn serve_web(world: &World) -> (ServerHandle, ServerHandle) {
@@ -170,17 +155,17 @@ fn established_flows_survive_a_grow_and_a_shrink() {
     let world = world_with(1024);
     let _servers = serve_web(&world);
     let mut flows = open_flows(&world);
-    assert_eq!(table_entries(&world, "conntrack"), 1024);
+    assert_eq!(world.map_max_entries("conntrack"), 1024);
 
     add_with_size(&world, "grow", 8081, 4096);
-    assert_eq!(table_entries(&world, "conntrack"), 4096, "grown");
-    assert_eq!(table_entries(&world, "conntrack_other"), 4096, "grown");
-    assert_eq!(table_entries(&world, "conntrack_close"), 1024);
+    assert_eq!(world.map_max_entries("conntrack"), 4096, "grown");
+    assert_eq!(world.map_max_entries("conntrack_other"), 4096, "grown");
+    assert_eq!(world.map_max_entries("conntrack_close"), 1024);
     assert_carried_over(&world, &mut flows, "after the grow");
 
     add_with_size(&world, "shrink", 8082, 2048);
-    assert_eq!(table_entries(&world, "conntrack"), 2048, "shrunk");
-    assert_eq!(table_entries(&world, "conntrack_other"), 2048, "shrunk");
+    assert_eq!(world.map_max_entries("conntrack"), 2048, "shrunk");
+    assert_eq!(world.map_max_entries("conntrack_other"), 2048, "shrunk");
     assert_carried_over(&world, &mut flows, "after the shrink");
 
     // `status` says where the size comes from.
@@ -240,7 +225,7 @@ fn a_shrink_below_the_live_flows_keeps_the_newest_and_says_how_many_it_dropped()
     exchange(&world, &mut flows, "before the shrink");
 
     add_with_size(&world, "shrink", 8081, 1024);
-    assert_eq!(table_entries(&world, "conntrack"), 1024, "shrunk");
+    assert_eq!(world.map_max_entries("conntrack"), 1024, "shrunk");
     assert_carried_over(&world, &mut flows, "after the shrink");
     let log = std::fs::read_to_string(world.node.data_dir().join(PLUGIN_LOG))
         .expect("read the plugin log");
@@ -309,20 +294,20 @@ fn established_flows_survive_a_max_mappings_grow_and_shrink() {
     });
     let _servers = serve_web(&world);
     let mut flows = open_flows(&world);
-    assert_eq!(table_entries(&world, "mappings"), 1024);
-    assert_eq!(table_entries(&world, "counters"), 1024);
+    assert_eq!(world.map_max_entries("mappings"), 1024);
+    assert_eq!(world.map_max_entries("counters"), 1024);
 
     add_with_max_mappings(&world, "grow", 8081, 4096);
-    assert_eq!(table_entries(&world, "mappings"), 4096, "grown");
-    assert_eq!(table_entries(&world, "counters"), 4096, "grown");
+    assert_eq!(world.map_max_entries("mappings"), 4096, "grown");
+    assert_eq!(world.map_max_entries("counters"), 4096, "grown");
     assert_carried_over(&world, &mut flows, "after the maxMappings grow");
     assert_new_connections(&world, 8080, "after the maxMappings grow");
     // web's 4, and grow's 2.
     assert_eq!(world.mapping_count(), 6, "{:#}", world.list());
 
     add_with_max_mappings(&world, "shrink", 8082, 512);
-    assert_eq!(table_entries(&world, "mappings"), 512, "shrunk");
-    assert_eq!(table_entries(&world, "counters"), 512, "shrunk");
+    assert_eq!(world.map_max_entries("mappings"), 512, "shrunk");
+    assert_eq!(world.map_max_entries("counters"), 512, "shrunk");
     assert_carried_over(&world, &mut flows, "after the maxMappings shrink");
     assert_new_connections(&world, 8080, "after the maxMappings shrink");
     assert_eq!(world.mapping_count(), 8, "{:#}", world.list());
@@ -385,8 +370,8 @@ fn a_max_mappings_below_the_live_mappings_is_refused_and_changes_nothing() {
             && error.contains("at least 20"),
         "the error does not name maxMappings and the live count: {error}"
     );
-    assert_eq!(table_entries(&world, "mappings"), 65536, "not resized");
-    assert_eq!(table_entries(&world, "conntrack"), 1024, "not resized");
+    assert_eq!(world.map_max_entries("mappings"), 65536, "not resized");
+    assert_eq!(world.map_max_entries("conntrack"), 1024, "not resized");
     assert_eq!(world.dump_map("mappings"), before, "the mappings changed");
     assert_carried_over(&world, &mut flows, "after the refusal");
 }
@@ -404,7 +389,7 @@ fn the_agent_resizes_the_mappings_on_its_next_pass() {
     let mut flows = open_flows(&world);
     let agent = portmap_tests::agent::Agent::start(&world);
     agent.wait_ready(Duration::from_secs(10), "at start");
-    assert_eq!(table_entries(&world, "mappings"), 1024);
+    assert_eq!(world.map_max_entries("mappings"), 1024);
 
     let list = list_with_max_mappings(&world.list, 2048);
     std::fs::write(&agent.conf, list.json().to_string()).expect("rewrite the agent's conflist");
@@ -413,7 +398,7 @@ fn the_agent_resizes_the_mappings_on_its_next_pass() {
         "link", "add", "epmwake", "type", "veth", "peer", "name", "epmwake1",
     ]);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while table_entries(&world, "mappings") != 2048 {
+    while world.map_max_entries("mappings") != 2048 {
         assert!(
             std::time::Instant::now() < deadline,
             "the agent did not resize the mappings within 10 s:\n{}",
