@@ -219,6 +219,27 @@ fn operator_output(world: &World, upstream: &Upstream, args: &[&str]) -> std::pr
         .unwrap_or_else(|e| panic!("run ebpf-portmap {args:?}: {e}"))
 }
 
+/// `ebpf-portmap migrate --json --results-dir RESULTS EXTRA...`: its exit
+/// code and the JSON report it printed.
+fn migrate_json(
+    world: &World,
+    upstream: &Upstream,
+    results_dir: &str,
+    extra: &[&str],
+) -> (Option<i32>, Value) {
+    let mut args = vec!["migrate", "--json", "--results-dir", results_dir];
+    args.extend_from_slice(extra);
+    let out = operator_output(world, upstream, &args);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "migrate {extra:?} printed no JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), json)
+}
+
 /// The entries `list --json` shows for upstream's mappings:
 /// `host -> container` and ` (network)` where the backend records one.
 fn upstream_listed(world: &World, upstream: &Upstream) -> Vec<String> {
@@ -524,19 +545,7 @@ fn migrate_leftovers(mut world: World, upstream: Upstream) {
     let results = world.node.data_dir().join("cni-cache").join("results");
     world.runner = runner(&world, upstream.nft.as_ref()).with_results_dir(&results);
     let results_arg = results.to_str().expect("UTF-8 temp path").to_owned();
-    let migrate = |extra: &[&str]| {
-        let mut args = vec!["migrate", "--json", "--results-dir", &results_arg];
-        args.extend_from_slice(extra);
-        let out = operator_output(&world, &upstream, &args);
-        let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "migrate {extra:?} printed no JSON ({e}): {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out.status.code(), json)
-    };
+    let migrate = |extra: &[&str]| migrate_json(&world, &upstream, &results_arg, extra);
     let states = |json: &Value| -> Vec<String> {
         let mut states: Vec<String> = json["leftovers"]
             .as_array()
@@ -796,24 +805,8 @@ fn another_networks_nftables_rules_survive_this_networks_del_gc_and_migrate() {
 
     // migrate, on the runtime's cache: B's containers are live.
     let results_arg = results.to_str().expect("UTF-8 temp path");
-    let out = operator_output(
-        &world,
-        &upstream,
-        &[
-            "migrate",
-            "--remove",
-            "--json",
-            "--results-dir",
-            results_arg,
-        ],
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "migrate printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    let (code, report) = migrate_json(&world, &upstream, results_arg, &["--remove"]);
+    assert_eq!(code, Some(0), "{report:#}");
     assert_eq!(report["removed"], Value::Array(Vec::new()), "{report:#}");
     assert_eq!(
         nft_state(&world, &upstream),
@@ -1028,24 +1021,8 @@ fn upstreams_cut_comments_keep_a_live_containers_rules_until_its_del() {
     assert!(world.runner.forget(&upstream.conflist, &lost_rt));
 
     let results_arg = results.to_str().expect("UTF-8 temp path");
-    let out = operator_output(
-        &world,
-        &upstream,
-        &[
-            "migrate",
-            "--remove",
-            "--json",
-            "--results-dir",
-            results_arg,
-        ],
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "migrate printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    let (code, report) = migrate_json(&world, &upstream, results_arg, &["--remove"]);
+    assert_eq!(code, Some(0), "{report:#}");
     let left = node_state(&world, &upstream);
     assert!(
         has(&left, "live"),
