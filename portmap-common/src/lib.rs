@@ -422,6 +422,9 @@ pub mod kfunc {
         pub name: &'static str,
         /// The immediate the object carries in its place.
         pub marker: u32,
+        /// The module that defines it where it is not built in (its BTF,
+        /// `/sys/kernel/btf/{module}`, holds it then).
+        pub module: &'static str,
     }
 
     /// `struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *, struct
@@ -430,17 +433,20 @@ pub mod kfunc {
     pub const CT_LOOKUP: Kfunc = Kfunc {
         name: "bpf_skb_ct_lookup",
         marker: 0x7ead_0001,
+        module: "nf_conntrack",
     };
     /// `void bpf_ct_release(struct nf_conn *)` (Linux 5.18).
     pub const CT_RELEASE: Kfunc = Kfunc {
         name: "bpf_ct_release",
         marker: 0x7ead_0002,
+        module: "nf_conntrack",
     };
     /// `int bpf_ct_change_timeout(struct nf_conn *, u32 timeout_ms)`
     /// (Linux 6.0).
     pub const CT_CHANGE_TIMEOUT: Kfunc = Kfunc {
         name: "bpf_ct_change_timeout",
         marker: 0x7ead_0003,
+        module: "nf_conntrack",
     };
     /// Every kfunc the object calls: all resolved, or all replaced.
     pub const ALL: [Kfunc; 3] = [CT_LOOKUP, CT_RELEASE, CT_CHANGE_TIMEOUT];
@@ -451,6 +457,12 @@ pub mod kfunc {
     /// marker).
     pub const fn call_insn(marker: u32) -> u64 {
         ((marker as u64) << 32) | 0x2085
+    }
+
+    /// A linked call: `imm` the kfunc's BTF ID, `off` 0 for vmlinux BTF or
+    /// the index of its module's BTF fd in the load's `fd_array` (from 1).
+    pub const fn linked_call_insn(btf_id: u32, fd_index: u16) -> u64 {
+        ((btf_id as u64) << 32) | ((fd_index as u64) << 16) | 0x2085
     }
 
     /// `r0 = 0` (`BPF_ALU64 | BPF_MOV | BPF_K`, imm 0): what a call is

@@ -30,6 +30,7 @@ use portmap_common::{
     map_names, program_names, stat,
 };
 use portmap_user::dataplane::{
+    load::program,
     maps::{MappedPorts, MappingsEpoch},
     object,
     ownership::words_from_addr,
@@ -103,8 +104,29 @@ fn in_node_namespace<T: Send + 'static>(test: impl FnOnce(u32) -> T + Send + 'st
 }
 
 struct Dataplane {
-    ebpf: MutexGuard<'static, Ebpf>,
+    ebpf: MutexGuard<'static, Loaded>,
     ifindex: u32,
+}
+
+/// The object as aya loaded it (maps, socket programs), and its two tc
+/// programs as the plugin loads them (`dataplane::load::program`, with
+/// the kfunc modules' BTF in their fd_array).
+struct Loaded {
+    ebpf: Ebpf,
+    tc: Vec<(&'static str, SchedClassifier)>,
+}
+
+impl std::ops::Deref for Loaded {
+    type Target = Ebpf;
+    fn deref(&self) -> &Ebpf {
+        &self.ebpf
+    }
+}
+
+impl std::ops::DerefMut for Loaded {
+    fn deref_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
 }
 
 /// The conntrack size of the one test that fills the tables.
@@ -113,18 +135,18 @@ const SMALL_CONNTRACK: u32 = 1024;
 impl Dataplane {
     /// The object with its default table sizes, emptied for this test.
     fn load(ifindex: u32) -> Self {
-        static LOADED: OnceLock<Mutex<Ebpf>> = OnceLock::new();
+        static LOADED: OnceLock<Mutex<Loaded>> = OnceLock::new();
         Self::take_turn(&LOADED, None, ifindex)
     }
 
     /// The object with conntrack tables of [`SMALL_CONNTRACK`] entries.
     fn load_small_conntrack(ifindex: u32) -> Self {
-        static LOADED: OnceLock<Mutex<Ebpf>> = OnceLock::new();
+        static LOADED: OnceLock<Mutex<Loaded>> = OnceLock::new();
         Self::take_turn(&LOADED, Some(SMALL_CONNTRACK), ifindex)
     }
 
     fn take_turn(
-        loaded: &'static OnceLock<Mutex<Ebpf>>,
+        loaded: &'static OnceLock<Mutex<Loaded>>,
         conntrack_size: Option<u32>,
         ifindex: u32,
     ) -> Self {
@@ -136,7 +158,7 @@ impl Dataplane {
         Self { ebpf, ifindex }
     }
 
-    fn load_object(conntrack_size: Option<u32>) -> Ebpf {
+    fn load_object(conntrack_size: Option<u32>) -> Loaded {
         // Unpinned maps: nothing leaks out of the test binary.
         let mut loader = EbpfLoader::new();
         if let Some(size) = conntrack_size {
@@ -148,19 +170,42 @@ impl Dataplane {
             );
         }
         // Its kfunc calls linked for this kernel, as the plugin loads it.
-        let linked = object::linked_for_this_kernel().expect("link the object's kfunc calls");
+        let mut linked =
+            object::linked_for_this_kernel(true).expect("link the object's kfunc calls");
+        let module_fds = program::module_btf_fds(&linked.modules).expect("the kfunc modules' BTF");
         let mut ebpf = loader.load(linked.bytes()).expect("load the eBPF object");
-        for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
-            let program: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .expect("program in object")
-                .try_into()
-                .expect("a tc program");
-            program
-                .load()
-                .unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
+        // As the plugin does: a verifier that refuses the kfunc calls gets
+        // the programs without them (Debian's 6.1); where they must pass
+        // (`EPM_EXPECT_KFUNCS=1`, the 6.12 guest), that fails.
+        if let Err(refusal) = program::load_tc(
+            &ebpf,
+            linked.bytes(),
+            program_names::TC_INGRESS,
+            &module_fds,
+        ) {
+            assert_ne!(
+                std::env::var("EPM_EXPECT_KFUNCS").as_deref(),
+                Ok("1"),
+                "the kfunc calls must pass this kernel's verifier: {refusal}"
+            );
+            eprintln!("loading without the kfunc calls: {refusal}");
+            linked = portmap_user::dataplane::kfunc::refused(object::OBJECT).expect("relink");
+            ebpf = loader.load(linked.bytes()).expect("load the eBPF object");
         }
-        ebpf
+        let module_fds = program::module_btf_fds(&linked.modules).expect("the kfunc modules' BTF");
+        let mut tc = Vec::new();
+        for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
+            let fd = program::load_tc(&ebpf, linked.bytes(), name, &module_fds)
+                .unwrap_or_else(|e| panic!("verifier rejected {name}: {e}"));
+            // aya opens a program by its pin: pinned for a moment only.
+            let pin = std::path::Path::new("/sys/fs/bpf")
+                .join(format!("epm-prog-test-run-{}-{name}", std::process::id()));
+            program::pin(&fd, &pin, name).expect("pin the program");
+            let opened = SchedClassifier::from_pin(&pin);
+            std::fs::remove_file(&pin).expect("unpin the program");
+            tc.push((name, opened.expect("open the pinned program")));
+        }
+        Loaded { ebpf, tc }
     }
 
     fn map(
@@ -255,10 +300,11 @@ impl Dataplane {
     fn run_for_action(&self, program: &str, packet: &[u8]) -> (u32, Vec<u8>) {
         let program: &SchedClassifier = self
             .ebpf
-            .program(program)
-            .expect("program")
-            .try_into()
-            .expect("tc program");
+            .tc
+            .iter()
+            .find(|(name, _)| *name == program)
+            .map(|(_, loaded)| loaded)
+            .expect("a tc program");
         // __sk_buff up to `ifindex`: ingress_ifindex at 36, ifindex at 40.
         let mut ctx = [0u8; 44];
         ctx[36..40].copy_from_slice(&self.ifindex.to_ne_bytes());

@@ -55,19 +55,27 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let fast_path = portmap_user::ops::inspect::fast_path(&layout);
     // Whether this kernel has the conntrack kfuncs in vmlinux BTF, as a
     // load would link them (no program is loaded to tell).
-    let kfuncs = portmap_user::ops::object::linked_for_this_kernel()
-        .map(|linked| linked.kfuncs)
-        .ok();
+    let linked = portmap_user::ops::object::linked_for_this_kernel(false).ok();
+    let kfuncs = linked.as_ref().map(|linked| linked.kfuncs);
+    let modules = linked.map(|linked| linked.modules).unwrap_or_default();
     // What the fallback without them reads: anything hooked at FORWARD in
     // this network namespace (`None`: nfnetlink_hook cannot tell).
     let forward_hooks = portmap_user::ops::forward_hooks::count();
     let kfuncs_text = match kfuncs {
-        Some(Kfuncs::Linked) => {
+        Some(Kfuncs::Linked) if modules.is_empty() => {
             "yes (bpf_skb_ct_lookup, bpf_ct_change_timeout, bpf_ct_release in vmlinux BTF)"
                 .to_owned()
         }
-        Some(Kfuncs::Missing(name)) => format!("no: {name} is not in vmlinux BTF"),
+        Some(Kfuncs::Linked) => format!(
+            "yes (bpf_skb_ct_lookup, bpf_ct_change_timeout, bpf_ct_release, in the BTF of module {})",
+            modules.join(", ")
+        ),
+        Some(Kfuncs::Missing(name)) => {
+            format!("no: {name} is neither in vmlinux BTF nor in a loaded nf_conntrack module's")
+        }
         Some(Kfuncs::NoBtf) => "no: the kernel has no BTF".to_owned(),
+        // Linking never says so: only a load that the verifier refused.
+        Some(Kfuncs::Refused) => "no: the kernel's verifier refused the calls".to_owned(),
         None => "unknown: the eBPF object could not be read".to_owned(),
     };
     let probed: Vec<(&str, &str, &str)> = features::ESSENTIAL

@@ -108,9 +108,12 @@ impl Flow {
 /// written as ADD writes it (ports marked first). Also returns whether the
 /// object has the port filter to mark (objects from before it do not).
 pub fn load(object: &[u8]) -> (Ebpf, bool) {
-    // Its kfunc calls linked for this kernel, as the plugin loads it.
+    // Its kfunc calls linked for this kernel's vmlinux BTF, loaded by aya:
+    // objects of other builds are compared here, on the host, whose
+    // nf_conntrack is built in (a module's kfuncs would need
+    // `dataplane::load::program`).
     let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok();
-    let linked = portmap_user::dataplane::kfunc::link_for_kernel(object, btf.as_deref())
+    let linked = portmap_user::dataplane::kfunc::link_for_kernel(object, btf.as_deref(), &|_| None)
         .expect("link the object's kfunc calls");
     let mut ebpf = EbpfLoader::new().load(linked.bytes()).expect("load object");
     for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {

@@ -16,7 +16,14 @@ use anyhow::{Context, Result, bail};
 /// `iptables-save` (nft backend) can show that no NAT rule exists, `vxlan`
 /// for the tunnel uplink of the `node_shapes` tests, `sctp` for the SCTP
 /// traffic the host's kernel may lack (the guest says so with
-/// `EPM_EXPECT_SCTP=1`, so a missing `sctp` fails instead of skipping).
+/// `EPM_EXPECT_SCTP=1`, so a missing `sctp` fails instead of skipping),
+/// `nf_conntrack`, whose BTF holds the conntrack kfuncs the programs link
+/// from a module there (loaded on a node by anything that tracks flows:
+/// kube-proxy, a firewall, a masquerade), and `nft_compat` with
+/// `xt_conntrack` for kube-proxy's `-m conntrack --ctstate INVALID -j DROP`
+/// at FORWARD, as iptables-nft adds it (the guest says so with
+/// `EPM_EXPECT_KFUNCS=1`, so kfuncs that do not link fail instead of
+/// skipping).
 pub const WANTED_MODULES: &[&str] = &[
     "veth",
     "bridge",
@@ -25,6 +32,9 @@ pub const WANTED_MODULES: &[&str] = &[
     "nf_tables",
     "vxlan",
     "sctp",
+    "nf_conntrack",
+    "nft_compat",
+    "xt_conntrack",
 ];
 
 /// Modules staged where the kernel has them, left out where it has not:

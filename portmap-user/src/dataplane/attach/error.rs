@@ -68,6 +68,8 @@ pub enum AttachError {
     #[error("cannot link the eBPF object's kfunc calls")]
     Kfunc(#[from] crate::dataplane::load::kfunc::KfuncError),
     #[error(transparent)]
+    ModuleKfuncLoad(#[from] crate::dataplane::load::program::ProgramLoadError),
+    #[error(transparent)]
     Pass(#[from] crate::dataplane::attach::pass::PassError),
 }
 

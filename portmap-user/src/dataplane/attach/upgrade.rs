@@ -2,12 +2,9 @@
 //! layout refused, what an older build's pins hold carried over, and the
 //! older builds' programs unpinned once nothing runs them.
 
-use std::{fs, io, path::PathBuf};
+use std::{fs, io, os::fd::OwnedFd, path::PathBuf};
 
-use aya::{
-    Ebpf, EbpfLoader,
-    programs::{ProgramError, SchedClassifier},
-};
+use aya::{Ebpf, EbpfLoader, programs::ProgramError};
 use portmap_common::{local, map_names, program_names};
 
 use crate::dataplane::{
@@ -16,7 +13,10 @@ use crate::dataplane::{
     attach::hook::{pinned_id, program_name},
     attach::pass::invalidate_pass,
     load::kfunc::Kfuncs,
+    load::kfunc::Linked,
+    load::object::OBJECT,
     load::object::build_id,
+    load::program::{ProgramLoadError, load_tc, module_btf_fds, pin},
     pinned::bpffs::check_bpffs,
     pinned::pin::{Direction, PinLayout},
     pinned::resize,
@@ -37,7 +37,7 @@ pub(super) fn load_and_pin(
     {
         return Ok(None);
     }
-    let linked = crate::dataplane::load::object::linked_for_this_kernel()?;
+    let mut linked = crate::dataplane::load::object::linked_for_this_kernel(true)?;
     check_pinned_layouts(layout)?;
     // New programs (an upgrade, a resize, pins removed by hand): the pass
     // that puts them everywhere must finish, whoever is killed when.
@@ -85,11 +85,37 @@ pub(super) fn load_and_pin(
     {
         log::warn!("{error}");
     }
+    // The tc programs call the kfuncs, which may be a module's: they are
+    // loaded with its BTF in their fd_array (see `load::program`), on every
+    // kernel, so that one path loads them everywhere.
+    let mut tc = match load_both_tc(&ebpf, &linked) {
+        Ok(tc) => tc,
+        // A verifier that refuses the kfunc calls (Debian's 6.1) gets the
+        // programs without them, as a kernel that lacks them.
+        Err(refusal @ ProgramLoadError::Verifier { .. }) if linked.kfuncs == Kfuncs::Linked => {
+            log::warn!("loading the programs without the conntrack kfuncs: {refusal}");
+            linked = crate::dataplane::load::kfunc::refused(OBJECT)?;
+            ebpf = loader
+                .load(linked.bytes())
+                .map_err(|e| AttachError::Load(Box::new(e)))?;
+            load_both_tc(&ebpf, &linked)?
+        }
+        Err(error) => return Err(error.into()),
+    };
     for name in all_programs() {
         let fail = |source: ProgramError| AttachError::Program {
             program: name,
             source: Box::new(source),
         };
+        if let Some(at) = tc.iter().position(|(tc_name, _)| *tc_name == name) {
+            let (_, fd) = tc.swap_remove(at);
+            let path = layout.program(build_id(), name);
+            if !path.exists() {
+                pin(&fd, &path, name)?;
+                crash::point("load-pinned-one");
+            }
+            continue;
+        }
         let program = ebpf
             .program_mut(name)
             .ok_or_else(|| fail(ProgramError::NotLoaded))?;
@@ -112,6 +138,22 @@ pub(super) fn load_and_pin(
     }
     crash::point("load-pinned");
     Ok(Some(linked.kfuncs))
+}
+
+/// Both tc programs of `linked`, loaded against `ebpf`'s maps (see
+/// `load::program`).
+fn load_both_tc(
+    ebpf: &Ebpf,
+    linked: &Linked,
+) -> Result<Vec<(&'static str, OwnedFd)>, ProgramLoadError> {
+    let module_fds = module_btf_fds(&linked.modules)?;
+    Direction::BOTH
+        .iter()
+        .map(|&direction| {
+            let name = program_name(direction);
+            Ok((name, load_tc(ebpf, linked.bytes(), name, &module_fds)?))
+        })
+        .collect()
 }
 
 /// What a load carries over from pins made by an earlier build, so that an
@@ -370,27 +412,20 @@ fn probe_load(layout: &PinLayout) -> Result<(), AttachError> {
     {
         return Ok(());
     }
-    let linked = crate::dataplane::load::object::linked_for_this_kernel()?;
-    let mut ebpf = EbpfLoader::new()
+    let linked = crate::dataplane::load::object::linked_for_this_kernel(true)?;
+    let ebpf = EbpfLoader::new()
         .load(linked.bytes())
         .map_err(|e| AttachError::Load(Box::new(e)))?;
-    for direction in Direction::BOTH {
-        let name = program_name(direction);
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or(AttachError::Program {
-                program: name,
-                source: Box::new(ProgramError::NotLoaded),
-            })?
-            .try_into()
-            .map_err(|source| AttachError::Program {
-                program: name,
-                source: Box::new(source),
-            })?;
-        program.load().map_err(|source| AttachError::Program {
-            program: name,
-            source: Box::new(source),
-        })?;
+    match load_both_tc(&ebpf, &linked) {
+        // As `load_and_pin` does: without the calls the verifier refused.
+        Err(ProgramLoadError::Verifier { .. }) if linked.kfuncs == Kfuncs::Linked => {
+            let linked = crate::dataplane::load::kfunc::refused(OBJECT)?;
+            let ebpf = EbpfLoader::new()
+                .load(linked.bytes())
+                .map_err(|e| AttachError::Load(Box::new(e)))?;
+            load_both_tc(&ebpf, &linked)?;
+        }
+        result => drop(result?),
     }
     Ok(())
 }

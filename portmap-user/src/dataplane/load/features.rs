@@ -68,11 +68,12 @@ pub const ATTACH_MODE: u32 = 0;
 pub const MODE_TCX: u32 = 1;
 pub const MODE_CLSACT: u32 = 2;
 /// Index of the kfunc entry in the record: [`KFUNCS_LINKED`],
-/// [`KFUNCS_NO_BTF`], or [`KFUNCS_MISSING`] plus the index of the first
+/// [`KFUNCS_NO_BTF`], [`KFUNCS_REFUSED`], or [`KFUNCS_MISSING`] plus the index of the first
 /// missing kfunc in `portmap_common::kfunc::ALL`; 0: no load recorded it.
 pub const KFUNCS: u32 = 1;
 pub const KFUNCS_LINKED: u32 = 1;
 pub const KFUNCS_NO_BTF: u32 = 2;
+pub const KFUNCS_REFUSED: u32 = 3;
 pub const KFUNCS_MISSING: u32 = 16;
 /// Entries of the record: room for later verdicts without a layout change.
 const RECORD_ENTRIES: u32 = 8;
@@ -351,6 +352,7 @@ pub fn kfuncs_value(kfuncs: Kfuncs) -> u32 {
     match kfuncs {
         Kfuncs::Linked => KFUNCS_LINKED,
         Kfuncs::NoBtf => KFUNCS_NO_BTF,
+        Kfuncs::Refused => KFUNCS_REFUSED,
         Kfuncs::Missing(name) => {
             let index = portmap_common::kfunc::ALL
                 .iter()
@@ -366,6 +368,7 @@ pub fn kfuncs_from_value(value: u32) -> Option<Kfuncs> {
     match value {
         KFUNCS_LINKED => Some(Kfuncs::Linked),
         KFUNCS_NO_BTF => Some(Kfuncs::NoBtf),
+        KFUNCS_REFUSED => Some(Kfuncs::Refused),
         v if v >= KFUNCS_MISSING => portmap_common::kfunc::ALL
             .get((v - KFUNCS_MISSING) as usize)
             .map(|k| Kfuncs::Missing(k.name)),
@@ -513,10 +516,13 @@ pub fn fast_path_report(flags: u32, kfuncs: Option<Kfuncs>) -> FastPathReport {
 fn no_kfuncs(kfuncs: Option<Kfuncs>) -> String {
     match kfuncs {
         Some(Kfuncs::Missing(name)) => format!(
-            "the kernel has no {name} in its vmlinux BTF (nf_conntrack built as a module or not at all, or a kernel older than the kfunc), so it cannot tell which flows its firewall accepted"
+            "the kernel has no {name} in its vmlinux BTF nor in nf_conntrack's (the module not loaded when the programs were, nf_conntrack not built, or a kernel older than the kfunc), so it cannot tell which flows its firewall accepted"
         ),
         Some(Kfuncs::NoBtf) => {
             "the kernel has no BTF (/sys/kernel/btf/vmlinux), so the conntrack kfuncs cannot be linked".to_owned()
+        }
+        Some(Kfuncs::Refused) => {
+            "the kernel's verifier refused the programs' conntrack kfunc calls (Debian's 6.1 does: it loses track of the lookup's reference), so they run without them and cannot tell which flows the firewall accepted".to_owned()
         }
         Some(Kfuncs::Linked) | None => {
             "no ADD has set the node's fast-path mode with this build's programs yet".to_owned()
@@ -599,6 +605,7 @@ mod tests {
         for kfuncs in [
             Kfuncs::Linked,
             Kfuncs::NoBtf,
+            Kfuncs::Refused,
             Kfuncs::Missing("bpf_skb_ct_lookup"),
             Kfuncs::Missing("bpf_ct_change_timeout"),
         ] {

@@ -1,30 +1,38 @@
 //! Links the object's kfunc calls before it is loaded (aya 0.14 cannot):
 //! every call instruction carrying a [`Kfunc::marker`] gets that kfunc's
-//! BTF ID in the running kernel's vmlinux BTF, or, when the kernel lacks
-//! any of them there, every marked call becomes `r0 = 0` and the programs
-//! load without them (see `portmap_common::kfunc`).
+//! BTF ID in the running kernel's BTF, or, when the kernel lacks any of
+//! them, every marked call becomes `r0 = 0` and the programs load without
+//! them (see `portmap_common::kfunc`).
 //!
-//! A kfunc of a module (nf_conntrack built as a module, as Debian's
-//! kernels have it) is in that module's BTF, not vmlinux's, and needs the
-//! module's BTF fd in the load's `fd_array`, which aya 0.14 cannot pass:
-//! such a kernel gets the variant without the calls.
+//! A kfunc is looked up in vmlinux BTF first, then in the BTF of the
+//! module that defines it ([`Kfunc::module`]: nf_conntrack, which Debian,
+//! Ubuntu, RHEL and SUSE build as a module). A module's kfunc is named by
+//! its ID in the module's split BTF and by the index of the module's BTF
+//! fd in the load's `fd_array` (the call's `off`), which aya 0.14 cannot
+//! pass: programs that call one are loaded by
+//! [`program`](crate::dataplane::load::program) instead.
 //!
-//! The ELF parsing is pure (section headers only) and tested without a
-//! kernel.
+//! The ELF and BTF parsing is pure (section headers, type records) and
+//! tested without a kernel.
 
 use portmap_common::kfunc::{self, Kfunc};
 
 /// What linking did, for the features record and `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kfuncs {
-    /// Every kfunc found in vmlinux BTF: the calls are live.
+    /// Every kfunc found, in vmlinux BTF or in its module's: the calls are
+    /// live.
     Linked,
-    /// This kfunc is not in vmlinux BTF (nf_conntrack is a module, or not
-    /// built, or the kernel is older than the kfunc): calls replaced.
+    /// This kfunc is neither in vmlinux BTF nor in its module's (the module
+    /// not loaded, or not built, or the kernel older than the kfunc): calls
+    /// replaced.
     Missing(&'static str),
     /// The kernel has no readable BTF (`/sys/kernel/btf/vmlinux`): calls
     /// replaced.
     NoBtf,
+    /// Every kfunc found, but the kernel's verifier refused the programs
+    /// that call them (Debian's 6.1): calls replaced.
+    Refused,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +54,11 @@ pub struct Linked {
     pub kfuncs: Kfuncs,
     /// Call instructions rewritten.
     pub calls: usize,
+    /// The modules whose BTF the calls name, in `fd_array` order: the
+    /// module at position `i` is the calls' `off` `i + 1` (0 is vmlinux).
+    /// Empty: every call is to vmlinux (or replaced), and aya can load the
+    /// programs.
+    pub modules: Vec<&'static str>,
 }
 
 impl Linked {
@@ -56,33 +69,65 @@ impl Linked {
     }
 }
 
-/// A kfunc's BTF ID by its name, in the running kernel's vmlinux BTF.
-pub type BtfIdOf<'a> = &'a dyn Fn(&str) -> Option<u32>;
+/// Where a kfunc's BTF ID was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolved {
+    /// Its type ID: in vmlinux BTF, or in its module's split BTF (whose IDs
+    /// follow vmlinux's).
+    pub id: u32,
+    /// `None`: vmlinux; else the module whose BTF holds it.
+    pub module: Option<&'static str>,
+}
 
-/// Links `object`'s kfunc calls with the IDs `btf_id` gives for each
-/// kfunc's name (`None`: the kernel lacks it); `btf_id` itself `None`:
-/// no kernel BTF.
-pub fn link(object: &[u8], btf_id: Option<BtfIdOf<'_>>) -> Result<Linked, KfuncError> {
-    let mut resolved = [0u32; kfunc::ALL.len()];
+/// A kfunc's BTF ID in the running kernel (`None`: the kernel lacks it).
+pub type Resolve<'a> = &'a dyn Fn(&Kfunc) -> Option<Resolved>;
+
+/// `object` with every kfunc call replaced, for a kernel whose verifier
+/// refused the linked calls.
+pub fn refused(object: &[u8]) -> Result<Linked, KfuncError> {
+    let mut linked = link(object, None)?;
+    linked.kfuncs = Kfuncs::Refused;
+    Ok(linked)
+}
+
+/// Links `object`'s kfunc calls with what `resolve` finds for each kfunc;
+/// `resolve` itself `None`: no kernel BTF.
+pub fn link(object: &[u8], resolve: Option<Resolve<'_>>) -> Result<Linked, KfuncError> {
+    let mut resolved = [0u64; kfunc::ALL.len()];
+    let mut modules: Vec<&'static str> = Vec::new();
     let mut verdict = Kfuncs::Linked;
-    match btf_id {
+    match resolve {
         None => verdict = Kfuncs::NoBtf,
-        Some(btf_id) => {
-            for (slot, wanted) in resolved.iter_mut().zip(kfunc::ALL) {
-                match btf_id(wanted.name) {
-                    Some(id) => *slot = id,
-                    None => {
-                        verdict = Kfuncs::Missing(wanted.name);
-                        break;
+        Some(resolve) => {
+            for (slot, wanted) in resolved.iter_mut().zip(kfunc::ALL.iter()) {
+                let Some(found) = resolve(wanted) else {
+                    verdict = Kfuncs::Missing(wanted.name);
+                    break;
+                };
+                let fd_index = match found.module {
+                    None => 0,
+                    Some(module) => {
+                        let at = match modules.iter().position(|&m| m == module) {
+                            Some(at) => at,
+                            None => {
+                                modules.push(module);
+                                modules.len() - 1
+                            }
+                        };
+                        // At most one module per kfunc: far below u16.
+                        (at + 1) as u16
                     }
-                }
+                };
+                *slot = kfunc::linked_call_insn(found.id, fd_index);
             }
         }
     }
+    if verdict != Kfuncs::Linked {
+        modules.clear();
+    }
     let replacement = |index: usize| -> u64 {
         if verdict == Kfuncs::Linked {
-            (kfunc::call_insn(kfunc::ALL[index].marker) & 0xffff_ffff)
-                | (u64::from(resolved[index]) << 32)
+            resolved[index]
         } else {
             kfunc::MOV_R0_0
         }
@@ -109,6 +154,7 @@ pub fn link(object: &[u8], btf_id: Option<BtfIdOf<'_>>) -> Result<Linked, KfuncE
         len: object.len(),
         kfuncs: verdict,
         calls,
+        modules,
     })
 }
 
@@ -148,31 +194,102 @@ fn executable_sections(elf: &[u8]) -> Result<Vec<(usize, usize)>, KfuncError> {
     Ok(sections)
 }
 
-/// Links `object` against the running kernel's vmlinux BTF (`None`: the
-/// kernel has none, or it could not be read).
-pub fn link_for_kernel(object: &[u8], vmlinux_btf: Option<&[u8]>) -> Result<Linked, KfuncError> {
-    match vmlinux_btf.map(|btf| func_ids(btf, &kfunc::ALL.map(|k| k.name))) {
-        Some(Some(ids)) => link(
-            object,
-            Some(&|name: &str| {
-                kfunc::ALL
-                    .iter()
-                    .position(|k| k.name == name)
-                    .and_then(|index| ids[index])
-            }),
-        ),
-        _ => link(object, None),
+/// Links `object` against the running kernel's BTF: `vmlinux_btf`
+/// (`None`: the kernel has none, or it could not be read), and, for a
+/// kfunc not built in, `module_btf(module)`, the raw split BTF of the
+/// module that defines it (`None`: the module is not loaded).
+pub fn link_for_kernel(
+    object: &[u8],
+    vmlinux_btf: Option<&[u8]>,
+    module_btf: &dyn Fn(&str) -> Option<Vec<u8>>,
+) -> Result<Linked, KfuncError> {
+    let names = kfunc::ALL.map(|k| k.name);
+    let Some(base) = vmlinux_btf.and_then(|btf| scan(btf, &names, None)) else {
+        return link(object, None);
+    };
+    // Each module's BTF read and scanned once, on the first kfunc it
+    // should hold.
+    let mut in_modules: Vec<(&'static str, Option<[Option<u32>; kfunc::ALL.len()]>)> = Vec::new();
+    for wanted in &kfunc::ALL {
+        if base.ids[kfunc_index(wanted)].is_none()
+            && !in_modules
+                .iter()
+                .any(|(module, _)| *module == wanted.module)
+        {
+            let ids = module_btf(wanted.module).and_then(|btf| {
+                scan(
+                    &btf,
+                    &names,
+                    Some(&Base {
+                        types: base.types,
+                        strings: base.strings,
+                    }),
+                )
+                .map(|split| split.ids)
+            });
+            in_modules.push((wanted.module, ids));
+        }
     }
+    link(
+        object,
+        Some(&|wanted: &Kfunc| {
+            let index = kfunc_index(wanted);
+            if let Some(id) = base.ids[index] {
+                return Some(Resolved { id, module: None });
+            }
+            let (module, ids) = in_modules.iter().find(|(m, _)| *m == wanted.module)?;
+            Some(Resolved {
+                id: (*ids)?[index]?,
+                module: Some(module),
+            })
+        }),
+    )
+}
+
+fn kfunc_index(wanted: &Kfunc) -> usize {
+    kfunc::ALL
+        .iter()
+        .position(|k| k == wanted)
+        .expect("a kfunc of ALL")
+}
+
+/// The BTF a split BTF (a module's) builds on: vmlinux's type count (the
+/// module's IDs follow it) and its strings (a module's name offsets below
+/// their length are vmlinux's).
+pub struct Base<'a> {
+    pub types: u32,
+    pub strings: &'a [u8],
+}
+
+/// What one pass over a raw BTF found.
+pub struct Scan<'a, const N: usize> {
+    /// The type IDs of the `BTF_KIND_FUNC` types asked for, `None` each
+    /// one missing.
+    pub ids: [Option<u32>; N],
+    /// The last type ID (with a base, counted on from the base's).
+    pub types: u32,
+    /// The string section.
+    pub strings: &'a [u8],
 }
 
 /// The type IDs of the `BTF_KIND_FUNC` types named `names` in the raw BTF
 /// `btf` (`None` each one missing), in one pass over its types; `None`
-/// when `btf` is not BTF this parser reads. Written for this one question:
-/// aya's `Btf` parses every type into its own form first, and then looks
-/// up each name with a pass of its own, which cost a debug build about a
-/// quarter of a second per load on 6.18's vmlinux (and an emulated VM's
-/// plugin its 60 s).
+/// when `btf` is not BTF this parser reads.
 pub fn func_ids<const N: usize>(btf: &[u8], names: &[&str; N]) -> Option<[Option<u32>; N]> {
+    scan(btf, names, None).map(|found| found.ids)
+}
+
+/// [`func_ids`], with what else a split BTF on top of this one needs;
+/// `base`: `btf` is split BTF on top of it (a module's). Written for this
+/// one question: aya's `Btf` parses every type into its own form first,
+/// and then looks up each name with a pass of its own, which cost a debug
+/// build about a quarter of a second per load on 6.18's vmlinux (and an
+/// emulated VM's plugin its 60 s).
+pub fn scan<'a, const N: usize>(
+    btf: &'a [u8],
+    names: &[&str; N],
+    base: Option<&Base<'_>>,
+) -> Option<Scan<'a, N>> {
     const MAGIC: u16 = 0xeb9f;
     const KIND_FUNC: u32 = 12;
     let u32_at = |at: usize| -> Option<u32> {
@@ -187,12 +304,16 @@ pub fn func_ids<const N: usize>(btf: &[u8], names: &[&str; N]) -> Option<[Option
     let types = btf.get(header_len + type_off..header_len + type_off + type_len)?;
     let strings = btf.get(header_len + str_off..header_len + str_off + str_len)?;
     let name_at = |offset: usize| -> Option<&[u8]> {
-        let rest = strings.get(offset..)?;
+        let rest = match base {
+            Some(base) if offset < base.strings.len() => base.strings.get(offset..)?,
+            Some(base) => strings.get(offset - base.strings.len()..)?,
+            None => strings.get(offset..)?,
+        };
         Some(&rest[..rest.iter().position(|&b| b == 0)?])
     };
     let mut found = [None; N];
     let mut at = 0;
-    let mut id = 1u32;
+    let mut id = base.map_or(1, |base| base.types + 1);
     while at + 12 <= types.len() {
         let word = |offset: usize| -> Option<u32> {
             Some(u32::from_le_bytes(
@@ -222,7 +343,11 @@ pub fn func_ids<const N: usize>(btf: &[u8], names: &[&str; N]) -> Option<[Option
         at += 12 + extra;
         id += 1;
     }
-    Some(found)
+    Some(Scan {
+        ids: found,
+        types: id - 1,
+        strings,
+    })
 }
 
 #[cfg(test)]
@@ -296,17 +421,21 @@ mod tests {
     #[test]
     fn each_marked_call_gets_its_kfuncs_btf_id() {
         let object = elf(&calls(), &[]);
-        let ids = |name: &str| {
-            Some(match name {
-                "bpf_skb_ct_lookup" => 65104,
-                "bpf_ct_release" => 63223,
-                "bpf_ct_change_timeout" => 63217,
-                _ => return None,
+        let ids = |wanted: &Kfunc| {
+            Some(Resolved {
+                id: match wanted.name {
+                    "bpf_skb_ct_lookup" => 65104,
+                    "bpf_ct_release" => 63223,
+                    "bpf_ct_change_timeout" => 63217,
+                    _ => return None,
+                },
+                module: None,
             })
         };
         let linked = link(&object, Some(&ids)).unwrap();
         assert_eq!(linked.kfuncs, Kfuncs::Linked);
         assert_eq!(linked.calls, 3);
+        assert!(linked.modules.is_empty(), "vmlinux only: no fd_array");
         assert_eq!(
             words(linked.bytes(), 64, 4),
             vec![
@@ -322,9 +451,15 @@ mod tests {
     #[test]
     fn one_missing_kfunc_replaces_every_call_with_a_null_result() {
         let object = elf(&calls(), &[]);
-        let no_change_timeout = |name: &str| (name != "bpf_ct_change_timeout").then_some(7);
+        let no_change_timeout = |wanted: &Kfunc| {
+            (wanted.name != "bpf_ct_change_timeout").then_some(Resolved {
+                id: 7,
+                module: Some("nf_conntrack"),
+            })
+        };
         let linked = link(&object, Some(&no_change_timeout)).unwrap();
         assert_eq!(linked.kfuncs, Kfuncs::Missing("bpf_ct_change_timeout"));
+        assert!(linked.modules.is_empty(), "nothing linked: no module");
         assert_eq!(
             words(linked.bytes(), 64, 4),
             vec![kfunc::MOV_R0_0, kfunc::MOV_R0_0, kfunc::MOV_R0_0, EXIT]
@@ -338,7 +473,16 @@ mod tests {
     fn a_marker_outside_code_is_data_and_left_alone() {
         let marker = kfunc::call_insn(kfunc::CT_LOOKUP.marker);
         let object = elf(&[EXIT], &[marker]);
-        let linked = link(&object, Some(&|_: &str| Some(1))).unwrap();
+        let linked = link(
+            &object,
+            Some(&|_: &Kfunc| {
+                Some(Resolved {
+                    id: 1,
+                    module: None,
+                })
+            }),
+        )
+        .unwrap();
         assert_eq!(linked.calls, 0);
         assert_eq!(linked.bytes(), &object[..], "nothing changed");
     }
@@ -376,6 +520,107 @@ mod tests {
         out.extend(section);
         out.extend(strings);
         out
+    }
+
+    #[test]
+    fn a_modules_kfunc_is_called_through_its_fd_array_index() {
+        let object = elf(&calls(), &[]);
+        // The lookup built in, the other two in nf_conntrack's BTF.
+        let mixed = |wanted: &Kfunc| {
+            Some(if wanted.name == "bpf_skb_ct_lookup" {
+                Resolved {
+                    id: 500,
+                    module: None,
+                }
+            } else {
+                Resolved {
+                    id: 90_000 + wanted.marker % 16,
+                    module: Some("nf_conntrack"),
+                }
+            })
+        };
+        let linked = link(&object, Some(&mixed)).unwrap();
+        assert_eq!(linked.kfuncs, Kfuncs::Linked);
+        assert_eq!(
+            linked.modules,
+            vec!["nf_conntrack"],
+            "one module, fd_array[1]"
+        );
+        assert_eq!(
+            words(linked.bytes(), 64, 4),
+            vec![
+                (500 << 32) | 0x2085,
+                (90_003 << 32) | (1 << 16) | 0x2085,
+                (90_002 << 32) | (1 << 16) | 0x2085,
+                EXIT
+            ],
+            "off 0 for vmlinux, 1 for the module's fd"
+        );
+    }
+
+    #[test]
+    fn a_modules_split_btf_numbers_its_types_after_vmlinuxs() {
+        // vmlinux: 2 types, "bpf_ct_release" a FUNC there. The module: a
+        // FUNC of its own name, and one named by a vmlinux string offset.
+        let vmlinux = btf(&[(1, "int"), (12, "bpf_ct_release")]);
+        let base = scan(&vmlinux, &["bpf_ct_release"], None).expect("BTF");
+        assert_eq!(base.ids, [Some(2)]);
+        assert_eq!(base.types, 2);
+        let mut module = btf(&[(1, "u8"), (12, "bpf_skb_ct_lookup")]);
+        // The module's strings start after vmlinux's: shift its offsets.
+        let shift = base.strings.len() as u32;
+        // The records: an INT (16 bytes) at 24, the FUNC at 40.
+        for at in [24, 40] {
+            let off = u32::from_le_bytes(module[at..at + 4].try_into().unwrap());
+            module[at..at + 4].copy_from_slice(&(off + shift).to_le_bytes());
+        }
+        let split = scan(
+            &module,
+            &["bpf_skb_ct_lookup", "bpf_ct_release"],
+            Some(&Base {
+                types: base.types,
+                strings: base.strings,
+            }),
+        )
+        .expect("split BTF");
+        assert_eq!(split.ids, [Some(4), None], "IDs go on from vmlinux's 2");
+        assert_eq!(split.types, 4);
+    }
+
+    #[test]
+    fn link_for_kernel_takes_what_vmlinux_lacks_from_the_module() {
+        let object = elf(&calls(), &[]);
+        let vmlinux = btf(&[(1, "int")]);
+        let module = |name: &str| {
+            assert_eq!(name, "nf_conntrack");
+            // Offsets relative to the module's own strings, shifted past
+            // vmlinux's 5 bytes ("\0int\0").
+            let mut raw = btf(&[
+                (12, "bpf_skb_ct_lookup"),
+                (12, "bpf_ct_release"),
+                (12, "bpf_ct_change_timeout"),
+            ]);
+            for record in 0..3 {
+                let at = 24 + record * 12;
+                let off = u32::from_le_bytes(raw[at..at + 4].try_into().unwrap());
+                raw[at..at + 4].copy_from_slice(&(off + 5).to_le_bytes());
+            }
+            Some(raw)
+        };
+        let linked = link_for_kernel(&object, Some(&vmlinux), &module).unwrap();
+        assert_eq!(linked.kfuncs, Kfuncs::Linked);
+        assert_eq!(linked.modules, vec!["nf_conntrack"]);
+        assert_eq!(
+            words(linked.bytes(), 64, 3),
+            vec![
+                (2 << 32) | (1 << 16) | 0x2085,
+                (4 << 32) | (1 << 16) | 0x2085,
+                (3 << 32) | (1 << 16) | 0x2085,
+            ]
+        );
+        let unloaded = link_for_kernel(&object, Some(&vmlinux), &|_: &str| None).unwrap();
+        assert_eq!(unloaded.kfuncs, Kfuncs::Missing("bpf_skb_ct_lookup"));
+        assert!(unloaded.modules.is_empty());
     }
 
     #[test]
