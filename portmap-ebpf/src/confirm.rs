@@ -144,15 +144,7 @@ fn ask_kernel(ctx: &TcContext, now: u32) -> bool {
             &raw mut scratch.kernel_opts,
         )
     };
-    let found = !conn.is_null();
-    if found {
-        // SAFETY: the reference the lookup returned, released once and
-        // not used after (the verifier checks it).
-        unsafe {
-            call::ct_change_timeout(conn, timeout_ms);
-            call::ct_release(conn);
-        }
-    }
+    let found = refresh_and_release(conn, timeout_ms);
     maps::count(if found {
         stat::CT_CONFIRMED
     } else {
@@ -160,6 +152,27 @@ fn ask_kernel(ctx: &TcContext, now: u32) -> bool {
     });
     keep_verdict(found, now);
     found
+}
+
+/// Gives the connection the lookup found (`conn`, or null) a new timeout
+/// and releases it; whether it was found. Its own function, so that the
+/// pointer is tested against null once, with the release on one side:
+/// inlined, the compiler tested it twice (once for the answer, once for the
+/// release), and Debian 6.1's verifier, which does not take a non-null
+/// `PTR_TO_BTF_ID` for one at the second test, walked the impossible side
+/// and refused the program ("Unreleased reference").
+#[inline(never)]
+fn refresh_and_release(conn: *mut core::ffi::c_void, timeout_ms: u32) -> bool {
+    if conn.is_null() {
+        return false;
+    }
+    // SAFETY: the reference the lookup returned, released once and not
+    // used after (the verifier checks it).
+    unsafe {
+        call::ct_change_timeout(conn, timeout_ms);
+        call::ct_release(conn);
+    }
+    true
 }
 
 /// Writes the kernel's answer into the entry [`note`] named: a closed TCP

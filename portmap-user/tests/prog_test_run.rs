@@ -175,8 +175,8 @@ impl Dataplane {
         let module_fds = program::module_btf_fds(&linked.modules).expect("the kfunc modules' BTF");
         let mut ebpf = loader.load(linked.bytes()).expect("load the eBPF object");
         // As the plugin does: a verifier that refuses the kfunc calls gets
-        // the programs without them (Debian's 6.1); where they must pass
-        // (`EPM_EXPECT_KFUNCS=1`, the 6.12 guest), that fails.
+        // the programs without them; where they must pass
+        // (`EPM_EXPECT_KFUNCS=1`, the VM guests), that fails.
         if let Err(refusal) = program::load_tc(
             &ebpf,
             linked.bytes(),

@@ -548,22 +548,13 @@ fn guest_env(
          export EBPF_PORTMAP_BIN={GUEST_PLUGIN_BIN}\n\
          export EPM_PROBE_BIN={GUEST_PROBE_BIN}\n\
          export EPM_EXPECT_SCTP=1\n\
-         export EPM_EXPECT_KFUNCS={}\n\
+         export EPM_EXPECT_KFUNCS=1\n\
          export EPM_EXPECT_FORWARD_HOOKS={}\n\
          export EPM_PLUGIN_TIMEOUT_SECS=300\n\
          export RUST_BACKTRACE=1\n\
          export RUSTC_BOOTSTRAP=1\n",
-        u8::from(kfuncs_verified(series)),
         u8::from(forward_hooks)
     )
-}
-
-/// Whether the programs' conntrack kfunc calls (linked from nf_conntrack's
-/// BTF) pass this kernel's verifier: 6.12's do; 6.1's refuses them
-/// ("Unreleased reference" for the lookup's), and the programs run
-/// without them there.
-fn kfuncs_verified(series: &str) -> bool {
-    series != "6.1"
 }
 
 /// The guest's PID 1 (busybox sh). Mounts what the tests need, loads the
@@ -728,7 +719,7 @@ mod tests {
         let env = guest_env("6.1", "6.1.0-57-amd64", "clsact", false);
         assert!(env.contains("export EPM_EXPECT_ATTACH_MODE=clsact\n"));
         assert!(env.contains("export EPM_EXPECT_FORWARD_HOOKS=0\n"));
-        assert!(env.contains("export EPM_EXPECT_KFUNCS=0\n"));
+        assert!(env.contains("export EPM_EXPECT_KFUNCS=1\n"));
         assert!(env.contains("export EPM_PLUGIN_TIMEOUT_SECS=300\n"));
         let env = guest_env("6.12", "6.12.118+deb12-amd64", "tcx", true);
         assert!(env.contains("export EPM_EXPECT_FORWARD_HOOKS=1\n"));

@@ -90,8 +90,9 @@ pub(super) fn load_and_pin(
     // kernel, so that one path loads them everywhere.
     let mut tc = match load_both_tc(&ebpf, &linked) {
         Ok(tc) => tc,
-        // A verifier that refuses the kfunc calls (Debian's 6.1) gets the
-        // programs without them, as a kernel that lacks them.
+        // A verifier that refuses the kfunc calls (Debian's 6.1 did, until
+        // `confirm::refresh_and_release`) gets the programs without them,
+        // as a kernel that lacks them.
         Err(refusal @ ProgramLoadError::Verifier { .. }) if linked.kfuncs == Kfuncs::Linked => {
             log::warn!("loading the programs without the conntrack kfuncs: {refusal}");
             linked = crate::dataplane::load::kfunc::refused(OBJECT)?;

@@ -522,7 +522,7 @@ fn no_kfuncs(kfuncs: Option<Kfuncs>) -> String {
             "the kernel has no BTF (/sys/kernel/btf/vmlinux), so the conntrack kfuncs cannot be linked".to_owned()
         }
         Some(Kfuncs::Refused) => {
-            "the kernel's verifier refused the programs' conntrack kfunc calls (Debian's 6.1 does: it loses track of the lookup's reference), so they run without them and cannot tell which flows the firewall accepted".to_owned()
+            "the kernel's verifier refused the programs' conntrack kfunc calls, so they run without them and cannot tell which flows the firewall accepted".to_owned()
         }
         Some(Kfuncs::Linked) | None => {
             "no ADD has set the node's fast-path mode with this build's programs yet".to_owned()

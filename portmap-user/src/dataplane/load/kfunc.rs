@@ -31,7 +31,7 @@ pub enum Kfuncs {
     /// replaced.
     NoBtf,
     /// Every kfunc found, but the kernel's verifier refused the programs
-    /// that call them (Debian's 6.1): calls replaced.
+    /// that call them: calls replaced.
     Refused,
 }
 
