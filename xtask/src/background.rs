@@ -4,9 +4,8 @@
 //!
 //! Why: CI runs `test` on 2 cores, and long stretches of it leave one idle:
 //! the tests mostly wait (on namespaces, traffic, daemons), and the shipped
-//! plugin's fat-LTO code generation runs on one core. Builds that nothing
-//! before a later step needs (the shipped plugin, the previous release) run
-//! in that idle time, at the lowest priority, so the tests in front, with
+//! plugin's fat-LTO code generation runs on one core. A build that nothing
+//! before a later step needs (the shipped plugin) runs in that idle time, at the lowest priority, so the tests in front, with
 //! their bounded waits, keep the CPU they ask for. Cargo locks each build
 //! directory (`target/<profile>`) for the length of a build, so only builds
 //! of other profiles or target directories run beside `cargo test`.

@@ -19,24 +19,14 @@ use anyhow::{Context, Result, bail};
 
 pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'_>> {
     // Built beside the steps in front, where they leave a core idle (see
-    // background.rs): the previous release (its own target directory) is
-    // needed by `cargo test`, the shipped plugin (its own profile) by the
+    // background.rs): the shipped plugin (its own profile), needed by the
     // tarball and the VMs.
-    let previous_build = Job::new(
-        format!(
-            "build the previous release ({}) for the upgrade test",
-            previous::COMMIT
-        ),
-        "previous-release",
-        Priority::Lowest,
-    );
     let shipped_build = Job::new(shipped_build_name(), "shipped-plugin", Priority::Lowest);
     let mut steps = vec![
         setup_step(),
         Step::new("cargo fmt --all --check", || {
             run(cargo().args(["fmt", "--all", "--check"]))
         }),
-        Step::start_beside(&previous_build, previous::build_command),
         Step::start_beside(&shipped_build, || Ok(build_plugin(true))),
         Step::new(
             "cargo clippy --all-targets -- -D warnings (default members)",
@@ -47,6 +37,17 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
             clippy_ebpf,
         ),
         build_plugin_step(),
+        // On this build's dependencies (see previous.rs), so after it.
+        Step::new(
+            format!(
+                "build the previous release ({}) for the upgrade test, on this build's dependencies",
+                previous::COMMIT
+            ),
+            || {
+                run(&mut previous::build_command()?)?;
+                previous::check_built()
+            },
+        ),
         Step::new(
             format!(
                 "Kubernetes manifests against the API schemas of {} to {} (kubernetes-validate --strict)",
@@ -64,9 +65,7 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
                 .args(cargo_test_args)
                 .env(PLUGIN_BIN_ENV, plugin_bin()))
         }),
-        // `#[ignore]`d in plain `cargo test`, which has no previous release:
-        // here it has had the whole `cargo test` to build.
-        Step::wait_for(&previous_build, previous::check_built),
+        // `#[ignore]`d in plain `cargo test`, which has no previous release.
         Step::new(
             "the in-place upgrade from the previous release (cargo test --test upgrade -- --ignored)",
             || {
