@@ -38,6 +38,8 @@ pub(crate) struct Job {
     name: String,
     log: PathBuf,
     priority: Priority,
+    /// Writes [`Job::done_marker`] when its command succeeds.
+    marks_done: bool,
     state: RefCell<State>,
 }
 
@@ -62,25 +64,60 @@ impl Job {
 
     /// A job named `name` whose output goes to `target/xtask/<slug>.log`.
     pub(crate) fn new(name: impl Into<String>, slug: &str, priority: Priority) -> Rc<Job> {
+        Job::with(name.into(), slug, priority, false)
+    }
+
+    fn with(name: String, slug: &str, priority: Priority, marks_done: bool) -> Rc<Job> {
         Rc::new(Job {
-            name: name.into(),
+            name,
             log: target_dir().join("xtask").join(format!("{slug}.log")),
             priority,
+            marks_done,
             state: RefCell::new(State::NotStarted),
         })
+    }
+
+    /// A job like [`Job::new`]'s that writes [`Job::done_marker`] when its
+    /// command succeeds, so that another job can start on it before this
+    /// one is waited for.
+    pub(crate) fn marked(name: impl Into<String>, slug: &str, priority: Priority) -> Rc<Job> {
+        Job::with(name.into(), slug, priority, true)
+    }
+
+    /// `target/xtask/<slug>.done`: written by a [`Job::marked`] job's
+    /// command when it succeeded, removed when it starts.
+    pub(crate) fn done_marker(&self) -> PathBuf {
+        self.log.with_extension("done")
     }
 
     /// Starts `command` in a process group of its own (so a failed step
     /// before the wait takes all of it down), its output in the log.
     pub(crate) fn start(&self, command: &Command) -> Result<()> {
+        let marker = self.done_marker();
+        if self.marks_done {
+            match std::fs::remove_file(&marker) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("removing {}", marker.display()));
+                }
+                _ => {}
+            }
+        }
         let mut launched = match self.priority {
             Priority::Lowest => {
                 let mut niced = Command::new("nice");
-                niced.args(["-n", "19"]).arg(command.get_program());
+                niced.args(["-n", "19"]);
                 niced
             }
-            Priority::Same => Command::new(command.get_program()),
+            Priority::Same => Command::new("env"),
         };
+        if self.marks_done {
+            // `sh -c SCRIPT MARKER PROGRAM ARGS...`: "$0" is the marker,
+            // "$@" the command, run as it is, not re-parsed.
+            launched
+                .args(["sh", "-c", "\"$@\" && : > \"$0\""])
+                .arg(&marker);
+        }
+        launched.arg(command.get_program());
         launched.args(command.get_args());
         for (key, value) in command.get_envs() {
             match value {
@@ -160,6 +197,37 @@ impl Drop for Job {
             let group = format!("-{}", child.id());
             let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
             let _ = child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marked_job_writes_its_marker_only_when_its_command_succeeds() {
+        for (program, marked) in [("true", true), ("false", false)] {
+            let job = Job::marked(
+                format!("marker test ({program})"),
+                &format!("marker-test-{}-{program}", std::process::id()),
+                Priority::Same,
+            );
+            let marker = job.done_marker();
+            // A marker left by an earlier run is removed at the start.
+            std::fs::create_dir_all(marker.parent().expect("a folder")).expect("folder");
+            std::fs::write(&marker, "").expect("stale marker");
+            job.start(&Command::new(program)).expect("start");
+            let waited = job.wait();
+            assert_eq!(waited.is_ok(), marked, "{program}: {waited:?}");
+            assert_eq!(
+                marker.exists(),
+                marked,
+                "{program}: marker at {}",
+                marker.display()
+            );
+            let _ = std::fs::remove_file(&marker);
+            let _ = std::fs::remove_file(marker.with_extension("log"));
         }
     }
 }

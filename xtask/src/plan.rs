@@ -21,13 +21,31 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
     // Built beside the steps in front, where they leave a core idle (see
     // background.rs): the shipped plugin (its own profile), needed by the
     // tarball and the VMs.
-    let shipped_build = Job::new(shipped_build_name(), "shipped-plugin", Priority::Lowest);
+    let shipped_build = Job::marked(shipped_build_name(), "shipped-plugin", Priority::Lowest);
     let mut steps = vec![
         setup_step(),
         Step::new("cargo fmt --all --check", || {
             run(cargo().args(["fmt", "--all", "--check"]))
         }),
         Step::start_beside(&shipped_build, || Ok(build_plugin(true))),
+    ];
+    // The VMs (one vCPU each, with the guests' own timeouts) start as soon
+    // as the shipped plugin is built, beside whatever step runs then (the
+    // end of `cargo test`, whose build their `cargo test --no-run` reuses,
+    // the fastPath suites, the tarball and the runtime suites, which mostly
+    // wait on traffic and runtimes), not at a fixed step: they are the
+    // longest piece of work, and each second they start earlier is one less
+    // at the end.
+    let skips = Rc::new(skips);
+    let vm = vm_job(&skips);
+    if let Ok(vm) = &vm {
+        let skips = Rc::clone(&skips);
+        let marker = shipped_build.done_marker();
+        steps.push(Step::start_beside(vm, move || {
+            vm_job_command(&skips, &marker)
+        }));
+    }
+    steps.extend([
         Step::new(
             "cargo clippy --all-targets -- -D warnings (default members)",
             || run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])),
@@ -77,16 +95,7 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
             },
         ),
         Step::wait_for(&shipped_build, || Ok(())),
-    ];
-    // The VMs (one vCPU each, with the guests' own timeouts) run beside the
-    // steps after here, which mostly wait on traffic and runtimes: the
-    // fastPath suites, the tarball and the runtime suites.
-    let skips = Rc::new(skips);
-    let vm = vm_job(&skips);
-    if let Ok(vm) = &vm {
-        let skips = Rc::clone(&skips);
-        steps.push(Step::start_beside(vm, move || vm_job_command(&skips)));
-    }
+    ]);
     // The suites that carry traffic once more with `fastPath` on in every
     // conflist: the fast path must not lose any behaviour they check.
     steps.push(Step::new(
@@ -160,7 +169,7 @@ fn skipped_vm_step(reason: &str) -> Step<'static> {
 /// `cargo xtask vm-test` as `test` runs it beside the runtime suites: what
 /// those suites and the VMs install comes first, so no two `apt-get` runs
 /// meet on the dpkg lock.
-fn vm_job_command(skips: &Skips) -> Result<Command> {
+fn vm_job_command(skips: &Skips, after: &std::path::Path) -> Result<Command> {
     for suite in SUITES {
         if skips.reason(suite.name).is_none() {
             runtimes::ensure(suite)?;
@@ -170,7 +179,8 @@ fn vm_job_command(skips: &Skips) -> Result<Command> {
     let mut command = Command::new(std::env::current_exe().context("finding xtask's own binary")?);
     command
         .current_dir(workspace_root())
-        .args(["vm-test", "--within-test"]);
+        .args(["vm-test", "--within-test", "--after"])
+        .arg(after);
     Ok(command)
 }
 
@@ -244,8 +254,29 @@ pub(crate) fn vm_test_steps(args: &vm::VmTestArgs) -> Vec<Step<'_>> {
             steps.push(shipped_plugin_step());
         }
     }
+    if let Some(marker) = &args.after {
+        steps.push(Step::new(
+            format!("wait for {}", marker.display()),
+            move || wait_for_marker(marker),
+        ));
+    }
     steps.push(Step::new("VM tests", move || vm::vm_test(args)));
     steps
+}
+
+/// Waits until `marker` exists: a job of `cargo xtask test` that started
+/// before the build it needs ended (see `background::Job::marked`). The
+/// test's own wait for that build fails it, and takes this job down, if
+/// the build fails; the bound only keeps a lost marker from hanging.
+fn wait_for_marker(marker: &std::path::Path) -> Result<()> {
+    let started = std::time::Instant::now();
+    while !marker.exists() {
+        if started.elapsed() > std::time::Duration::from_secs(3600) {
+            bail!("{} did not appear within an hour", marker.display());
+        }
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    Ok(())
 }
 
 pub(crate) fn demo_steps(demo_args: &[String]) -> Vec<Step<'_>> {

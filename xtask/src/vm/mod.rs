@@ -104,6 +104,10 @@ pub struct VmTestArgs {
     /// shipped build already: only the VM tests.
     #[arg(long, hide = true)]
     pub within_test: bool,
+    /// Start only once this file exists (`cargo xtask test` starts the VMs
+    /// early and has them wait for the shipped build's marker).
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub after: Option<std::path::PathBuf>,
 }
 
 impl Default for VmTestArgs {
@@ -120,6 +124,7 @@ impl Default for VmTestArgs {
             only: Vec::new(),
             debug_plugin: false,
             within_test: false,
+            after: None,
         }
     }
 }
