@@ -30,8 +30,9 @@ pub const LAYOUT_VERSION: u32 = 1;
 /// The names of [`maps`] under the path portmap-user reads them from.
 pub mod map_names {
     pub use crate::maps::{
-        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_OTHER, COUNTERS, MAPPED_PORTS, MAPPINGS,
-        MAPPINGS_EPOCH, OWNER_SLOTS, OWNERS, PINNED as ALL, STATS, TRACE_EVENTS, TRACE_FILTER,
+        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_NEW, CONNTRACK_OTHER, COUNTERS, MAPPED_PORTS,
+        MAPPINGS, MAPPINGS_EPOCH, OWNER_SLOTS, OWNERS, PINNED as ALL, STATS, TRACE_EVENTS,
+        TRACE_FILTER,
     };
 }
 
@@ -404,6 +405,11 @@ pub mod ct_flags {
     /// confirmed-flow fast path may hand its packets over. Kept on entries
     /// of both directions (DNAT and REPLY), each asking for itself.
     pub const CONFIRMED: u32 = 4;
+    /// A UDP or SCTP flow in `conntrack_new` had an answer (set on the
+    /// entries of both directions when the answer's entry is found): with
+    /// packets [`ct_timeout::UDP_STREAM`](super::ct_timeout::UDP_STREAM)
+    /// after its first, the flow is assured and leaves `conntrack_new`.
+    pub const REPLIED: u32 = 8;
 }
 
 /// The kernel functions (kfuncs) the programs call, and how they are
@@ -479,6 +485,12 @@ pub mod ct_timeout {
     pub const UDP: u64 = 120 * SEC;
     /// How stale `last_seen_ns` may get before a packet refreshes it.
     pub const REFRESH: u64 = SEC;
+    /// How long after its first packet a UDP or SCTP flow that had an
+    /// answer must still have packets to be assured (nf_conntrack's UDP
+    /// stream rule: "still active after two seconds"). Entries in
+    /// `conntrack_new` are never refreshed, so their `last_seen_ns` is the
+    /// flow's first packet, and their timeouts count from it.
+    pub const UDP_STREAM: u64 = 2 * SEC;
     /// [`CtEntry::verdict_at`](super::CtEntry::verdict_at) is `ct::now()`
     /// shifted right by this many bits: units of 2^30 ns (1.07 s).
     pub const VERDICT_UNIT_SHIFT: u32 = 30;

@@ -330,9 +330,11 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
         _pad0: 0,
     };
     // Reply state first: a translated packet whose answer cannot be
-    // translated back would only confuse the client.
+    // translated back would only confuse the client. In the table of flows
+    // not yet assured, whatever the protocol: new flows evict only each
+    // other (see `ct::track_tcp`).
     if maps::ct_put_pair(
-        Table::for_proto(packet.proto),
+        Table::New,
         (&scratch.reply_key, &scratch.reply),
         Insert::Any,
         (&scratch.forward_key, &scratch.forward),
@@ -437,12 +439,11 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
         // Never over a translation: on a bridge the reply of a translated
         // flow crosses a second egress hook (the bridge port) after the
         // first rewrote it to the host port, and must stay translated; a
-        // closed translated flow is in the closed table, not here.
+        // closed translated flow is in the closed table, and one not yet
+        // assured in `conntrack_new`, not here.
         let answer = ct::reversed(&key);
         let table = Table::for_proto(packet.proto);
-        if (table != Table::Open || maps::ct_get(Table::Closed, &answer).is_none())
-            && maps::ct_put_new(table, &answer, &pass)
-        {
+        if maps::ct_get_any(&answer).is_none() && maps::ct_put_new(table, &answer, &pass) {
             maps::count(stat::PASS_RECORDED);
         }
     }
@@ -486,8 +487,8 @@ fn remember_masquerade(flag: u32) {
         return;
     };
     scratch.forward.flags = flag;
-    let table = Table::for_proto(scratch.forward_key.proto);
-    if let Some(entry) = maps::ct_get(table, &scratch.forward_key) {
+    // A new flow's entries are in `conntrack_new`.
+    if let Some(entry) = maps::ct_get(Table::New, &scratch.forward_key) {
         // SAFETY: a live map value; one word, one store.
         unsafe { (*entry).flags = flag };
     }
