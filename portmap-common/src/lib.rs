@@ -594,6 +594,10 @@ pub mod trace_direction {
 pub struct TraceEvent {
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
     pub ts_ns: u64,
+    /// Bit `1 << reason` for every `stat` reason counted for this packet;
+    /// 0 when nothing was (an ingress packet for a port with no mapping).
+    /// 64 bits: the reasons outgrew 32 with `ct_assured`.
+    pub decisions: u64,
     pub src_addr_be: [u32; 4],
     pub dst_addr_be: [u32; 4],
     /// The addresses after the program ran (equal to the above when it did
@@ -604,9 +608,6 @@ pub struct TraceEvent {
     pub dport_be: u16,
     pub new_sport_be: u16,
     pub new_dport_be: u16,
-    /// Bit `1 << reason` for every `stat` reason counted for this packet;
-    /// 0 when nothing was (an ingress packet for a port with no mapping).
-    pub decisions: u32,
     pub ifindex: u32,
     /// skb length at the hook.
     pub len: u32,
@@ -616,6 +617,7 @@ pub struct TraceEvent {
     pub proto: u8,
     /// TCP flags (SCTP: first chunk type; UDP: 0).
     pub flags: u8,
+    pub _pad0: [u8; 4],
 }
 
 const _: () = {
@@ -634,9 +636,9 @@ const _: () = {
     assert!(core::mem::size_of::<CounterKey>() == 32);
     assert!(core::mem::size_of::<MappingCounters>() == 32);
     assert!(core::mem::size_of::<TraceFilter>() == 16);
-    assert!(core::mem::size_of::<TraceEvent>() == 96);
+    assert!(core::mem::size_of::<TraceEvent>() == 104);
     // Every reason must have a bit in `TraceEvent::decisions`.
-    assert!(stat::COUNT <= 32);
+    assert!(stat::COUNT <= 64);
 };
 
 // ---- Node agent (issue #17): kept apart from the schema above. ----

@@ -328,6 +328,7 @@ fn assure(key: &CtKey, pair: &CtKey) {
     let now = now();
     move_entry(key, Table::New, Table::for_proto(key.proto), now);
     move_entry(pair, Table::New, Table::for_proto(key.proto), now);
+    maps::count(stat::CT_ASSURED);
 }
 
 /// Moves the live entry of `key` to the closed table, stamped `now` (the

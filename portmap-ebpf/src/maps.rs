@@ -179,7 +179,7 @@ pub struct TraceScratch {
     /// The reasons counted since, one bit each. Kept here rather than passed
     /// on: read back from a map, the value is unknown to the verifier, which
     /// would otherwise follow each of the 2^COUNT combinations separately.
-    pub decisions: u32,
+    pub decisions: u64,
     /// Source and destination port of the packet as it leaves.
     pub after_ports_be: [u16; 2],
     /// The packet as it arrived.

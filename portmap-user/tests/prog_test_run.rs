@@ -1318,6 +1318,7 @@ fn a_new_flow_is_syn_only_until_the_handshake_completes() {
             "an established flow is assured: both entries moved to conntrack"
         );
         assert_eq!(dp.conntrack(map_names::CONNTRACK_NEW), vec![]);
+        assert_eq!(dp.stat(stat::CT_ASSURED), 1, "one flow assured");
         // UDP lives in its own tables: its churn cannot evict TCP flows.
         let datagram = Flow {
             dport: 5353,
