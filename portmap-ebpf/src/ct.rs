@@ -75,20 +75,27 @@ pub fn reversed(key: &CtKey) -> CtKey {
     }
 }
 
-/// A live entry for `key`, copied out and refreshed if it is due. Looked
-/// for among the assured flows first, then the flows not yet assured
+/// A live entry for `key`, copied out (into this CPU's scratch, see
+/// `maps::Scratch::found`) and refreshed if it is due. Looked for among
+/// the assured flows first, then the flows not yet assured
 /// (`conntrack_new`), then, for TCP, the closed ones. The clock is read
 /// only once an entry is found: a miss (most packets of the default path)
 /// needs no time. An entry found in `conntrack_new` is noted in scratch
 /// for [`track_tcp`], which asks whether its flow is assured now.
+///
+/// The copy is handed back in place, not on the caller's frame: with the
+/// search of three tables, existing_flow's and egress's frames grew past
+/// what 6.1 (which rounds each frame up to 32 bytes) leaves them under
+/// the entry point in BPF's 512 bytes. It holds until the next lookup on
+/// this CPU; no caller looks up twice while it reads it.
 #[inline(always)]
-pub fn lookup(key: &CtKey) -> Option<CtEntry> {
-    // One copy of the entry whichever table it is in: the callers' frames
-    // have no room for two.
+pub fn lookup(key: &CtKey) -> Option<&'static CtEntry> {
     let (entry, table) = maps::ct_get_any(key)?;
+    let scratch = maps::scratch()?;
     // SAFETY: pointer from a successful lookup; the LRU may recycle it at
     // any time, so it is read once and written with a single store.
-    let copy = unsafe { *entry };
+    scratch.found = unsafe { *entry };
+    let copy = &scratch.found;
     let now = now();
     let age = now.saturating_sub(copy.last_seen_ns);
     // A closed flow is never refreshed: it lingers for its last packets
@@ -104,9 +111,7 @@ pub fn lookup(key: &CtKey) -> Option<CtEntry> {
         return None;
     }
     if table == Table::New {
-        if let Some(scratch) = maps::scratch() {
-            scratch.settle = true;
-        }
+        scratch.follow |= follow::UNASSURED;
     } else if !closed && age > ct_timeout::REFRESH {
         // SAFETY: the same live entry; one aligned 8-byte store, so a
         // concurrent reader sees the old or the new time, and a recycled
@@ -142,7 +147,7 @@ pub fn still_mapped(
 /// Whether a TCP packet of a flow whose entry has `tcp_state` may change
 /// that state (so [`track_tcp`] has something to do): a FIN or RST, or the
 /// first packet without SYN. The flow decision only notes it
-/// (`scratch.track`); the entry point calls [`track_tcp`] once that
+/// (`scratch.follow`); the entry point calls [`track_tcp`] once that
 /// decision's frame is gone: stacked on it, the state tracking does not
 /// fit BPF's 512 bytes (6.1 rounds every frame up to 32 bytes).
 #[inline(always)]
@@ -152,7 +157,7 @@ pub fn note_tcp_change(packet: &Packet, tcp_state: u8) {
             || (tcp_state & tcp_state::SYN_ONLY != 0 && packet.flags & TCP_SYN == 0))
         && let Some(scratch) = maps::scratch()
     {
-        scratch.track = true;
+        scratch.follow |= follow::TCP_CHANGE;
     }
 }
 
@@ -186,11 +191,10 @@ pub fn note_tcp_change(packet: &Packet, tcp_state: u8) {
 /// (program_cost.rs).
 #[inline(always)]
 pub fn track_tcp(packet: &Packet, rewrites_destination: bool) {
-    if maps::scratch().is_some_and(|scratch| scratch.track || scratch.settle) {
-        let changed = track_noted(packet, rewrites_destination);
-        if let Some(scratch) = maps::scratch() {
-            scratch.tracked = changed;
-        }
+    if let Some(scratch) = maps::scratch()
+        && scratch.follow != 0
+    {
+        scratch.tracked = track_noted(packet, rewrites_destination);
     }
 }
 
@@ -205,9 +209,8 @@ fn track_noted(packet: &Packet, rewrites_destination: bool) -> bool {
     let Some(scratch) = maps::scratch() else {
         return false;
     };
-    let track = scratch.track;
-    scratch.track = false;
-    scratch.settle = false;
+    let track = scratch.follow & follow::TCP_CHANGE != 0;
+    scratch.follow = 0;
     let key = key_of(packet);
     let Some((entry, table)) = maps::ct_get_live(&key) else {
         return false;
@@ -296,9 +299,9 @@ fn track_noted(packet: &Packet, rewrites_destination: bool) -> bool {
     };
     if closes {
         let now = now();
-        move_to_closed(&key, now);
-        move_to_closed(&pair, now);
-        maps::count(stat::CT_CLOSED);
+        if move_to_closed(&key, now) | move_to_closed(&pair, now) {
+            maps::count(stat::CT_CLOSED);
+        }
     }
     true
 }
@@ -326,39 +329,46 @@ fn set_flag(key: &CtKey, flag: u32) {
 #[inline(always)]
 fn assure(key: &CtKey, pair: &CtKey) {
     let now = now();
-    move_entry(key, Table::New, Table::for_proto(key.proto), now);
-    move_entry(pair, Table::New, Table::for_proto(key.proto), now);
-    maps::count(stat::CT_ASSURED);
+    let to = Table::for_proto(key.proto);
+    if move_entry(key, Table::New, to, now) | move_entry(pair, Table::New, to, now) {
+        maps::count(stat::CT_ASSURED);
+    }
 }
 
 /// Moves the live entry of `key` to the closed table, stamped `now` (the
-/// start of its linger).
+/// start of its linger). Whether it was there to move.
 #[inline(always)]
-fn move_to_closed(key: &CtKey, now: u64) {
+fn move_to_closed(key: &CtKey, now: u64) -> bool {
     let Some((_, table)) = maps::ct_get_live(key) else {
-        return;
+        return false;
     };
-    move_entry(key, table, Table::Closed, now);
+    move_entry(key, table, Table::Closed, now)
 }
 
 /// Moves the entry of `key` from one table to another, stamped `now`. A
 /// closed flow leaves the live tables even if the closed one refuses it:
 /// it must not hold a place among the live ones. An assured flow the
-/// established table refuses stays where it is.
-#[inline(always)]
-fn move_entry(key: &CtKey, from: Table, to: Table, now: u64) {
+/// established table refuses stays where it is. Whether the entry moved.
+///
+/// Not inlined: each of track_noted's four moves inlined the three
+/// operations on any of the four tables, and the paths through them took
+/// 6.1's verifier past its million instructions in egress.
+#[inline(never)]
+fn move_entry(key: &CtKey, from: Table, to: Table, now: u64) -> bool {
     let Some(scratch) = maps::scratch() else {
-        return;
+        return false;
     };
     let Some(entry) = maps::ct_get(from, key) else {
-        return;
+        return false;
     };
     // SAFETY: copied out at once (see `lookup`).
     scratch.moved = unsafe { *entry };
     scratch.moved.last_seen_ns = now;
-    if maps::ct_put(to, key, &scratch.moved) || to == Table::Closed {
+    let moved = maps::ct_put(to, key, &scratch.moved);
+    if moved || to == Table::Closed {
         maps::ct_remove(from, key);
     }
+    moved
 }
 
 /// Whether a socket of the node owns the tuple of this TCP packet: an
@@ -439,6 +449,14 @@ fn socket_owns(ctx: &TcContext, family: u8, src: (&[u32; 4], u16), dst: (&[u32; 
     // once and not used after (the verifier checks the reference).
     unsafe { bpf_sk_release(sock.cast()) };
     !listening
+}
+
+/// Bits of `maps::Scratch::follow`: what [`track_tcp`] has to do.
+pub mod follow {
+    /// The packet may change its TCP flow's state (see [`super::note_tcp_change`]).
+    pub const TCP_CHANGE: u8 = 1;
+    /// The packet's entry is in `conntrack_new` (see [`super::lookup`]).
+    pub const UNASSURED: u8 = 2;
 }
 
 /// `TCP_LISTEN` of the kernel's TCP states.

@@ -226,17 +226,20 @@ pub struct Scratch {
     pub fast: Offer,
     /// The ingress program's tc action for this packet.
     pub action: i32,
-    /// Set by `ct::note_tcp_change` when the packet may change the TCP
-    /// state of its flow, for `ct::track_tcp`.
-    pub track: bool,
-    /// Set by `ct::lookup` when the packet's entry is in `conntrack_new`:
-    /// `ct::track_tcp` then asks whether the flow is assured now.
-    pub settle: bool,
+    /// What `ct::track_tcp` has to do for this packet, `ct::follow` bits:
+    /// `TCP_CHANGE` set by `ct::note_tcp_change` when the packet may change
+    /// the TCP state of its flow, `UNASSURED` by `ct::lookup` when the
+    /// packet's entry is in `conntrack_new`. One byte, so the entry points
+    /// test it with one load and one branch (each more one multiplied the
+    /// states 6.1's verifier walks in egress past its limit).
+    pub follow: u8,
     /// Whether `ct::track_tcp` changed the entries of the last packet's
     /// flow (see `ct::track_noted` for why it is kept).
     pub tracked: bool,
-    /// `ct::track_tcp`'s room for an entry on its way to the closed table.
+    /// `ct::track_tcp`'s room for an entry on its way to another table.
     pub moved: CtEntry,
+    /// The copy of the entry `ct::lookup` found, which it hands back.
+    pub found: CtEntry,
     /// `ct::node_socket_owns`'s `bpf_sock_tuple` (the IPv6 layout holds
     /// either family).
     pub sock_tuple: [u32; 9],
