@@ -109,7 +109,7 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
             }
             confirm::note(
                 &key,
-                &entry,
+                entry,
                 (&key.dst_addr_be, key.dst_port_be),
                 packet.flags,
             );
@@ -149,7 +149,7 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
             // before its PREROUTING.
             confirm::note(
                 &key,
-                &entry,
+                entry,
                 (&entry.nat_addr_be, entry.nat_port_be),
                 packet.flags,
             );
@@ -190,7 +190,7 @@ fn offer_unmasqueraded(packet: &Packet) {
     }
     confirm::note(
         &key,
-        &entry,
+        entry,
         (&entry.nat_addr_be, entry.nat_port_be),
         packet.flags,
     );
@@ -475,8 +475,8 @@ fn record_pass(key: &CtKey) {
     for i in 0..4 {
         // SAFETY: words of this CPU's scratch value and of the caller's key.
         unsafe {
-            core::ptr::write_volatile(&mut answer.src_addr_be[i], key.dst_addr_be[i]);
-            core::ptr::write_volatile(&mut answer.dst_addr_be[i], key.src_addr_be[i]);
+            core::ptr::write_volatile(&raw mut answer.src_addr_be[i], key.dst_addr_be[i]);
+            core::ptr::write_volatile(&raw mut answer.dst_addr_be[i], key.src_addr_be[i]);
         }
     }
     answer.src_port_be = key.dst_port_be;
