@@ -27,12 +27,14 @@ pub struct MapInfo {
     pub entries: Option<u64>,
 }
 
-/// The three conntrack tables (open TCP flows, closed TCP flows, every
-/// other protocol; portmap_common::maps).
-pub const CONNTRACK_TABLES: [&str; 3] = [
+/// The four conntrack tables (assured TCP flows, closed TCP flows,
+/// assured flows of every other protocol, flows not yet assured;
+/// portmap_common::maps).
+pub const CONNTRACK_TABLES: [&str; 4] = [
     portmap_common::maps::CONNTRACK,
     portmap_common::maps::CONNTRACK_CLOSED,
     portmap_common::maps::CONNTRACK_OTHER,
+    portmap_common::maps::CONNTRACK_NEW,
 ];
 
 /// Every map pinned in `maps_dir`, by pin name.

@@ -30,8 +30,9 @@ pub const LAYOUT_VERSION: u32 = 1;
 /// The names of [`maps`] under the path portmap-user reads them from.
 pub mod map_names {
     pub use crate::maps::{
-        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_OTHER, COUNTERS, MAPPED_PORTS, MAPPINGS,
-        MAPPINGS_EPOCH, OWNER_SLOTS, OWNERS, PINNED as ALL, STATS, TRACE_EVENTS, TRACE_FILTER,
+        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_NEW, CONNTRACK_OTHER, COUNTERS, MAPPED_PORTS,
+        MAPPINGS, MAPPINGS_EPOCH, OWNER_SLOTS, OWNERS, PINNED as ALL, STATS, TRACE_EVENTS,
+        TRACE_FILTER,
     };
 }
 
@@ -404,6 +405,11 @@ pub mod ct_flags {
     /// confirmed-flow fast path may hand its packets over. Kept on entries
     /// of both directions (DNAT and REPLY), each asking for itself.
     pub const CONFIRMED: u32 = 4;
+    /// A UDP or SCTP flow in `conntrack_new` had an answer (set on the
+    /// entries of both directions when the answer's entry is found): with
+    /// packets [`ct_timeout::UDP_STREAM`](super::ct_timeout::UDP_STREAM)
+    /// after its first, the flow is assured and leaves `conntrack_new`.
+    pub const REPLIED: u32 = 8;
 }
 
 /// The kernel functions (kfuncs) the programs call, and how they are
@@ -491,6 +497,12 @@ pub mod ct_timeout {
     pub const UDP: u64 = 120 * SEC;
     /// How stale `last_seen_ns` may get before a packet refreshes it.
     pub const REFRESH: u64 = SEC;
+    /// How long after its first packet a UDP or SCTP flow that had an
+    /// answer must still have packets to be assured (nf_conntrack's UDP
+    /// stream rule: "still active after two seconds"). Entries in
+    /// `conntrack_new` are never refreshed, so their `last_seen_ns` is the
+    /// flow's first packet, and their timeouts count from it.
+    pub const UDP_STREAM: u64 = 2 * SEC;
     /// [`CtEntry::verdict_at`](super::CtEntry::verdict_at) is `ct::now()`
     /// shifted right by this many bits: units of 2^30 ns (1.07 s).
     pub const VERDICT_UNIT_SHIFT: u32 = 30;
@@ -594,6 +606,10 @@ pub mod trace_direction {
 pub struct TraceEvent {
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
     pub ts_ns: u64,
+    /// Bit `1 << reason` for every `stat` reason counted for this packet;
+    /// 0 when nothing was (an ingress packet for a port with no mapping).
+    /// 64 bits: the reasons outgrew 32 with `ct_assured`.
+    pub decisions: u64,
     pub src_addr_be: [u32; 4],
     pub dst_addr_be: [u32; 4],
     /// The addresses after the program ran (equal to the above when it did
@@ -604,9 +620,6 @@ pub struct TraceEvent {
     pub dport_be: u16,
     pub new_sport_be: u16,
     pub new_dport_be: u16,
-    /// Bit `1 << reason` for every `stat` reason counted for this packet;
-    /// 0 when nothing was (an ingress packet for a port with no mapping).
-    pub decisions: u32,
     pub ifindex: u32,
     /// skb length at the hook.
     pub len: u32,
@@ -616,6 +629,7 @@ pub struct TraceEvent {
     pub proto: u8,
     /// TCP flags (SCTP: first chunk type; UDP: 0).
     pub flags: u8,
+    pub _pad0: [u8; 4],
 }
 
 const _: () = {
@@ -634,9 +648,9 @@ const _: () = {
     assert!(core::mem::size_of::<CounterKey>() == 32);
     assert!(core::mem::size_of::<MappingCounters>() == 32);
     assert!(core::mem::size_of::<TraceFilter>() == 16);
-    assert!(core::mem::size_of::<TraceEvent>() == 96);
+    assert!(core::mem::size_of::<TraceEvent>() == 104);
     // Every reason must have a bit in `TraceEvent::decisions`.
-    assert!(stat::COUNT <= 32);
+    assert!(stat::COUNT <= 64);
 };
 
 // ---- Node agent (issue #17): kept apart from the schema above. ----

@@ -26,6 +26,16 @@ pub const CONNTRACK: &str = "conntrack";
 pub const CONNTRACK_CLOSED: &str = "conntrack_close";
 /// UDP and SCTP flows (same key and value as [`CONNTRACK`]).
 pub const CONNTRACK_OTHER: &str = "conntrack_other";
+/// Every entry of a flow that is not yet assured, of any protocol (same
+/// key and value as [`CONNTRACK`]): a TCP flow until its handshake
+/// completes (or, recovered mid-flow, until its container answers); a UDP
+/// or SCTP flow until it has an answer and still has packets
+/// [`crate::ct_timeout::UDP_STREAM`] after its first. Its entries then
+/// move to [`CONNTRACK`] or [`CONNTRACK_OTHER`], which hold assured flows
+/// only, so a flood of new flows (spoofed SYNs, datagrams from many
+/// ports) evicts only unassured entries, never a live flow's: the idea of
+/// nf_conntrack's `early_drop`.
+pub const CONNTRACK_NEW: &str = "conntrack_new";
 /// The ports the mappings use, per protocol, in two roles: host ports
 /// (what a client dials) and container ports (what the container answers
 /// from). A bit array of `u64` words ([`crate::mapped_port_bit`]), mapped
@@ -100,7 +110,7 @@ pub const CLOCK_CACHE: &str = "clock_cache";
 pub const MAPPING_CACHE: &str = "mapping_cache";
 
 /// Every pinned map of the translation itself.
-pub const PINNED: [&str; 11] = [
+pub const PINNED: [&str; 12] = [
     MAPPINGS,
     MAPPINGS_EPOCH,
     OWNERS,
@@ -108,6 +118,7 @@ pub const PINNED: [&str; 11] = [
     CONNTRACK,
     CONNTRACK_CLOSED,
     CONNTRACK_OTHER,
+    CONNTRACK_NEW,
     MAPPED_PORTS,
     STATS,
     COUNTERS,

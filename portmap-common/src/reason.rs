@@ -93,7 +93,14 @@ pub mod stat {
     /// was deleted or expired, or nothing on the node uses conntrack): the
     /// flow stays on the normal path until it is asked about again.
     pub const CT_UNCONFIRMED: u32 = 31;
-    pub const COUNT: u32 = 32;
+    /// A flow became assured (a TCP handshake completed, a recovered TCP
+    /// flow's container answered, a UDP or SCTP flow answered and still
+    /// talking 2 s after its first packet): its entries moved from
+    /// `conntrack_new`, where new flows evict each other, to the table of
+    /// assured flows. New flows less assured ones are the flows that were
+    /// never assured: a flood's, scans, one-shot datagrams.
+    pub const CT_ASSURED: u32 = 32;
+    pub const COUNT: u32 = 33;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -365,6 +372,13 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         label: "kernel-unconfirmed",
         meaning: "the kernel's conntrack holds no confirmed entry for the flow (dropped by the firewall, deleted, expired, or conntrack unused): it stays on the normal path",
         kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::CT_ASSURED,
+        name: "ct_assured",
+        label: "flow-assured",
+        meaning: "flow assured (handshake done, or answered and alive 2 s): moved out of conntrack_new, where new flows evict each other",
+        kind: Kind::Recorded,
     },
 ];
 

@@ -38,7 +38,7 @@ use portmap_common::{
 
 use crate::{
     ct,
-    maps::{self, CtOpts, Table},
+    maps::{self, CtOpts},
     parse::{TCP_FIN, TCP_RST},
 };
 
@@ -175,22 +175,15 @@ fn refresh_and_release(conn: *mut core::ffi::c_void, timeout_ms: u32) -> bool {
     true
 }
 
-/// Writes the kernel's answer into the entry [`note`] named: a closed TCP
-/// flow's is in the closed table.
+/// Writes the kernel's answer into the entry [`note`] named, in whichever
+/// table it is (assured, not yet assured, closed).
 #[inline(always)]
 fn keep_verdict(found: bool, now: u32) {
     let Some(scratch) = maps::scratch() else {
         return;
     };
-    let key = &scratch.confirm.key;
-    let table = Table::for_proto(key.proto);
-    let entry = match maps::ct_get(table, key) {
-        Some(entry) => entry,
-        None if table == Table::Open => match maps::ct_get(Table::Closed, key) {
-            Some(entry) => entry,
-            None => return,
-        },
-        None => return,
+    let Some((entry, _)) = maps::ct_get_any(&scratch.confirm.key) else {
+        return;
     };
     // SAFETY: a live map value; two aligned 4-byte stores. Only the flow's
     // creation writes `flags` otherwise, before any question.

@@ -8,7 +8,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use portmap_common::{
-    CtEntry, CtKey, FAMILY_V4, MappingKey, PROTO_TCP, ct_timeout, stat, tcp_state,
+    CtEntry, CtKey, FAMILY_V4, MappingKey, PROTO_TCP, ct_flags, ct_kind, ct_timeout, stat,
+    tcp_state,
 };
 
 use crate::{
@@ -74,27 +75,32 @@ pub fn reversed(key: &CtKey) -> CtKey {
     }
 }
 
-/// A live entry for `key`, copied out and refreshed if it is due. A TCP
-/// flow is looked for among the open flows first, then among the closed
-/// ones. The clock is read only once an entry is found: a miss (most
-/// packets of the default path) needs no time.
+/// A live entry for `key`, copied out (into this CPU's scratch, see
+/// `maps::Scratch::found`) and refreshed if it is due. Looked for among
+/// the assured flows first, then the flows not yet assured
+/// (`conntrack_new`), then, for TCP, the closed ones. The clock is read
+/// only once an entry is found: a miss (most packets of the default path)
+/// needs no time. An entry found in `conntrack_new` is noted in scratch
+/// for [`track_tcp`], which asks whether its flow is assured now.
+///
+/// The copy is handed back in place, not on the caller's frame: with the
+/// search of three tables, existing_flow's and egress's frames grew past
+/// what 6.1 (which rounds each frame up to 32 bytes) leaves them under
+/// the entry point in BPF's 512 bytes. It holds until the next lookup on
+/// this CPU; no caller looks up twice while it reads it.
 #[inline(always)]
-pub fn lookup(key: &CtKey) -> Option<CtEntry> {
-    // One copy of the entry whichever table it is in: the callers' frames
-    // have no room for two.
-    let first = Table::for_proto(key.proto);
-    let (entry, table) = match maps::ct_get(first, key) {
-        Some(entry) => (entry, first),
-        None if first == Table::Open => (maps::ct_get(Table::Closed, key)?, Table::Closed),
-        None => return None,
-    };
+pub fn lookup(key: &CtKey) -> Option<&'static CtEntry> {
+    let (entry, table) = maps::ct_get_any(key)?;
+    let scratch = maps::scratch()?;
     // SAFETY: pointer from a successful lookup; the LRU may recycle it at
     // any time, so it is read once and written with a single store.
-    let copy = unsafe { *entry };
+    scratch.found = unsafe { *entry };
+    let copy = &scratch.found;
     let now = now();
     let age = now.saturating_sub(copy.last_seen_ns);
     // A closed flow is never refreshed: it lingers for its last packets
-    // only, counted from the close.
+    // only, counted from the close. Nor is a flow not yet assured: its
+    // time is that of its first packet (see `ct_timeout::UDP_STREAM`).
     let closed = table == Table::Closed;
     let timeout = if closed {
         ct_timeout::TCP_CLOSED
@@ -104,7 +110,9 @@ pub fn lookup(key: &CtKey) -> Option<CtEntry> {
     if age > timeout {
         return None;
     }
-    if !closed && age > ct_timeout::REFRESH {
+    if table == Table::New {
+        scratch.follow |= follow::UNASSURED;
+    } else if !closed && age > ct_timeout::REFRESH {
         // SAFETY: the same live entry; one aligned 8-byte store, so a
         // concurrent reader sees the old or the new time, and a recycled
         // entry only gets a fresher time (it is read back and judged anew).
@@ -139,7 +147,7 @@ pub fn still_mapped(
 /// Whether a TCP packet of a flow whose entry has `tcp_state` may change
 /// that state (so [`track_tcp`] has something to do): a FIN or RST, or the
 /// first packet without SYN. The flow decision only notes it
-/// (`scratch.track`); the entry point calls [`track_tcp`] once that
+/// (`scratch.follow`); the entry point calls [`track_tcp`] once that
 /// decision's frame is gone: stacked on it, the state tracking does not
 /// fit BPF's 512 bytes (6.1 rounds every frame up to 32 bytes).
 #[inline(always)]
@@ -149,47 +157,84 @@ pub fn note_tcp_change(packet: &Packet, tcp_state: u8) {
             || (tcp_state & tcp_state::SYN_ONLY != 0 && packet.flags & TCP_SYN == 0))
         && let Some(scratch) = maps::scratch()
     {
-        scratch.track = true;
+        scratch.follow |= follow::TCP_CHANGE;
     }
 }
 
-/// Follows a TCP flow's state on the packet the flow decision noted (see
-/// [`note_tcp_change`]), if any: the end of the handshake, a FIN, a RST.
-/// A flow closed by FIN both ways or by RST leaves the open table for the
-/// closed one, both directions at once; there it lingers for its last ACK
-/// and retransmissions and is the first to go when space runs short,
-/// instead of pushing an idle live flow out of the open table (an LRU
-/// evicts by use, not by our timestamps). A flow already closed has no
-/// open entry and is left as it is.
+/// Follows a flow's state on the packet the flow decision noted, if any:
+/// a TCP packet that may change its state (see [`note_tcp_change`]), or
+/// any packet whose entry is in `conntrack_new` (see [`lookup`]), whose
+/// flow may be assured now.
+///
+/// TCP: the end of the handshake, a FIN, a RST. A flow closed by FIN both
+/// ways or by RST leaves the open table for the closed one, both
+/// directions at once; there it lingers for its last ACK and
+/// retransmissions and is the first to go when space runs short, instead
+/// of pushing an idle live flow out of the open table (an LRU evicts by
+/// use, not by our timestamps). A flow already closed has no open entry
+/// and is left as it is.
+///
+/// Assured (nf_conntrack's word): a TCP flow once its handshake completes
+/// (the client's first packet without SYN), or, recovered mid-flow (see
+/// `flow::new_flow`), once its container answers; a UDP or SCTP flow once
+/// it had an answer and still has packets [`ct_timeout::UDP_STREAM`]
+/// after its first. An assured flow's entries move from `conntrack_new` to
+/// the table of its protocol, where new flows never evict them.
 ///
 /// The other direction's entry is keyed by the reversed tuple of the
 /// packet as translated: `rewrites_destination` says which end the
 /// entry's `nat_addr`/`nat_port` replace (DNAT and UNMASQ entries, on
 /// ingress: the destination; REPLY and SNAT, on egress: the source).
 ///
-/// The call is made only when a change was noted: most packets change
-/// nothing, and a call and its return cost 10-15 ns (program_cost.rs).
+/// The call is made only when there is something to do: most packets
+/// change nothing, and a call and its return cost 10-15 ns
+/// (program_cost.rs).
 #[inline(always)]
 pub fn track_tcp(packet: &Packet, rewrites_destination: bool) {
-    if maps::scratch().is_some_and(|scratch| scratch.track) {
-        track_noted(packet, rewrites_destination);
+    if let Some(scratch) = maps::scratch()
+        && scratch.follow != 0
+    {
+        scratch.tracked = track_noted(packet, rewrites_destination);
     }
 }
 
 /// [`track_tcp`] of a packet whose change was noted. Not inlined: one walk
-/// of it per entry point, on top of the entry point's frame only.
+/// of it per entry point, on top of the entry point's frame only. Returns
+/// whether the flow's entries changed, which the caller keeps in scratch:
+/// a result that is used, so that every exit sets r0 (the verifier refuses
+/// a subprogram that leaves a stack pointer there, as one path did when
+/// the function returned nothing, or a result the compiler could drop).
 #[inline(never)]
-fn track_noted(packet: &Packet, rewrites_destination: bool) {
+fn track_noted(packet: &Packet, rewrites_destination: bool) -> bool {
     let Some(scratch) = maps::scratch() else {
-        return;
+        return false;
     };
-    scratch.track = false;
+    let track = scratch.follow & follow::TCP_CHANGE != 0;
+    scratch.follow = 0;
     let key = key_of(packet);
-    let Some(entry) = maps::ct_get(Table::Open, &key) else {
-        return;
+    let Some((entry, table)) = maps::ct_get_live(&key) else {
+        return false;
     };
     // SAFETY: fields of a live map value, read once.
-    let (nat_addr_be, nat_port_be) = unsafe { ((*entry).nat_addr_be, (*entry).nat_port_be) };
+    let (nat_addr_be, nat_port_be, kind, state, flags, first_seen) = unsafe {
+        (
+            (*entry).nat_addr_be,
+            (*entry).nat_port_be,
+            (*entry).kind,
+            (*entry).tcp_state,
+            (*entry).flags,
+            (*entry).last_seen_ns,
+        )
+    };
+    // An entry this hook does not translate (a container's answer that
+    // ingress hands to the fast path, egress translates it): its packet
+    // is followed where it is translated.
+    let answer = kind == ct_kind::REPLY || kind == ct_kind::UNMASQ;
+    if rewrites_destination != (kind == ct_kind::DNAT || kind == ct_kind::UNMASQ)
+        || !(answer || kind == ct_kind::DNAT || kind == ct_kind::SNAT)
+    {
+        return false;
+    }
     let pair = if rewrites_destination {
         CtKey {
             src_addr_be: nat_addr_be,
@@ -207,54 +252,123 @@ fn track_noted(packet: &Packet, rewrites_destination: bool) {
             ..key
         }
     };
-    let flags = packet.flags;
-    let closes = if flags & TCP_RST != 0 {
+    let tcp_flags = packet.flags;
+    if packet.proto != PROTO_TCP {
+        if table != Table::New {
+            return false;
+        }
+        if answer {
+            set_flag(&pair, ct_flags::REPLIED);
+        }
+        if (answer || flags & ct_flags::REPLIED != 0)
+            && now().saturating_sub(first_seen) >= ct_timeout::UDP_STREAM
+        {
+            assure(&key, &pair);
+            return true;
+        }
+        return false;
+    }
+    if !track {
+        // A recovered TCP flow (no SYN_ONLY) that its container answers
+        // with anything but a RST.
+        if table == Table::New
+            && answer
+            && state & tcp_state::SYN_ONLY == 0
+            && tcp_flags & TCP_RST == 0
+        {
+            assure(&key, &pair);
+            return true;
+        }
+        return false;
+    }
+    let closes = if tcp_flags & TCP_RST != 0 {
         true
-    } else if flags & TCP_FIN != 0 {
+    } else if tcp_flags & TCP_FIN != 0 {
         set_state(&key, tcp_state::FIN, tcp_state::SYN_ONLY);
         // SAFETY: one byte of a map value, read once (see `lookup`).
-        maps::ct_get(Table::Open, &pair)
-            .is_some_and(|entry| unsafe { (*entry).tcp_state } & tcp_state::FIN != 0)
+        maps::ct_get_live(&pair)
+            .is_some_and(|(entry, _)| unsafe { (*entry).tcp_state } & tcp_state::FIN != 0)
     } else {
         // The first packet without SYN: the handshake is done, both ways.
         set_state(&key, 0, tcp_state::SYN_ONLY);
         set_state(&pair, 0, tcp_state::SYN_ONLY);
+        if table == Table::New {
+            assure(&key, &pair);
+        }
         false
     };
     if closes {
         let now = now();
-        move_to_closed(&key, now);
-        move_to_closed(&pair, now);
-        maps::count(stat::CT_CLOSED);
+        if move_to_closed(&key, now) | move_to_closed(&pair, now) {
+            maps::count(stat::CT_CLOSED);
+        }
     }
+    true
 }
 
-/// Sets `set` and clears `clear` in the state of the open entry of `key`.
+/// Sets `set` and clears `clear` in the state of the live entry of `key`.
 #[inline(always)]
 fn set_state(key: &CtKey, set: u8, clear: u8) {
-    if let Some(entry) = maps::ct_get(Table::Open, key) {
+    if let Some((entry, _)) = maps::ct_get_live(key) {
         // SAFETY: a live map value; one byte, one store.
         unsafe { (*entry).tcp_state = ((*entry).tcp_state & !clear) | set };
     }
 }
 
-/// Moves the open entry of `key` to the closed table, stamped `now` (the
-/// start of its linger).
+/// Sets `flag` in the entry of `key` in `conntrack_new`.
 #[inline(always)]
-fn move_to_closed(key: &CtKey, now: u64) {
+fn set_flag(key: &CtKey, flag: u32) {
+    if let Some(entry) = maps::ct_get(Table::New, key) {
+        // SAFETY: a live map value; one word, one store.
+        unsafe { (*entry).flags |= flag };
+    }
+}
+
+/// Moves both directions of an assured flow from `conntrack_new` to the
+/// table of its protocol (see [`track_tcp`]).
+#[inline(always)]
+fn assure(key: &CtKey, pair: &CtKey) {
+    let now = now();
+    let to = Table::for_proto(key.proto);
+    if move_entry(key, Table::New, to, now) | move_entry(pair, Table::New, to, now) {
+        maps::count(stat::CT_ASSURED);
+    }
+}
+
+/// Moves the live entry of `key` to the closed table, stamped `now` (the
+/// start of its linger). Whether it was there to move.
+#[inline(always)]
+fn move_to_closed(key: &CtKey, now: u64) -> bool {
+    let Some((_, table)) = maps::ct_get_live(key) else {
+        return false;
+    };
+    move_entry(key, table, Table::Closed, now)
+}
+
+/// Moves the entry of `key` from one table to another, stamped `now`. A
+/// closed flow leaves the live tables even if the closed one refuses it:
+/// it must not hold a place among the live ones. An assured flow the
+/// established table refuses stays where it is. Whether the entry moved.
+///
+/// Not inlined: each of track_noted's four moves inlined the three
+/// operations on any of the four tables, and the paths through them took
+/// 6.1's verifier past its million instructions in egress.
+#[inline(never)]
+fn move_entry(key: &CtKey, from: Table, to: Table, now: u64) -> bool {
     let Some(scratch) = maps::scratch() else {
-        return;
+        return false;
     };
-    let Some(entry) = maps::ct_get(Table::Open, key) else {
-        return;
+    let Some(entry) = maps::ct_get(from, key) else {
+        return false;
     };
-    // SAFETY: copied out at once (see `lookup_in`).
+    // SAFETY: copied out at once (see `lookup`).
     scratch.moved = unsafe { *entry };
     scratch.moved.last_seen_ns = now;
-    // Removed from the open table even if the closed one refuses it: a
-    // closed flow must not hold a place among the live ones.
-    let _ = maps::ct_put(Table::Closed, key, &scratch.moved);
-    maps::ct_remove(Table::Open, key);
+    let moved = maps::ct_put(to, key, &scratch.moved);
+    if moved || to == Table::Closed {
+        maps::ct_remove(from, key);
+    }
+    moved
 }
 
 /// Whether a socket of the node owns the tuple of this TCP packet: an
@@ -335,6 +449,14 @@ fn socket_owns(ctx: &TcContext, family: u8, src: (&[u32; 4], u16), dst: (&[u32; 
     // once and not used after (the verifier checks the reference).
     unsafe { bpf_sk_release(sock.cast()) };
     !listening
+}
+
+/// Bits of `maps::Scratch::follow`: what [`track_tcp`] has to do.
+pub mod follow {
+    /// The packet may change its TCP flow's state (see [`super::note_tcp_change`]).
+    pub const TCP_CHANGE: u8 = 1;
+    /// The packet's entry is in `conntrack_new` (see [`super::lookup`]).
+    pub const UNASSURED: u8 = 2;
 }
 
 /// `TCP_LISTEN` of the kernel's TCP states.

@@ -109,7 +109,7 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
             }
             confirm::note(
                 &key,
-                &entry,
+                entry,
                 (&key.dst_addr_be, key.dst_port_be),
                 packet.flags,
             );
@@ -149,7 +149,7 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
             // before its PREROUTING.
             confirm::note(
                 &key,
-                &entry,
+                entry,
                 (&entry.nat_addr_be, entry.nat_port_be),
                 packet.flags,
             );
@@ -190,7 +190,7 @@ fn offer_unmasqueraded(packet: &Packet) {
     }
     confirm::note(
         &key,
-        &entry,
+        entry,
         (&entry.nat_addr_be, entry.nat_port_be),
         packet.flags,
     );
@@ -329,17 +329,7 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
         family: packet.family,
         _pad0: 0,
     };
-    // Reply state first: a translated packet whose answer cannot be
-    // translated back would only confuse the client.
-    if maps::ct_put_pair(
-        Table::for_proto(packet.proto),
-        (&scratch.reply_key, &scratch.reply),
-        Insert::Any,
-        (&scratch.forward_key, &scratch.forward),
-    )
-    .is_err()
-    {
-        events::note(stat::CT_INSERT_FAILED);
+    if !record_new_flow() {
         return false;
     }
     scratch.owner_id = mapping.owner_id;
@@ -355,6 +345,32 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
         events::note(stat::REWRITE_FAILED);
         false
     }
+}
+
+/// Records the two directions of the new flow new_flow built in scratch,
+/// reply state first: a translated packet whose answer cannot be
+/// translated back would only confuse the client. In the table of flows
+/// not yet assured, whatever the protocol: new flows evict only each
+/// other (see `ct::track_tcp`). Not inlined: in new_flow, whose frame has
+/// no byte to spare, the inserts took it from 256 to 264 bytes, which 6.1
+/// rounds up past BPF's 512-byte stack under the entry point.
+#[inline(never)]
+fn record_new_flow() -> bool {
+    let Some(scratch) = maps::scratch() else {
+        return false;
+    };
+    if maps::ct_put_pair(
+        Table::New,
+        (&scratch.reply_key, &scratch.reply),
+        Insert::Any,
+        (&scratch.forward_key, &scratch.forward),
+    )
+    .is_err()
+    {
+        events::note(stat::CT_INSERT_FAILED);
+        return false;
+    }
+    true
 }
 
 /// Not inlined: with its frame inside the entry point's, the trace call
@@ -429,24 +445,63 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
             },
         )
     {
-        let pass = CtEntry {
-            kind: ct_kind::PASS,
-            last_seen_ns: ct::now(),
-            ..CtEntry::default()
-        };
-        // Never over a translation: on a bridge the reply of a translated
-        // flow crosses a second egress hook (the bridge port) after the
-        // first rewrote it to the host port, and must stay translated; a
-        // closed translated flow is in the closed table, not here.
-        let answer = ct::reversed(&key);
-        let table = Table::for_proto(packet.proto);
-        if (table != Table::Open || maps::ct_get(Table::Closed, &answer).is_none())
-            && maps::ct_put_new(table, &answer, &pass)
-        {
-            maps::count(stat::PASS_RECORDED);
-        }
+        record_pass(&key);
     }
     false
+}
+
+/// Records a pass entry for the answers of a flow the node opened from a
+/// mapped port, whose packet has tuple `key` (see egress). Never over a
+/// translation: on a bridge the reply of a translated flow crosses a
+/// second egress hook (the bridge port) after the first rewrote it to the
+/// host port, and must stay translated; a closed translated flow is in the
+/// closed table, and one not yet assured in `conntrack_new`, not here.
+/// Built in scratch, and not inlined: egress's frame with the answer's
+/// key and the search of three tables on it was 280 bytes, past BPF's
+/// 512-byte stack under the entry point and `ct::lookup`.
+#[inline(never)]
+fn record_pass(key: &CtKey) {
+    // The clock first: read after the scratch lookup, its cache's lookup
+    // spilled a register, a frame of 40 bytes, 64 on 6.1: past the 512
+    // bytes under egress.
+    let now = ct::now();
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    // Field by field, here and below: the reversed key or a whole entry
+    // built on this frame first took egress's call chain past 6.1's 512
+    // bytes.
+    let answer = &mut scratch.reply_key;
+    for i in 0..4 {
+        // SAFETY: words of this CPU's scratch value and of the caller's key.
+        unsafe {
+            core::ptr::write_volatile(&raw mut answer.src_addr_be[i], key.dst_addr_be[i]);
+            core::ptr::write_volatile(&raw mut answer.dst_addr_be[i], key.src_addr_be[i]);
+        }
+    }
+    answer.src_port_be = key.dst_port_be;
+    answer.dst_port_be = key.src_port_be;
+    answer.proto = key.proto;
+    answer.family = key.family;
+    answer._pad0 = 0;
+    let pass = &mut scratch.reply;
+    for word in &mut pass.nat_addr_be {
+        // SAFETY: a word of this CPU's scratch value.
+        unsafe { core::ptr::write_volatile(word, 0) };
+    }
+    pass.nat_port_be = 0;
+    pass.kind = ct_kind::PASS;
+    pass.tcp_state = 0;
+    pass.flags = 0;
+    pass.mapping = portmap_common::MappingKey::default();
+    pass.verdict_at = 0;
+    pass.last_seen_ns = now;
+    let table = Table::for_proto(key.proto);
+    if maps::ct_get_any(&scratch.reply_key).is_none()
+        && maps::ct_put_new(table, &scratch.reply_key, &scratch.reply)
+    {
+        maps::count(stat::PASS_RECORDED);
+    }
 }
 
 /// After new_flow translated a flow (a new one, or a recovered one, see
@@ -486,8 +541,8 @@ fn remember_masquerade(flag: u32) {
         return;
     };
     scratch.forward.flags = flag;
-    let table = Table::for_proto(scratch.forward_key.proto);
-    if let Some(entry) = maps::ct_get(table, &scratch.forward_key) {
+    // A new flow's entries are in `conntrack_new`.
+    if let Some(entry) = maps::ct_get(Table::New, &scratch.forward_key) {
         // SAFETY: a live map value; one word, one store.
         unsafe { (*entry).flags = flag };
     }

@@ -50,9 +50,10 @@ pub static OWNER_SLOTS: HashMap<
 
 /// Our own connection tracking: two entries per translated flow (four
 /// when masqueraded), plus pass entries for flows opened from a mapped
-/// port by the node or a container. Three LRU tables (see
-/// `portmap_common::maps::CONNTRACK`): open TCP flows, closed TCP flows,
-/// everything else. An LRU evicts what was used least recently whatever
+/// port by the node or a container. Four LRU tables (see
+/// `portmap_common::maps::CONNTRACK`): assured open TCP flows, closed TCP
+/// flows, assured flows of other protocols, and flows not yet assured
+/// (`conntrack_new`). An LRU evicts what was used least recently whatever
 /// our timestamps say, so dead flows must not stay in the table of live
 /// ones: a flow that closes is moved to `CONNTRACK_CLOSED`, where only
 /// other closed flows compete with it, and UDP churn has its own table.
@@ -65,6 +66,14 @@ static CONNTRACK_CLOSED: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK_CLOSED
 
 #[btf_map(name = "conntrack_other")]
 static CONNTRACK_OTHER: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
+    LruHashMap::new();
+
+/// Every entry of a flow not yet assured (see
+/// `portmap_common::maps::CONNTRACK_NEW`): new flows compete for room here
+/// only, so a flood evicts the flood's own entries and never an assured
+/// flow's in `conntrack` or `conntrack_other`.
+#[btf_map(name = "conntrack_new")]
+static CONNTRACK_NEW: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
     LruHashMap::new();
 
 /// Ports the mappings use, by role (see `portmap_common::maps::MAPPED_PORTS`).
@@ -93,10 +102,13 @@ pub enum Table {
     Closed,
     /// UDP and SCTP flows.
     Other,
+    /// Flows of any protocol not yet assured: every new flow starts here.
+    New,
 }
 
 impl Table {
-    /// Where a new flow of IP protocol `proto` is recorded.
+    /// Where an assured flow of IP protocol `proto` is recorded (a new
+    /// one starts in [`Table::New`]).
     #[inline(always)]
     pub fn for_proto(proto: u8) -> Table {
         if proto == PROTO_TCP {
@@ -167,7 +179,7 @@ pub struct TraceScratch {
     /// The reasons counted since, one bit each. Kept here rather than passed
     /// on: read back from a map, the value is unknown to the verifier, which
     /// would otherwise follow each of the 2^COUNT combinations separately.
-    pub decisions: u32,
+    pub decisions: u64,
     /// Source and destination port of the packet as it leaves.
     pub after_ports_be: [u16; 2],
     /// The packet as it arrived.
@@ -214,11 +226,20 @@ pub struct Scratch {
     pub fast: Offer,
     /// The ingress program's tc action for this packet.
     pub action: i32,
-    /// Set by `ct::note_tcp_change` when the packet may change the TCP
-    /// state of its flow, for `ct::track_tcp`.
-    pub track: bool,
-    /// `ct::track_tcp`'s room for an entry on its way to the closed table.
+    /// What `ct::track_tcp` has to do for this packet, `ct::follow` bits:
+    /// `TCP_CHANGE` set by `ct::note_tcp_change` when the packet may change
+    /// the TCP state of its flow, `UNASSURED` by `ct::lookup` when the
+    /// packet's entry is in `conntrack_new`. One byte, so the entry points
+    /// test it with one load and one branch (each more one multiplied the
+    /// states 6.1's verifier walks in egress past its limit).
+    pub follow: u8,
+    /// Whether `ct::track_tcp` changed the entries of the last packet's
+    /// flow (see `ct::track_noted` for why it is kept).
+    pub tracked: bool,
+    /// `ct::track_tcp`'s room for an entry on its way to another table.
     pub moved: CtEntry,
+    /// The copy of the entry `ct::lookup` found, which it hands back.
+    pub found: CtEntry,
     /// `ct::node_socket_owns`'s `bpf_sock_tuple` (the IPv6 layout holds
     /// either family).
     pub sock_tuple: [u32; 9],
@@ -538,6 +559,10 @@ macro_rules! on_table {
                 let $map = &CONNTRACK_OTHER;
                 $call
             }
+            Table::New => {
+                let $map = &CONNTRACK_NEW;
+                $call
+            }
         }
     };
 }
@@ -545,6 +570,31 @@ macro_rules! on_table {
 #[inline(always)]
 pub fn ct_get(table: Table, key: &CtKey) -> Option<*mut CtEntry> {
     on_table!(table, map => map.get_ptr_mut(key))
+}
+
+/// The entry of `key` among the flows that have not closed, and the table
+/// it is in: the assured flows' table first, then `conntrack_new`.
+#[inline(always)]
+pub fn ct_get_live(key: &CtKey) -> Option<(*mut CtEntry, Table)> {
+    let table = Table::for_proto(key.proto);
+    if let Some(entry) = ct_get(table, key) {
+        return Some((entry, table));
+    }
+    ct_get(Table::New, key).map(|entry| (entry, Table::New))
+}
+
+/// [`ct_get_live`], else a closed TCP flow's entry. A flow not yet
+/// assured comes before a closed one: a SYN that reopens a tuple whose
+/// old flow lingers among the closed ones starts in `conntrack_new`.
+#[inline(always)]
+pub fn ct_get_any(key: &CtKey) -> Option<(*mut CtEntry, Table)> {
+    if let Some(found) = ct_get_live(key) {
+        return Some(found);
+    }
+    if key.proto != PROTO_TCP {
+        return None;
+    }
+    ct_get(Table::Closed, key).map(|entry| (entry, Table::Closed))
 }
 
 #[inline(always)]

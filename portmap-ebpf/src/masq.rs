@@ -156,18 +156,27 @@ pub fn masquerade(ctx: &TcContext) {
             tries += 1;
             continue;
         }
+        // A port an assured flow of another client holds is not taken
+        // over (the new flow is written to `conntrack_new`, where IfFree
+        // does not see it).
+        if other_clients(table, &scratch.reply_key, &scratch.forward_key).is_some() {
+            tries += 1;
+            continue;
+        }
         // The client's own tuple is written over its own entries (its SYN
         // sent again while they are still open), never over another's.
-        let how =
-            if kept && other_clients(table, &scratch.reply_key, &scratch.forward_key).is_none() {
-                Insert::Any
-            } else {
-                Insert::IfFree
-            };
+        let how = if kept
+            && other_clients(maps::Table::New, &scratch.reply_key, &scratch.forward_key).is_none()
+        {
+            Insert::Any
+        } else {
+            Insert::IfFree
+        };
         // IfFree: a port in use by another masqueraded flow to the same
-        // container port is not taken over.
+        // container port is not taken over. Written with the flow's other
+        // entries, among the flows not yet assured.
         match maps::ct_put_pair(
-            table,
+            maps::Table::New,
             (&scratch.reply_key, &scratch.reply),
             how,
             (&scratch.forward_key, &scratch.forward),
@@ -230,16 +239,8 @@ fn first_port(forward_key: &CtKey) -> u16 {
 /// the same source port again if it is free.
 #[inline(always)]
 fn earlier_port(forward_key: &CtKey) -> u16 {
-    let table = maps::Table::for_proto(forward_key.proto);
-    let entry = match maps::ct_get(table, forward_key) {
-        Some(entry) => entry,
-        None if table == maps::Table::Open => {
-            match maps::ct_get(maps::Table::Closed, forward_key) {
-                Some(entry) => entry,
-                None => return 0,
-            }
-        }
-        None => return 0,
+    let Some((entry, _)) = maps::ct_get_any(forward_key) else {
+        return 0;
     };
     // SAFETY: fields of a live map value, read once.
     let (kind, port_be) = unsafe { ((*entry).kind, (*entry).nat_port_be) };
@@ -368,7 +369,7 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
         return;
     };
     scratch.forward_key = ct::key_of(packet);
-    if maps::ct_get(maps::Table::Open, &scratch.forward_key).is_some() {
+    if maps::ct_get_live(&scratch.forward_key).is_some() {
         return;
     }
     scratch.reply_key = ct::reversed(&scratch.forward_key);
@@ -387,7 +388,7 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
         node_claims(packet, &scratch.reply_key);
         return;
     }
-    let Some(entry) = maps::ct_get(maps::Table::Open, &scratch.reply_key) else {
+    let Some((entry, _)) = maps::ct_get_live(&scratch.reply_key) else {
         // The node's own connection on a tuple no flow of ours holds: the
         // container's TIME_WAIT there will be the node's.
         node_claims(packet, &scratch.reply_key);
@@ -426,7 +427,7 @@ pub fn node_flow_on_masq_tuple(ctx: &mut TcContext, packet: &Packet) {
         scratch.reply_key.dst_port_be = port_be;
         scratch.forward.nat_port_be = port_be;
         match maps::ct_put_pair(
-            maps::Table::Open,
+            maps::Table::New,
             (&scratch.reply_key, &scratch.reply),
             Insert::IfFree,
             (&scratch.forward_key, &scratch.forward),

@@ -79,7 +79,7 @@ fn decisions() {
     let Some(scratch) = maps::trace_scratch() else {
         return;
     };
-    let mut decisions: u32 = 0;
+    let mut decisions: u64 = 0;
     let mut reason = 0;
     while reason < stat::COUNT {
         if maps::stat(reason) != scratch.before[reason as usize] {
@@ -159,6 +159,7 @@ fn emit(ctx: &TcContext, direction: u8) {
         (*event).family = packet.family;
         (*event).proto = packet.proto;
         (*event).flags = packet.flags;
+        (*event)._pad0 = [0; 4];
         // The packet as it leaves, read straight into the record.
         (*event).new_src_addr_be = packet.src_be;
         (*event).new_dst_addr_be = packet.dst_be;
@@ -243,6 +244,7 @@ pub fn sock_translated(direction: u8, proto: u8, origin: &SockOrigin) {
         (*event).dport_be = origin.dialled_port_be;
         (*event).new_dport_be = origin.backend_port_be;
         (*event).decisions = 1 << stat::SOCK_TRANSLATED;
+        (*event)._pad0 = [0; 4];
         (*event).ifindex = 0;
         (*event).len = 0;
         (*event).direction = direction;

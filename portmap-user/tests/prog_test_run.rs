@@ -1307,10 +1307,12 @@ fn translated_out() -> Seen {
     seen(NODE_V4.into(), 8080, CLIENT_V4.into(), 40000)
 }
 
+/// The TCP states of the open flows' entries, assured or not.
 fn tcp_states(dp: &Dataplane) -> Vec<u8> {
     let mut states: Vec<(u8, u8)> = dp
         .conntrack(map_names::CONNTRACK)
         .into_iter()
+        .chain(dp.conntrack(map_names::CONNTRACK_NEW))
         .map(|(_, entry)| (entry.kind, entry.tcp_state))
         .collect();
     states.sort();
@@ -1334,6 +1336,11 @@ fn a_new_flow_is_syn_only_until_the_handshake_completes() {
             "both entries of a flow with only its SYN (DNAT, REPLY)"
         );
         assert_eq!(
+            dp.conntrack(map_names::CONNTRACK),
+            vec![],
+            "a flow not yet assured waits in conntrack_new"
+        );
+        assert_eq!(
             inspect(&dp.egress(&packet(&container_flow(SYN | ACK), b""))),
             translated_out()
         );
@@ -1351,7 +1358,14 @@ fn a_new_flow_is_syn_only_until_the_handshake_completes() {
             vec![0, 0],
             "the client's ACK establishes both directions"
         );
-        // UDP lives in its own table: its churn cannot evict TCP flows.
+        assert_eq!(
+            dp.conntrack(map_names::CONNTRACK).len(),
+            2,
+            "an established flow is assured: both entries moved to conntrack"
+        );
+        assert_eq!(dp.conntrack(map_names::CONNTRACK_NEW), vec![]);
+        assert_eq!(dp.stat(stat::CT_ASSURED), 1, "one flow assured");
+        // UDP lives in its own tables: its churn cannot evict TCP flows.
         let datagram = Flow {
             dport: 5353,
             proto: UDP,
@@ -1360,7 +1374,8 @@ fn a_new_flow_is_syn_only_until_the_handshake_completes() {
         };
         dp.ingress(&packet(&datagram, b"q"));
         assert_eq!(dp.conntrack(map_names::CONNTRACK).len(), 2, "TCP only");
-        let other = dp.conntrack(map_names::CONNTRACK_OTHER);
+        // Not assured before an answer and two seconds.
+        let other = dp.conntrack(map_names::CONNTRACK_NEW);
         assert_eq!(other.len(), 2, "the UDP flow's two entries: {other:?}");
         assert!(other.iter().all(|(key, _)| key.proto == UDP));
     });
@@ -1413,9 +1428,10 @@ fn fin_both_ways_moves_the_flow_to_the_closed_table_and_its_last_ack_still_passe
             translated_out()
         );
         assert_eq!(dp.stat(stat::CT_RECOVERED), 0, "followed, not recovered");
-        // The client's port reused: a new flow, open again.
+        // The client's port reused: a new flow, open again (not yet
+        // assured).
         dp.ingress(&packet(&client_flow(SYN), b""));
-        assert_eq!(dp.conntrack(map_names::CONNTRACK).len(), 2);
+        assert_eq!(dp.conntrack(map_names::CONNTRACK_NEW).len(), 2);
         assert_eq!(dp.stat(stat::DNAT_NEW), 2);
     });
 }
@@ -1471,9 +1487,19 @@ fn a_mid_flow_packet_of_a_lost_flow_is_translated_again_by_its_mapping() {
         assert_eq!(dp.stat(stat::SKIP_NOT_SYN), 0);
         assert_eq!(tcp_states(&dp), vec![0, 0], "recorded again, established");
         assert_eq!(
+            dp.conntrack(map_names::CONNTRACK),
+            vec![],
+            "not assured before its container answers"
+        );
+        assert_eq!(
             inspect(&dp.egress(&packet(&container_flow(ACK), b"answer"))),
             translated_out(),
             "and its answers are translated back"
+        );
+        assert_eq!(
+            dp.conntrack(map_names::CONNTRACK).len(),
+            2,
+            "the container's answer assures the recovered flow"
         );
         // Neither a SYN-ACK (the node's own SYN answered) nor a RST is
         // taken for the rest of a lost flow.

@@ -64,8 +64,8 @@ fn total_entries(maps: &BTreeMap<String, MapInfo>, name: &str) -> String {
         .map_or("n/a".into(), |e| e.to_string())
 }
 
-/// Entries of the three conntrack tables together (open TCP, closed TCP,
-/// every other protocol), `n/a` when none is pinned.
+/// Entries of the conntrack tables together (see
+/// `memory::CONNTRACK_TABLES`), `n/a` when none is pinned.
 fn conntrack_entries(maps: &BTreeMap<String, MapInfo>) -> String {
     let counts: Vec<u64> = memory::CONNTRACK_TABLES
         .iter()

@@ -54,6 +54,7 @@ pub fn sizes_json(sizes: &InForce) -> Value {
         "conntrack": {
             "open": sizes.conntrack,
             "other": sizes.conntrack_other,
+            "new": sizes.conntrack_new,
             "closed": sizes.conntrack_closed,
             "source": recorded.and_then(|r| r.conntrack_source).map(source_name),
             "why": sizing::conntrack_reason(recorded),
@@ -79,11 +80,12 @@ pub fn sizes_text(sizes: &InForce) -> String {
     let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
     format!(
         "BPF map memory: {:.1} MiB (bytes_memlock of the pinned maps)\n\
-         conntrack: {} open TCP, {} other, {} closed entries ({})\n\
+         conntrack: {} open TCP, {} other, {} new, {} closed entries ({})\n\
          mappings: {} at most ({})\n",
         mib(sizes.memory_bytes()),
         opt(sizes.conntrack),
         opt(sizes.conntrack_other),
+        opt(sizes.conntrack_new),
         opt(sizes.conntrack_closed),
         sizing::conntrack_reason(recorded),
         opt(sizes.mappings),

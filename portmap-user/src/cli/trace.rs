@@ -230,7 +230,7 @@ mod tests {
 
     use super::*;
 
-    fn record(decisions: u32) -> TraceRecord {
+    fn record(decisions: u64) -> TraceRecord {
         TraceRecord {
             time: SystemTime::UNIX_EPOCH,
             interface: "eth0".into(),

@@ -325,9 +325,10 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
             size(size_of::<OwnerSlotKey>()),
             size(size_of::<MappingKey>()),
         ),
-        map_names::CONNTRACK | map_names::CONNTRACK_CLOSED | map_names::CONNTRACK_OTHER => {
-            (size(size_of::<CtKey>()), size(size_of::<CtEntry>()))
-        }
+        map_names::CONNTRACK
+        | map_names::CONNTRACK_CLOSED
+        | map_names::CONNTRACK_OTHER
+        | map_names::CONNTRACK_NEW => (size(size_of::<CtKey>()), size(size_of::<CtEntry>())),
         map_names::STATS | portmap_common::TRACE_LOST_MAP => (4, 8),
         map_names::MAPPED_PORTS | map_names::MAPPINGS_EPOCH => (4, 8),
         local::map_names::NODE => (4, size(size_of::<local::NodeConfig>())),

@@ -282,7 +282,7 @@ impl Drop for Tracer {
 pub fn decisions(event: &TraceEvent) -> Vec<&'static Reason> {
     let mut reasons: Vec<_> = REASONS
         .iter()
-        .filter(|reason| event.decisions & (1 << reason.id) != 0)
+        .filter(|reason| event.decisions & (1u64 << reason.id) != 0)
         .collect();
     if reasons.is_empty() {
         reasons.push(&NO_MAPPING);

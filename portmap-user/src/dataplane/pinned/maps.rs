@@ -425,8 +425,9 @@ pub fn user_map_definition(
     })
 }
 
-/// A conntrack table (`map_names::CONNTRACK`, `CONNTRACK_CLOSED` or
-/// `CONNTRACK_OTHER`), opened only by the verbs that look at flows.
+/// A conntrack table (`map_names::CONNTRACK`, `CONNTRACK_CLOSED`,
+/// `CONNTRACK_OTHER` or `CONNTRACK_NEW`), opened only by the verbs that
+/// look at flows.
 pub fn conntrack(
     layout: &PinLayout,
     table: &'static str,

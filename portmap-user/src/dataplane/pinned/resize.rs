@@ -92,9 +92,10 @@ const BPF_NOEXIST: u64 = 1;
 pub const WRITERS_WAIT: Duration = Duration::from_secs(3);
 
 /// The tables a resize may replace.
-const TABLES: [&str; 3] = [
+const TABLES: [&str; 4] = [
     map_names::CONNTRACK,
     map_names::CONNTRACK_OTHER,
+    map_names::CONNTRACK_NEW,
     map_names::CONNTRACK_CLOSED,
 ];
 
@@ -171,6 +172,7 @@ pub fn needed(layout: &PinLayout, capacities: Capacities) -> Option<Sizes> {
     let sizes = Sizes::resolve(capacities, NodeShape::this());
     let differs = open != sizes.conntrack
         || pinned(map_names::CONNTRACK_OTHER).is_some_and(|n| n != sizes.conntrack)
+        || pinned(map_names::CONNTRACK_NEW).is_some_and(|n| n != sizes.conntrack)
         || pinned(map_names::CONNTRACK_CLOSED).is_some_and(|n| n != sizes.conntrack_closed)
         || mapping_tables(capacities, &sizes)
             .iter()

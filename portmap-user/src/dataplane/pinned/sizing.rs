@@ -4,16 +4,17 @@
 //! choice for `status` and `version`; and what the maps cost the kernel.
 //!
 //! # The conntrack formula
-//! The three conntrack tables are LRU hashes, which the kernel always
+//! The four conntrack tables are LRU hashes, which the kernel always
 //! preallocates (`BPF_F_NO_PREALLOC` is refused for them: `-ENOTSUPP` in
 //! `htab_map_alloc_check`), so their whole size is charged from the first
 //! ADD on, to the memory cgroup of the process that made them (the
 //! container runtime's). Without `conntrackSize`:
 //!
 //! ```text
-//! conntrack = conntrack_other = clamp(pow2_floor(node memory in MiB),
-//!                                     pow2_ceil(max(4096, 512 x CPUs)),
-//!                                     262144)
+//! conntrack = conntrack_other = conntrack_new
+//!           = clamp(pow2_floor(node memory in MiB),
+//!                   pow2_ceil(max(4096, 512 x CPUs)),
+//!                   262144)
 //! conntrack_close             = max(conntrack / 4, 1024, 512 x CPUs)
 //! ```
 //!
@@ -24,8 +25,11 @@
 //! that other CPUs only take after evicting, so a table of at least 512
 //! entries per CPU never has more than a quarter of itself stranded there.
 //! CPUs are the possible ones, which the kernel sizes per-CPU memory by.
-//! An explicit `conntrackSize` sets both open tables; the closed one is a
-//! quarter of it, with the same floors.
+//! An explicit `conntrackSize` sets the two tables of assured flows and
+//! `conntrack_new` (flows not yet assured, where a flood's entries evict
+//! each other: as big as the others, so a burst of honest new flows as
+//! large as the assured table can be made assured before it is evicted);
+//! the closed one is a quarter of it, with the same floors.
 
 use std::path::PathBuf;
 
@@ -178,10 +182,11 @@ impl Sizes {
     }
 
     /// (map, max_entries) of every map whose size these are.
-    pub fn entries(&self) -> [(&'static str, u32); 6] {
+    pub fn entries(&self) -> [(&'static str, u32); 7] {
         [
             (map_names::CONNTRACK, self.conntrack),
             (map_names::CONNTRACK_OTHER, self.conntrack),
+            (map_names::CONNTRACK_NEW, self.conntrack),
             (map_names::CONNTRACK_CLOSED, self.conntrack_closed),
             (map_names::MAPPINGS, self.mappings),
             (map_names::OWNER_SLOTS, self.owner_slots),
@@ -310,9 +315,11 @@ pub fn mappings_reason(recorded: Option<&Recorded>) -> String {
 /// charges for each pinned map now.
 #[derive(Debug, Clone, Default)]
 pub struct InForce {
-    /// max_entries of `conntrack`, `conntrack_other`, `conntrack_close`.
+    /// max_entries of `conntrack`, `conntrack_other`, `conntrack_new`,
+    /// `conntrack_close`.
     pub conntrack: Option<u32>,
     pub conntrack_other: Option<u32>,
+    pub conntrack_new: Option<u32>,
     pub conntrack_closed: Option<u32>,
     pub mappings: Option<u32>,
     pub recorded: Option<Recorded>,
@@ -342,6 +349,7 @@ impl InForce {
         InForce {
             conntrack: max(map_names::CONNTRACK),
             conntrack_other: max(map_names::CONNTRACK_OTHER),
+            conntrack_new: max(map_names::CONNTRACK_NEW),
             conntrack_closed: max(map_names::CONNTRACK_CLOSED),
             mappings: max(map_names::MAPPINGS),
             recorded: recorded(layout),
@@ -477,7 +485,7 @@ pub fn footprint(sizes: &Sizes, cpus: u32, mappings: u64) -> Footprint {
     };
     let size = |n: usize| n as u64;
     let (ct_key, ct_value) = (size(size_of::<CtKey>()), size(size_of::<CtEntry>()));
-    let conntrack = 2 * cost::prealloc_hash(sizes.conntrack, ct_key, ct_value, cpus)
+    let conntrack = 3 * cost::prealloc_hash(sizes.conntrack, ct_key, ct_value, cpus)
         + cost::prealloc_hash(sizes.conntrack_closed, ct_key, ct_value, cpus);
     let lazy = |max, key, value, entries| cost::lazy_hash(max, key, value, entries, cpus);
     let tables = lazy(

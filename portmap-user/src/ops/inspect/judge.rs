@@ -2,7 +2,7 @@
 //! what is a note, each with its fix. Pure but for the gone containers, so
 //! the rules are unit-tested.
 
-use portmap_common::MappingKey;
+use portmap_common::{MappingKey, map_names};
 
 use super::attachments::{SplitKind, TcAttachment};
 use super::drift::NodeDrift;
@@ -143,7 +143,17 @@ pub fn judge(status: &mut Status) {
                 map.entries.unwrap_or(0),
                 map.max_entries
             );
-            if map.recycles() {
+            if map.name == map_names::CONNTRACK || map.name == map_names::CONNTRACK_OTHER {
+                // Assured flows only (see `portmap_common::maps::CONNTRACK_NEW`):
+                // room for the next one is made by evicting a live flow.
+                problems.push(format!(
+                    "{fill}: it holds assured (live) flows only, so each new one evicts an idle live flow, whose container's next packet leaves untranslated and whose client's next TCP segment is recovered (ct_recovered); raise conntrackSize"
+                ));
+            } else if map.name == map_names::CONNTRACK_NEW {
+                notes.push(format!(
+                    "{fill}: new flows not yet assured (a flood, or a burst of new flows) evict each other there, by design; assured flows are not affected"
+                ));
+            } else if map.recycles() {
                 notes.push(format!(
                     "{fill}: it drops its least recently used entries to make room, by design; a table this full under steady load may be worth a larger conntrackSize"
                 ));
@@ -197,6 +207,11 @@ pub fn judge(status: &mut Status) {
         if *value > 0 && matches!(*name, "rewrite_failed" | "ct_insert_failed") {
             notes.push(format!(
                 "{value} packet(s) counted as {name} since the maps were created"
+            ));
+        }
+        if *value > 0 && *name == "ct_recovered" {
+            notes.push(format!(
+                "{value} mid-flow TCP packet(s) found their flow's entries gone since the maps were created (ct_recovered): evicted from a full conntrack table, idle past their timeout, or older than the maps; translated again by their mapping"
             ));
         }
     }
@@ -439,6 +454,46 @@ mod tests {
                 .any(|n| n.starts_with("map conntrack_close is 98% full (4028 of 4096): it drops")),
             "{:?}",
             churned.notes
+        );
+
+        // Full of assured flows: each new one evicts a live flow.
+        let mut live_evicted = healthy();
+        live_evicted.maps.push(MapFill {
+            name: "conntrack".into(),
+            map_type: "lru_hash".into(),
+            entries: Some(1000),
+            max_entries: 1024,
+            id: 3,
+        });
+        let live_evicted = judged(live_evicted);
+        assert_eq!(
+            live_evicted.problems.len(),
+            1,
+            "{:?}",
+            live_evicted.problems
+        );
+        assert!(
+            live_evicted.problems[0].starts_with(
+                "map conntrack is 98% full (1000 of 1024): it holds assured (live) flows only"
+            ),
+            "{:?}",
+            live_evicted.problems
+        );
+        // Full of a flood's unassured flows: said, the node stays healthy.
+        let mut flooded = healthy();
+        flooded.maps.push(MapFill {
+            name: "conntrack_new".into(),
+            map_type: "lru_hash".into(),
+            entries: Some(1024),
+            max_entries: 1024,
+            id: 4,
+        });
+        let flooded = judged(flooded);
+        assert_eq!(flooded.problems, Vec::<String>::new());
+        assert!(
+            flooded.notes[0].contains("assured flows are not affected"),
+            "{:?}",
+            flooded.notes
         );
 
         let mut no_program = healthy();

@@ -25,8 +25,8 @@ use crate::model::{Liveness, PodIdentity, Sandbox};
 pub type FlowTarget = (MappingKey, [u32; 4], u16);
 
 /// Live translated flows by target: DNAT entries of the open-flow tables
-/// (`conntrack`, `conntrack_other`) that have not idled past their timeout
-/// at `now_ns`. A TCP flow that closed (FIN both ways, or RST) has left
+/// (`conntrack`, `conntrack_other`, and `conntrack_new` for flows not yet
+/// assured) that have not idled past their timeout at `now_ns`. A TCP flow that closed (FIN both ways, or RST) has left
 /// those tables for `conntrack_close` and no longer counts; one that saw
 /// only its SYN counts for a minute.
 pub fn live_flows(
@@ -233,7 +233,11 @@ pub fn mapping_rows_and_flows(
     let now = monotonic_ns();
     let mut flows = StdHashMap::new();
     // A table missing (pins of an older build) has no flows.
-    for table in [map_names::CONNTRACK, map_names::CONNTRACK_OTHER] {
+    for table in [
+        map_names::CONNTRACK,
+        map_names::CONNTRACK_OTHER,
+        map_names::CONNTRACK_NEW,
+    ] {
         if let Ok(conntrack) = maps::conntrack(layout, table) {
             let mut failed = None;
             let entries = conntrack.iter().map_while(|entry| {

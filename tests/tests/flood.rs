@@ -1,0 +1,627 @@
+//! A flood of new flows never costs a live flow (issue 53). An external
+//! client holds an idle TCP connection and an idle, assured UDP session
+//! through the hostPorts of a container on a node with kube-proxy's
+//! `ct state invalid drop` at FORWARD; a neighbour then floods the same
+//! ports with three times the table's size of spoofed SYNs and UDP
+//! datagrams, from every CPU (one sender pinned to each, as a NIC spreads
+//! its queues: the kernel's LRU keeps per-CPU free lists). Then each side
+//! of each idle flow speaks first: every message arrives within a second,
+//! nothing reaches the client from the pod's own address, and new flows
+//! work. IPv4 and IPv6, in the default mode and with `fastPath: true`.
+//! Needs root.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use portmap_tests::PortMapping;
+use portmap_tests::cni::result_addresses;
+use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6};
+use portmap_tests::world::{World, counter};
+use serde_json::Value;
+
+/// `conntrackSize`: the flood sends three times as many flows of each
+/// protocol.
+const TABLE: u64 = 1024;
+const TCP_HOST_PORT: u16 = 8099;
+const UDP_HOST_PORT: u16 = 5399;
+const TCP_PORT: u16 = 80;
+const UDP_PORT: u16 = 53;
+/// How long a message of an idle flow may take after the flood.
+const ARRIVES: Duration = Duration::from_secs(1);
+/// How long after its first packet an answered UDP flow must still talk
+/// to be assured (nf_conntrack's stream rule, `ct_timeout::UDP_STREAM`),
+/// with a margin.
+const UDP_STREAM: Duration = Duration::from_millis(2100);
+
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    /// No `fastPath` key: the confirmed-flow mode where the kernel has it.
+    Default,
+    /// `fastPath: true`.
+    Fast,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn node(self) -> IpAddr {
+        match self {
+            Family::V4 => NODE_IP4.into(),
+            Family::V6 => NODE_IP6.into(),
+        }
+    }
+
+    fn client(self) -> IpAddr {
+        match self {
+            Family::V4 => EXT_IP4.into(),
+            Family::V6 => EXT_IP6.into(),
+        }
+    }
+
+    fn any(self) -> IpAddr {
+        match self {
+            Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
+            Family::V6 => Ipv6Addr::UNSPECIFIED.into(),
+        }
+    }
+
+    /// The flood's spoofed sources, routed back to the client's namespace
+    /// (which drops what comes back: they are not its addresses).
+    fn spoofed_net(self) -> &'static str {
+        match self {
+            Family::V4 => "203.0.113.0/24",
+            Family::V6 => "fd18:f100::/64",
+        }
+    }
+
+    /// Spoofed source `i`: one of 250 addresses.
+    fn spoofed(self, i: u64) -> IpAddr {
+        let host = (i % 250) as u8 + 1;
+        match self {
+            Family::V4 => Ipv4Addr::new(203, 0, 113, host).into(),
+            Family::V6 => Ipv6Addr::new(0xfd18, 0xf100, 0, 0, 0, 0, 0, u16::from(host)).into(),
+        }
+    }
+
+    fn tables(self) -> &'static str {
+        match self {
+            Family::V4 => "iptables",
+            Family::V6 => "ip6tables",
+        }
+    }
+}
+
+/// A bridge world whose ebpf-portmap entry has `conntrackSize` [`TABLE`]
+/// and the fast path of `mode`, with kube-proxy's FORWARD rule.
+fn flood_world(mode: Mode) -> World {
+    let world = World::with(|name, pins, data| {
+        let list = portmap_tests::bridge_conflist(name, "ebpf-portmap", Some(pins), data);
+        let mut json = list.json().clone();
+        let plugin = json["plugins"][1]
+            .as_object_mut()
+            .expect("the plugin entry");
+        plugin.insert("conntrackSize".into(), Value::from(TABLE));
+        match mode {
+            Mode::Default => {
+                plugin.remove("fastPath");
+            }
+            Mode::Fast => {
+                plugin.insert("fastPath".into(), Value::Bool(true));
+            }
+        }
+        portmap_tests::Conflist::from_json(json).expect("conflist")
+    });
+    world.node.drop_invalid_at_forward();
+    world
+}
+
+/// The container's UDP socket, read by a thread that echoes the flood's
+/// datagrams (so the flood's flows are answered, as a DNS server would)
+/// and hands every other one to the test.
+struct UdpServer {
+    socket: UdpSocket,
+    heard: mpsc::Receiver<(String, SocketAddr)>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl UdpServer {
+    fn start(socket: UdpSocket) -> UdpServer {
+        let (tx, heard) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = socket.try_clone().expect("clone the UDP socket");
+        reader
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("timeout");
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !stopped.load(Ordering::Relaxed) {
+                let Ok((n, from)) = reader.recv_from(&mut buf) else {
+                    continue;
+                };
+                if buf[..n].starts_with(b"flood") {
+                    let _ = reader.send_to(&buf[..n], from);
+                } else {
+                    let _ = tx.send((String::from_utf8_lossy(&buf[..n]).into_owned(), from));
+                }
+            }
+        });
+        UdpServer {
+            socket,
+            heard,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The next message from the client, within `within`.
+    fn hear(&self, within: Duration) -> Result<(String, SocketAddr), String> {
+        self.heard
+            .recv_timeout(within)
+            .map_err(|e| format!("nothing within {within:?}: {e}"))
+    }
+}
+
+impl Drop for UdpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Reads `expected` from `stream` within [`ARRIVES`]: how long it took.
+fn read_line_within(stream: &mut TcpStream, expected: &str) -> Result<Duration, String> {
+    let start = Instant::now();
+    stream.set_read_timeout(Some(ARRIVES)).expect("timeout");
+    let mut got = vec![0u8; expected.len()];
+    stream
+        .read_exact(&mut got)
+        .map_err(|e| format!("{expected:?} not read within {ARRIVES:?}: {e}"))?;
+    let took = start.elapsed();
+    if got != expected.as_bytes() || took > ARRIVES {
+        return Err(format!(
+            "read {:?} after {took:?}, wanted {expected:?} within {ARRIVES:?}",
+            String::from_utf8_lossy(&got)
+        ));
+    }
+    Ok(took)
+}
+
+/// Receives `expected` on the client's connected UDP socket within
+/// [`ARRIVES`].
+fn recv_within(socket: &UdpSocket, expected: &str) -> Result<Duration, String> {
+    let start = Instant::now();
+    socket.set_read_timeout(Some(ARRIVES)).expect("timeout");
+    let mut buf = [0u8; 512];
+    let n = socket
+        .recv(&mut buf)
+        .map_err(|e| format!("{expected:?} not received within {ARRIVES:?}: {e}"))?;
+    if &buf[..n] != expected.as_bytes() {
+        return Err(format!(
+            "received {:?}, wanted {expected:?}",
+            String::from_utf8_lossy(&buf[..n])
+        ));
+    }
+    Ok(start.elapsed())
+}
+
+/// Counts, in the client's namespace before anything else sees them,
+/// the packets from `pod` to the client's own address (rule 1) and to
+/// anywhere (rule 2).
+fn count_pod_source(world: &World, family: Family, pod: IpAddr) {
+    let pod = pod.to_string();
+    let client = family.client().to_string();
+    let tables = family.tables();
+    world
+        .node
+        .ext
+        .exec(tables, &["-t", "raw", "-I", "PREROUTING", "1", "-s", &pod]);
+    world.node.ext.exec(
+        tables,
+        &[
+            "-t",
+            "raw",
+            "-I",
+            "PREROUTING",
+            "1",
+            "-s",
+            &pod,
+            "-d",
+            &client,
+        ],
+    );
+}
+
+/// Packets rule `rule` of [`count_pod_source`] counted.
+fn pod_source_packets(world: &World, family: Family, rule: u32) -> u64 {
+    let line = world.node.ext.exec(
+        family.tables(),
+        &[
+            "-t",
+            "raw",
+            "-L",
+            "PREROUTING",
+            &rule.to_string(),
+            "-v",
+            "-x",
+            "-n",
+        ],
+    );
+    line.split_whitespace()
+        .next()
+        .and_then(|packets| packets.parse().ok())
+        .unwrap_or_else(|| panic!("no packet count in {line:?}"))
+}
+
+/// The CPUs this process may run on.
+fn cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; the call fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: our own set, of its own size.
+    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) };
+    assert_eq!(
+        rc,
+        0,
+        "sched_getaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: a CPU number below CPU_SETSIZE.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to(cpu: usize) {
+    // SAFETY: as in `cpus`.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a CPU number below CPU_SETSIZE, our own set.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the calling thread (0), our own set.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
+    assert_eq!(
+        rc,
+        0,
+        "pin to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// The Internet checksum of `parts`, concatenated (each of even length but
+/// the last).
+fn checksum(parts: &[&[u8]]) -> u16 {
+    let mut sum: u32 = 0;
+    for part in parts {
+        for pair in part.chunks(2) {
+            let word = u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]);
+            sum += u32::from(word);
+        }
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// One IP packet from `src`:`sport` to `dst`:`dport`: a TCP SYN, or a UDP
+/// datagram `flood`. The transport checksum is filled in; the kernel fills
+/// in the IPv4 header's checksum and length (IP_HDRINCL).
+fn packet(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, tcp: bool) -> Vec<u8> {
+    let mut l4 = Vec::new();
+    l4.extend_from_slice(&sport.to_be_bytes());
+    l4.extend_from_slice(&dport.to_be_bytes());
+    let proto = if tcp {
+        l4.extend_from_slice(&u32::from(sport).wrapping_mul(7919).to_be_bytes()); // seq
+        l4.extend_from_slice(&0u32.to_be_bytes()); // ack
+        l4.extend_from_slice(&[5 << 4, 0x02]); // data offset, SYN
+        l4.extend_from_slice(&64240u16.to_be_bytes()); // window
+        l4.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent
+        libc::IPPROTO_TCP as u8
+    } else {
+        l4.extend_from_slice(&(8u16 + 5).to_be_bytes());
+        l4.extend_from_slice(&[0, 0]);
+        l4.extend_from_slice(b"flood");
+        libc::IPPROTO_UDP as u8
+    };
+    let len = l4.len() as u16;
+    let (pseudo, mut header) = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut pseudo = Vec::new();
+            pseudo.extend_from_slice(&s.octets());
+            pseudo.extend_from_slice(&d.octets());
+            pseudo.extend_from_slice(&[0, proto]);
+            pseudo.extend_from_slice(&len.to_be_bytes());
+            let mut header = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, proto, 0, 0];
+            header.extend_from_slice(&s.octets());
+            header.extend_from_slice(&d.octets());
+            (pseudo, header)
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let mut pseudo = Vec::new();
+            pseudo.extend_from_slice(&s.octets());
+            pseudo.extend_from_slice(&d.octets());
+            pseudo.extend_from_slice(&u32::from(len).to_be_bytes());
+            pseudo.extend_from_slice(&[0, 0, 0, proto]);
+            let mut header = vec![0x60, 0, 0, 0];
+            header.extend_from_slice(&len.to_be_bytes());
+            header.extend_from_slice(&[proto, 64]);
+            header.extend_from_slice(&s.octets());
+            header.extend_from_slice(&d.octets());
+            (pseudo, header)
+        }
+        _ => panic!("{src} and {dst} are of different families"),
+    };
+    let at = if tcp { 16 } else { 6 };
+    let sum = checksum(&[&pseudo, &l4]);
+    l4[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    header.extend_from_slice(&l4);
+    header
+}
+
+/// `flows` spoofed SYNs to the TCP host port and as many datagrams to the
+/// UDP one, each from a source address and port of its own, sent from the
+/// client's namespace by one thread per CPU, pinned there. Returns how
+/// long the sending took.
+fn flood(world: &World, family: Family, flows: u64) -> Duration {
+    let cpus = cpus();
+    let domain = match family {
+        Family::V4 => socket2::Domain::IPV4,
+        Family::V6 => socket2::Domain::IPV6,
+    };
+    // Made in the client's namespace: a socket stays in the one it was
+    // made in, whichever thread sends on it.
+    let sockets: Vec<socket2::Socket> = cpus
+        .iter()
+        .map(|_| {
+            world
+                .node
+                .ext
+                .run(|| {
+                    socket2::Socket::new(
+                        domain,
+                        socket2::Type::RAW,
+                        Some(socket2::Protocol::from(libc::IPPROTO_RAW)),
+                    )
+                })
+                .expect("a raw socket in the client's namespace")
+        })
+        .collect();
+    let node = family.node();
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for (n, (cpu, socket)) in cpus.iter().zip(&sockets).enumerate() {
+            let step = cpus.len() as u64;
+            scope.spawn(move || {
+                pin_to(*cpu);
+                let to = socket2::SockAddr::from(SocketAddr::new(node, 0));
+                let mut i = n as u64;
+                while i < flows {
+                    let src = family.spoofed(i);
+                    let sport = 1024 + (i / 250) as u16;
+                    for (tcp, dport) in [(true, TCP_HOST_PORT), (false, UDP_HOST_PORT)] {
+                        let bytes = packet(src, sport, node, dport, tcp);
+                        socket
+                            .send_to(&bytes, &to)
+                            .unwrap_or_else(|e| panic!("flood packet {i} from CPU {cpu}: {e}"));
+                    }
+                    i += step;
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+/// A new TCP connection and a new UDP flow from the client, answered.
+fn new_flows_work(world: &World, family: Family, listener: &TcpListener, udp: &UdpServer) {
+    let node = family.node();
+    let mut client = world
+        .node
+        .ext
+        .run(|| TcpStream::connect_timeout(&SocketAddr::new(node, TCP_HOST_PORT), ARRIVES))
+        .unwrap_or_else(|e| {
+            panic!(
+                "a new TCP connection after the flood: {e}\n{}",
+                world.dump()
+            )
+        });
+    let (mut server, _) = listener.accept().expect("accept the new connection");
+    client
+        .write_all(b"new")
+        .expect("send on the new connection");
+    read_line_within(&mut server, "new")
+        .unwrap_or_else(|e| panic!("new TCP connection: {e}\n{}", world.dump()));
+    let socket = world
+        .node
+        .ext
+        .run(|| {
+            let socket = UdpSocket::bind(SocketAddr::new(family.client(), 0))?;
+            socket.connect(SocketAddr::new(node, UDP_HOST_PORT))?;
+            Ok::<_, std::io::Error>(socket)
+        })
+        .expect("a new UDP socket");
+    socket.send(b"new").expect("send a new datagram");
+    let (said, peer) = udp
+        .hear(ARRIVES)
+        .unwrap_or_else(|e| panic!("new UDP flow: {e}\n{}", world.dump()));
+    assert_eq!(said, "new");
+    udp.socket.send_to(b"new-answer", peer).expect("answer");
+    recv_within(&socket, "new-answer")
+        .unwrap_or_else(|e| panic!("new UDP flow's answer: {e}\n{}", world.dump()));
+}
+
+fn idle_flows_survive_a_flood(mode: Mode, family: Family) {
+    let world = flood_world(mode);
+    let web = world.node.add_container("web");
+    let listener = web
+        .ns
+        .run(|| TcpListener::bind(SocketAddr::new(family.any(), TCP_PORT)))
+        .expect("listen in the container");
+    let udp = UdpServer::start(
+        web.ns
+            .run(|| UdpSocket::bind(SocketAddr::new(family.any(), UDP_PORT)))
+            .expect("a UDP socket in the container"),
+    );
+    let result = world.add(
+        &web,
+        &[
+            PortMapping::tcp(TCP_HOST_PORT, TCP_PORT),
+            PortMapping::udp(UDP_HOST_PORT, UDP_PORT),
+        ],
+    );
+    let pod = result_addresses(&result)
+        .into_iter()
+        .find(|ip| ip.is_ipv4() == family.node().is_ipv4())
+        .unwrap_or_else(|| panic!("the container has an address of {family:?}: {result:#}"));
+    // The flood's answers go back to the client's namespace, which drops
+    // them (not its addresses).
+    world.node.ns.ip(&[
+        "route",
+        "add",
+        family.spoofed_net(),
+        "via",
+        &family.client().to_string(),
+    ]);
+    count_pod_source(&world, family, pod);
+    let node = family.node();
+
+    // The idle TCP connection: established, one exchange each way.
+    let mut client_tcp = world
+        .node
+        .ext
+        .run(|| TcpStream::connect_timeout(&SocketAddr::new(node, TCP_HOST_PORT), ARRIVES))
+        .unwrap_or_else(|e| panic!("connect: {e}\n{}", world.dump()));
+    let (mut server_tcp, _) = listener.accept().expect("accept the idle connection");
+    client_tcp.write_all(b"hello").expect("send");
+    read_line_within(&mut server_tcp, "hello").expect("the first request");
+    server_tcp.write_all(b"welcome").expect("answer");
+    read_line_within(&mut client_tcp, "welcome").expect("the first answer");
+
+    // The idle UDP session: answered, and still talking two seconds after
+    // its first datagram (assured, as nf_conntrack has it).
+    let client_udp = world
+        .node
+        .ext
+        .run(|| {
+            let socket = UdpSocket::bind(SocketAddr::new(family.client(), 0))?;
+            socket.connect(SocketAddr::new(node, UDP_HOST_PORT))?;
+            Ok::<_, std::io::Error>(socket)
+        })
+        .expect("the client's UDP socket");
+    client_udp.send(b"hello-1").expect("send");
+    let (said, peer) = udp.hear(ARRIVES).expect("the first datagram");
+    assert_eq!(said, "hello-1");
+    udp.socket.send_to(b"welcome-1", peer).expect("answer");
+    recv_within(&client_udp, "welcome-1").expect("the first answer");
+    std::thread::sleep(UDP_STREAM);
+    client_udp.send(b"hello-2").expect("send");
+    let (said, _) = udp.hear(ARRIVES).expect("the second datagram");
+    assert_eq!(said, "hello-2");
+    udp.socket.send_to(b"welcome-2", peer).expect("answer");
+    recv_within(&client_udp, "welcome-2").expect("the second answer");
+
+    let before = world.counters();
+    let flows = 3 * TABLE;
+    let took = flood(&world, family, flows);
+    // The last packets through the stack before the idle flows speak.
+    std::thread::sleep(Duration::from_millis(200));
+    let after = world.counters();
+    let new_flows = counter(&after, "dnat_new") - counter(&before, "dnat_new");
+    eprintln!(
+        "{mode:?} {family:?}: {flows} SYNs and {flows} datagrams from {} CPUs in {took:?}; {new_flows} new flows translated",
+        cpus().len()
+    );
+    assert!(
+        new_flows >= flows,
+        "the flood went through the table as new flows ({new_flows} of {}): {after:#}",
+        2 * flows
+    );
+
+    // Each side of each idle flow speaks first: the container first (no
+    // packet of the client's would rebuild a lost entry before it).
+    let mut failures = Vec::new();
+    server_tcp.write_all(b"push").expect("the container pushes");
+    match read_line_within(&mut client_tcp, "push") {
+        Ok(took) => eprintln!("TCP, container first: {took:?}"),
+        Err(e) => failures.push(format!("idle TCP, container first: {e}")),
+    }
+    udp.socket
+        .send_to(b"push", peer)
+        .expect("the container pushes");
+    match recv_within(&client_udp, "push") {
+        Ok(took) => eprintln!("UDP, container first: {took:?}"),
+        Err(e) => failures.push(format!("idle UDP, container first: {e}")),
+    }
+    client_tcp.write_all(b"ping").expect("the client speaks");
+    match read_line_within(&mut server_tcp, "ping") {
+        Ok(took) => eprintln!("TCP, client first: {took:?}"),
+        Err(e) => failures.push(format!("idle TCP, client first: {e}")),
+    }
+    client_udp.send(b"ping").expect("the client speaks");
+    match udp.hear(ARRIVES) {
+        Ok((said, _)) if said == "ping" => eprintln!("UDP, client first: arrived"),
+        Ok((said, _)) => failures.push(format!("idle UDP, client first: heard {said:?}")),
+        Err(e) => failures.push(format!("idle UDP, client first: {e}")),
+    }
+    let to_client = pod_source_packets(&world, family, 1);
+    let anywhere = pod_source_packets(&world, family, 2);
+    eprintln!(
+        "packets from the pod's address {pod}: {to_client} to the client, {anywhere} in all (to spoofed sources: the flood's own flows)"
+    );
+    if to_client != 0 {
+        failures.push(format!(
+            "{to_client} packets from the pod's address {pod} reached the client"
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "{mode:?} {family:?}, after a flood of {flows} SYNs and {flows} datagrams:\n{}\ncounters: {:#}\n{}",
+        failures.join("\n"),
+        world.counters(),
+        world.dump()
+    );
+    // Counted apart (after what the test is for, so that a build without
+    // the counter fails on the flows): both idle flows were assured
+    // before the flood, and none of the flood's flows was (its SYNs have
+    // no handshake, its datagrams one answer each, all within 2 s).
+    assert!(
+        counter(&before, "ct_assured") >= 2,
+        "the idle TCP and UDP flows are assured: {before:#}"
+    );
+    assert_eq!(
+        counter(&after, "ct_assured"),
+        counter(&before, "ct_assured"),
+        "no flow of the flood is assured: {after:#}"
+    );
+    new_flows_work(&world, family, &listener, &udp);
+}
+
+#[test]
+fn idle_flows_survive_a_flood_v4() {
+    idle_flows_survive_a_flood(Mode::Default, Family::V4);
+}
+
+#[test]
+fn idle_flows_survive_a_flood_v6() {
+    idle_flows_survive_a_flood(Mode::Default, Family::V6);
+}
+
+#[test]
+fn idle_flows_survive_a_flood_on_the_fast_path_v4() {
+    idle_flows_survive_a_flood(Mode::Fast, Family::V4);
+}
+
+#[test]
+fn idle_flows_survive_a_flood_on_the_fast_path_v6() {
+    idle_flows_survive_a_flood(Mode::Fast, Family::V6);
+}
