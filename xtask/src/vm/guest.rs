@@ -192,6 +192,17 @@ pub const GUEST_TESTS: &[GuestTest] = &[
             "evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes",
         ]),
     },
+    // A flood of new flows against idle assured ones (issue 53): the
+    // kernel's LRU eviction decides what the flood takes, and 6.1's
+    // verifier must accept the tiered lookups and the moves between
+    // tables. One family per mode: the other runs on the host.
+    GuestTest {
+        name: "flood",
+        tests: InGuest::Only(&[
+            "idle_flows_survive_a_flood_v4",
+            "idle_flows_survive_a_flood_on_the_fast_path_v6",
+        ]),
+    },
     GuestTest {
         name: "node_shapes",
         tests: InGuest::Only(&[

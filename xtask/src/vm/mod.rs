@@ -90,8 +90,8 @@ pub struct VmTestArgs {
     #[arg(long)]
     pub no_split: bool,
     /// Run only these test targets in the guest (repeatable): kernel,
-    /// prog_test_run, local, hairpin_ports, bridge_ports, churn, node_shapes, stale,
-    /// plugin.
+    /// prog_test_run, local, hairpin_ports, bridge_ports, churn, flood, node_shapes,
+    /// stale, plugin.
     /// Default: all of them.
     #[arg(long = "only", value_name = "TEST")]
     pub only: Vec<String>,
