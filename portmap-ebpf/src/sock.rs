@@ -226,12 +226,13 @@ fn mapping_for(
     }
     let (key, value) =
         maps::find_mapping(endpoint.family, proto, &endpoint.addr_be, endpoint.port_be)?;
-    // A wildcard mapping covers the node's own addresses only (loopback is
-    // the node's here: a container's was left above).
-    if loopback
-        || key.host_addr_be == endpoint.addr_be
-        || maps::is_local_addr(endpoint.family, &endpoint.addr_be)
-    {
+    // Only the node's own addresses, as upstream's OUTPUT DNAT requires
+    // `--dst-type LOCAL` (loopback is the node's here: a container's was
+    // left above): a wildcard covers them, and an exact hostIP only while
+    // it is one, as on the packet path. An exact hostIP that is another
+    // host's address would otherwise take the node's connections and
+    // datagrams to that host (its DNS, a probe of another pod's port).
+    if loopback || maps::is_local_addr(endpoint.family, &endpoint.addr_be) {
         Some((key, value, dialler))
     } else {
         maps::count(stat::SOCK_NOT_LOCAL);

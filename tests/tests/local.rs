@@ -11,7 +11,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use portmap_tests::crafted::{self, Crafted, Transport};
 use portmap_tests::topology::{
-    EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, NODE_UPLINK, POD_GATEWAY4, POD_GATEWAY6,
+    EXT_IP4, EXT_IP6, FAR_IP4, NODE_FAR_LINK, NODE_IP4, NODE_IP6, NODE_UPLINK, POD_GATEWAY4,
+    POD_GATEWAY6,
 };
 use portmap_tests::traffic::{
     echo_reply, sctp_available, sctp_echo_server, tcp_echo_server, udp_echo_server,
@@ -231,6 +232,64 @@ fn a_node_connection_to_a_remote_host_on_a_mapped_port_is_left_alone() {
         "far-host",
         "r",
     );
+}
+
+/// A mapping whose exact `hostIP` is another host's address (here the far
+/// host's) sees none of the node's own traffic to that host, as README and
+/// the ADD log promise and as upstream's `--dst-type LOCAL` does: the
+/// node's TCP connections and its connected and unconnected UDP datagrams
+/// reach the far host. Once the address is the node's, from the next
+/// plugin run on, the mapping takes them; once it is gone again, they
+/// reach the far host again.
+#[test]
+fn an_exact_host_ip_that_is_not_the_nodes_never_takes_the_nodes_traffic() {
+    let w = World::bridge();
+    let web = w.node.add_container("web");
+    let _web_tcp = tcp_echo_server(&web.ns, 80, "web");
+    let _web_udp = udp_echo_server(&web.ns, 53, "web");
+    let _far_tcp = tcp_echo_server(&w.node.far, 8080, "far-host");
+    let _far_udp = udp_echo_server(&w.node.far, 5353, "far-host");
+    let far = IpAddr::V4(FAR_IP4);
+    let mappings = [
+        PortMapping::tcp(8080, 80).on(far),
+        PortMapping::udp(5353, 53).on(far),
+    ];
+    let prev = w.add(&web, &mappings);
+    let answers = |when: &str, identity: &str| {
+        for (mode, port) in [("tcp", 8080), ("udp", 5353), ("udp-unconnected", 5353)] {
+            let target = sock(far, port);
+            expect(
+                &w,
+                &format!("node -> {target} over {mode}, {when}"),
+                probe(&w, &w.node.ns, true, mode, target, mode),
+                target,
+                identity,
+                mode,
+            );
+        }
+    };
+    answers("while it is the far host's address", "far-host");
+    // The node takes the address (the far host keeps it, so the node's own
+    // traffic to it now stays on the node); the next plugin run sees it.
+    let on_node = format!("{far}/32");
+    w.node
+        .ns
+        .ip(&["addr", "add", &on_node, "dev", NODE_FAR_LINK]);
+    let readd = || {
+        w.exec_ours(
+            portmap_tests::cni::CniCommand::Add,
+            &web.with_port_mappings(&mappings),
+            Some(&prev),
+        )
+        .unwrap_or_else(|e| panic!("re-ADD of web: {e}\n{}", w.dump()));
+    };
+    readd();
+    answers("once it is the node's", "web");
+    w.node
+        .ns
+        .ip(&["addr", "del", &on_node, "dev", NODE_FAR_LINK]);
+    readd();
+    answers("once it is gone from the node again", "far-host");
 }
 
 /// The standard bridge world with one conflist key (a JSON pointer) set.
