@@ -12,28 +12,18 @@
 //! check that every attached program reads the pinned maps.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
+pub(super) use crate::dataplane::pinned::bpf_call::open_pin;
+use crate::dataplane::pinned::bpf_call::{bpf, bpf_fd, fd_by_id, object_info, pin};
 use crate::dataplane::pinned::pin::Direction;
 
-const BPF_OBJ_PIN: libc::c_long = 6;
-const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_TCX_INGRESS: u32 = 46;
 const BPF_TCX_EGRESS: u32 = 47;
-
-/// `union bpf_attr` as `BPF_OBJ_PIN` and `BPF_OBJ_GET` read it.
-#[repr(C)]
-struct ObjAttr {
-    pathname: u64,
-    bpf_fd: u32,
-    file_flags: u32,
-}
 
 /// `union bpf_attr` as `BPF_LINK_CREATE` reads it for tcx: appended last,
 /// no relative program (`relative_fd` 0), any revision.
@@ -46,35 +36,6 @@ struct LinkCreateAttr {
     relative_fd: u32,
     _pad: u32,
     expected_revision: u64,
-}
-
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a fully initialised bpf_attr prefix of the size
-    // passed; the kernel reads no further.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>()) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
-fn c_path(path: &Path) -> io::Result<std::ffi::CString> {
-    std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))
-}
-
-/// Opens the bpf object pinned at `path` (`BPF_OBJ_GET`, read-write: the
-/// kernel refuses other flags for links).
-pub(super) fn open_pin(path: &Path) -> io::Result<OwnedFd> {
-    let path = c_path(path)?;
-    let mut get = ObjAttr {
-        pathname: path.as_ptr() as u64,
-        bpf_fd: 0,
-        file_flags: 0,
-    };
-    // SAFETY: BPF_OBJ_GET returns a new fd, ours to own.
-    Ok(unsafe { OwnedFd::from_raw_fd(bpf(BPF_OBJ_GET, &mut get)? as i32) })
 }
 
 /// Attaches the program pinned at `program` to the tcx hook of `ifindex`
@@ -100,16 +61,8 @@ pub fn link_pinned(
         _pad: 0,
         expected_revision: 0,
     };
-    // SAFETY: BPF_LINK_CREATE returns a new fd, ours to own.
-    let created = unsafe { OwnedFd::from_raw_fd(bpf(BPF_LINK_CREATE, &mut create)? as i32) };
-    let link = c_path(link)?;
-    let mut pin = ObjAttr {
-        pathname: link.as_ptr() as u64,
-        bpf_fd: created.as_raw_fd() as u32,
-        file_flags: 0,
-    };
-    bpf(BPF_OBJ_PIN, &mut pin)?;
-    Ok(())
+    let created = bpf_fd(BPF_LINK_CREATE, &mut create)?;
+    pin(&created, link)
 }
 
 /// `union bpf_attr` as `BPF_LINK_UPDATE` reads it: no old program named
@@ -140,14 +93,6 @@ pub fn update_pinned(link: &Path, program: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// `union bpf_attr` as `BPF_OBJ_GET_INFO_BY_FD` reads it.
-#[repr(C)]
-struct InfoAttr {
-    bpf_fd: u32,
-    info_len: u32,
-    info: u64,
-}
-
 /// The head of `struct bpf_prog_info` (include/uapi/linux/bpf.h), up to
 /// `map_ids`: the kernel fills as much as `info_len` says.
 #[repr(C)]
@@ -176,12 +121,7 @@ fn prog_info(fd: &OwnedFd, map_ids: &mut [u32]) -> io::Result<ProgInfoHead> {
         map_ids: map_ids.as_mut_ptr() as u64,
         ..ProgInfoHead::default()
     };
-    let mut attr = InfoAttr {
-        bpf_fd: fd.as_raw_fd() as u32,
-        info_len: size_of::<ProgInfoHead>() as u32,
-        info: std::ptr::from_mut(&mut info) as u64,
-    };
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    object_info(fd, &mut info)?;
     Ok(info)
 }
 
@@ -210,17 +150,5 @@ pub fn open_program_pin(path: &Path) -> io::Result<OwnedFd> {
 /// wants CAP_SYS_ADMIN, which `status` run as root has and the node agent
 /// has not: `EPERM` then).
 pub fn open_program_id(id: u32) -> io::Result<OwnedFd> {
-    #[repr(C)]
-    struct GetFdAttr {
-        id: u32,
-        next_id: u32,
-        open_flags: u32,
-    }
-    let mut attr = GetFdAttr {
-        id,
-        next_id: 0,
-        open_flags: 0,
-    };
-    // SAFETY: BPF_PROG_GET_FD_BY_ID returns a new fd, ours to own.
-    Ok(unsafe { OwnedFd::from_raw_fd(bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)? as i32) })
+    fd_by_id(BPF_PROG_GET_FD_BY_ID, id)
 }

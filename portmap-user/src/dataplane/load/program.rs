@@ -21,18 +21,18 @@ use std::{
     collections::HashSet,
     ffi::CString,
     io,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::Path,
 };
 
 use aya::{Ebpf, maps::Map};
 
-/// `BPF_PROG_LOAD`, `BPF_OBJ_PIN`, `BPF_BTF_GET_FD_BY_ID`,
-/// `BPF_OBJ_GET_INFO_BY_FD`, `BPF_BTF_GET_NEXT_ID` (`enum bpf_cmd`).
+use crate::dataplane::pinned::bpf_call::{IdAttr, bpf, bpf_fd, fd_by_id, object_info};
+
+/// `BPF_PROG_LOAD`, `BPF_BTF_GET_FD_BY_ID`, `BPF_BTF_GET_NEXT_ID`
+/// (`enum bpf_cmd`).
 const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_BTF_GET_NEXT_ID: libc::c_long = 23;
 /// `BPF_PROG_TYPE_SCHED_CLS`.
 const SCHED_CLS: u32 = 3;
@@ -107,24 +107,6 @@ struct ProgLoadAttr {
 }
 const _: () = assert!(std::mem::size_of::<ProgLoadAttr>() == 128);
 
-/// `union bpf_attr` for the ID walks (`start_id`/`btf_id`, `next_id`,
-/// `open_flags`).
-#[repr(C)]
-#[derive(Default)]
-struct IdAttr {
-    id: u32,
-    next_id: u32,
-    open_flags: u32,
-}
-
-/// `union bpf_attr` as `BPF_OBJ_GET_INFO_BY_FD` reads it.
-#[repr(C)]
-struct InfoAttr {
-    bpf_fd: u32,
-    info_len: u32,
-    info: u64,
-}
-
 /// `struct bpf_btf_info` (Linux 5.11: name and kernel_btf).
 #[repr(C)]
 #[derive(Default)]
@@ -135,26 +117,6 @@ struct BtfInfo {
     name: u64,
     name_len: u32,
     kernel_btf: u32,
-}
-
-/// `union bpf_attr` as `BPF_OBJ_PIN` reads it.
-#[repr(C)]
-struct PinAttr {
-    pathname: u64,
-    bpf_fd: u32,
-    file_flags: u32,
-}
-
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a fully initialised bpf_attr prefix of the size
-    // passed; the pointers in it point at live buffers of the lengths
-    // given alongside them.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>()) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
 }
 
 /// The BTF fd of each module in `modules` (the `fd_array` the calls were
@@ -179,13 +141,8 @@ pub fn module_btf_fds(modules: &[&'static str]) -> Result<Vec<OwnedFd>, ProgramL
                 });
             }
         }
-        let mut open = IdAttr {
-            id,
-            ..IdAttr::default()
-        };
-        let fd = match bpf(BPF_BTF_GET_FD_BY_ID, &mut open) {
-            // SAFETY: a new fd, ours to own.
-            Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd as i32) },
+        let fd = match fd_by_id(BPF_BTF_GET_FD_BY_ID, id) {
+            Ok(fd) => fd,
             // Gone between the two calls (a module unloaded).
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
             Err(source) => {
@@ -201,12 +158,7 @@ pub fn module_btf_fds(modules: &[&'static str]) -> Result<Vec<OwnedFd>, ProgramL
             name_len: name.len() as u32,
             ..BtfInfo::default()
         };
-        let mut get = InfoAttr {
-            bpf_fd: fd.as_raw_fd() as u32,
-            info_len: size_of::<BtfInfo>() as u32,
-            info: std::ptr::from_mut(&mut info) as u64,
-        };
-        bpf(BPF_OBJ_GET_INFO_BY_FD, &mut get).map_err(|source| ProgramLoadError::Btf {
+        object_info(&fd, &mut info).map_err(|source| ProgramLoadError::Btf {
             call: "BPF_OBJ_GET_INFO_BY_FD",
             source,
         })?;
@@ -340,15 +292,13 @@ pub fn load_tc(
         ..ProgLoadAttr::default()
     };
     let mut no_log = Vec::new();
-    match bpf(BPF_PROG_LOAD, &mut attr(&mut no_log)) {
-        // SAFETY: a new fd, ours to own.
-        Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) }),
+    match bpf_fd(BPF_PROG_LOAD, &mut attr(&mut no_log)) {
+        Ok(fd) => Ok(fd),
         Err(_) => {
             // Again with the verifier's log, for the error.
             let mut log = vec![0u8; 1 << 16];
-            let source = match bpf(BPF_PROG_LOAD, &mut attr(&mut log)) {
-                // SAFETY: as above.
-                Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) }),
+            let source = match bpf_fd(BPF_PROG_LOAD, &mut attr(&mut log)) {
+                Ok(fd) => return Ok(fd),
                 Err(source) => source,
             };
             Err(ProgramLoadError::Verifier {
@@ -371,24 +321,11 @@ fn log_tail(log: &[u8]) -> String {
 
 /// Pins the program `fd` at `path` (`BPF_OBJ_PIN`).
 pub fn pin(fd: &OwnedFd, path: &Path, program: &'static str) -> Result<(), ProgramLoadError> {
-    use std::os::unix::ffi::OsStrExt;
-    let fail = |source| ProgramLoadError::Pin {
+    crate::dataplane::pinned::bpf_call::pin(fd, path).map_err(|source| ProgramLoadError::Pin {
         program,
         path: path.to_owned(),
         source,
-    };
-    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-        fail(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "a NUL in the path",
-        ))
-    })?;
-    let mut attr = PinAttr {
-        pathname: c_path.as_ptr() as u64,
-        bpf_fd: fd.as_raw_fd() as u32,
-        file_flags: 0,
-    };
-    bpf(BPF_OBJ_PIN, &mut attr).map(drop).map_err(fail)
+    })
 }
 
 #[cfg(test)]
