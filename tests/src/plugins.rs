@@ -15,6 +15,13 @@ use crate::tmp::TempDir;
 /// Where Debian's containernetworking-plugins installs the reference plugins.
 pub const UPSTREAM_PLUGIN_DIR: &str = "/usr/lib/cni";
 
+/// Names the root of the newer upstream release `cargo xtask setup` unpacks
+/// from Debian's unstable suite: containerd 2.x (`usr/bin/containerd`) and
+/// the plugins 1.9 (`usr/lib/cni/bridge`, `portmap`, ...). The containerd
+/// driver runs that containerd, and upstream nftables portmap is taken
+/// from there.
+pub const RUNTIME_ROOT_ENV: &str = "EPM_CONTAINERD_ROOT";
+
 /// The `type` of our plugin.
 pub const PLUGIN_TYPE: &str = "ebpf-portmap";
 

@@ -8,8 +8,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::containerd::RUNTIME_ROOT_ENV;
-use crate::plugins::workspace_root;
+use crate::plugins::{RUNTIME_ROOT_ENV, workspace_root};
 
 /// Names the directory `cargo xtask setup` unpacked `nft` into.
 pub const NFT_TOOLS_ENV: &str = "EPM_NFT_TOOLS";

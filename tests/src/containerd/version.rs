@@ -4,12 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub use crate::plugins::RUNTIME_ROOT_ENV;
 use crate::plugins::UPSTREAM_PLUGIN_DIR;
-
-/// Names the root of an unpacked containerd 2.x and plugins 1.9
-/// (`usr/bin/containerd`, `usr/lib/cni/bridge`, ...): the tests then drive
-/// that containerd instead of the machine's.
-pub const RUNTIME_ROOT_ENV: &str = "EPM_CONTAINERD_ROOT";
 
 /// The containerd under test and the reference plugins that go with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
