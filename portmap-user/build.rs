@@ -3,6 +3,9 @@
 //! Also hashes the object into `PORTMAP_BUILD_ID` (see `attach::build_id`), so
 //! the plugin does not hash half a megabyte on every run.
 
+#[path = "../build-support/shared_ebpf.rs"]
+mod shared_ebpf;
+
 fn main() -> aya_build::Result<()> {
     // Paths from the environment cargo runs this script in, not baked in
     // when it was compiled: cargo reuses a compiled build script across
@@ -22,13 +25,9 @@ fn main() -> aya_build::Result<()> {
         workspace.join("portmap-common").display()
     );
     let root_dir = workspace.join("portmap-ebpf");
-    aya_build::build_ebpf(
-        [aya_build::Package {
-            name: "portmap-ebpf",
-            root_dir: root_dir.to_str().expect("a UTF-8 checkout path"),
-            ..Default::default()
-        }],
-        aya_build::Toolchain::default(),
+    shared_ebpf::build(
+        "portmap-ebpf",
+        root_dir.to_str().expect("a UTF-8 checkout path"),
     )?;
     let out_dir = std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR");
     let object = std::path::Path::new(&out_dir).join("portmap");
