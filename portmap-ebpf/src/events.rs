@@ -76,7 +76,7 @@ pub fn note(reason: u32) {
 /// not for every packet after.
 #[inline(always)]
 pub fn note_first(reason: u32) {
-    if maps::stat(reason) == 0 {
+    if maps::stat(reason).unwrap_or(0) == 0 {
         note(reason);
     } else {
         maps::count(reason);

@@ -670,10 +670,11 @@ pub fn count(reason: u32) {
     }
 }
 
-/// This CPU's value of the counter for `reason`.
+/// This CPU's value of the counter for `reason`, if there is one (always,
+/// for a reason below `stat::COUNT`).
 #[inline(always)]
-pub fn stat(reason: u32) -> u64 {
-    STATS.get(reason).copied().unwrap_or(0)
+pub fn stat(reason: u32) -> Option<u64> {
+    STATS.get(reason).copied()
 }
 
 /// Keeps the userspace-only maps in the object so they are created, pinned

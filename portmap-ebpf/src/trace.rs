@@ -53,7 +53,16 @@ fn snapshot(packet: &parse::Packet) {
     scratch.packet = *packet;
     let mut reason = 0;
     while reason < stat::COUNT {
-        scratch.before[reason as usize] = maps::stat(reason);
+        // Never missing. Were it, the copy would stop here: a step whose
+        // missing counter read as 0 joined the other path with a different
+        // value, and the verifier, which cannot prune a loop step still
+        // being walked unless the states match exactly, walked every
+        // remaining step again for each (this loop and the one in
+        // `decisions` were over a quarter of what it processed for egress).
+        let Some(count) = maps::stat(reason) else {
+            return;
+        };
+        scratch.before[reason as usize] = count;
         reason += 1;
     }
 }
@@ -82,7 +91,11 @@ fn decisions() {
     let mut decisions: u64 = 0;
     let mut reason = 0;
     while reason < stat::COUNT {
-        if maps::stat(reason) != scratch.before[reason as usize] {
+        // As in `snapshot`: one path through each step.
+        let Some(count) = maps::stat(reason) else {
+            break;
+        };
+        if count != scratch.before[reason as usize] {
             decisions |= 1 << reason;
         }
         reason += 1;
