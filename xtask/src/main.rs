@@ -27,9 +27,7 @@
 
 use std::process::ExitCode;
 
-use crate::plan::{
-    bench_steps, demo_steps, dist_steps, image_steps, lint_steps, test_steps, vm_test_steps,
-};
+use crate::plan::{bench_steps, demo_steps, dist_steps, image_steps, test_steps, vm_test_steps};
 use crate::runtimes::Skips;
 use crate::setup::setup;
 use crate::step::run_steps;
@@ -91,14 +89,6 @@ enum Verb {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_test_args: Vec<String>,
     },
-    /// Setup, then clippy with -D warnings on every crate: the host crates
-    /// (`cargo clippy --all-targets`) and the eBPF ones (nightly, for
-    /// bpfel-unknown-none).
-    Lint {
-        /// Run as a job of `cargo xtask test`, which has done the setup.
-        #[arg(long, hide = true)]
-        within_test: bool,
-    },
     /// `e2e-<runtime> [-- <test args>]`: a runtime suite of the table (see
     /// below).
     #[command(external_subcommand)]
@@ -150,7 +140,6 @@ fn main() -> ExitCode {
             ),
             Err(e) => Err(e),
         },
-        Verb::Lint { within_test } => run_steps("lint", lint_steps(*within_test)),
         Verb::Dist => run_steps("dist", dist_steps()),
         Verb::Image => run_steps("image", image_steps()),
         Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),

@@ -45,17 +45,16 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
             vm_job_command(&skips, &marker)
         }));
     }
-    // clippy, host and eBPF crates, in a target directory of its own (a
-    // check build would hold `target/debug`'s lock against the steps), at
-    // the lowest priority: in front it took 100-130 s of a run that is
-    // CPU-bound on 2 cores, beside it takes CPU the tests leave idle while
-    // they wait on traffic and daemons. Started once the debug build has
-    // built the eBPF object, which its build scripts then find built (see
-    // build-support/shared_ebpf.rs). Waited for at the end.
-    let lint = Job::new(LINT_STEP_NAME, "lint", Priority::Lowest);
     steps.extend([
+        Step::new(
+            "cargo clippy --all-targets -- -D warnings (default members)",
+            || run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])),
+        ),
+        Step::new(
+            "cargo +nightly clippy -p portmap-ebpf -p portmap-bench-floor --target bpfel-unknown-none -- -D warnings",
+            clippy_ebpf,
+        ),
         build_plugin_step(),
-        Step::start_beside(&lint, lint_job_command),
         // On this build's dependencies (see previous.rs), so after it.
         Step::new(
             format!(
@@ -120,44 +119,11 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
             .map(|suite| runtimes::test_step(suite, &skips)),
     );
     steps.push(image_test_step(&skips));
-    steps.push(Step::wait_for(&lint, || Ok(())));
     steps.push(match &vm {
         Ok(vm) => Step::wait_for(vm, || Ok(())),
         Err(skipped) => skipped_vm_step(skipped),
     });
     steps
-}
-
-/// What the lint job and `cargo xtask lint` run.
-const LINT_STEP_NAME: &str =
-    "clippy -D warnings on the host crates (--all-targets) and the eBPF crates (cargo xtask lint)";
-
-/// `cargo xtask lint`: clippy on the host crates, then on the eBPF crates
-/// (see [`clippy_ebpf`]); after the setup unless run as `test`'s job.
-pub(crate) fn lint_steps(within_test: bool) -> Vec<Step<'static>> {
-    let mut steps = Vec::new();
-    if !within_test {
-        steps.push(setup_step());
-    }
-    steps.push(Step::new(
-        "cargo clippy --all-targets -- -D warnings (default members)",
-        || run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])),
-    ));
-    steps.push(Step::new(
-        "cargo +nightly clippy -p portmap-ebpf -p portmap-bench-floor --target bpfel-unknown-none -- -D warnings",
-        clippy_ebpf,
-    ));
-    steps
-}
-
-/// `cargo xtask lint` as `test` runs it beside the steps: in `target/lint`.
-fn lint_job_command() -> Result<Command> {
-    let mut command = Command::new(std::env::current_exe().context("finding xtask's own binary")?);
-    command
-        .current_dir(workspace_root())
-        .args(["lint", "--within-test"])
-        .env("CARGO_TARGET_DIR", target_dir().join("lint"));
-    Ok(command)
 }
 
 /// The installer image built from the tarball and run under podman (what
