@@ -35,25 +35,19 @@ pub const fn mul(a: u32, mut b: u32) -> u32 {
     product
 }
 
-/// `x^(8 * 2^k) mod POLY` for k in 0..16: appending 2^k zero bytes.
-const ZERO_BYTES_POW2: [u32; 16] = {
-    let mut table = [0u32; 16];
-    let mut operator = X8;
-    let mut k = 0;
-    while k < 16 {
-        table[k] = operator;
-        operator = mul(operator, operator);
-        k += 1;
-    }
-    table
-};
-
 /// `x^(8 * n) mod POLY` for n in 0..256: appending `n` zero bytes.
-static ZERO_BYTES_LOW: [u32; 256] = powers(X8);
+const ZERO_BYTES: [u32; 256] = powers(X8);
 
-/// `x^(8 * 256 * n) mod POLY` for n in 0..256: appending `256 * n` zero
-/// bytes.
-static ZERO_BYTES_HIGH: [u32; 256] = powers(ZERO_BYTES_POW2[8]);
+/// `x^32`: appending four zero bytes (see [`raw_update`]).
+const X32: u32 = ZERO_BYTES[4];
+
+/// [`ZERO_BYTES`], read by [`zero_bytes_operator`] for a length's low byte:
+/// a `static`, so the object holds it once.
+static ZERO_BYTES_LOW: [u32; 256] = ZERO_BYTES;
+
+/// `x^(8 * 256 * n) mod POLY` for n in 0..256, for a length's high byte:
+/// appending `256 * n` zero bytes.
+static ZERO_BYTES_HIGH: [u32; 256] = powers(mul(ZERO_BYTES[255], X8));
 
 /// `step^n` for n in 0..256.
 const fn powers(step: u32) -> [u32; 256] {
@@ -89,7 +83,7 @@ pub fn zero_bytes_operator(bytes: u16) -> u32 {
 /// map_value pointer and register with unbounded min value").
 #[inline(always)]
 pub fn raw_update(crc: u32, bytes: &[u8; 4]) -> u32 {
-    mul(crc ^ u32::from_le_bytes(*bytes), ZERO_BYTES_POW2[2])
+    mul(crc ^ u32::from_le_bytes(*bytes), X32)
 }
 
 /// New SCTP checksum field (as the little-endian value read from the packet)
