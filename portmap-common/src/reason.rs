@@ -100,7 +100,12 @@ pub mod stat {
     /// assured flows. New flows less assured ones are the flows that were
     /// never assured: a flood's, scans, one-shot datagrams.
     pub const CT_ASSURED: u32 = 32;
-    pub const COUNT: u32 = 33;
+    /// A packet for a mapped port that the node would deliver locally, to
+    /// none of the addresses a hostPort answers on (`local_addrs`): a
+    /// broadcast or multicast destination, one without a route, or an
+    /// address of a Service VIP device. Left to the node.
+    pub const SKIP_NOT_NODE_ADDRESS: u32 = 33;
+    pub const COUNT: u32 = 34;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -379,6 +384,13 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         label: "flow-assured",
         meaning: "flow assured (handshake done, or answered and alive 2 s): moved out of conntrack_new, where new flows evict each other",
         kind: Kind::Recorded,
+    },
+    Reason {
+        id: stat::SKIP_NOT_NODE_ADDRESS,
+        name: "skip_not_node_address",
+        label: "skipped-not-node-address",
+        meaning: "mapped port, but the destination is none of the addresses a hostPort answers on: broadcast, multicast, without a route, or on a Service VIP device (serviceVipDevices)",
+        kind: Kind::Skipped,
     },
 ];
 

@@ -15,14 +15,26 @@ use crate::{maps, parse::Packet};
 pub enum Locality {
     Local,
     NotLocal,
+    /// The node would deliver it locally, but to none of the addresses a
+    /// hostPort answers on (`local_addrs`): a broadcast or multicast
+    /// destination, one the node has no route to, or an address of a
+    /// Service VIP device (`serviceVipDevices`).
+    NotNodeAddress,
     ForwardingDisabled,
 }
 
 /// Whether the packet is addressed to the node itself (iptables'
 /// `--dst-type LOCAL`): transit traffic is never captured. The FIB answers
-/// "not forwarded" for local (and broadcast) destinations.
+/// "not forwarded" for the node's addresses, and as well for broadcast and
+/// multicast destinations and for destinations without a route. For a
+/// `wildcard` mapping only the node's addresses as the last sync wrote
+/// them (`local_addrs`, the socket hooks' list too) are local: never a
+/// broadcast, a destination without a route or a Service VIP, also one
+/// made since. A specific hostIP is the operator's own choice of address:
+/// local as soon as the FIB says so (a VIP that keepalived moves here
+/// answers at once, as upstream's does).
 #[inline(never)]
-pub fn local_destination(ctx: &TcContext, packet: &Packet) -> Locality {
+pub fn local_destination(ctx: &TcContext, packet: &Packet, wildcard: bool) -> Locality {
     // The 64-byte lookup struct lives in per-CPU scratch, not on the stack.
     let Some(scratch) = maps::scratch() else {
         return Locality::NotLocal;
@@ -37,7 +49,18 @@ pub fn local_destination(ctx: &TcContext, packet: &Packet) -> Locality {
         (&packet.dst_be, packet.dport_be),
     );
     match ret as u32 {
-        BPF_FIB_LKUP_RET_NOT_FWDED => Locality::Local,
+        BPF_FIB_LKUP_RET_NOT_FWDED if !wildcard => Locality::Local,
+        BPF_FIB_LKUP_RET_NOT_FWDED => {
+            let key = &mut scratch.local_key;
+            key.addr_be = packet.dst_be;
+            key.family = packet.family;
+            key._pad0 = [0; 3];
+            if maps::is_local_addr_key(key) {
+                Locality::Local
+            } else {
+                Locality::NotNodeAddress
+            }
+        }
         BPF_FIB_LKUP_RET_FWD_DISABLED => Locality::ForwardingDisabled,
         _ => Locality::NotLocal,
     }

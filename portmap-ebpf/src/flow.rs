@@ -273,10 +273,14 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
     if !opens && !may_recover(ctx, packet) {
         return false;
     }
-    match local_destination(ctx, packet) {
+    match local_destination(ctx, packet, mapping_key.host_addr_be == [0; 4]) {
         Locality::Local => {}
         Locality::NotLocal => {
             maps::count(stat::SKIP_NOT_LOCAL);
+            return false;
+        }
+        Locality::NotNodeAddress => {
+            maps::count(stat::SKIP_NOT_NODE_ADDRESS);
             return false;
         }
         Locality::ForwardingDisabled => {

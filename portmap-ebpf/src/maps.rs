@@ -249,6 +249,9 @@ pub struct Scratch {
     /// takes them as memory the verifier can bound, a map value's.
     pub kernel_tuple: [u32; 9],
     pub kernel_opts: CtOpts,
+    /// `fib::local_destination`'s key of `local_addrs`: on its frame it
+    /// would add to the deepest call chain under ingress.
+    pub local_key: portmap_common::local::LocalAddrKey,
 }
 
 /// What the flow decision leaves in scratch for `confirm::confirmed`: this
@@ -731,6 +734,12 @@ pub fn is_local_addr(family: u8, addr_be: &[u32; 4]) -> bool {
         family,
         _pad0: [0; 3],
     };
+    LOCAL_ADDRS.get_ptr(key).is_some()
+}
+
+/// Whether the key (built in scratch) is one of the node's addresses.
+#[inline(always)]
+pub fn is_local_addr_key(key: &LocalAddrKey) -> bool {
     LOCAL_ADDRS.get_ptr(key).is_some()
 }
 

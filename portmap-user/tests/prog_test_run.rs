@@ -155,7 +155,27 @@ impl Dataplane {
         // below does not remove.
         let mut ebpf = shared.lock().unwrap_or_else(PoisonError::into_inner);
         empty_maps(&mut ebpf);
-        Self { ebpf, ifindex }
+        let mut dp = Self { ebpf, ifindex };
+        // As every plugin run syncs them: the node's addresses.
+        dp.add_local_addr(NODE_V4.into());
+        dp.add_local_addr(NODE_V6.into());
+        dp
+    }
+
+    /// Makes `addr` one of the node's addresses in `local_addrs`.
+    fn add_local_addr(&mut self, addr: IpAddr) {
+        let mut local: HashMap<&mut MapData, local::LocalAddrKey, u8> = HashMap::try_from(
+            self.ebpf
+                .map_mut(local::map_names::LOCAL_ADDRS)
+                .expect("local_addrs in the object"),
+        )
+        .expect("local_addrs is a hash map");
+        let key = local::LocalAddrKey {
+            addr_be: words_from_addr(addr),
+            family: if addr.is_ipv4() { 4 } else { 6 },
+            _pad0: [0; 3],
+        };
+        local.insert(key, 1, 0).expect("insert a local address");
     }
 
     fn load_object(conntrack_size: Option<u32>) -> Loaded {
@@ -860,6 +880,112 @@ fn transit_traffic_is_never_translated() {
         );
         assert_eq!(dp.stat(stat::SKIP_NOT_LOCAL), 1, "counted as not local");
         assert_eq!(dp.stat(stat::DNAT_NEW), 0);
+    });
+}
+
+/// Issue #51: the FIB answers "not forwarded" for the node's addresses
+/// and as well for broadcast, multicast and unroutable destinations; only
+/// the node's addresses (`local_addrs`) are a wildcard hostPort's. The
+/// rest pass untouched and are counted.
+#[test]
+fn only_the_nodes_addresses_are_a_wildcard_host_ports() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, false, 5399, UDP, CONTAINER_V4.into(), 53);
+        dp.map(None, true, 5399, UDP, CONTAINER_V6.into(), 53);
+        let skipped: [IpAddr; 6] = [
+            Ipv4Addr::new(198, 18, 0, 255).into(),
+            Ipv4Addr::BROADCAST.into(),
+            Ipv4Addr::new(224, 0, 0, 251).into(),
+            // No route: the namespace has none beyond its subnets.
+            Ipv4Addr::new(203, 0, 113, 7).into(),
+            "ff02::1".parse().unwrap(),
+            "2001:db8::7".parse().unwrap(),
+        ];
+        for (n, dst) in skipped.into_iter().enumerate() {
+            let src: IpAddr = if dst.is_ipv4() {
+                CLIENT_V4.into()
+            } else {
+                CLIENT_V6.into()
+            };
+            let input = packet(
+                &Flow {
+                    src,
+                    dst,
+                    sport: 40000 + n as u16,
+                    dport: 5399,
+                    proto: UDP,
+                    flags: 0,
+                },
+                b"x",
+            );
+            assert_eq!(
+                dp.ingress(&input),
+                input,
+                "a datagram to {dst} passes untouched"
+            );
+        }
+        assert_eq!(
+            dp.stat(stat::SKIP_NOT_NODE_ADDRESS),
+            skipped.len() as u64,
+            "each counted"
+        );
+        assert_eq!(dp.stat(stat::DNAT_NEW), 0);
+        // A node address not synced yet is none of a hostPort's either, and
+        // is from the sync on.
+        let added: IpAddr = Ipv4Addr::new(198, 18, 0, 9).into();
+        let ip = |args: &str| {
+            let out = Command::new("ip")
+                .args(args.split(' '))
+                .output()
+                .expect("run ip");
+            assert!(out.status.success(), "ip {args}");
+        };
+        ip("addr add 198.18.0.9/24 dev node0");
+        let to_added = packet(
+            &Flow {
+                src: CLIENT_V4.into(),
+                dst: added,
+                sport: 41000,
+                dport: 5399,
+                proto: UDP,
+                flags: 0,
+            },
+            b"x",
+        );
+        assert_eq!(dp.ingress(&to_added), to_added, "not synced yet");
+        dp.add_local_addr(added);
+        assert_ne!(dp.ingress(&to_added), to_added, "translated once synced");
+        assert_eq!(dp.stat(stat::DNAT_NEW), 1);
+        // A specific hostIP is local as soon as the node has it (a VIP
+        // keepalived moves here), synced or not.
+        let vip = Ipv4Addr::new(198, 18, 0, 10);
+        dp.map(Some(vip.into()), false, 5400, UDP, CONTAINER_V4.into(), 53);
+        let to_vip = |sport| {
+            packet(
+                &Flow {
+                    src: CLIENT_V4.into(),
+                    dst: vip.into(),
+                    sport,
+                    dport: 5400,
+                    proto: UDP,
+                    flags: 0,
+                },
+                b"x",
+            )
+        };
+        assert_eq!(
+            dp.ingress(&to_vip(42000)),
+            to_vip(42000),
+            "not the node's yet"
+        );
+        ip("addr add 198.18.0.10/24 dev node0");
+        assert_ne!(
+            dp.ingress(&to_vip(42001)),
+            to_vip(42001),
+            "the node's, not synced"
+        );
+        assert_eq!(dp.stat(stat::DNAT_NEW), 2);
     });
 }
 

@@ -489,7 +489,7 @@ fn an_address_added_later_is_reported_then_synced_by_any_plugin_run() {
     let (ok, doc) = status(&world);
     let problems = texts(&doc, "problems").join("\n");
     assert!(
-        !ok && problems.contains("node address 198.18.0.77 is not known to the socket hooks"),
+        !ok && problems.contains("node address 198.18.0.77 is not known to the dataplane"),
         "status must report the unsynced address: {doc:#}"
     );
     world

@@ -340,6 +340,16 @@ fn render(args: &ListArgs, out: &OutputArgs, rows: &[MappingRow], style: Style) 
             ));
         }
     }
+    // Where the wildcard rows answer: the node's addresses less its
+    // Service VIPs, as the last plugin run recorded them.
+    if rows.iter().any(|row| row.key.host_addr_be == [0; 4])
+        && let Ok(Some(layout)) = installed(&args.pin.pin_root)
+    {
+        text.push('\n');
+        text.push_str(&crate::cli::status::host_addresses_text(
+            &inspect::node_drift(&layout, &[]),
+        ));
+    }
     if !upstream.is_empty() {
         text.push_str(
             "\nstill mapped by upstream portmap (its DEL through ebpf-portmap removes them):\n",

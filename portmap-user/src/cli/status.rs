@@ -147,6 +147,14 @@ pub fn status_json(status: &Status) -> Value {
             "staleAddresses": status.drift.stale,
             "absentHostIPs": status.drift.absent_host_ips,
         }),
+        "hostAddresses": json!({
+            "answeredOn": status.drift.covered,
+            "excluded": status.drift.vip_excluded.iter().map(|(addr, interface)| json!({
+                "address": addr,
+                "interface": interface,
+                "why": "serviceVipDevice",
+            })).collect::<Vec<_>>(),
+        }),
         "splitAttachments": status.splits.iter().map(|split| json!({
             "at": split.at,
             "programID": split.program_id,
@@ -216,6 +224,34 @@ fn bridge_ports_line(ports: &[portmap_user::ops::inspect::TcAttachment]) -> Stri
     }
     line.push('\n');
     line
+}
+
+/// Which addresses a wildcard host port answers on, which of the node's it
+/// leaves alone and why.
+pub fn host_addresses_text(drift: &portmap_user::ops::inspect::NodeDrift) -> String {
+    let list = |addrs: &mut dyn Iterator<Item = String>| addrs.collect::<Vec<_>>().join(", ");
+    let mut out = String::new();
+    if !drift.covered.is_empty() {
+        out.push_str(&format!(
+            "host ports answer on: {} (a hostIP among them, or a wildcard on all)\n",
+            list(&mut drift.covered.iter().map(ToString::to_string))
+        ));
+    }
+    if !drift.vip_excluded.is_empty() {
+        out.push_str(&format!(
+            "not on the node's Service VIPs: {} (serviceVipDevices; the kernel delivers them to the Services)\n",
+            list(
+                &mut drift
+                    .vip_excluded
+                    .iter()
+                    .map(|(addr, interface)| format!("{addr} on {interface}"))
+            )
+        ));
+    }
+    out.push_str(
+        "never on: broadcast or multicast destinations, addresses the node does not hold\n",
+    );
+    out
 }
 
 fn opt<T: ToString>(value: Option<T>) -> String {
@@ -290,6 +326,7 @@ fn render(status: &Status, style: Style) -> String {
     if !status.bridge_ports.is_empty() {
         out.push_str(&bridge_ports_line(&status.bridge_ports));
     }
+    out.push_str(&host_addresses_text(&status.drift));
     out.push_str(&section("Cgroup and other attachments"));
     match &status.hooks_cgroup {
         Some(cgroup) => out.push_str(&format!(

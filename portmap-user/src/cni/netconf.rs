@@ -71,6 +71,12 @@ pub struct NetConf {
     /// `interfaces`: names or shell-style patterns (`eth*`) of the node
     /// interfaces to attach to instead of the default (every up interface).
     pub interfaces: Option<Vec<String>>,
+    /// `serviceVipDevices`: names or patterns of the devices that hold
+    /// Service virtual IPs (kube-proxy's IPVS mode puts every ClusterIP on
+    /// `kube-ipvs0`, the default). Their addresses are the node's to the
+    /// kernel but never a hostPort's: a wildcard hostPort would otherwise
+    /// take the Services' traffic. `[]` for none.
+    pub service_vip_devices: Vec<String>,
     /// `conntrackSize`: entries of each open conntrack table; `None`: sized
     /// from the node (`dataplane::sizing`). A change resizes the tables in
     /// place at the next run (`dataplane::resize`).
@@ -345,6 +351,7 @@ const ROOT_FIELDS: &[Field] = &[
     Field::nullable("snat"),
     Field::scalar("pinRoot"),
     Field::nullable("interfaces"),
+    Field::nullable("serviceVipDevices"),
     Field::scalar("conntrackSize"),
     Field::scalar("logFile"),
     Field::scalar("maxMappings"),
@@ -419,6 +426,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
     }
     let pin_root = parse_pin_root(value("pinRoot")?)?;
     let interfaces = parse_interfaces(value("interfaces")?)?;
+    let service_vip_devices = parse_vip_devices(value("serviceVipDevices")?)?;
     let conntrack_size = parse_conntrack_size(value("conntrackSize")?)?;
     let log_file = parse_log_file(value("logFile")?)?;
     let max_mappings = parse_max_mappings(value("maxMappings")?)?;
@@ -475,6 +483,7 @@ fn parse(stdin: &[u8], strictness: Strictness) -> Result<(NetConf, Vec<ConfigErr
             plugin_type,
             pin_root,
             interfaces,
+            service_vip_devices,
             conntrack_size,
             log_file,
             max_mappings,
@@ -581,16 +590,33 @@ fn parse_pin_root(value: Option<Given>) -> Result<PathBuf, ConfigError> {
     Ok(path.to_path_buf())
 }
 
+/// The default of `serviceVipDevices`: kube-proxy's IPVS device.
+pub const DEFAULT_SERVICE_VIP_DEVICES: [&str; 1] = ["kube-ipvs0"];
+
 fn parse_interfaces(value: Option<Given>) -> Result<Option<Vec<String>>, ConfigError> {
-    let Some(Given { key, value }) = value else {
+    let Some(given) = value else {
         return Ok(None);
     };
+    if given.value.as_array().is_some_and(Vec::is_empty) {
+        return Err(ConfigError::EmptyInterfaceList { key: given.key });
+    }
+    interface_list(given).map(Some)
+}
+
+/// `serviceVipDevices`: absent or `null` for the default, `[]` for none.
+fn parse_vip_devices(value: Option<Given>) -> Result<Vec<String>, ConfigError> {
+    match value {
+        Some(given) if !given.value.is_null() => interface_list(given),
+        _ => Ok(DEFAULT_SERVICE_VIP_DEVICES.map(str::to_owned).to_vec()),
+    }
+}
+
+/// A list of interface names or shell-style patterns, each valid and
+/// listed once.
+fn interface_list(Given { key, value }: Given) -> Result<Vec<String>, ConfigError> {
     let list = value
         .as_array()
         .ok_or_else(|| wrong_type(&key, "an array of interface names", &value))?;
-    if list.is_empty() {
-        return Err(ConfigError::EmptyInterfaceList { key });
-    }
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(list.len());
     let mut names = Vec::with_capacity(list.len());
     for (index, entry) in list.iter().enumerate() {
@@ -618,7 +644,7 @@ fn parse_interfaces(value: Option<Given>) -> Result<Option<Vec<String>>, ConfigE
         }
         names.push(name.to_owned());
     }
-    Ok(Some(names))
+    Ok(names)
 }
 
 /// An integer within `range`, or the error `out_of_range` builds.

@@ -570,6 +570,16 @@ pub fn select_uplinks(links: &[Link], patterns: Option<&[String]>) -> Selection 
     selection
 }
 
+/// Whether interface `name` matches one of `patterns` (names or shell-style
+/// patterns, validated when the configuration was parsed; a literal
+/// otherwise).
+pub fn name_matches(patterns: &[String], name: &str) -> bool {
+    patterns.iter().any(|text| match glob::Pattern::new(text) {
+        Ok(pattern) => pattern.matches(name),
+        Err(_) => name == text,
+    })
+}
+
 /// The names of the node's interfaces but loopback, sorted: what an
 /// operator may name in `interfaces`, shown when an entry matches nothing.
 pub fn interface_names(links: &[Link]) -> Vec<String> {

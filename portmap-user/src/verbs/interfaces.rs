@@ -127,13 +127,22 @@ fn needed_links(
     Ok((links, true))
 }
 
-/// The addresses the node state records: every routable one, and the
+/// The addresses the node state records, the ones a hostPort answers on
+/// (on both paths: the socket hooks and tc): every routable one, and the
 /// link-local ones of the loopback and of interfaces carrying the
-/// programs. The link-local addresses of other interfaces (an IPv6 one on
-/// every pod's veth) are nobody's destination for a host port, and
-/// recording them would make the node state change with every pod.
-fn recorded_addresses(node: &NodeView) -> Vec<NodeAddress> {
+/// programs; never those of a Service VIP device (`serviceVipDevices`),
+/// which are the node's only so that the kernel delivers them to IPVS. The
+/// link-local addresses of other interfaces (an IPv6 one on every pod's
+/// veth) are nobody's destination for a host port, and recording them
+/// would make the node state change with every pod.
+fn recorded_addresses(node: &NodeView, vip_devices: &[String]) -> Vec<NodeAddress> {
     let targets = node.targets();
+    let vip: BTreeSet<u32> = node
+        .links
+        .iter()
+        .filter(|l| netlink::name_matches(vip_devices, &l.name))
+        .map(|l| l.index)
+        .collect();
     let loopback: BTreeSet<u32> = node
         .links
         .iter()
@@ -148,7 +157,8 @@ fn recorded_addresses(node: &NodeView) -> Vec<NodeAddress> {
                 Some(std::net::IpAddr::V6(v6)) => !v6.is_unicast_link_local(),
                 None => false,
             };
-            routable || targets.contains(&a.index) || loopback.contains(&a.index)
+            (routable || targets.contains(&a.index) || loopback.contains(&a.index))
+                && !vip.contains(&a.index)
         })
         .copied()
         .collect()
@@ -237,7 +247,8 @@ pub fn reconcile(
             fast_path: conf.fast_path,
             kfuncs,
             forward_hooked,
-            addresses: recorded_addresses(node),
+            addresses: recorded_addresses(node, &conf.service_vip_devices),
+            service_vip_devices: conf.service_vip_devices.clone(),
             container_side: node.container_side.clone(),
             bridge_ports: port_bridges,
             attached: node.targets(),
@@ -466,7 +477,7 @@ mod tests {
             container_side: BTreeSet::from([4]),
             ports: BTreeMap::new(),
         };
-        let recorded: Vec<String> = recorded_addresses(&node)
+        let recorded: Vec<String> = recorded_addresses(&node, &[])
             .iter()
             .filter_map(|a| a.own().map(|ip| ip.to_string()))
             .collect();
@@ -480,6 +491,54 @@ mod tests {
                 "10.244.0.1",
                 "fe80::4",
                 "fd00::10"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_addresses_of_a_service_vip_device_are_no_hostports() {
+        let node = NodeView {
+            links: vec![
+                link(1, "lo", false),
+                link(2, "eth0", false),
+                link(3, "kube-ipvs0", false),
+                link(5, "vip-extra", false),
+            ],
+            addresses: vec![
+                address(2, "198.18.0.1"),
+                // Keepalived-style: a VIP on an uplink stays the node's.
+                address(2, "198.18.0.100"),
+                address(3, "10.96.0.1"),
+                address(3, "fd96::1"),
+                address(5, "10.97.0.1"),
+            ],
+            uplinks: BTreeSet::from([2]),
+            container_side: BTreeSet::new(),
+            ports: BTreeMap::new(),
+        };
+        let recorded = |devices: &[&str]| -> Vec<String> {
+            let devices: Vec<String> = devices.iter().map(|d| (*d).to_owned()).collect();
+            recorded_addresses(&node, &devices)
+                .iter()
+                .filter_map(|a| a.own().map(|ip| ip.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            recorded(&["kube-ipvs0"]),
+            ["198.18.0.1", "198.18.0.100", "10.97.0.1"]
+        );
+        assert_eq!(
+            recorded(&["kube-ipvs0", "vip-*"]),
+            ["198.18.0.1", "198.18.0.100"]
+        );
+        assert_eq!(
+            recorded(&[]),
+            [
+                "198.18.0.1",
+                "198.18.0.100",
+                "10.96.0.1",
+                "fd96::1",
+                "10.97.0.1"
             ]
         );
     }

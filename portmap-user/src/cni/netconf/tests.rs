@@ -77,6 +77,11 @@ fn parse_netconf_table() {
                         && conf.conntrack_size.is_none(),
                     "optional keys stay None when absent"
                 );
+                assert_eq!(
+                    conf.service_vip_devices,
+                    ["kube-ipvs0"],
+                    "kube-proxy's IPVS device holds Service VIPs by default"
+                );
             }),
         ),
         (
@@ -743,6 +748,39 @@ fn parse_netconf_table() {
             "interface listed twice",
             with(r#","interfaces":["eth0","eth1","eth0"]"#),
             Invalid(c, &["interfaces[2] repeats \"eth0\" from interfaces[0]"]),
+        ),
+        (
+            "serviceVipDevices, names and patterns",
+            with(r#","serviceVipDevices":["kube-ipvs0","vip-*"]"#),
+            Valid(|conf| assert_eq!(conf.service_vip_devices, ["kube-ipvs0", "vip-*"])),
+        ),
+        (
+            "serviceVipDevices empty: none",
+            with(r#","serviceVipDevices":[]"#),
+            Valid(|conf| assert!(conf.service_vip_devices.is_empty())),
+        ),
+        (
+            "serviceVipDevices null: the default",
+            with(r#","serviceVipDevices":null"#),
+            Valid(|conf| assert_eq!(conf.service_vip_devices, ["kube-ipvs0"])),
+        ),
+        (
+            "serviceVipDevices not an array",
+            with(r#","serviceVipDevices":"kube-ipvs0""#),
+            Invalid(c, &["serviceVipDevices: expected an array"]),
+        ),
+        (
+            "serviceVipDevices with a bad name",
+            with(r#","serviceVipDevices":["kube/ipvs0"]"#),
+            Invalid(c, &["serviceVipDevices[0]: \"kube/ipvs0\"", "'/'"]),
+        ),
+        (
+            "serviceVipDevices repeats a device",
+            with(r#","serviceVipDevices":["kube-ipvs0","kube-ipvs0"]"#),
+            Invalid(
+                c,
+                &["serviceVipDevices[1] repeats \"kube-ipvs0\" from serviceVipDevices[0]"],
+            ),
         ),
         (
             "conntrackSize too small",

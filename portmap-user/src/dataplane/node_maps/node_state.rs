@@ -126,6 +126,9 @@ pub struct NodeState {
     pub live: BTreeSet<u32>,
     /// The `interfaces` key of the configuration (`None`: the default).
     pub interfaces: Option<Vec<String>>,
+    /// The `serviceVipDevices` key of the configuration (whose addresses
+    /// `addresses` already leaves out), recorded for `status`.
+    pub service_vip_devices: Vec<String>,
     /// Whether this run sweeps the settings of gone interfaces (a walk of
     /// the whole map, see `sweep_interfaces`): node-wide passes do, a
     /// single CNI call does not.
@@ -165,10 +168,43 @@ fn record_interfaces(layout: &PinLayout, interfaces: Option<&[String]>) -> io::R
     crate::dataplane::pinned::lock::write_record(&path, &interfaces.join("\n"))
 }
 
+/// Where the `serviceVipDevices` of the last sync are recorded, when not
+/// the default.
+pub fn vip_devices_record(layout: &PinLayout) -> std::path::PathBuf {
+    layout.lock_file().with_extension("vip-devices")
+}
+
+/// The `serviceVipDevices` the last sync recorded (the default when it
+/// recorded none, or no sync of this build ran).
+pub fn recorded_vip_devices(layout: &PinLayout) -> Vec<String> {
+    match std::fs::read_to_string(vip_devices_record(layout)) {
+        Ok(text) => text.lines().map(str::to_owned).collect(),
+        Err(_) => crate::cni::netconf::DEFAULT_SERVICE_VIP_DEVICES
+            .map(str::to_owned)
+            .to_vec(),
+    }
+}
+
+/// Records `serviceVipDevices` atomically; the default as no record.
+fn record_vip_devices(layout: &PinLayout, devices: &[String]) -> io::Result<()> {
+    let path = vip_devices_record(layout);
+    if devices == crate::cni::netconf::DEFAULT_SERVICE_VIP_DEVICES {
+        return match std::fs::remove_file(&path) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+            _ => Ok(()),
+        };
+    }
+    crate::dataplane::pinned::lock::write_record(&path, &devices.join("\n"))
+}
+
 /// The records of what the last sync wrote (local addresses, interface
 /// settings): an uninstall removes them with the maps they describe.
-pub fn sync_records(layout: &PinLayout) -> [std::path::PathBuf; 2] {
-    [local_addrs_record(layout), IfacesRecord::path(layout)]
+pub fn sync_records(layout: &PinLayout) -> [std::path::PathBuf; 3] {
+    [
+        local_addrs_record(layout),
+        IfacesRecord::path(layout),
+        vip_devices_record(layout),
+    ]
 }
 
 /// Where the local addresses of the last sync are recorded ([`LocalRecord`]).
@@ -241,6 +277,7 @@ struct Wanted {
     ifaces: BTreeMap<u32, IfaceConfig>,
     live: BTreeSet<u32>,
     interfaces: Option<Vec<String>>,
+    vip_devices: Vec<String>,
 }
 
 impl Wanted {
@@ -304,6 +341,7 @@ impl Wanted {
             ifaces,
             live: state.live.clone(),
             interfaces: state.interfaces.clone(),
+            vip_devices: state.service_vip_devices.clone(),
         };
         wanted.node.sync_hash = wanted.hash();
         wanted
@@ -342,6 +380,10 @@ impl Wanted {
                     bytes.extend_from_slice(entry.as_bytes());
                 }
             }
+        }
+        for entry in &self.vip_devices {
+            bytes.push(2);
+            bytes.extend_from_slice(entry.as_bytes());
         }
         let hash = fnv1a64(&bytes);
         ((hash ^ (hash >> 32)) as u32).max(1)
@@ -443,6 +485,7 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
     }
     IfacesRecord::write(layout, &ifaces_record, &now_written, state.sweep_interfaces);
     record_interfaces(layout, wanted.interfaces.as_deref()).map_err(LocalError::Record)?;
+    record_vip_devices(layout, &wanted.vip_devices).map_err(LocalError::Record)?;
     // Last: the hash says the state above is complete.
     node.set(0, wanted.node, 0)
         .map_err(map_error(map_names::NODE))?;
@@ -617,6 +660,7 @@ mod tests {
             attached: BTreeSet::from([2, 4]),
             live: BTreeSet::from([1, 2, 4]),
             interfaces: None,
+            service_vip_devices: vec!["kube-ipvs0".to_owned()],
             sweep_interfaces: false,
         }
     }

@@ -26,10 +26,17 @@ pub struct NodeDrift {
     pub unmatched: Vec<String>,
     /// The node's interfaces but loopback, named beside `unmatched`.
     pub interfaces: Vec<String>,
-    /// Node addresses the socket hooks do not know as the node's.
+    /// Node addresses the dataplane does not know as the node's: host ports
+    /// do not answer on them yet.
     pub unsynced: Vec<IpAddr>,
-    /// Addresses the socket hooks take for the node's that it no longer has.
+    /// Addresses the dataplane takes for the node's that it no longer has.
     pub stale: Vec<IpAddr>,
+    /// The addresses a wildcard host port answers on (the last sync's,
+    /// sorted; empty when they cannot be read).
+    pub covered: Vec<IpAddr>,
+    /// Addresses of the node that host ports never answer on, each with
+    /// its interface: those of a Service VIP device (`serviceVipDevices`).
+    pub vip_excluded: Vec<(IpAddr, String)>,
     /// Mappings whose hostIP is no address of the node (`198.18.0.9:80/tcp`).
     pub absent_host_ips: Vec<String>,
     /// Why the node's interfaces and addresses could not be read.
@@ -65,6 +72,18 @@ pub fn node_drift(layout: &PinLayout, tc: &[TcAttachment]) -> NodeDrift {
             drift.unattached.push((link.name.clone(), link.index));
         }
     }
+    let vip_devices = node_state::recorded_vip_devices(layout);
+    let vip: std::collections::BTreeMap<u32, &str> = links
+        .iter()
+        .filter(|l| netlink::name_matches(&vip_devices, &l.name))
+        .map(|l| (l.index, l.name.as_str()))
+        .collect();
+    for address in &addresses {
+        if let (Some(name), Some(addr)) = (vip.get(&address.index), address.own()) {
+            drift.vip_excluded.push((addr, (*name).to_owned()));
+        }
+    }
+    drift.vip_excluded.sort();
     let own: std::collections::BTreeSet<IpAddr> = addresses
         .iter()
         .filter_map(netlink::NodeAddress::own)
@@ -76,8 +95,14 @@ pub fn node_drift(layout: &PinLayout, tc: &[TcAttachment]) -> NodeDrift {
         IpAddr::V6(v6) => !v6.is_unicast_link_local(),
     };
     if let Some(synced) = node_state::synced_addresses(layout) {
-        let own: std::collections::BTreeSet<IpAddr> =
-            own.iter().filter(routable).copied().collect();
+        drift.covered = synced.iter().copied().collect();
+        // A Service VIP's address is the node's and never a host port's.
+        let own: std::collections::BTreeSet<IpAddr> = own
+            .iter()
+            .filter(routable)
+            .filter(|addr| !drift.vip_excluded.iter().any(|(vip, _)| vip == *addr))
+            .copied()
+            .collect();
         let synced: std::collections::BTreeSet<IpAddr> =
             synced.iter().filter(routable).copied().collect();
         drift.unsynced = own.difference(&synced).copied().collect();

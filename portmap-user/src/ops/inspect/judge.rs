@@ -309,12 +309,12 @@ fn judge_drift(drift: &NodeDrift, problems: &mut Vec<String>, notes: &mut Vec<St
     }
     for addr in &drift.unsynced {
         problems.push(format!(
-            "node address {addr} is not known to the socket hooks (added since the last plugin run), so node connections to it are not translated: {NEXT_RUN}"
+            "node address {addr} is not known to the dataplane (added since the last plugin run), so host ports do not answer on it, from outside or from the node: {NEXT_RUN}"
         ));
     }
     for addr in &drift.stale {
         notes.push(format!(
-            "{addr} is still taken for a node address but the node no longer has it (node connections to it are translated as if it were): {NEXT_RUN}"
+            "{addr} is still taken for a node address but the node no longer has it (host ports answer on it as if it were): {NEXT_RUN}"
         ));
     }
     for mapping in &drift.absent_host_ips {
@@ -578,6 +578,9 @@ mod tests {
             unsynced: vec!["198.18.0.77".parse().unwrap()],
             stale: vec!["198.18.0.66".parse().unwrap()],
             absent_host_ips: vec!["198.18.0.99:8080/tcp".into()],
+            covered: vec!["198.18.0.1".parse().unwrap()],
+            // Never a problem: the node's on purpose.
+            vip_excluded: vec![("10.96.0.1".parse().unwrap(), "kube-ipvs0".into())],
             unreadable: None,
         };
         let drifted = judged(drifted);
