@@ -41,6 +41,8 @@ const REQUIRED_TOOLS: &[&str] = &[
     // The fastPath test adds FORWARD rules in its node namespace.
     "/usr/sbin/iptables",
     "/usr/sbin/ip6tables",
+    // kube-proxy's IPVS Services (the `local` IPVS test).
+    "/usr/sbin/ipvsadm",
 ];
 /// iptables extensions the guest's tests use, from the host's directory.
 const XTABLES_DIR: &str = "/usr/lib/x86_64-linux-gnu/xtables";
@@ -142,6 +144,9 @@ pub const GUEST_TESTS: &[GuestTest] = &[
             // Loopback frames from the link (issue 39): AF_PACKET and the
             // kernel's own handling of what the programs let through.
             "crafted_loopback_packets_from_the_link_never_reach_a_container",
+            // kube-proxy's IPVS mode (issue 51): a dummy device, a real
+            // IPVS virtual service, which this host's kernel lacks.
+            "a_real_ipvs_service_is_never_a_host_ports",
         ]),
     },
     // What the socket hooks translate, counted per mapping and traced
@@ -560,6 +565,7 @@ fn guest_env(
          export EPM_PROBE_BIN={GUEST_PROBE_BIN}\n\
          export EPM_EXPECT_SCTP=1\n\
          export EPM_EXPECT_KFUNCS=1\n\
+         export EPM_EXPECT_IPVS=1\n\
          export EPM_EXPECT_FORWARD_HOOKS={}\n\
          export EPM_PLUGIN_TIMEOUT_SECS=300\n\
          export RUST_BACKTRACE=1\n\

@@ -23,7 +23,9 @@ use anyhow::{Context, Result, bail};
 /// `xt_conntrack` for kube-proxy's `-m conntrack --ctstate INVALID -j DROP`
 /// at FORWARD, as iptables-nft adds it (the guest says so with
 /// `EPM_EXPECT_KFUNCS=1`, so kfuncs that do not link fail instead of
-/// skipping).
+/// skipping), and `dummy`, `ip_vs` and `nft_chain_nat` for kube-proxy's
+/// IPVS mode: ClusterIPs on a dummy device, virtual services, its guard in
+/// the nat table (`EPM_EXPECT_IPVS=1`).
 pub const WANTED_MODULES: &[&str] = &[
     "veth",
     "bridge",
@@ -35,6 +37,9 @@ pub const WANTED_MODULES: &[&str] = &[
     "nf_conntrack",
     "nft_compat",
     "xt_conntrack",
+    "dummy",
+    "ip_vs",
+    "nft_chain_nat",
 ];
 
 /// Modules staged where the kernel has them, left out where it has not:

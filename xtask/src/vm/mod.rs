@@ -38,13 +38,15 @@ use clap::Args;
 use kernel::Series;
 
 /// Debian packages the VM tests need on the host.
-/// (`binutils` for objcopy, `kmod` for depmod.)
+/// (`binutils` for objcopy, `kmod` for depmod, `ipvsadm` for the guests'
+/// IPVS Services.)
 const VM_APT_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
     "kmod",
     "xz-utils",
     "binutils",
+    "ipvsadm",
 ];
 
 /// The kernels `cargo xtask test` boots: Debian 12's 6.1 (no tcx, clsact
