@@ -31,8 +31,9 @@
 //!   root's lock): every kept name, one a line, with the index every entry
 //!   naming it holds. A name is recorded before the first entry naming it
 //!   is written, and its index in the record changes only once every entry
-//!   naming it was rewritten, so a killed run leaves a record that makes
-//!   the next pass do its work again, never one that hides a change;
+//!   naming it was rewritten (while they are, the record holds an index
+//!   no interface has), so a killed run leaves a record that makes the
+//!   next pass do its work again, never one that hides a change;
 //! - the lock `{id}.in-interfaces-lock`: a name is resolved and an entry
 //!   naming one written only under it (a rewrite here, and ADD's claim of
 //!   an owner with conditions, see [`hold`]), so no writer puts an older
@@ -69,6 +70,11 @@ use crate::node::netlink::{self, Link};
 
 /// `BPF_EXIST`: a rewrite never makes an entry a DEL removed meanwhile.
 const BPF_EXIST: u64 = 2;
+
+/// The index a name has in the record while its entries are rewritten:
+/// none (interface indexes are positive `int`s), so that every pass finds
+/// it outdated until the rewrite is done.
+const PENDING: u32 = u32::MAX;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InterfaceConditionsError {
@@ -245,6 +251,17 @@ fn settle(
         .iter()
         .any(|(name, index)| now.names.get(name) != Some(index));
     if changed {
+        // First a record no interface matches: a run killed among the
+        // rewrites leaves the next pass all of them to do again, even if
+        // the names' indexes are back to what the record said.
+        let pending = Record {
+            names: now
+                .names
+                .keys()
+                .map(|name| (name.clone(), PENDING))
+                .collect(),
+        };
+        pending.write(path)?;
         let named = rewrite(layout, &now)?;
         now.names
             .retain(|name, _| named.contains(name) || adding.contains(&name.as_str()));
@@ -444,6 +461,13 @@ mod tests {
             "eth2 created after the ADD"
         );
         assert!(!Record::default().outdated(node(&[])), "nothing kept");
+        let pending = Record {
+            names: BTreeMap::from([("eth1".to_owned(), PENDING)]),
+        };
+        assert!(
+            pending.outdated(node(&[("eth1", 7)])) && pending.outdated(node(&[])),
+            "a rewrite killed half way is done again whatever the node has"
+        );
     }
 
     #[test]
