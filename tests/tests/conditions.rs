@@ -526,3 +526,61 @@ fn the_agents_pass_follows_an_interface_made_after_the_add() {
     drop(agent);
     world.del(&web, &mappings());
 }
+
+/// Two interface names (valid, up to 15 bytes) with one id.
+fn interface_names_of_one_id() -> (String, String) {
+    let mut seen = std::collections::HashMap::new();
+    for n in 0u32.. {
+        let name = format!("if{n:x}");
+        let id = portmap_common::conditions::interface_id(name.as_bytes());
+        if let Some(first) = seen.insert(id, name.clone()) {
+            return (first, name);
+        }
+    }
+    unreachable!("a 32-bit id repeats within 2^32 + 1 names")
+}
+
+/// An entry keeps its `-i` name as a 32-bit id: a second name with the id
+/// of one the node keeps could not be told apart from it when either
+/// interface changes, so its ADD is refused with code 7 naming the
+/// condition and both names, and changes nothing.
+#[test]
+fn an_in_interface_name_with_the_id_of_a_kept_one_is_refused() {
+    let (kept, other) = interface_names_of_one_id();
+    let world = world_with(json!({"conditionsV4": ["-i", kept]}));
+    let (web, _servers) = serve(&world, "web");
+    let second = world.node.add_container("second");
+    let second_mappings = [PortMapping::tcp(8081, 80)];
+    let rt = second.with_port_mappings(&second_mappings);
+    let result = world
+        .runner
+        .add(&world.list, &rt)
+        .unwrap_or_else(|e| panic!("ADD of the second container: {e}"));
+    let before = world.dump_map("conditions");
+    let mut config = world.our_config(&rt, Some(&result));
+    config["conditionsV4"] = json!(["-i", other]);
+    let error = world
+        .runner
+        .exec_plugin("ebpf-portmap", CniCommand::Add, Some(&rt), &config)
+        .expect_err("a name with a kept name's id must be refused");
+    let object = error
+        .error_json
+        .clone()
+        .unwrap_or_else(|| panic!("no CNI error object: {error}"));
+    assert_eq!(object["code"], 7, "{object}");
+    let message = object["msg"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("conditionsV4: ")
+            && message.contains(&kept)
+            && message.contains(&other),
+        "the message names the condition and both names: {message}"
+    );
+    assert_eq!(
+        world.dump_map("conditions"),
+        before,
+        "a refusal changes nothing"
+    );
+    world.del(&second, &second_mappings);
+    world.del(&web, &mappings());
+    world.assert_clean("after both DELs");
+}
