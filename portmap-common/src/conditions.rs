@@ -101,12 +101,34 @@ pub struct Conditions {
     /// `-p`: [`protocol_bits`] of the protocols that match; 0 for no
     /// protocol condition.
     pub protocols: u8,
-    /// `-i`: the interface the packet arrived on, by index (resolved from
-    /// the name at ADD; 0 when no interface had that name then, which no
-    /// packet arrives on). Only read when `has_in_interface` is 1.
+    /// `-i`: the interface the packet arrived on, by index: the index the
+    /// interface named by [`Conditions::in_interface_id`] has now (0 when
+    /// the node has no interface of that name, which no packet arrives
+    /// on). User space writes it at ADD and rewrites it whenever that
+    /// name's interface changes, before any program is attached to the
+    /// new one (`portmap-user`'s `interface_conditions`). Only read when
+    /// `has_in_interface` is 1.
     pub in_ifindex: u32,
     pub has_in_interface: u8,
-    pub _pad0: [u8; 7],
+    pub _pad0: [u8; 3],
+    /// Which name `in_ifindex` was resolved from, for user space only
+    /// ([`interface_id`] of it; the programs never read it). 0 in an entry
+    /// of a build before names were kept (those were padding bytes).
+    pub in_interface_id: u32,
+}
+
+/// The [`Conditions::in_interface_id`] of interface name `name`: its
+/// 32-bit FNV-1a hash, 0 never (0 means "no name kept"). User space
+/// refuses a second name with the id of one it keeps already.
+pub const fn interface_id(name: &[u8]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    let mut i = 0;
+    while i < name.len() {
+        hash ^= name[i] as u32;
+        hash = hash.wrapping_mul(0x0100_0193);
+        i += 1;
+    }
+    if hash == 0 { 1 } else { hash }
 }
 
 /// The [`protocol_bits`] bit of IP protocol `proto`; 0 for another.
@@ -176,6 +198,8 @@ const _: () = {
     assert!(core::mem::size_of::<ConditionKey>() == 16);
     assert!(core::mem::size_of::<Cidr>() == 32);
     assert!(core::mem::size_of::<Conditions>() == 2 * MAX_CIDRS * 32 + 16);
+    // The name's id took bytes that were padding: the layout is unchanged.
+    assert!(core::mem::offset_of!(Conditions, in_interface_id) == 2 * MAX_CIDRS * 32 + 12);
 };
 
 #[cfg(feature = "user")]
@@ -261,6 +285,15 @@ mod tests {
     }
 
     #[test]
+    fn interface_ids_are_fnv1a_and_never_zero() {
+        // FNV-1a's published test vectors.
+        assert_eq!(interface_id(b""), 0x811c_9dc5);
+        assert_eq!(interface_id(b"a"), 0xe40c_292c);
+        assert_eq!(interface_id(b"foobar"), 0xbf9c_f968);
+        assert_ne!(interface_id(b"eth0"), interface_id(b"eth1"));
+    }
+
+    #[test]
     fn in_interface_matches_by_index_and_never_for_the_nodes_own_traffic() {
         let mut c = Conditions {
             has_in_interface: 1,
@@ -274,7 +307,7 @@ mod tests {
         assert!(!c.admits(PROTO_TCP, &v4([1, 1, 1, 1]), &v4(NODE), 3));
         assert!(c.admits(PROTO_TCP, &v4([1, 1, 1, 1]), &v4(NODE), 4));
         assert!(c.admits(PROTO_TCP, &v4([1, 1, 1, 1]), &v4(NODE), 0));
-        // An interface that did not exist at ADD (index 0) matches nothing.
+        // A name no interface has (index 0) matches nothing.
         c.in_ifindex = 0;
         c.negated = 0;
         assert!(!c.admits(PROTO_TCP, &v4([1, 1, 1, 1]), &v4(NODE), 0));

@@ -7,6 +7,7 @@
 //! Needs root.
 
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use portmap_tests::cni::CniCommand;
 use portmap_tests::topology::{NODE_IP4, NODE_IP6};
@@ -361,4 +362,225 @@ fn the_nodes_own_connections_and_hairpin_are_judged_like_upstream() {
     }
     world.del(&other, &[]);
     world.del(&web, &mappings());
+}
+
+/// A plugin run on the node that concerns no container of the test: the
+/// DEL of a container never added (every run reconciles the node).
+fn another_plugin_run(world: &World) {
+    let stranger = world.node.add_container("stranger");
+    world.del(&stranger, &[]);
+}
+
+/// Interface conditions name an interface, as upstream's `-i` does when a
+/// packet comes: eth0 deleted and made again after the ADD (a new index)
+/// is still the eth0 that `! -i eth0` refuses, once a plugin run has put
+/// the programs on it; before that run the new eth0 carries no programs,
+/// so nothing arriving on it is translated at all. Without names kept,
+/// the entry held the old eth0's index, and `! -i eth0` admitted the new
+/// eth0's traffic.
+#[test]
+fn a_negated_in_interface_refuses_its_interface_re_created_after_the_add() {
+    let world = world_with(json!({
+        "conditionsV4": ["!", "-i", "eth0"],
+        "conditionsV6": ["!", "--in-interface", "eth0"],
+    }));
+    let (web, _servers) = serve(&world, "web");
+    refused(&world.node.ext, "ext (arrives on eth0)", true);
+    reaches(&world, &world.node.far, "far", "web", true);
+    let (old, new) = world.node.recreate_uplink();
+    assert_ne!(old, new, "the kernel gives the new eth0 another index");
+    refused(
+        &world.node.ext,
+        "ext on the new eth0, no plugin run since",
+        true,
+    );
+    another_plugin_run(&world);
+    refused(&world.node.ext, "ext on the re-created eth0", true);
+    reaches(&world, &world.node.far, "far", "web", true);
+    world.del(&web, &mappings());
+    world.assert_clean("after the DEL");
+}
+
+/// As above for `-i eth0`: the re-created eth0's traffic is admitted, and
+/// what arrives elsewhere still is not. Without names kept, the entry held
+/// the old eth0's index and refused the new eth0's traffic for ever.
+#[test]
+fn an_in_interface_admits_its_interface_re_created_after_the_add() {
+    let world = world_with(json!({
+        "conditionsV4": ["-i", "eth0"],
+        "conditionsV6": ["-i", "eth0"],
+    }));
+    let (web, _servers) = serve(&world, "web");
+    reaches(&world, &world.node.ext, "ext", "web", true);
+    let (old, new) = world.node.recreate_uplink();
+    assert_ne!(old, new, "the kernel gives the new eth0 another index");
+    another_plugin_run(&world);
+    reaches(
+        &world,
+        &world.node.ext,
+        "ext on the re-created eth0",
+        "web",
+        true,
+    );
+    refused(&world.node.far, "far (arrives on eth1)", true);
+    world.del(&web, &mappings());
+    world.assert_clean("after the DEL");
+}
+
+/// The node's address on `eth2`, the interface `Node::add_side_link`
+/// plugs in after the ADD.
+const SIDE_NODE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(198, 20, 0, 1);
+
+/// `eth2` plugged in after the ADD (a second NIC, a VLAN made after the
+/// pods), with a client `side` behind it.
+fn plug_in_eth2(world: &World) -> NetNs {
+    world
+        .node
+        .add_side_link("eth2", "198.20.0.1/24", "198.20.0.2/24")
+}
+
+/// An interface missing at ADD and plugged in later is the interface the
+/// condition names from the first plugin run that puts the programs on
+/// it: `! -i eth2` refuses what arrives on it and nothing else. Without
+/// names kept, the entry held index 0, matching no interface for ever, and
+/// `! -i eth2` admitted eth2's traffic.
+#[test]
+fn a_negated_in_interface_refuses_its_interface_made_after_the_add() {
+    let world = world_with(json!({"conditionsV4": ["!", "-i", "eth2"]}));
+    let (web, _servers) = serve(&world, "web");
+    let side = plug_in_eth2(&world);
+    another_plugin_run(&world);
+    expect_unreachable(
+        "TCP from side via 198.20.0.1:8080 (arrives on eth2, ! -i eth2)",
+        tcp_request(&side, sock(SIDE_NODE, 8080), "denied", GONE),
+    );
+    for (client, who) in [(&world.node.ext, "ext"), (&world.node.far, "far")] {
+        world.expect_answer(
+            &format!("TCP from {who} via {NODE_IP4}:8080 (not eth2)"),
+            tcp_request(client, sock(NODE_IP4, 8080), "hello", PROBE),
+            &echo_reply("web", "hello"),
+        );
+    }
+    world.del(&web, &mappings());
+    world.assert_clean("after the DEL");
+}
+
+/// As above for `-i eth2`: nothing is admitted while no eth2 exists, and
+/// once it is plugged in and a plugin run has passed, what arrives on it
+/// alone. Without names kept, eth2's traffic was refused for ever.
+#[test]
+fn an_in_interface_admits_its_interface_made_after_the_add() {
+    let world = world_with(json!({"conditionsV4": ["-i", "eth2"]}));
+    let (web, _servers) = serve(&world, "web");
+    expect_unreachable(
+        "TCP from ext while no eth2 exists (-i eth2)",
+        tcp_request(&world.node.ext, sock(NODE_IP4, 8080), "denied", GONE),
+    );
+    let side = plug_in_eth2(&world);
+    another_plugin_run(&world);
+    world.expect_answer(
+        "TCP from side via 198.20.0.1:8080 (arrives on eth2, -i eth2)",
+        tcp_request(&side, sock(SIDE_NODE, 8080), "hello", PROBE),
+        &echo_reply("web", "hello"),
+    );
+    for (client, who) in [(&world.node.ext, "ext"), (&world.node.far, "far")] {
+        expect_unreachable(
+            &format!("TCP from {who} via {NODE_IP4}:8080 (not eth2)"),
+            tcp_request(client, sock(NODE_IP4, 8080), "denied", GONE),
+        );
+    }
+    world.del(&web, &mappings());
+    world.assert_clean("after the DEL");
+}
+
+/// With the node agent, no plugin run is needed: its pass on the new
+/// interface's link events writes eth2's index into the entry before it
+/// puts the programs on eth2. Without names kept, the entry held index 0
+/// and eth2's traffic was refused for ever.
+#[test]
+fn the_agents_pass_follows_an_interface_made_after_the_add() {
+    let world = world_with(json!({"conditionsV4": ["-i", "eth2"]}));
+    let (web, _servers) = serve(&world, "web");
+    let agent = portmap_tests::agent::Agent::start(&world);
+    agent.wait_ready(Duration::from_secs(10), "at start");
+    let side = plug_in_eth2(&world);
+    let target = sock(SIDE_NODE, 8080);
+    // The new veth's carrier, then the agent's pass: within seconds.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match tcp_request(&side, target, "hello", Duration::from_millis(300)) {
+            Ok(reply) if reply == echo_reply("web", "hello") => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "TCP from side via {target} (-i eth2) never answered after the agent's pass: {other:?}\n{}\n{}",
+                world.dump(),
+                agent.log_text()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    expect_unreachable(
+        "TCP from ext (not eth2)",
+        tcp_request(&world.node.ext, sock(NODE_IP4, 8080), "denied", GONE),
+    );
+    drop(agent);
+    world.del(&web, &mappings());
+}
+
+/// Two interface names (valid, up to 15 bytes) with one id.
+fn interface_names_of_one_id() -> (String, String) {
+    let mut seen = std::collections::HashMap::new();
+    for n in 0u32.. {
+        let name = format!("if{n:x}");
+        let id = portmap_common::conditions::interface_id(name.as_bytes());
+        if let Some(first) = seen.insert(id, name.clone()) {
+            return (first, name);
+        }
+    }
+    unreachable!("a 32-bit id repeats within 2^32 + 1 names")
+}
+
+/// An entry keeps its `-i` name as a 32-bit id: a second name with the id
+/// of one the node keeps could not be told apart from it when either
+/// interface changes, so its ADD is refused with code 7 naming the
+/// condition and both names, and changes nothing.
+#[test]
+fn an_in_interface_name_with_the_id_of_a_kept_one_is_refused() {
+    let (kept, other) = interface_names_of_one_id();
+    let world = world_with(json!({"conditionsV4": ["-i", kept]}));
+    let (web, _servers) = serve(&world, "web");
+    let second = world.node.add_container("second");
+    let second_mappings = [PortMapping::tcp(8081, 80)];
+    let rt = second.with_port_mappings(&second_mappings);
+    let result = world
+        .runner
+        .add(&world.list, &rt)
+        .unwrap_or_else(|e| panic!("ADD of the second container: {e}"));
+    let before = world.dump_map("conditions");
+    let mut config = world.our_config(&rt, Some(&result));
+    config["conditionsV4"] = json!(["-i", other]);
+    let error = world
+        .runner
+        .exec_plugin("ebpf-portmap", CniCommand::Add, Some(&rt), &config)
+        .expect_err("a name with a kept name's id must be refused");
+    let object = error
+        .error_json
+        .clone()
+        .unwrap_or_else(|| panic!("no CNI error object: {error}"));
+    assert_eq!(object["code"], 7, "{object}");
+    let message = object["msg"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("conditionsV4: ")
+            && message.contains(&kept)
+            && message.contains(&other),
+        "the message names the condition and both names: {message}"
+    );
+    assert_eq!(
+        world.dump_map("conditions"),
+        before,
+        "a refusal changes nothing"
+    );
+    world.del(&second, &second_mappings);
+    world.del(&web, &mappings());
+    world.assert_clean("after both DELs");
 }

@@ -11,6 +11,7 @@ use crate::cni::error::with_sources;
 use crate::cni::netconf::ListenerPolicy;
 use crate::cni::netconf::NetConf;
 use crate::dataplane::container_netns;
+use crate::dataplane::interface_conditions;
 use crate::dataplane::ownership;
 use crate::dataplane::ownership::Store;
 use crate::dataplane::ownership::Translation;
@@ -42,25 +43,37 @@ pub(super) fn planned(req: &Request) -> Vec<Translation> {
 }
 
 /// The conditions map entries of the request, by family: `-i` names
-/// resolved to the index the interface has now in the node's namespace.
-fn condition_entries(conf: &NetConf) -> Vec<(u8, Conditions)> {
+/// resolved to the index the interface has now in the node's namespace,
+/// under `held`, which keeps them so that every later reconciliation
+/// follows them (see `dataplane::interface_conditions`).
+fn condition_entries(
+    conf: &NetConf,
+    held: &interface_conditions::Held,
+) -> Result<Vec<(u8, Conditions)>, PluginError> {
     let mut entries = Vec::new();
     for family in [FAMILY_V4, FAMILY_V6] {
         let Some(set) = conf.conditions(family) else {
             continue;
         };
+        let names: Vec<&str> = set
+            .in_interface
+            .iter()
+            .map(|(_, name)| name.as_str())
+            .collect();
+        let indexes = held.resolve(&set.key, &names)?;
         let entry = set.to_map_value(|name| {
-            netlink::interface_index(name).unwrap_or_else(|| {
+            let index = indexes.get(name).copied().unwrap_or(0);
+            if index == 0 {
                 log::warn!(
-                    "{set}: the node has no interface {name:?} (yet): no packet matches it until ADD runs again after it exists"
+                    "{set}: the node has no interface {name:?} now: no packet arrives on it until one of that name exists, from the next plugin run or agent pass after it appears"
                 );
-                0
-            })
+            }
+            index
         });
         log::info!("{set}: enforced on every new flow of this configuration's mappings");
         entries.push((family, entry));
     }
-    entries
+    Ok(entries)
 }
 
 pub(super) fn add(req: &Request) -> Result<(), PluginError> {
@@ -103,12 +116,20 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
         maps.sandboxes = Some(crate::dataplane::maps::create_sandboxes(&layout)?);
     }
     maps.prepare_claim(&layout)?;
-    maps.claim(
-        &req.owner,
-        &req.identity,
-        &translations,
-        &condition_entries(&req.conf),
-    )?;
+    // Conditions are resolved and written under their lock, held to the
+    // end of the claim: a reconciliation rewriting `-i` indexes meanwhile
+    // neither misses this owner's entry nor puts an older one back.
+    let held = [FAMILY_V4, FAMILY_V6]
+        .into_iter()
+        .any(|family| req.conf.conditions(family).is_some())
+        .then(|| interface_conditions::hold(&layout))
+        .transpose()?;
+    let conditions = match held.as_ref() {
+        Some(held) => condition_entries(&req.conf, held)?,
+        None => Vec::new(),
+    };
+    maps.claim(&req.owner, &req.identity, &translations, &conditions)?;
+    drop(held);
     // What tells GC later that the container is gone when no DEL comes.
     maps.record_sandbox(
         &req.owner,

@@ -213,6 +213,9 @@ pub fn reconcile(
         live.extend(port_bridges.keys());
     }
     let bridge_ports: BTreeSet<u32> = port_bridges.keys().copied().collect();
+    // `-i` conditions follow their interface by name: their entries are
+    // rewritten before the programs can go on an interface made since.
+    crate::dataplane::interface_conditions::follow(layout, &node.links)?;
     attach::ensure(
         layout,
         pins,

@@ -8,6 +8,7 @@ use crate::{
     cni::error::{code, with_sources},
     dataplane::attach::AttachError,
     dataplane::counters,
+    dataplane::interface_conditions::InterfaceConditionsError,
     dataplane::node_state,
     dataplane::ownership::StoreError,
     dataplane::pin::PinLayout,
@@ -62,6 +63,8 @@ pub enum PluginError {
     Local(#[from] node_state::LocalError),
     #[error(transparent)]
     Scope(#[from] scope::ScopeError),
+    #[error(transparent)]
+    InterfaceConditions(#[from] InterfaceConditionsError),
     #[error("containerSockets: the container's network namespace is not registered")]
     ContainerNetns(#[from] crate::dataplane::container_netns::RegistrationError),
     #[error(
@@ -110,6 +113,10 @@ impl PluginError {
                 crate::dataplane::container_netns::RegistrationError::Full { .. },
             ) => code::CAPACITY,
             PluginError::ContainerNetns(_) => code::IO_FAILURE,
+            PluginError::InterfaceConditions(InterfaceConditionsError::IdCollision { .. }) => {
+                code::INVALID_NETWORK_CONFIG
+            }
+            PluginError::InterfaceConditions(_) => code::IO_FAILURE,
         }
     }
 }

@@ -12,8 +12,11 @@
 //! - `-p`/`--protocol`: `tcp`, `udp` or `sctp` (or 6, 17, 132): the
 //!   mappings of other protocols of the configuration take no flow;
 //! - `-i`/`--in-interface`: the interface a packet arrives on, by name
-//!   (no `+` wildcard); the node's own connections have none, as in
-//!   upstream's `OUTPUT` chain.
+//!   (no `+` wildcard), as upstream matches it when the packet comes: the
+//!   entry keeps the name's id beside the index, and the index follows the
+//!   name across an interface re-created or created after the ADD
+//!   (`dataplane::node_maps::interface_conditions`); the node's own
+//!   connections have none, as in upstream's `OUTPUT` chain.
 //!
 //! Refused, naming the argument: `-o`/`--out-interface` (upstream's rule
 //! runs before routing in `PREROUTING`, where no packet has an output
@@ -24,7 +27,7 @@
 use std::net::IpAddr;
 
 use portmap_common::conditions::{
-    Cidr, Conditions, MAX_CIDRS, negated as negated_bits, protocol_bit,
+    Cidr, Conditions, MAX_CIDRS, interface_id, negated as negated_bits, protocol_bit,
 };
 use portmap_common::{FAMILY_V4, FAMILY_V6, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use serde_json::Value;
@@ -377,7 +380,9 @@ fn fill(cidrs: &mut [Cidr; MAX_CIDRS], family: u8, condition: &AddrCondition) ->
 
 impl ConditionSet {
     /// The map entry the programs check. `ifindex` gives the index of the
-    /// `-i` interface by name (0 when the node has none by that name now).
+    /// `-i` interface by name (0 when the node has none by that name now);
+    /// the entry keeps the name's id, by which it is found when that
+    /// index changes.
     pub fn to_map_value(&self, ifindex: impl Fn(&str) -> u32) -> Conditions {
         let mut out = Conditions::default();
         if let Some(source) = &self.source {
@@ -401,6 +406,7 @@ impl ConditionSet {
         if let Some((negated, name)) = &self.in_interface {
             out.has_in_interface = 1;
             out.in_ifindex = ifindex(name);
+            out.in_interface_id = interface_id(name.as_bytes());
             if *negated {
                 out.negated |= negated_bits::IN_INTERFACE;
             }

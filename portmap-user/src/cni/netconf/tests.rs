@@ -1371,6 +1371,11 @@ fn upstream_conditions_become_the_map_entry_the_programs_check() {
     assert_eq!(entry.negated, negated::SOURCE, "only -s is negated");
     assert_eq!(entry.protocols, protocol_bits::UDP);
     assert_eq!((entry.has_in_interface, entry.in_ifindex), (1, 7));
+    assert_eq!(
+        entry.in_interface_id,
+        portmap_common::conditions::interface_id(b"eth1"),
+        "the entry keeps which name its index is of"
+    );
     let client = |a: [u8; 4]| [u32::from_ne_bytes(a), 0, 0, 0];
     let node = client([198, 18, 0, 1]);
     assert!(entry.admits(17, &client([198, 18, 0, 2]), &node, 7));

@@ -94,6 +94,26 @@ pub fn lock(layout: &PinLayout) -> Result<fs::File, LockError> {
     lock_once(layout)
 }
 
+/// Takes the `flock` of the lock file `path` in the run directory, for a
+/// kind of state that has a lock of its own beside the pin root's (its
+/// module says what it guards): exclusive, waiting for it within the limit
+/// set by [`limit_waits`] if any.
+pub fn lock_at(path: &Path) -> Result<fs::File, LockError> {
+    let file = open_lock_file(path)?;
+    match wait_limit() {
+        Some(limit) => flock_within(&file, path, limit)?,
+        // SAFETY: flock on an fd we own; released when `file` is closed.
+        None if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 => {
+            return Err(LockError::Lock {
+                path: path.to_path_buf(),
+                source: io::Error::last_os_error(),
+            });
+        }
+        None => {}
+    }
+    Ok(file)
+}
+
 /// Whether `file` is (still) the file at `path`.
 fn same_file(file: &fs::File, path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
