@@ -407,6 +407,11 @@ fn a_wildcard_host_port_never_takes_a_service_vip() {
         covered.contains(&NODE_IP4.to_string()) && !covered.contains("10.96.0.1"),
         "status lists the addresses host ports answer on: {covered}"
     );
+    let list = String::from_utf8_lossy(&w.operator(&["list"]).stdout).into_owned();
+    assert!(
+        list.contains("10.96.0.1 on kube-ipvs0") && list.contains("host ports answer on: "),
+        "list says where its wildcard rows answer:\n{list}"
+    );
     w.del(&ingress, &mappings);
 }
 

@@ -23,9 +23,10 @@ use anyhow::{Context, Result, bail};
 /// `xt_conntrack` for kube-proxy's `-m conntrack --ctstate INVALID -j DROP`
 /// at FORWARD, as iptables-nft adds it (the guest says so with
 /// `EPM_EXPECT_KFUNCS=1`, so kfuncs that do not link fail instead of
-/// skipping), and `dummy`, `ip_vs` and `nft_chain_nat` for kube-proxy's
-/// IPVS mode: ClusterIPs on a dummy device, virtual services, its guard in
-/// the nat table (`EPM_EXPECT_IPVS=1`).
+/// skipping), and `dummy`, `ip_vs` with its round-robin scheduler and
+/// `nft_chain_nat` for kube-proxy's IPVS mode: ClusterIPs on a dummy
+/// device, virtual services, its guard in the nat table
+/// (`EPM_EXPECT_IPVS=1`).
 pub const WANTED_MODULES: &[&str] = &[
     "veth",
     "bridge",
@@ -39,6 +40,7 @@ pub const WANTED_MODULES: &[&str] = &[
     "xt_conntrack",
     "dummy",
     "ip_vs",
+    "ip_vs_rr",
     "nft_chain_nat",
 ];
 
