@@ -18,6 +18,10 @@ pub const CONNTRACK_SIZE_MIN: u32 = 1024;
 /// almost certainly a typo.
 pub const CONNTRACK_SIZE_MAX: u32 = 16 * 1024 * 1024;
 
+/// `serviceVipDevices` when the config has none: kube-proxy's IPVS device,
+/// which holds every Service ClusterIP.
+pub const DEFAULT_SERVICE_VIP_DEVICES: [&str; 1] = ["kube-ipvs0"];
+
 /// Which translated flows the network's configuration hands to the fast
 /// path (`fastPath`, node-wide: the last ADD's setting holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

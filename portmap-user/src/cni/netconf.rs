@@ -590,9 +590,6 @@ fn parse_pin_root(value: Option<Given>) -> Result<PathBuf, ConfigError> {
     Ok(path.to_path_buf())
 }
 
-/// The default of `serviceVipDevices`: kube-proxy's IPVS device.
-pub const DEFAULT_SERVICE_VIP_DEVICES: [&str; 1] = ["kube-ipvs0"];
-
 fn parse_interfaces(value: Option<Given>) -> Result<Option<Vec<String>>, ConfigError> {
     let Some(given) = value else {
         return Ok(None);
@@ -607,7 +604,9 @@ fn parse_interfaces(value: Option<Given>) -> Result<Option<Vec<String>>, ConfigE
 fn parse_vip_devices(value: Option<Given>) -> Result<Vec<String>, ConfigError> {
     match value {
         Some(given) if !given.value.is_null() => interface_list(given),
-        _ => Ok(DEFAULT_SERVICE_VIP_DEVICES.map(str::to_owned).to_vec()),
+        _ => Ok(crate::model::DEFAULT_SERVICE_VIP_DEVICES
+            .map(str::to_owned)
+            .to_vec()),
     }
 }
 

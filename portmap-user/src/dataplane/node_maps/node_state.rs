@@ -179,7 +179,7 @@ pub fn vip_devices_record(layout: &PinLayout) -> std::path::PathBuf {
 pub fn recorded_vip_devices(layout: &PinLayout) -> Vec<String> {
     match std::fs::read_to_string(vip_devices_record(layout)) {
         Ok(text) => text.lines().map(str::to_owned).collect(),
-        Err(_) => crate::cni::netconf::DEFAULT_SERVICE_VIP_DEVICES
+        Err(_) => crate::model::DEFAULT_SERVICE_VIP_DEVICES
             .map(str::to_owned)
             .to_vec(),
     }
@@ -188,7 +188,7 @@ pub fn recorded_vip_devices(layout: &PinLayout) -> Vec<String> {
 /// Records `serviceVipDevices` atomically; the default as no record.
 fn record_vip_devices(layout: &PinLayout, devices: &[String]) -> io::Result<()> {
     let path = vip_devices_record(layout);
-    if devices == crate::cni::netconf::DEFAULT_SERVICE_VIP_DEVICES {
+    if devices == crate::model::DEFAULT_SERVICE_VIP_DEVICES {
         return match std::fs::remove_file(&path) {
             Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
             _ => Ok(()),
