@@ -148,6 +148,18 @@ pub fn load(object: &[u8]) -> (Ebpf, bool) {
     let mut mappings: HashMap<&mut MapData, MappingKey, MappingValue> =
         HashMap::try_from(ebpf.map_mut(map_names::MAPPINGS).expect("mappings")).expect("typed");
     mappings.insert(key, value, 0).expect("insert mapping");
+    // As every plugin run syncs it: the node's address, where a wildcard
+    // mapping answers (an object from before the list has none).
+    if let Some(map) = ebpf.map_mut(portmap_common::local::map_names::LOCAL_ADDRS) {
+        let mut local: HashMap<&mut MapData, portmap_common::local::LocalAddrKey, u8> =
+            HashMap::try_from(map).expect("local_addrs is a hash map");
+        let node = portmap_common::local::LocalAddrKey {
+            addr_be: words_from_addr(NODE.into()),
+            family: 4,
+            _pad0: [0; 3],
+        };
+        local.insert(node, 1, 0).expect("insert the node's address");
+    }
     (ebpf, marked)
 }
 
