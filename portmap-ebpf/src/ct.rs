@@ -121,6 +121,27 @@ pub fn lookup(key: &CtKey) -> Option<&'static CtEntry> {
     Some(copy)
 }
 
+/// Copies `from` into `to` a 32-bit word at a time (volatile). A plain
+/// copy between two places of one map value (scratch) compiles to a call
+/// of the byte-loop `memmove`, which runs on every packet that makes it and
+/// which the verifier walks byte by byte.
+#[inline(always)]
+pub fn copy_words<T: Copy>(to: &mut T, from: &T) {
+    const {
+        assert!(core::mem::size_of::<T>().is_multiple_of(4));
+        assert!(core::mem::align_of::<T>() >= 4);
+    };
+    let words = core::mem::size_of::<T>() / 4;
+    let to = core::ptr::from_mut(to).cast::<u32>();
+    let from = core::ptr::from_ref(from).cast::<u32>();
+    let mut word = 0;
+    while word < words {
+        // SAFETY: both are `T`s, 4-aligned, `words` words long.
+        unsafe { to.add(word).write_volatile(from.add(word).read_volatile()) };
+        word += 1;
+    }
+}
+
 /// Copies the entry at `from` into `to`, a word at a time. A plain
 /// `*from` copy compiles to a call of a byte loop (`memmove`), which the
 /// verifier walks byte by byte at each call, from every state that reaches

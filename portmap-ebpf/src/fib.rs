@@ -54,7 +54,12 @@ pub fn local_destination(ctx: &TcContext, packet: &Packet, wildcard: bool) -> Lo
             let key = &mut scratch.local_key;
             key.addr_be = packet.dst_be;
             key.family = packet.family;
-            key._pad0 = [0; 3];
+            // Byte by byte: an array store of the unaligned padding
+            // became a call to the byte-loop `memset`.
+            for byte in &mut key._pad0 {
+                // SAFETY: a byte of this CPU's scratch value.
+                unsafe { core::ptr::write_volatile(byte, 0) };
+            }
             if maps::is_local_addr_key(key) {
                 Locality::Local
             } else {

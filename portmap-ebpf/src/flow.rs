@@ -140,7 +140,7 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
             // room for it: existing_flow's frame would round up to 288).
             if let Some(scratch) = maps::scratch() {
                 scratch.forward_key.family = packet.family;
-                scratch.forward.nat_addr_be = entry.nat_addr_be;
+                ct::copy_words(&mut scratch.forward.nat_addr_be, &entry.nat_addr_be);
                 scratch.forward.flags = entry.flags;
                 scratch.owner_id = owner_id;
                 scratch.fast = Offer::Forward;
@@ -412,7 +412,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
                 // Counted by the caller from scratch, after this frame is
                 // gone: stacked, the frames exceed 512 bytes on 6.1.
                 if let Some(scratch) = maps::scratch() {
-                    scratch.forward.mapping = entry.mapping;
+                    ct::copy_words(&mut scratch.forward.mapping, &entry.mapping);
                     scratch.owner_id = owner_id;
                     return true;
                 }
