@@ -729,15 +729,15 @@ pub fn node_config() -> Option<NodeConfig> {
 
 #[inline(always)]
 pub fn is_local_addr(family: u8, addr_be: &[u32; 4]) -> bool {
-    let key = LocalAddrKey {
+    is_local_addr_key(&LocalAddrKey {
         addr_be: *addr_be,
         family,
         _pad0: [0; 3],
-    };
-    LOCAL_ADDRS.get_ptr(key).is_some()
+    })
 }
 
-/// Whether the key (built in scratch) is one of the node's addresses.
+/// Whether `key` is one of the node's addresses (a key built in scratch
+/// by tc, on the stack by [`is_local_addr`]).
 #[inline(always)]
 pub fn is_local_addr_key(key: &LocalAddrKey) -> bool {
     LOCAL_ADDRS.get_ptr(key).is_some()
