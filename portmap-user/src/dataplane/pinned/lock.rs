@@ -162,20 +162,7 @@ pub fn register(layout: &PinLayout) {
 }
 
 fn lock_once(layout: &PinLayout) -> Result<fs::File, LockError> {
-    let lock_path = layout.lock_file();
-    let lock = open_lock_file(&lock_path)?;
-    let Some(limit) = wait_limit() else {
-        // SAFETY: flock on an fd we own; released when `lock` is closed.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(LockError::Lock {
-                path: lock_path,
-                source: io::Error::last_os_error(),
-            });
-        }
-        return Ok(lock);
-    };
-    flock_within(&lock, &lock_path, limit)?;
-    Ok(lock)
+    lock_at(&layout.lock_file())
 }
 
 /// Opens (creating it if missing) the lock file `path` in the run
