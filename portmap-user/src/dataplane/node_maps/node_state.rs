@@ -152,20 +152,7 @@ pub fn interfaces_record(layout: &PinLayout) -> std::path::PathBuf {
 /// The `interfaces` the last sync recorded: `None` for the default (or a
 /// node no sync of this build has run on).
 pub fn recorded_interfaces(layout: &PinLayout) -> Option<Vec<String>> {
-    let text = std::fs::read_to_string(interfaces_record(layout)).ok()?;
-    Some(text.lines().map(str::to_owned).collect())
-}
-
-/// Records `interfaces` atomically (a whole new file renamed over the old).
-fn record_interfaces(layout: &PinLayout, interfaces: Option<&[String]>) -> io::Result<()> {
-    let path = interfaces_record(layout);
-    let Some(interfaces) = interfaces else {
-        return match std::fs::remove_file(&path) {
-            Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
-            _ => Ok(()),
-        };
-    };
-    crate::dataplane::pinned::lock::write_record(&path, &interfaces.join("\n"))
+    read_list(&interfaces_record(layout))
 }
 
 /// Where the `serviceVipDevices` of the last sync are recorded, when not
@@ -177,24 +164,30 @@ pub fn vip_devices_record(layout: &PinLayout) -> std::path::PathBuf {
 /// The `serviceVipDevices` the last sync recorded (the default when it
 /// recorded none, or no sync of this build ran).
 pub fn recorded_vip_devices(layout: &PinLayout) -> Vec<String> {
-    match std::fs::read_to_string(vip_devices_record(layout)) {
-        Ok(text) => text.lines().map(str::to_owned).collect(),
-        Err(_) => crate::model::DEFAULT_SERVICE_VIP_DEVICES
+    read_list(&vip_devices_record(layout)).unwrap_or_else(|| {
+        crate::model::DEFAULT_SERVICE_VIP_DEVICES
             .map(str::to_owned)
-            .to_vec(),
-    }
+            .to_vec()
+    })
 }
 
-/// Records `serviceVipDevices` atomically; the default as no record.
-fn record_vip_devices(layout: &PinLayout, devices: &[String]) -> io::Result<()> {
-    let path = vip_devices_record(layout);
-    if devices == crate::model::DEFAULT_SERVICE_VIP_DEVICES {
-        return match std::fs::remove_file(&path) {
+/// A list of names recorded by [`record_list`], one a line; `None`
+/// without the record.
+fn read_list(path: &std::path::Path) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(text.lines().map(str::to_owned).collect())
+}
+
+/// Records `list` at `path` atomically (a whole new file renamed over the
+/// old), one entry a line; `None` (the key's default) as no record.
+fn record_list(path: &std::path::Path, list: Option<&[String]>) -> io::Result<()> {
+    let Some(list) = list else {
+        return match std::fs::remove_file(path) {
             Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
             _ => Ok(()),
         };
-    }
-    crate::dataplane::pinned::lock::write_record(&path, &devices.join("\n"))
+    };
+    crate::dataplane::pinned::lock::write_record(path, &list.join("\n"))
 }
 
 /// The records of what the last sync wrote (local addresses, interface
@@ -484,8 +477,14 @@ pub fn sync(layout: &PinLayout, state: &NodeState) -> Result<(), LocalError> {
         }
     }
     IfacesRecord::write(layout, &ifaces_record, &now_written, state.sweep_interfaces);
-    record_interfaces(layout, wanted.interfaces.as_deref()).map_err(LocalError::Record)?;
-    record_vip_devices(layout, &wanted.vip_devices).map_err(LocalError::Record)?;
+    record_list(&interfaces_record(layout), wanted.interfaces.as_deref())
+        .map_err(LocalError::Record)?;
+    let vip_devices = wanted.vip_devices.as_slice();
+    record_list(
+        &vip_devices_record(layout),
+        (vip_devices != crate::model::DEFAULT_SERVICE_VIP_DEVICES).then_some(vip_devices),
+    )
+    .map_err(LocalError::Record)?;
     // Last: the hash says the state above is complete.
     node.set(0, wanted.node, 0)
         .map_err(map_error(map_names::NODE))?;
