@@ -552,12 +552,7 @@ pub fn select_uplinks(links: &[Link], patterns: Option<&[String]>) -> Selection 
     };
     let mut selection = Selection::default();
     for text in patterns {
-        // Validated when the configuration was parsed; a literal otherwise.
-        let pattern = glob::Pattern::new(text).ok();
-        let matches = |name: &str| match &pattern {
-            Some(pattern) => pattern.matches(name),
-            None => name == text,
-        };
+        let matches = name_matcher(text);
         let mut any = false;
         for link in links.iter().filter(|l| matches(&l.name)) {
             any = true;
@@ -574,10 +569,18 @@ pub fn select_uplinks(links: &[Link], patterns: Option<&[String]>) -> Selection 
 /// patterns, validated when the configuration was parsed; a literal
 /// otherwise).
 pub fn name_matches(patterns: &[String], name: &str) -> bool {
-    patterns.iter().any(|text| match glob::Pattern::new(text) {
-        Ok(pattern) => pattern.matches(name),
-        Err(_) => name == text,
-    })
+    patterns.iter().any(|text| name_matcher(text)(name))
+}
+
+/// Whether a name matches `text`, an interface name or shell-style
+/// pattern (validated when the configuration was parsed; a literal
+/// otherwise).
+fn name_matcher(text: &str) -> impl Fn(&str) -> bool + '_ {
+    let pattern = glob::Pattern::new(text).ok();
+    move |name| match &pattern {
+        Some(pattern) => pattern.matches(name),
+        None => name == text,
+    }
 }
 
 /// The names of the node's interfaces but loopback, sorted: what an
