@@ -105,7 +105,19 @@ pub mod stat {
     /// broadcast or multicast destination, one without a route, or an
     /// address of a Service VIP device. Left to the node.
     pub const SKIP_NOT_NODE_ADDRESS: u32 = 33;
-    pub const COUNT: u32 = 34;
+    /// An ICMP or ICMPv6 error about a client's packet to a container (the
+    /// container's "port unreachable", the node's reject, "fragmentation
+    /// needed" on the container's side), on its way to the client: the
+    /// quoted destination, and a container's own source, restored to the
+    /// host address and port, as netfilter's NAT restores them.
+    pub const ICMP_REPLY: u32 = 34;
+    /// An ICMP or ICMPv6 error about a container's answer (a router's
+    /// "fragmentation needed" or "packet too big" on the way to the
+    /// client, the client's "port unreachable"), which reached the host
+    /// address: sent on to the container, its quote translated as the
+    /// flow's packets are.
+    pub const ICMP_DNAT: u32 = 35;
+    pub const COUNT: u32 = 36;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -391,6 +403,20 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         label: "skipped-not-node-address",
         meaning: "mapped port, but the destination is none of the addresses a hostPort answers on: broadcast, multicast, without a route, or on a Service VIP device (serviceVipDevices)",
         kind: Kind::Skipped,
+    },
+    Reason {
+        id: stat::ICMP_REPLY,
+        name: "icmp_reply",
+        label: "icmp-error-to-client",
+        meaning: "ICMP error about a client's packet to a container, on its way to the client: the quote (and a container's own source) restored to the host address and port",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::ICMP_DNAT,
+        name: "icmp_dnat",
+        label: "icmp-error-to-container",
+        meaning: "ICMP error about a container's answer, sent to the host address: passed on to the container with its quote translated (path MTU, port unreachable)",
+        kind: Kind::Translated,
     },
 ];
 

@@ -16,8 +16,8 @@
 //! workspace checks that no module imports one that imports it):
 //! 1. `parse`, then `maps`;
 //! 2. `ct`, `nat`, `fib`, `counters`, `trace`, `events`, `mark`;
-//! 3. `masq`, `confirm` (the kernel's conntrack verdict), then `fast`,
-//!    then `flow`;
+//! 3. `masq`, `confirm` (the kernel's conntrack verdict), `icmp` (errors
+//!    about translated flows), then `fast`, then `flow`;
 //! 4. the entry points `tc`, `sock`, `beacon`.
 #![no_std]
 // Inline asm for the kfunc calls (see `confirm`): BPF asm is unstable.
@@ -32,6 +32,7 @@ mod events;
 mod fast;
 mod fib;
 mod flow;
+mod icmp;
 mod maps;
 mod mark;
 mod masq;

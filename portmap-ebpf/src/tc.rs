@@ -8,7 +8,7 @@ use portmap_common::{
     trace_direction,
 };
 
-use crate::{counters::Way, ct, events, fast, flow, maps, mark, masq, parse, trace};
+use crate::{counters::Way, ct, events, fast, flow, icmp, maps, mark, masq, parse, trace};
 
 /// Translates traffic that arrives at a node interface for a mapped
 /// (hostIP, hostPort, protocol) to the owning container.
@@ -35,7 +35,12 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
         return Some(TC_ACT_OK);
     }
     mark::clear_stale_mark(ctx);
-    let packet = parse::parse(ctx)?;
+    let Some(packet) = parse::parse(ctx) else {
+        // No TCP, UDP or SCTP: an ICMP error about a translated flow is
+        // translated with it; anything else passes.
+        icmp::translate_error(ctx, icmp::Hook::Ingress);
+        return Some(TC_ACT_OK);
+    };
     // The tracing state is read again after the packet is handled, not
     // carried across it: the verifier then walks `ingress` once, not once
     // per tracing state.
@@ -140,7 +145,11 @@ fn try_egress(ctx: &mut TcContext) -> Option<()> {
     if mark::is_marked(ctx) {
         return Some(());
     }
-    let packet = parse::parse(ctx)?;
+    let Some(packet) = parse::parse(ctx) else {
+        // As in `try_ingress`.
+        icmp::translate_error(ctx, icmp::Hook::Egress);
+        return Some(());
+    };
     // As in `try_ingress`: the tracing state is read again afterwards.
     trace::begin(&packet);
     // As in `try_ingress`. Outbound, a packet of ours is from a container

@@ -208,6 +208,18 @@ pub const GUEST_TESTS: &[GuestTest] = &[
             "idle_flows_survive_a_flood_on_the_fast_path_v6",
         ]),
     },
+    // ICMP errors about translated flows: the programs' checksum
+    // helpers on ICMP and ICMPv6, which 6.1's verifier must accept, and
+    // each kernel's own handling of the translated error (a refused UDP
+    // socket, a lowered path MTU). One direction per family: the other
+    // two run on the host.
+    GuestTest {
+        name: "icmp",
+        tests: InGuest::Only(&[
+            "a_containers_port_unreachable_refuses_the_client_v4",
+            "a_path_mtu_from_beyond_the_node_reaches_the_container_v6",
+        ]),
+    },
     GuestTest {
         name: "node_shapes",
         tests: InGuest::Only(&[
