@@ -132,7 +132,7 @@ impl Crafted {
 }
 
 /// The Internet checksum (RFC 1071) over the parts, as one byte string.
-fn checksum(parts: &[&[u8]]) -> u16 {
+pub fn checksum(parts: &[&[u8]]) -> u16 {
     let bytes: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
     let mut sum: u32 = bytes
         .chunks(2)

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use portmap_tests::PortMapping;
 use portmap_tests::cni::result_addresses;
+use portmap_tests::crafted::checksum;
 use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6};
 use portmap_tests::world::{World, counter};
 use serde_json::Value;
@@ -295,22 +296,6 @@ fn pin_to(cpu: usize) {
         "pin to CPU {cpu}: {}",
         std::io::Error::last_os_error()
     );
-}
-
-/// The Internet checksum of `parts`, concatenated (each of even length but
-/// the last).
-fn checksum(parts: &[&[u8]]) -> u16 {
-    let mut sum: u32 = 0;
-    for part in parts {
-        for pair in part.chunks(2) {
-            let word = u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]);
-            sum += u32::from(word);
-        }
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// One IP packet from `src`:`sport` to `dst`:`dport`: a TCP SYN, or a UDP

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use portmap_tests::PortMapping;
 use portmap_tests::cni::result_addresses;
+use portmap_tests::crafted::checksum;
 use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6};
 use portmap_tests::world::{World, counter};
 
@@ -192,21 +193,6 @@ fn a_reject_at_forward_fails_the_clients_connect_at_once_v4() {
 #[test]
 fn a_reject_at_forward_fails_the_clients_connect_at_once_v6() {
     a_reject_at_forward_fails_the_connect_at_once(Family::V6);
-}
-
-/// The Internet checksum of `parts`, concatenated (each of even length
-/// but the last).
-fn checksum(parts: &[&[u8]]) -> u16 {
-    let mut sum: u32 = 0;
-    for part in parts {
-        for pair in part.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
-        }
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// An IPv4 header (checksum filled in) of `proto` for `payload_len` bytes.
