@@ -4,17 +4,19 @@
 //! from the host port (never from the pod's address), the node's reject
 //! at FORWARD fails the client's connect at once, and a "fragmentation
 //! needed" / "packet too big" from beyond the node about a container's
-//! answer lowers the container's path MTU. IPv4 and IPv6. Needs root.
+//! answer lowers the container's path MTU. IPv4 and IPv6; the first two
+//! also with upstream portmap in the same world, which gets them from
+//! netfilter's NAT. Needs root.
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use portmap_tests::PortMapping;
 use portmap_tests::cni::result_addresses;
 use portmap_tests::crafted::checksum;
 use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6};
 use portmap_tests::world::{World, counter};
+use portmap_tests::{PortMapping, bridge_conflist};
 
 const TCP_HOST_PORT: u16 = 8099;
 const UDP_HOST_PORT: u16 = 5399;
@@ -24,6 +26,39 @@ const UDP_PORT: u16 = 53;
 const AT_ONCE: Duration = Duration::from_secs(2);
 /// The path MTU the crafted errors announce.
 const SMALLER_MTU: u16 = 1280;
+
+/// Which port-mapping plugin the node runs: ours, or upstream portmap
+/// (iptables) in the same world, whose errors netfilter's NAT translates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plugin {
+    Ours,
+    Upstream,
+}
+
+impl Plugin {
+    fn world(self) -> World {
+        match self {
+            Plugin::Ours => World::bridge(),
+            Plugin::Upstream => {
+                World::with(|name, _pins, data| bridge_conflist(name, "portmap", None, data))
+            }
+        }
+    }
+
+    /// Our counter `reason` grew (upstream has none to read).
+    fn counted(self, world: &World, reason: &str) {
+        if self == Plugin::Ours {
+            assert!(counter(&world.counters(), reason) >= 1, "{reason} counted");
+        }
+    }
+
+    fn dump(self, world: &World) -> String {
+        match self {
+            Plugin::Ours => format!("counters: {:#}\n{}", world.counters(), world.dump()),
+            Plugin::Upstream => world.node.ns.exec("iptables-save", &["-t", "nat"]),
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug)]
 enum Family {
@@ -91,8 +126,8 @@ fn pod_source_packets(world: &World, family: Family) -> u64 {
 /// A container's "port unreachable" for a UDP port nothing listens on:
 /// the client's connected socket is refused, as under upstream, and no
 /// packet from the pod's address reaches it.
-fn port_unreachable_reaches_the_client(family: Family) {
-    let world = World::bridge();
+fn port_unreachable_reaches_the_client(plugin: Plugin, family: Family) {
+    let world = plugin.world();
     let web = world.node.add_container("web");
     let result = world.add(&web, &[PortMapping::udp(UDP_HOST_PORT, UDP_PORT)]);
     let pod = family.pod(&result);
@@ -110,32 +145,37 @@ fn port_unreachable_reaches_the_client(family: Family) {
     let from_pod = pod_source_packets(&world, family);
     assert!(
         matches!(&answer, Err(e) if e.kind() == ErrorKind::ConnectionRefused),
-        "{family:?}: the client's datagram to {node}:{UDP_HOST_PORT}, no listener in the container: wanted ECONNREFUSED, got {answer:?} ({from_pod} packets from the pod's address {pod} reached the client)\ncounters: {:#}\n{}",
-        world.counters(),
-        world.dump()
+        "{plugin:?} {family:?}: the client's datagram to {node}:{UDP_HOST_PORT}, no listener in the container: wanted ECONNREFUSED, got {answer:?} ({from_pod} packets from the pod's address {pod} reached the client)\n{}",
+        plugin.dump(&world)
     );
     assert_eq!(
         from_pod, 0,
-        "{family:?}: packets from the pod's address {pod} reached the client"
+        "{plugin:?} {family:?}: packets from the pod's address {pod} reached the client"
     );
-    assert!(counter(&world.counters(), "icmp_reply") >= 1);
+    plugin.counted(&world, "icmp_reply");
 }
 
 #[test]
 fn a_containers_port_unreachable_refuses_the_client_v4() {
-    port_unreachable_reaches_the_client(Family::V4);
+    port_unreachable_reaches_the_client(Plugin::Ours, Family::V4);
 }
 
 #[test]
 fn a_containers_port_unreachable_refuses_the_client_v6() {
-    port_unreachable_reaches_the_client(Family::V6);
+    port_unreachable_reaches_the_client(Plugin::Ours, Family::V6);
+}
+
+#[test]
+fn upstream_in_the_same_world_refuses_the_client_too() {
+    port_unreachable_reaches_the_client(Plugin::Upstream, Family::V4);
+    port_unreachable_reaches_the_client(Plugin::Upstream, Family::V6);
 }
 
 /// A REJECT at the node's FORWARD for the container's port: the client's
 /// connect to the host port fails at once, as under upstream, instead of
 /// waiting for its timeout.
-fn a_reject_at_forward_fails_the_connect_at_once(family: Family) {
-    let world = World::bridge();
+fn a_reject_at_forward_fails_the_connect_at_once(plugin: Plugin, family: Family) {
+    let world = plugin.world();
     let web = world.node.add_container("web");
     let _listener = web
         .ns
@@ -174,25 +214,30 @@ fn a_reject_at_forward_fails_the_connect_at_once(family: Family) {
     let took = start.elapsed();
     match outcome {
         Err(e) if e.kind() != ErrorKind::TimedOut && took < AT_ONCE => {
-            eprintln!("{family:?}: refused after {took:?}: {e}");
+            eprintln!("{plugin:?} {family:?}: refused after {took:?}: {e}");
         }
         other => panic!(
-            "{family:?}: connect to {node}:{TCP_HOST_PORT} behind a REJECT at FORWARD: wanted an error at once, got {other:?} after {took:?}\ncounters: {:#}\n{}",
-            world.counters(),
-            world.dump()
+            "{plugin:?} {family:?}: connect to {node}:{TCP_HOST_PORT} behind a REJECT at FORWARD: wanted an error at once, got {other:?} after {took:?}\n{}",
+            plugin.dump(&world)
         ),
     }
-    assert!(counter(&world.counters(), "icmp_reply") >= 1);
+    plugin.counted(&world, "icmp_reply");
 }
 
 #[test]
 fn a_reject_at_forward_fails_the_clients_connect_at_once_v4() {
-    a_reject_at_forward_fails_the_connect_at_once(Family::V4);
+    a_reject_at_forward_fails_the_connect_at_once(Plugin::Ours, Family::V4);
 }
 
 #[test]
 fn a_reject_at_forward_fails_the_clients_connect_at_once_v6() {
-    a_reject_at_forward_fails_the_connect_at_once(Family::V6);
+    a_reject_at_forward_fails_the_connect_at_once(Plugin::Ours, Family::V6);
+}
+
+#[test]
+fn upstream_in_the_same_world_fails_the_connect_at_once_too() {
+    a_reject_at_forward_fails_the_connect_at_once(Plugin::Upstream, Family::V4);
+    a_reject_at_forward_fails_the_connect_at_once(Plugin::Upstream, Family::V6);
 }
 
 /// An IPv4 header (checksum filled in) of `proto` for `payload_len` bytes.
