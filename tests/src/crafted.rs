@@ -29,6 +29,9 @@ pub enum Transport {
     Udp,
 }
 
+/// What a crafted UDP datagram carries (a [`flood`]'s among them).
+pub const UDP_PAYLOAD: &[u8] = b"crafted";
+
 /// One crafted IP packet: `src:sport -> dst:dport`. Both addresses are of
 /// one family.
 #[derive(Debug, Clone, Copy)]
@@ -94,7 +97,7 @@ impl Crafted {
                 (PROTO_TCP, 16)
             }
             Transport::Udp => {
-                let payload = b"crafted";
+                let payload = UDP_PAYLOAD;
                 segment.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
                 segment.extend_from_slice(&[0, 0]);
                 segment.extend_from_slice(payload);
@@ -314,5 +317,162 @@ mod tests {
             mib6("Udp6InDatagrams  7\nUdp6NoPorts 9\n", "Udp6NoPorts"),
             9
         );
+    }
+}
+
+/// The network the spoofed sources of [`flood`] come from, per family:
+/// routed back to the flooding namespace by the caller, which drops what
+/// comes back (they are not its addresses).
+pub fn spoofed_net(v4: bool) -> &'static str {
+    if v4 {
+        "203.0.113.0/24"
+    } else {
+        "fd18:f100::/64"
+    }
+}
+
+/// Spoofed source `i` of [`flood`]: one of 250 addresses of
+/// [`spoofed_net`].
+pub fn spoofed(v4: bool, i: u64) -> IpAddr {
+    let host = (i % 250) as u8 + 1;
+    if v4 {
+        std::net::Ipv4Addr::new(203, 0, 113, host).into()
+    } else {
+        std::net::Ipv6Addr::new(0xfd18, 0xf100, 0, 0, 0, 0, 0, u16::from(host)).into()
+    }
+}
+
+/// The CPUs this process may run on.
+///
+/// # Panics
+/// If the kernel does not say.
+pub fn cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; the call fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: our own set, of its own size.
+    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) };
+    assert_eq!(
+        rc,
+        0,
+        "sched_getaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: a CPU number below CPU_SETSIZE.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`.
+///
+/// # Panics
+/// If the kernel refuses.
+pub fn pin_to(cpu: usize) {
+    // SAFETY: as in `cpus`.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a CPU number below CPU_SETSIZE, our own set.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the calling thread (0), our own set.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
+    assert_eq!(
+        rc,
+        0,
+        "pin to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// What [`flood`] sent.
+#[derive(Debug, Clone, Copy)]
+pub struct Flooded {
+    /// Flows of each protocol: one SYN and one datagram each.
+    pub flows: u64,
+    pub took: std::time::Duration,
+}
+
+/// A flood of new flows at `to`, from `ns` (the client's namespace): at
+/// least `flows` spoofed TCP SYNs to `tcp_port` and as many UDP datagrams
+/// to `udp_port`, each pair from a source address and port of its own, and
+/// on for `at_least` if that is longer (new flows all the way). One
+/// sender thread per CPU, pinned there, as a NIC spreads its queues (the
+/// kernel's LRU maps keep per-CPU free lists).
+///
+/// # Panics
+/// If a raw socket cannot be made or a packet not sent.
+pub fn flood(
+    ns: &NetNs,
+    to: IpAddr,
+    (tcp_port, udp_port): (u16, u16),
+    flows: u64,
+    at_least: std::time::Duration,
+) -> Flooded {
+    let cpus = cpus();
+    let domain = if to.is_ipv4() {
+        socket2::Domain::IPV4
+    } else {
+        socket2::Domain::IPV6
+    };
+    // Made in the client's namespace: a socket stays in the one it was
+    // made in, whichever thread sends on it.
+    let sockets: Vec<socket2::Socket> = cpus
+        .iter()
+        .map(|_| {
+            ns.run(|| {
+                socket2::Socket::new(
+                    domain,
+                    socket2::Type::RAW,
+                    Some(socket2::Protocol::from(libc::IPPROTO_RAW)),
+                )
+            })
+            .expect("a raw socket in the flooding namespace")
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    let step = cpus.len() as u64;
+    let sent: u64 = std::thread::scope(|scope| {
+        let senders: Vec<_> = cpus
+            .iter()
+            .zip(&sockets)
+            .enumerate()
+            .map(|(n, (cpu, socket))| {
+                scope.spawn(move || {
+                    pin_to(*cpu);
+                    let dest = socket2::SockAddr::from(std::net::SocketAddr::new(to, 0));
+                    let mut i = n as u64;
+                    let mut sent = 0;
+                    while i < flows || start.elapsed() < at_least {
+                        let src = spoofed(to.is_ipv4(), i);
+                        // 250 sources, then the next port: a new tuple for
+                        // each of 16 million flows.
+                        let sport = 1024 + ((i / 250) % 64_000) as u16;
+                        for (transport, dport) in
+                            [(Transport::TcpSyn, tcp_port), (Transport::Udp, udp_port)]
+                        {
+                            let packet = Crafted {
+                                transport,
+                                src,
+                                dst: to,
+                                sport,
+                                dport,
+                            };
+                            socket
+                                .send_to(&packet.ip_packet(), &dest)
+                                .unwrap_or_else(|e| panic!("flood packet {i} from CPU {cpu}: {e}"));
+                        }
+                        sent += 1;
+                        i += step;
+                    }
+                    sent
+                })
+            })
+            .collect();
+        senders
+            .into_iter()
+            .map(|sender| sender.join().expect("a flood sender"))
+            .sum()
+    });
+    Flooded {
+        flows: sent,
+        took: start.elapsed(),
     }
 }

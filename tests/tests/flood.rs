@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use portmap_tests::PortMapping;
 use portmap_tests::cni::result_addresses;
-use portmap_tests::crafted::checksum;
+use portmap_tests::crafted;
 use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6};
 use portmap_tests::world::{World, counter};
 use serde_json::Value;
@@ -70,24 +70,6 @@ impl Family {
         match self {
             Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
             Family::V6 => Ipv6Addr::UNSPECIFIED.into(),
-        }
-    }
-
-    /// The flood's spoofed sources, routed back to the client's namespace
-    /// (which drops what comes back: they are not its addresses).
-    fn spoofed_net(self) -> &'static str {
-        match self {
-            Family::V4 => "203.0.113.0/24",
-            Family::V6 => "fd18:f100::/64",
-        }
-    }
-
-    /// Spoofed source `i`: one of 250 addresses.
-    fn spoofed(self, i: u64) -> IpAddr {
-        let host = (i % 250) as u8 + 1;
-        match self {
-            Family::V4 => Ipv4Addr::new(203, 0, 113, host).into(),
-            Family::V6 => Ipv6Addr::new(0xfd18, 0xf100, 0, 0, 0, 0, 0, u16::from(host)).into(),
         }
     }
 
@@ -148,7 +130,7 @@ impl UdpServer {
                 let Ok((n, from)) = reader.recv_from(&mut buf) else {
                     continue;
                 };
-                if buf[..n].starts_with(b"flood") {
+                if buf[..n].starts_with(crafted::UDP_PAYLOAD) {
                     let _ = reader.send_to(&buf[..n], from);
                 } else {
                     let _ = tx.send((String::from_utf8_lossy(&buf[..n]).into_owned(), from));
@@ -264,147 +246,18 @@ fn pod_source_packets(world: &World, family: Family, rule: u32) -> u64 {
         .unwrap_or_else(|| panic!("no packet count in {line:?}"))
 }
 
-/// The CPUs this process may run on.
-fn cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is an empty set; the call fills it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: our own set, of its own size.
-    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) };
-    assert_eq!(
-        rc,
-        0,
-        "sched_getaffinity: {}",
-        std::io::Error::last_os_error()
-    );
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: a CPU number below CPU_SETSIZE.
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect()
-}
-
-/// Pins the calling thread to `cpu`.
-fn pin_to(cpu: usize) {
-    // SAFETY: as in `cpus`.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: a CPU number below CPU_SETSIZE, our own set.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: the calling thread (0), our own set.
-    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
-    assert_eq!(
-        rc,
-        0,
-        "pin to CPU {cpu}: {}",
-        std::io::Error::last_os_error()
-    );
-}
-
-/// One IP packet from `src`:`sport` to `dst`:`dport`: a TCP SYN, or a UDP
-/// datagram `flood`. The transport checksum is filled in; the kernel fills
-/// in the IPv4 header's checksum and length (IP_HDRINCL).
-fn packet(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, tcp: bool) -> Vec<u8> {
-    let mut l4 = Vec::new();
-    l4.extend_from_slice(&sport.to_be_bytes());
-    l4.extend_from_slice(&dport.to_be_bytes());
-    let proto = if tcp {
-        l4.extend_from_slice(&u32::from(sport).wrapping_mul(7919).to_be_bytes()); // seq
-        l4.extend_from_slice(&0u32.to_be_bytes()); // ack
-        l4.extend_from_slice(&[5 << 4, 0x02]); // data offset, SYN
-        l4.extend_from_slice(&64240u16.to_be_bytes()); // window
-        l4.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent
-        libc::IPPROTO_TCP as u8
-    } else {
-        l4.extend_from_slice(&(8u16 + 5).to_be_bytes());
-        l4.extend_from_slice(&[0, 0]);
-        l4.extend_from_slice(b"flood");
-        libc::IPPROTO_UDP as u8
-    };
-    let len = l4.len() as u16;
-    let (pseudo, mut header) = match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let mut pseudo = Vec::new();
-            pseudo.extend_from_slice(&s.octets());
-            pseudo.extend_from_slice(&d.octets());
-            pseudo.extend_from_slice(&[0, proto]);
-            pseudo.extend_from_slice(&len.to_be_bytes());
-            let mut header = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, proto, 0, 0];
-            header.extend_from_slice(&s.octets());
-            header.extend_from_slice(&d.octets());
-            (pseudo, header)
-        }
-        (IpAddr::V6(s), IpAddr::V6(d)) => {
-            let mut pseudo = Vec::new();
-            pseudo.extend_from_slice(&s.octets());
-            pseudo.extend_from_slice(&d.octets());
-            pseudo.extend_from_slice(&u32::from(len).to_be_bytes());
-            pseudo.extend_from_slice(&[0, 0, 0, proto]);
-            let mut header = vec![0x60, 0, 0, 0];
-            header.extend_from_slice(&len.to_be_bytes());
-            header.extend_from_slice(&[proto, 64]);
-            header.extend_from_slice(&s.octets());
-            header.extend_from_slice(&d.octets());
-            (pseudo, header)
-        }
-        _ => panic!("{src} and {dst} are of different families"),
-    };
-    let at = if tcp { 16 } else { 6 };
-    let sum = checksum(&[&pseudo, &l4]);
-    l4[at..at + 2].copy_from_slice(&sum.to_be_bytes());
-    header.extend_from_slice(&l4);
-    header
-}
-
-/// `flows` spoofed SYNs to the TCP host port and as many datagrams to the
-/// UDP one, each from a source address and port of its own, sent from the
-/// client's namespace by one thread per CPU, pinned there. Returns how
-/// long the sending took.
+/// `flows` spoofed SYNs to the TCP host port and as many UDP datagrams
+/// to the UDP one, from every CPU (see `crafted::flood`). Returns how long
+/// the sending took.
 fn flood(world: &World, family: Family, flows: u64) -> Duration {
-    let cpus = cpus();
-    let domain = match family {
-        Family::V4 => socket2::Domain::IPV4,
-        Family::V6 => socket2::Domain::IPV6,
-    };
-    // Made in the client's namespace: a socket stays in the one it was
-    // made in, whichever thread sends on it.
-    let sockets: Vec<socket2::Socket> = cpus
-        .iter()
-        .map(|_| {
-            world
-                .node
-                .ext
-                .run(|| {
-                    socket2::Socket::new(
-                        domain,
-                        socket2::Type::RAW,
-                        Some(socket2::Protocol::from(libc::IPPROTO_RAW)),
-                    )
-                })
-                .expect("a raw socket in the client's namespace")
-        })
-        .collect();
-    let node = family.node();
-    let start = Instant::now();
-    std::thread::scope(|scope| {
-        for (n, (cpu, socket)) in cpus.iter().zip(&sockets).enumerate() {
-            let step = cpus.len() as u64;
-            scope.spawn(move || {
-                pin_to(*cpu);
-                let to = socket2::SockAddr::from(SocketAddr::new(node, 0));
-                let mut i = n as u64;
-                while i < flows {
-                    let src = family.spoofed(i);
-                    let sport = 1024 + (i / 250) as u16;
-                    for (tcp, dport) in [(true, TCP_HOST_PORT), (false, UDP_HOST_PORT)] {
-                        let bytes = packet(src, sport, node, dport, tcp);
-                        socket
-                            .send_to(&bytes, &to)
-                            .unwrap_or_else(|e| panic!("flood packet {i} from CPU {cpu}: {e}"));
-                    }
-                    i += step;
-                }
-            });
-        }
-    });
-    start.elapsed()
+    crafted::flood(
+        &world.node.ext,
+        family.node(),
+        (TCP_HOST_PORT, UDP_HOST_PORT),
+        flows,
+        Duration::ZERO,
+    )
+    .took
 }
 
 /// A new TCP connection and a new UDP flow from the client, answered.
@@ -473,7 +326,7 @@ fn idle_flows_survive_a_flood(mode: Mode, family: Family) {
     world.node.ns.ip(&[
         "route",
         "add",
-        family.spoofed_net(),
+        crafted::spoofed_net(matches!(family, Family::V4)),
         "via",
         &family.client().to_string(),
     ]);
@@ -524,7 +377,7 @@ fn idle_flows_survive_a_flood(mode: Mode, family: Family) {
     let new_flows = counter(&after, "dnat_new") - counter(&before, "dnat_new");
     eprintln!(
         "{mode:?} {family:?}: {flows} SYNs and {flows} datagrams from {} CPUs in {took:?}; {new_flows} new flows translated",
-        cpus().len()
+        crafted::cpus().len()
     );
     assert!(
         new_flows >= flows,
