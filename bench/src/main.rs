@@ -21,8 +21,12 @@
 //! 0, 250 and 1 000 real pods (issues 36 and 33), ebpf-portmap against
 //! iptables portmap on the same nodes.
 //!
+//! The flood section measures what a flood of spoofed new flows costs idle
+//! live flows and the new-flow rate (issue 53), ebpf-portmap (default and
+//! fastPath) against iptables and nftables portmap.
+//!
 //! `--only control` (or any of control, scale, dataplane, memory, hairpin,
-//! pods, comma separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
+//! pods, flood, comma separated) runs part of it, e.g. to measure ADD/DEL latency in a minute
 //! or two; the targets of the sections left out are SKIP.
 
 // The parts: the plan of a run and its progress lines, timed plugin runs,
@@ -39,6 +43,7 @@ mod conntrack;
 mod control;
 mod control_plane;
 mod dataplane;
+mod flood;
 mod floor;
 mod hairpin;
 mod hooks;
@@ -271,6 +276,9 @@ fn run(
     }
     if plan.runs(Section::Pods) {
         pods::measure(plan, progress, &mut results)?;
+    }
+    if plan.runs(Section::Flood) {
+        flood::measure(plan, progress, &mut results)?;
     }
 
     let targets = judge(&results);

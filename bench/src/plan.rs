@@ -19,6 +19,10 @@ const BUDGET_SECS_PER_REP: u64 = 240;
 /// with 3 repetitions on 2 shared cores.
 const POD_SECTION_BUDGET_SECS: u64 = 480;
 
+/// What the flood section adds to the default budget: 8 runs of about
+/// 10 s per repetition, each in a world of its own.
+const FLOOD_SECTION_BUDGET_SECS: u64 = 120;
+
 /// What nftables portmap, when it can run, adds to the default budget: its
 /// prefills are all real ADDs (1 000 to reach 10 000 mappings, 2 000 in the
 /// pods section, 0.1-0.4 s each in the smoke runs of 2026-12-03 on a
@@ -52,7 +56,8 @@ pub struct Args {
     /// Total time budget in seconds; steps that would exceed it are skipped
     /// with the reason in the report. Default: 240 per repetition (a full
     /// run of 5 repetitions took 843 s on 2 cores), plus 480 with the pods
-    /// section and 600 when nftables portmap can run.
+    /// section, 120 per repetition with the flood section and 600 when
+    /// nftables portmap can run.
     #[arg(long)]
     pub budget_secs: Option<u64>,
     /// Fewer operations per batch and shorter runs, for trying the bench out
@@ -104,16 +109,21 @@ pub enum Section {
     /// pods (their own veths on the bridge), against iptables portmap on
     /// the same nodes, with what each call does (issues 36 and 33).
     Pods,
+    /// Idle live flows and the new-flow rate through a flood of spoofed
+    /// new flows (issue 53), ebpf-portmap (default and fastPath) against
+    /// iptables and nftables portmap.
+    Flood,
 }
 
 impl Section {
-    pub const ALL: [Section; 6] = [
+    pub const ALL: [Section; 7] = [
         Section::Control,
         Section::Scale,
         Section::Dataplane,
         Section::Memory,
         Section::Hairpin,
         Section::Pods,
+        Section::Flood,
     ];
 
     pub fn name(self) -> &'static str {
@@ -124,6 +134,7 @@ impl Section {
             Section::Memory => "memory",
             Section::Hairpin => "hairpin",
             Section::Pods => "pods",
+            Section::Flood => "flood",
         }
     }
 }
@@ -205,6 +216,11 @@ impl Plan {
                 BUDGET_SECS_PER_REP * args.reps.max(1) as u64
                     + if sections.contains(&Section::Pods) {
                         POD_SECTION_BUDGET_SECS
+                    } else {
+                        0
+                    }
+                    + if sections.contains(&Section::Flood) {
+                        FLOOD_SECTION_BUDGET_SECS * args.reps.max(1) as u64
                     } else {
                         0
                     }

@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::control::control_section;
 use super::cost::cost_section;
 use super::dataplane::dataplane_section;
+use super::flood::flood_table;
 use super::hairpin::hairpin_table;
 use super::memory::memory_section;
 use super::plots::Plot;
@@ -80,6 +81,7 @@ pub fn markdown(
     dataplane_section(&mut md, results);
     hairpin_table(&mut md, results);
     pods_table(&mut md, results);
+    flood_table(&mut md, results);
     cost_section(&mut md, results);
     memory_section(&mut md, results);
 

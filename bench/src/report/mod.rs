@@ -4,13 +4,14 @@
 //! One module per part: `cells` (how a number becomes a table cell),
 //! `json` (the full record), `markdown` (the summary, which calls one
 //! module per bench section: `control`, `scale`, `dataplane`, `hairpin`,
-//! `pods`, `cost`, `memory`), `targets` (the PASS/MISS tables) and `plots`.
+//! `pods`, `flood`, `cost`, `memory`), `targets` (the PASS/MISS tables) and `plots`.
 //! None of them imports this file.
 
 mod cells;
 mod control;
 mod cost;
 mod dataplane;
+mod flood;
 mod hairpin;
 mod json;
 mod markdown;

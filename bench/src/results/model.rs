@@ -372,6 +372,8 @@ pub struct Results {
     pub pod_prefill: Vec<PodPrefill>,
     /// STATUS per node state (issue 33).
     pub status: Vec<StatusRow>,
+    /// Live flows and new flows through a flood (issue 53).
+    pub flood: Vec<FloodRow>,
     pub memory: Vec<MemoryRow>,
     pub sizes: Vec<usize>,
     /// connect() rate of a node process to an unrelated remote port with
@@ -386,6 +388,55 @@ pub struct Results {
     /// Why nftables portmap was not measured at all (no `nft`, no 1.9.x
     /// plugins), if it was not: its rows are SKIP with this reason.
     pub nftables_skipped: Option<String>,
+}
+
+/// One flood run (issue 53, see `flood.rs`): one side, one family, one
+/// repetition.
+#[derive(Debug, Clone)]
+pub struct FloodRow {
+    pub flavor: Flavor,
+    /// `v4` or `v6`.
+    pub family: &'static str,
+    /// ebpf-portmap's `conntrack_new` size, which the flood is three times
+    /// (for every side alike).
+    pub table: u64,
+    /// Flows of each protocol the flood sent (a SYN and a datagram each),
+    /// and over how long.
+    pub flows: u64,
+    pub flood_s: f64,
+    /// TCP connect+request+close from the client to a published port, for
+    /// as long as the flood lasts at least: before it, and during it.
+    pub crr_before: RunResult,
+    pub crr_during: RunResult,
+    /// Of [`FloodRow::live`] idle TCP connections and as many idle assured
+    /// UDP sessions: how many delivered the container's first message
+    /// after the flood within a second, and then the client's.
+    pub tcp_container_first: u32,
+    pub tcp_client_first: u32,
+    pub udp_container_first: u32,
+    pub udp_client_first: u32,
+    pub live: u32,
+}
+
+impl FloodRow {
+    /// Idle TCP connections alive after the flood: both ways delivered.
+    pub fn tcp_alive(&self) -> u32 {
+        self.tcp_container_first.min(self.tcp_client_first)
+    }
+
+    /// Idle UDP sessions alive after the flood: both ways delivered.
+    pub fn udp_alive(&self) -> u32 {
+        self.udp_container_first.min(self.udp_client_first)
+    }
+
+    /// The new-flow rate during the flood over the rate before it.
+    pub fn crr_kept(&self) -> f64 {
+        if self.crr_before.rate > 0.0 {
+            self.crr_during.rate / self.crr_before.rate
+        } else {
+            0.0
+        }
+    }
 }
 
 /// One repetition of the connect() rate, calls/s, the two sides
