@@ -3,7 +3,7 @@
 //! socket hooks for connections that start on the node.
 //!
 //! A packet goes `tc` (the entry points) -> `flow` (follow its flow, or
-//! open one by a mapping) -> `masq` (masquerade) and `fast` (the fast-path
+//! open one by a mapping; `icmp` for an ICMP error about one) -> `masq` (masquerade) and `fast` (the fast-path
 //! hand-over), with `fib` answering routing questions; `sock` holds the
 //! socket hooks. Beneath them: `parse` (headers), `ct` (tuples, timeouts),
 //! `nat` (rewrites and checksums), `counters`, `trace`, `events` (the rare
@@ -16,8 +16,8 @@
 //! workspace checks that no module imports one that imports it):
 //! 1. `parse`, then `maps`;
 //! 2. `ct`, `nat`, `fib`, `counters`, `trace`, `events`, `mark`;
-//! 3. `masq`, `confirm` (the kernel's conntrack verdict), `icmp` (errors
-//!    about translated flows), then `fast`, then `flow`;
+//! 3. `masq`, `confirm` (the kernel's conntrack verdict), then `fast`,
+//!    then `flow` and `icmp` (errors about translated flows);
 //! 4. the entry points `tc`, `sock`, `beacon`.
 #![no_std]
 // Inline asm for the kfunc calls (see `confirm`): BPF asm is unstable.

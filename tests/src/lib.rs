@@ -26,6 +26,7 @@ pub mod cni;
 pub mod containerd;
 pub mod crafted;
 pub mod cri;
+pub mod firewalld;
 pub mod image;
 pub mod naming;
 pub mod netns;

@@ -156,7 +156,7 @@ const PORTMAP_EBPF: &[Group] = &[
     ),
     group(
         "flow",
-        &["flow"],
+        &["flow", "icmp"],
         &["hand-over", "confirm", "mechanisms", "maps", "parse"],
     ),
     group(

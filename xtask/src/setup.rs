@@ -36,6 +36,11 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
     // process and config, not the package's service) and checks the
     // exposition with promtool.
     "prometheus",
+    // tests/tests/firewalld.rs runs a real firewalld (with its own D-Bus
+    // system bus) in a test node's network namespace. Installing starts
+    // nothing: these machines have no service manager.
+    "firewalld",
+    "dbus-daemon",
     // `cargo xtask bench` and portmap-user/tests/program_profile.rs sample
     // the programs with perf to say where their time goes, line by line.
     "linux-perf",

@@ -104,6 +104,7 @@ pub fn status_json(status: &Status) -> Value {
             "records": orphan.records,
         })).collect::<Vec<_>>(),
         "hooksCgroup": status.hooks_cgroup,
+        "firewalld": status.firewalld,
         "misspeltKeys": status.misspelt_keys.iter().map(|note| json!({
             "network": note.network,
             "key": note.key,

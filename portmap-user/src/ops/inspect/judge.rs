@@ -10,6 +10,7 @@ use super::fills::FILL_WARNING_PERCENT;
 use super::list::mapping_rows;
 use super::status::Status;
 use crate::dataplane::{
+    features::FastPathMode,
     ownership::KeyDisplay,
     pin::{Direction, PinLayout},
     trace,
@@ -240,8 +241,30 @@ pub fn judge(status: &mut Status) {
             note.network, note.key, note.meant
         ));
     }
+    judge_firewalld(status, &mut notes);
     status.problems = problems;
     status.notes = notes;
+}
+
+/// What firewalld in the node's namespace means for host ports (README,
+/// "Firewalls"): its FORWARD chain accepts flows conntrack holds as DNAT
+/// and judges the rest by its zones, and a translated flow is no DNAT to
+/// netfilter. A note, not a problem: a layout whose zones forward from
+/// the uplinks to the bridge admits the flows, and nothing here can tell
+/// the layouts apart.
+fn judge_firewalld(status: &Status, notes: &mut Vec<String>) {
+    if status.firewalld != Some(true) || !status.installed {
+        return;
+    }
+    let always = status
+        .fast_path
+        .as_ref()
+        .is_some_and(|report| report.mode == FastPathMode::Always);
+    notes.push(if always {
+        "firewalld runs in this network namespace: with fastPath: true translated flows from outside skip FORWARD, so its zones, policies and direct rules do not decide them (its own verdict for DNAT flows is accept; with StrictForwardPorts=yes it would refuse them, and here they pass)".to_owned()
+    } else {
+        "firewalld runs in this network namespace: its FORWARD chain accepts flows conntrack holds as DNAT (ct status dnat) and judges the rest by its zones, and a hostPort flow translated here is no DNAT to netfilter, so unless the uplinks and the bridge sit in one zone that forwards within itself, its clients are refused (admin-prohibited: \"No route to host\"); fastPath: true lets them past FORWARD (see README, Firewalls)".to_owned()
+    });
 }
 
 /// What `reconcile` (and every plugin run, and the agent's pass) does to
@@ -386,12 +409,37 @@ mod tests {
             orphan_records: Vec::new(),
             misspelt_keys: Vec::new(),
             hooks_cgroup: None,
+            firewalld: Some(false),
         }
     }
 
     fn judged(mut status: Status) -> Status {
         judge(&mut status);
         status
+    }
+
+    #[test]
+    fn firewalld_in_the_namespace_is_a_note_naming_what_lets_flows_past_it() {
+        use crate::dataplane::features::FastPathReport;
+        let mut status = healthy();
+        status.firewalld = Some(true);
+        status.fast_path = Some(FastPathReport {
+            mode: FastPathMode::Confirmed,
+            why: String::new(),
+        });
+        let judged_default = judged(status.clone());
+        assert!(judged_default.problems.is_empty());
+        assert_eq!(judged_default.notes.len(), 1, "{:?}", judged_default.notes);
+        assert!(judged_default.notes[0].contains("ct status dnat"));
+        assert!(judged_default.notes[0].contains("fastPath: true lets them past FORWARD"));
+        status.fast_path = Some(FastPathReport {
+            mode: FastPathMode::Always,
+            why: String::new(),
+        });
+        let judged_fast = judged(status.clone());
+        assert!(judged_fast.notes[0].contains("skip FORWARD"));
+        status.firewalld = None;
+        assert!(judged(status).notes.is_empty(), "unknown: nothing said");
     }
 
     #[test]

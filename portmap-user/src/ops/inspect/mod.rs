@@ -99,6 +99,7 @@ pub fn status(layout: &PinLayout) -> Status {
             .collect(),
         misspelt_keys: key_notes::recorded(layout),
         hooks_cgroup: hooks_cgroup(layout),
+        firewalld: crate::node::nft_tables::firewalld().ok(),
     };
     judge(&mut status);
     if installed {

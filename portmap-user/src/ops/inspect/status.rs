@@ -91,6 +91,9 @@ pub struct Status {
     /// The cgroup the socket hooks are attached to, as the last run that
     /// found them in place recorded it.
     pub hooks_cgroup: Option<PathBuf>,
+    /// Whether firewalld keeps its ruleset in this network namespace (its
+    /// nftables table; `None`: nf_tables could not be asked).
+    pub firewalld: Option<bool>,
 }
 
 /// The cgroup named in the hooks record of `layout` (its `cgroup PATH`
