@@ -803,6 +803,196 @@ fn round_trip(proto: u8, node: IpAddr, client: IpAddr, container: IpAddr) {
     });
 }
 
+/// An ICMP (IPv4) or ICMPv6 error from `src` to `dst` quoting `quoted`
+/// (an IP packet, no Ethernet header): destination unreachable / port
+/// unreachable, or, with `too_big`, fragmentation needed / packet too big
+/// with an MTU of 1280. Every checksum right.
+fn icmp_error(src: IpAddr, dst: IpAddr, quoted: &[u8], too_big: bool) -> Vec<u8> {
+    let v4 = src.is_ipv4();
+    let mut icmp = match (v4, too_big) {
+        (true, false) => vec![3, 3, 0, 0, 0, 0, 0, 0],
+        (true, true) => vec![3, 4, 0, 0, 0, 0, 0x05, 0x00],
+        (false, false) => vec![1, 4, 0, 0, 0, 0, 0, 0],
+        (false, true) => vec![2, 0, 0, 0, 0, 0, 0x05, 0x00],
+    };
+    icmp.extend_from_slice(quoted);
+    let sum = if v4 {
+        sum16(&icmp)
+    } else {
+        sum16(&pseudo_header(src, dst, 58, icmp.len())) + sum16(&icmp)
+    };
+    let csum = !fold(sum);
+    icmp[2..4].copy_from_slice(&csum.to_be_bytes());
+    let mut p = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            p.extend_from_slice(&[0x08, 0x00]);
+            let mut ip = vec![0x45, 0];
+            ip.extend_from_slice(&((20 + icmp.len()) as u16).to_be_bytes());
+            ip.extend_from_slice(&[0, 2, 0, 0, 64, 1, 0, 0]);
+            ip.extend_from_slice(&s.octets());
+            ip.extend_from_slice(&d.octets());
+            let csum = !fold(sum16(&ip));
+            ip[10..12].copy_from_slice(&csum.to_be_bytes());
+            p.extend_from_slice(&ip);
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            p.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+            p.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
+            p.extend_from_slice(&[58, 64]);
+            p.extend_from_slice(&s.octets());
+            p.extend_from_slice(&d.octets());
+        }
+        _ => unreachable!("mixed families"),
+    }
+    p.extend_from_slice(&icmp);
+    p
+}
+
+/// What an ICMP error says: its own ends and the ends of the packet it
+/// quotes, with its checksum, its IPv4 header's and a quoted IPv4
+/// header's verified.
+fn inspect_error(p: &[u8]) -> (Seen, Seen) {
+    let v4 = u16::from_be_bytes([p[12], p[13]]) == 0x0800;
+    let (outer_src, outer_dst, icmp) = if v4 {
+        let ip = &p[14..34];
+        assert_eq!(
+            fold(sum16(ip)),
+            0xffff,
+            "outer IPv4 header checksum: {ip:02x?}"
+        );
+        (
+            IpAddr::V4(Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15])),
+            IpAddr::V4(Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19])),
+            &p[34..],
+        )
+    } else {
+        let ip = &p[14..54];
+        (
+            IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).unwrap())),
+            IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).unwrap())),
+            &p[54..],
+        )
+    };
+    let sum = if v4 {
+        sum16(icmp)
+    } else {
+        sum16(&pseudo_header(outer_src, outer_dst, 58, icmp.len())) + sum16(icmp)
+    };
+    assert_eq!(fold(sum), 0xffff, "ICMP checksum of {icmp:02x?}");
+    let quoted = &icmp[8..];
+    let (src, dst, l4) = if v4 {
+        assert_eq!(
+            fold(sum16(&quoted[..20])),
+            0xffff,
+            "quoted IPv4 header checksum: {:02x?}",
+            &quoted[..20]
+        );
+        (
+            IpAddr::V4(Ipv4Addr::new(
+                quoted[12], quoted[13], quoted[14], quoted[15],
+            )),
+            IpAddr::V4(Ipv4Addr::new(
+                quoted[16], quoted[17], quoted[18], quoted[19],
+            )),
+            &quoted[20..],
+        )
+    } else {
+        (
+            IpAddr::V6(Ipv6Addr::from(
+                <[u8; 16]>::try_from(&quoted[8..24]).unwrap(),
+            )),
+            IpAddr::V6(Ipv6Addr::from(
+                <[u8; 16]>::try_from(&quoted[24..40]).unwrap(),
+            )),
+            &quoted[40..],
+        )
+    };
+    (
+        seen(outer_src, 0, outer_dst, 0),
+        seen(
+            src,
+            u16::from_be_bytes([l4[0], l4[1]]),
+            dst,
+            u16::from_be_bytes([l4[2], l4[3]]),
+        ),
+    )
+}
+
+/// The errors of a translated flow: the container's "port unreachable"
+/// leaves (egress) from the host address, quoting the client's packet as
+/// the client sent it; a router's "too big" about the container's answer
+/// arrives (ingress) and goes on to the container, quoting the answer as
+/// the container sent it. Errors about a port no mapping uses, and an
+/// error towards the client met at ingress, pass untouched.
+fn icmp_errors_follow_their_flow(proto: u8, node: IpAddr, client: IpAddr, container: IpAddr) {
+    in_node_namespace(move |ifindex| {
+        let mut dp = Dataplane::load(ifindex);
+        dp.map(None, node.is_ipv6(), 8080, proto, container, 80);
+        let request = Flow {
+            src: client,
+            dst: node,
+            sport: 40000,
+            dport: 8080,
+            proto,
+            flags: if proto == TCP { SYN } else { 0 },
+        };
+        let translated = dp.ingress(&packet(&request, b"hello"));
+        assert_eq!(inspect(&translated), seen(client, 40000, container, 80));
+
+        let unreachable = icmp_error(container, client, &translated[14..], false);
+        // Met at the container's side first: left to egress.
+        assert_eq!(dp.ingress(&unreachable), unreachable, "ingress leaves it");
+        let out = dp.egress(&unreachable);
+        assert_eq!(
+            inspect_error(&out),
+            (seen(node, 0, client, 0), seen(client, 40000, node, 8080)),
+            "the container's error, as the client must see it"
+        );
+        assert_eq!(dp.stat(stat::ICMP_REPLY), 1);
+
+        let answer = Flow {
+            src: container,
+            dst: client,
+            sport: 80,
+            dport: 40000,
+            proto,
+            flags: if proto == TCP { SYN | ACK } else { 0 },
+        };
+        let restored = dp.egress(&packet(&answer, b"world"));
+        assert_eq!(inspect(&restored), seen(node, 8080, client, 40000));
+        let too_big = icmp_error(client, node, &restored[14..], true);
+        let out = dp.ingress(&too_big);
+        assert_eq!(
+            inspect_error(&out),
+            (
+                seen(client, 0, container, 0),
+                seen(container, 80, client, 40000)
+            ),
+            "the router's error, as the container must see it"
+        );
+        assert_eq!(dp.stat(stat::ICMP_DNAT), 1);
+
+        let unmapped = Flow {
+            dport: 9999,
+            ..request
+        };
+        let stray = icmp_error(container, client, &packet(&unmapped, b"x")[14..], false);
+        assert_eq!(dp.egress(&stray), stray, "no mapping, no change");
+        assert_eq!(dp.stat(stat::ICMP_REPLY), 1);
+    });
+}
+
+#[test]
+fn icmp_errors_of_a_tcp_ipv4_flow_are_translated_with_it() {
+    icmp_errors_follow_their_flow(TCP, NODE_V4.into(), CLIENT_V4.into(), CONTAINER_V4.into());
+}
+
+#[test]
+fn icmp_errors_of_a_udp_ipv6_flow_are_translated_with_it() {
+    icmp_errors_follow_their_flow(UDP, NODE_V6.into(), CLIENT_V6.into(), CONTAINER_V6.into());
+}
+
 #[test]
 fn tcp_ipv4_round_trip() {
     round_trip(TCP, NODE_V4.into(), CLIENT_V4.into(), CONTAINER_V4.into());
