@@ -10,9 +10,10 @@
 //! DNAT to netfilter (README, "Firewalls"; issue 50). What a node gets
 //! today, side by side with upstream portmap in the same world: upstream's
 //! DNAT flows are accepted; ours with `fastPath: true` skip FORWARD and
-//! answer; ours in the default mode are refused, and the client learns it
-//! at once (the reject's ICMP error is translated back to the host port)
-//! instead of waiting for its timeout; `status` says firewalld is there,
+//! answer; ours in the default mode answer only where the uplink and the
+//! bridge share a zone that forwards within itself, and elsewhere are
+//! refused, the client learning it at once (the reject's ICMP error is
+//! translated back to the host port) instead of waiting for its timeout; `status` says firewalld is there,
 //! what it does to our flows and what lets them past. Needs root.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
