@@ -20,13 +20,13 @@
 //! table of this machine is theirs).
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use portmap_tests::crafted;
-use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, PortMapping};
+use portmap_tests::topology::{Family, PortMapping};
 
 use super::load::{self, Test};
 use super::plan::Plan;
@@ -50,45 +50,6 @@ const UDP_HOST_PORT: u16 = 7012;
 const TCP_PORT: u16 = 5011;
 const UDP_PORT: u16 = 5012;
 
-/// The IP families the rows cover.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FloodFamily {
-    V4,
-    V6,
-}
-
-impl FloodFamily {
-    pub const BOTH: [FloodFamily; 2] = [FloodFamily::V4, FloodFamily::V6];
-
-    pub fn key(self) -> &'static str {
-        match self {
-            FloodFamily::V4 => "v4",
-            FloodFamily::V6 => "v6",
-        }
-    }
-
-    fn node(self) -> IpAddr {
-        match self {
-            FloodFamily::V4 => NODE_IP4.into(),
-            FloodFamily::V6 => NODE_IP6.into(),
-        }
-    }
-
-    fn client(self) -> IpAddr {
-        match self {
-            FloodFamily::V4 => EXT_IP4.into(),
-            FloodFamily::V6 => EXT_IP6.into(),
-        }
-    }
-
-    fn any(self) -> IpAddr {
-        match self {
-            FloodFamily::V4 => std::net::Ipv4Addr::UNSPECIFIED.into(),
-            FloodFamily::V6 => std::net::Ipv6Addr::UNSPECIFIED.into(),
-        }
-    }
-}
-
 /// The sides, in the order each repetition runs them; nftables portmap
 /// where it can run.
 fn sides() -> Vec<Flavor> {
@@ -111,7 +72,7 @@ pub fn measure(plan: &Plan, progress: &Progress, results: &mut Results) -> anyho
     ));
     for rep in 0..plan.reps {
         let mut line = Vec::new();
-        for family in FloodFamily::BOTH {
+        for family in Family::BOTH {
             for flavor in sides() {
                 progress.check()?;
                 let row = run_one(plan, flavor, family, table, flows)?;
@@ -231,7 +192,7 @@ struct Live {
 fn run_one(
     plan: &Plan,
     flavor: Flavor,
-    family: FloodFamily,
+    family: Family,
     table: u64,
     flows: u64,
 ) -> anyhow::Result<FloodRow> {
@@ -265,7 +226,7 @@ fn run_one(
     world.node.ns.ip(&[
         "route",
         "add",
-        crafted::spoofed_net(family == FloodFamily::V4),
+        crafted::spoofed_net(family.is_v4()),
         "via",
         &family.client().to_string(),
     ]);
@@ -313,7 +274,7 @@ fn run_one(
 /// UDP sessions, from the client's namespace to the published ports.
 fn hold_live_flows(
     world: &BenchWorld,
-    family: FloodFamily,
+    family: Family,
     listener: &TcpListener,
     udp: &UdpServer,
 ) -> anyhow::Result<Live> {

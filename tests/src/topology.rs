@@ -596,3 +596,59 @@ mod tests {
         );
     }
 }
+
+/// An IP family of the node's world, with the addresses a test reaches
+/// it by: the node's and the external client's on their link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub const BOTH: [Family; 2] = [Family::V4, Family::V6];
+
+    /// `v4` or `v6`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Family::V4 => "v4",
+            Family::V6 => "v6",
+        }
+    }
+
+    pub fn is_v4(self) -> bool {
+        self == Family::V4
+    }
+
+    /// The node's address on the client's link.
+    pub fn node(self) -> IpAddr {
+        match self {
+            Family::V4 => NODE_IP4.into(),
+            Family::V6 => NODE_IP6.into(),
+        }
+    }
+
+    /// The external client's address.
+    pub fn client(self) -> IpAddr {
+        match self {
+            Family::V4 => EXT_IP4.into(),
+            Family::V6 => EXT_IP6.into(),
+        }
+    }
+
+    /// The unspecified address (a socket bound to every address).
+    pub fn any(self) -> IpAddr {
+        match self {
+            Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
+            Family::V6 => Ipv6Addr::UNSPECIFIED.into(),
+        }
+    }
+
+    /// The iptables command of the family.
+    pub fn tables(self) -> &'static str {
+        match self {
+            Family::V4 => "iptables",
+            Family::V6 => "ip6tables",
+        }
+    }
+}

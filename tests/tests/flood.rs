@@ -11,7 +11,7 @@
 //! Needs root.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use portmap_tests::PortMapping;
 use portmap_tests::cni::result_addresses;
 use portmap_tests::crafted;
-use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6};
+use portmap_tests::topology::Family;
 use portmap_tests::world::{World, counter};
 use serde_json::Value;
 
@@ -43,42 +43,6 @@ enum Mode {
     Default,
     /// `fastPath: true`.
     Fast,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    fn node(self) -> IpAddr {
-        match self {
-            Family::V4 => NODE_IP4.into(),
-            Family::V6 => NODE_IP6.into(),
-        }
-    }
-
-    fn client(self) -> IpAddr {
-        match self {
-            Family::V4 => EXT_IP4.into(),
-            Family::V6 => EXT_IP6.into(),
-        }
-    }
-
-    fn any(self) -> IpAddr {
-        match self {
-            Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
-            Family::V6 => Ipv6Addr::UNSPECIFIED.into(),
-        }
-    }
-
-    fn tables(self) -> &'static str {
-        match self {
-            Family::V4 => "iptables",
-            Family::V6 => "ip6tables",
-        }
-    }
 }
 
 /// A bridge world whose ebpf-portmap entry has `conntrackSize` [`TABLE`]

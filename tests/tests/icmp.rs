@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use portmap_tests::cni::result_addresses;
 use portmap_tests::crafted::checksum;
-use portmap_tests::topology::{EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6};
+use portmap_tests::topology::{EXT_IP4, EXT_IP6, Family, NODE_IP4, NODE_IP6};
 use portmap_tests::world::{World, counter};
 use portmap_tests::{PortMapping, bridge_conflist};
 
@@ -60,47 +60,12 @@ impl Plugin {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    fn node(self) -> IpAddr {
-        match self {
-            Family::V4 => NODE_IP4.into(),
-            Family::V6 => NODE_IP6.into(),
-        }
-    }
-
-    fn client(self) -> IpAddr {
-        match self {
-            Family::V4 => EXT_IP4.into(),
-            Family::V6 => EXT_IP6.into(),
-        }
-    }
-
-    fn any(self) -> IpAddr {
-        match self {
-            Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
-            Family::V6 => Ipv6Addr::UNSPECIFIED.into(),
-        }
-    }
-
-    fn tables(self) -> &'static str {
-        match self {
-            Family::V4 => "iptables",
-            Family::V6 => "ip6tables",
-        }
-    }
-
-    fn pod(self, result: &serde_json::Value) -> IpAddr {
-        result_addresses(result)
-            .into_iter()
-            .find(|ip| ip.is_ipv4() == matches!(self, Family::V4))
-            .unwrap_or_else(|| panic!("the container has an address of {self:?}: {result:#}"))
-    }
+/// The container's address of `family` in an ADD's result.
+fn pod_address(family: Family, result: &serde_json::Value) -> IpAddr {
+    result_addresses(result)
+        .into_iter()
+        .find(|ip| ip.is_ipv4() == family.is_v4())
+        .unwrap_or_else(|| panic!("the container has an address of {family:?}: {result:#}"))
 }
 
 /// Counts, in the client's namespace before anything else sees them, the
@@ -130,7 +95,7 @@ fn port_unreachable_reaches_the_client(plugin: Plugin, family: Family) {
     let world = plugin.world();
     let web = world.node.add_container("web");
     let result = world.add(&web, &[PortMapping::udp(UDP_HOST_PORT, UDP_PORT)]);
-    let pod = family.pod(&result);
+    let pod = pod_address(family, &result);
     count_pod_source(&world, family, pod);
     let node = family.node();
     let refused = world.node.ext.run(|| {
@@ -182,7 +147,7 @@ fn a_reject_at_forward_fails_the_connect_at_once(plugin: Plugin, family: Family)
         .run(|| std::net::TcpListener::bind(SocketAddr::new(family.any(), TCP_PORT)))
         .expect("listen in the container");
     let result = world.add(&web, &[PortMapping::tcp(TCP_HOST_PORT, TCP_PORT)]);
-    let pod = family.pod(&result).to_string();
+    let pod = pod_address(family, &result).to_string();
     let port = TCP_PORT.to_string();
     let reject_with = match family {
         Family::V4 => "icmp-admin-prohibited",
