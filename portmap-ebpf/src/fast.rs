@@ -13,7 +13,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use portmap_common::{
-    CtKey, ct_flags,
+    CtKey, FAMILY_V4, FAMILY_V6, ct_flags,
     local::{iface_flags, node_flags},
     stat,
 };
@@ -24,6 +24,7 @@ use crate::{
     maps::{self, Offer},
     mark,
     masq::wants_masquerade,
+    parse::{ETH_HLEN, read},
 };
 
 /// The fast path, for what the handling code left in scratch: sets
@@ -255,6 +256,67 @@ pub fn fast_reply(ctx: &TcContext) -> i32 {
         0,
         stat::FAST_REPLY,
     )
+}
+
+/// Hands a container's ICMP error about a translated flow, met at the
+/// container's port untranslated (see `icmp::translate_error`), to the
+/// egress of the interface towards its client, where egress translates it
+/// as it does the flow's answers. Only with `fastPath: true`: the flow's
+/// packets skipped netfilter, whose conntrack then has nothing to relate
+/// the error to (kube-proxy's `ct state invalid drop` drops it); in the
+/// confirmed mode the kernel's entry relates it, and the error takes the
+/// normal path. Reads the error's ends from its IP header. Not inlined:
+/// off every other path.
+#[inline(never)]
+pub fn hand_error_to_client(ctx: &TcContext) -> i32 {
+    if mode() != Mode::Always || fast_path_from_containers(ctx) != Some(true) {
+        return TC_ACT_OK;
+    }
+    let Some(key) = error_ends(ctx) else {
+        return TC_ACT_OK;
+    };
+    let Some(scratch) = maps::scratch() else {
+        return TC_ACT_OK;
+    };
+    redirect_as_routed(
+        ctx,
+        &mut scratch.fib,
+        (&key, (&key.dst_addr_be, 0)),
+        0,
+        stat::FAST_REPLY,
+    )
+}
+
+/// The ends of an ICMP (IPv4) or ICMPv6 packet as a conntrack key (no
+/// ports), from its IP header.
+#[inline(always)]
+fn error_ends(ctx: &TcContext) -> Option<CtKey> {
+    const ETH_P_IP: u16 = 0x0800;
+    let v4 = u16::from_be(read::<u16>(ctx, 12)?) == ETH_P_IP;
+    let (src_addr_be, dst_addr_be, proto, family) = if v4 {
+        (
+            [read::<u32>(ctx, ETH_HLEN + 12)?, 0, 0, 0],
+            [read::<u32>(ctx, ETH_HLEN + 16)?, 0, 0, 0],
+            1,
+            FAMILY_V4,
+        )
+    } else {
+        (
+            read::<[u32; 4]>(ctx, ETH_HLEN + 8)?,
+            read::<[u32; 4]>(ctx, ETH_HLEN + 24)?,
+            58,
+            FAMILY_V6,
+        )
+    };
+    Some(CtKey {
+        src_addr_be,
+        dst_addr_be,
+        src_port_be: 0,
+        dst_port_be: 0,
+        proto,
+        family,
+        _pad0: 0,
+    })
 }
 
 /// Hands the packet to the egress of the interface the node's FIB routes

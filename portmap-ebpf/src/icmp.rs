@@ -27,7 +27,11 @@
 //!
 //! Which way is the flow's entry's kind, looked up by the quote's tuple
 //! reversed: `REPLY` (the container's answer to the quoted packet) or
-//! `DNAT` (the client's packet the quote answers). Masqueraded flows
+//! `DNAT` (the client's packet the quote answers). With `fastPath: true`
+//! a container's error goes to the interface towards its client directly,
+//! as the flow's answers do: netfilter saw none of the flow, so its
+//! conntrack has nothing to relate the error to, and kube-proxy's `ct
+//! state invalid drop` would drop it. Masqueraded flows
 //! (hairpin, `masqAll`) keep their errors as they are. The quoted packet's
 //! own transport checksum is left as it is (no receiver checks it); the
 //! error's checksum and a quoted IPv4 header's checksum are kept right.
@@ -91,26 +95,30 @@ pub enum Hook {
 
 /// Translates an ICMP or ICMPv6 error about a translated flow, if the
 /// packet is one going the way `hook` translates (see the module docs);
-/// anything else passes untouched. Called for the packets `parse` does
-/// not take (no TCP, UDP or SCTP). Not inlined: one walk, off the path of
-/// every translated packet.
+/// anything else passes untouched. Returns whether the packet is a
+/// container's error met at ingress, on its way to the client, which the
+/// caller may hand to the fast path (`fast::hand_error_to_client`, called
+/// after this frame is gone: stacked, the two took ingress past BPF's
+/// 512-byte stack). Called for the packets `parse` does not take (no TCP,
+/// UDP or SCTP). Not inlined: one walk, off the path of every translated
+/// packet.
 #[inline(never)]
-pub fn translate_error(ctx: &mut TcContext, hook: Hook) {
-    let _ = try_translate(ctx, hook);
+pub fn translate_error(ctx: &mut TcContext, hook: Hook) -> bool {
+    try_translate(ctx, hook).unwrap_or(false)
 }
 
 #[inline(always)]
-fn try_translate(ctx: &mut TcContext, hook: Hook) -> Option<()> {
+fn try_translate(ctx: &mut TcContext, hook: Hook) -> Option<bool> {
     let quote = quote_of(ctx)?;
     // Only errors about a mapped port can be about a translated flow: a
     // container port quoted as the destination (towards the client), a
-    // host port as the source (towards the container). An array load
-    // before any hash lookup.
-    let mapped = match hook {
-        Hook::Egress => maps::port_is(PortRole::Container, quote.proto, quote.dport_be),
-        Hook::Ingress => maps::port_is(PortRole::Host, quote.proto, quote.sport_be),
-    };
-    if !mapped {
+    // host port as the source (towards the container, met at ingress,
+    // where a container's own error is met too). Array loads before any
+    // hash lookup.
+    let towards_client = maps::port_is(PortRole::Container, quote.proto, quote.dport_be);
+    if !towards_client
+        && (hook == Hook::Egress || !maps::port_is(PortRole::Host, quote.proto, quote.sport_be))
+    {
         return None;
     }
     // The entry of the packet that would answer the quoted one.
@@ -134,9 +142,12 @@ fn try_translate(ctx: &mut TcContext, hook: Hook) -> Option<()> {
             rewrite(ctx, &quote, Quoted::Source, &addr, port)?;
             maps::count(stat::ICMP_DNAT);
         }
+        // Towards the client, met where the container sent it: egress
+        // translates it; with `fastPath: true` it goes there directly.
+        (ct_kind::REPLY, Hook::Ingress) => return Some(true),
         _ => {}
     }
-    Some(())
+    Some(false)
 }
 
 /// The error in the packet, if it is an ICMP or ICMPv6 error that quotes a

@@ -37,8 +37,11 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
     mark::clear_stale_mark(ctx);
     let Some(packet) = parse::parse(ctx) else {
         // No TCP, UDP or SCTP: an ICMP error about a translated flow is
-        // translated with it; anything else passes.
-        icmp::translate_error(ctx, icmp::Hook::Ingress);
+        // translated with it (or handed over, see `icmp`); anything else
+        // passes.
+        if icmp::translate_error(ctx, icmp::Hook::Ingress) {
+            return Some(fast::hand_error_to_client(ctx));
+        }
         return Some(TC_ACT_OK);
     };
     // The tracing state is read again after the packet is handled, not
@@ -146,8 +149,8 @@ fn try_egress(ctx: &mut TcContext) -> Option<()> {
         return Some(());
     }
     let Some(packet) = parse::parse(ctx) else {
-        // As in `try_ingress`.
-        icmp::translate_error(ctx, icmp::Hook::Egress);
+        // As in `try_ingress`; egress never hands anything over.
+        let _ = icmp::translate_error(ctx, icmp::Hook::Egress);
         return Some(());
     };
     // As in `try_ingress`: the tracing state is read again afterwards.

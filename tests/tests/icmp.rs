@@ -27,11 +27,14 @@ const AT_ONCE: Duration = Duration::from_secs(2);
 /// The path MTU the crafted errors announce.
 const SMALLER_MTU: u16 = 1280;
 
-/// Which port-mapping plugin the node runs: ours, or upstream portmap
-/// (iptables) in the same world, whose errors netfilter's NAT translates.
+/// Which port-mapping plugin the node runs: ours (by default, or with
+/// `fastPath: true` on a node with kube-proxy's `ct state invalid drop`),
+/// or upstream portmap (iptables) in the same world, whose errors
+/// netfilter's NAT translates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Plugin {
     Ours,
+    OursFast,
     Upstream,
 }
 
@@ -39,6 +42,19 @@ impl Plugin {
     fn world(self) -> World {
         match self {
             Plugin::Ours => World::bridge(),
+            Plugin::OursFast => {
+                let world = World::with(|name, pins, data| {
+                    let list = bridge_conflist(name, "ebpf-portmap", Some(pins), data);
+                    let mut json = list.json().clone();
+                    json["plugins"][1]
+                        .as_object_mut()
+                        .expect("the plugin entry")
+                        .insert("fastPath".into(), serde_json::Value::Bool(true));
+                    portmap_tests::Conflist::from_json(json).expect("conflist")
+                });
+                world.node.drop_invalid_at_forward();
+                world
+            }
             Plugin::Upstream => {
                 World::with(|name, _pins, data| bridge_conflist(name, "portmap", None, data))
             }
@@ -47,14 +63,16 @@ impl Plugin {
 
     /// Our counter `reason` grew (upstream has none to read).
     fn counted(self, world: &World, reason: &str) {
-        if self == Plugin::Ours {
+        if self != Plugin::Upstream {
             assert!(counter(&world.counters(), reason) >= 1, "{reason} counted");
         }
     }
 
     fn dump(self, world: &World) -> String {
         match self {
-            Plugin::Ours => format!("counters: {:#}\n{}", world.counters(), world.dump()),
+            Plugin::Ours | Plugin::OursFast => {
+                format!("counters: {:#}\n{}", world.counters(), world.dump())
+            }
             Plugin::Upstream => world.node.ns.exec("iptables-save", &["-t", "nat"]),
         }
     }
@@ -128,6 +146,16 @@ fn a_containers_port_unreachable_refuses_the_client_v4() {
 #[test]
 fn a_containers_port_unreachable_refuses_the_client_v6() {
     port_unreachable_reaches_the_client(Plugin::Ours, Family::V6);
+}
+
+/// With `fastPath: true` the client's datagram skipped netfilter, so the
+/// kernel's conntrack has no entry the container's error is related to,
+/// and kube-proxy's `ct state invalid drop` at FORWARD would drop it: it
+/// takes the fast path too.
+#[test]
+fn with_the_fast_path_a_containers_port_unreachable_refuses_the_client() {
+    port_unreachable_reaches_the_client(Plugin::OursFast, Family::V4);
+    port_unreachable_reaches_the_client(Plugin::OursFast, Family::V6);
 }
 
 #[test]

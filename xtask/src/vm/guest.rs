@@ -218,6 +218,9 @@ pub const GUEST_TESTS: &[GuestTest] = &[
         tests: InGuest::Only(&[
             "a_containers_port_unreachable_refuses_the_client_v4",
             "a_path_mtu_from_beyond_the_node_reaches_the_container_v6",
+            // The fast path's hand-over of a container's error (a FIB
+            // lookup and a redirect of ICMP), behind kube-proxy's rule.
+            "with_the_fast_path_a_containers_port_unreachable_refuses_the_client",
         ]),
     },
     GuestTest {
