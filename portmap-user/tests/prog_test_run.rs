@@ -653,14 +653,24 @@ fn packet(flow: &Flow, payload: &[u8]) -> Vec<u8> {
 }
 
 fn build(flow: &Flow, payload: &[u8], zero_udp_csum: bool) -> Vec<u8> {
-    let l4 = l4_segment(flow, payload, zero_udp_csum);
+    frame(
+        flow.src,
+        flow.dst,
+        flow.proto,
+        &l4_segment(flow, payload, zero_udp_csum),
+    )
+}
+
+/// An Ethernet frame holding an IP packet of `proto` from `src` to `dst`
+/// carrying `l4` (the IPv4 header's checksum filled in).
+fn frame(src: IpAddr, dst: IpAddr, proto: u8, l4: &[u8]) -> Vec<u8> {
     let mut p = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
-    match (flow.src, flow.dst) {
+    match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             p.extend_from_slice(&[0x08, 0x00]);
             let mut ip = vec![0x45, 0];
             ip.extend_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
-            ip.extend_from_slice(&[0, 1, 0x40, 0, 64, flow.proto, 0, 0]);
+            ip.extend_from_slice(&[0, 1, 0x40, 0, 64, proto, 0, 0]);
             ip.extend_from_slice(&s.octets());
             ip.extend_from_slice(&d.octets());
             let csum = !fold(sum16(&ip));
@@ -671,13 +681,13 @@ fn build(flow: &Flow, payload: &[u8], zero_udp_csum: bool) -> Vec<u8> {
             p.extend_from_slice(&[0x86, 0xdd]);
             p.extend_from_slice(&[0x60, 0, 0, 0]);
             p.extend_from_slice(&(l4.len() as u16).to_be_bytes());
-            p.extend_from_slice(&[flow.proto, 64]);
+            p.extend_from_slice(&[proto, 64]);
             p.extend_from_slice(&s.octets());
             p.extend_from_slice(&d.octets());
         }
-        _ => unreachable!(),
+        _ => unreachable!("mixed families"),
     }
-    p.extend_from_slice(&l4);
+    p.extend_from_slice(l4);
     p
 }
 
@@ -823,30 +833,7 @@ fn icmp_error(src: IpAddr, dst: IpAddr, quoted: &[u8], too_big: bool) -> Vec<u8>
     };
     let csum = !fold(sum);
     icmp[2..4].copy_from_slice(&csum.to_be_bytes());
-    let mut p = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            p.extend_from_slice(&[0x08, 0x00]);
-            let mut ip = vec![0x45, 0];
-            ip.extend_from_slice(&((20 + icmp.len()) as u16).to_be_bytes());
-            ip.extend_from_slice(&[0, 2, 0, 0, 64, 1, 0, 0]);
-            ip.extend_from_slice(&s.octets());
-            ip.extend_from_slice(&d.octets());
-            let csum = !fold(sum16(&ip));
-            ip[10..12].copy_from_slice(&csum.to_be_bytes());
-            p.extend_from_slice(&ip);
-        }
-        (IpAddr::V6(s), IpAddr::V6(d)) => {
-            p.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
-            p.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
-            p.extend_from_slice(&[58, 64]);
-            p.extend_from_slice(&s.octets());
-            p.extend_from_slice(&d.octets());
-        }
-        _ => unreachable!("mixed families"),
-    }
-    p.extend_from_slice(&icmp);
-    p
+    frame(src, dst, if v4 { 1 } else { 58 }, &icmp)
 }
 
 /// What an ICMP error says: its own ends and the ends of the packet it
