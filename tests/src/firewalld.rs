@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::NetNs;
+use crate::stop::terminate;
 use crate::tmp::TempDir;
 
 const RUN_DIR: &str = "/run/firewalld";
@@ -157,26 +158,15 @@ fn bus_config_text(socket: &Path) -> String {
     )
 }
 
-/// Sends `signal` to `child` and waits up to `within` for it to exit.
-fn stop(child: &mut Child, signal: i32, within: Duration) {
-    // SAFETY: a signal to our own child, which has not been reaped.
-    unsafe { libc::kill(child.id() as i32, signal) };
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if child.try_wait().ok().flatten().is_some() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
 impl Drop for Firewalld {
     fn drop(&mut self) {
         // SIGTERM: firewalld removes its ruleset (CleanupOnExit) first.
-        stop(&mut self.daemon, libc::SIGTERM, Duration::from_secs(10));
-        stop(&mut self.bus, libc::SIGTERM, Duration::from_secs(2));
+        terminate(&mut self.daemon, "firewalld", Duration::from_secs(10));
+        terminate(
+            &mut self.bus,
+            "firewalld's dbus-daemon",
+            Duration::from_secs(2),
+        );
         if self.made_run_dir {
             let _ = std::fs::remove_dir_all(RUN_DIR);
         }

@@ -69,22 +69,7 @@ impl Daemon {
     /// (`None` if it was stopped before).
     pub fn stop(&mut self, grace: Duration) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
-        let pid = i32::try_from(child.id()).unwrap_or_default();
-        // SAFETY: signalling the child we started; no memory involved.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!(
-            "harness: {} did not stop on SIGTERM within {grace:?}; killing it",
-            self.name
-        );
-        let _ = child.kill();
-        child.wait().ok()
+        crate::stop::terminate(&mut child, &self.name, grace)
     }
 }
 
