@@ -348,6 +348,20 @@ pub mod ct_kind {
     /// Answer to a masqueraded flow: destination becomes the client's
     /// `nat_addr:nat_port` again.
     pub const UNMASQ: u8 = 5;
+    /// Added to [`DNAT`] and [`REPLY`]: the flow is translated by the
+    /// node's netfilter (the kernel's conntrack entry holds its DNAT, see
+    /// `knat` in the eBPF crate), and tc leaves its packets as they are
+    /// both ways; `nat_addr:nat_port` still say where it goes. A flow
+    /// keeps the translation it started with across a change of the
+    /// node's settings. Code that follows a flow whatever translates it
+    /// reads the kind under [`BASE`].
+    pub const NETFILTER: u8 = 0x10;
+    /// The bits of a kind without [`NETFILTER`].
+    pub const BASE: u8 = 0x0f;
+    /// [`DNAT`] of a flow netfilter translates.
+    pub const NETFILTER_DNAT: u8 = DNAT | NETFILTER;
+    /// [`REPLY`] of a flow netfilter translates.
+    pub const NETFILTER_REPLY: u8 = REPLY | NETFILTER;
 }
 
 /// What a TCP conntrack entry has seen of its flow ([`CtEntry::tcp_state`]),
@@ -454,8 +468,46 @@ pub mod kfunc {
         marker: 0x7ead_0003,
         module: "nf_conntrack",
     };
-    /// Every kfunc the object calls: all resolved, or all replaced.
-    pub const ALL: [Kfunc; 3] = [CT_LOOKUP, CT_RELEASE, CT_CHANGE_TIMEOUT];
+    /// `struct nf_conn___init *bpf_skb_ct_alloc(struct __sk_buff *, struct
+    /// bpf_sock_tuple *, u32, struct bpf_ct_opts *, u32)` (Linux 6.0):
+    /// a new entry, not yet in the table, for TCP and UDP.
+    pub const CT_ALLOC: Kfunc = Kfunc {
+        name: "bpf_skb_ct_alloc",
+        marker: 0x7ead_0004,
+        module: "nf_conntrack",
+    };
+    /// `struct nf_conn *bpf_ct_insert_entry(struct nf_conn___init *)`
+    /// (Linux 6.0): inserts an allocated entry, which it consumes; a
+    /// reference to the inserted one, or null.
+    pub const CT_INSERT: Kfunc = Kfunc {
+        name: "bpf_ct_insert_entry",
+        marker: 0x7ead_0005,
+        module: "nf_conntrack",
+    };
+    /// `int bpf_ct_set_nat_info(struct nf_conn___init *, union
+    /// nf_inet_addr *, int port, enum nf_nat_manip_type)` (Linux 6.1, in
+    /// nf_nat).
+    pub const CT_SET_NAT: Kfunc = Kfunc {
+        name: "bpf_ct_set_nat_info",
+        marker: 0x7ead_0006,
+        module: "nf_nat",
+    };
+    /// The kfuncs of the confirmed-flow fast path: all resolved, or all
+    /// replaced, and then [`NAT`]'s too (they need the lookup and release).
+    pub const CONFIRM: [Kfunc; 3] = [CT_LOOKUP, CT_RELEASE, CT_CHANGE_TIMEOUT];
+    /// The kfuncs that make a flow's kernel entry with its NAT, for
+    /// translation by netfilter: all resolved, or all replaced (alone:
+    /// [`CONFIRM`]'s stay linked).
+    pub const NAT: [Kfunc; 3] = [CT_ALLOC, CT_INSERT, CT_SET_NAT];
+    /// Every kfunc the object calls, [`CONFIRM`]'s first.
+    pub const ALL: [Kfunc; 6] = [
+        CT_LOOKUP,
+        CT_RELEASE,
+        CT_CHANGE_TIMEOUT,
+        CT_ALLOC,
+        CT_INSERT,
+        CT_SET_NAT,
+    ];
 
     /// The call instruction as the object carries it (little-endian
     /// `struct bpf_insn`: opcode 0x85 `BPF_JMP | BPF_CALL`, `dst_reg` 0,

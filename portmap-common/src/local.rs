@@ -77,6 +77,14 @@ pub mod node_flags {
     /// something hooked at FORWARD: the normal path (userspace only, for
     /// `status`).
     pub const FAST_FORWARD_HOOKED: u32 = 64;
+    /// New TCP and UDP flows of IPv4 from outside are translated by the
+    /// node's netfilter (see `knat`): the kfuncs that make a kernel
+    /// conntrack entry with its NAT are linked, and netfilter's NAT hooks
+    /// of IPv4 are registered in the node's namespace (without them the
+    /// kernel applies no entry's NAT). Unset: translated in tc.
+    pub const KERNEL_NAT4: u32 = 128;
+    /// The same for IPv6.
+    pub const KERNEL_NAT6: u32 = 256;
 }
 
 /// One of the node's addresses. A wildcard mapping captures connections to

@@ -117,7 +117,26 @@ pub mod stat {
     /// address: sent on to the container, its quote translated as the
     /// flow's packets are.
     pub const ICMP_DNAT: u32 = 35;
-    pub const COUNT: u32 = 36;
+    /// A new TCP or UDP flow from outside handed to the node's netfilter
+    /// (the default where the kernel can, see `knat`): the kernel's
+    /// conntrack entry made for the packet as it arrived (client to host
+    /// address and port), with its DNAT to the container, and the packet
+    /// left as it is for netfilter's NAT to translate.
+    pub const KNAT_NEW: u32 = 36;
+    /// A later packet of a flow netfilter translates: left as it is (the
+    /// kernel's entry holds its DNAT).
+    pub const KNAT: u32 = 37;
+    /// A packet of a flow netfilter translates whose kernel entry was gone
+    /// (`conntrack -D`, a flush, an expiry, or our entries rebuilt after
+    /// theirs were lost): the kernel's entry made again with its DNAT, as
+    /// upstream's DNAT rule makes it again for the flow's next packet.
+    pub const KNAT_REMADE: u32 = 38;
+    /// The kernel's conntrack entry of a flow could not be made (its table
+    /// full, or memory short): the packet left to netfilter as it is,
+    /// which delivers it to the node, as under upstream's DNAT when the
+    /// kernel's table is full.
+    pub const KNAT_FAILED: u32 = 39;
+    pub const COUNT: u32 = 40;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -417,6 +436,34 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         label: "icmp-error-to-container",
         meaning: "ICMP error about a container's answer, sent to the host address: passed on to the container with its quote translated (path MTU, port unreachable)",
         kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::KNAT_NEW,
+        name: "knat_new",
+        label: "netfilter-dnat-new",
+        meaning: "new flow handed to the node's netfilter: the kernel's conntrack entry made with its DNAT to the container (as upstream's DNAT rule makes it), netfilter's NAT translates",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::KNAT,
+        name: "knat",
+        label: "netfilter-dnat",
+        meaning: "packet of a flow the node's netfilter translates by its conntrack entry: left as it is",
+        kind: Kind::Translated,
+    },
+    Reason {
+        id: stat::KNAT_REMADE,
+        name: "knat_remade",
+        label: "netfilter-dnat-remade",
+        meaning: "packet of a flow netfilter translates whose kernel conntrack entry was gone (conntrack -D, flush, expiry): the entry made again with its DNAT, as upstream's rule would",
+        kind: Kind::Recorded,
+    },
+    Reason {
+        id: stat::KNAT_FAILED,
+        name: "knat_failed",
+        label: "netfilter-dnat-failed",
+        meaning: "the kernel's conntrack entry of a flow could not be made (its table full, memory short): the packet left untranslated, the node answers it as under upstream with a full table",
+        kind: Kind::Problem,
     },
 ];
 

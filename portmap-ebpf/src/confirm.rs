@@ -29,15 +29,13 @@
 //! links before loading (see [`portmap_common::kfunc`]); on a kernel
 //! without them each call is `r0 = 0`: no flow is ever found confirmed.
 
-use core::arch::asm;
-
 use aya_ebpf::{bindings::BPF_F_CURRENT_NETNS, programs::TcContext};
 use portmap_common::{
     CtKey, FAMILY_V4, PROTO_TCP, PROTO_UDP, ct_flags, ct_timeout, stat, tcp_state,
 };
 
 use crate::{
-    ct,
+    ct, kfunc,
     maps::{self, CtOpts},
     parse::{TCP_FIN, TCP_RST},
 };
@@ -137,7 +135,7 @@ fn ask_kernel(ctx: &TcContext, now: u32) -> bool {
     // readable bytes and the options CT_OPTS_LEN writable ones, both in a
     // map value; a connection found is released below, once.
     let conn = unsafe {
-        call::skb_ct_lookup(
+        kfunc::skb_ct_lookup(
             ctx.skb.skb.cast(),
             tuple.as_mut_ptr(),
             size,
@@ -169,8 +167,8 @@ fn refresh_and_release(conn: *mut core::ffi::c_void, timeout_ms: u32) -> bool {
     // SAFETY: the reference the lookup returned, released once and not
     // used after (the verifier checks it).
     unsafe {
-        call::ct_change_timeout(conn, timeout_ms);
-        call::ct_release(conn);
+        kfunc::ct_change_timeout(conn, timeout_ms);
+        kfunc::ct_release(conn);
     }
     true
 }
@@ -195,87 +193,5 @@ fn keep_verdict(found: bool, now: u32) {
             flags & !ct_flags::CONFIRMED
         };
         (*entry).verdict_at = now;
-    }
-}
-
-/// The kfunc calls, as raw instructions userspace links (see
-/// [`portmap_common::kfunc`]).
-mod call {
-    use portmap_common::kfunc;
-
-    use super::{CtOpts, asm};
-
-    /// `bpf_skb_ct_lookup(skb, tuple, tuple_len, opts, CT_OPTS_LEN)`: a
-    /// referenced `struct nf_conn *`, or null.
-    ///
-    /// # Safety
-    /// `skb` is the program's context; `tuple` points to `tuple_len`
-    /// readable bytes; a non-null result is released exactly once with
-    /// [`ct_release`] and not used after.
-    #[inline(always)]
-    pub unsafe fn skb_ct_lookup(
-        skb: *mut core::ffi::c_void,
-        tuple: *mut u32,
-        tuple_len: u32,
-        opts: *mut CtOpts,
-    ) -> *mut core::ffi::c_void {
-        let ct: *mut core::ffi::c_void;
-        // SAFETY: the caller's contract; a call clobbers r1-r5 and
-        // returns in r0, as declared.
-        unsafe {
-            asm!(
-                ".quad {insn}",
-                insn = const kfunc::call_insn(kfunc::CT_LOOKUP.marker),
-                inlateout("r1") skb => _,
-                inlateout("r2") tuple => _,
-                inlateout("r3") u64::from(tuple_len) => _,
-                inlateout("r4") opts => _,
-                inlateout("r5") u64::from(kfunc::CT_OPTS_LEN) => _,
-                lateout("r0") ct,
-            );
-        }
-        ct
-    }
-
-    /// `bpf_ct_change_timeout(ct, timeout_ms)`.
-    ///
-    /// # Safety
-    /// `ct` is a reference [`skb_ct_lookup`] returned, not yet released.
-    #[inline(always)]
-    pub unsafe fn ct_change_timeout(ct: *mut core::ffi::c_void, timeout_ms: u32) {
-        // SAFETY: the caller's contract; clobbers as a call does.
-        unsafe {
-            asm!(
-                ".quad {insn}",
-                insn = const kfunc::call_insn(kfunc::CT_CHANGE_TIMEOUT.marker),
-                inlateout("r1") ct => _,
-                inlateout("r2") u64::from(timeout_ms) => _,
-                lateout("r3") _,
-                lateout("r4") _,
-                lateout("r5") _,
-                lateout("r0") _,
-            );
-        }
-    }
-
-    /// `bpf_ct_release(ct)`.
-    ///
-    /// # Safety
-    /// `ct` is a reference [`skb_ct_lookup`] returned, released once.
-    #[inline(always)]
-    pub unsafe fn ct_release(ct: *mut core::ffi::c_void) {
-        // SAFETY: the caller's contract; clobbers as a call does.
-        unsafe {
-            asm!(
-                ".quad {insn}",
-                insn = const kfunc::call_insn(kfunc::CT_RELEASE.marker),
-                inlateout("r1") ct => _,
-                lateout("r2") _,
-                lateout("r3") _,
-                lateout("r4") _,
-                lateout("r5") _,
-                lateout("r0") _,
-            );
-        }
     }
 }

@@ -258,11 +258,12 @@ fn track_noted(packet: &Packet, rewrites_destination: bool) -> bool {
         return false;
     };
     // SAFETY: fields of a live map value, read once.
+    // Followed whatever translates the flow (see `ct_kind::NETFILTER`).
     let (nat_addr_be, nat_port_be, kind, state, flags, first_seen) = unsafe {
         (
             (*entry).nat_addr_be,
             (*entry).nat_port_be,
-            (*entry).kind,
+            (*entry).kind & ct_kind::BASE,
             (*entry).tcp_state,
             (*entry).flags,
             (*entry).last_seen_ns,

@@ -11,6 +11,7 @@ use crate::{
     counters::{self, Way},
     ct, events, fast,
     fib::{self, Locality, local_destination},
+    knat,
     maps::{self, Insert, Offer, Table, find_mapping},
     masq::{masquerade, wants_masquerade},
     nat::{self, Side},
@@ -40,6 +41,9 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     // A TCP SYN or SCTP INIT always starts over from the mappings; anything
     // else follows its flow first.
     if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet) {
+        // After existing_flow's frame is gone: in it, the kfunc calls took
+        // 6.1 past BPF's 512-byte stack.
+        knat::follow_noted(ctx, packet);
         ct::track_tcp(packet, true);
         // After existing_flow's frame is gone: in it, any more code took
         // 6.1 past BPF's 512-byte stack.
@@ -58,6 +62,13 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     // What follows a new flow reads its state from scratch, after
     // new_flow's frame is gone: stacked, the frames do not fit in 512 bytes.
     if new_flow(ctx, packet, opens) {
+        // Netfilter's to translate: the kernel's entry, nothing in tc (and
+        // nothing for the fast path, which would skip netfilter).
+        if knat::chosen() {
+            knat::hand_over_new(ctx, packet);
+            count_from_scratch(ctx, Way::In);
+            return;
+        }
         translated_new_flow(ctx);
         if wants_masquerade(ctx) {
             remember_masquerade(ct_flags::MASQUERADED);
@@ -97,6 +108,13 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
         ct_kind::UNMASQ => (packet.src_be, packet.sport_be, stat::UNMASQ),
         ct_kind::PASS => {
             maps::count(stat::SKIP_LOCAL_ORIGIN);
+            return true;
+        }
+        // A flow netfilter translates: its kernel entry kept, the packet
+        // left as it is. (Its answers, `NETFILTER_REPLY`, fall to the last
+        // arm: netfilter translates them back on the normal path.)
+        ct_kind::NETFILTER_DNAT => {
+            knat::note();
             return true;
         }
         ct_kind::REPLY => {
@@ -333,10 +351,14 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
         family: packet.family,
         _pad0: 0,
     };
+    choose_translation(ctx, packet);
     if !record_new_flow() {
         return false;
     }
     scratch.owner_id = mapping.owner_id;
+    if knat::chosen() {
+        return true;
+    }
     if nat::rewrite(
         ctx,
         packet,
@@ -348,6 +370,20 @@ pub fn new_flow(ctx: &mut TcContext, packet: &Packet, opens: bool) -> bool {
     } else {
         events::note(stat::REWRITE_FAILED);
         false
+    }
+}
+
+/// Marks the new flow new_flow is building in scratch as netfilter's to
+/// translate where the node's settings ask for it (see `knat`): never a
+/// masqueraded one, whose masquerade is tc's. Before the entries are
+/// recorded. Not inlined: new_flow's frame has no room for it.
+#[inline(never)]
+fn choose_translation(ctx: &TcContext, packet: &Packet) {
+    if !wants_masquerade(ctx)
+        && knat::wanted(packet)
+        && let Some(scratch) = maps::scratch()
+    {
+        knat::choose(scratch);
     }
 }
 

@@ -132,6 +132,9 @@ fn try_translate(ctx: &mut TcContext, hook: Hook) -> Option<bool> {
         _pad0: 0,
     };
     let entry = ct::lookup(&key)?;
+    // A flow the node's netfilter translates (`ct_kind::NETFILTER`) falls
+    // through: its NAT translates the flow's errors too (they are related
+    // to its kernel entry).
     let (addr, port) = (entry.nat_addr_be, entry.nat_port_be);
     match (entry.kind, hook) {
         (ct_kind::REPLY, Hook::Egress) => {

@@ -33,6 +33,8 @@ mod fast;
 mod fib;
 mod flow;
 mod icmp;
+mod kfunc;
+mod knat;
 mod maps;
 mod mark;
 mod masq;

@@ -236,6 +236,9 @@ pub struct Scratch {
     /// Whether `ct::track_tcp` changed the entries of the last packet's
     /// flow (see `ct::track_noted` for why it is kept).
     pub tracked: bool,
+    /// Set by `existing_flow` for a packet of a flow netfilter translates,
+    /// taken by `knat::follow_noted` once existing_flow's frame is gone.
+    pub knat_follow: bool,
     /// `ct::track_tcp`'s room for an entry on its way to another table.
     pub moved: CtEntry,
     /// The copy of the entry `ct::lookup` found, which it hands back.
@@ -249,6 +252,9 @@ pub struct Scratch {
     /// takes them as memory the verifier can bound, a map value's.
     pub kernel_tuple: [u32; 9],
     pub kernel_opts: CtOpts,
+    /// `knat`'s `union nf_inet_addr` of the container, for
+    /// `bpf_ct_set_nat_info` (memory the verifier can bound too).
+    pub kernel_addr: [u32; 4],
     /// `fib::local_destination`'s key of `local_addrs`: on its frame it
     /// would add to the deepest call chain under ingress.
     pub local_key: portmap_common::local::LocalAddrKey,

@@ -30,6 +30,7 @@ use portmap_common::{
     map_names, program_names, stat,
 };
 use portmap_user::dataplane::{
+    kfunc::Groups,
     load::program,
     maps::{MappedPorts, MappingsEpoch},
     object,
@@ -190,8 +191,8 @@ impl Dataplane {
             );
         }
         // Its kfunc calls linked for this kernel, as the plugin loads it.
-        let mut linked =
-            object::linked_for_this_kernel(true).expect("link the object's kfunc calls");
+        let mut linked = object::linked_for_this_kernel(true, Groups::All)
+            .expect("link the object's kfunc calls");
         let module_fds = program::module_btf_fds(&linked.modules).expect("the kfunc modules' BTF");
         let mut ebpf = loader.load(linked.bytes()).expect("load the eBPF object");
         // As the plugin does: a verifier that refuses the kfunc calls gets
@@ -209,7 +210,7 @@ impl Dataplane {
                 "the kfunc calls must pass this kernel's verifier: {refusal}"
             );
             eprintln!("loading without the kfunc calls: {refusal}");
-            linked = portmap_user::dataplane::kfunc::refused(object::OBJECT).expect("relink");
+            linked = object::linked_for_this_kernel(true, Groups::None).expect("relink");
             ebpf = loader.load(linked.bytes()).expect("load the eBPF object");
         }
         let module_fds = program::module_btf_fds(&linked.modules).expect("the kfunc modules' BTF");

@@ -294,6 +294,23 @@ impl Node {
         }
     }
 
+    /// kube-proxy's `KUBE-SERVICES` chain in iptables' nat table (empty:
+    /// no Service), jumped to from `PREROUTING` and `OUTPUT`, both
+    /// families: netfilter's NAT is hooked in the node's namespace from then
+    /// on. With a rule that uses conntrack (kube-proxy's, see
+    /// [`Node::drop_invalid_at_forward`]) netfilter applies a conntrack
+    /// entry's NAT, as on every node that runs kube-proxy, firewalld,
+    /// podman or Docker.
+    pub fn hook_nat(&self) {
+        for tool in ["iptables", "ip6tables"] {
+            self.ns.exec(tool, &["-t", "nat", "-N", "KUBE-SERVICES"]);
+            for chain in ["PREROUTING", "OUTPUT"] {
+                self.ns
+                    .exec(tool, &["-t", "nat", "-A", chain, "-j", "KUBE-SERVICES"]);
+            }
+        }
+    }
+
     /// A new, empty container namespace (loopback up, DAD off). The interface
     /// plugin creates its `eth0` on ADD.
     pub fn add_container(&self, id: &str) -> Container {

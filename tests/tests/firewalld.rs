@@ -6,15 +6,13 @@
 //! `public` with the uplink. TCP and UDP, IPv4 and IPv6.
 //!
 //! Its FORWARD chain accepts what conntrack holds as DNAT and judges the
-//! rest by its zones; a hostPort flow ebpf-portmap translates in tc is no
-//! DNAT to netfilter (README, "Firewalls"; issue 50). What a node gets
-//! today, side by side with upstream portmap in the same world: upstream's
-//! DNAT flows are accepted; ours with `fastPath: true` skip FORWARD and
-//! answer; ours in the default mode answer only where the uplink and the
-//! bridge share a zone that forwards within itself, and elsewhere are
-//! refused, the client learning it at once (the reject's ICMP error is
-//! translated back to the host port) instead of waiting for its timeout; `status` says firewalld is there,
-//! what it does to our flows and what lets them past. Needs root.
+//! rest by its zones. Side by side with upstream portmap in the same
+//! world: upstream's DNAT flows are accepted; ours in the default mode are
+//! DNAT to netfilter too (firewalld's nat chains hook netfilter's NAT, and
+//! new flows get the kernel's DNAT entry: issue 50), and are accepted in
+//! every layout; ours with `fastPath: true` skip FORWARD and answer;
+//! `status` says firewalld is there and where flows are translated. Needs
+//! root.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
@@ -221,52 +219,46 @@ fn apply(firewalld: &Firewalld, world: &World, commands: &[Vec<String>]) {
     }
 }
 
-/// The default mode, layout by layout: answered where the uplink and the
-/// bridge share a zone that forwards within itself, refused at once
-/// elsewhere (firewalld rejects a forwarded flow that is no DNAT to
-/// netfilter, until issue 50 makes it one; the reject's ICMP error comes
-/// back translated, so the client learns it at once).
+/// The default mode answers in every layout too: on a node with the NAT
+/// kfuncs, firewalld's nat chains hook netfilter's NAT, so new flows get
+/// the kernel's DNAT entry (issue 50), which firewalld's FORWARD accepts
+/// (`ct status dnat`), as upstream's. Before that, only the layout whose
+/// zone forwards within itself answered, and the rest were refused.
 #[test]
-fn behind_firewalld_our_default_flows_follow_the_zones() {
+fn behind_firewalld_our_default_flows_answer_in_every_layout() {
     let world = world(Side::OursDefault);
     let firewalld = Firewalld::start(&world.node.ns);
     let _served = serve(&world);
     for (layout, commands) in layouts() {
         apply(&firewalld, &world, &commands);
-        let forwards_within_a_zone = layout == "bridge in public with the uplink";
-        for node in nodes() {
-            let tcp = connect(&world, node);
-            let udp = udp_answered(&world, node);
-            if forwards_within_a_zone {
-                assert!(
-                    tcp.is_ok() && udp,
-                    "{layout}: {node}: TCP {tcp:?}, UDP answered {udp}\n{}",
-                    world.dump()
-                );
-            } else {
-                assert!(
-                    matches!(&tcp, Err((e, took)) if e.kind() != std::io::ErrorKind::TimedOut && *took < PATIENCE),
-                    "{layout}: {node}: wanted TCP refused at once, got {tcp:?}\n{}",
-                    world.dump()
-                );
-                assert!(!udp, "{layout}: {node}: UDP answered where TCP is refused");
-            }
-        }
+        expect_answers(&world, &firewalld, Side::OursDefault, layout);
     }
 }
 
+/// `status` says firewalld runs, and that new flows are translated by
+/// netfilter (so no note about firewalld refusing them); with
+/// `fastPath: true` it names what the fast path skips.
 #[test]
-fn status_says_firewalld_runs_and_what_lets_host_ports_past_it() {
+fn status_says_firewalld_runs_and_where_flows_are_translated() {
     let world = world(Side::OursDefault);
     let firewalld = Firewalld::start(&world.node.ns);
     let _served = serve(&world);
     let status = operator_json(&world.node.ns, world.pins.path(), "status");
     assert_eq!(status["firewalld"], Value::Bool(true), "{status:#}");
+    assert_eq!(
+        status["translation"]["ipv4"],
+        Value::from("netfilter"),
+        "{status:#}"
+    );
+    assert_eq!(
+        status["translation"]["ipv6"],
+        Value::from("netfilter"),
+        "{status:#}"
+    );
     let notes = status["notes"].to_string();
     assert!(
-        notes.contains("firewalld runs in this network namespace")
-            && notes.contains("fastPath: true lets them past FORWARD"),
-        "status names firewalld and the way past it: {notes}"
+        !notes.contains("firewalld runs in this network namespace"),
+        "no firewalld note where netfilter translates: {notes}"
     );
     drop(firewalld);
     let after = operator_json(&world.node.ns, world.pins.path(), "status");
@@ -275,4 +267,20 @@ fn status_says_firewalld_runs_and_what_lets_host_ports_past_it() {
         Value::Bool(false),
         "firewalld's table is gone with it: {after:#}"
     );
+    let fast = self::world(Side::OursFast);
+    let firewalld = Firewalld::start(&fast.node.ns);
+    let _served = serve(&fast);
+    let status = operator_json(&fast.node.ns, fast.pins.path(), "status");
+    assert_eq!(
+        status["translation"]["ipv4"],
+        Value::from("tc"),
+        "{status:#}"
+    );
+    let notes = status["notes"].to_string();
+    assert!(
+        notes.contains("firewalld runs in this network namespace")
+            && notes.contains("skip FORWARD"),
+        "status names what fastPath: true skips: {notes}"
+    );
+    drop(firewalld);
 }

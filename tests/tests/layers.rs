@@ -148,7 +148,7 @@ const PORTMAP_EBPF: &[Group] = &[
         &[
             "flow",
             "hand-over",
-            "confirm",
+            "kernel conntrack",
             "mechanisms",
             "maps",
             "parse",
@@ -157,17 +157,29 @@ const PORTMAP_EBPF: &[Group] = &[
     group(
         "flow",
         &["flow", "icmp"],
-        &["hand-over", "confirm", "mechanisms", "maps", "parse"],
+        &[
+            "hand-over",
+            "kernel conntrack",
+            "mechanisms",
+            "maps",
+            "parse",
+        ],
     ),
     group(
         "hand-over",
         &["fast", "masq"],
-        &["confirm", "mechanisms", "maps", "parse"],
+        &["kernel conntrack", "mechanisms", "maps", "parse"],
     ),
-    group("confirm", &["confirm"], &["mechanisms", "maps", "parse"]),
+    group(
+        "kernel conntrack",
+        &["confirm", "knat"],
+        &["mechanisms", "maps", "parse"],
+    ),
     group(
         "mechanisms",
-        &["ct", "nat", "fib", "counters", "trace", "events", "mark"],
+        &[
+            "ct", "nat", "fib", "counters", "trace", "events", "mark", "kfunc",
+        ],
         &["maps", "parse"],
     ),
     group("maps", &["maps"], &["parse"]),

@@ -121,6 +121,11 @@ pub fn status_json(status: &Status) -> Value {
             "mode": report.mode.as_str(),
             "why": report.why,
         })),
+        "translation": status.translation.as_ref().map(|report| json!({
+            "ipv4": report.place(0),
+            "ipv6": report.place(1),
+            "why": report.why,
+        })),
         "interfaces": status.tc.iter().map(|a| json!({
             "ifindex": a.ifindex,
             "interface": a.interface,
@@ -277,6 +282,14 @@ fn render(status: &Status, style: Style) -> String {
         Some(report) => format!("fast path: {} ({})\n", report.mode.as_str(), report.why),
         None => "fast path: not set yet (the first ADD sets it)\n".to_owned(),
     });
+    if let Some(report) = &status.translation {
+        out.push_str(&format!(
+            "translation: IPv4 by {}, IPv6 by {} ({})\n",
+            report.place(0),
+            report.place(1),
+            report.why
+        ));
+    }
 
     // The verdict and what to do first (as `cilium-dbg status` does), the
     // detail after.

@@ -55,8 +55,14 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     let fast_path = portmap_user::ops::inspect::fast_path(&layout);
     // Whether this kernel has the conntrack kfuncs in vmlinux BTF, as a
     // load would link them (no program is loaded to tell).
-    let linked = portmap_user::ops::object::linked_for_this_kernel(false).ok();
+    let linked = portmap_user::ops::object::linked_for_this_kernel(
+        false,
+        portmap_user::ops::kfunc::Groups::All,
+    )
+    .ok();
     let kfuncs = linked.as_ref().map(|linked| linked.kfuncs);
+    let nat_kfuncs = linked.as_ref().map(|linked| linked.nat);
+    let nat_hooks = portmap_user::ops::nft_tables::nat_hooked();
     let modules = linked.map(|linked| linked.modules).unwrap_or_default();
     // What the fallback without them reads: anything hooked at FORWARD in
     // this network namespace (`None`: nfnetlink_hook cannot tell).
@@ -77,6 +83,22 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         // Linking never says so: only a load that the verifier refused.
         Some(Kfuncs::Refused) => "no: the kernel's verifier refused the calls".to_owned(),
         None => "unknown: the eBPF object could not be read".to_owned(),
+    };
+    let nat_kfuncs_text = match nat_kfuncs {
+        Some(Kfuncs::Linked) => {
+            "yes (bpf_skb_ct_alloc, bpf_ct_set_nat_info, bpf_ct_insert_entry)".to_owned()
+        }
+        Some(Kfuncs::Missing(name)) => format!(
+            "no: {name} is neither in vmlinux BTF nor in a loaded module's (nf_conntrack, nf_nat: nf_nat loads with the first nat chain or table)"
+        ),
+        Some(Kfuncs::NoBtf) => "no: the kernel has no BTF".to_owned(),
+        Some(Kfuncs::Refused) => "no: the kernel's verifier refused the calls".to_owned(),
+        None => "unknown: the eBPF object could not be read".to_owned(),
+    };
+    let yes = |hooked: bool| if hooked { "yes" } else { "no" };
+    let nat_hooks_text = match &nat_hooks {
+        Ok([v4, v6]) => format!("IPv4 {}, IPv6 {}", yes(*v4), yes(*v6)),
+        Err(error) => format!("cannot tell (nf_tables: {error})"),
     };
     let probed: Vec<(&str, &str, &str)> = features::ESSENTIAL
         .iter()
@@ -119,6 +141,8 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             "kernel": kernel,
             "attachMode": mode,
             "conntrackKfuncs": kfuncs_text,
+            "natKfuncs": nat_kfuncs_text,
+            "natHooked": nat_hooks.as_ref().ok().map(|[v4, v6]| json!({"ipv4": v4, "ipv6": v6})),
             "forwardHooks": forward_hooks.as_ref().ok(),
             "forwardHooksUnknownBecause": forward_hooks.as_ref().err().map(ToString::to_string),
             "fastPath": fast_path.as_ref().map(|report| json!({
@@ -141,6 +165,9 @@ pub fn run(args: &VersionArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     );
     text.push_str(&format!(
         "conntrack kfuncs (the default fast path): {kfuncs_text}\n"
+    ));
+    text.push_str(&format!(
+        "NAT kfuncs (translation by netfilter): {nat_kfuncs_text}\nnetfilter's NAT hooked in this network namespace: {nat_hooks_text}\n"
     ));
     text.push_str(&match forward_hooks {
         Ok(hooks) => format!("hooked at FORWARD in this network namespace: {hooks}\n"),

@@ -22,6 +22,6 @@ pub mod uninstall;
 // upstream's state, the reconciliation the plugin runs): named here so
 // that `cli/` imports `ops` alone.
 pub use crate::dataplane::{bpffs, features, kfunc, object, pin, scope, sizing, stale, trace};
-pub use crate::node::{forward_hooks, netlink, privilege};
+pub use crate::node::{forward_hooks, netlink, nft_tables, privilege};
 pub use crate::upstream;
 pub use crate::verbs::interfaces;

@@ -242,6 +242,20 @@ pub fn reconcile(
             }
         })
         .flatten();
+    // Translation by netfilter: the NAT kfuncs the load found, and per
+    // family whether netfilter's NAT is hooked (asked every run too: a
+    // nat chain made since counts from the next one).
+    let nat_kfuncs = crate::dataplane::features::recorded_nat_kfuncs(layout);
+    let nat_hooked = crate::dataplane::features::needs_nat_probe(conf.fast_path, nat_kfuncs)
+        .then(|| match crate::node::nft_tables::nat_hooked() {
+            Ok(hooked) => Some(hooked),
+            Err(error) => {
+                log::info!("cannot tell whether netfilter's NAT is hooked (nf_tables): {error}");
+                None
+            }
+        })
+        .flatten();
+    let kernel_nat = crate::dataplane::features::kernel_nat(conf.fast_path, nat_kfuncs, nat_hooked);
     node_state::sync(
         layout,
         &node_state::NodeState {
@@ -250,6 +264,7 @@ pub fn reconcile(
             fast_path: conf.fast_path,
             kfuncs,
             forward_hooked,
+            kernel_nat,
             addresses: recorded_addresses(node, &conf.service_vip_devices),
             service_vip_devices: conf.service_vip_devices.clone(),
             container_side: node.container_side.clone(),

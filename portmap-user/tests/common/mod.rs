@@ -113,8 +113,13 @@ pub fn load(object: &[u8]) -> (Ebpf, bool) {
     // nf_conntrack is built in (a module's kfuncs would need
     // `dataplane::load::program`).
     let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok();
-    let linked = portmap_user::dataplane::kfunc::link_for_kernel(object, btf.as_deref(), &|_| None)
-        .expect("link the object's kfunc calls");
+    let linked = portmap_user::dataplane::kfunc::link_for_kernel(
+        object,
+        btf.as_deref(),
+        &|_| None,
+        portmap_user::dataplane::kfunc::Groups::All,
+    )
+    .expect("link the object's kfunc calls");
     let mut ebpf = EbpfLoader::new().load(linked.bytes()).expect("load object");
     for name in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
         let program: &mut SchedClassifier = ebpf

@@ -223,6 +223,17 @@ pub const GUEST_TESTS: &[GuestTest] = &[
             "with_the_fast_path_a_containers_port_unreachable_refuses_the_client",
         ]),
     },
+    // Translation by netfilter (issue 50) on the kernels nodes run: the
+    // NAT kfuncs (`bpf_skb_ct_alloc`, `bpf_ct_insert_entry` in
+    // nf_conntrack's module BTF, `bpf_ct_set_nat_info` in nf_nat's),
+    // which 6.1's verifier must accept, and the kernel's NAT of the entry
+    // they make, decided by a rule on the original destination.
+    // (`conntrack -L` fails in the 6.1 guest: the other tests, which read
+    // it, run on the host.)
+    GuestTest {
+        name: "netfilter_nat",
+        tests: InGuest::Only(&["a_rule_on_the_original_destination_decides_our_flows"]),
+    },
     GuestTest {
         name: "node_shapes",
         tests: InGuest::Only(&[

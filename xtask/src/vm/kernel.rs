@@ -26,7 +26,8 @@ use anyhow::{Context, Result, bail};
 /// skipping), and `dummy`, `ip_vs` with its round-robin scheduler and
 /// `nft_chain_nat` for kube-proxy's IPVS mode: ClusterIPs on a dummy
 /// device, virtual services, its guard in the nat table
-/// (`EPM_EXPECT_IPVS=1`).
+/// (`EPM_EXPECT_IPVS=1`); the same nat chains hook netfilter's NAT, which
+/// translation by netfilter needs.
 pub const WANTED_MODULES: &[&str] = &[
     "veth",
     "bridge",

@@ -164,9 +164,9 @@ pub fn ensure(
     };
     // What the fast-path mode follows (see `features::fast_path_flags`):
     // recorded by the load that pinned the programs.
-    if let Some(kfuncs) = kfuncs {
-        features::record_kfuncs(layout, kfuncs)?;
-        log::info!("kernel conntrack kfuncs: {kfuncs:?}");
+    if let Some((kfuncs, nat)) = kfuncs {
+        features::record_kfuncs(layout, kfuncs, nat)?;
+        log::info!("kernel conntrack kfuncs: {kfuncs:?}; their NAT kfuncs: {nat:?}");
     }
     // An interface that is gone takes its pins with it; its index is never
     // handed out again soon (the kernel allocates them cyclically).

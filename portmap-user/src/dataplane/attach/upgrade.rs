@@ -12,9 +12,8 @@ use crate::dataplane::{
     attach::error::{AttachError, explain_load_failure},
     attach::hook::{pinned_id, program_name},
     attach::pass::invalidate_pass,
-    load::kfunc::Kfuncs,
     load::kfunc::Linked,
-    load::object::OBJECT,
+    load::kfunc::{Groups, Kfuncs},
     load::object::build_id,
     load::program::{ProgramLoadError, load_tc, module_btf_fds, pin},
     pinned::bpffs::check_bpffs,
@@ -30,14 +29,14 @@ pub(super) fn load_and_pin(
     layout: &PinLayout,
     capacities: Capacities,
     resize: Option<&resize::Resize>,
-) -> Result<Option<Kfuncs>, AttachError> {
+) -> Result<Option<(Kfuncs, Kfuncs)>, AttachError> {
     if all_programs()
         .iter()
         .all(|name| layout.program(build_id(), name).exists())
     {
         return Ok(None);
     }
-    let mut linked = crate::dataplane::load::object::linked_for_this_kernel(true)?;
+    let mut linked = crate::dataplane::load::object::linked_for_this_kernel(true, Groups::All)?;
     check_pinned_layouts(layout)?;
     // New programs (an upgrade, a resize, pins removed by hand): the pass
     // that puts them everywhere must finish, whoever is killed when.
@@ -88,21 +87,25 @@ pub(super) fn load_and_pin(
     // The tc programs call the kfuncs, which may be a module's: they are
     // loaded with its BTF in their fd_array (see `load::program`), on every
     // kernel, so that one path loads them everywhere.
-    let mut tc = match load_both_tc(&ebpf, &linked) {
-        Ok(tc) => tc,
-        // A verifier that refuses the kfunc calls (Debian's 6.1 did, until
-        // `confirm::refresh_and_release`) gets the programs without them,
-        // as a kernel that lacks them.
-        Err(refusal @ ProgramLoadError::Verifier { .. }) if linked.kfuncs == Kfuncs::Linked => {
-            log::warn!("loading the programs without the conntrack kfuncs: {refusal}");
-            linked = crate::dataplane::load::kfunc::refused(OBJECT)?;
-            ebpf = loader
-                .load(linked.bytes())
-                .map_err(|e| AttachError::Load(Box::new(e)))?;
-            load_both_tc(&ebpf, &linked)?
-        }
-        Err(error) => return Err(error.into()),
-    };
+    // A verifier that refuses the kfunc calls (Debian's 6.1 did, until
+    // `confirm::refresh_and_release`) gets the programs without them, as a
+    // kernel that lacks them: first without the NAT group's, then without
+    // any.
+    let mut tc = load_both_tc(&ebpf, &linked);
+    while let Err(refusal @ ProgramLoadError::Verifier { .. }) = &tc {
+        let Some(fewer) = fewer_groups(&linked) else {
+            break;
+        };
+        log::warn!(
+            "loading the programs without some kernel conntrack kfuncs ({fewer:?}): {refusal}"
+        );
+        linked = crate::dataplane::load::object::linked_for_this_kernel(true, fewer)?;
+        ebpf = loader
+            .load(linked.bytes())
+            .map_err(|e| AttachError::Load(Box::new(e)))?;
+        tc = load_both_tc(&ebpf, &linked);
+    }
+    let mut tc = tc?;
     for name in all_programs() {
         let fail = |source: ProgramError| AttachError::Program {
             program: name,
@@ -138,7 +141,7 @@ pub(super) fn load_and_pin(
         crash::point("load-pinned-one");
     }
     crash::point("load-pinned");
-    Ok(Some(linked.kfuncs))
+    Ok(Some((linked.kfuncs, linked.nat)))
 }
 
 /// Both tc programs of `linked`, loaded against `ebpf`'s maps (see
@@ -414,22 +417,39 @@ fn probe_load(layout: &PinLayout) -> Result<(), AttachError> {
     {
         return Ok(());
     }
-    let linked = crate::dataplane::load::object::linked_for_this_kernel(true)?;
+    let linked = crate::dataplane::load::object::linked_for_this_kernel(true, Groups::All)?;
     let ebpf = EbpfLoader::new()
         .load(linked.bytes())
         .map_err(|e| AttachError::Load(Box::new(e)))?;
-    match load_both_tc(&ebpf, &linked) {
-        // As `load_and_pin` does: without the calls the verifier refused.
-        Err(ProgramLoadError::Verifier { .. }) if linked.kfuncs == Kfuncs::Linked => {
-            let linked = crate::dataplane::load::kfunc::refused(OBJECT)?;
-            let ebpf = EbpfLoader::new()
-                .load(linked.bytes())
-                .map_err(|e| AttachError::Load(Box::new(e)))?;
-            load_both_tc(&ebpf, &linked)?;
-        }
-        result => drop(result?),
+    // As `load_and_pin` does: without the calls the verifier refused.
+    let mut linked = linked;
+    let mut ebpf = ebpf;
+    let mut tc = load_both_tc(&ebpf, &linked).map(drop);
+    while let Err(ProgramLoadError::Verifier { .. }) = &tc {
+        let Some(fewer) = fewer_groups(&linked) else {
+            break;
+        };
+        linked = crate::dataplane::load::object::linked_for_this_kernel(true, fewer)?;
+        ebpf = EbpfLoader::new()
+            .load(linked.bytes())
+            .map_err(|e| AttachError::Load(Box::new(e)))?;
+        tc = load_both_tc(&ebpf, &linked).map(drop);
     }
+    tc?;
     Ok(())
+}
+
+/// The kfunc groups to link after the verifier refused `linked`'s calls:
+/// the NAT group's dropped first, then every one; `None` when none is
+/// left to drop.
+fn fewer_groups(linked: &Linked) -> Option<Groups> {
+    if linked.nat == Kfuncs::Linked {
+        Some(Groups::WithoutNat)
+    } else if linked.kfuncs == Kfuncs::Linked {
+        Some(Groups::None)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -75,6 +75,9 @@ pub const KFUNCS_LINKED: u32 = 1;
 pub const KFUNCS_NO_BTF: u32 = 2;
 pub const KFUNCS_REFUSED: u32 = 3;
 pub const KFUNCS_MISSING: u32 = 16;
+/// Index of the NAT kfuncs' entry (`portmap_common::kfunc::NAT`), valued
+/// as [`KFUNCS`]'s.
+pub const NAT_KFUNCS: u32 = 2;
 /// Entries of the record: room for later verdicts without a layout change.
 const RECORD_ENTRIES: u32 = 8;
 
@@ -377,8 +380,9 @@ pub fn kfuncs_from_value(value: u32) -> Option<Kfuncs> {
 }
 
 /// Records what the load that pinned this build's programs found of the
-/// kfuncs, in the record [`attach_mode`] made.
-pub fn record_kfuncs(layout: &PinLayout, kfuncs: Kfuncs) -> Result<(), FeatureError> {
+/// kfuncs (the conntrack group's, then the NAT group's), in the record
+/// [`attach_mode`] made.
+pub fn record_kfuncs(layout: &PinLayout, kfuncs: Kfuncs, nat: Kfuncs) -> Result<(), FeatureError> {
     let path = layout.map(RECORD);
     let record_error = |source: io::Error| FeatureError::Record {
         path: path.clone(),
@@ -388,14 +392,22 @@ pub fn record_kfuncs(layout: &PinLayout, kfuncs: Kfuncs) -> Result<(), FeatureEr
         MapData::from_pin(&path).map_err(|e| record_error(io::Error::other(e.to_string())))?;
     let mut record: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data))
         .map_err(|e| record_error(io::Error::other(e.to_string())))?;
-    record
-        .set(KFUNCS, kfuncs_value(kfuncs), 0)
-        .map_err(|e| record_error(io::Error::other(e.to_string())))
+    for (index, verdict) in [(KFUNCS, kfuncs), (NAT_KFUNCS, nat)] {
+        record
+            .set(index, kfuncs_value(verdict), 0)
+            .map_err(|e| record_error(io::Error::other(e.to_string())))?;
+    }
+    Ok(())
 }
 
 /// What the load of the pinned programs recorded of the kfuncs.
 pub fn recorded_kfuncs(layout: &PinLayout) -> Option<Kfuncs> {
     kfuncs_from_value(recorded(layout, KFUNCS)?)
+}
+
+/// What the load of the pinned programs recorded of the NAT kfuncs.
+pub fn recorded_nat_kfuncs(layout: &PinLayout) -> Option<Kfuncs> {
+    kfuncs_from_value(recorded(layout, NAT_KFUNCS)?)
 }
 
 /// The fast-path bits of the node's settings (`node_flags`) for the
@@ -425,6 +437,30 @@ pub fn fast_path_flags(
         (FastPathSetting::Confirmed, _, Some(true)) => node_flags::FAST_FORWARD_HOOKED,
         (FastPathSetting::Confirmed, _, None) => 0,
     }
+}
+
+/// Per family (IPv4, IPv6), whether new TCP and UDP flows from outside are
+/// translated by the node's netfilter (`knat` in the eBPF crate), with
+/// `fastPath` configured as `setting`, the NAT kfuncs as the load found
+/// them (`nat_kfuncs`), and netfilter's NAT hooked per family as
+/// `nat_hooked` says (`None`: cannot tell). Not with `fastPath: true`,
+/// which hands every flow over past netfilter.
+pub fn kernel_nat(
+    setting: FastPathSetting,
+    nat_kfuncs: Option<Kfuncs>,
+    nat_hooked: Option<[bool; 2]>,
+) -> [bool; 2] {
+    match (setting, nat_kfuncs, nat_hooked) {
+        (FastPathSetting::Always, ..) => [false; 2],
+        (_, Some(Kfuncs::Linked), Some(hooked)) => hooked,
+        _ => [false; 2],
+    }
+}
+
+/// Whether [`kernel_nat`] can be anything but "no": whether to ask what
+/// is hooked.
+pub fn needs_nat_probe(setting: FastPathSetting, nat_kfuncs: Option<Kfuncs>) -> bool {
+    setting != FastPathSetting::Always && nat_kfuncs == Some(Kfuncs::Linked)
 }
 
 /// Whether [`fast_path_flags`] needs to know what is hooked at FORWARD.
@@ -510,6 +546,83 @@ pub fn fast_path_report(flags: u32, kfuncs: Option<Kfuncs>) -> FastPathReport {
         )
     };
     FastPathReport { mode, why }
+}
+
+/// Where new hostPort flows from outside are translated, per family, and
+/// why (`status`, `version`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TranslationReport {
+    /// IPv4 and IPv6: by the node's netfilter (its conntrack entry holds
+    /// the DNAT), else in tc.
+    pub netfilter: [bool; 2],
+    pub why: String,
+}
+
+impl TranslationReport {
+    /// `netfilter` or `tc`, for one family (0: IPv4, 1: IPv6).
+    pub fn place(&self, family: usize) -> &'static str {
+        if self.netfilter[family] {
+            "netfilter"
+        } else {
+            "tc"
+        }
+    }
+}
+
+/// What the node's settings (`flags`) and the NAT kfuncs' record
+/// (`nat_kfuncs`) say of where new flows are translated; `nat_hooked`, per
+/// family, whether netfilter's NAT is hooked now (`None`: cannot tell),
+/// for the why.
+pub fn translation_report(
+    flags: u32,
+    nat_kfuncs: Option<Kfuncs>,
+    nat_hooked: Option<[bool; 2]>,
+) -> TranslationReport {
+    let netfilter = [
+        flags & node_flags::KERNEL_NAT4 != 0,
+        flags & node_flags::KERNEL_NAT6 != 0,
+    ];
+    const SEEN: &str = "TCP and UDP flows from outside get the kernel's conntrack entry upstream's DNAT would make (conntrack -L, ct status dnat and ct original rules see the host port), and netfilter's NAT translates them; SCTP, masqueraded (hairpin, masqAll) and node-opened flows are translated in tc";
+    let why = if netfilter == [true, true] {
+        SEEN.to_owned()
+    } else if flags & node_flags::FAST_PATH != 0 && flags & node_flags::FAST_UNHOOKED == 0 {
+        "fastPath: true hands every flow over past netfilter, so tc translates them (netfilter sees the flow already translated, and no DNAT)".to_owned()
+    } else {
+        match nat_kfuncs {
+            Some(Kfuncs::Linked) => {
+                let missing: Vec<&str> = [("IPv4", 0), ("IPv6", 1)]
+                    .iter()
+                    .filter(|(_, at)| !netfilter[*at])
+                    .map(|(family, _)| *family)
+                    .collect();
+                let hooks = match nat_hooked {
+                    Some(_) => "no nat chain or table of",
+                    None => "netfilter's NAT hooks cannot be asked about (nfnetlink_hook) for",
+                };
+                format!(
+                    "{}{hooks} {} in the node's network namespace when the last ADD ran (netfilter applies a conntrack entry's NAT only where some nat chain of its family exists; kube-proxy, firewalld, podman and Docker all make one): those flows are translated in tc, and netfilter sees them already translated, with no DNAT; a nat chain made later counts from the next ADD",
+                    if netfilter.contains(&true) {
+                        format!("{SEEN} where the family allows; ")
+                    } else {
+                        String::new()
+                    },
+                    missing.join(" and ")
+                )
+            }
+            Some(Kfuncs::Missing(name)) => format!(
+                "the kernel had no {name} when the programs were loaded (Linux 6.1 with nf_conntrack and nf_nat; nf_nat, where it is a module, loads with the first nat chain or table): flows are translated in tc, and netfilter sees them already translated, with no DNAT; programs loaded after the first nat chain exists get it"
+            ),
+            Some(Kfuncs::NoBtf) => "the kernel has no BTF: flows are translated in tc".to_owned(),
+            Some(Kfuncs::Refused) => {
+                "the kernel's verifier refused the NAT kfuncs' calls: flows are translated in tc"
+                    .to_owned()
+            }
+            None => {
+                "not recorded by the load of the programs: flows are translated in tc".to_owned()
+            }
+        }
+    };
+    TranslationReport { netfilter, why }
 }
 
 /// Why the kernel cannot say which flows its firewall accepted.
@@ -699,5 +812,60 @@ mod tests {
             assert_eq!(mode_from_record(record_value(mode)), Some(mode));
         }
         assert_eq!(mode_from_record(0), None, "an unset entry is no verdict");
+    }
+
+    #[test]
+    fn netfilter_translates_where_the_nat_kfuncs_linked_and_its_family_is_hooked() {
+        use FastPathSetting::{Always, Confirmed, Never};
+        let linked = Some(Kfuncs::Linked);
+        let both = Some([true, true]);
+        assert_eq!(kernel_nat(Confirmed, linked, both), [true, true]);
+        assert_eq!(
+            kernel_nat(Never, linked, Some([true, false])),
+            [true, false]
+        );
+        assert_eq!(
+            kernel_nat(Always, linked, both),
+            [false; 2],
+            "fastPath: true skips netfilter"
+        );
+        assert_eq!(
+            kernel_nat(
+                Confirmed,
+                Some(Kfuncs::Missing("bpf_ct_set_nat_info")),
+                both
+            ),
+            [false; 2]
+        );
+        assert_eq!(
+            kernel_nat(Confirmed, linked, None),
+            [false; 2],
+            "cannot tell: tc"
+        );
+        assert!(needs_nat_probe(Confirmed, linked));
+        assert!(!needs_nat_probe(Always, linked));
+        assert!(!needs_nat_probe(Confirmed, None));
+
+        let flags = |nat: [bool; 2]| {
+            (if nat[0] { node_flags::KERNEL_NAT4 } else { 0 })
+                | (if nat[1] { node_flags::KERNEL_NAT6 } else { 0 })
+        };
+        let report = translation_report(flags([true, true]), linked, both);
+        assert_eq!(
+            (report.place(0), report.place(1)),
+            ("netfilter", "netfilter")
+        );
+        assert!(report.why.contains("conntrack -L"), "{}", report.why);
+        let report = translation_report(flags([true, false]), linked, Some([true, false]));
+        assert_eq!((report.place(0), report.place(1)), ("netfilter", "tc"));
+        assert!(
+            report.why.contains("no nat chain or table of IPv6"),
+            "{}",
+            report.why
+        );
+        let report = translation_report(0, Some(Kfuncs::Missing("bpf_ct_set_nat_info")), both);
+        assert!(report.why.contains("bpf_ct_set_nat_info"), "{}", report.why);
+        let report = translation_report(node_flags::FAST_PATH, linked, both);
+        assert!(report.why.contains("fastPath: true"), "{}", report.why);
     }
 }

@@ -51,7 +51,11 @@ pub enum KfuncError {
 pub struct Linked {
     words: Vec<u64>,
     len: usize,
+    /// The conntrack kfuncs (`kfunc::CONFIRM`): lookup, release, timeout.
     pub kfuncs: Kfuncs,
+    /// The kfuncs that make a kernel entry with its NAT (`kfunc::NAT`), for
+    /// translation by netfilter: linked only where [`Linked::kfuncs`] are.
+    pub nat: Kfuncs,
     /// Call instructions rewritten.
     pub calls: usize,
     /// The modules whose BTF the calls name, in `fd_array` order: the
@@ -82,54 +86,72 @@ pub struct Resolved {
 /// A kfunc's BTF ID in the running kernel (`None`: the kernel lacks it).
 pub type Resolve<'a> = &'a dyn Fn(&Kfunc) -> Option<Resolved>;
 
-/// `object` with every kfunc call replaced, for a kernel whose verifier
-/// refused the linked calls.
-pub fn refused(object: &[u8]) -> Result<Linked, KfuncError> {
-    let mut linked = link(object, None)?;
-    linked.kfuncs = Kfuncs::Refused;
-    Ok(linked)
+/// Which of the object's kfunc groups a load links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Groups {
+    /// Every group the kernel has.
+    All,
+    /// The conntrack kfuncs only: the kernel's verifier refused the NAT
+    /// group's calls.
+    WithoutNat,
+    /// None: the kernel's verifier refused the conntrack kfuncs' calls.
+    None,
+}
+
+/// `object` linked with the groups `groups` names, the others replaced (a
+/// kernel whose verifier refused them); `Groups::All` is [`link`].
+pub fn link_only(
+    object: &[u8],
+    resolve: Option<Resolve<'_>>,
+    groups: Groups,
+) -> Result<Linked, KfuncError> {
+    match groups {
+        Groups::All => link(object, resolve),
+        Groups::WithoutNat => {
+            let mut linked = link_groups(object, resolve, false)?;
+            if linked.nat == Kfuncs::Linked {
+                linked.nat = Kfuncs::Refused;
+            }
+            Ok(linked)
+        }
+        Groups::None => {
+            let mut linked = link_groups(object, None, false)?;
+            linked.kfuncs = Kfuncs::Refused;
+            linked.nat = Kfuncs::Refused;
+            Ok(linked)
+        }
+    }
 }
 
 /// Links `object`'s kfunc calls with what `resolve` finds for each kfunc;
-/// `resolve` itself `None`: no kernel BTF.
+/// `resolve` itself `None`: no kernel BTF. The conntrack group
+/// (`kfunc::CONFIRM`) is linked whole or replaced whole; the NAT group
+/// (`kfunc::NAT`) likewise, and only where the conntrack group is.
 pub fn link(object: &[u8], resolve: Option<Resolve<'_>>) -> Result<Linked, KfuncError> {
-    let mut resolved = [0u64; kfunc::ALL.len()];
+    link_groups(object, resolve, true)
+}
+
+/// [`link`]; `nat`: whether the NAT group may be linked at all.
+fn link_groups(
+    object: &[u8],
+    resolve: Option<Resolve<'_>>,
+    nat: bool,
+) -> Result<Linked, KfuncError> {
+    let mut resolved = [kfunc::MOV_R0_0; kfunc::ALL.len()];
     let mut modules: Vec<&'static str> = Vec::new();
-    let mut verdict = Kfuncs::Linked;
-    match resolve {
-        None => verdict = Kfuncs::NoBtf,
+    let (confirm_verdict, nat_verdict) = match resolve {
+        None => (Kfuncs::NoBtf, Kfuncs::NoBtf),
         Some(resolve) => {
-            for (slot, wanted) in resolved.iter_mut().zip(kfunc::ALL.iter()) {
-                let Some(found) = resolve(wanted) else {
-                    verdict = Kfuncs::Missing(wanted.name);
-                    break;
-                };
-                let fd_index = match found.module {
-                    None => 0,
-                    Some(module) => {
-                        let at = match modules.iter().position(|&m| m == module) {
-                            Some(at) => at,
-                            None => {
-                                modules.push(module);
-                                modules.len() - 1
-                            }
-                        };
-                        // At most one module per kfunc: far below u16.
-                        (at + 1) as u16
-                    }
-                };
-                *slot = kfunc::linked_call_insn(found.id, fd_index);
-            }
-        }
-    }
-    if verdict != Kfuncs::Linked {
-        modules.clear();
-    }
-    let replacement = |index: usize| -> u64 {
-        if verdict == Kfuncs::Linked {
-            resolved[index]
-        } else {
-            kfunc::MOV_R0_0
+            let confirm = link_group(&kfunc::CONFIRM, resolve, &mut resolved, &mut modules);
+            let nat = match confirm {
+                Kfuncs::Linked if nat => {
+                    link_group(&kfunc::NAT, resolve, &mut resolved, &mut modules)
+                }
+                Kfuncs::Linked => Kfuncs::Refused,
+                // Allocations need the lookup's release.
+                missing => missing,
+            };
+            (confirm, nat)
         }
     };
     let mut words = vec![0u64; object.len().div_ceil(8)];
@@ -143,7 +165,7 @@ pub fn link(object: &[u8], resolve: Option<Resolve<'_>>) -> Result<Linked, Kfunc
         while at + 8 <= end {
             let insn = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
             if let Some(index) = marked(insn) {
-                bytes[at..at + 8].copy_from_slice(&replacement(index).to_le_bytes());
+                bytes[at..at + 8].copy_from_slice(&resolved[index].to_le_bytes());
                 calls += 1;
             }
             at += 8;
@@ -152,10 +174,47 @@ pub fn link(object: &[u8], resolve: Option<Resolve<'_>>) -> Result<Linked, Kfunc
     Ok(Linked {
         words,
         len: object.len(),
-        kfuncs: verdict,
+        kfuncs: confirm_verdict,
+        nat: nat_verdict,
         calls,
         modules,
     })
+}
+
+/// Resolves one group of kfuncs into `resolved` (indices of
+/// `kfunc::ALL`), and the modules their calls name into `modules`: all of
+/// them, or none (their slots stay `r0 = 0`, no module added).
+fn link_group(
+    group: &[Kfunc],
+    resolve: Resolve<'_>,
+    resolved: &mut [u64; kfunc::ALL.len()],
+    modules: &mut Vec<&'static str>,
+) -> Kfuncs {
+    let mut found = Vec::with_capacity(group.len());
+    for wanted in group {
+        let Some(at) = resolve(wanted) else {
+            return Kfuncs::Missing(wanted.name);
+        };
+        found.push((wanted, at));
+    }
+    for (wanted, at) in found {
+        let fd_index = match at.module {
+            None => 0,
+            Some(module) => {
+                let position = match modules.iter().position(|&m| m == module) {
+                    Some(position) => position,
+                    None => {
+                        modules.push(module);
+                        modules.len() - 1
+                    }
+                };
+                // A few modules at most: far below u16.
+                (position + 1) as u16
+            }
+        };
+        resolved[kfunc_index(wanted)] = kfunc::linked_call_insn(at.id, fd_index);
+    }
+    Kfuncs::Linked
 }
 
 /// Which kfunc a raw call instruction names by its marker, if any.
@@ -202,10 +261,11 @@ pub fn link_for_kernel(
     object: &[u8],
     vmlinux_btf: Option<&[u8]>,
     module_btf: &dyn Fn(&str) -> Option<Vec<u8>>,
+    groups: Groups,
 ) -> Result<Linked, KfuncError> {
     let names = kfunc::ALL.map(|k| k.name);
     let Some(base) = vmlinux_btf.and_then(|btf| scan(btf, &names, None)) else {
-        return link(object, None);
+        return link_only(object, None, groups);
     };
     // Each module's BTF read and scanned once, on the first kfunc it
     // should hold.
@@ -230,7 +290,7 @@ pub fn link_for_kernel(
             in_modules.push((wanted.module, ids));
         }
     }
-    link(
+    link_only(
         object,
         Some(&|wanted: &Kfunc| {
             let index = kfunc_index(wanted);
@@ -243,6 +303,7 @@ pub fn link_for_kernel(
                 module: Some(module),
             })
         }),
+        groups,
     )
 }
 
@@ -469,6 +530,86 @@ mod tests {
         assert_eq!(no_btf.calls, 3);
     }
 
+    fn nat_calls() -> Vec<u64> {
+        let mut code = calls();
+        code.pop();
+        code.extend([
+            kfunc::call_insn(kfunc::CT_ALLOC.marker),
+            kfunc::call_insn(kfunc::CT_SET_NAT.marker),
+            kfunc::call_insn(kfunc::CT_INSERT.marker),
+            EXIT,
+        ]);
+        code
+    }
+
+    #[test]
+    fn the_nat_group_links_from_its_own_module_or_is_replaced_alone() {
+        let object = elf(&nat_calls(), &[]);
+        // Debian's layout: nf_conntrack's kfuncs in its module, nf_nat's
+        // in its own.
+        let modules = |wanted: &Kfunc| {
+            Some(Resolved {
+                id: 100 + (wanted.marker & 0xff),
+                module: Some(wanted.module),
+            })
+        };
+        let linked = link(&object, Some(&modules)).unwrap();
+        assert_eq!(
+            (linked.kfuncs, linked.nat),
+            (Kfuncs::Linked, Kfuncs::Linked)
+        );
+        assert_eq!(linked.modules, vec!["nf_conntrack", "nf_nat"]);
+        assert_eq!(
+            words(linked.bytes(), 64, 7)[4],
+            (106 << 32) | (2 << 16) | 0x2085,
+            "bpf_ct_set_nat_info: nf_nat's BTF, the second fd of fd_array"
+        );
+        // nf_nat not loaded: the conntrack group stays linked, the NAT
+        // group's calls return 0 (no allocation), and no nf_nat fd.
+        let no_nf_nat = |wanted: &Kfunc| {
+            (wanted.module != "nf_nat")
+                .then(|| modules(wanted))
+                .flatten()
+        };
+        let linked = link(&object, Some(&no_nf_nat)).unwrap();
+        assert_eq!(linked.kfuncs, Kfuncs::Linked);
+        assert_eq!(linked.nat, Kfuncs::Missing("bpf_ct_set_nat_info"));
+        assert_eq!(linked.modules, vec!["nf_conntrack"]);
+        assert_eq!(
+            words(linked.bytes(), 64, 7)[3..],
+            [kfunc::MOV_R0_0, kfunc::MOV_R0_0, kfunc::MOV_R0_0, EXIT]
+        );
+        assert_ne!(
+            words(linked.bytes(), 64, 1)[0],
+            kfunc::MOV_R0_0,
+            "the lookup stays linked"
+        );
+        // The verifier refused the NAT calls: linked without them.
+        let without = link_only(&object, Some(&modules), Groups::WithoutNat).unwrap();
+        assert_eq!(
+            (without.kfuncs, without.nat),
+            (Kfuncs::Linked, Kfuncs::Refused)
+        );
+        assert_eq!(without.modules, vec!["nf_conntrack"]);
+        // The conntrack group missing takes the NAT group with it.
+        let no_conntrack = |wanted: &Kfunc| {
+            (wanted.name != "bpf_skb_ct_lookup")
+                .then(|| modules(wanted))
+                .flatten()
+        };
+        let linked = link(&object, Some(&no_conntrack)).unwrap();
+        assert_eq!(linked.kfuncs, Kfuncs::Missing("bpf_skb_ct_lookup"));
+        assert_eq!(linked.nat, Kfuncs::Missing("bpf_skb_ct_lookup"));
+        assert!(linked.modules.is_empty());
+        let none = link_only(&object, Some(&modules), Groups::None).unwrap();
+        assert_eq!((none.kfuncs, none.nat), (Kfuncs::Refused, Kfuncs::Refused));
+        assert!(
+            words(none.bytes(), 64, 6)
+                .iter()
+                .all(|&insn| insn == kfunc::MOV_R0_0)
+        );
+    }
+
     #[test]
     fn a_marker_outside_code_is_data_and_left_alone() {
         let marker = kfunc::call_insn(kfunc::CT_LOOKUP.marker);
@@ -592,6 +733,10 @@ mod tests {
         let object = elf(&calls(), &[]);
         let vmlinux = btf(&[(1, "int")]);
         let module = |name: &str| {
+            // nf_nat (the NAT group's module) not loaded here.
+            if name == "nf_nat" {
+                return None;
+            }
             assert_eq!(name, "nf_conntrack");
             // Offsets relative to the module's own strings, shifted past
             // vmlinux's 5 bytes ("\0int\0").
@@ -607,7 +752,7 @@ mod tests {
             }
             Some(raw)
         };
-        let linked = link_for_kernel(&object, Some(&vmlinux), &module).unwrap();
+        let linked = link_for_kernel(&object, Some(&vmlinux), &module, Groups::All).unwrap();
         assert_eq!(linked.kfuncs, Kfuncs::Linked);
         assert_eq!(linked.modules, vec!["nf_conntrack"]);
         assert_eq!(
@@ -618,7 +763,8 @@ mod tests {
                 (3 << 32) | (1 << 16) | 0x2085,
             ]
         );
-        let unloaded = link_for_kernel(&object, Some(&vmlinux), &|_: &str| None).unwrap();
+        let unloaded =
+            link_for_kernel(&object, Some(&vmlinux), &|_: &str| None, Groups::All).unwrap();
         assert_eq!(unloaded.kfuncs, Kfuncs::Missing("bpf_skb_ct_lookup"));
         assert!(unloaded.modules.is_empty());
     }

@@ -19,6 +19,7 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 /// `version`, which only reports, passes `false`.
 pub fn linked_for_this_kernel(
     load_module: bool,
+    groups: crate::dataplane::load::kfunc::Groups,
 ) -> Result<crate::dataplane::load::kfunc::Linked, crate::dataplane::load::kfunc::KfuncError> {
     let btf = std::fs::read("/sys/kernel/btf/vmlinux").ok();
     let module_btf = |module: &str| {
@@ -34,7 +35,7 @@ pub fn linked_for_this_kernel(
             std::fs::read(&path).ok()
         })
     };
-    crate::dataplane::load::kfunc::link_for_kernel(OBJECT, btf.as_deref(), &module_btf)
+    crate::dataplane::load::kfunc::link_for_kernel(OBJECT, btf.as_deref(), &module_btf, groups)
 }
 
 /// Asks ctnetlink (`NFNL_SUBSYS_CTNETLINK`) for the conntrack statistics:

@@ -110,6 +110,9 @@ pub struct NodeState {
     /// Whether anything is hooked at netfilter's FORWARD, when the fallback
     /// without the kfuncs asks (`None`: not asked, or cannot tell).
     pub forward_hooked: Option<bool>,
+    /// Per family (IPv4, IPv6), whether new flows are translated by the
+    /// node's netfilter (`features::kernel_nat`).
+    pub kernel_nat: [bool; 2],
     /// The node's addresses, as rtnetlink reported them.
     pub addresses: Vec<NodeAddress>,
     /// Interfaces containers sit behind (from prevResult's host-side
@@ -287,6 +290,12 @@ impl Wanted {
             state.kfuncs,
             state.forward_hooked,
         );
+        if state.kernel_nat[0] {
+            flags |= node_flags::KERNEL_NAT4;
+        }
+        if state.kernel_nat[1] {
+            flags |= node_flags::KERNEL_NAT6;
+        }
         let addresses: Vec<(u32, IpAddr)> = state
             .addresses
             .iter()
@@ -647,6 +656,7 @@ mod tests {
             fast_path: FastPathSetting::Confirmed,
             kfuncs: Some(Kfuncs::Missing("bpf_skb_ct_lookup")),
             forward_hooked: None,
+            kernel_nat: [false; 2],
             addresses: vec![
                 address(1, "127.0.0.1"),
                 address(2, "198.18.0.1"),

@@ -260,10 +260,18 @@ fn judge_firewalld(status: &Status, notes: &mut Vec<String>) {
         .fast_path
         .as_ref()
         .is_some_and(|report| report.mode == FastPathMode::Always);
+    // Translated by netfilter: its entries are DNAT, as firewalld wants.
+    if status
+        .translation
+        .as_ref()
+        .is_some_and(|report| report.netfilter == [true, true])
+    {
+        return;
+    }
     notes.push(if always {
         "firewalld runs in this network namespace: with fastPath: true translated flows from outside skip FORWARD, so its zones, policies and direct rules do not decide them (its own verdict for DNAT flows is accept; with StrictForwardPorts=yes it would refuse them, and here they pass)".to_owned()
     } else {
-        "firewalld runs in this network namespace: its FORWARD chain accepts flows conntrack holds as DNAT (ct status dnat) and judges the rest by its zones, and a hostPort flow translated here is no DNAT to netfilter, so unless the uplinks and the bridge sit in one zone that forwards within itself, its clients are refused (admin-prohibited: \"No route to host\"); fastPath: true lets them past FORWARD (see README, Firewalls)".to_owned()
+        "firewalld runs in this network namespace: its FORWARD chain accepts flows conntrack holds as DNAT (ct status dnat) and judges the rest by its zones, and a hostPort flow translated in tc (see translation above: netfilter translates only where the NAT kfuncs linked and a nat chain of the family exists) is no DNAT to netfilter, so unless the uplinks and the bridge sit in one zone that forwards within itself, its clients are refused (admin-prohibited: \"No route to host\"); fastPath: true lets them past FORWARD (see README, Firewalls)".to_owned()
     });
 }
 
@@ -385,6 +393,7 @@ mod tests {
             build: "b".into(),
             mode: Some(AttachMode::Tcx),
             fast_path: None,
+            translation: None,
             programs: vec![program("portmap_ingress"), program("portmap_egress")],
             tc: vec![tc(Direction::Ingress), tc(Direction::Egress)],
             drift: NodeDrift::default(),

@@ -46,7 +46,7 @@ fn count_live_flows(
     now_ns: u64,
 ) {
     for (key, entry) in entries {
-        if entry.kind != ct_kind::DNAT
+        if entry.kind & ct_kind::BASE != ct_kind::DNAT
             || now_ns.saturating_sub(entry.last_seen_ns)
                 > ct_timeout::for_entry(key.proto, entry.tcp_state)
         {

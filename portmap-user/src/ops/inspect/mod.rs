@@ -68,6 +68,7 @@ pub fn status(layout: &PinLayout) -> Status {
         build: format!("{:016x}", build_id()),
         mode: attach::attach_mode(layout),
         fast_path: status::fast_path(layout),
+        translation: status::translation(layout),
         programs,
         tc,
         bridge_ports,

@@ -11,7 +11,7 @@ use super::drift::NodeDrift;
 use super::fills::MapFill;
 use super::ownership::Ownership;
 use crate::dataplane::{
-    features::{self, AttachMode, FastPathReport},
+    features::{self, AttachMode, FastPathReport, TranslationReport},
     key_notes::KeyNote,
     maps, node_state,
     pin::PinLayout,
@@ -23,6 +23,17 @@ pub fn fast_path(layout: &PinLayout) -> Option<FastPathReport> {
     Some(features::fast_path_report(
         flags,
         features::recorded_kfuncs(layout),
+    ))
+}
+
+/// Where the node's settings have new flows translated, and why.
+pub fn translation(layout: &PinLayout) -> Option<TranslationReport> {
+    let flags = node_state::recorded_flags(layout)?;
+    let hooked = crate::node::nft_tables::nat_hooked().ok();
+    Some(features::translation_report(
+        flags,
+        features::recorded_nat_kfuncs(layout),
+        hooked,
     ))
 }
 
@@ -52,6 +63,9 @@ pub struct Status {
     /// Which flows take the fast path, and why (`None` before the first
     /// ADD set the node's settings).
     pub fast_path: Option<FastPathReport>,
+    /// Where new flows are translated (netfilter or tc), per family, and
+    /// why (`None` before the first ADD set the node's settings).
+    pub translation: Option<TranslationReport>,
     pub programs: Vec<PinnedProgram>,
     pub tc: Vec<TcAttachment>,
     /// The pods' bridge ports carrying the ingress program (hairpin flows

@@ -1,0 +1,286 @@
+//! Translation by the node's netfilter (the default where the kernel can):
+//! a new TCP or UDP flow from outside gets the kernel's conntrack entry
+//! that upstream's DNAT rule would make, original tuple `client -> host
+//! address:hostPort`, NAT to `container:port`, status DNAT, and its
+//! packets are left as they are both ways: netfilter's NAT translates
+//! them, and everything on the node that reasons about DNAT sees one
+//! (firewalld's `ct status dnat`, `--ctorigdst`, `conntrack -L`, `-D`).
+//! Our maps still decide which container owns a port, with the same O(1)
+//! lookup and no rule.
+//!
+//! The entry is made on the flow's first packet at tc ingress, before
+//! netfilter's PREROUTING finds it (`bpf_skb_ct_alloc`, then
+//! `bpf_ct_set_nat_info` with `NF_NAT_MANIP_DST`, then
+//! `bpf_ct_insert_entry`); netfilter then takes the packet as the first
+//! of a flow it has already NATed (`ct state new`, `ct status dnat`).
+//! Later packets look the kernel's entry up and make it again when it is
+//! gone (`conntrack -D`, a flush, an expiry), as upstream's rule makes it
+//! again for the flow's next packet; a TCP SYN whose tuple still has an
+//! entry (a closed flow's, in TIME_WAIT) expires that one first, as the
+//! kernel does for a SYN on a closed flow, so that the new flow gets its
+//! DNAT.
+//!
+//! When, per family, the node's settings say so (`node_flags::KERNEL_NAT4`,
+//! `KERNEL_NAT6`: userspace sets them where the kfuncs linked and
+//! netfilter's NAT hooks are registered, without which the kernel applies
+//! no entry's NAT), for TCP and UDP (the kernel allocates no SCTP entry),
+//! for flows that are not masqueraded (their masquerade is tc's) and never
+//! handed to the fast path (netfilter must see every packet). Everything
+//! else is translated in tc, as before; a flow keeps the translation it
+//! started with (`ct_kind::NETFILTER` in its entries' kinds, so that the
+//! code walking a tc flow's entries meets no new branch: a netfilter
+//! flow's kinds fall to the arms that leave a packet alone).
+
+use aya_ebpf::{bindings::BPF_F_CURRENT_NETNS, programs::TcContext};
+use portmap_common::{
+    CtKey, FAMILY_V4, PROTO_TCP, PROTO_UDP, ct_flags, ct_kind, local::node_flags, stat, tcp_state,
+};
+
+use crate::{
+    counters::{self, Way},
+    ct, kfunc,
+    maps::{self, CtOpts, Table},
+    parse::{Packet, TCP_ACK, TCP_SYN},
+};
+
+/// `enum nf_nat_manip_type`'s `NF_NAT_MANIP_DST`.
+const NF_NAT_MANIP_DST: u32 = 1;
+
+/// What [`ensure`] found or did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// The kernel's entry was there.
+    Found,
+    /// Made now.
+    Made,
+    /// Gone, and could not be made.
+    Failed,
+}
+
+/// Whether the node's netfilter translates a new flow of `packet`'s
+/// family and protocol (see the module). The caller has ruled out
+/// masquerade.
+#[inline(always)]
+pub fn wanted(packet: &Packet) -> bool {
+    if packet.proto != PROTO_TCP && packet.proto != PROTO_UDP {
+        return false;
+    }
+    let flag = if packet.family == FAMILY_V4 {
+        node_flags::KERNEL_NAT4
+    } else {
+        node_flags::KERNEL_NAT6
+    };
+    maps::node_config().is_some_and(|node| node.flags & flag != 0)
+}
+
+/// Marks the new flow new_flow is building in scratch as netfilter's
+/// (both directions' entries, before they are recorded: a packet of the
+/// flow on another CPU never finds them unmarked).
+#[inline(always)]
+pub fn choose(scratch: &mut maps::Scratch) {
+    scratch.forward.kind = ct_kind::NETFILTER_DNAT;
+    scratch.forward.flags = ct_flags::DIRECT;
+    scratch.reply.kind = ct_kind::NETFILTER_REPLY;
+}
+
+/// Whether the new flow in scratch is netfilter's (see [`choose`]).
+#[inline(always)]
+pub fn chosen() -> bool {
+    maps::scratch().is_some_and(|scratch| scratch.forward.kind == ct_kind::NETFILTER_DNAT)
+}
+
+/// The first packet of a flow new_flow recorded for netfilter (or a
+/// recovered one's): makes the kernel's entry and leaves the packet as it
+/// is. Counts what it did. Not inlined: the kfunc calls and their
+/// references are walked once, off every other path.
+#[inline(never)]
+pub fn hand_over_new(ctx: &TcContext, packet: &Packet) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    scratch.kernel_addr = scratch.forward.nat_addr_be;
+    let port_be = scratch.forward.nat_port_be;
+    // A SYN alone opens a flow whose tuple may still hold a closed flow's
+    // entry, which it replaces; any other packet follows whatever entry the
+    // kernel has. Not over an established flow of ours that no FIN closes:
+    // the kernel ignores a SYN there, and so does this (a spoofed SYN on a
+    // live tuple ends no flow).
+    let fresh = packet.proto == PROTO_TCP
+        && packet.flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+        && !established(&scratch.forward_key);
+    maps::count(match ensure(ctx, packet, port_be, fresh) {
+        Kernel::Made => stat::KNAT_NEW,
+        Kernel::Found => stat::KNAT,
+        Kernel::Failed => stat::KNAT_FAILED,
+    });
+}
+
+/// Whether our assured entry of `key` is an established TCP flow's, no FIN
+/// seen.
+#[inline(always)]
+fn established(key: &CtKey) -> bool {
+    // SAFETY: one byte of a live map value, read once.
+    maps::ct_get(Table::Open, key)
+        .is_some_and(|entry| unsafe { (*entry).tcp_state } & tcp_state::FIN == 0)
+}
+
+/// Notes that the packet `existing_flow` looked up follows a flow
+/// netfilter translates, for [`follow_noted`].
+#[inline(always)]
+pub fn note() {
+    if let Some(scratch) = maps::scratch() {
+        scratch.knat_follow = true;
+    }
+}
+
+/// A later packet of a flow netfilter translates (see [`note`]), whose
+/// DNAT entry `ct::lookup` left in scratch (`found`): its mapping checked
+/// (a stale flow is left to the kernel's entry, as upstream leaves its
+/// conntrack entries past a rule's removal), its TCP state noted, the
+/// kernel's entry made again if it is gone, and the packet counted on its
+/// mapping. Not inlined: as [`hand_over_new`]; the caller sees no value
+/// out of it.
+#[inline(never)]
+pub fn follow_noted(ctx: &TcContext, packet: &Packet) {
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    if !scratch.knat_follow {
+        return;
+    }
+    scratch.knat_follow = false;
+    let Some(owner_id) = ct::still_mapped(
+        &scratch.found.mapping,
+        &scratch.found.nat_addr_be,
+        scratch.found.nat_port_be,
+    ) else {
+        maps::count(stat::STALE_FLOW);
+        return;
+    };
+    ct::note_tcp_change(packet, scratch.found.tcp_state);
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    scratch.kernel_addr = scratch.found.nat_addr_be;
+    let port_be = scratch.found.nat_port_be;
+    maps::count(match ensure(ctx, packet, port_be, false) {
+        Kernel::Found => stat::KNAT,
+        Kernel::Made => stat::KNAT_REMADE,
+        Kernel::Failed => stat::KNAT_FAILED,
+    });
+    if let Some(scratch) = maps::scratch() {
+        scratch.owner_id = owner_id;
+        let mapping = scratch.found.mapping;
+        counters::record(ctx, &mapping, owner_id, Way::In);
+    }
+}
+
+/// Makes sure the kernel has an entry for `packet`'s tuple, as it
+/// arrived, with its DNAT to `scratch.kernel_addr` and `port_be`; `fresh`:
+/// an entry found is expired first and made anew. Not inlined: one walk.
+#[inline(never)]
+fn ensure(ctx: &TcContext, packet: &Packet, port_be: u16, fresh: bool) -> Kernel {
+    let Some(scratch) = maps::scratch() else {
+        return Kernel::Failed;
+    };
+    // struct bpf_sock_tuple: addresses, then source and destination port
+    // (network order, in that order in memory).
+    let ports = u32::from(packet.sport_be) | (u32::from(packet.dport_be) << 16);
+    let tuple = &mut scratch.kernel_tuple;
+    let size = if packet.family == FAMILY_V4 {
+        tuple[0] = packet.src_be[0];
+        tuple[1] = packet.dst_be[0];
+        tuple[2] = ports;
+        12
+    } else {
+        tuple[..4].copy_from_slice(&packet.src_be);
+        tuple[4..8].copy_from_slice(&packet.dst_be);
+        tuple[8] = ports;
+        36
+    };
+    let skb = ctx.skb.skb.cast::<core::ffi::c_void>();
+    let tuple = scratch.kernel_tuple.as_mut_ptr();
+    reset_opts(&mut scratch.kernel_opts, packet.proto);
+    // SAFETY: the context is the program's skb; the tuple is `size`
+    // readable bytes and the options CT_OPTS_LEN writable ones, in a map
+    // value; what the lookup finds is released in `expire_or_keep`.
+    let found = unsafe { kfunc::skb_ct_lookup(skb, tuple, size, &raw mut scratch.kernel_opts) };
+    if expire_or_keep(found, fresh) {
+        return Kernel::Found;
+    }
+    if fresh {
+        // A lookup reaps an expired entry (`nf_ct_gc_expired`): the insert
+        // below would otherwise meet it.
+        reset_opts(&mut scratch.kernel_opts, packet.proto);
+        // SAFETY: as above.
+        let stale = unsafe { kfunc::skb_ct_lookup(skb, tuple, size, &raw mut scratch.kernel_opts) };
+        // Released at once (expired: nothing keeps it).
+        let _ = expire_or_keep(stale, true);
+    }
+    reset_opts(&mut scratch.kernel_opts, packet.proto);
+    // SAFETY: as above; the allocation is consumed by `insert_with_nat`.
+    let new = unsafe { kfunc::skb_ct_alloc(skb, tuple, size, &raw mut scratch.kernel_opts) };
+    insert_with_nat(new, scratch.kernel_addr.as_mut_ptr(), u16::from_be(port_be))
+}
+
+/// `struct bpf_ct_opts` for a lookup or allocation in the namespace of
+/// the skb's device (the node's): the kfuncs write `error` back.
+#[inline(always)]
+fn reset_opts(opts: &mut CtOpts, proto: u8) {
+    *opts = CtOpts {
+        netns_id: BPF_F_CURRENT_NETNS,
+        error: 0,
+        l4proto: proto,
+        dir: 0,
+        reserved: [0; 2],
+    };
+}
+
+/// The lookup's answer (`conn`, or null): released; `expire` first gives
+/// it a timeout of 0 (it is gone at the next lookup). Whether one was
+/// found and kept. Its own function, so that the pointer is tested once
+/// (see `confirm::refresh_and_release`).
+#[inline(never)]
+fn expire_or_keep(conn: *mut core::ffi::c_void, expire: bool) -> bool {
+    if conn.is_null() {
+        return false;
+    }
+    // SAFETY: the lookup's reference, released once and not used after.
+    unsafe {
+        if expire {
+            kfunc::ct_change_timeout(conn, 0);
+        }
+        kfunc::ct_release(conn);
+    }
+    !expire
+}
+
+/// Sets the DNAT of the allocation `new` (null: nothing allocated) and
+/// inserts it. An insert that finds the tuple taken (another CPU's packet
+/// of the flow a moment before) leaves the kernel with the flow's entry
+/// too: found. Its own function: one null test for the allocation, one
+/// for the insert's reference.
+#[inline(never)]
+fn insert_with_nat(new: *mut core::ffi::c_void, addr: *mut u32, port: u16) -> Kernel {
+    if new.is_null() {
+        return Kernel::Failed;
+    }
+    // SAFETY: an allocation, consumed by the insert whatever its outcome;
+    // `addr` is 16 bytes of a map value.
+    unsafe {
+        kfunc::ct_set_nat_info(new, addr, port, NF_NAT_MANIP_DST);
+        release_inserted(kfunc::ct_insert_entry(new))
+    }
+}
+
+/// Releases the insert's reference (null: an entry of the tuple was there
+/// already).
+#[inline(never)]
+fn release_inserted(inserted: *mut core::ffi::c_void) -> Kernel {
+    if inserted.is_null() {
+        return Kernel::Found;
+    }
+    // SAFETY: the insert's reference, released once.
+    unsafe { kfunc::ct_release(inserted) };
+    Kernel::Made
+}
