@@ -27,7 +27,9 @@
 
 use std::process::ExitCode;
 
-use crate::plan::{bench_steps, demo_steps, dist_steps, image_steps, test_steps, vm_test_steps};
+use crate::plan::{
+    bench_steps, clippy_steps, demo_steps, dist_steps, image_steps, test_steps, vm_test_steps,
+};
 use crate::runtimes::Skips;
 use crate::setup::setup;
 use crate::step::run_steps;
@@ -102,6 +104,16 @@ enum Verb {
     /// base made locally, no registry) and save it as target/dist/ebpf-portmap-<version>-image.tar
     /// (an OCI archive for `podman load -i`, `docker load -i`, `kind load image-archive`).
     Image,
+    /// Lint every crate: `cargo clippy --all-targets -- -D warnings` over the
+    /// default members, and the eBPF crates with nightly for their own
+    /// target, both in target/clippy (so that they run beside builds of
+    /// target/ without waiting on its lock). `test` runs it beside its
+    /// steps once the shipped plugin is built (`--after MARKER`).
+    Clippy {
+        /// Wait until this file exists first.
+        #[arg(long, value_name = "MARKER")]
+        after: Option<std::path::PathBuf>,
+    },
     /// Boot Debian kernels in QEMU (TCG) and run the integration tests inside:
     /// `cargo xtask vm-test [--kernel 6.1] [--kernel 6.12]`.
     VmTest(vm::VmTestArgs),
@@ -143,6 +155,7 @@ fn main() -> ExitCode {
         Verb::Dist => run_steps("dist", dist_steps()),
         Verb::Image => run_steps("image", image_steps()),
         Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),
+        Verb::Clippy { after } => run_steps("clippy", clippy_steps(after.as_deref())),
         Verb::Demo { demo_args } => run_steps("demo", demo_steps(demo_args)),
         Verb::Bench { bench_args } => run_steps("bench", bench_steps(bench_args)),
     };

@@ -45,15 +45,18 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
             vm_job_command(&skips, &marker)
         }));
     }
+    // Clippy, host and eBPF crates, in a target directory of its own, once
+    // the shipped plugin is built and at the lowest priority: it takes the
+    // cores the tests leave idle (they mostly wait on traffic), not the
+    // critical path's 2 minutes.
+    let clippy = Job::new("cargo xtask clippy", "clippy", Priority::Lowest);
+    {
+        let marker = shipped_build.done_marker();
+        steps.push(Step::start_beside(&clippy, move || {
+            clippy_job_command(&marker)
+        }));
+    }
     steps.extend([
-        Step::new(
-            "cargo clippy --all-targets -- -D warnings (default members)",
-            || run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"])),
-        ),
-        Step::new(
-            "cargo +nightly clippy -p portmap-ebpf -p portmap-bench-floor --target bpfel-unknown-none -- -D warnings",
-            clippy_ebpf,
-        ),
         build_plugin_step(),
         // On this build's dependencies (see previous.rs), so after it.
         Step::new(
@@ -119,6 +122,7 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
             .map(|suite| runtimes::test_step(suite, &skips)),
     );
     steps.push(image_test_step(&skips));
+    steps.push(Step::wait_for(&clippy, || Ok(())));
     steps.push(match &vm {
         Ok(vm) => Step::wait_for(vm, || Ok(())),
         Err(skipped) => skipped_vm_step(skipped),
@@ -184,6 +188,48 @@ fn vm_job_command(skips: &Skips, after: &std::path::Path) -> Result<Command> {
     Ok(command)
 }
 
+/// `cargo xtask clippy --after MARKER`, as `test` runs it beside its steps.
+fn clippy_job_command(after: &std::path::Path) -> Result<Command> {
+    let mut command = Command::new(std::env::current_exe().context("finding xtask's own binary")?);
+    command
+        .current_dir(workspace_root())
+        .args(["clippy", "--after"])
+        .arg(after);
+    Ok(command)
+}
+
+/// Both clippy runs, in `target/clippy`; first, with `after`, the wait for
+/// that file.
+pub(crate) fn clippy_steps(after: Option<&std::path::Path>) -> Vec<Step<'_>> {
+    let mut steps = Vec::new();
+    if let Some(marker) = after {
+        steps.push(Step::new(
+            format!("wait for {}", marker.display()),
+            move || wait_for_marker(marker),
+        ));
+    }
+    steps.extend([
+        Step::new(
+            "cargo clippy --all-targets -- -D warnings (default members, in target/clippy)",
+            || {
+                run(cargo()
+                    .args(["clippy", "--all-targets", "--", "-D", "warnings"])
+                    .env("CARGO_TARGET_DIR", clippy_target_dir()))
+            },
+        ),
+        Step::new(
+            "cargo +nightly clippy -p portmap-ebpf -p portmap-bench-floor --target bpfel-unknown-none -- -D warnings (in target/clippy)",
+            clippy_ebpf,
+        ),
+    ]);
+    steps
+}
+
+/// Where clippy builds: apart from `target/`, whose builds it runs beside.
+fn clippy_target_dir() -> PathBuf {
+    target_dir().join("clippy")
+}
+
 /// The eBPF crates (the dataplane and the bench's floor programs) only
 /// build for their own target, with nightly and
 /// `build-std` (as portmap-user's build.rs builds it); clippy checks it
@@ -202,7 +248,8 @@ pub(crate) fn clippy_ebpf() -> Result<()> {
             "build-std=core",
             "--release",
         ])
-        .args(["--", "-D", "warnings"]);
+        .args(["--", "-D", "warnings"])
+        .env("CARGO_TARGET_DIR", clippy_target_dir());
     for variable in [
         "RUSTC",
         "RUSTC_WRAPPER",
