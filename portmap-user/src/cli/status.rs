@@ -282,6 +282,14 @@ fn render(status: &Status, style: Style) -> String {
         Some(report) => format!("fast path: {} ({})\n", report.mode.as_str(), report.why),
         None => "fast path: not set yet (the first ADD sets it)\n".to_owned(),
     });
+
+    // The verdict and what to do first (as `cilium-dbg status` does), the
+    // detail after.
+    out.push_str(&verdict(status, style));
+    if !status.installed {
+        return out;
+    }
+    // Where new flows are translated: detail, after the verdict.
     if let Some(report) = &status.translation {
         out.push_str(&format!(
             "translation: IPv4 by {}, IPv6 by {} ({})\n",
@@ -289,13 +297,6 @@ fn render(status: &Status, style: Style) -> String {
             report.place(1),
             report.why
         ));
-    }
-
-    // The verdict and what to do first (as `cilium-dbg status` does), the
-    // detail after.
-    out.push_str(&verdict(status, style));
-    if !status.installed {
-        return out;
     }
 
     out.push_str(&section("Interfaces"));
