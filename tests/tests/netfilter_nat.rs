@@ -374,3 +374,28 @@ fn serve_more(world: &World) -> (Container, ServerHandle) {
     world.add(&other, &[PortMapping::tcp(8100, TCP_PORT)]);
     (other, server)
 }
+
+/// A hairpin flow (a pod of the node to a host port) is masqueraded, which
+/// is tc's: on a node where netfilter translates flows from outside, it
+/// is still translated in tc, and answers, both families.
+#[test]
+fn hairpin_flows_stay_in_tc_where_netfilter_translates_the_rest() {
+    let world = world(Plugin::Ours);
+    let _served = serve(&world, "web");
+    let client = world.node.add_container("client");
+    world.add(&client, &[]);
+    let before = world.counters();
+    for family in Family::BOTH {
+        let to = SocketAddr::new(family.node(), TCP_HOST_PORT);
+        let answer = tcp_request(&client.ns, to, "hairpin", PATIENCE);
+        assert!(
+            answer.is_ok(),
+            "{family:?}: hairpin TCP: {answer:?}\n{}",
+            dump(Plugin::Ours, &world)
+        );
+    }
+    let after = world.counters();
+    let grew = |name: &str| counter(&after, name) - counter(&before, name);
+    assert!(grew("masq") >= 2, "masqueraded in tc: {after:#}");
+    assert_eq!(grew("knat_new"), 0, "none handed to netfilter: {after:#}");
+}
