@@ -22,8 +22,10 @@
 //!
 //! When, per family, the node's settings say so (`node_flags::KERNEL_NAT4`,
 //! `KERNEL_NAT6`: userspace sets them where the kfuncs linked and
-//! netfilter's NAT hooks are registered, without which the kernel applies
-//! no entry's NAT), for TCP and UDP (the kernel allocates no SCTP entry),
+//! netfilter applies an entry's NAT, i.e. a nat chain and a rule that uses
+//! conntrack exist, see `node::nft_tables::nat_hooked` in portmap-user;
+//! without them the node answers the untranslated packet with a RST),
+//! for TCP and UDP (the kernel allocates no SCTP entry),
 //! for flows that are not masqueraded (their masquerade is tc's) and never
 //! handed to the fast path (netfilter must see every packet). Everything
 //! else is translated in tc, as before; a flow keeps the translation it

@@ -596,11 +596,11 @@ pub fn translation_report(
                     .map(|(family, _)| *family)
                     .collect();
                 let hooks = match nat_hooked {
-                    Some(_) => "no nat chain or table of",
-                    None => "netfilter's NAT hooks cannot be asked about (nfnetlink_hook) for",
+                    Some(_) => "no nat chain or table, or no rule that uses conntrack, of",
+                    None => "nf_tables could not be asked about the nat chains of",
                 };
                 format!(
-                    "{}{hooks} {} in the node's network namespace when the last ADD ran (netfilter applies a conntrack entry's NAT only where some nat chain of its family exists; kube-proxy, firewalld, podman and Docker all make one): those flows are translated in tc, and netfilter sees them already translated, with no DNAT; a nat chain made later counts from the next ADD",
+                    "{}{hooks} {} in the node's network namespace when the last ADD ran (netfilter applies a conntrack entry's NAT only where a nat chain of its family exists and conntrack tracks the family, which a rule that uses it turns on; kube-proxy, firewalld, podman and Docker all have both): those flows are translated in tc, and netfilter sees them already translated, with no DNAT; rules made later count from the next ADD",
                     if netfilter.contains(&true) {
                         format!("{SEEN} where the family allows; ")
                     } else {
@@ -859,7 +859,9 @@ mod tests {
         let report = translation_report(flags([true, false]), linked, Some([true, false]));
         assert_eq!((report.place(0), report.place(1)), ("netfilter", "tc"));
         assert!(
-            report.why.contains("no nat chain or table of IPv6"),
+            report
+                .why
+                .contains("no rule that uses conntrack, of IPv6 in"),
             "{}",
             report.why
         );

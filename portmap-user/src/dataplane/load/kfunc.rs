@@ -107,13 +107,8 @@ pub fn link_only(
 ) -> Result<Linked, KfuncError> {
     match groups {
         Groups::All => link(object, resolve),
-        Groups::WithoutNat => {
-            let mut linked = link_groups(object, resolve, false)?;
-            if linked.nat == Kfuncs::Linked {
-                linked.nat = Kfuncs::Refused;
-            }
-            Ok(linked)
-        }
+        // The NAT group's verdict is then `Refused` (see `link_groups`).
+        Groups::WithoutNat => link_groups(object, resolve, false),
         Groups::None => {
             let mut linked = link_groups(object, None, false)?;
             linked.kfuncs = Kfuncs::Refused;
