@@ -25,7 +25,7 @@
 //! Read-only; nothing is loaded on purpose (a namespace where nothing
 //! uses nftables answers with no table).
 
-use netlink_packet_core::NetlinkSerializable;
+use netlink_packet_core::{NetlinkSerializable, NlaBuffer, NlasIterator};
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use crate::node::netlink::{Netlink, NetlinkError};
@@ -75,19 +75,10 @@ impl NetlinkSerializable for DumpRequest {
 /// The attributes of a dump record (`struct nfgenmsg`, then attributes),
 /// as (type, value); `None` for a record cut short.
 fn attributes_of(payload: &[u8]) -> Option<Vec<(u16, &[u8])>> {
-    let mut attributes = payload.get(NFGENMSG_LEN..)?;
-    let mut found = Vec::new();
-    while attributes.len() >= 4 {
-        let len = usize::from(u16::from_ne_bytes([attributes[0], attributes[1]]));
-        // The type's top bits are flags (nested, byte order).
-        let kind = u16::from_ne_bytes([attributes[2], attributes[3]]) & 0x3fff;
-        if len < 4 || len > attributes.len() {
-            return None;
-        }
-        found.push((kind, &attributes[4..len]));
-        attributes = attributes.get(len.next_multiple_of(4)..).unwrap_or(&[]);
-    }
-    Some(found)
+    NlasIterator::new(payload.get(NFGENMSG_LEN..)?)
+        .map(|nla| nla.map(parts))
+        .collect::<Result<_, _>>()
+        .ok()
 }
 
 /// A string attribute's text (up to its NUL).
@@ -139,22 +130,18 @@ fn conntrack_rule_family(payload: &[u8]) -> Option<u8> {
     uses.then_some(family)
 }
 
-/// The attributes nested in `value`, as (type, value).
+/// The attributes nested in `value`, as (type, value), up to one cut
+/// short.
 fn nested(value: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    let mut rest = value;
-    std::iter::from_fn(move || {
-        if rest.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([rest[0], rest[1]]));
-        let kind = u16::from_ne_bytes([rest[2], rest[3]]) & 0x3fff;
-        if len < 4 || len > rest.len() {
-            return None;
-        }
-        let found = (kind, &rest[4..len]);
-        rest = rest.get(len.next_multiple_of(4)..).unwrap_or(&[]);
-        Some(found)
-    })
+    NlasIterator::new(value).map_while(Result::ok).map(parts)
+}
+
+/// An attribute's type (without the nested and byte-order flags) and
+/// value, borrowed from the record it was read from.
+fn parts(nla: NlaBuffer<&[u8]>) -> (u16, &[u8]) {
+    let (kind, len) = (nla.kind(), usize::from(nla.length()));
+    // new_checked held `len` within the buffer, and at least the header.
+    (kind, &nla.into_inner()[4..len])
 }
 
 /// Per family (IPv4, IPv6), from an nftables dump record's family: which
