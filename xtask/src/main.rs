@@ -6,15 +6,16 @@
 //! - `setup`: idempotently installs the Debian packages, the nightly toolchain
 //!   with rust-src, bpf-linker, the musl target the plugin ships for and
 //!   kubernetes-validate, and mounts bpffs; one line per step.
-//! - `test [-- <cargo test args>]`: setup, build `ebpf-portmap`, validate the
-//!   Kubernetes manifests, run the tests (the traffic suites twice, the second
-//!   time with `fastPath`), then each runtime's end-to-end suite (the table
-//!   in `runtimes.rs`: podman, containerd) and the VM tests; `--skip NAME`
+//! - `test [-- <cargo test args>]`: setup, validate the Kubernetes
+//!   manifests, run the tests on the debug `ebpf-portmap` that `cargo test`
+//!   builds (the traffic suites twice, the second time with `fastPath`),
+//!   then, on `ebpf-portmap` as it ships, each runtime's end-to-end suite
+//!   (the table in `runtimes.rs`: podman, containerd) and the VM tests; `--skip NAME`
 //!   (repeatable; also `--skip-podman`, `--skip-containerd`, `--skip-vm`
 //!   and `EPM_SKIP_<NAME>=1`) leaves one out.
 //! - `e2e-<runtime> [-- <test args>]` (`e2e-podman`, `e2e-containerd`):
-//!   setup, build `ebpf-portmap`, install the runtime, run its suite with
-//!   `ebpf-portmap` and with upstream `portmap`.
+//!   setup, build `ebpf-portmap` as it ships, install the runtime, run its
+//!   suite with `ebpf-portmap` and with upstream `portmap`.
 //! - `bench [-- <bench args>]`: setup, build `ebpf-portmap` as it ships and
 //!   the bench in release, run the benchmark against iptables portmap and the
 //!   direct path.

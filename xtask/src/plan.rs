@@ -57,18 +57,6 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
         }));
     }
     steps.extend([
-        build_plugin_step(),
-        // On this build's dependencies (see previous.rs), so after it.
-        Step::new(
-            format!(
-                "build the previous release ({}) for the upgrade test, on this build's dependencies",
-                previous::COMMIT
-            ),
-            || {
-                run(&mut previous::build_command()?)?;
-                previous::check_built()
-            },
-        ),
         Step::new(
             format!(
                 "Kubernetes manifests against the API schemas of {} to {} (kubernetes-validate --strict)",
@@ -80,12 +68,25 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
         // Plain `cargo test` runs the workspace's default-members: everything
         // but portmap-ebpf, which only builds for the BPF target (portmap-user's
         // build.rs builds it). `--workspace` would compile it for the host.
+        // It builds the debug plugin the tests run (see `plugin_bin`).
         Step::new("cargo test (default members)", move || {
             run(cargo()
                 .arg("test")
                 .args(cargo_test_args)
                 .env(PLUGIN_BIN_ENV, plugin_bin()))
         }),
+        // On the dependencies `cargo test` built (see previous.rs), so
+        // after it.
+        Step::new(
+            format!(
+                "build the previous release ({}) for the upgrade test, on this build's dependencies",
+                previous::COMMIT
+            ),
+            || {
+                run(&mut previous::build_command()?)?;
+                previous::check_built()
+            },
+        ),
         // `#[ignore]`d in plain `cargo test`, which has no previous release.
         Step::new(
             "the in-place upgrade from the previous release (cargo test --test upgrade -- --ignored)",

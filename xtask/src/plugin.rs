@@ -34,23 +34,25 @@ pub(crate) fn plugin_target() -> Option<&'static str> {
         .then_some(PLUGIN_TARGET)
 }
 
-/// The binary [`build_plugin`] produces in `profile` (its directory name).
-pub(crate) fn plugin_bin_of(profile: &str) -> PathBuf {
-    let mut dir = target_dir();
-    if let Some(target) = plugin_target() {
-        dir.push(target);
-    }
-    dir.join(profile).join(PLUGIN_BIN)
-}
-
-/// The binary `build_plugin(false)` produces.
+/// The binary `build_plugin(false)` produces: the debug build, for the
+/// host. `cargo test` builds the same binary with the test binaries
+/// (portmap-user has integration tests), on the dependencies they share,
+/// so `test` builds no debug plugin of its own: a debug build for the
+/// shipped target compiled every dependency a second time (75 s of the
+/// critical path in a fresh-clone CI run). What ships (static musl,
+/// dlmalloc) is what the VM guests, the runtime suites, the tarball and the
+/// image run.
 pub(crate) fn plugin_bin() -> PathBuf {
-    plugin_bin_of("debug")
+    target_dir().join("debug").join(PLUGIN_BIN)
 }
 
 /// The binary `build_plugin(true)` produces: the plugin as it ships.
 pub(crate) fn shipped_plugin_bin() -> PathBuf {
-    plugin_bin_of(SHIPPED_PROFILE)
+    let mut dir = target_dir();
+    if let Some(target) = plugin_target() {
+        dir.push(target);
+    }
+    dir.join(SHIPPED_PROFILE).join(PLUGIN_BIN)
 }
 
 pub(crate) fn build_plugin_step() -> Step<'static> {
@@ -63,16 +65,16 @@ pub(crate) fn build_plugin_step() -> Step<'static> {
 /// Cargo profile of the plugin as it ships (see the workspace Cargo.toml).
 pub(crate) const SHIPPED_PROFILE: &str = "dist";
 
-/// `cargo build [--profile dist] -p portmap-user`, for the plugin's target:
-/// the debug build, or with `shipped` the one that ships.
+/// `cargo build -p portmap-user`: the debug build for the host, or with
+/// `shipped` the one that ships (`--profile dist`, for the plugin's target).
 pub(crate) fn build_plugin(shipped: bool) -> Command {
     let mut command = cargo();
     command.args(["build", "-p", PLUGIN_PACKAGE]);
     if shipped {
         command.args(["--profile", SHIPPED_PROFILE]);
-    }
-    if let Some(target) = plugin_target() {
-        command.args(["--target", target]);
+        if let Some(target) = plugin_target() {
+            command.args(["--target", target]);
+        }
     }
     command
 }

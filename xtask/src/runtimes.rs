@@ -198,7 +198,11 @@ pub fn e2e(suite: &Suite, test_args: &[String]) -> Result<()> {
                 "--test-threads=1",
             ])
             .args(test_args)
-            .env(crate::plugin::PLUGIN_BIN_ENV, crate::plugin::plugin_bin());
+            // What ships: runtimes start it as they start it on a node.
+            .env(
+                crate::plugin::PLUGIN_BIN_ENV,
+                crate::plugin::shipped_plugin_bin(),
+            );
         for (key, value) in &pass.env {
             match value {
                 Some(value) => command.env(key, value),
@@ -239,7 +243,7 @@ pub fn test_step(suite: &'static Suite, skips: &Skips) -> Step<'static> {
 pub fn e2e_steps<'a>(suite: &'static Suite, test_args: &'a [String]) -> Vec<Step<'a>> {
     vec![
         crate::setup::setup_step(),
-        crate::plugin::build_plugin_step(),
+        crate::plugin::shipped_plugin_step(),
         Step::new(suite.title, move || e2e(suite, test_args)),
     ]
 }
