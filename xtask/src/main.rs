@@ -29,7 +29,8 @@
 use std::process::ExitCode;
 
 use crate::plan::{
-    bench_steps, clippy_steps, demo_steps, dist_steps, image_steps, test_steps, vm_test_steps,
+    bench_steps, clippy_steps, demo_steps, dist_steps, image_steps, previous_steps, test_steps,
+    vm_test_steps,
 };
 use crate::runtimes::Skips;
 use crate::setup::setup;
@@ -115,6 +116,15 @@ enum Verb {
         #[arg(long, value_name = "MARKER")]
         after: Option<std::path::PathBuf>,
     },
+    /// Build the previous release's plugin for the upgrade test, as it shipped
+    /// (profile dist, static musl), on the shipped build's dependencies (see
+    /// previous.rs). `test` runs it beside its steps once the shipped plugin
+    /// is built (`--after MARKER`).
+    Previous {
+        /// Wait until this file exists first.
+        #[arg(long, value_name = "MARKER")]
+        after: Option<std::path::PathBuf>,
+    },
     /// Boot Debian kernels in QEMU (TCG) and run the integration tests inside:
     /// `cargo xtask vm-test [--kernel 6.1] [--kernel 6.12]`.
     VmTest(vm::VmTestArgs),
@@ -157,6 +167,7 @@ fn main() -> ExitCode {
         Verb::Image => run_steps("image", image_steps()),
         Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),
         Verb::Clippy { after } => run_steps("clippy", clippy_steps(after.as_deref())),
+        Verb::Previous { after } => run_steps("previous", previous_steps(after.as_deref())),
         Verb::Demo { demo_args } => run_steps("demo", demo_steps(demo_args)),
         Verb::Bench { bench_args } => run_steps("bench", bench_steps(bench_args)),
     };

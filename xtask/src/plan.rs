@@ -56,6 +56,20 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
             clippy_job_command(&marker)
         }));
     }
+    // The previous release for the upgrade test, as it shipped, on the
+    // shipped build's dependencies (see previous.rs), so after it, at the
+    // lowest priority: the upgrade test runs near the end.
+    let previous = Job::new(
+        format!("build the previous release ({})", previous::COMMIT),
+        "previous",
+        Priority::Lowest,
+    );
+    {
+        let marker = shipped_build.done_marker();
+        steps.push(Step::start_beside(&previous, move || {
+            previous_job_command(&marker)
+        }));
+    }
     steps.extend([
         Step::new(
             format!(
@@ -75,29 +89,6 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
                 .args(cargo_test_args)
                 .env(PLUGIN_BIN_ENV, plugin_bin()))
         }),
-        // On the dependencies `cargo test` built (see previous.rs), so
-        // after it.
-        Step::new(
-            format!(
-                "build the previous release ({}) for the upgrade test, on this build's dependencies",
-                previous::COMMIT
-            ),
-            || {
-                run(&mut previous::build_command()?)?;
-                previous::check_built()
-            },
-        ),
-        // `#[ignore]`d in plain `cargo test`, which has no previous release.
-        Step::new(
-            "the in-place upgrade from the previous release (cargo test --test upgrade -- --ignored)",
-            || {
-                run(cargo_workspace("test")
-                    .args(["--test", "upgrade", "--", "--ignored"])
-                    .env(PLUGIN_BIN_ENV, plugin_bin())
-                    .env(previous::BIN_ENV, previous::bin())
-                    .env(previous::REQUIRED_ENV, "1"))
-            },
-        ),
         Step::wait_for(&shipped_build, || Ok(())),
     ]);
     // The suites that carry traffic once more with `fastPath` on in every
@@ -123,6 +114,18 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
             .map(|suite| runtimes::test_step(suite, &skips)),
     );
     steps.push(image_test_step(&skips));
+    steps.push(Step::wait_for(&previous, || Ok(())));
+    // `#[ignore]`d in plain `cargo test`, which has no previous release.
+    steps.push(Step::new(
+        "the in-place upgrade from the previous release (cargo test --test upgrade -- --ignored)",
+        || {
+            run(cargo_workspace("test")
+                .args(["--test", "upgrade", "--", "--ignored"])
+                .env(PLUGIN_BIN_ENV, plugin_bin())
+                .env(previous::BIN_ENV, previous::bin())
+                .env(previous::REQUIRED_ENV, "1"))
+        },
+    ));
     steps.push(Step::wait_for(&clippy, || Ok(())));
     steps.push(match &vm {
         Ok(vm) => Step::wait_for(vm, || Ok(())),
@@ -197,6 +200,41 @@ fn clippy_job_command(after: &std::path::Path) -> Result<Command> {
         .args(["clippy", "--after"])
         .arg(after);
     Ok(command)
+}
+
+/// `cargo xtask previous --after MARKER`, as `test` runs it beside its
+/// steps.
+fn previous_job_command(after: &std::path::Path) -> Result<Command> {
+    let mut command = Command::new(std::env::current_exe().context("finding xtask's own binary")?);
+    command
+        .current_dir(workspace_root())
+        .args(["previous", "--after"])
+        .arg(after);
+    Ok(command)
+}
+
+/// The previous release's build (see previous.rs); first, with `after`,
+/// the wait for that file (the shipped build's marker: the build shares
+/// its dependencies).
+pub(crate) fn previous_steps(after: Option<&std::path::Path>) -> Vec<Step<'_>> {
+    let mut steps = Vec::new();
+    if let Some(marker) = after {
+        steps.push(Step::new(
+            format!("wait for {}", marker.display()),
+            move || wait_for_marker(marker),
+        ));
+    }
+    steps.push(Step::new(
+        format!(
+            "build the previous release ({}) as it shipped, on the shipped build's dependencies",
+            previous::COMMIT
+        ),
+        || {
+            run(&mut previous::build_command()?)?;
+            previous::check_built()
+        },
+    ));
+    steps
 }
 
 /// Both clippy runs, in `target/clippy`; first, with `after`, the wait for

@@ -4,18 +4,20 @@
 //!
 //! The release is a commit of this repository. Its tree is exported with
 //! `git archive` into `target/previous/{commit}/src` and built there, the
-//! way the release itself was built (its own Cargo.lock and build.rs), with
-//! its binary in a target directory of its own next to it but its
-//! dependencies built in this checkout's build directory
-//! (`CARGO_BUILD_BUILD_DIR`, cargo 1.91): the crates both lock files name
-//! at the same version and features are compiled once. It is built for the
-//! host, after `cargo test` built the debug plugin and the tests there:
-//! 29 crates compiled (45 s on this project's 2-core VM; `cargo test`
-//! unifies features over the whole workspace, so some differ), where its
-//! own target directory compiled every dependency again (847 s beside the
-//! steps, at the lowest priority, in the last CI run before). Its own workspace crates live at
-//! other paths, so they never overwrite this checkout's. Everything stays,
-//! so a repeated run costs one no-op `cargo build`.
+//! way the release itself was built and shipped (its own Cargo.lock and
+//! build.rs, profile `dist`, the shipped target), with its binary in a
+//! target directory of its own next to it but its dependencies built in
+//! this checkout's build directory (`CARGO_BUILD_BUILD_DIR`, cargo 1.91):
+//! the crates both lock files name at the same version and features are
+//! the shipped build's, compiled once. After the shipped build, the build
+//! compiles 8 crates and links with fat LTO (61 s on this project's 2-core
+//! VM, quiet), where its own target directory compiled every dependency
+//! again (847 s beside the steps, at the lowest priority, in a CI run
+//! before). `cargo xtask test` runs it beside its steps (`cargo xtask
+//! previous --after MARKER`) and the upgrade test near the end. Its own
+//! workspace crates live at other paths, so they never overwrite this
+//! checkout's. Everything stays, so a repeated run costs one no-op `cargo
+//! build`.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -23,7 +25,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 use crate::cmd::{cargo, run, target_dir, workspace_root};
-use crate::plugin::{PLUGIN_BIN, PLUGIN_PACKAGE};
+use crate::plugin::{PLUGIN_BIN, PLUGIN_PACKAGE, SHIPPED_PROFILE, plugin_target};
 
 /// The previous release: main at the last commit before the owner record
 /// gained pod identity.
@@ -41,15 +43,19 @@ fn root() -> PathBuf {
     target_dir().join("previous").join(COMMIT)
 }
 
-/// The binary [`build`] produces.
+/// The binary [`build_command`] produces.
 pub fn bin() -> PathBuf {
-    root().join("target").join("debug").join(PLUGIN_BIN)
+    let mut dir = root().join("target");
+    if let Some(target) = plugin_target() {
+        dir.push(target);
+    }
+    dir.join(SHIPPED_PROFILE).join(PLUGIN_BIN)
 }
 
 /// Exports the previous release (once) and returns the `cargo build` of its
-/// plugin. It locks this checkout's build directory while it runs, so
-/// `cargo xtask test` runs it as a step of its own, after the plugin's
-/// build.
+/// plugin. It locks the shipped build's directory in this checkout's build
+/// directory (the same profile and target) while it runs, so `cargo xtask
+/// test` starts it once the shipped build is done.
 pub fn build_command() -> Result<Command> {
     let workspace = workspace_root();
     let present = Command::new("git")
@@ -92,13 +98,20 @@ pub fn build_command() -> Result<Command> {
     let mut build = cargo();
     build
         .current_dir(&source)
-        .args(["build", "--locked", "-p", PLUGIN_PACKAGE])
+        .args([
+            "build",
+            "--locked",
+            "-p",
+            PLUGIN_PACKAGE,
+            "--bin",
+            PLUGIN_BIN,
+        ])
+        .args(["--profile", SHIPPED_PROFILE])
         .env("CARGO_TARGET_DIR", root().join("target"))
-        .env("CARGO_BUILD_BUILD_DIR", target_dir())
-        // The dev profile of this checkout (Cargo.toml's `[profile.dev]`),
-        // which the release did not set yet: with the same settings, its
-        // dependencies are the ones this checkout built.
-        .env("CARGO_PROFILE_DEV_DEBUG", "line-tables-only");
+        .env("CARGO_BUILD_BUILD_DIR", target_dir());
+    if let Some(target) = plugin_target() {
+        build.args(["--target", target]);
+    }
     Ok(build)
 }
 
