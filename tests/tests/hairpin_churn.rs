@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use portmap_tests::netns::NsHandle;
 use portmap_tests::topology::{NODE_IP4, NODE_IP6};
 use portmap_tests::world::{World, sock};
-use portmap_tests::{NetNs, PortMapping};
+use portmap_tests::{Container, NetNs, PortMapping};
 use serde_json::Value;
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -146,6 +146,23 @@ fn answer_and_close(mut stream: TcpStream, peer: SocketAddr) -> io::Result<()> {
     }
     stream.write_all(format!("ok {peer}\n").as_bytes())
     // Dropped here: the server's close comes first.
+}
+
+/// The serving pod `web`, its hostPort mapped and `workers` server threads
+/// per family, and a second pod `other`, added to `world`'s node.
+fn add_pods(world: &World, workers: usize) -> (Container, Container, CloseFirstServer) {
+    let web = world.node.add_container("web");
+    let other = world.node.add_container("other");
+    let server = CloseFirstServer::start(&web.ns, SERVER_PORT, workers);
+    world.add(&web, &[PortMapping::tcp(HOST_PORT, SERVER_PORT)]);
+    world.add(&other, &[]);
+    (web, other, server)
+}
+
+/// DEL of what [`add_pods`] added.
+fn del_pods(world: &World, web: &Container, other: &Container) {
+    world.del(web, &[PortMapping::tcp(HOST_PORT, SERVER_PORT)]);
+    world.del(other, &[]);
 }
 
 /// What one client loop saw.
@@ -331,12 +348,7 @@ fn every_hairpin_connection_completes(parallel: usize) {
     // (with br_netfilter, every hairpin connection failed here before the
     // pods' bridge ports carried the ingress program; see bridge_ports.rs).
     world.node.drop_invalid_at_forward();
-    let web = world.node.add_container("web");
-    let other = world.node.add_container("other");
-    let _server = CloseFirstServer::start(&web.ns, SERVER_PORT, 2 * parallel);
-    let mappings = [PortMapping::tcp(HOST_PORT, SERVER_PORT)];
-    world.add(&web, &mappings);
-    world.add(&other, &[]);
+    let (web, other, _server) = add_pods(&world, 2 * parallel);
     let clients = [
         ("itself", web.ns.handle()),
         ("another pod", other.ns.handle()),
@@ -420,8 +432,7 @@ fn every_hairpin_connection_completes(parallel: usize) {
             counters(&world)
         );
     }
-    world.del(&web, &mappings);
-    world.del(&other, &[]);
+    del_pods(&world, &web, &other);
 }
 
 #[test]
@@ -454,12 +465,7 @@ const SECOND_CLIENT_AFTER: Duration = Duration::from_secs(61);
 #[test]
 fn a_tuple_stays_its_clients_until_the_containers_time_wait_is_surely_over() {
     let world = World::bridge();
-    let web = world.node.add_container("web");
-    let other = world.node.add_container("other");
-    let _server = CloseFirstServer::start(&web.ns, SERVER_PORT, 1);
-    let mappings = [PortMapping::tcp(HOST_PORT, SERVER_PORT)];
-    world.add(&web, &mappings);
-    world.add(&other, &[]);
+    let (web, other, _server) = add_pods(&world, 1);
     let targets = [
         (sock(IpAddr::V4(NODE_IP4), HOST_PORT), 46000),
         (sock(IpAddr::V6(NODE_IP6), HOST_PORT), 47000),
@@ -512,8 +518,7 @@ fn a_tuple_stays_its_clients_until_the_containers_time_wait_is_surely_over() {
         "the container's TIME_WAIT refused SYNs of the other pod (each one retransmitted)\ncounters: {:#}",
         counters(&world)
     );
-    world.del(&web, &mappings);
-    world.del(&other, &[]);
+    del_pods(&world, &web, &other);
 }
 
 /// The source ports a pod at `addr` dials from in
@@ -572,12 +577,7 @@ fn source_towards(ns: &NetNs, target: SocketAddr) -> IpAddr {
 fn a_refused_syn_costs_its_client_one_round_trip() {
     let world = World::bridge();
     world.node.drop_invalid_at_forward();
-    let web = world.node.add_container("web");
-    let other = world.node.add_container("other");
-    let _server = CloseFirstServer::start(&web.ns, SERVER_PORT, 2);
-    let mappings = [PortMapping::tcp(HOST_PORT, SERVER_PORT)];
-    world.add(&web, &mappings);
-    world.add(&other, &[]);
+    let (web, other, _server) = add_pods(&world, 2);
     for (node_ip, base) in [(IpAddr::V4(NODE_IP4), 40000), (IpAddr::V6(NODE_IP6), 41000)] {
         let target = sock(node_ip, HOST_PORT);
         let client = source_towards(&other.ns, target);
@@ -624,6 +624,5 @@ fn a_refused_syn_costs_its_client_one_round_trip() {
             counters(&world)
         );
     }
-    world.del(&web, &mappings);
-    world.del(&other, &[]);
+    del_pods(&world, &web, &other);
 }

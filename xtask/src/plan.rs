@@ -53,7 +53,7 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
     {
         let marker = shipped_build.done_marker();
         steps.push(Step::start_beside(&clippy, move || {
-            clippy_job_command(&marker)
+            xtask_after("clippy", &marker)
         }));
     }
     // The previous release for the upgrade test, as it shipped, on the
@@ -67,7 +67,7 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
     {
         let marker = shipped_build.done_marker();
         steps.push(Step::start_beside(&previous, move || {
-            previous_job_command(&marker)
+            xtask_after("previous", &marker)
         }));
     }
     steps.extend([
@@ -184,46 +184,36 @@ fn vm_job_command(skips: &Skips, after: &std::path::Path) -> Result<Command> {
         }
     }
     vm::ensure_vm_packages()?;
+    let mut command = xtask_after("vm-test", after)?;
+    command.arg("--within-test");
+    Ok(command)
+}
+
+/// `cargo xtask VERB --after MARKER`: a verb `test` runs beside its steps,
+/// which waits for the build that writes MARKER.
+fn xtask_after(verb: &str, after: &std::path::Path) -> Result<Command> {
     let mut command = Command::new(std::env::current_exe().context("finding xtask's own binary")?);
     command
         .current_dir(workspace_root())
-        .args(["vm-test", "--within-test", "--after"])
+        .args([verb, "--after"])
         .arg(after);
     Ok(command)
 }
 
-/// `cargo xtask clippy --after MARKER`, as `test` runs it beside its steps.
-fn clippy_job_command(after: &std::path::Path) -> Result<Command> {
-    let mut command = Command::new(std::env::current_exe().context("finding xtask's own binary")?);
-    command
-        .current_dir(workspace_root())
-        .args(["clippy", "--after"])
-        .arg(after);
-    Ok(command)
-}
-
-/// `cargo xtask previous --after MARKER`, as `test` runs it beside its
-/// steps.
-fn previous_job_command(after: &std::path::Path) -> Result<Command> {
-    let mut command = Command::new(std::env::current_exe().context("finding xtask's own binary")?);
-    command
-        .current_dir(workspace_root())
-        .args(["previous", "--after"])
-        .arg(after);
-    Ok(command)
+/// The first step of a verb run with `--after MARKER`: the wait for it.
+fn wait_step(after: Option<&std::path::Path>) -> Option<Step<'_>> {
+    after.map(|marker| {
+        Step::new(format!("wait for {}", marker.display()), move || {
+            wait_for_marker(marker)
+        })
+    })
 }
 
 /// The previous release's build (see previous.rs); first, with `after`,
 /// the wait for that file (the shipped build's marker: the build shares
 /// its dependencies).
 pub(crate) fn previous_steps(after: Option<&std::path::Path>) -> Vec<Step<'_>> {
-    let mut steps = Vec::new();
-    if let Some(marker) = after {
-        steps.push(Step::new(
-            format!("wait for {}", marker.display()),
-            move || wait_for_marker(marker),
-        ));
-    }
+    let mut steps: Vec<Step<'_>> = wait_step(after).into_iter().collect();
     steps.push(Step::new(
         format!(
             "build the previous release ({}) as it shipped, on the shipped build's dependencies",
@@ -240,13 +230,7 @@ pub(crate) fn previous_steps(after: Option<&std::path::Path>) -> Vec<Step<'_>> {
 /// Both clippy runs, in `target/clippy`; first, with `after`, the wait for
 /// that file.
 pub(crate) fn clippy_steps(after: Option<&std::path::Path>) -> Vec<Step<'_>> {
-    let mut steps = Vec::new();
-    if let Some(marker) = after {
-        steps.push(Step::new(
-            format!("wait for {}", marker.display()),
-            move || wait_for_marker(marker),
-        ));
-    }
+    let mut steps: Vec<Step<'_>> = wait_step(after).into_iter().collect();
     steps.extend([
         Step::new(
             "cargo clippy --all-targets -- -D warnings (default members, in target/clippy)",
@@ -340,12 +324,7 @@ pub(crate) fn vm_test_steps(args: &vm::VmTestArgs) -> Vec<Step<'_>> {
             steps.push(shipped_plugin_step());
         }
     }
-    if let Some(marker) = &args.after {
-        steps.push(Step::new(
-            format!("wait for {}", marker.display()),
-            move || wait_for_marker(marker),
-        ));
-    }
+    steps.extend(wait_step(args.after.as_deref()));
     steps.push(Step::new("VM tests", move || vm::vm_test(args)));
     steps
 }
