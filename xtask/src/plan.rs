@@ -50,12 +50,6 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
     // cores the tests leave idle (they mostly wait on traffic), not the
     // critical path's 2 minutes.
     let clippy = Job::new("cargo xtask clippy", "clippy", Priority::Lowest);
-    {
-        let marker = shipped_build.done_marker();
-        steps.push(Step::start_beside(&clippy, move || {
-            xtask_after("clippy", &marker)
-        }));
-    }
     // The previous release for the upgrade test, as it shipped, on the
     // shipped build's dependencies (see previous.rs), so after it, at the
     // lowest priority: the upgrade test runs near the end.
@@ -64,11 +58,9 @@ pub(crate) fn test_steps(cargo_test_args: &[String], skips: Skips) -> Vec<Step<'
         "previous",
         Priority::Lowest,
     );
-    {
+    for (job, verb) in [(&clippy, "clippy"), (&previous, "previous")] {
         let marker = shipped_build.done_marker();
-        steps.push(Step::start_beside(&previous, move || {
-            xtask_after("previous", &marker)
-        }));
+        steps.push(Step::start_beside(job, move || xtask_after(verb, &marker)));
     }
     steps.extend([
         Step::new(

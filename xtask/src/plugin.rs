@@ -48,11 +48,25 @@ pub(crate) fn plugin_bin() -> PathBuf {
 
 /// The binary `build_plugin(true)` produces: the plugin as it ships.
 pub(crate) fn shipped_plugin_bin() -> PathBuf {
-    let mut dir = target_dir();
+    shipped_bin_in(target_dir())
+}
+
+/// Where a build with [`shipped_build_args`] leaves the plugin in the
+/// target directory `dir`.
+pub(crate) fn shipped_bin_in(mut dir: PathBuf) -> PathBuf {
     if let Some(target) = plugin_target() {
         dir.push(target);
     }
     dir.join(SHIPPED_PROFILE).join(PLUGIN_BIN)
+}
+
+/// How the plugin is built to ship: profile `dist`, for the plugin's
+/// target.
+pub(crate) fn shipped_build_args(command: &mut Command) {
+    command.args(["--profile", SHIPPED_PROFILE]);
+    if let Some(target) = plugin_target() {
+        command.args(["--target", target]);
+    }
 }
 
 pub(crate) fn build_plugin_step() -> Step<'static> {
@@ -71,10 +85,7 @@ pub(crate) fn build_plugin(shipped: bool) -> Command {
     let mut command = cargo();
     command.args(["build", "-p", PLUGIN_PACKAGE]);
     if shipped {
-        command.args(["--profile", SHIPPED_PROFILE]);
-        if let Some(target) = plugin_target() {
-            command.args(["--target", target]);
-        }
+        shipped_build_args(&mut command);
     }
     command
 }

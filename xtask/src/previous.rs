@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 use crate::cmd::{cargo, run, target_dir, workspace_root};
-use crate::plugin::{PLUGIN_BIN, PLUGIN_PACKAGE, SHIPPED_PROFILE, plugin_target};
+use crate::plugin::{PLUGIN_BIN, PLUGIN_PACKAGE, shipped_bin_in, shipped_build_args};
 
 /// The previous release: main at the last commit before the owner record
 /// gained pod identity.
@@ -45,11 +45,7 @@ fn root() -> PathBuf {
 
 /// The binary [`build_command`] produces.
 pub fn bin() -> PathBuf {
-    let mut dir = root().join("target");
-    if let Some(target) = plugin_target() {
-        dir.push(target);
-    }
-    dir.join(SHIPPED_PROFILE).join(PLUGIN_BIN)
+    shipped_bin_in(root().join("target"))
 }
 
 /// Exports the previous release (once) and returns the `cargo build` of its
@@ -106,12 +102,9 @@ pub fn build_command() -> Result<Command> {
             "--bin",
             PLUGIN_BIN,
         ])
-        .args(["--profile", SHIPPED_PROFILE])
         .env("CARGO_TARGET_DIR", root().join("target"))
         .env("CARGO_BUILD_BUILD_DIR", target_dir());
-    if let Some(target) = plugin_target() {
-        build.args(["--target", target]);
-    }
+    shipped_build_args(&mut build);
     Ok(build)
 }
 
