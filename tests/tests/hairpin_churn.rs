@@ -311,27 +311,6 @@ fn churn(client: &NsHandle, target: SocketAddr, started: Instant, deadline: Inst
     })
 }
 
-/// SYNs this thread's network namespace retransmitted (`TcpExtTCPSynRetrans`).
-/// A client whose SYN a container's TIME_WAIT refuses answers the ACK with
-/// a RST and sends its SYN again two jiffies later: one each.
-fn syn_retransmits() -> u64 {
-    let text = std::fs::read_to_string("/proc/thread-self/net/netstat")
-        .unwrap_or_else(|e| panic!("reading /proc/thread-self/net/netstat: {e}"));
-    let lines: Vec<&str> = text.lines().collect();
-    lines
-        .chunks(2)
-        .filter(|pair| pair.len() == 2 && pair[0].starts_with("TcpExt:"))
-        .find_map(|pair| {
-            let names = pair[0].split_whitespace();
-            let values = pair[1].split_whitespace();
-            names
-                .zip(values)
-                .find(|(name, _)| *name == "TCPSynRetrans")
-                .and_then(|(_, value)| value.parse().ok())
-        })
-        .expect("TcpExt TCPSynRetrans in /proc/net/netstat")
-}
-
 /// The dataplane's counters by reason (`status --json`), for the failure
 /// message.
 fn counters(world: &World) -> Value {
@@ -470,16 +449,15 @@ fn a_tuple_stays_its_clients_until_the_containers_time_wait_is_surely_over() {
         (sock(IpAddr::V4(NODE_IP4), HOST_PORT), 46000),
         (sock(IpAddr::V6(NODE_IP6), HOST_PORT), 47000),
     ];
-    let dial_all = |client: &NsHandle, who: &str| -> Vec<(u16, SocketAddr)> {
+    let dial_all = |client: &NsHandle, who: &str| -> Vec<(u16, Connection)> {
         client.run(|| {
             targets
                 .iter()
                 .flat_map(|&(target, base)| {
                     (base..base + SHARED_PORTS).map(move |port| {
-                        let seen = one_connection(target, port)
-                            .unwrap_or_else(|(_, why)| panic!("{who} :{port} -> {target}: {why}"))
-                            .seen;
-                        (port, seen)
+                        let connection = one_connection(target, port)
+                            .unwrap_or_else(|(_, why)| panic!("{who} :{port} -> {target}: {why}"));
+                        (port, connection)
                     })
                 })
                 .collect()
@@ -487,20 +465,19 @@ fn a_tuple_stays_its_clients_until_the_containers_time_wait_is_surely_over() {
     };
     let started = std::time::Instant::now();
     let first = dial_all(&web.ns.handle(), "the serving pod");
-    for (port, seen) in &first {
+    for (port, connection) in &first {
         assert_eq!(
-            seen.port(),
+            connection.seen.port(),
             *port,
             "the serving pod's flow keeps its own port (the tuple is free): {first:?}"
         );
     }
     std::thread::sleep(SECOND_CLIENT_AFTER.saturating_sub(started.elapsed()));
-    let refused_before = other.ns.run(syn_retransmits);
     let second = dial_all(&other.ns.handle(), "the other pod");
-    let refused = other.ns.run(syn_retransmits) - refused_before;
-    let kept: Vec<&(u16, SocketAddr)> = second
+    let refused: u32 = second.iter().map(|(_, c)| c.syn_retransmits).sum();
+    let kept: Vec<&(u16, Connection)> = second
         .iter()
-        .filter(|(port, seen)| seen.port() == *port)
+        .filter(|(port, connection)| connection.seen.port() == *port)
         .collect();
     assert!(
         kept.is_empty(),
