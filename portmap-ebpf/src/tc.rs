@@ -35,6 +35,10 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
         return Some(TC_ACT_OK);
     }
     mark::clear_stale_mark(ctx);
+    // The tracing state is read again after the packet is handled, not
+    // carried across it: the verifier then walks `ingress` once, not once
+    // per tracing state.
+    trace::before_parse(ctx);
     let Some(packet) = parse::parse(ctx) else {
         // No TCP, UDP or SCTP: an ICMP error about a translated flow is
         // translated with it (or handed over, see `icmp`); anything else
@@ -44,10 +48,6 @@ fn try_ingress(ctx: &mut TcContext) -> Option<i32> {
         }
         return Some(TC_ACT_OK);
     };
-    // The tracing state is read again after the packet is handled, not
-    // carried across it: the verifier then walks `ingress` once, not once
-    // per tracing state.
-    trace::begin(&packet);
     // Inbound, a packet of ours is for a host port (a new or known
     // translated flow, the answer to a node-opened flow from a mapped port,
     // a lost flow to recover) or a container's answer that ingress has a
@@ -148,13 +148,13 @@ fn try_egress(ctx: &mut TcContext) -> Option<()> {
     if mark::is_marked(ctx) {
         return Some(());
     }
+    // As in `try_ingress`: the tracing state is read again afterwards.
+    trace::before_parse(ctx);
     let Some(packet) = parse::parse(ctx) else {
         // As in `try_ingress`; egress never hands anything over.
         let _ = icmp::translate_error(ctx, icmp::Hook::Egress);
         return Some(());
     };
-    // As in `try_ingress`: the tracing state is read again afterwards.
-    trace::begin(&packet);
     // As in `try_ingress`. Outbound, a packet of ours is from a container
     // port (an answer to translate back), to one (a masqueraded flow's
     // source to rewrite), or from a host port (a flow the node opens from

@@ -25,6 +25,7 @@ use aya_ebpf::{
 use portmap_common::{FAMILY_V4, TraceEvent, local::SockOrigin, stat, trace_direction};
 
 use crate::{
+    ct,
     maps::{self, TRACE_EVENTS, TRACE_FILTER},
     parse,
 };
@@ -33,24 +34,39 @@ use crate::{
 #[btf_map(name = "trace_lost")]
 static TRACE_LOST: PerCpuArray<u64, 1> = PerCpuArray::new();
 
-/// If someone traces, remembers the counters and the packet as it arrived.
-/// Call before the packet is handled, and [`end_if_tracing`] after it.
+/// If someone traces, remembers this CPU's counters and the packet as it
+/// arrives. Call before the programs parse the packet, and
+/// [`end_if_tracing`] after the packet is handled.
+///
+/// Before the parse, not with what it found: the verifier walks a call
+/// again for every state that makes it, and after the parse those were one
+/// per packet shape it tells apart (family, protocol, header length...).
+/// With the parsed packet handed in, the tracing branch and its copy were
+/// a fifth of what it processed for the tc programs; here the programs
+/// have one or two states, and a traced packet is parsed twice.
 #[inline(always)]
-pub fn begin(packet: &parse::Packet) {
-    if TRACE_FILTER
-        .get(0)
-        .is_some_and(|filter| filter.enabled != 0)
-    {
-        snapshot(packet);
+pub fn before_parse(ctx: &TcContext) {
+    if tracing() {
+        snapshot(ctx);
     }
 }
 
+#[inline(always)]
+fn tracing() -> bool {
+    TRACE_FILTER
+        .get(0)
+        .is_some_and(|filter| filter.enabled != 0)
+}
+
 #[inline(never)]
-fn snapshot(packet: &parse::Packet) {
+fn snapshot(ctx: &TcContext) {
     let Some(scratch) = maps::trace_scratch() else {
         return;
     };
-    scratch.packet = *packet;
+    // A packet the programs do not parse emits no event either.
+    if let Some(packet) = parse::parse(ctx) {
+        ct::copy_words(&mut scratch.packet, &packet);
+    }
     let mut reason = 0;
     while reason < stat::COUNT {
         // Never missing. Were it, the copy would stop here: a step whose
@@ -67,22 +83,20 @@ fn snapshot(packet: &parse::Packet) {
     }
 }
 
-/// Emits the event of a packet handled since [`begin`], if someone traces
+/// Emits the event of a packet handled since [`before_parse`], if someone traces
 /// (checked again here; a tracer that starts between the two calls gets one
 /// event with imprecise decisions) and the filter wants it.
 #[inline(always)]
 pub fn end_if_tracing(ctx: &TcContext, direction: u8) {
-    if !TRACE_FILTER
-        .get(0)
-        .is_some_and(|filter| filter.enabled != 0)
-    {
+    if !tracing() {
         return;
     }
     decisions();
     emit(ctx, direction);
 }
 
-/// Records the reasons counted since [`snapshot`] in the scratch space.
+/// Records the reasons counted since [`snapshot`] in the scratch
+/// space.
 #[inline(never)]
 fn decisions() {
     let Some(scratch) = maps::trace_scratch() else {
