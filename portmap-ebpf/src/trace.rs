@@ -83,9 +83,9 @@ fn snapshot(ctx: &TcContext) {
     }
 }
 
-/// Emits the event of a packet handled since [`before_parse`], if someone traces
-/// (checked again here; a tracer that starts between the two calls gets one
-/// event with imprecise decisions) and the filter wants it.
+/// Emits the event of a packet handled since [`before_parse`], if someone
+/// traces (checked again here; a tracer that starts between the two calls
+/// gets one event with imprecise decisions) and the filter wants it.
 #[inline(always)]
 pub fn end_if_tracing(ctx: &TcContext, direction: u8) {
     if !tracing() {
@@ -95,8 +95,7 @@ pub fn end_if_tracing(ctx: &TcContext, direction: u8) {
     emit(ctx, direction);
 }
 
-/// Records the reasons counted since [`snapshot`] in the scratch
-/// space.
+/// Records the reasons counted since [`snapshot`] in the scratch space.
 #[inline(never)]
 fn decisions() {
     let Some(scratch) = maps::trace_scratch() else {
