@@ -28,7 +28,7 @@ pub const fn mul(a: u32, mut b: u32) -> u32 {
         let take = 0u32.wrapping_sub((a >> (31 - bit)) & 1);
         product ^= b & take;
         // b *= x, reducing x^32 back into the low terms.
-        b = times_x(b);
+        b = (b >> 1) ^ (POLY & 0u32.wrapping_sub(b & 1));
         bit += 1;
     }
     product
@@ -68,12 +68,6 @@ pub fn zero_bytes_operator(bytes: u16) -> u32 {
         ZERO_BYTES_LOW[usize::from(low)],
         ZERO_BYTES_HIGH[usize::from(high)],
     )
-}
-
-/// `b * x mod POLY`.
-#[inline(always)]
-const fn times_x(b: u32) -> u32 {
-    (b >> 1) ^ (POLY & 0u32.wrapping_sub(b & 1))
 }
 
 /// New SCTP checksum field (as the little-endian value read from the packet)
