@@ -21,7 +21,7 @@ use portmap_tests::firewalld::Firewalld;
 use portmap_tests::topology::{
     BRIDGE_NAME, NODE_IP4, NODE_IP6, NODE_UPLINK, POD_SUBNET4, POD_SUBNET6,
 };
-use portmap_tests::world::{World, operator_json};
+use portmap_tests::world::{FakeContainer, World, operator_json};
 use portmap_tests::{PortMapping, bridge_conflist};
 use serde_json::Value;
 
@@ -283,4 +283,116 @@ fn status_says_firewalld_runs_and_where_flows_are_translated() {
         "status names what fastPath: true skips: {notes}"
     );
     drop(firewalld);
+}
+
+/// ADD refuses, with firewalld's name and the fix, a mapping whose flows
+/// would be translated in tc (issue 50): SCTP here, which the kernel
+/// gives no conntrack entry with NAT, so firewalld's FORWARD would refuse
+/// its clients in every layout but one. Nothing of the container is
+/// written: none of its mappings (its TCP one included), no row in
+/// `list`, and its DEL succeeds. Without firewalld, and with
+/// `fastPath: true` (whose flows skip FORWARD), the same ADD succeeds.
+/// Our plugin alone: a hand-made prevResult, no SCTP traffic (this host's
+/// kernel has no SCTP).
+#[test]
+fn behind_firewalld_add_refuses_mappings_it_would_translate_in_tc() {
+    let mappings = vec![
+        PortMapping::sctp(9099, 99),
+        PortMapping::tcp(HOST_PORT + 1, PORT),
+    ];
+    let world = world(Side::OursDefault);
+    let firewalld = Firewalld::start(&world.node.ns);
+    // A container whose TCP and UDP flows netfilter translates is added.
+    let _served = serve(&world);
+    let before = world.mapping_count();
+    let pod = FakeContainer::new(&world, "sctp-pod", 1, mappings.clone());
+    let refused = pod
+        .add(&world)
+        .expect_err("ADD of an SCTP mapping behind firewalld");
+    for needle in ["firewalld", ":9099/sctp", "\"fastPath\": true"] {
+        assert!(
+            refused.contains(needle),
+            "{needle:?} in the error: {refused}"
+        );
+    }
+    assert!(
+        !refused.contains(&format!(":{}/tcp", HOST_PORT + 1)),
+        "the TCP mapping is netfilter's, not named: {refused}"
+    );
+    assert_eq!(
+        world.mapping_count(),
+        before,
+        "nothing claimed: {}",
+        world.dump()
+    );
+    assert!(
+        !world.list().to_string().contains("sctp-pod"),
+        "no row of the refused container: {:#}",
+        world.list()
+    );
+    pod.del(&world).expect("DEL after the refused ADD");
+    // firewalld gone (its table with it): the same ADD publishes.
+    drop(firewalld);
+    pod.add(&world).expect("ADD without firewalld");
+    // Each mapping once per family of the prevResult.
+    assert_eq!(world.mapping_count(), before + 4, "{}", world.dump());
+    pod.del(&world).expect("DEL");
+
+    let fast = self::world(Side::OursFast);
+    let firewalld = Firewalld::start(&fast.node.ns);
+    let pod = FakeContainer::new(&fast, "sctp-pod", 1, mappings);
+    pod.add(&fast)
+        .expect("ADD behind firewalld with fastPath: true");
+    pod.del(&fast).expect("DEL");
+    drop(firewalld);
+}
+
+/// `masqAll: true` masquerades every flow from outside in tc and never
+/// hands one past FORWARD, so firewalld judges them by its zones: refused
+/// (admin-prohibited, "No route to host") where nothing is bound, answered
+/// where the uplink and the bridge share a forwarding zone. ADD does not
+/// refuse them (`fastPath` is no fix for them, and such a layout serves
+/// them); `status` says they are translated in tc and notes firewalld.
+#[test]
+fn behind_firewalld_masq_all_flows_answer_only_where_zones_forward() {
+    let world = World::with(|name, pins, data| {
+        let list = bridge_conflist(name, "ebpf-portmap", Some(pins), data);
+        let mut json = list.json().clone();
+        let plugin = json["plugins"][1]
+            .as_object_mut()
+            .expect("the plugin entry");
+        plugin.remove("fastPath");
+        plugin.insert("masqAll".into(), Value::Bool(true));
+        portmap_tests::Conflist::from_json(json).expect("conflist")
+    });
+    let firewalld = Firewalld::start(&world.node.ns);
+    let _served = serve(&world);
+    let status = operator_json(&world.node.ns, world.pins.path(), "status");
+    for family in ["ipv4", "ipv6"] {
+        assert_eq!(
+            status["translation"][family],
+            Value::from("tc"),
+            "{status:#}"
+        );
+    }
+    let notes = status["notes"].to_string();
+    assert!(
+        notes.contains("firewalld runs in this network namespace") && notes.contains("masqAll"),
+        "status notes firewalld and masqAll: {notes}"
+    );
+    let [layout, ..] = &layouts()[..] else {
+        unreachable!()
+    };
+    apply(&firewalld, &world, &layout.1);
+    for node in nodes() {
+        let refused = connect(&world, node);
+        assert!(
+            refused.as_ref().is_err_and(|(_, took)| *took < PATIENCE),
+            "masqAll, {}: TCP to {node} refused at once: {refused:?}",
+            layout.0
+        );
+    }
+    let (name, commands) = layouts().pop().expect("the shared-zone layout");
+    apply(&firewalld, &world, &commands);
+    expect_answers(&world, &firewalld, Side::OursDefault, name);
 }

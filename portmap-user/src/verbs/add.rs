@@ -17,6 +17,7 @@ use crate::dataplane::ownership::Store;
 use crate::dataplane::ownership::Translation;
 use crate::dataplane::peers;
 use crate::dataplane::scope;
+use crate::model::FastPathSetting;
 use crate::model::HostIp;
 use crate::model::Owner;
 use crate::model::Protocol;
@@ -103,6 +104,9 @@ pub(super) fn add(req: &Request) -> Result<(), PluginError> {
     warn_absent_host_ips(&req.conf, &node.addresses);
     reconcile(&mut rtnl, &layout, &req.conf, &node, Pass::Call)?;
     log::debug!("ADD account: {}", netlink::account());
+    // After the reconciliation, which records where this node translates
+    // each family, and before anything of the container is written.
+    check_firewall(&req.conf, &layout, &translations)?;
     let mut maps = Store::open(&layout)?;
     container_sockets(req, &layout)?;
     if translations.is_empty() {
@@ -248,6 +252,78 @@ fn check_upstream(req: &Request, translations: &[Translation]) -> Result<(), Plu
         }
     }
     Ok(())
+}
+
+/// Refuses mappings whose flows firewalld would refuse (issue 50): on a
+/// node where firewalld keeps its ruleset, its FORWARD chain accepts the
+/// forwarded flows conntrack holds as DNAT and judges the rest by its
+/// zones, which refuse forwarding from the uplinks' zone to the pods' in
+/// every layout but one (uplinks and bridge in one zone that forwards
+/// within itself). A flow translated in tc, before netfilter, is no DNAT
+/// to it: the port would be published and never answer. Which flows are
+/// translated in tc unless `fastPath: true` hands them past FORWARD: SCTP
+/// (the kernel allocates no SCTP entry for the programs), and every flow
+/// of a family netfilter does not translate on this node (no NAT kfuncs
+/// when the programs were loaded, no nat chain). `masqAll`'s flows are
+/// masqueraded in tc too, but are never handed over, so `fastPath` is no
+/// fix for them; `status` notes them instead. A node without firewalld,
+/// and one where nf_tables cannot be asked, pays one table dump at most,
+/// and only for such mappings.
+fn check_firewall(
+    conf: &NetConf,
+    layout: &crate::dataplane::pin::PinLayout,
+    translations: &[Translation],
+) -> Result<(), PluginError> {
+    if conf.fast_path == FastPathSetting::Always || conf.masq_all {
+        return Ok(());
+    }
+    let flags = crate::dataplane::node_state::recorded_flags(layout).unwrap_or(0);
+    let refused: Vec<String> = translations
+        .iter()
+        .filter_map(|translation| {
+            let key = translation.key;
+            let why = tc_translated(key.proto, key.family, flags)?;
+            Some(format!("{} ({why})", ownership::KeyDisplay(key)))
+        })
+        .collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    match crate::node::nft_tables::firewalld() {
+        Ok(true) => Err(PluginError::FirewalldRefuses {
+            mappings: refused.join(", "),
+        }),
+        Ok(false) => Ok(()),
+        Err(error) => {
+            log::info!(
+                "cannot tell whether firewalld runs here (nf_tables): {error}; mappings translated in tc are not checked against it"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Why new flows of a mapping of `proto` and `family` are translated in tc
+/// where the node's settings are `flags`, or `None` where netfilter
+/// translates them.
+fn tc_translated(proto: u8, family: u8, flags: u32) -> Option<&'static str> {
+    use portmap_common::local::node_flags::{KERNEL_NAT4, KERNEL_NAT6};
+    let netfilter = if family == FAMILY_V6 {
+        flags & KERNEL_NAT6 != 0
+    } else {
+        flags & KERNEL_NAT4 != 0
+    };
+    if proto == portmap_common::PROTO_SCTP {
+        Some("SCTP: the kernel makes no conntrack entry with NAT for it")
+    } else if !netfilter {
+        Some(if family == FAMILY_V6 {
+            "netfilter does not translate IPv6 on this node"
+        } else {
+            "netfilter does not translate IPv4 on this node"
+        })
+    } else {
+        None
+    }
 }
 
 fn protocol_of(number: u8) -> Option<Protocol> {

@@ -57,6 +57,10 @@ pub enum PluginError {
         key: crate::dataplane::ownership::KeyDisplay,
         holder: String,
     },
+    #[error(
+        "firewalld runs in this node's network namespace, and its FORWARD chain accepts the forwarded flows conntrack holds as DNAT and refuses the rest unless the uplinks and the bridge share a zone that forwards within itself; these mappings' flows would be translated in tc, before netfilter, which never sees them as DNAT, so their clients would be refused (admin-prohibited): {mappings}. Set \"fastPath\": true in this plugin's configuration (translated flows then skip FORWARD, where firewalld's zones, policies and direct rules no longer decide them), or drop these mappings; `ebpf-portmap status` says where this node translates each family and why"
+    )]
+    FirewalldRefuses { mappings: String },
     #[error("cannot read the node's sockets")]
     Sockets(#[source] std::io::Error),
     #[error(transparent)]
@@ -103,7 +107,9 @@ impl PluginError {
                 crate::dataplane::resize::ResizeError::TooSmall { .. },
             )) => code::INVALID_NETWORK_CONFIG,
             PluginError::Attach(_) => code::DATAPLANE,
-            PluginError::NoMatchingInterfaces { .. } => code::INVALID_NETWORK_CONFIG,
+            PluginError::NoMatchingInterfaces { .. } | PluginError::FirewalldRefuses { .. } => {
+                code::INVALID_NETWORK_CONFIG
+            }
             PluginError::Privilege { .. } => code::PRIVILEGE,
             PluginError::HostPortInUse { .. } => code::HOST_PORT_IN_USE,
             PluginError::Sockets(_) | PluginError::Local(_) => code::IO_FAILURE,

@@ -555,6 +555,9 @@ pub struct TranslationReport {
     /// IPv4 and IPv6: by the node's netfilter (its conntrack entry holds
     /// the DNAT), else in tc.
     pub netfilter: [bool; 2],
+    /// `masqAll: true`: every flow from outside is masqueraded, in tc,
+    /// and never handed over to the fast path.
+    pub masq_all: bool,
     pub why: String,
 }
 
@@ -578,13 +581,18 @@ pub fn translation_report(
     nat_kfuncs: Option<Kfuncs>,
     nat_hooked: Option<[bool; 2]>,
 ) -> TranslationReport {
+    let masq_all = flags & node_flags::MASQ_ALL != 0;
+    // masqAll's flows are masqueraded in tc, so translated there too,
+    // whatever netfilter could do (see knat.rs in the eBPF crate).
     let netfilter = [
-        flags & node_flags::KERNEL_NAT4 != 0,
-        flags & node_flags::KERNEL_NAT6 != 0,
+        flags & node_flags::KERNEL_NAT4 != 0 && !masq_all,
+        flags & node_flags::KERNEL_NAT6 != 0 && !masq_all,
     ];
     const SEEN: &str = "TCP and UDP flows from outside get the kernel's conntrack entry upstream's DNAT would make (conntrack -L, ct status dnat and ct original rules see the host port), and netfilter's NAT translates them; SCTP, masqueraded (hairpin, masqAll) and node-opened flows are translated in tc";
     let why = if netfilter == [true, true] {
         SEEN.to_owned()
+    } else if masq_all {
+        "masqAll: true masquerades every flow from outside in tc, so tc translates them too (netfilter sees them already translated and masqueraded, with no DNAT), and none is handed over to the fast path".to_owned()
     } else if flags & node_flags::FAST_PATH != 0 && flags & node_flags::FAST_UNHOOKED == 0 {
         "fastPath: true hands every flow over past netfilter, so tc translates them (netfilter sees the flow already translated, and no DNAT)".to_owned()
     } else {
@@ -622,7 +630,11 @@ pub fn translation_report(
             }
         }
     };
-    TranslationReport { netfilter, why }
+    TranslationReport {
+        netfilter,
+        masq_all,
+        why,
+    }
 }
 
 /// Why the kernel cannot say which flows its firewall accepted.
@@ -869,5 +881,12 @@ mod tests {
         assert!(report.why.contains("bpf_ct_set_nat_info"), "{}", report.why);
         let report = translation_report(node_flags::FAST_PATH, linked, both);
         assert!(report.why.contains("fastPath: true"), "{}", report.why);
+        let report = translation_report(flags([true, true]) | node_flags::MASQ_ALL, linked, both);
+        assert_eq!((report.place(0), report.place(1)), ("tc", "tc"));
+        assert!(
+            report.masq_all && report.why.contains("masqAll"),
+            "{}",
+            report.why
+        );
     }
 }

@@ -268,7 +268,13 @@ fn judge_firewalld(status: &Status, notes: &mut Vec<String>) {
     {
         return;
     }
-    notes.push(if always {
+    let masq_all = status
+        .translation
+        .as_ref()
+        .is_some_and(|report| report.masq_all);
+    notes.push(if masq_all {
+        "firewalld runs in this network namespace: its FORWARD chain accepts flows conntrack holds as DNAT (ct status dnat) and judges the rest by its zones, and with masqAll: true every hostPort flow from outside is translated and masqueraded in tc, no DNAT to netfilter, and never handed past FORWARD (fastPath does not apply to it), so unless the uplinks and the bridge sit in one zone that forwards within itself (or a firewalld policy forwards from the uplinks' zone to the pods'), its clients are refused (admin-prohibited: \"No route to host\") (see README, Firewalls)".to_owned()
+    } else if always {
         "firewalld runs in this network namespace: with fastPath: true translated flows from outside skip FORWARD, so its zones, policies and direct rules do not decide them (its own verdict for DNAT flows is accept; with StrictForwardPorts=yes it would refuse them, and here they pass)".to_owned()
     } else {
         "firewalld runs in this network namespace: its FORWARD chain accepts flows conntrack holds as DNAT (ct status dnat) and judges the rest by its zones, and a hostPort flow translated in tc (see translation above: netfilter translates only where the NAT kfuncs linked and a nat chain of the family exists) is no DNAT to netfilter, so unless the uplinks and the bridge sit in one zone that forwards within itself, its clients are refused (admin-prohibited: \"No route to host\"); fastPath: true lets them past FORWARD (see README, Firewalls)".to_owned()
