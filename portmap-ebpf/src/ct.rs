@@ -259,26 +259,41 @@ fn track_noted(packet: &Packet, rewrites_destination: bool) -> bool {
     };
     // SAFETY: fields of a live map value, read once.
     // Followed whatever translates the flow (see `ct_kind::NETFILTER`).
-    let (nat_addr_be, nat_port_be, kind, state, flags, first_seen) = unsafe {
+    let (nat_addr_be, nat_port_be, raw_kind, state, flags, first_seen) = unsafe {
         (
             (*entry).nat_addr_be,
             (*entry).nat_port_be,
-            (*entry).kind & ct_kind::BASE,
+            (*entry).kind,
             (*entry).tcp_state,
             (*entry).flags,
             (*entry).last_seen_ns,
         )
     };
+    let kind = raw_kind & ct_kind::BASE;
+    // A flow netfilter translates is followed where tc sees both its
+    // directions as they travel, untranslated: at ingress, from the
+    // client on the uplink and from the container on its side (its
+    // answer is translated back before any egress sees it). Without the
+    // answer's FIN, such a flow never closed and held its two entries
+    // among the live ones for the 6 h of an established flow.
+    let netfilter = raw_kind & ct_kind::NETFILTER != 0;
     // An entry this hook does not translate (a container's answer that
     // ingress hands to the fast path, egress translates it): its packet
     // is followed where it is translated.
     let answer = kind == ct_kind::REPLY || kind == ct_kind::UNMASQ;
-    if rewrites_destination != (kind == ct_kind::DNAT || kind == ct_kind::UNMASQ)
+    let destination = if netfilter {
+        kind == ct_kind::DNAT
+    } else {
+        rewrites_destination
+    };
+    if (netfilter && !rewrites_destination)
+        || (!netfilter
+            && rewrites_destination != (kind == ct_kind::DNAT || kind == ct_kind::UNMASQ))
         || !(answer || kind == ct_kind::DNAT || kind == ct_kind::SNAT)
     {
         return false;
     }
-    let pair = if rewrites_destination {
+    let pair = if destination {
         CtKey {
             src_addr_be: nat_addr_be,
             dst_addr_be: key.src_addr_be,

@@ -111,10 +111,16 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
             return true;
         }
         // A flow netfilter translates: its kernel entry kept, the packet
-        // left as it is. (Its answers, `NETFILTER_REPLY`, fall to the last
-        // arm: netfilter translates them back on the normal path.)
+        // left as it is. (Its answers, `NETFILTER_REPLY`, are translated
+        // back by netfilter on the normal path.)
         ct_kind::NETFILTER_DNAT => {
             knat::note();
+            return true;
+        }
+        // Its answer, on the container's side: followed here (see
+        // `ct::track_tcp`), translated back by netfilter.
+        ct_kind::NETFILTER_REPLY => {
+            ct::note_tcp_change(packet, entry.tcp_state);
             return true;
         }
         ct_kind::REPLY => {

@@ -399,3 +399,54 @@ fn hairpin_flows_stay_in_tc_where_netfilter_translates_the_rest() {
     assert!(grew("masq") >= 2, "masqueraded in tc: {after:#}");
     assert_eq!(grew("knat_new"), 0, "none handed to netfilter: {after:#}");
 }
+
+/// A TCP flow netfilter translates closes in our tables as a tc flow
+/// does: its FINs both ways (the container's seen on the container's
+/// side, where tc sees it before netfilter translates it back) move its
+/// entries out of the live table. Before, the answer's FIN was never
+/// followed: every such connection held two entries among the live flows
+/// for the 6 h of an established one (filling the table that a flood must
+/// not touch with dead flows), and a later flow on the same tuple
+/// translated in tc (`fastPath: true`, or after the nat chain went) found
+/// the dead flow's answer entry first and left untranslated.
+#[test]
+fn closed_flows_netfilter_translates_leave_the_live_table() {
+    const CONNECTIONS: u64 = 20;
+    let world = world(Plugin::Ours);
+    let _served = serve(&world, "web");
+    let before = world.counters();
+    for family in Family::BOTH {
+        for _ in 0..CONNECTIONS / 2 {
+            let answer = tcp_request(
+                &world.node.ext,
+                SocketAddr::new(family.node(), TCP_HOST_PORT),
+                "hello",
+                PATIENCE,
+            );
+            assert!(answer.is_ok(), "{family:?}: {answer:?}");
+        }
+    }
+    // The last FIN and ACK may still be on their way.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let closed = loop {
+        let after = world.counters();
+        let closed = counter(&after, "ct_closed") - counter(&before, "ct_closed");
+        if closed >= CONNECTIONS || std::time::Instant::now() > deadline {
+            break closed;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let after = world.counters();
+    assert_eq!(
+        counter(&after, "knat_new") - counter(&before, "knat_new"),
+        CONNECTIONS,
+        "every connection netfilter's: {after:#}"
+    );
+    assert_eq!(closed, CONNECTIONS, "each connection closed: {after:#}");
+    let live = world.dump_map("conntrack");
+    assert_eq!(
+        live.as_array().map_or(0, Vec::len),
+        0,
+        "no closed flow left among the live ones: {live:#}"
+    );
+}
