@@ -131,6 +131,9 @@ pub struct BenchWorld {
     pub pins: Option<PinRoot>,
     /// The floor programs of [`Flavor::PlainFloor`] (the `Plain` world only).
     floor: Mutex<FloorState>,
+    /// The node's kernel-NAT flags as an ADD without `fastPath` left them
+    /// (see [`BenchWorld::set_fast_path`]).
+    kernel_nat: Mutex<u32>,
     _plugins: PluginDirs,
     _servers: Servers,
 }
@@ -160,6 +163,11 @@ impl BenchWorld {
         // real node does. Every world has it, the direct path's too, so no
         // side is measured with conntrack and the other without.
         node.drop_invalid_at_forward();
+        // And kube-proxy's nat chains (empty here): netfilter's NAT hooked,
+        // so that ebpf-portmap's default mode has its new flows translated
+        // by netfilter, with the kernel's DNAT entry (issue 50), as on a
+        // Kubernetes node. Every world has them, for the same reason.
+        node.hook_nat();
         let pins = matches!(
             flavor,
             Flavor::Ours | Flavor::Baseline | Flavor::OursSockets
@@ -242,6 +250,7 @@ impl BenchWorld {
             prev_result,
             pins,
             floor: Mutex::default(),
+            kernel_nat: Mutex::default(),
             _plugins: plugins,
             _servers: servers,
         }
@@ -390,14 +399,24 @@ impl BenchWorld {
                     .expect("a hex byte")
             })
             .collect();
-        let fast = portmap_common::local::node_flags::FAST_PATH.to_ne_bytes();
-        for (byte, bit) in bytes[8..12].iter_mut().zip(fast) {
-            if on {
-                *byte |= bit;
-            } else {
-                *byte &= !bit;
-            }
+        use portmap_common::local::node_flags::{FAST_PATH, KERNEL_NAT4, KERNEL_NAT6};
+        let mut flags = u32::from_ne_bytes(bytes[8..12].try_into().expect("4 flag bytes"));
+        // An ADD with `fastPath: true` also has no flow translated by
+        // netfilter (it would skip netfilter): the kernel-NAT bits an ADD
+        // without it set are kept aside while the fast path is on.
+        let mut kernel_nat = self
+            .kernel_nat
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if flags & FAST_PATH == 0 {
+            *kernel_nat = flags & (KERNEL_NAT4 | KERNEL_NAT6);
         }
+        if on {
+            flags = (flags | FAST_PATH) & !(KERNEL_NAT4 | KERNEL_NAT6);
+        } else {
+            flags = (flags & !FAST_PATH) | *kernel_nat;
+        }
+        bytes[8..12].copy_from_slice(&flags.to_ne_bytes());
         let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
         let mut update = vec!["map", "update", "pinned", path];
         update.extend(key);
