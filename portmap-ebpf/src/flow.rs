@@ -483,7 +483,14 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     // no mapping's host port has no mapping to find. The bit is set before
     // a mapping is written and never cleared, so no mapping is missed (the
     // filter in front of egress relies on the same bit).
+    //
+    // First whether a flow we know owns the answer tuple: the answer of a
+    // flow netfilter translates leaves here from the host port, translated
+    // back by netfilter, and is its flow's, not the node's (one lookup,
+    // where the mapping's and the FIB's took two and a route lookup on
+    // every such answer).
     if maps::port_is(PortRole::Host, packet.proto, packet.sport_be)
+        && !answer_known(&key)
         && find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some_and(
             |(key, _)| {
                 key.host_addr_be == packet.src_be
@@ -514,22 +521,7 @@ fn record_pass(key: &CtKey) {
     let Some(scratch) = maps::scratch() else {
         return;
     };
-    // Field by field, here and below: the reversed key or a whole entry
-    // built on this frame first took egress's call chain past 6.1's 512
-    // bytes.
-    let answer = &mut scratch.reply_key;
-    for i in 0..4 {
-        // SAFETY: words of this CPU's scratch value and of the caller's key.
-        unsafe {
-            core::ptr::write_volatile(&raw mut answer.src_addr_be[i], key.dst_addr_be[i]);
-            core::ptr::write_volatile(&raw mut answer.dst_addr_be[i], key.src_addr_be[i]);
-        }
-    }
-    answer.src_port_be = key.dst_port_be;
-    answer.dst_port_be = key.src_port_be;
-    answer.proto = key.proto;
-    answer.family = key.family;
-    answer._pad0 = 0;
+    reverse_into(&mut scratch.reply_key, key);
     let pass = &mut scratch.reply;
     for word in &mut pass.nat_addr_be {
         // SAFETY: a word of this CPU's scratch value.
@@ -548,6 +540,37 @@ fn record_pass(key: &CtKey) {
     {
         maps::count(stat::PASS_RECORDED);
     }
+}
+
+/// Whether a flow we know (in any table) owns the answer tuple of `key`,
+/// built in scratch's `reply_key` (see [`record_pass`], which builds it
+/// again there). Not inlined: as record_pass, off egress's frame.
+#[inline(never)]
+fn answer_known(key: &CtKey) -> bool {
+    let Some(scratch) = maps::scratch() else {
+        return true;
+    };
+    reverse_into(&mut scratch.reply_key, key);
+    maps::ct_get_any(&scratch.reply_key).is_some()
+}
+
+/// Writes the reverse of `key` into `answer`, field by field: the reversed
+/// key or a whole entry built on egress's frames first took its call
+/// chain past 6.1's 512 bytes.
+#[inline(always)]
+fn reverse_into(answer: &mut CtKey, key: &CtKey) {
+    for i in 0..4 {
+        // SAFETY: words of this CPU's scratch value and of the caller's key.
+        unsafe {
+            core::ptr::write_volatile(&raw mut answer.src_addr_be[i], key.dst_addr_be[i]);
+            core::ptr::write_volatile(&raw mut answer.dst_addr_be[i], key.src_addr_be[i]);
+        }
+    }
+    answer.src_port_be = key.dst_port_be;
+    answer.dst_port_be = key.src_port_be;
+    answer.proto = key.proto;
+    answer.family = key.family;
+    answer._pad0 = 0;
 }
 
 /// After new_flow translated a flow (a new one, or a recovered one, see
