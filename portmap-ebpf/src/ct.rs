@@ -281,16 +281,15 @@ fn track_noted(packet: &Packet, rewrites_destination: bool) -> bool {
     // ingress hands to the fast path, egress translates it): its packet
     // is followed where it is translated.
     let answer = kind == ct_kind::REPLY || kind == ct_kind::UNMASQ;
-    let destination = if netfilter {
-        kind == ct_kind::DNAT
+    let (followed_here, destination) = if netfilter {
+        (rewrites_destination, kind == ct_kind::DNAT)
     } else {
-        rewrites_destination
+        (
+            rewrites_destination == (kind == ct_kind::DNAT || kind == ct_kind::UNMASQ),
+            rewrites_destination,
+        )
     };
-    if (netfilter && !rewrites_destination)
-        || (!netfilter
-            && rewrites_destination != (kind == ct_kind::DNAT || kind == ct_kind::UNMASQ))
-        || !(answer || kind == ct_kind::DNAT || kind == ct_kind::SNAT)
-    {
+    if !followed_here || !(answer || kind == ct_kind::DNAT || kind == ct_kind::SNAT) {
         return false;
     }
     let pair = if destination {

@@ -504,11 +504,13 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
 }
 
 /// Records a pass entry for the answers of a flow the node opened from a
-/// mapped port, whose packet has tuple `key` (see egress). Never over a
-/// translation: on a bridge the reply of a translated flow crosses a
-/// second egress hook (the bridge port) after the first rewrote it to the
-/// host port, and must stay translated; a closed translated flow is in the
-/// closed table, and one not yet assured in `conntrack_new`, not here.
+/// mapped port, whose packet has tuple `key` (see egress), keyed by the
+/// answer tuple [`answer_known`] left in scratch, after it found no flow
+/// of ours there in any table. Never over a translation: on a bridge the
+/// reply of a translated flow crosses a second egress hook (the bridge
+/// port) after the first rewrote it to the host port, and must stay
+/// translated; a closed translated flow is in the closed table, and one
+/// not yet assured in `conntrack_new`, not here.
 /// Built in scratch, and not inlined: egress's frame with the answer's
 /// key and the search of three tables on it was 280 bytes, past BPF's
 /// 512-byte stack under the entry point and `ct::lookup`.
@@ -521,7 +523,6 @@ fn record_pass(key: &CtKey) {
     let Some(scratch) = maps::scratch() else {
         return;
     };
-    reverse_into(&mut scratch.reply_key, key);
     let pass = &mut scratch.reply;
     for word in &mut pass.nat_addr_be {
         // SAFETY: a word of this CPU's scratch value.
@@ -535,30 +536,23 @@ fn record_pass(key: &CtKey) {
     pass.verdict_at = 0;
     pass.last_seen_ns = now;
     let table = Table::for_proto(key.proto);
-    if maps::ct_get_any(&scratch.reply_key).is_none()
-        && maps::ct_put_new(table, &scratch.reply_key, &scratch.reply)
-    {
+    if maps::ct_put_new(table, &scratch.reply_key, &scratch.reply) {
         maps::count(stat::PASS_RECORDED);
     }
 }
 
-/// Whether a flow we know (in any table) owns the answer tuple of `key`,
-/// built in scratch's `reply_key` (see [`record_pass`], which builds it
-/// again there). Not inlined: as record_pass, off egress's frame.
+/// Whether a flow we know (in any table) owns the answer tuple of `key`.
+/// The tuple is built in scratch's `reply_key`, where [`record_pass`]
+/// finds it (nothing between the two calls writes it). Field by field:
+/// the reversed key or a whole entry built on egress's frames first took
+/// its call chain past 6.1's 512 bytes. Not inlined: as record_pass, off
+/// egress's frame.
 #[inline(never)]
 fn answer_known(key: &CtKey) -> bool {
     let Some(scratch) = maps::scratch() else {
         return true;
     };
-    reverse_into(&mut scratch.reply_key, key);
-    maps::ct_get_any(&scratch.reply_key).is_some()
-}
-
-/// Writes the reverse of `key` into `answer`, field by field: the reversed
-/// key or a whole entry built on egress's frames first took its call
-/// chain past 6.1's 512 bytes.
-#[inline(always)]
-fn reverse_into(answer: &mut CtKey, key: &CtKey) {
+    let answer = &mut scratch.reply_key;
     for i in 0..4 {
         // SAFETY: words of this CPU's scratch value and of the caller's key.
         unsafe {
@@ -571,6 +565,7 @@ fn reverse_into(answer: &mut CtKey, key: &CtKey) {
     answer.proto = key.proto;
     answer.family = key.family;
     answer._pad0 = 0;
+    maps::ct_get_any(&scratch.reply_key).is_some()
 }
 
 /// After new_flow translated a flow (a new one, or a recovered one, see
