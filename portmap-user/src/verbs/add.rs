@@ -277,12 +277,14 @@ fn check_firewall(
     if conf.fast_path == FastPathSetting::Always || conf.masq_all {
         return Ok(());
     }
-    let flags = crate::dataplane::node_state::recorded_flags(layout).unwrap_or(0);
+    let netfilter = crate::dataplane::features::netfilter_translates(
+        crate::dataplane::node_state::recorded_flags(layout).unwrap_or(0),
+    );
     let refused: Vec<String> = translations
         .iter()
         .filter_map(|translation| {
             let key = translation.key;
-            let why = tc_translated(key.proto, key.family, flags)?;
+            let why = tc_translated(key.proto, key.family, netfilter)?;
             Some(format!("{} ({why})", ownership::KeyDisplay(key)))
         })
         .collect();
@@ -304,18 +306,12 @@ fn check_firewall(
 }
 
 /// Why new flows of a mapping of `proto` and `family` are translated in tc
-/// where the node's settings are `flags`, or `None` where netfilter
-/// translates them.
-fn tc_translated(proto: u8, family: u8, flags: u32) -> Option<&'static str> {
-    use portmap_common::local::node_flags::{KERNEL_NAT4, KERNEL_NAT6};
-    let netfilter = if family == FAMILY_V6 {
-        flags & KERNEL_NAT6 != 0
-    } else {
-        flags & KERNEL_NAT4 != 0
-    };
+/// where netfilter translates the families `netfilter` says (IPv4, IPv6),
+/// or `None` where netfilter translates them.
+fn tc_translated(proto: u8, family: u8, netfilter: [bool; 2]) -> Option<&'static str> {
     if proto == portmap_common::PROTO_SCTP {
         Some("SCTP: the kernel makes no conntrack entry with NAT for it")
-    } else if !netfilter {
+    } else if !netfilter[usize::from(family == FAMILY_V6)] {
         Some(if family == FAMILY_V6 {
             "netfilter does not translate IPv6 on this node"
         } else {

@@ -572,6 +572,18 @@ impl TranslationReport {
     }
 }
 
+/// Per family (IPv4, IPv6), whether the node's settings (`flags`) have
+/// new TCP and UDP flows from outside translated by netfilter: the
+/// family's kernel-NAT flag, unless masqAll masquerades every such flow,
+/// in tc, so translated there too (see knat.rs in the eBPF crate).
+pub fn netfilter_translates(flags: u32) -> [bool; 2] {
+    let masq_all = flags & node_flags::MASQ_ALL != 0;
+    [
+        flags & node_flags::KERNEL_NAT4 != 0 && !masq_all,
+        flags & node_flags::KERNEL_NAT6 != 0 && !masq_all,
+    ]
+}
+
 /// What the node's settings (`flags`) and the NAT kfuncs' record
 /// (`nat_kfuncs`) say of where new flows are translated; `nat_hooked`, per
 /// family, whether netfilter's NAT is hooked now (`None`: cannot tell),
@@ -582,12 +594,7 @@ pub fn translation_report(
     nat_hooked: Option<[bool; 2]>,
 ) -> TranslationReport {
     let masq_all = flags & node_flags::MASQ_ALL != 0;
-    // masqAll's flows are masqueraded in tc, so translated there too,
-    // whatever netfilter could do (see knat.rs in the eBPF crate).
-    let netfilter = [
-        flags & node_flags::KERNEL_NAT4 != 0 && !masq_all,
-        flags & node_flags::KERNEL_NAT6 != 0 && !masq_all,
-    ];
+    let netfilter = netfilter_translates(flags);
     const SEEN: &str = "TCP and UDP flows from outside get the kernel's conntrack entry upstream's DNAT would make (conntrack -L, ct status dnat and ct original rules see the host port), and netfilter's NAT translates them; SCTP, masqueraded (hairpin, masqAll) and node-opened flows are translated in tc";
     let why = if netfilter == [true, true] {
         SEEN.to_owned()
