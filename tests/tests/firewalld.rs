@@ -37,13 +37,15 @@ const PATIENCE: Duration = Duration::from_secs(3);
 enum Side {
     OursDefault,
     OursFast,
+    /// The default mode with `masqAll: true`.
+    OursMasqAll,
     Upstream,
 }
 
 fn world(side: Side) -> World {
     World::with(|name, pins, data| match side {
         Side::Upstream => bridge_conflist(name, "portmap", None, data),
-        Side::OursDefault | Side::OursFast => {
+        Side::OursDefault | Side::OursFast | Side::OursMasqAll => {
             let list = bridge_conflist(name, "ebpf-portmap", Some(pins), data);
             let mut json = list.json().clone();
             let plugin = json["plugins"][1]
@@ -53,6 +55,9 @@ fn world(side: Side) -> World {
                 plugin.insert("fastPath".into(), Value::Bool(true));
             } else {
                 plugin.remove("fastPath");
+            }
+            if side == Side::OursMasqAll {
+                plugin.insert("masqAll".into(), Value::Bool(true));
             }
             portmap_tests::Conflist::from_json(json).expect("conflist")
         }
@@ -355,16 +360,7 @@ fn behind_firewalld_add_refuses_mappings_it_would_translate_in_tc() {
 /// them); `status` says they are translated in tc and notes firewalld.
 #[test]
 fn behind_firewalld_masq_all_flows_answer_only_where_zones_forward() {
-    let world = World::with(|name, pins, data| {
-        let list = bridge_conflist(name, "ebpf-portmap", Some(pins), data);
-        let mut json = list.json().clone();
-        let plugin = json["plugins"][1]
-            .as_object_mut()
-            .expect("the plugin entry");
-        plugin.remove("fastPath");
-        plugin.insert("masqAll".into(), Value::Bool(true));
-        portmap_tests::Conflist::from_json(json).expect("conflist")
-    });
+    let world = world(Side::OursMasqAll);
     let firewalld = Firewalld::start(&world.node.ns);
     let _served = serve(&world);
     let status = operator_json(&world.node.ns, world.pins.path(), "status");
@@ -380,19 +376,17 @@ fn behind_firewalld_masq_all_flows_answer_only_where_zones_forward() {
         notes.contains("firewalld runs in this network namespace") && notes.contains("masqAll"),
         "status notes firewalld and masqAll: {notes}"
     );
-    let [layout, ..] = &layouts()[..] else {
-        unreachable!()
-    };
-    apply(&firewalld, &world, &layout.1);
+    let mut layouts = layouts();
+    let (name, commands) = layouts.first().expect("the unbound layout");
+    apply(&firewalld, &world, commands);
     for node in nodes() {
         let refused = connect(&world, node);
         assert!(
             refused.as_ref().is_err_and(|(_, took)| *took < PATIENCE),
-            "masqAll, {}: TCP to {node} refused at once: {refused:?}",
-            layout.0
+            "masqAll, {name}: TCP to {node} refused at once: {refused:?}"
         );
     }
-    let (name, commands) = layouts().pop().expect("the shared-zone layout");
+    let (name, commands) = layouts.pop().expect("the shared-zone layout");
     apply(&firewalld, &world, &commands);
-    expect_answers(&world, &firewalld, Side::OursDefault, name);
+    expect_answers(&world, &firewalld, Side::OursMasqAll, name);
 }
