@@ -20,11 +20,15 @@ use std::env;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
+/// Cargo's build directory (`build.build-dir`, cargo 1.91) as a variable.
+const BUILD_DIR_VAR: &str = "CARGO_BUILD_BUILD_DIR";
+
 /// Builds `package` (at `root_dir`) with aya-build in the shared
 /// directory, then copies every object it wrote into this run's `OUT_DIR`.
 pub fn build(package: &'static str, root_dir: &str) -> aya_build::Result<()> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let shared = shared_root(&out_dir).join("ebpf-build").join(package);
+    let builds = shared_root(&out_dir).join("ebpf-build");
+    let shared = builds.join(package);
     fs::create_dir_all(&shared)?;
     // Held until the objects are copied: another run's aya-build rewrites
     // them in place, and a copy taken meanwhile would be torn.
@@ -33,6 +37,17 @@ pub fn build(package: &'static str, root_dir: &str) -> aya_build::Result<()> {
     // SAFETY: the build script runs one thread here; nothing reads the
     // environment meanwhile.
     unsafe { env::set_var("OUT_DIR", &shared) };
+    // aya-build gives each package a target directory of its own; one
+    // build directory (cargo's intermediate artifacts) under them all lets
+    // the packages share `core`, compiler_builtins and aya-ebpf, which the
+    // bench's floor programs otherwise compiled again (about 30 s of CPU).
+    // Not the outer target directory itself: a `cargo build --release`
+    // there holds the lock of the `release` folder the inner cargo would
+    // wait for. Set here, over whatever the outer build was given, so that
+    // every package's build lands in the same place.
+    let outer_build_dir = env::var_os(BUILD_DIR_VAR);
+    // SAFETY: as above; the inner cargo inherits it.
+    unsafe { env::set_var(BUILD_DIR_VAR, builds.join("build")) };
     let built = aya_build::build_ebpf(
         [aya_build::Package {
             name: package,
@@ -42,7 +57,13 @@ pub fn build(package: &'static str, root_dir: &str) -> aya_build::Result<()> {
         aya_build::Toolchain::default(),
     );
     // SAFETY: as above.
-    unsafe { env::set_var("OUT_DIR", &out_dir) };
+    unsafe {
+        env::set_var("OUT_DIR", &out_dir);
+        match outer_build_dir {
+            Some(dir) => env::set_var(BUILD_DIR_VAR, dir),
+            None => env::remove_var(BUILD_DIR_VAR),
+        }
+    }
     built?;
     for entry in fs::read_dir(&shared)? {
         let entry = entry?;

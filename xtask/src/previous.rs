@@ -7,7 +7,8 @@
 //! way the release itself was built and shipped (its own Cargo.lock and
 //! build.rs, profile `dist`, the shipped target), with its binary in a
 //! target directory of its own next to it but its dependencies built in
-//! this checkout's build directory (`CARGO_BUILD_BUILD_DIR`, cargo 1.91):
+//! this checkout's build directory (`build.build-dir`, cargo 1.91), and its
+//! eBPF programs on the `core` and aya-ebpf of this checkout's eBPF build:
 //! the crates both lock files name at the same version and features are
 //! the shipped build's, compiled once. After the shipped build, the build
 //! compiles 8 crates and links with fat LTO (61 s on this project's 2-core
@@ -103,9 +104,25 @@ pub fn build_command() -> Result<Command> {
             PLUGIN_BIN,
         ])
         .env("CARGO_TARGET_DIR", root().join("target"))
-        .env("CARGO_BUILD_BUILD_DIR", target_dir());
+        // The build directory of this build on the command line, and of the
+        // eBPF build its build.rs runs (aya-build's own cargo, which gets
+        // the environment, not the arguments) in the environment: the one
+        // this checkout's eBPF builds use (build-support/shared_ebpf.rs), so
+        // `core` and aya-ebpf, built there already, are not compiled again.
+        .arg("--config")
+        .arg(format!(
+            "build.build-dir={:?}",
+            target_dir().display().to_string()
+        ))
+        .env("CARGO_BUILD_BUILD_DIR", ebpf_build_dir());
     shipped_build_args(&mut build);
     Ok(build)
+}
+
+/// The build directory every eBPF build of this checkout uses (see
+/// build-support/shared_ebpf.rs).
+fn ebpf_build_dir() -> PathBuf {
+    target_dir().join("ebpf-build").join("build")
 }
 
 /// Fails if the build did not leave the binary where the test looks.
