@@ -109,12 +109,17 @@ enum Verb {
     /// Lint every crate: `cargo clippy --all-targets -- -D warnings` over the
     /// default members, and the eBPF crates with nightly for their own
     /// target, both in target/clippy (so that they run beside builds of
-    /// target/ without waiting on its lock). `test` runs it beside its
-    /// steps once the shipped plugin is built (`--after MARKER`).
+    /// target/ without waiting on its lock). `test` lints the default
+    /// members in its own build (see `plan::lint_within_builds`) and runs
+    /// this for the eBPF crates only (`--ebpf-only`), beside its steps once
+    /// the shipped plugin is built (`--after MARKER`).
     Clippy {
         /// Wait until this file exists first.
         #[arg(long, value_name = "MARKER")]
         after: Option<std::path::PathBuf>,
+        /// Only the eBPF crates.
+        #[arg(long)]
+        ebpf_only: bool,
     },
     /// Build the previous release's plugin for the upgrade test, as it shipped
     /// (profile dist, static musl), on the shipped build's dependencies (see
@@ -154,8 +159,11 @@ fn main() -> ExitCode {
             skip_podman,
             skip_containerd,
             cargo_test_args,
-        } => Skips::new(&skip_names(skip, *skip_vm, *skip_podman, *skip_containerd))
-            .and_then(|skips| run_steps("test", test_steps(cargo_test_args, skips))),
+        } => {
+            plan::lint_within_builds();
+            Skips::new(&skip_names(skip, *skip_vm, *skip_podman, *skip_containerd))
+                .and_then(|skips| run_steps("test", test_steps(cargo_test_args, skips)))
+        }
         Verb::E2e(words) => match e2e_verb(words) {
             Ok((suite, test_args)) => run_steps(
                 &format!("e2e-{}", suite.name),
@@ -166,7 +174,9 @@ fn main() -> ExitCode {
         Verb::Dist => run_steps("dist", dist_steps()),
         Verb::Image => run_steps("image", image_steps()),
         Verb::VmTest(args) => run_steps("vm-test", vm_test_steps(args)),
-        Verb::Clippy { after } => run_steps("clippy", clippy_steps(after.as_deref())),
+        Verb::Clippy { after, ebpf_only } => {
+            run_steps("clippy", clippy_steps(after.as_deref(), *ebpf_only))
+        }
         Verb::Previous { after } => run_steps("previous", previous_steps(after.as_deref())),
         Verb::Demo { demo_args } => run_steps("demo", demo_steps(demo_args)),
         Verb::Bench { bench_args } => run_steps("bench", bench_steps(bench_args)),
