@@ -37,6 +37,7 @@ pub mod podman;
 pub mod profile;
 pub mod prometheus;
 pub mod release;
+pub mod rtnl;
 pub mod runtime;
 pub mod stop;
 pub mod tmp;

@@ -15,9 +15,11 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::naming::{NETNS_RUN_DIR, reap_stale, unique_name};
@@ -54,10 +56,7 @@ impl NetNs {
             let _guard = NETNS_LOCK
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            run_checked(
-                Command::new("ip").args(["netns", "add", &name]),
-                "in the root namespace",
-            );
+            add_netns(&name);
         }
         let path = Path::new(NETNS_RUN_DIR).join(&name);
         // From here on, a panic drops `ns`, which deletes the namespace again.
@@ -112,9 +111,10 @@ impl NetNs {
         self.handle.exec(program, args)
     }
 
-    /// `ip args...` inside the namespace; returns stdout, panics with stderr on failure.
+    /// `ip args...` inside the namespace; returns stdout, panics with stderr
+    /// on failure. See [`NsHandle::ip`].
     pub fn ip(&self, args: &[&str]) -> String {
-        self.handle.exec("ip", args)
+        self.handle.ip(args)
     }
 
     /// Makes veth `name` here, its peer `peer` in `other`: both down.
@@ -162,18 +162,107 @@ impl Drop for NetNs {
     }
 }
 
+/// Set once `/run/netns` is known to be a mount point of its own, which
+/// the first `ip netns add` on the machine makes it (and shared, so that
+/// namespaces mounted later show in every mount namespace).
+static RUN_DIR_MOUNTED: AtomicBool = AtomicBool::new(false);
+
+/// `ip netns add name`, in the process once `ip` has set up `/run/netns`
+/// (see [`crate::rtnl`] for why): the file, a thread in a new network
+/// namespace, and the bind mount of that namespace onto the file, as `ip`
+/// does them.
+fn add_netns(name: &str) {
+    if !RUN_DIR_MOUNTED.load(Ordering::Relaxed) && !run_dir_is_mount_point() {
+        run_checked(
+            Command::new("ip").args(["netns", "add", name]),
+            "in the root namespace",
+        );
+        RUN_DIR_MOUNTED.store(run_dir_is_mount_point(), Ordering::Relaxed);
+        return;
+    }
+    RUN_DIR_MOUNTED.store(true, Ordering::Relaxed);
+    let path = Path::new(NETNS_RUN_DIR).join(name);
+    let made = File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o0)
+        .open(&path)
+        .and_then(|_| {
+            std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        // SAFETY: unshare(2) changes this thread's network
+                        // namespace only; the thread ends right after.
+                        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        bind_mount(Path::new("/proc/thread-self/ns/net"), &path)
+                    })
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+        });
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&path);
+        panic!("ip netns add {name} (in the process) failed: {e}");
+    }
+}
+
+/// Whether `/proc/self/mountinfo` has a mount at `/run/netns`.
+fn run_dir_is_mount_point() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|table| {
+        table
+            .lines()
+            .any(|line| line.split(' ').nth(4) == Some(NETNS_RUN_DIR))
+    })
+}
+
+fn bind_mount(source: &Path, target: &Path) -> io::Result<()> {
+    let source = path_cstring(source)?;
+    let target = path_cstring(target)?;
+    let none = c"none";
+    // SAFETY: every pointer is a NUL-terminated string that outlives the
+    // call; a bind mount reads no data argument.
+    let done = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            none.as_ptr(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn path_cstring(path: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in a path"))
+}
+
+/// `ip netns del name` in the process: the lazy unmount of the namespace's
+/// file and its removal, as `ip` does them.
 fn delete_netns(name: &str) {
     let _guard = NETNS_LOCK
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    match Command::new("ip").args(["netns", "del", name]).output() {
-        Ok(out) if out.status.success() => {}
-        Ok(out) => eprintln!(
-            "harness: `ip netns del {name}` failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-        Err(e) => eprintln!("harness: could not run `ip netns del {name}`: {e}"),
+    let path = Path::new(NETNS_RUN_DIR).join(name);
+    let unmounted = path_cstring(&path).and_then(|target| {
+        // SAFETY: `target` is a NUL-terminated string that outlives the call.
+        if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    });
+    match unmounted.and_then(|()| std::fs::remove_file(&path)) {
+        Ok(()) => {}
+        Err(e) => eprintln!("harness: `ip netns del {name}` (in the process) failed: {e}"),
     }
 }
 
@@ -245,6 +334,24 @@ impl NsHandle {
             command.pre_exec(move || enter(fd.as_raw_fd()));
         }
         command
+    }
+
+    /// `ip args...` inside the namespace; returns stdout, panics with stderr
+    /// on failure. The forms [`crate::rtnl::Request`] takes (links up,
+    /// addresses, routes, veths) are sent over rtnetlink from a thread in
+    /// the namespace instead, and return nothing.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let Some(request) = crate::rtnl::Request::parse(args) else {
+            return self.exec("ip", args);
+        };
+        if let Err(e) = self.run(|| request.send()) {
+            panic!(
+                "ip {} in netns {} (over rtnetlink, in the process) failed: {e}",
+                args.join(" "),
+                self.name
+            );
+        }
+        String::new()
     }
 
     /// Runs `program args` inside the namespace and returns its stdout.

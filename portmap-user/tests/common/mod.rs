@@ -5,7 +5,7 @@
 //! used by each.
 #![allow(dead_code, reason = "each test crate uses its own part of the helpers")]
 
-use std::{net::Ipv4Addr, process::Command, time::Duration};
+use std::{net::Ipv4Addr, time::Duration};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -44,12 +44,7 @@ pub fn in_namespace<T: Send + 'static>(
             "link set node0 up",
         ];
         for args in base.iter().chain(extra) {
-            let ok = Command::new("ip")
-                .args(args.split(' '))
-                .status()
-                .expect("ip")
-                .success();
-            assert!(ok, "ip {args}");
+            portmap_tests::rtnl::ip_here(&args.split(' ').collect::<Vec<_>>());
         }
         f(portmap_user::node::netlink::interface_index("node0").expect("node0"))
     })
