@@ -110,7 +110,7 @@ enum Verb {
     /// default members, and the eBPF crates with nightly for their own
     /// target, both in target/clippy (so that they run beside builds of
     /// target/ without waiting on its lock). `test` lints the default
-    /// members in its own build (see `plan::lint_within_builds`) and runs
+    /// members in its own build (see `cmd::lint_within_builds`) and runs
     /// this for the eBPF crates only (`--ebpf-only`), beside its steps once
     /// the shipped plugin is built (`--after MARKER`).
     Clippy {
@@ -160,7 +160,7 @@ fn main() -> ExitCode {
             skip_containerd,
             cargo_test_args,
         } => {
-            plan::lint_within_builds();
+            cmd::lint_within_builds();
             Skips::new(&skip_names(skip, *skip_vm, *skip_podman, *skip_containerd))
                 .and_then(|skips| run_steps("test", test_steps(cargo_test_args, skips)))
         }

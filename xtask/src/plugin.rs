@@ -86,7 +86,7 @@ pub(crate) fn build_plugin(shipped: bool) -> Command {
     command.args(["build", "-p", PLUGIN_PACKAGE]);
     if shipped {
         shipped_build_args(&mut command);
-        crate::plan::without_lints_in_build(&mut command);
+        crate::cmd::without_lints_in_build(&mut command);
     }
     command
 }

@@ -117,7 +117,7 @@ pub fn build_command() -> Result<Command> {
         .env("CARGO_BUILD_BUILD_DIR", ebpf_build_dir());
     shipped_build_args(&mut build);
     // An older release is not held to today's lints.
-    crate::plan::without_lints_in_build(&mut build);
+    crate::cmd::without_lints_in_build(&mut build);
     Ok(build)
 }
 
