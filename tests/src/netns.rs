@@ -181,6 +181,27 @@ fn add_netns(name: &str) {
         return;
     }
     RUN_DIR_MOUNTED.store(true, Ordering::Relaxed);
+    // As `ip` does on every add: the mount stays shared, so that the
+    // namespace shows in mount namespaces made after it (runtimes').
+    let run_dir = path_cstring(Path::new(NETNS_RUN_DIR)).expect("a path without NUL");
+    let none = c"none";
+    // SAFETY: both strings are NUL-terminated and outlive the call; a
+    // propagation change reads no source and no data.
+    let shared = unsafe {
+        libc::mount(
+            none.as_ptr(),
+            run_dir.as_ptr(),
+            none.as_ptr(),
+            libc::MS_SHARED | libc::MS_REC,
+            std::ptr::null(),
+        )
+    };
+    if shared != 0 {
+        panic!(
+            "making {NETNS_RUN_DIR} a shared mount (as ip netns add does) failed: {}",
+            io::Error::last_os_error()
+        );
+    }
     let path = Path::new(NETNS_RUN_DIR).join(name);
     let made = File::options()
         .write(true)
