@@ -87,7 +87,10 @@ fn in_node_namespace<T: Send + 'static>(test: impl FnOnce(u32) -> T + Send + 'st
             "link set node0 up",
             "route add 198.19.0.0/24 via 198.18.0.2 dev node0",
         ] {
-            portmap_tests::rtnl::ip_here(&args.split(' ').collect::<Vec<_>>());
+            portmap_tests::rtnl::ip_here(
+                &args.split(' ').collect::<Vec<_>>(),
+                "in the test's namespace",
+            );
         }
         let ifindex = portmap_user::node::netlink::interface_index("node0").expect("node0 exists");
         test(ifindex)

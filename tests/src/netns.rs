@@ -183,24 +183,12 @@ fn add_netns(name: &str) {
     RUN_DIR_MOUNTED.store(true, Ordering::Relaxed);
     // As `ip` does on every add: the mount stays shared, so that the
     // namespace shows in mount namespaces made after it (runtimes').
-    let run_dir = path_cstring(Path::new(NETNS_RUN_DIR)).expect("a path without NUL");
-    let none = c"none";
-    // SAFETY: both strings are NUL-terminated and outlive the call; a
-    // propagation change reads no source and no data.
-    let shared = unsafe {
-        libc::mount(
-            none.as_ptr(),
-            run_dir.as_ptr(),
-            none.as_ptr(),
-            libc::MS_SHARED | libc::MS_REC,
-            std::ptr::null(),
-        )
-    };
-    if shared != 0 {
-        panic!(
-            "making {NETNS_RUN_DIR} a shared mount (as ip netns add does) failed: {}",
-            io::Error::last_os_error()
-        );
+    if let Err(e) = mount(
+        Path::new("none"),
+        Path::new(NETNS_RUN_DIR),
+        libc::MS_SHARED | libc::MS_REC,
+    ) {
+        panic!("making {NETNS_RUN_DIR} a shared mount (as ip netns add does) failed: {e}");
     }
     let path = Path::new(NETNS_RUN_DIR).join(name);
     let made = File::options()
@@ -217,7 +205,7 @@ fn add_netns(name: &str) {
                         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
                             return Err(io::Error::last_os_error());
                         }
-                        bind_mount(Path::new("/proc/thread-self/ns/net"), &path)
+                        mount(Path::new("/proc/thread-self/ns/net"), &path, libc::MS_BIND)
                     })
                     .join()
                     .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
@@ -238,18 +226,20 @@ fn run_dir_is_mount_point() -> bool {
     })
 }
 
-fn bind_mount(source: &Path, target: &Path) -> io::Result<()> {
+/// mount(2) with no file system type and no data: a bind mount
+/// (`MS_BIND`) or a change of `target`'s propagation (`source` "none").
+fn mount(source: &Path, target: &Path, flags: libc::c_ulong) -> io::Result<()> {
     let source = path_cstring(source)?;
     let target = path_cstring(target)?;
     let none = c"none";
     // SAFETY: every pointer is a NUL-terminated string that outlives the
-    // call; a bind mount reads no data argument.
+    // call; neither a bind mount nor a propagation change reads data.
     let done = unsafe {
         libc::mount(
             source.as_ptr(),
             target.as_ptr(),
             none.as_ptr(),
-            libc::MS_BIND,
+            flags,
             std::ptr::null(),
         )
     };
@@ -357,22 +347,14 @@ impl NsHandle {
         command
     }
 
-    /// `ip args...` inside the namespace; returns stdout, panics with stderr
-    /// on failure. The forms [`crate::rtnl::Request`] takes (links up,
-    /// addresses, routes, veths) are sent over rtnetlink from a thread in
-    /// the namespace instead, and return nothing.
+    /// `ip args...` inside the namespace, from a thread in it; returns
+    /// stdout, panics with stderr on failure. The forms
+    /// [`crate::rtnl::Request`] takes (links up, addresses, routes, veths)
+    /// are sent over rtnetlink instead of running `ip` (see
+    /// [`crate::rtnl::ip_here`]).
     pub fn ip(&self, args: &[&str]) -> String {
-        let Some(request) = crate::rtnl::Request::parse(args) else {
-            return self.exec("ip", args);
-        };
-        if let Err(e) = self.run(|| request.send()) {
-            panic!(
-                "ip {} in netns {} (over rtnetlink, in the process) failed: {e}",
-                args.join(" "),
-                self.name
-            );
-        }
-        String::new()
+        let place = format!("in netns {}", self.name);
+        self.run(|| crate::rtnl::ip_here(args, &place))
     }
 
     /// Runs `program args` inside the namespace and returns its stdout.

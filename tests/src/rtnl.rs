@@ -256,32 +256,34 @@ impl Request {
     }
 }
 
-/// `ip args...` in the calling thread's network namespace: over rtnetlink
-/// for the forms [`Request`] takes, else by running `ip` (a child started
-/// from this thread is in its namespace).
+/// `ip args...` in the calling thread's network namespace, which `place`
+/// names in a failure: over rtnetlink for the forms [`Request`] takes
+/// (they print nothing), else by running `ip` (a child started from this
+/// thread is in its namespace). Returns what `ip` printed.
 ///
 /// # Panics
-/// If the request fails or `ip` exits non-zero, naming the command.
-pub fn ip_here(args: &[&str]) {
+/// If the request fails or `ip` exits non-zero, naming the command, the
+/// place and, for `ip`, what it printed.
+pub fn ip_here(args: &[&str], place: &str) -> String {
+    let shown = args.join(" ");
     if let Some(request) = Request::parse(args) {
         request.send().unwrap_or_else(|e| {
-            panic!(
-                "ip {} (over rtnetlink, in the process) failed: {e}",
-                args.join(" ")
-            )
+            panic!("ip {shown} {place} (over rtnetlink, in the process) failed: {e}")
         });
-        return;
+        return String::new();
     }
     let out = std::process::Command::new("ip")
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("could not run ip {}: {e}", args.join(" ")));
+        .unwrap_or_else(|e| panic!("could not run ip {shown} {place}: {e}"));
     assert!(
         out.status.success(),
-        "ip {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
+        "ip {shown} {place} failed ({}):\nstderr: {}\nstdout: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim(),
+        String::from_utf8_lossy(&out.stdout).trim()
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// `198.18.0.1/24`, `fd18::1/64`; a bare address is a host route's /32 or

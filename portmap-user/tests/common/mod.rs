@@ -44,7 +44,10 @@ pub fn in_namespace<T: Send + 'static>(
             "link set node0 up",
         ];
         for args in base.iter().chain(extra) {
-            portmap_tests::rtnl::ip_here(&args.split(' ').collect::<Vec<_>>());
+            portmap_tests::rtnl::ip_here(
+                &args.split(' ').collect::<Vec<_>>(),
+                "in the test's namespace",
+            );
         }
         f(portmap_user::node::netlink::interface_index("node0").expect("node0"))
     })
