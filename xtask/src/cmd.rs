@@ -125,8 +125,7 @@ pub(crate) fn lint_within_builds() {
 }
 
 /// `command` without [`lint_within_builds`]'s variables: builds that are
-/// not the linted debug build (the shipped plugin, an older release, the
-/// separate clippy run, which sets its own).
+/// not the linted debug build (the shipped plugin, an older release).
 pub(crate) fn without_lints_in_build(command: &mut Command) -> &mut Command {
     for variable in LINT_VARS {
         command.env_remove(variable);

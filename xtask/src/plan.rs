@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::rc::Rc;
 
 use crate::background::{Job, Priority};
-use crate::cmd::{cargo, cargo_workspace, run, target_dir, without_lints_in_build, workspace_root};
+use crate::cmd::{cargo, cargo_workspace, run, target_dir, workspace_root};
 use crate::plugin::{
     PLUGIN_BIN_ENV, build_plugin, build_plugin_step, plugin_bin, shipped_build_name,
     shipped_plugin_bin, shipped_plugin_step,
@@ -234,7 +234,7 @@ pub(crate) fn clippy_steps(after: Option<&std::path::Path>, ebpf_only: bool) -> 
         steps.push(Step::new(
             "cargo clippy --all-targets -- -D warnings (default members, in target/clippy)",
             || {
-                run(without_lints_in_build(&mut cargo())
+                run(cargo()
                     .args(["clippy", "--all-targets", "--", "-D", "warnings"])
                     .env("CARGO_TARGET_DIR", clippy_target_dir()))
             },
