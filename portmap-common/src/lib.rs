@@ -30,9 +30,9 @@ pub const LAYOUT_VERSION: u32 = 1;
 /// The names of [`maps`] under the path portmap-user reads them from.
 pub mod map_names {
     pub use crate::maps::{
-        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_NEW, CONNTRACK_OTHER, COUNTERS, MAPPED_PORTS,
-        MAPPINGS, MAPPINGS_EPOCH, OWNER_SLOTS, OWNERS, PINNED as ALL, STATS, TRACE_EVENTS,
-        TRACE_FILTER,
+        CONNTRACK, CONNTRACK_CLOSED, CONNTRACK_NEW, CONNTRACK_OTHER, COUNTERS, CT_LEDGER,
+        MAPPED_PORTS, MAPPINGS, MAPPINGS_EPOCH, OWNER_SLOTS, OWNERS, PINNED as ALL, STATS,
+        TRACE_EVENTS, TRACE_FILTER,
     };
 }
 
@@ -530,6 +530,68 @@ pub mod kfunc {
     /// `sizeof(struct bpf_ct_opts)` as Linux 5.18 defined it (netns_id,
     /// error, l4proto, dir, 2 reserved bytes); later kernels accept it too.
     pub const CT_OPTS_LEN: u32 = 12;
+}
+
+/// How many entries the conntrack tables evicted, by table group: what
+/// `status`, the agent's metrics and `trace` report. An LRU map tells
+/// nobody what it evicts, so the count is a ledger: the programs count the
+/// entries they write to a group and those they move or remove from it
+/// (`stat::CT_NEW_IN` ... `stat::CT_LIVE_OUT`, per CPU); userspace adds
+/// what it takes out or puts in itself (an expired entry swept, a table
+/// made anew by a resize) to the group's [`NEW_ADJUST`] or
+/// [`LIVE_ADJUST`] in the `ct_ledger` map; and what is neither there nor
+/// accounted for was evicted:
+///
+/// `evicted = in - out - present + adjust`
+///
+/// The groups: `conntrack_new` (flows not yet assured: a flood's, scans,
+/// one-shot datagrams) and the assured tables `conntrack` and
+/// `conntrack_other` (live flows). `conntrack_close` holds dead flows
+/// only and is not counted.
+pub mod ct_ledger {
+    /// Userspace's part of `conntrack_new`'s ledger (a wrapping `u64`
+    /// read as `i64`).
+    pub const NEW_ADJUST: u32 = 0;
+    /// Userspace's part of the assured tables' ledger.
+    pub const LIVE_ADJUST: u32 = 1;
+    /// The live evictions the agent last saw ...
+    pub const LIVE_SEEN: u32 = 2;
+    /// ... and when that count last grew (`CLOCK_MONOTONIC` ns; 0 never).
+    pub const LIVE_GREW_AT: u32 = 3;
+    /// Values of the map.
+    pub const LEN: u32 = 4;
+
+    /// What a group's ledger says it evicted: `written` less `left` less
+    /// `present`, plus userspace's `adjust`. Never below zero: the
+    /// counters and the entries present are read at different moments,
+    /// so a busy table can briefly show more present than written.
+    pub const fn evicted(written: u64, left: u64, present: u64, adjust: u64) -> u64 {
+        let value = written
+            .wrapping_sub(left)
+            .wrapping_sub(present)
+            .wrapping_add(adjust) as i64;
+        if value < 0 { 0 } else { value as u64 }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::evicted;
+
+        #[test]
+        fn what_is_neither_there_nor_accounted_for_was_evicted() {
+            // 10 written, 2 moved out, 5 there: 3 evicted.
+            assert_eq!(evicted(10, 2, 5, 0), 3);
+            // 2 of the missing swept by userspace (adjust -2).
+            assert_eq!(evicted(10, 2, 5, 2u64.wrapping_neg()), 1);
+            // Entries userspace put in (a rebase of copied tables).
+            assert_eq!(evicted(10, 2, 12, 4), 0);
+            // Read at different moments: never below zero.
+            assert_eq!(evicted(10, 2, 9, 0), 0);
+            // A written count that wrapped past u64::MAX, 5 ahead of the
+            // taken one, still subtracts.
+            assert_eq!(evicted(2, u64::MAX - 2, 1, 0), 4);
+        }
+    }
 }
 
 /// Idle timeouts of conntrack entries, in nanoseconds.

@@ -57,6 +57,11 @@ pub const MAPPED_PORTS: &str = "mapped_ports";
 pub const MAPPINGS_EPOCH: &str = "mappings_epoch";
 /// Per-CPU counters by reason (see [`crate::reason`]).
 pub const STATS: &str = "stats";
+/// What userspace adds to the conntrack ledger (see [`crate::ct_ledger`]):
+/// `u64` values by [`crate::ct_ledger`] index, mapped into userspace
+/// (`BPF_F_MMAPABLE`) and changed there with atomics only. The programs
+/// never touch it: they count their side per CPU in [`STATS`].
+pub const CT_LEDGER: &str = "ct_ledger";
 /// Per-mapping traffic counters ([`crate::CounterKey`] -> [`crate::MappingCounters`]).
 pub const COUNTERS: &str = "counters";
 /// What `trace` wants to see ([`crate::TraceFilter`]).
@@ -110,7 +115,7 @@ pub const CLOCK_CACHE: &str = "clock_cache";
 pub const MAPPING_CACHE: &str = "mapping_cache";
 
 /// Every pinned map of the translation itself.
-pub const PINNED: [&str; 12] = [
+pub const PINNED: [&str; 13] = [
     MAPPINGS,
     MAPPINGS_EPOCH,
     OWNERS,
@@ -121,6 +126,7 @@ pub const PINNED: [&str; 12] = [
     CONNTRACK_NEW,
     MAPPED_PORTS,
     STATS,
+    CT_LEDGER,
     COUNTERS,
     TRACE_FILTER,
 ];

@@ -136,7 +136,21 @@ pub mod stat {
     /// which delivers it to the node, as under upstream's DNAT when the
     /// kernel's table is full.
     pub const KNAT_FAILED: u32 = 39;
-    pub const COUNT: u32 = 40;
+    /// Entries written to `conntrack_new` (two per new flow): the ledger
+    /// that, with [`CT_NEW_OUT`], the entries userspace swept and the
+    /// entries present, tells how many the table evicted (see
+    /// `portmap_common::ct_ledger`).
+    pub const CT_NEW_IN: u32 = 40;
+    /// Entries the programs moved or removed from `conntrack_new` (the
+    /// flow assured, closed, or half-recorded).
+    pub const CT_NEW_OUT: u32 = 41;
+    /// Entries written to the assured tables (`conntrack`,
+    /// `conntrack_other`): an assured flow's, or a node flow's pass entry.
+    pub const CT_LIVE_IN: u32 = 42;
+    /// Entries the programs moved or removed from the assured tables (the
+    /// flow closed), or wrote over (a new flow on an idled-out tuple).
+    pub const CT_LIVE_OUT: u32 = 43;
+    pub const COUNT: u32 = 44;
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {
@@ -464,6 +478,34 @@ const TABLE: [Reason; stat::COUNT as usize] = [
         label: "netfilter-dnat-failed",
         meaning: "the kernel's conntrack entry of a flow could not be made (its table full, memory short): the packet left untranslated, the node answers it as under upstream with a full table",
         kind: Kind::Problem,
+    },
+    Reason {
+        id: stat::CT_NEW_IN,
+        name: "ct_new_in",
+        label: "entries-new-written",
+        meaning: "entries written to conntrack_new (a new flow's): with what left it, what was swept and what is there, the count of what the table evicted",
+        kind: Kind::Recorded,
+    },
+    Reason {
+        id: stat::CT_NEW_OUT,
+        name: "ct_new_out",
+        label: "entries-new-left",
+        meaning: "entries that left conntrack_new by the programs' hand (the flow assured or closed)",
+        kind: Kind::Recorded,
+    },
+    Reason {
+        id: stat::CT_LIVE_IN,
+        name: "ct_live_in",
+        label: "entries-live-written",
+        meaning: "entries written to the assured tables (conntrack, conntrack_other): an assured flow's, or a node flow's pass entry",
+        kind: Kind::Recorded,
+    },
+    Reason {
+        id: stat::CT_LIVE_OUT,
+        name: "ct_live_out",
+        label: "entries-live-left",
+        meaning: "entries that left the assured tables by the programs' hand (the flow closed), or an idled-out entry written over",
+        kind: Kind::Recorded,
     },
 ];
 

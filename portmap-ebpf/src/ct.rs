@@ -13,7 +13,7 @@ use portmap_common::{
 };
 
 use crate::{
-    maps::{self, Table},
+    maps::{self, Ledger, Table},
     parse::{Packet, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
@@ -421,9 +421,17 @@ fn move_entry(key: &CtKey, from: Table, to: Table, now: u64) -> bool {
     // SAFETY: a live map value, copied out at once (see `lookup`).
     copy_words(&mut scratch.moved, unsafe { &*entry });
     scratch.moved.last_seen_ns = now;
+    // An entry there already (an idled-out flow on the same tuple) is
+    // written over: it leaves the ledger of its table, not evicted.
+    if maps::ct_get(to, key).is_some() {
+        maps::ledger(to, Ledger::Out);
+    }
     let moved = maps::ct_put(to, key, &scratch.moved);
-    if moved || to == Table::Closed {
-        maps::ct_remove(from, key);
+    if moved {
+        maps::ledger(to, Ledger::In);
+    }
+    if (moved || to == Table::Closed) && maps::ct_remove(from, key) {
+        maps::ledger(from, Ledger::Out);
     }
     moved
 }

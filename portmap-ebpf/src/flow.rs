@@ -537,6 +537,7 @@ fn record_pass(key: &CtKey) {
     pass.last_seen_ns = now;
     let table = Table::for_proto(key.proto);
     if maps::ct_put_new(table, &scratch.reply_key, &scratch.reply) {
+        maps::ledger(table, maps::Ledger::In);
         maps::count(stat::PASS_RECORDED);
     }
 }

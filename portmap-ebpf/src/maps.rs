@@ -123,6 +123,11 @@ impl Table {
 #[btf_map(name = "stats")]
 static STATS: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
 
+/// Userspace's side of the conntrack ledger (see `portmap_common::ct_ledger`);
+/// the programs count theirs in [`STATS`].
+#[btf_map(name = "ct_ledger")]
+static CT_LEDGER: Array<u64, { portmap_common::ct_ledger::LEN as usize }, MMAPABLE> = Array::new();
+
 // ---- per-mapping traffic counters (see `counters`) ----
 
 /// Keyed by (mapping, owner). Entries are created here on a mapping's first
@@ -618,10 +623,11 @@ pub fn ct_put_new(table: Table, key: &CtKey, entry: &CtEntry) -> bool {
     on_table!(table, map => map.insert(key, entry, flags).is_ok())
 }
 
+/// Removes the entry of `key`; whether there was one to remove (a failed
+/// removal means the entry is gone already).
 #[inline(always)]
-pub fn ct_remove(table: Table, key: &CtKey) {
-    // A failed removal means the entry is gone already.
-    on_table!(table, map => { let _ = map.remove(key); });
+pub fn ct_remove(table: Table, key: &CtKey) -> bool {
+    on_table!(table, map => map.remove(key).is_ok())
 }
 
 /// How the first entry of [`ct_put_pair`] is written.
@@ -663,12 +669,39 @@ pub fn ct_put_pair(
         return Err(PairFailed::First);
     }
     if ct_put(table, second.0, second.1) {
+        ledger(table, Ledger::In);
+        ledger(table, Ledger::In);
         return Ok(());
     }
     // A failed removal leaves what was there before this change: the entry
     // idles out, or the LRU evicts it.
     ct_remove(table, first.0);
     Err(PairFailed::Second)
+}
+
+/// Which side of a table's ledger an entry goes to (see
+/// `portmap_common::ct_ledger`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Ledger {
+    /// Written by the programs.
+    In,
+    /// Moved or removed by the programs.
+    Out,
+}
+
+/// Counts one entry written to (or taken from) `table` in its group's
+/// ledger: `conntrack_new`, or the assured tables. The closed table holds
+/// dead flows only and keeps none.
+#[inline(always)]
+pub fn ledger(table: Table, side: Ledger) {
+    let reason = match (table, side) {
+        (Table::New, Ledger::In) => stat::CT_NEW_IN,
+        (Table::New, Ledger::Out) => stat::CT_NEW_OUT,
+        (Table::Open | Table::Other, Ledger::In) => stat::CT_LIVE_IN,
+        (Table::Open | Table::Other, Ledger::Out) => stat::CT_LIVE_OUT,
+        (Table::Closed, _) => return,
+    };
+    count(reason);
 }
 
 #[inline(always)]
@@ -690,6 +723,7 @@ pub fn stat(reason: u32) -> Option<u64> {
 /// and described by BTF together with the others.
 #[inline(always)]
 pub fn keep_userspace_maps() {
+    let _ = core::hint::black_box(&CT_LEDGER);
     let _ = core::hint::black_box(&OWNERS);
     let _ = core::hint::black_box(&OWNER_SLOTS);
 }

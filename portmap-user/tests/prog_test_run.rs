@@ -26,6 +26,7 @@ use aya::{
 use portmap_common::{
     CtEntry, CtKey, MappingKey, MappingValue,
     conditions::{self, Cidr, ConditionKey, Conditions},
+    ct_ledger,
     local::{self, NodeConfig, Peer, PeerKey},
     map_names, program_names, stat,
 };
@@ -180,6 +181,7 @@ impl Dataplane {
         if let Some(size) = conntrack_size {
             loader.map_max_entries(map_names::CONNTRACK, size);
             loader.map_max_entries(map_names::CONNTRACK_OTHER, size);
+            loader.map_max_entries(map_names::CONNTRACK_NEW, size);
             loader.map_max_entries(
                 map_names::CONNTRACK_CLOSED,
                 portmap_common::capacity::conntrack_closed(size),
@@ -1464,6 +1466,100 @@ fn a_full_conntrack_table_evicts_old_flows_and_keeps_translating_new_ones() {
                 "recent flow {n} lost its translation"
             );
         }
+    });
+}
+
+/// The conntrack ledger (`portmap_common::ct_ledger`): every entry the
+/// programs write to a table group or take from it is counted, so that
+/// written less taken is what the group holds until the LRU evicts, and
+/// what it evicted is the difference. A flood of SYNs through a small
+/// table evicts only `conntrack_new`'s entries; the assured flow's stay.
+#[test]
+fn the_ledger_accounts_for_every_entry_and_names_what_the_table_evicted() {
+    in_node_namespace(|ifindex| {
+        let mut dp = Dataplane::load_small_conntrack(ifindex);
+        dp.map(None, false, 8080, TCP, CONTAINER_V4.into(), 80);
+        let held = |dp: &Dataplane, tables: &[&str]| -> u64 {
+            tables.iter().map(|t| dp.conntrack(t).len() as u64).sum()
+        };
+        let new_tables = [map_names::CONNTRACK_NEW];
+        let live_tables = [map_names::CONNTRACK, map_names::CONNTRACK_OTHER];
+        let new_evicted = |dp: &Dataplane| {
+            ct_ledger::evicted(
+                dp.stat(stat::CT_NEW_IN),
+                dp.stat(stat::CT_NEW_OUT),
+                held(dp, &new_tables),
+                0,
+            )
+        };
+        let live_evicted = |dp: &Dataplane| {
+            ct_ledger::evicted(
+                dp.stat(stat::CT_LIVE_IN),
+                dp.stat(stat::CT_LIVE_OUT),
+                held(dp, &live_tables),
+                0,
+            )
+        };
+        // A new flow: two entries written to conntrack_new.
+        dp.ingress(&packet(&client_flow(SYN), b""));
+        dp.egress(&packet(&container_flow(SYN | ACK), b""));
+        assert_eq!(
+            (dp.stat(stat::CT_NEW_IN), dp.stat(stat::CT_NEW_OUT)),
+            (2, 0)
+        );
+        // Assured: both move to the live table.
+        dp.ingress(&packet(&client_flow(ACK), b"request"));
+        assert_eq!(
+            (dp.stat(stat::CT_NEW_OUT), dp.stat(stat::CT_LIVE_IN)),
+            (2, 2)
+        );
+        assert_eq!(held(&dp, &live_tables), 2);
+        // Closed: both leave the live table (for the closed one).
+        dp.ingress(&packet(&client_flow(FIN | ACK), b""));
+        dp.egress(&packet(&container_flow(FIN | ACK), b""));
+        assert_eq!(dp.stat(stat::CT_LIVE_OUT), 2);
+        assert_eq!((new_evicted(&dp), live_evicted(&dp)), (0, 0));
+
+        // One assured flow held open, then a flood of SYNs from other
+        // ports, five times the table.
+        let held_open = |flags| Flow {
+            sport: 39000,
+            ..client_flow(flags)
+        };
+        let answer = |flags| Flow {
+            dport: 39000,
+            ..container_flow(flags)
+        };
+        dp.ingress(&packet(&held_open(SYN), b""));
+        dp.egress(&packet(&answer(SYN | ACK), b""));
+        dp.ingress(&packet(&held_open(ACK), b""));
+        let flood = 5 * SMALL_CONNTRACK;
+        for n in 0..flood {
+            let syn = Flow {
+                sport: 10000 + n as u16,
+                ..client_flow(SYN)
+            };
+            dp.ingress(&packet(&syn, b""));
+        }
+        let written = dp.stat(stat::CT_NEW_IN);
+        assert_eq!(written, 2 * (2 + u64::from(flood)));
+        let evicted = new_evicted(&dp);
+        assert!(
+            evicted > 0 && evicted == written - dp.stat(stat::CT_NEW_OUT) - held(&dp, &new_tables),
+            "the flood's entries evicted from conntrack_new: {evicted} (written {written}, taken {}, held {})",
+            dp.stat(stat::CT_NEW_OUT),
+            held(&dp, &new_tables)
+        );
+        assert_eq!(
+            live_evicted(&dp),
+            0,
+            "no live flow's entry was evicted, and the ledger says so"
+        );
+        assert_eq!(
+            inspect(&dp.egress(&packet(&answer(ACK), b"push"))),
+            seen(NODE_V4.into(), 8080, CLIENT_V4.into(), 39000),
+            "the held flow's container still speaks through the host port"
+        );
     });
 }
 
