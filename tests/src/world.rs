@@ -448,14 +448,19 @@ impl World {
     /// conntrack table filled by churn, say) makes it exit non-zero, and
     /// the counters are still what the test asks for.
     pub fn counters(&self) -> Value {
+        self.status()["counters"].clone()
+    }
+
+    /// `status --json` as an operator runs it on the node, whatever its
+    /// exit status (non-zero when it reports a problem).
+    pub fn status(&self) -> Value {
         let out = self.operator(&["status", "--json"]);
-        let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
                 "ebpf-portmap status --json is not JSON ({e}): {}",
                 String::from_utf8_lossy(&out.stderr)
             )
-        });
-        status["counters"].clone()
+        })
     }
 
     /// Maps, links and the node's network state, for failure messages.

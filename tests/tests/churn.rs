@@ -122,6 +122,8 @@ fn idle_connection_survives_tcp_churn(size: Size) {
     );
     // Nothing live was pushed out: no packet went without its flow.
     assert_eq!(counter(&counters, "skip_not_syn"), 0, "{counters:#}");
+    let evictions = world.status()["evictions"].clone();
+    assert_eq!(evictions["live"], 0, "{evictions:#}");
     assert_eq!(counter(&counters, "ct_recovered"), 0, "{counters:#}");
     assert!(counter(&counters, "dnat_new") > churn, "{counters:#}");
 }
@@ -324,6 +326,24 @@ fn evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes() {
         counter(&counters, "skip_node_socket") >= 1,
         "the node's connection was recognised by its socket: {counters:#}"
     );
+    // The ledger counts what the table evicted of live flows, and status
+    // makes it a problem (issue 53 item 4).
+    let status = world.status();
+    let live = status["evictions"]["live"].as_u64().unwrap_or(0);
+    assert!(
+        live >= TABLE,
+        "{TABLE} held connections (two entries each) in a table of {TABLE}: at least {TABLE} live entries evicted, counted {live}: {:#}",
+        status["evictions"]
+    );
+    assert!(
+        status["problems"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p
+                .as_str()
+                .is_some_and(|p| p.contains("entries of live (assured) flows evicted")))),
+        "a node evicting live flows is a problem: {:#}",
+        status["problems"]
+    );
     // New connections keep working with the table full of live flows.
     tcp_churn(&world, 16);
     drop(held);
@@ -405,4 +425,124 @@ fn only_the_nodes_own_flows_from_a_mapped_port_are_recorded() {
         "the node's own TCP and UDP flows from 8080 are recorded: {counters_after:#}"
     );
     world.del(&web, &mappings);
+}
+
+/// `n` connections from the external client, each after one exchange,
+/// held open (idle) by the caller.
+fn hold_connections(world: &World, n: u64) -> Vec<TcpSession> {
+    (0..n)
+        .map(|i| {
+            let mut session = tcp_connect(&world.node.ext, sock(NODE_IP4, 8080), PROBE)
+                .unwrap_or_else(|e| panic!("held connection {i}: {e}\n{}", world.dump()));
+            assert_eq!(
+                session.request("held", PROBE).expect("held request"),
+                echo_reply("web", "held")
+            );
+            session
+        })
+        .collect()
+}
+
+/// Makes every entry of the pinned `conntrack` table look idle since the
+/// clock's start, as a flow whose client vanished without a FIN looks
+/// after its timeout: its `last_seen_ns` (the entry's last 8 bytes) set to
+/// 0 in place, in one `bpftool batch`. Returns how many were aged.
+fn age_open_flows(world: &World) -> usize {
+    let path = world.pins.path().join("v1/maps/conntrack");
+    let entries = world.dump_map("conntrack");
+    let hex = |bytes: &[Value]| -> Vec<String> {
+        bytes
+            .iter()
+            .map(|b| b.as_str().expect("a bpftool hex byte").to_owned())
+            .collect()
+    };
+    let mut batch = String::new();
+    let entries = entries.as_array().expect("entries");
+    for entry in entries {
+        let key = hex(entry["key"].as_array().expect("key bytes"));
+        let mut value = hex(entry["value"].as_array().expect("value bytes"));
+        let len = value.len();
+        for byte in &mut value[len - 8..] {
+            *byte = "0x00".into();
+        }
+        batch.push_str(&format!(
+            "map update pinned {} key hex {} value hex {}\n",
+            path.display(),
+            key.join(" ").replace("0x", ""),
+            value.join(" ").replace("0x", "")
+        ));
+    }
+    let mut bpftool = std::process::Command::new("bpftool")
+        .args(["batch", "file", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run bpftool batch");
+    bpftool
+        .stdin
+        .take()
+        .expect("bpftool's stdin")
+        .write_all(batch.as_bytes())
+        .expect("feed bpftool batch");
+    let out = bpftool.wait_with_output().expect("bpftool batch");
+    assert!(
+        out.status.success(),
+        "bpftool batch: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    entries.len()
+}
+
+/// Flows that idled out stay in an LRU table until it evicts them: the
+/// sweep (`gc --expired-flows`, the agent's GC) removes them and books
+/// them, so that the assured flows that take their room later evict
+/// nothing live, and the ledger says so. Without the sweep, the same new
+/// flows evict the idled-out entries and `status` counts them as live
+/// flows lost (issue 53 item 4).
+#[test]
+fn flows_that_idled_out_are_swept_and_never_counted_as_live_flows_evicted() {
+    allow_open_files(4 * TABLE + 1024);
+    let world = small_table_world();
+    let _web = serve_web(&world);
+    // Two entries per connection: 600 of the 1 024 entries.
+    let first = hold_connections(&world, 300);
+    let aged = age_open_flows(&world);
+    assert!(aged >= 600, "the held connections' entries: {aged}");
+    let out = world.operator(&["gc", "--expired-flows", "--json"]);
+    assert!(
+        out.status.success(),
+        "gc --expired-flows: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gc: Value = serde_json::from_slice(&out.stdout).expect("gc --json");
+    assert_eq!(
+        gc["expiredFlows"]["live"].as_u64(),
+        Some(aged as u64),
+        "every idled-out entry swept: {gc:#}"
+    );
+    assert!(
+        world
+            .dump_map("conntrack")
+            .as_array()
+            .is_some_and(Vec::is_empty),
+        "nothing idled out is left"
+    );
+    // As many new assured flows again: with the idled-out entries still
+    // there, the table would have to evict 176 or more of them.
+    let second = hold_connections(&world, 300);
+    let status = world.status();
+    assert_eq!(
+        status["evictions"]["live"], 0,
+        "no live flow lost its entries: {:#}",
+        status["evictions"]
+    );
+    assert!(
+        !status["problems"].as_array().is_some_and(|p| p
+            .iter()
+            .any(|p| p.as_str().is_some_and(|p| p.contains("evicted")))),
+        "{:#}",
+        status["problems"]
+    );
+    drop((first, second));
 }

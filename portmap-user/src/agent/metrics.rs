@@ -55,6 +55,8 @@ pub struct Snapshot {
     pub mappings: Vec<MappingRow>,
     pub reasons: Vec<(&'static str, u64)>,
     pub maps: Vec<MapFill>,
+    /// What the conntrack tables evicted, by group (`None`: no ledger).
+    pub evictions: Option<inspect::EvictionReport>,
     /// Kernel memory (`memlock`) of each pinned map, and where the sizes
     /// in force come from.
     pub sizes: InForce,
@@ -108,6 +110,7 @@ impl Snapshot {
         }
         snapshot.reasons = inspect::stats(layout);
         snapshot.maps = inspect::map_fills(layout).0;
+        snapshot.evictions = inspect::evictions(layout, &snapshot.maps);
         snapshot.sizes = InForce::read(layout);
         snapshot.attachments = inspect::attachments(layout).tc;
         snapshot.trace_lost = trace::lost_events(layout);
@@ -291,6 +294,21 @@ impl Snapshot {
                 .filter_map(|map| Some((vec![("map", map.name.clone())], map.entries? as i64)))
                 .collect::<Vec<_>>(),
         )?;
+        if let Some(report) = &self.evictions {
+            counter_family(
+                e,
+                "ebpf_portmap_conntrack_evicted_entries",
+                "Conntrack entries the tables evicted since they were made: flows=\"live\" are assured flows' (connections that lost their translation: raise conntrackSize), flows=\"unreplied\" those of flows never assured (a flood's, by design)",
+                None,
+                &[
+                    (vec![("flows", "live".to_owned())], report.counts.live),
+                    (
+                        vec![("flows", "unreplied".to_owned())],
+                        report.counts.unreplied,
+                    ),
+                ],
+            )?;
+        }
         gauge_family(
             e,
             "ebpf_portmap_map_capacity",

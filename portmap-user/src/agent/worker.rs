@@ -29,6 +29,7 @@ use super::{AgentError, datapath_log::DatapathLog};
 use crate::{
     cni::error::with_sources,
     dataplane::{
+        ledger,
         ownership::Store,
         pin::PinLayout,
         scope::{self, Access},
@@ -264,6 +265,33 @@ fn node_gc(layout: &PinLayout, gone_grace: Duration) -> Result<(), AgentError> {
     // not know us, a runtime bug, a node that crashed): its namespace is
     // the proof that it is gone.
     verbs::reclaim_gone_containers("agent GC", &mut maps, gone_grace.as_secs())?;
+    // Entries of flows that idled out, which an LRU keeps until it evicts
+    // them: swept, so that what the ledger counts as evicted from the
+    // assured tables was a live flow's.
+    match ledger::sweep_expired(layout, false) {
+        Ok(swept) if swept.total() > 0 => log::debug!(
+            "agent GC: swept {} expired conntrack entries ({} of assured flows, {} never assured, {} closed)",
+            swept.total(),
+            swept.live,
+            swept.unreplied,
+            swept.closed
+        ),
+        Ok(_) => {}
+        Err(error) => log::warn!("agent GC: expired conntrack entries not swept: {error}"),
+    }
+    let seen = ledger::Ledger::open(layout)
+        .ok()
+        .flatten()
+        .map(|l| l.value(portmap_common::ct_ledger::LIVE_SEEN));
+    if let (Some(now), Some(seen)) = (ledger::note_live(layout), seen)
+        && now.live > seen
+    {
+        log::warn!(
+            "{} entries of live (assured) flows evicted from conntrack/conntrack_other since the last GC ({} since the tables were made): more live flows than conntrackSize holds; raise it",
+            now.live - seen,
+            now.live
+        );
+    }
     Ok(())
 }
 

@@ -46,6 +46,11 @@ use crate::cli::{
 /// With --stale-links, the pinned attachments of interfaces that no longer
 /// exist (the host ends of removed containers' veths) are unpinned.
 ///
+/// With --expired-flows, the conntrack entries of flows that idled out
+/// (which the tables keep until they evict them) are removed and booked,
+/// so that what `status` counts as evicted from the assured tables is what
+/// live flows lost. The agent does this at every GC run.
+///
 /// Whatever is asked, traffic counters of mappings that no longer exist are
 /// pruned (counted, with --dry-run). Each class asked for is reported, also
 /// when it finds nothing; without any, gc is a usage error (exit 2).
@@ -55,7 +60,8 @@ use crate::cli::{
   ebpf-portmap gc --network podman --keep-none
   ebpf-portmap gc --empty-owners --stale-links
   ebpf-portmap gc --orphans --min-age 0
-  ebpf-portmap gc --gone --gone-grace 0")]
+  ebpf-portmap gc --gone --gone-grace 0
+  ebpf-portmap gc --expired-flows")]
 pub struct GcArgs {
     #[command(flatten)]
     pin: PinRootArg,
@@ -94,6 +100,9 @@ pub struct GcArgs {
     /// Unpin the attachments of interfaces that no longer exist.
     #[arg(long)]
     stale_links: bool,
+    /// Remove the conntrack entries of flows that idled out.
+    #[arg(long)]
+    expired_flows: bool,
     /// Say what would be removed, remove nothing.
     #[arg(long)]
     dry_run: bool,
@@ -130,6 +139,7 @@ impl GcArgs {
             gone: self.gone,
             gone_grace: self.gone_grace,
             stale_links: self.stale_links,
+            expired_flows: self.expired_flows,
             dry_run: self.dry_run,
         }
     }
@@ -140,7 +150,7 @@ pub fn run(args: &GcArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     if !request.asks_anything() {
         // The command line is incomplete: a usage error, like clap's own.
         return Ok(crate::cli::usage_refusal(
-            "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, --orphans, --gone, or --stale-links",
+            "say what to collect: --network NAME with --keep/--keep-none, --empty-owners, --orphans, --gone, --stale-links, or --expired-flows",
             out,
         ));
     }
@@ -246,6 +256,22 @@ fn lines(request: &Request, collected: &Collected) -> Vec<String> {
         if stale.is_empty() {
             lines.push("no stale attachment pin".into());
         }
+    }
+    if let Some(swept) = &collected.expired_flows {
+        lines.push(match swept.total() {
+            0 => "no expired conntrack entry".into(),
+            n => format!(
+                "{verb} {} ({} of assured flows, {} of flows never assured, {} closed)",
+                count(
+                    n as usize,
+                    "expired conntrack entry",
+                    "expired conntrack entries"
+                ),
+                swept.live,
+                swept.unreplied,
+                swept.closed
+            ),
+        });
     }
     if collected.owners.as_ref().is_some_and(Vec::is_empty) {
         lines.push("no owner to remove".into());
@@ -358,6 +384,11 @@ fn json_of(request: &Request, collected: &Collected, root: &std::path::Path) -> 
         "prunedCounters": pruned_counters,
         "portFilterRestored": collected.port_filter_restored,
         "staleLinks": stale_links,
+        "expiredFlows": collected.expired_flows.map(|swept| json!({
+            "live": swept.live,
+            "unreplied": swept.unreplied,
+            "closed": swept.closed,
+        })),
     })
 }
 
@@ -413,6 +444,7 @@ mod tests {
             sock_counters: 1,
             port_filter_restored: Some(3),
             stale_links: Some(Vec::new()),
+            expired_flows: None,
         };
         assert_eq!(
             lines(&request, &collected),

@@ -196,6 +196,11 @@ pub fn status_json(status: &Status) -> Value {
             "maxEntries": m.max_entries,
             "fillPercent": m.percent(),
         })).collect::<Vec<_>>(),
+        "evictions": status.evictions.map(|report| json!({
+            "live": report.counts.live,
+            "unreplied": report.counts.unreplied,
+            "liveQuietSeconds": report.live_quiet_for.map(|quiet| quiet.as_secs()),
+        })),
         "missingMaps": status.missing_maps,
         "sizes": sizes_json(&InForce::read(&status_layout(status))),
         "counters": status.stats.iter().map(|(name, value)| (name.to_string(), json!(value))).collect::<serde_json::Map<_, _>>(),
@@ -406,6 +411,15 @@ fn render(status: &Status, style: Style) -> String {
             ]);
         }
         out.push_str(&table.render(style));
+    }
+
+    if let Some(report) = &status.evictions {
+        let live = report.counts.live;
+        out.push_str(&format!(
+            "evicted since the tables were made: {} entries of live (assured) flows, {} of flows never assured (conntrack_new)\n",
+            style.paint(if live > 0 { Colour::Red } else { Colour::Plain }, &live.to_string()),
+            report.counts.unreplied
+        ));
     }
 
     out.push_str(&section("Sizes and memory"));

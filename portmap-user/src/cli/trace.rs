@@ -11,6 +11,7 @@ use anyhow::Context;
 use portmap_common::reason::Kind;
 use portmap_user::{
     model::Protocol,
+    ops::ledger::{self, Evictions},
     ops::netlink,
     ops::trace::{self, Clock, TraceRecord, TraceRequest, Tracer},
 };
@@ -136,6 +137,10 @@ pub fn run(args: &TraceArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
     // as they happen, as `cilium monitor` does. Read before tracing starts,
     // so none of ours is taken for an earlier tracer's.
     let lost_at_start = trace::lost_events(&layout).unwrap_or(0);
+    // Evictions, as `status` counts them: reported when they grow, as the
+    // lost events are (a walk of the tables, so every few seconds only).
+    let mut evicted_seen = ledger::evictions_now(&layout).unwrap_or_default();
+    let mut evictions_read = Instant::now();
     let mut tracer = Tracer::start(&layout, request, args.force).context("cannot start tracing")?;
     let what = match args.port {
         Some(port) => format!("port {port}"),
@@ -190,6 +195,13 @@ pub fn run(args: &TraceArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
             }
             seen += 1;
         }
+        if evictions_read.elapsed() >= EVICTIONS_INTERVAL {
+            evictions_read = Instant::now();
+            if let Some(now) = ledger::evictions_now(&layout) {
+                report_evictions(evicted_seen, now, out);
+                evicted_seen = now;
+            }
+        }
         let lost = trace::lost_events(&layout)
             .unwrap_or(0)
             .saturating_sub(lost_at_start);
@@ -207,6 +219,35 @@ pub fn run(args: &TraceArgs, out: &OutputArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How often `trace` counts the conntrack tables' evictions.
+const EVICTIONS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// `evicted ...`: the entries the conntrack tables evicted since the last
+/// report, live flows' and unreplied ones apart; on stderr, and as
+/// `{"evicted": {"live": N, "unreplied": M}}` in the JSON stream.
+fn report_evictions(before: Evictions, now: Evictions, out: &OutputArgs) {
+    let live = now.live.saturating_sub(before.live);
+    let unreplied = now.unreplied.saturating_sub(before.unreplied);
+    if live == 0 && unreplied == 0 {
+        return;
+    }
+    eprintln!(
+        "evicted {live} entries of live (assured) flows{} and {unreplied} of flows never assured (conntrack_new) in the last {}s",
+        if live > 0 {
+            ": connections lost their translation (raise conntrackSize)"
+        } else {
+            ""
+        },
+        EVICTIONS_INTERVAL.as_secs()
+    );
+    if out.json() {
+        print(&format!(
+            "{}\n",
+            serde_json::json!({ "evicted": { "live": live, "unreplied": unreplied } })
+        ));
+    }
 }
 
 /// `lost N event(s)`: on stderr, and as `{"lost": N}` in the JSON stream.

@@ -25,4 +25,6 @@ pub use attach::{cgroup, crash, pass, stale, tcx};
 pub use load::{features, kfunc, object};
 pub use node_maps::{container_netns, interface_conditions, node_state, peers};
 pub use observe::{counters, trace, verb_stats};
-pub use pinned::{agent_record, bpffs, hash, key_notes, lock, maps, pin, resize, scope, sizing};
+pub use pinned::{
+    agent_record, bpffs, hash, key_notes, ledger, lock, maps, pin, resize, scope, sizing,
+};

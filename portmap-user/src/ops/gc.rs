@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use crate::{
     dataplane::{
         counters::{self, CountersError},
+        ledger::{self, Swept},
         maps::{self, MapsError},
         ownership::{Store, StoreError, record_is, record_network_is, record_strings},
         pin::PinLayout,
@@ -41,6 +42,9 @@ pub struct Request {
     pub gone_grace: u64,
     /// Unpin the attachments of interfaces that no longer exist.
     pub stale_links: bool,
+    /// Remove conntrack entries of flows that idled out (see
+    /// `dataplane::ledger`).
+    pub expired_flows: bool,
     /// Judge and name, write nothing (not even a first sighting).
     pub dry_run: bool,
 }
@@ -48,7 +52,12 @@ pub struct Request {
 impl Request {
     /// Whether anything is asked for at all.
     pub fn asks_anything(&self) -> bool {
-        self.network.is_some() || self.empty_owners || self.orphans || self.gone || self.stale_links
+        self.network.is_some()
+            || self.empty_owners
+            || self.orphans
+            || self.gone
+            || self.stale_links
+            || self.expired_flows
     }
 }
 
@@ -82,6 +91,9 @@ pub struct Collected {
     pub port_filter_restored: Option<usize>,
     /// With `stale_links`: the attachment pins removed (or to be).
     pub stale_links: Option<Vec<PathBuf>>,
+    /// With `expired_flows`: the expired conntrack entries removed (or to
+    /// be).
+    pub expired_flows: Option<Swept>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +132,11 @@ pub enum GcError {
         dry_run: bool,
         #[source]
         source: Box<CountersError>,
+    },
+    #[error("sweeping expired conntrack entries")]
+    ExpiredFlows {
+        #[source]
+        source: std::io::Error,
     },
     #[error("removing stale attachment pins")]
     StaleLinks {
@@ -259,6 +276,12 @@ pub fn collect(layout: &PinLayout, request: &Request) -> Result<Collected, GcErr
                 source: Box::new(source),
             },
         )?);
+    }
+    if request.expired_flows {
+        collected.expired_flows = Some(
+            ledger::sweep_expired(layout, dry_run)
+                .map_err(|source| GcError::ExpiredFlows { source })?,
+        );
     }
     Ok(collected)
 }

@@ -21,7 +21,9 @@ pub mod uninstall;
 // the trace session, stale pin roots, the node's links and hooks,
 // upstream's state, the reconciliation the plugin runs): named here so
 // that `cli/` imports `ops` alone.
-pub use crate::dataplane::{bpffs, features, kfunc, object, pin, scope, sizing, stale, trace};
+pub use crate::dataplane::{
+    bpffs, features, kfunc, ledger, object, pin, scope, sizing, stale, trace,
+};
 pub use crate::node::{forward_hooks, netlink, nft_tables, privilege};
 pub use crate::upstream;
 pub use crate::verbs::interfaces;

@@ -44,6 +44,7 @@ pub(super) fn load_and_pin(
     let migration = Migration::prepare(layout);
     crash::point("load-prepared");
     let conntrack_was_pinned = layout.map(map_names::CONNTRACK).exists();
+    let ledger_was_pinned = layout.map(map_names::CT_LEDGER).exists();
     let map_paths: Vec<(&str, PathBuf)> = map_names::ALL
         .iter()
         .chain(local::map_names::ALL.iter())
@@ -79,6 +80,11 @@ pub(super) fn load_and_pin(
         .load(linked.bytes())
         .map_err(|e| AttachError::Load(Box::new(e)))?;
     migration.finish(&mut ebpf);
+    if !ledger_was_pinned {
+        // The tables (new, or an earlier build's) start their ledger as
+        // they are: what was evicted before is not known.
+        crate::dataplane::ledger::rebase(layout);
+    }
     if !conntrack_was_pinned
         && let Err(error) = crate::dataplane::pinned::sizing::record(layout, &sizes)
     {
@@ -333,7 +339,7 @@ fn expected_layout(name: &str) -> Option<(u32, u32)> {
         | map_names::CONNTRACK_OTHER
         | map_names::CONNTRACK_NEW => (size(size_of::<CtKey>()), size(size_of::<CtEntry>())),
         map_names::STATS | portmap_common::TRACE_LOST_MAP => (4, 8),
-        map_names::MAPPED_PORTS | map_names::MAPPINGS_EPOCH => (4, 8),
+        map_names::MAPPED_PORTS | map_names::MAPPINGS_EPOCH | map_names::CT_LEDGER => (4, 8),
         local::map_names::NODE => (4, size(size_of::<local::NodeConfig>())),
         local::map_names::LOCAL_ADDRS => (size(size_of::<local::LocalAddrKey>()), 1),
         local::map_names::IFACES => (4, size(size_of::<local::IfaceConfig>())),

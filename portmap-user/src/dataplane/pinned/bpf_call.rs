@@ -9,6 +9,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+/// `BPF_NOEXIST` (include/uapi/linux/bpf.h): an update that never
+/// overwrites an entry (a resize's copy into the new table, the sweep's
+/// put-back of an entry a packet refreshed).
+pub const BPF_NOEXIST: u64 = 1;
+
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;

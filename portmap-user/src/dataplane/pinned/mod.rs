@@ -9,6 +9,7 @@ pub mod bpf_call;
 pub mod bpffs;
 pub mod hash;
 pub mod key_notes;
+pub mod ledger;
 pub mod lock;
 pub mod maps;
 pub mod pin;

@@ -74,16 +74,15 @@ use portmap_common::{
     CounterKey, CtEntry, CtKey, MappingCounters, MappingKey, MappingValue, OwnerSlotKey, map_names,
 };
 
+// BPF_NOEXIST: never overwrite the new table's entry, which the new
+// programs keep up to date.
 use crate::dataplane::{
     load::object::build_id,
+    pinned::bpf_call::BPF_NOEXIST,
     pinned::lock,
     pinned::pin::PinLayout,
     pinned::sizing::{Capacities, NodeShape, Sizes},
 };
-
-/// `BPF_NOEXIST` (include/uapi/linux/bpf.h): never overwrite the new
-/// table's entry, which the new programs keep up to date.
-const BPF_NOEXIST: u64 = 1;
 
 /// How long a resize of the mappings waits for the runs that hold them
 /// open (see the module docs): an ADD holds them for milliseconds; a run
@@ -620,6 +619,11 @@ impl Resize {
             {
                 let _ = new.insert(key, values, BPF_NOEXIST);
             }
+        }
+        if !self.tables.is_empty() {
+            // New tables with the entries copied: their ledger starts here
+            // (the entries a shrink left behind were logged above).
+            crate::dataplane::pinned::ledger::rebase(layout);
         }
     }
 }

@@ -5,7 +5,10 @@ use std::{fs, os::fd::AsFd as _};
 use aya::maps::{MapError, MapInfo, MapType};
 use portmap_common::map_names;
 
-use crate::dataplane::pin::PinLayout;
+use crate::dataplane::{
+    ledger::{self, Evictions, Group, Ledger},
+    pin::PinLayout,
+};
 
 /// How full one pinned map is.
 #[derive(Debug, Clone)]
@@ -149,4 +152,40 @@ pub fn map_fills(layout: &PinLayout) -> (Vec<MapFill>, Vec<&'static str>) {
     };
     fills.sort_by(|a, b| (rank(&a.name), &a.name).cmp(&(rank(&b.name), &b.name)));
     (fills, missing)
+}
+
+/// What the conntrack tables evicted (see `dataplane::ledger`), as
+/// `status` and the metrics report it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvictionReport {
+    pub counts: Evictions,
+    /// How long the count of live evictions has not grown, as far as the
+    /// agent saw (it notes the count at every GC run): `None` when no
+    /// agent noted it, or it grew since the agent last looked.
+    pub live_quiet_for: Option<std::time::Duration>,
+}
+
+/// [`EvictionReport`] of `layout`, the entries present read from `fills`
+/// (the walk `status` and the metrics make anyway); `None` without a
+/// ledger (nothing installed, or pins of a build before it).
+pub fn evictions(layout: &PinLayout, fills: &[MapFill]) -> Option<EvictionReport> {
+    let present = |group: Group| {
+        group
+            .tables()
+            .iter()
+            .filter_map(|table| fills.iter().find(|f| f.name == *table)?.entries)
+            .sum()
+    };
+    let counts = ledger::evictions(layout, present)?;
+    let live_quiet_for = Ledger::open(layout).ok().flatten().and_then(|ledger| {
+        let seen = ledger.value(portmap_common::ct_ledger::LIVE_SEEN);
+        let grew_at = ledger.value(portmap_common::ct_ledger::LIVE_GREW_AT);
+        (grew_at != 0 && counts.live <= seen).then(|| {
+            std::time::Duration::from_nanos(ledger::monotonic_ns().saturating_sub(grew_at))
+        })
+    });
+    Some(EvictionReport {
+        counts,
+        live_quiet_for,
+    })
 }

@@ -6,11 +6,12 @@ use portmap_common::{MappingKey, map_names};
 
 use super::attachments::{SplitKind, TcAttachment};
 use super::drift::NodeDrift;
-use super::fills::FILL_WARNING_PERCENT;
+use super::fills::{EvictionReport, FILL_WARNING_PERCENT};
 use super::list::mapping_rows;
 use super::status::Status;
 use crate::dataplane::{
     features::FastPathMode,
+    ledger::Evictions,
     ownership::KeyDisplay,
     pin::{Direction, PinLayout},
     trace,
@@ -67,6 +68,34 @@ pub fn judge_gone_containers(
 }
 
 /// Fills `problems` and `notes`. Pure, so the rules are unit-tested.
+/// After this long without a new live eviction (as the agent saw it),
+/// the ones counted are history: a note, no longer a problem.
+pub const LIVE_EVICTIONS_QUIET: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// What the conntrack tables evicted: live flows' entries are a problem
+/// (each was a connection that lost its translation) until the agent has
+/// seen no new one for [`LIVE_EVICTIONS_QUIET`]; a flood's unreplied ones
+/// are a note.
+fn judge_evictions(report: &EvictionReport, problems: &mut Vec<String>, notes: &mut Vec<String>) {
+    let Evictions { unreplied, live } = report.counts;
+    if live > 0 {
+        match report.live_quiet_for {
+            Some(quiet) if quiet >= LIVE_EVICTIONS_QUIET => notes.push(format!(
+                "{live} entries of live (assured) flows were evicted from conntrack/conntrack_other since the tables were made, none in the last {} min: each was a connection that lost its translation; if it happens again, raise conntrackSize",
+                quiet.as_secs() / 60
+            )),
+            _ => problems.push(format!(
+                "{live} entries of live (assured) flows evicted from conntrack/conntrack_other (more live flows than conntrackSize holds): each was a connection that lost its translation, whose container's next packet leaves from its own address and whose client's next TCP segment is recovered (ct_recovered); raise conntrackSize"
+            )),
+        }
+    }
+    if unreplied > 0 {
+        notes.push(format!(
+            "{unreplied} entries of flows never assured evicted from conntrack_new (a flood, a scan, or a burst of new flows): by design, live flows are not affected"
+        ));
+    }
+}
+
 pub fn judge(status: &mut Status) {
     let mut problems = Vec::new();
     let mut notes = Vec::new();
@@ -162,6 +191,9 @@ pub fn judge(status: &mut Status) {
                 problems.push(fill);
             }
         }
+    }
+    if let Some(report) = &status.evictions {
+        judge_evictions(report, &mut problems, &mut notes);
     }
     if let Some(filter) = &status.tracing
         && filter.enabled != 0
@@ -414,6 +446,7 @@ mod tests {
                 max_entries: 100,
                 id: 1,
             }],
+            evictions: None,
             missing_maps: Vec::new(),
             stats: Vec::new(),
             tracing: Some(TraceFilter::default()),
@@ -431,6 +464,58 @@ mod tests {
     fn judged(mut status: Status) -> Status {
         judge(&mut status);
         status
+    }
+
+    #[test]
+    fn live_evictions_are_a_problem_until_quiet_for_an_hour_and_a_floods_a_note() {
+        use std::time::Duration;
+        let report = |live, unreplied, quiet: Option<u64>| EvictionReport {
+            counts: Evictions { unreplied, live },
+            live_quiet_for: quiet.map(Duration::from_secs),
+        };
+        let with = |evictions| {
+            let mut status = healthy();
+            status.evictions = Some(evictions);
+            judged(status)
+        };
+        let flooded = with(report(0, 5000, None));
+        assert_eq!(flooded.problems, Vec::<String>::new());
+        assert!(
+            flooded
+                .notes
+                .iter()
+                .any(|n| n
+                    .starts_with("5000 entries of flows never assured evicted from conntrack_new")),
+            "{:?}",
+            flooded.notes
+        );
+        // No agent has noted the count, or it grew since: a problem.
+        for quiet in [None, Some(60)] {
+            let lost = with(report(12, 0, quiet));
+            assert_eq!(lost.problems.len(), 1, "{:?}", lost.problems);
+            assert!(
+                lost.problems[0].starts_with(
+                    "12 entries of live (assured) flows evicted from conntrack/conntrack_other"
+                ),
+                "{:?}",
+                lost.problems
+            );
+        }
+        // None for an hour: history, a note.
+        let once = with(report(12, 0, Some(7200)));
+        assert_eq!(once.problems, Vec::<String>::new());
+        assert!(
+            once.notes
+                .iter()
+                .any(|n| n.contains("none in the last 120 min")),
+            "{:?}",
+            once.notes
+        );
+        assert_eq!(with(report(0, 0, None)).notes, healthy_notes());
+    }
+
+    fn healthy_notes() -> Vec<String> {
+        judged(healthy()).notes
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub use attachments::{
     pinned_programs, splits,
 };
 pub use drift::{NodeDrift, node_drift};
-pub use fills::{FILL_WARNING_PERCENT, MapFill, map_fills};
+pub use fills::{EvictionReport, FILL_WARNING_PERCENT, MapFill, evictions, map_fills};
 pub use judge::{judge, judge_gone_containers};
 pub use list::{FlowTarget, MappingRow, live_flows, mapping_rows, mapping_rows_and_flows};
 pub use ownership::{Ownership, ownership};
@@ -76,6 +76,11 @@ pub fn status(layout: &PinLayout) -> Status {
         other_links,
         splits,
         change_unfinished,
+        evictions: if installed {
+            evictions(layout, &maps)
+        } else {
+            None
+        },
         maps,
         missing_maps,
         stats: stats(layout),

@@ -32,16 +32,7 @@ pub(super) fn read_error(map: &'static str) -> impl FnOnce(MapError) -> InspectE
     move |source| InspectError::Read { map, source }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of the flows' `last_seen_ns` (`bpf_ktime_get_coarse_ns`, the same clock at tick resolution).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use crate::dataplane::ledger::monotonic_ns;
 
 pub(super) fn require_installed(layout: &PinLayout) -> Result<(), InspectError> {
     if layout.map(map_names::MAPPINGS).exists() {

@@ -8,7 +8,7 @@ use portmap_common::{TraceFilter, stat};
 
 use super::attachments::{OtherLink, PinnedProgram, Split, TcAttachment};
 use super::drift::NodeDrift;
-use super::fills::MapFill;
+use super::fills::{EvictionReport, MapFill};
 use super::ownership::Ownership;
 use crate::dataplane::{
     features::{self, AttachMode, FastPathReport, TranslationReport},
@@ -81,6 +81,10 @@ pub struct Status {
     /// attach pass (`None`: no programs pinned).
     pub change_unfinished: Option<bool>,
     pub maps: Vec<MapFill>,
+    /// What the conntrack tables evicted, live flows' and unreplied ones'
+    /// apart (`None`: nothing installed, or pins of a build before the
+    /// ledger).
+    pub evictions: Option<EvictionReport>,
     pub missing_maps: Vec<&'static str>,
     pub stats: Vec<(&'static str, u64)>,
     pub tracing: Option<TraceFilter>,
