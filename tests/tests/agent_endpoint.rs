@@ -179,6 +179,13 @@ fn fill_conntrack(path: &std::path::Path, count: u32) {
     let fd = bpf(BPF_OBJ_GET, &mut attr).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     // SAFETY: a new descriptor the kernel handed us.
     let map = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
     for n in 0..count {
         let key = CtKey {
             src_addr_be: [u32::to_be(0xc633_0000 | (n >> 16)), 0, 0, 0],
@@ -189,10 +196,13 @@ fn fill_conntrack(path: &std::path::Path, count: u32) {
             family: FAMILY_V4,
             _pad0: 0,
         };
+        // Live flows: seen now (an entry seen at 0 has idled out, and
+        // the agent's GC may sweep it).
         let entry = CtEntry {
             kind: ct_kind::DNAT,
             nat_addr_be: [u32::to_be(0x0af4_0005), 0, 0, 0],
             nat_port_be: 80u16.to_be(),
+            last_seen_ns: now,
             ..CtEntry::default()
         };
         let mut attr = [

@@ -267,17 +267,19 @@ fn node_gc(layout: &PinLayout, gone_grace: Duration) -> Result<(), AgentError> {
     verbs::reclaim_gone_containers("agent GC", &mut maps, gone_grace.as_secs())?;
     // Entries of flows that idled out, which an LRU keeps until it evicts
     // them: swept, so that what the ledger counts as evicted from the
-    // assured tables was a live flow's.
-    match ledger::sweep_expired(layout, false) {
-        Ok(swept) if swept.total() > 0 => log::debug!(
+    // assured tables was a live flow's; only where a table may be near
+    // evicting (a walk of every entry).
+    match ledger::sweep_due(layout).then(|| ledger::sweep_expired(layout, false)) {
+        None => {}
+        Some(Ok(swept)) if swept.total() > 0 => log::debug!(
             "agent GC: swept {} expired conntrack entries ({} of assured flows, {} never assured, {} closed)",
             swept.total(),
             swept.live,
             swept.unreplied,
             swept.closed
         ),
-        Ok(_) => {}
-        Err(error) => log::warn!("agent GC: expired conntrack entries not swept: {error}"),
+        Some(Ok(_)) => {}
+        Some(Err(error)) => log::warn!("agent GC: expired conntrack entries not swept: {error}"),
     }
     let seen = ledger::Ledger::open(layout)
         .ok()

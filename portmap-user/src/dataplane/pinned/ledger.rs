@@ -221,6 +221,45 @@ pub fn note_live(layout: &PinLayout) -> Option<Evictions> {
     Some(evictions)
 }
 
+/// Free entries the kernel's LRU keeps per CPU (`LOCAL_FREE_TARGET` in
+/// kernel/bpf/bpf_lru_list.c): a table starts evicting when the others are
+/// used, up to this many per CPU short of full.
+const LRU_LOCAL_FREE: u64 = 128;
+
+/// Whether a sweep is worth its walk (the agent's GC asks before each):
+/// some group may hold enough entries for its tables to evict, which is
+/// when an idled-out entry would be counted as a live flow's. The ledger
+/// bounds what a group holds from above without a walk (written, less
+/// taken, plus userspace's part: what is there plus what was evicted);
+/// below half the group's room, and below where the LRU's per-CPU free
+/// lists let it start evicting, nothing it holds is near eviction.
+pub fn sweep_due(layout: &PinLayout) -> bool {
+    let (Ok(Some(ledger)), Some(side)) = (Ledger::open(layout), program_side(layout)) else {
+        return false;
+    };
+    let cpus = u64::from(crate::dataplane::pinned::sizing::NodeShape::this().cpus);
+    Group::ALL
+        .into_iter()
+        .zip(side)
+        .any(|(group, (written, taken))| {
+            let tables = group.tables();
+            let room: u64 = tables
+                .iter()
+                .filter_map(|t| aya::maps::MapInfo::from_pin(layout.map(t)).ok())
+                .map(|info| u64::from(info.max_entries()))
+                .sum();
+            let held = ct_ledger::evicted(written, taken, 0, ledger.adjust(group));
+            near_eviction(held, room, cpus, tables.len() as u64)
+        })
+}
+
+/// Whether a group of `tables` LRU tables with `room` entries in all, on
+/// a node of `cpus` possible CPUs, holding at most `held`, may be evicting.
+fn near_eviction(held: u64, room: u64, cpus: u64, tables: u64) -> bool {
+    let free_elsewhere = LRU_LOCAL_FREE * cpus * tables;
+    held >= (room / 2).min(room.saturating_sub(free_elsewhere))
+}
+
 /// What a sweep removed: expired entries by group, and of the closed
 /// table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -357,5 +396,24 @@ fn delete_if_expired(map: &mut HashMap<MapData, CtKey, CtEntry>, table: &str, ke
     match map.get(key, 0) {
         Ok(entry) if expired(table, key, &entry, monotonic_ns()) => map.remove(key).is_ok(),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::near_eviction;
+
+    #[test]
+    fn a_sweep_is_due_from_half_full_or_where_per_cpu_free_lists_start_evicting() {
+        // A default table on 2 CPUs: from half full.
+        assert!(!near_eviction(131_071, 262_144, 2, 1));
+        assert!(near_eviction(131_072, 262_144, 2, 1));
+        // 1 024 entries on 2 CPUs: half full comes first.
+        assert!(near_eviction(512, 1024, 2, 1));
+        // 1 024 entries on 64 CPUs: other CPUs' free lists may hold it all.
+        assert!(near_eviction(0, 1024, 64, 1));
+        // Two tables of 1 024 on 2 CPUs.
+        assert!(!near_eviction(1023, 2048, 2, 2));
+        assert!(near_eviction(1024, 2048, 2, 2));
     }
 }
