@@ -488,7 +488,9 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     // flow netfilter translates leaves here from the host port, translated
     // back by netfilter, and is its flow's, not the node's (one lookup,
     // where the mapping's and the FIB's took two and a route lookup on
-    // every such answer).
+    // every such answer). Where netfilter translates the family, last,
+    // whether the kernel holds the flow as one that came in: the answer of
+    // a flow whose entries a flood evicted (see `knat::answers_inbound`).
     if maps::port_is(PortRole::Host, packet.proto, packet.sport_be)
         && !answer_known(&key)
         && find_mapping(packet.family, packet.proto, &packet.src_be, packet.sport_be).is_some_and(
@@ -497,6 +499,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
                     || fib::is_node_address(ctx, packet.family, &packet.src_be) != Some(false)
             },
         )
+        && !(knat::wanted(packet) && knat::answers_inbound(ctx, packet))
     {
         record_pass(&key);
     }

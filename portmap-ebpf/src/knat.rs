@@ -185,21 +185,12 @@ fn ensure(ctx: &TcContext, packet: &Packet, port_be: u16, fresh: bool) -> Kernel
     let Some(scratch) = maps::scratch() else {
         return Kernel::Failed;
     };
-    // struct bpf_sock_tuple: addresses, then source and destination port
-    // (network order, in that order in memory).
-    let ports = u32::from(packet.sport_be) | (u32::from(packet.dport_be) << 16);
-    let tuple = &mut scratch.kernel_tuple;
-    let size = if packet.family == FAMILY_V4 {
-        tuple[0] = packet.src_be[0];
-        tuple[1] = packet.dst_be[0];
-        tuple[2] = ports;
-        12
-    } else {
-        tuple[..4].copy_from_slice(&packet.src_be);
-        tuple[4..8].copy_from_slice(&packet.dst_be);
-        tuple[8] = ports;
-        36
-    };
+    let size = fill_tuple(
+        &mut scratch.kernel_tuple,
+        packet.family,
+        (&packet.src_be, packet.sport_be),
+        (&packet.dst_be, packet.dport_be),
+    );
     let skb = ctx.skb.skb.cast::<core::ffi::c_void>();
     let tuple = scratch.kernel_tuple.as_mut_ptr();
     reset_opts(&mut scratch.kernel_opts, packet.proto);
@@ -224,6 +215,70 @@ fn ensure(ctx: &TcContext, packet: &Packet, port_be: u16, fresh: bool) -> Kernel
     let new = unsafe { kfunc::skb_ct_alloc(skb, tuple, size, &raw mut scratch.kernel_opts) };
     insert_with_nat(new, scratch.kernel_addr.as_mut_ptr(), u16::from_be(port_be))
 }
+
+/// Writes `struct bpf_sock_tuple` for the tuple from `src` (address,
+/// port) to `dst` into `tuple` (addresses, then source and destination
+/// port, network order, in that order in memory); its size.
+#[inline(always)]
+fn fill_tuple(
+    tuple: &mut [u32; 9],
+    family: u8,
+    src: (&[u32; 4], u16),
+    dst: (&[u32; 4], u16),
+) -> u32 {
+    let ports = u32::from(src.1) | (u32::from(dst.1) << 16);
+    if family == FAMILY_V4 {
+        tuple[0] = src.0[0];
+        tuple[1] = dst.0[0];
+        tuple[2] = ports;
+        12
+    } else {
+        tuple[..4].copy_from_slice(src.0);
+        tuple[4..8].copy_from_slice(dst.0);
+        tuple[8] = ports;
+        36
+    }
+}
+
+/// Whether `packet`, leaving the node from a mapped host port with no
+/// flow of ours, answers a flow that came in: the kernel's conntrack
+/// holds the reversed tuple (client to host address and port) as an
+/// entry's original direction. Such a packet is netfilter's translated
+/// answer of a flow whose entries of ours were evicted (a flood in
+/// `conntrack_new`), never a flow the node opened, and gets no pass
+/// entry: thousands of them took room among the assured flows. The
+/// node's own flows, and a container's masqueraded by netfilter, hold
+/// that tuple as the reply direction; no entry (nothing tracked) says
+/// nothing. Not inlined: one walk of the lookup and its reference.
+#[inline(never)]
+pub fn answers_inbound(ctx: &TcContext, packet: &Packet) -> bool {
+    let Some(scratch) = maps::scratch() else {
+        return false;
+    };
+    let size = fill_tuple(
+        &mut scratch.kernel_tuple,
+        packet.family,
+        (&packet.dst_be, packet.dport_be),
+        (&packet.src_be, packet.sport_be),
+    );
+    reset_opts(&mut scratch.kernel_opts, packet.proto);
+    // SAFETY: the context is the program's skb; the tuple is `size`
+    // readable bytes and the options CT_OPTS_LEN writable ones, in a map
+    // value; what the lookup finds is released in `expire_or_keep`.
+    let found = unsafe {
+        kfunc::skb_ct_lookup(
+            ctx.skb.skb.cast(),
+            scratch.kernel_tuple.as_mut_ptr(),
+            size,
+            &raw mut scratch.kernel_opts,
+        )
+    };
+    expire_or_keep(found, false) && scratch.kernel_opts.dir == IP_CT_DIR_ORIGINAL
+}
+
+/// `enum ip_conntrack_dir`'s `IP_CT_DIR_ORIGINAL`: what the lookup
+/// writes to `bpf_ct_opts.dir` for a tuple found as an entry's original.
+const IP_CT_DIR_ORIGINAL: u8 = 0;
 
 /// `struct bpf_ct_opts` for a lookup or allocation in the namespace of
 /// the skb's device (the node's): the kfuncs write `error` back.
