@@ -151,6 +151,12 @@ pub mod stat {
     /// flow closed), or wrote over (a new flow on an idled-out tuple).
     pub const CT_LIVE_OUT: u32 = 43;
     pub const COUNT: u32 = 44;
+    /// The bits of the conntrack ledger's counters ([`CT_NEW_IN`] to
+    /// [`CT_LIVE_OUT`]): bookkeeping, not a decision about a packet, so
+    /// left out of trace events (their sum is what `status` and `trace`
+    /// report as evictions).
+    pub const LEDGER_BITS: u64 =
+        (1 << CT_NEW_IN) | (1 << CT_NEW_OUT) | (1 << CT_LIVE_IN) | (1 << CT_LIVE_OUT);
 
     /// Every reason's counter name, in ID order (from [`REASONS`](super::REASONS)).
     pub const NAMES: [&str; COUNT as usize] = {

@@ -113,7 +113,7 @@ fn decisions() {
         }
         reason += 1;
     }
-    scratch.decisions = decisions;
+    scratch.decisions = decisions & !stat::LEDGER_BITS;
 }
 
 #[inline(never)]
