@@ -344,6 +344,36 @@ fn evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes() {
         "a node evicting live flows is a problem: {:#}",
         status["problems"]
     );
+    // Without the agent, `gc --expired-flows` notes when the count last
+    // grew (just now: still a problem, for the next hour).
+    assert!(
+        status["evictions"]["liveQuietSeconds"].is_null(),
+        "nothing noted it yet: {:#}",
+        status["evictions"]
+    );
+    let out = world.operator(&["gc", "--expired-flows"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = world.status();
+    assert!(
+        status["evictions"]["liveQuietSeconds"]
+            .as_u64()
+            .is_some_and(|quiet| quiet < 60),
+        "noted as grown just now: {:#}",
+        status["evictions"]
+    );
+    assert!(
+        status["problems"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p
+                .as_str()
+                .is_some_and(|p| p.contains("entries of live (assured) flows evicted")))),
+        "{:#}",
+        status["problems"]
+    );
     // New connections keep working with the table full of live flows.
     tcp_churn(&world, 16);
     drop(held);

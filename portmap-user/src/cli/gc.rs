@@ -49,7 +49,9 @@ use crate::cli::{
 /// With --expired-flows, the conntrack entries of flows that idled out
 /// (which the tables keep until they evict them) are removed and booked,
 /// so that what `status` counts as evicted from the assured tables is what
-/// live flows lost. The agent does this at every GC run.
+/// live flows lost, and the time the count of live evictions last grew is
+/// noted (status calls them history an hour later). The agent does this
+/// at every GC run.
 ///
 /// Whatever is asked, traffic counters of mappings that no longer exist are
 /// pruned (counted, with --dry-run). Each class asked for is reported, also

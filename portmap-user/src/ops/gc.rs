@@ -282,6 +282,13 @@ pub fn collect(layout: &PinLayout, request: &Request) -> Result<Collected, GcErr
             ledger::sweep_expired(layout, dry_run)
                 .map_err(|source| GcError::ExpiredFlows { source })?,
         );
+        // As the agent's GC does after its sweep: when the count of live
+        // flows evicted last grew, so that `status` on a node without the
+        // agent (a `gc --expired-flows` from cron) tells old evictions
+        // from new ones too.
+        if !dry_run {
+            ledger::note_live(layout);
+        }
     }
     Ok(collected)
 }
