@@ -669,8 +669,7 @@ pub fn ct_put_pair(
         return Err(PairFailed::First);
     }
     if ct_put(table, second.0, second.1) {
-        ledger(table, Ledger::In);
-        ledger(table, Ledger::In);
+        ledger_n(table, Ledger::In, 2);
         return Ok(());
     }
     // A failed removal leaves what was there before this change: the entry
@@ -694,6 +693,12 @@ pub enum Ledger {
 /// dead flows only and keeps none.
 #[inline(always)]
 pub fn ledger(table: Table, side: Ledger) {
+    ledger_n(table, side, 1);
+}
+
+/// [`ledger`] of `n` entries at once (one counter update).
+#[inline(always)]
+pub fn ledger_n(table: Table, side: Ledger, n: u64) {
     let reason = match (table, side) {
         (Table::New, Ledger::In) => stat::CT_NEW_IN,
         (Table::New, Ledger::Out) => stat::CT_NEW_OUT,
@@ -701,14 +706,20 @@ pub fn ledger(table: Table, side: Ledger) {
         (Table::Open | Table::Other, Ledger::Out) => stat::CT_LIVE_OUT,
         (Table::Closed, _) => return,
     };
-    count(reason);
+    count_n(reason, n);
 }
 
 #[inline(always)]
 pub fn count(reason: u32) {
+    count_n(reason, 1);
+}
+
+/// Adds `n` to the counter of `reason`.
+#[inline(always)]
+pub fn count_n(reason: u32, n: u64) {
     if let Some(counter) = STATS.get_ptr_mut(reason) {
         // SAFETY: per-CPU slot, no other writer while this program runs.
-        unsafe { *counter += 1 };
+        unsafe { *counter += n };
     }
 }
 
