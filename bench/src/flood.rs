@@ -31,7 +31,7 @@ use portmap_tests::topology::{Family, PortMapping};
 use super::load::{self, Test};
 use super::plan::Plan;
 use super::progress::{Progress, short_measurement};
-use super::results::{FloodRow, Results};
+use super::results::{Evicted, FloodRow, Results};
 use super::world::{BenchWorld, Flavor, PROBE_RR_HOST_PORT};
 use crate::load::SERVICE_RR_PORT;
 
@@ -231,6 +231,7 @@ fn run_one(
         &family.client().to_string(),
     ]);
     let live = hold_live_flows(&world, family, &listener, &udp)?;
+    let evicted_before = evictions(&world);
     let ext = world.node.ext.handle();
     let crr_target = SocketAddr::new(family.node(), PROBE_RR_HOST_PORT);
     let crr_before = load::run(&ext, Test::TcpCrr, crr_target, FLOOD_AT_LEAST, plan.cpu);
@@ -253,6 +254,12 @@ fn run_one(
     std::thread::sleep(Duration::from_millis(200));
     let (tcp_container_first, tcp_client_first) = tcp_alive(&live.tcp);
     let (udp_container_first, udp_client_first) = udp_alive(&live, &udp);
+    let evicted = evicted_before
+        .zip(evictions(&world))
+        .map(|(before, after)| Evicted {
+            live: after.live.saturating_sub(before.live),
+            unreplied: after.unreplied.saturating_sub(before.unreplied),
+        });
     drop(listener);
     Ok(FloodRow {
         flavor,
@@ -267,6 +274,27 @@ fn run_one(
         udp_container_first,
         udp_client_first,
         live: LIVE as u32,
+        evicted,
+    })
+}
+
+/// What ebpf-portmap's conntrack tables evicted so far, as `status --json`
+/// counts it; `None` in an upstream world (no pin root).
+fn evictions(world: &BenchWorld) -> Option<Evicted> {
+    let pins = world.pins.as_ref()?;
+    let out = world
+        .node
+        .ns
+        .command(portmap_tests::plugin_bin())
+        .args(["status", "--json", "--pin-root"])
+        .arg(pins.path())
+        .output()
+        .ok()?;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let evictions = &status["evictions"];
+    Some(Evicted {
+        live: evictions["live"].as_u64()?,
+        unreplied: evictions["unreplied"].as_u64()?,
     })
 }
 

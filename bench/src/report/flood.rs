@@ -27,16 +27,21 @@ pub(super) fn flood_table(md: &mut String, results: &Results) {
          least 2 s; the container answers the flood's datagrams. Alive: the container's first message after \
          the flood, then the client's, each within a second (the worst repetition). New flows: TCP \
          connect+request+close from the client to a third published port for as long as the flood lasts, \
-         during it and for the same time before it (median of the repetitions, connections/s).\n",
+         during it and for the same time before it (median of the repetitions, connections/s). Evicted: what \
+         ebpf-portmap's conntrack tables evicted over the flood by its own count (`status`'s `evictions`), \
+         entries of live (assured) flows and of flows never assured, the most of any repetition.\n",
         live = first.live,
         flows = first.flows.min(3 * first.table),
         table = first.table,
     );
     let _ = writeln!(
         md,
-        "| side | family | idle TCP alive | idle UDP alive | new flows before (conn/s) | during (conn/s) | during/before | flood (flows, s) |"
+        "| side | family | idle TCP alive | idle UDP alive | new flows before (conn/s) | during (conn/s) | during/before | flood (flows, s) | evicted: live, unreplied (entries) |"
     );
-    let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(
+        md,
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
     for family in ["v4", "v6"] {
         for flavor in [
             Flavor::Ours,
@@ -55,9 +60,20 @@ pub(super) fn flood_table(md: &mut String, results: &Results) {
             let worst =
                 |alive: fn(&FloodRow) -> u32| rows.iter().map(|r| alive(r)).min().unwrap_or(0);
             let median = |values: Vec<f64>| stats::median(&values).unwrap_or(0.0);
+            let evicted = if rows.iter().any(|r| r.evicted.is_some()) {
+                let most = |of: fn(&crate::results::Evicted) -> u64| {
+                    rows.iter()
+                        .filter_map(|r| r.evicted.as_ref().map(of))
+                        .max()
+                        .unwrap_or(0)
+                };
+                format!("{}, {}", most(|e| e.live), most(|e| e.unreplied))
+            } else {
+                "n/a".to_owned()
+            };
             let _ = writeln!(
                 md,
-                "| {} | {family} | {}/{} | {}/{} | {:.0} | {:.0} | {:.2} | {:.0}, {:.2} |",
+                "| {} | {family} | {}/{} | {}/{} | {:.0} | {:.0} | {:.2} | {:.0}, {:.2} | {evicted} |",
                 flavor.label(),
                 worst(FloodRow::tcp_alive),
                 row.live,

@@ -182,6 +182,8 @@ pub fn to_json(results: &Results, targets: &[TargetRow], meta: &Value) -> Value 
             "new_flows_during_conn_per_s": r.crr_during.rate,
             "new_flow_errors_before": errors_of(std::slice::from_ref(&r.crr_before)).0,
             "new_flow_errors_during": errors_of(std::slice::from_ref(&r.crr_during)).0,
+            "evicted_live_entries": r.evicted.map(|e| e.live),
+            "evicted_unreplied_entries": r.evicted.map(|e| e.unreplied),
         })).collect::<Vec<_>>(),
         "pods": results.pods.iter().map(|c| json!({
             "pods": c.shape.pods,

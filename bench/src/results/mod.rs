@@ -22,9 +22,9 @@ mod verdict;
 
 pub use judge::judge;
 pub use model::{
-    CallAccount, ConnectRep, ControlCell, CostLoad, DataCell, FloodRow, HairpinCell, LoadProfile,
-    MemoryRow, POD_SHAPES, PodCell, PodPrefill, Prefill, ProgramCost, Results, ScaleCell, Scope,
-    Shape, StatusRow, UPSTREAM_REAL_PODS, Verb, cpu_per_rep, error_count, errors_of, failures,
-    ops_per_s_per_rep, pct_per_rep, size_label,
+    CallAccount, ConnectRep, ControlCell, CostLoad, DataCell, Evicted, FloodRow, HairpinCell,
+    LoadProfile, MemoryRow, POD_SHAPES, PodCell, PodPrefill, Prefill, ProgramCost, Results,
+    ScaleCell, Scope, Shape, StatusRow, UPSTREAM_REAL_PODS, Verb, cpu_per_rep, error_count,
+    errors_of, failures, ops_per_s_per_rep, pct_per_rep, size_label,
 };
 pub use verdict::{REPORTED, Status, TargetRow};

@@ -416,6 +416,18 @@ pub struct FloodRow {
     pub udp_container_first: u32,
     pub udp_client_first: u32,
     pub live: u32,
+    /// ebpf-portmap's own count of what its conntrack tables evicted
+    /// over the flood, entries of live (assured) flows and of flows never
+    /// assured (`status --json`'s `evictions`, after less before); `None`
+    /// for the upstream sides, which have no such tables.
+    pub evicted: Option<Evicted>,
+}
+
+/// Entries the conntrack tables evicted, by kind of flow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evicted {
+    pub live: u64,
+    pub unreplied: u64,
 }
 
 impl FloodRow {
