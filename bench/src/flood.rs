@@ -108,15 +108,9 @@ fn ours_table(plan: &Plan) -> anyhow::Result<u64> {
         .port_add("flood", &mappings())
         .result
         .map_err(|e| anyhow::anyhow!("flood mappings ADD: {e}"))?;
-    let pins = world.pins.as_ref().expect("an ebpf-portmap world");
-    let out = world
-        .node
-        .ns
-        .command(portmap_tests::plugin_bin())
-        .args(["status", "--json", "--pin-root"])
-        .arg(pins.path())
-        .output()?;
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let status = world
+        .status_json()
+        .ok_or_else(|| anyhow::anyhow!("no status --json in the flood's ebpf-portmap world"))?;
     status["maps"]
         .as_array()
         .and_then(|maps| {
@@ -281,16 +275,7 @@ fn run_one(
 /// What ebpf-portmap's conntrack tables evicted so far, as `status --json`
 /// counts it; `None` in an upstream world (no pin root).
 fn evictions(world: &BenchWorld) -> Option<Evicted> {
-    let pins = world.pins.as_ref()?;
-    let out = world
-        .node
-        .ns
-        .command(portmap_tests::plugin_bin())
-        .args(["status", "--json", "--pin-root"])
-        .arg(pins.path())
-        .output()
-        .ok()?;
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let status = world.status_json()?;
     let evictions = &status["evictions"];
     Some(Evicted {
         live: evictions["live"].as_u64()?,

@@ -95,18 +95,7 @@ impl HairpinWorld {
     /// pins). `status` exits non-zero when it finds a problem; its JSON is
     /// read all the same.
     fn counters(&self) -> Option<serde_json::Value> {
-        let pins = self.world.pins.as_ref()?;
-        let out = self
-            .world
-            .node
-            .ns
-            .command(portmap_tests::plugin_bin())
-            .args(["status", "--json", "--pin-root"])
-            .arg(pins.path())
-            .output()
-            .ok()?;
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        Some(status["counters"].clone())
+        Some(self.world.status_json()?["counters"].clone())
     }
 
     /// The namespace the client of `route` runs in.

@@ -363,6 +363,23 @@ impl BenchWorld {
             .and_then(TcFloor::program_id)
     }
 
+    /// `ebpf-portmap status --json` of this world's pin root; `None` in an
+    /// upstream world (no pin root) or when it prints no JSON. `status`
+    /// exits non-zero when it finds a problem; its JSON is read all the
+    /// same.
+    pub fn status_json(&self) -> Option<serde_json::Value> {
+        let pins = self.pins.as_ref()?;
+        let out = self
+            .node
+            .ns
+            .command(portmap_tests::plugin_bin())
+            .args(["status", "--json", "--pin-root"])
+            .arg(pins.path())
+            .output()
+            .ok()?;
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
     /// Switches `fastPath` on or off for the whole node, as an ADD with
     /// that setting would (the flag lives in the pinned `node` map), so the
     /// fast and the normal path are measured on the same world.

@@ -643,6 +643,20 @@ pub mod ct_timeout {
         (ns / 1_000_000) as u32
     }
 
+    /// How long an entry of IP protocol `proto` with `tcp_state` may idle
+    /// before the programs no longer use it: [`TCP_CLOSED`] in the closed
+    /// table (`closed`), counted from the close, else [`for_entry`]. What
+    /// the programs' lookup judges and the sweep of expired entries
+    /// removes.
+    #[inline(always)]
+    pub const fn for_table(proto: u8, tcp_state: u8, closed: bool) -> u64 {
+        if closed {
+            TCP_CLOSED
+        } else {
+            for_entry(proto, tcp_state)
+        }
+    }
+
     /// How long a flow of IP protocol `proto` whose entry is in the
     /// `conntrack` or `conntrack_other` map, with `tcp_state`, may idle
     /// before its entries no longer count: what the programs enforce and

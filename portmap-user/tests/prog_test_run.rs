@@ -31,6 +31,7 @@ use portmap_common::{
     map_names, program_names, stat,
 };
 use portmap_user::dataplane::{
+    bpf_call,
     kfunc::Groups,
     load::program,
     maps::{MappedPorts, MappingsEpoch},
@@ -490,17 +491,6 @@ fn update_batch(data: &MapData, keys: &[u8], values: &[u8], count: u32) -> std::
     Ok(())
 }
 
-/// The element commands' part of `union bpf_attr`.
-#[repr(C)]
-struct ElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    /// The value (update) or the next key (get-next-key).
-    value: u64,
-    flags: u64,
-}
-
 /// One element command on `data`; an empty `key` is NULL (the first key).
 fn map_elem(
     cmd: libc::c_long,
@@ -508,33 +498,14 @@ fn map_elem(
     key: &[u8],
     value: *const u8,
 ) -> std::io::Result<()> {
-    let mut attr = ElemAttr {
-        map_fd: data.fd().as_fd().as_raw_fd() as u32,
-        _pad: 0,
-        key: if key.is_empty() {
-            0
-        } else {
-            key.as_ptr() as u64
-        },
-        value: value as u64,
-        flags: 0,
-    };
-    // SAFETY: attr points at a live, correctly laid out attribute whose key
-    // and value buffers have the map's key and value sizes and outlive the
-    // call.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            &raw mut attr,
-            std::mem::size_of::<ElemAttr>(),
-        )
-    };
-    if ret < 0 {
-        Err(std::io::Error::last_os_error())
+    let key = if key.is_empty() {
+        std::ptr::null()
     } else {
-        Ok(())
-    }
+        key.as_ptr()
+    };
+    // SAFETY: the key and value buffers have the map's key and value sizes
+    // and outlive the call (the callers' contract).
+    unsafe { bpf_call::map_elem(cmd, data.fd().as_fd(), key, value.cast_mut()) }
 }
 
 // ---- packet building and checking -------------------------------------------------
@@ -1609,33 +1580,36 @@ fn answers_of_flows_that_came_in_are_never_taken_for_the_nodes_own() {
             NODE_V4.to_string(),
             CONTAINER_V4.to_string(),
         );
-        // A flow from the client that netfilter DNATs to the container ...
-        let made = conntrack_insert(&[
-            "-p",
-            "udp",
-            "-s",
-            &client,
-            "-d",
-            &node,
-            "--sport",
-            "40300",
-            "--dport",
-            "8080",
-            "-r",
-            &container,
-            "-q",
-            &client,
-            "--reply-port-src",
-            "80",
-            "--reply-port-dst",
-            "40300",
-            "-t",
-            "60",
-        ]);
-        if !made {
+        // A UDP flow from the client's `port` that netfilter DNATs to the
+        // container.
+        let inbound = |port: &str| {
+            conntrack_insert(&[
+                "-p",
+                "udp",
+                "-s",
+                &client,
+                "-d",
+                &node,
+                "--sport",
+                port,
+                "--dport",
+                "8080",
+                "-r",
+                &container,
+                "-q",
+                &client,
+                "--reply-port-src",
+                "80",
+                "--reply-port-dst",
+                port,
+                "-t",
+                "60",
+            ])
+        };
+        if !inbound("40300") {
             return;
         }
-        // ... and one the node opened from the mapped port.
+        // And one the node opened from the mapped port.
         assert!(conntrack_insert(&[
             "-p",
             "udp",
@@ -1687,28 +1661,7 @@ fn answers_of_flows_that_came_in_are_never_taken_for_the_nodes_own() {
         );
         // Where tc translates the family, the same answer is taken for the
         // node's, as before (the kernel's entry is not asked).
-        assert!(conntrack_insert(&[
-            "-p",
-            "udp",
-            "-s",
-            &client,
-            "-d",
-            &node,
-            "--sport",
-            "40301",
-            "--dport",
-            "8080",
-            "-r",
-            &container,
-            "-q",
-            &client,
-            "--reply-port-src",
-            "80",
-            "--reply-port-dst",
-            "40301",
-            "-t",
-            "60",
-        ]));
+        assert!(inbound("40301"));
         dp.fast_path_with(0, CONTAINER_V4.into(), 42, ifindex);
         dp.egress(&packet(&from_port(40301), b"answer"));
         assert_eq!(dp.stat(stat::PASS_RECORDED), 2, "tc translates: as before");

@@ -336,11 +336,7 @@ fn evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes() {
         status["evictions"]
     );
     assert!(
-        status["problems"]
-            .as_array()
-            .is_some_and(|p| p.iter().any(|p| p
-                .as_str()
-                .is_some_and(|p| p.contains("entries of live (assured) flows evicted")))),
+        has_problem(&status, "entries of live (assured) flows evicted"),
         "a node evicting live flows is a problem: {:#}",
         status["problems"]
     );
@@ -366,11 +362,7 @@ fn evicted_flows_are_recovered_and_the_nodes_own_flows_stay_the_nodes() {
         status["evictions"]
     );
     assert!(
-        status["problems"]
-            .as_array()
-            .is_some_and(|p| p.iter().any(|p| p
-                .as_str()
-                .is_some_and(|p| p.contains("entries of live (assured) flows evicted")))),
+        has_problem(&status, "entries of live (assured) flows evicted"),
         "{:#}",
         status["problems"]
     );
@@ -455,6 +447,15 @@ fn only_the_nodes_own_flows_from_a_mapped_port_are_recorded() {
         "the node's own TCP and UDP flows from 8080 are recorded: {counters_after:#}"
     );
     world.del(&web, &mappings);
+}
+
+/// Whether `status --json` lists a problem containing `needle`.
+fn has_problem(status: &Value, needle: &str) -> bool {
+    status["problems"].as_array().is_some_and(|problems| {
+        problems
+            .iter()
+            .any(|p| p.as_str().is_some_and(|p| p.contains(needle)))
+    })
 }
 
 /// `n` connections from the external client, each after one exchange,
@@ -567,12 +568,6 @@ fn flows_that_idled_out_are_swept_and_never_counted_as_live_flows_evicted() {
         "no live flow lost its entries: {:#}",
         status["evictions"]
     );
-    assert!(
-        !status["problems"].as_array().is_some_and(|p| p
-            .iter()
-            .any(|p| p.as_str().is_some_and(|p| p.contains("evicted")))),
-        "{:#}",
-        status["problems"]
-    );
+    assert!(!has_problem(&status, "evicted"), "{:#}", status["problems"]);
     drop((first, second));
 }

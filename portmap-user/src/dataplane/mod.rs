@@ -26,5 +26,5 @@ pub use load::{features, kfunc, object};
 pub use node_maps::{container_netns, interface_conditions, node_state, peers};
 pub use observe::{counters, trace, verb_stats};
 pub use pinned::{
-    agent_record, bpffs, hash, key_notes, ledger, lock, maps, pin, resize, scope, sizing,
+    agent_record, bpf_call, bpffs, hash, key_notes, ledger, lock, maps, pin, resize, scope, sizing,
 };

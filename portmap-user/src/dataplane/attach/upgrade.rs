@@ -83,7 +83,7 @@ pub(super) fn load_and_pin(
     if !ledger_was_pinned {
         // The tables (new, or an earlier build's) start their ledger as
         // they are: what was evicted before is not known.
-        crate::dataplane::ledger::rebase(layout);
+        crate::dataplane::pinned::ledger::rebase(layout);
     }
     if !conntrack_was_pinned
         && let Err(error) = crate::dataplane::pinned::sizing::record(layout, &sizes)

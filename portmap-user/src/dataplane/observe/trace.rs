@@ -321,13 +321,7 @@ pub struct Clock {
 
 impl Clock {
     pub fn now() -> Clock {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: valid out pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-        let monotonic = Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
+        let monotonic = Duration::from_nanos(crate::dataplane::pinned::ledger::monotonic_ns());
         Clock {
             wall_at_boot: SystemTime::now() - monotonic,
         }

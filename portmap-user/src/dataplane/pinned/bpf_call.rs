@@ -31,6 +31,42 @@ pub fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     }
 }
 
+/// `union bpf_attr` as the element commands read it.
+#[repr(C)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    /// The value (lookup, update) or the next key (get-next-key).
+    value: u64,
+    flags: u64,
+}
+
+/// One element command (`BPF_MAP_GET_NEXT_KEY`,
+/// `BPF_MAP_LOOKUP_AND_DELETE_ELEM`, ...) on the map `fd`, flags 0: `key`
+/// null for none (the first key of get-next-key); `value` the value's
+/// buffer, or the next key's.
+///
+/// # Safety
+/// `key` is null or points at the map's key size of readable bytes, and
+/// `value` at as many writable (or readable, for an update) bytes as the
+/// command uses, both live across the call.
+pub unsafe fn map_elem(
+    cmd: libc::c_long,
+    fd: std::os::fd::BorrowedFd<'_>,
+    key: *const u8,
+    value: *mut u8,
+) -> io::Result<()> {
+    let mut attr = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        _pad: 0,
+        key: key as u64,
+        value: value as u64,
+        flags: 0,
+    };
+    bpf(cmd, &mut attr).map(drop)
+}
+
 /// [`bpf`] for a command that returns a new fd.
 pub fn bpf_fd<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     let fd = bpf(cmd, attr)?;

@@ -12,7 +12,7 @@
 //! tables was alive within the last sweep's interval.
 
 use std::io;
-use std::os::fd::{AsFd as _, AsRawFd as _};
+use std::os::fd::AsFd as _;
 use std::sync::atomic::Ordering;
 
 use aya::maps::{HashMap, MapData};
@@ -147,7 +147,10 @@ fn program_side(layout: &PinLayout) -> Option<[(u64, u64); 2]> {
 /// Entries of a pinned hash table, by walking its keys (0 when it is not
 /// there).
 fn present(layout: &PinLayout, table: &'static str) -> u64 {
-    maps::conntrack(layout, table).map_or(0, |map| map.keys().filter(Result::is_ok).count() as u64)
+    aya::maps::MapInfo::from_pin(layout.map(table))
+        .ok()
+        .and_then(|info| maps::count_keys(info.fd().ok()?.as_fd(), info.key_size()))
+        .unwrap_or(0)
 }
 
 /// What the tables evicted since they were made (or the ledger began),
@@ -278,12 +281,9 @@ impl Swept {
 /// Whether the programs no longer use `entry` of `table` at `now_ns`: the
 /// judgement of the eBPF crate's `ct::lookup`.
 pub fn expired(table: &str, key: &CtKey, entry: &CtEntry, now_ns: u64) -> bool {
-    let timeout = if table == map_names::CONNTRACK_CLOSED {
-        ct_timeout::TCP_CLOSED
-    } else {
-        ct_timeout::for_entry(key.proto, entry.tcp_state)
-    };
-    now_ns.saturating_sub(entry.last_seen_ns) > timeout
+    let closed = table == map_names::CONNTRACK_CLOSED;
+    now_ns.saturating_sub(entry.last_seen_ns)
+        > ct_timeout::for_table(key.proto, entry.tcp_state, closed)
 }
 
 /// Removes the expired entries of every conntrack table and books them
@@ -307,7 +307,7 @@ pub fn sweep_expired(layout: &PinLayout, dry_run: bool) -> io::Result<Swept> {
         ) else {
             continue;
         };
-        let fd = data.fd().as_fd().as_raw_fd() as u32;
+        let fd = data.fd().as_fd();
         let now = monotonic_ns();
         // Judged first, then taken: deleting while walking the keys makes
         // the kernel restart the walk from the first key.
@@ -347,34 +347,27 @@ const ENOTSUPP: i32 = 524;
 /// `BPF_MAP_LOOKUP_AND_DELETE_ELEM`.
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 
-/// `union bpf_attr` as the element commands read it.
-#[repr(C)]
-struct ElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
 /// Takes the entry of `key` from the table `fd` (`map`) if it is still
 /// expired: whether it was taken.
 fn take_if_expired(
-    fd: u32,
+    fd: std::os::fd::BorrowedFd<'_>,
     map: &mut HashMap<MapData, CtKey, CtEntry>,
     table: &str,
     key: &CtKey,
 ) -> io::Result<bool> {
     let mut entry = CtEntry::default();
-    let mut attr = ElemAttr {
-        map_fd: fd,
-        _pad: 0,
-        key: std::ptr::from_ref(key) as u64,
-        value: std::ptr::from_mut(&mut entry) as u64,
-        flags: 0,
+    // SAFETY: the key and the entry are the table's key and value, live
+    // across the call.
+    let taken = unsafe {
+        bpf_call::map_elem(
+            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+            fd,
+            std::ptr::from_ref(key).cast(),
+            std::ptr::from_mut(&mut entry).cast(),
+        )
     };
-    match bpf_call::bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut attr) {
-        Ok(_) => {}
+    match taken {
+        Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | ENOTSUPP)) => {
             // A kernel before 5.14: judged again and deleted, with a

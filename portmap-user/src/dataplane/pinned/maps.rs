@@ -468,3 +468,38 @@ pub fn is_errno(error: &MapError, code: i32) -> bool {
         _ => false,
     }
 }
+
+/// Entries of a hash-type map, counted by walking its keys with
+/// `BPF_MAP_GET_NEXT_KEY` (one syscall per entry: about a second for a
+/// quarter million conntrack entries). Works for any key type, so maps
+/// this module does not know are counted too.
+pub fn count_keys(fd: std::os::fd::BorrowedFd<'_>, key_size: u32) -> Option<u64> {
+    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+    let mut key = vec![0u8; key_size as usize];
+    let mut next = vec![0u8; key_size as usize];
+    let mut count = 0u64;
+    let mut first = true;
+    loop {
+        let from = if first {
+            std::ptr::null()
+        } else {
+            key.as_ptr()
+        };
+        // SAFETY: both buffers are of the map's key size and live across
+        // the call; the kernel reads `key` and writes `next`.
+        let step = unsafe {
+            crate::dataplane::pinned::bpf_call::map_elem(
+                BPF_MAP_GET_NEXT_KEY,
+                fd,
+                from,
+                next.as_mut_ptr(),
+            )
+        };
+        if let Err(error) = step {
+            return (error.raw_os_error() == Some(libc::ENOENT)).then_some(count);
+        }
+        count += 1;
+        std::mem::swap(&mut key, &mut next);
+        first = false;
+    }
+}

@@ -7,6 +7,7 @@ use portmap_common::map_names;
 
 use crate::dataplane::{
     ledger::{self, Evictions, Group, Ledger},
+    maps,
     pin::PinLayout,
 };
 
@@ -38,53 +39,6 @@ impl MapFill {
 
 /// A map at or above this fill is reported as a problem by `status`.
 pub const FILL_WARNING_PERCENT: f64 = 90.0;
-
-/// Entries of a hash-type map, counted by walking its keys with
-/// `BPF_MAP_GET_NEXT_KEY` (one syscall per entry: about a second for a
-/// quarter million conntrack entries). Works for any key type, so maps
-/// this module does not know are counted too.
-fn count_keys(fd: std::os::fd::BorrowedFd<'_>, key_size: u32) -> Option<u64> {
-    use std::os::fd::AsRawFd;
-    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-    #[repr(C)]
-    struct Attr {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        next_key: u64,
-        flags: u64,
-    }
-    let mut key = vec![0u8; key_size as usize];
-    let mut next = vec![0u8; key_size as usize];
-    let mut count = 0u64;
-    let mut first = true;
-    loop {
-        let mut attr = Attr {
-            map_fd: fd.as_raw_fd() as u32,
-            _pad: 0,
-            key: if first { 0 } else { key.as_ptr() as u64 },
-            next_key: next.as_mut_ptr() as u64,
-            flags: 0,
-        };
-        // SAFETY: attr points at buffers of the map's key size that live
-        // across the call; the kernel reads `key` and writes `next_key`.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_GET_NEXT_KEY,
-                &raw mut attr,
-                std::mem::size_of::<Attr>() as u32,
-            )
-        };
-        if rc != 0 {
-            return (std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT))
-                .then_some(count);
-        }
-        count += 1;
-        std::mem::swap(&mut key, &mut next);
-        first = false;
-    }
-}
 
 fn map_type_name(map_type: Result<MapType, MapError>) -> String {
     match map_type {
@@ -131,7 +85,7 @@ pub fn map_fills(layout: &PinLayout) -> (Vec<MapFill>, Vec<&'static str>) {
         let entries = if has_keys(&map_type) {
             info.fd()
                 .ok()
-                .and_then(|fd| count_keys(fd.as_fd(), info.key_size()))
+                .and_then(|fd| maps::count_keys(fd.as_fd(), info.key_size()))
         } else {
             None
         };

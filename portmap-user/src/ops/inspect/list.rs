@@ -9,12 +9,12 @@ use std::{
 
 use portmap_common::{
     CtEntry, CtKey, FAMILY_V4, MappingCounters, MappingKey, MappingValue, OwnerRecord, ct_kind,
-    ct_timeout, local::SockCounters, map_names,
+    local::SockCounters, map_names,
 };
 
 use super::shared::{InspectError, monotonic_ns, read_error, require_installed};
 use crate::dataplane::{
-    counters, maps,
+    counters, ledger, maps,
     ownership::{self, KeyDisplay, addr_from_words, protocol_name, record_strings},
     pin::PinLayout,
 };
@@ -46,9 +46,10 @@ fn count_live_flows(
     now_ns: u64,
 ) {
     for (key, entry) in entries {
+        // The open tables' entries, judged as the programs and the sweep
+        // judge them.
         if entry.kind & ct_kind::BASE != ct_kind::DNAT
-            || now_ns.saturating_sub(entry.last_seen_ns)
-                > ct_timeout::for_entry(key.proto, entry.tcp_state)
+            || ledger::expired(map_names::CONNTRACK, &key, &entry, now_ns)
         {
             continue;
         }
