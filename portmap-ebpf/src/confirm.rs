@@ -30,9 +30,7 @@
 //! without them each call is `r0 = 0`: no flow is ever found confirmed.
 
 use aya_ebpf::{bindings::BPF_F_CURRENT_NETNS, programs::TcContext};
-use portmap_common::{
-    CtKey, FAMILY_V4, PROTO_TCP, PROTO_UDP, ct_flags, ct_timeout, stat, tcp_state,
-};
+use portmap_common::{CtKey, PROTO_TCP, PROTO_UDP, ct_flags, ct_timeout, stat, tcp_state};
 
 use crate::{
     ct, kfunc,
@@ -107,21 +105,14 @@ fn ask_kernel(ctx: &TcContext, now: u32) -> bool {
     };
     let pending = &scratch.confirm;
     let (family, proto) = (pending.key.family, pending.key.proto);
-    // struct bpf_sock_tuple: addresses, then source and destination port
-    // (network order, in that order in memory), as netfilter sees them.
-    let ports = u32::from(pending.key.src_port_be) | (u32::from(pending.kernel_dport_be) << 16);
+    // The tuple as netfilter sees it.
     let tuple = &mut scratch.kernel_tuple;
-    let size = if family == FAMILY_V4 {
-        tuple[0] = pending.key.src_addr_be[0];
-        tuple[1] = pending.kernel_dst_be[0];
-        tuple[2] = ports;
-        12
-    } else {
-        tuple[..4].copy_from_slice(&pending.key.src_addr_be);
-        tuple[4..8].copy_from_slice(&pending.kernel_dst_be);
-        tuple[8] = ports;
-        36
-    };
+    let size = ct::fill_sock_tuple(
+        tuple,
+        family,
+        (&pending.key.src_addr_be, pending.key.src_port_be),
+        (&pending.kernel_dst_be, pending.kernel_dport_be),
+    );
     scratch.kernel_opts = CtOpts {
         // The namespace of the skb's device: the node's.
         netns_id: BPF_F_CURRENT_NETNS,

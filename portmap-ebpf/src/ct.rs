@@ -102,12 +102,7 @@ pub fn lookup(key: &CtKey) -> Option<&'static CtEntry> {
     // only, counted from the close. Nor is a flow not yet assured: its
     // time is that of its first packet (see `ct_timeout::UDP_STREAM`).
     let closed = table == Table::Closed;
-    let timeout = if closed {
-        ct_timeout::TCP_CLOSED
-    } else {
-        ct_timeout::for_entry(key.proto, copy.tcp_state)
-    };
-    if age > timeout {
+    if age > ct_timeout::for_table(key.proto, copy.tcp_state, closed) {
         return None;
     }
     if table == Table::New {
@@ -478,21 +473,8 @@ fn socket_owns(ctx: &TcContext, family: u8, src: (&[u32; 4], u16), dst: (&[u32; 
         // Without room for the tuple, the safe answer: the node's.
         return true;
     };
-    // struct bpf_sock_tuple: addresses, then source and destination port
-    // (network order, in that order in memory).
-    let ports = u32::from(src.1) | (u32::from(dst.1) << 16);
     let tuple = &mut scratch.sock_tuple;
-    let size = if family == FAMILY_V4 {
-        tuple[0] = src.0[0];
-        tuple[1] = dst.0[0];
-        tuple[2] = ports;
-        12
-    } else {
-        tuple[..4].copy_from_slice(src.0);
-        tuple[4..8].copy_from_slice(dst.0);
-        tuple[8] = ports;
-        36
-    };
+    let size = fill_sock_tuple(tuple, family, src, dst);
     // SAFETY: the context is the program's skb; the tuple is `size`
     // readable bytes of a map value; a socket found is released below.
     let sock = unsafe {
@@ -514,6 +496,31 @@ fn socket_owns(ctx: &TcContext, family: u8, src: (&[u32; 4], u16), dst: (&[u32; 
     // once and not used after (the verifier checks the reference).
     unsafe { bpf_sk_release(sock.cast()) };
     !listening
+}
+
+/// Writes `struct bpf_sock_tuple` for the tuple from `src` (address,
+/// port) to `dst` into `tuple` (addresses, then source and destination
+/// port, network order, in that order in memory); its size. What the
+/// socket lookups and the conntrack kfuncs take.
+#[inline(always)]
+pub fn fill_sock_tuple(
+    tuple: &mut [u32; 9],
+    family: u8,
+    src: (&[u32; 4], u16),
+    dst: (&[u32; 4], u16),
+) -> u32 {
+    let ports = u32::from(src.1) | (u32::from(dst.1) << 16);
+    if family == FAMILY_V4 {
+        tuple[0] = src.0[0];
+        tuple[1] = dst.0[0];
+        tuple[2] = ports;
+        12
+    } else {
+        tuple[..4].copy_from_slice(src.0);
+        tuple[4..8].copy_from_slice(dst.0);
+        tuple[8] = ports;
+        36
+    }
 }
 
 /// Bits of `maps::Scratch::follow`: what [`track_tcp`] has to do.

@@ -185,7 +185,7 @@ fn ensure(ctx: &TcContext, packet: &Packet, port_be: u16, fresh: bool) -> Kernel
     let Some(scratch) = maps::scratch() else {
         return Kernel::Failed;
     };
-    let size = fill_tuple(
+    let size = ct::fill_sock_tuple(
         &mut scratch.kernel_tuple,
         packet.family,
         (&packet.src_be, packet.sport_be),
@@ -216,30 +216,6 @@ fn ensure(ctx: &TcContext, packet: &Packet, port_be: u16, fresh: bool) -> Kernel
     insert_with_nat(new, scratch.kernel_addr.as_mut_ptr(), u16::from_be(port_be))
 }
 
-/// Writes `struct bpf_sock_tuple` for the tuple from `src` (address,
-/// port) to `dst` into `tuple` (addresses, then source and destination
-/// port, network order, in that order in memory); its size.
-#[inline(always)]
-fn fill_tuple(
-    tuple: &mut [u32; 9],
-    family: u8,
-    src: (&[u32; 4], u16),
-    dst: (&[u32; 4], u16),
-) -> u32 {
-    let ports = u32::from(src.1) | (u32::from(dst.1) << 16);
-    if family == FAMILY_V4 {
-        tuple[0] = src.0[0];
-        tuple[1] = dst.0[0];
-        tuple[2] = ports;
-        12
-    } else {
-        tuple[..4].copy_from_slice(src.0);
-        tuple[4..8].copy_from_slice(dst.0);
-        tuple[8] = ports;
-        36
-    }
-}
-
 /// Whether `packet`, leaving the node from a mapped host port with no
 /// flow of ours, answers a flow that came in: the kernel's conntrack
 /// holds the reversed tuple (client to host address and port) as an
@@ -255,7 +231,7 @@ pub fn answers_inbound(ctx: &TcContext, packet: &Packet) -> bool {
     let Some(scratch) = maps::scratch() else {
         return false;
     };
-    let size = fill_tuple(
+    let size = ct::fill_sock_tuple(
         &mut scratch.kernel_tuple,
         packet.family,
         (&packet.dst_be, packet.dport_be),
