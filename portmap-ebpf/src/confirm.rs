@@ -25,12 +25,16 @@
 //! `ct state invalid drop` rule drops. At a FIN or RST the kernel's entry
 //! is given our closed-flow linger instead ([`ct_timeout::TCP_CLOSED`]).
 //!
+//! A flow netfilter translates (`knat`) is confirmed by more: its kernel
+//! entry is ours, made before its first packet met the firewall, so the
+//! container's answer through netfilter is what tells (see [`confirmed`]).
+//!
 //! The kfuncs are called through raw call instructions that userspace
 //! links before loading (see [`portmap_common::kfunc`]); on a kernel
 //! without them each call is `r0 = 0`: no flow is ever found confirmed.
 
 use aya_ebpf::{bindings::BPF_F_CURRENT_NETNS, programs::TcContext};
-use portmap_common::{CtKey, PROTO_TCP, PROTO_UDP, ct_flags, ct_timeout, stat, tcp_state};
+use portmap_common::{CtKey, PROTO_TCP, PROTO_UDP, ct_flags, ct_kind, ct_timeout, stat, tcp_state};
 
 use crate::{
     ct, kfunc,
@@ -57,6 +61,7 @@ pub fn note(
         pending.closing = key.proto == PROTO_TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0;
         pending.flags = entry.flags;
         pending.verdict_at = entry.verdict_at;
+        pending.kind = entry.kind;
         pending.armed = true;
     }
 }
@@ -81,7 +86,19 @@ pub fn confirmed(ctx: &TcContext) -> bool {
     if pending.tcp_state & tcp_state::SYN_ONLY != 0 {
         return false;
     }
-    let now = (ct::now() >> ct_timeout::VERDICT_UNIT_SHIFT) as u32;
+    // A flow netfilter translates: its kernel entry is ours, made before
+    // its first packet met the firewall, so the kernel holding it says
+    // nothing of the firewall's verdict. The container's answer does: it
+    // answered a packet the firewall let through (TCP: the handshake, as
+    // above; UDP: an answer before this packet, which also went through
+    // netfilter, so the kernel counts the flow's answers as replies).
+    if pending.kind & ct_kind::NETFILTER != 0
+        && pending.key.proto == PROTO_UDP
+        && pending.flags & ct_flags::REPLIED == 0
+    {
+        return false;
+    }
+    let now = verdict_now();
     let fresh =
         pending.verdict_at != 0 && now.wrapping_sub(pending.verdict_at) < ct_timeout::VERDICT_UNITS;
     let held = pending.flags & ct_flags::CONFIRMED != 0;
@@ -139,8 +156,73 @@ fn ask_kernel(ctx: &TcContext, now: u32) -> bool {
     } else {
         stat::CT_UNCONFIRMED
     });
-    keep_verdict(found, now);
-    found
+    let go = found || answer_of_lost_entry();
+    keep_verdict(go, now);
+    go
+}
+
+/// Whether the container's answer whose question found no kernel entry
+/// (in scratch) answers a flow netfilter translates, whose entry was
+/// lost (`conntrack -D`, a flush) while the flow was on the fast path:
+/// then it is handed over still (egress translates it back), and the
+/// flow's other direction asks at its next packet. On the normal path the
+/// answer would make the kernel an entry of its own, the pod to the
+/// client without any DNAT, which the client's next packet could never
+/// match (its entry, made again by `knat`, would clash with that one),
+/// and the answer would leave from the pod's address. The client's side
+/// makes the entry again, in the direction the kernel needs (netfilter
+/// takes a mid-flow segment in the reply direction of an entry that saw
+/// nothing as INVALID), and then sends the answers through netfilter for
+/// a while (see `forget_verdict`). Not inlined: off every other path.
+#[inline(never)]
+fn answer_of_lost_entry() -> bool {
+    let Some(scratch) = maps::scratch() else {
+        return false;
+    };
+    let pending = &scratch.confirm;
+    if pending.kind != ct_kind::NETFILTER_REPLY {
+        return false;
+    }
+    let Some((entry, _)) = maps::ct_get_any(&pending.key) else {
+        return false;
+    };
+    // SAFETY: fields of a live map value, read once.
+    let (host_be, host_port_be) = unsafe { ((*entry).nat_addr_be, (*entry).nat_port_be) };
+    // The flow's tuple from the client (its DNAT entry's key).
+    let original = CtKey {
+        src_addr_be: pending.key.dst_addr_be,
+        dst_addr_be: host_be,
+        src_port_be: pending.key.dst_port_be,
+        dst_port_be: host_port_be,
+        ..pending.key
+    };
+    forget_verdict(&original, 0);
+    true
+}
+
+/// Takes the verdict of the entry of `key` (in any table) back: not held,
+/// asked at `at` ([`ct_timeout::VERDICT_UNIT_SHIFT`] units; 0: never, so
+/// its next packet asks). `knat` calls it for a flow's answers when it
+/// made the flow's kernel entry again: they take the normal path for one
+/// interval, so that netfilter sees the flow both ways before it is
+/// handed over again (it tracks TCP windows, and a client's
+/// acknowledgement of answers it never saw is INVALID to it).
+#[inline(never)]
+pub fn forget_verdict(key: &CtKey, at: u32) {
+    if let Some((entry, _)) = maps::ct_get_any(key) {
+        // SAFETY: a live map value; two aligned 4-byte stores (see
+        // `keep_verdict`).
+        unsafe {
+            (*entry).flags &= !ct_flags::CONFIRMED;
+            (*entry).verdict_at = at;
+        }
+    }
+}
+
+/// Now, in the units of [`CtEntry::verdict_at`](portmap_common::CtEntry).
+#[inline(always)]
+pub fn verdict_now() -> u32 {
+    (ct::now() >> ct_timeout::VERDICT_UNIT_SHIFT) as u32
 }
 
 /// Gives the connection the lookup found (`conn`, or null) a new timeout

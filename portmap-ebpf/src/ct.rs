@@ -309,8 +309,11 @@ fn track_noted(packet: &Packet, rewrites_destination: bool) -> bool {
         if table != Table::New {
             return false;
         }
+        // On both entries: the answer's own says, to the confirmed-flow
+        // question, that an answer went by before (see `confirm`).
         if answer {
             set_flag(&pair, ct_flags::REPLIED);
+            set_flag(&key, ct_flags::REPLIED);
         }
         if (answer || flags & ct_flags::REPLIED != 0)
             && now().saturating_sub(first_seen) >= ct_timeout::UDP_STREAM

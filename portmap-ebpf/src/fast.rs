@@ -54,8 +54,8 @@ pub fn fast_path(ctx: &TcContext) {
             Mode::Never => false,
         };
     let taken = match offer {
-        Offer::Forward => {
-            let action = if go {
+        Offer::Forward | Offer::Handed => {
+            let action = if go || offer == Offer::Handed {
                 fast_forward(ctx, armed)
             } else {
                 TC_ACT_OK

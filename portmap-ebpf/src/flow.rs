@@ -111,23 +111,23 @@ pub fn existing_flow(ctx: &mut TcContext, packet: &Packet) -> bool {
             return true;
         }
         // A flow netfilter translates: its kernel entry kept, the packet
-        // left as it is. (Its answers, `NETFILTER_REPLY`, are translated
-        // back by netfilter on the normal path.)
+        // left as it is, or, once confirmed, translated here and handed
+        // over (see `knat::follow_noted`).
         ct_kind::NETFILTER_DNAT => {
             knat::note();
             return true;
         }
-        // Its answer, on the container's side: followed here (see
-        // `ct::track_tcp`), translated back by netfilter.
-        ct_kind::NETFILTER_REPLY => {
-            ct::note_tcp_change(packet, entry.tcp_state);
-            return true;
-        }
-        ct_kind::REPLY => {
+        ct_kind::REPLY | ct_kind::NETFILTER_REPLY => {
             // A container answering a translated flow: egress translates
             // it back; the fast path may take it there directly (its tuple
             // in what `confirm::note` writes). Netfilter sees the answer as
-            // it is (egress translates it after).
+            // it is (egress translates it after). The answer of a flow
+            // netfilter translates is followed here (see `ct::track_tcp`),
+            // and translated back by netfilter on the normal path, by
+            // egress when handed over.
+            if entry.kind == ct_kind::NETFILTER_REPLY {
+                ct::note_tcp_change(packet, entry.tcp_state);
+            }
             if let Some(scratch) = maps::scratch() {
                 scratch.fast = Offer::Reply;
             }
@@ -430,9 +430,14 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
     if let Some(entry) = ct::lookup(&key) {
         // The container end of the flow: the destination of a masqueraded
         // flow on its way to the container, the source of an answer.
+        // The answer of a flow netfilter translates reaches egress as it
+        // left the container only where netfilter did not translate it:
+        // handed over by the fast path, or with the kernel's entry gone
+        // (`conntrack -D`, expired under a flow it no longer saw), where it
+        // would leave from the pod's address. Translated as any answer.
         let (container_be, container_port_be) = match entry.kind {
             ct_kind::SNAT => (packet.dst_be, packet.dport_be),
-            ct_kind::REPLY => (packet.src_be, packet.sport_be),
+            ct_kind::REPLY | ct_kind::NETFILTER_REPLY => (packet.src_be, packet.sport_be),
             _ => return false,
         };
         let Some(owner_id) = ct::still_mapped(&entry.mapping, &container_be, container_port_be)
@@ -449,7 +454,7 @@ pub fn egress(ctx: &mut TcContext, packet: &Packet) -> bool {
             &entry.nat_addr_be,
             entry.nat_port_be,
         ) {
-            if entry.kind == ct_kind::REPLY {
+            if entry.kind != ct_kind::SNAT {
                 maps::count(stat::REPLY);
                 // Counted by the caller from scratch, after this frame is
                 // gone: stacked, the frames exceed 512 bytes on 6.1.

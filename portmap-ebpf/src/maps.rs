@@ -286,6 +286,9 @@ pub struct ConfirmPending {
     pub verdict_at: u32,
     /// Set by `confirm::note` for this packet; `fast::fast_path` clears it.
     pub armed: bool,
+    /// The entry's `kind` (a flow netfilter translates is judged by more,
+    /// see `confirm::confirmed`).
+    pub kind: u8,
 }
 
 /// `struct bpf_ct_opts`, the part Linux 5.18 defined
@@ -324,6 +327,11 @@ pub enum Offer {
     /// value `fast::fast_path` turns into the action, so the entry point keeps
     /// one state for every way a packet was decided.
     Drop = 3,
+    /// A packet of a flow netfilter translates that the flow decision
+    /// already found confirmed and translated in tc (see
+    /// `knat::follow_noted`): handed to the container as [`Forward`]
+    /// would be, without asking again.
+    Handed = 4,
 }
 
 #[btf_map(name = "scratch")]

@@ -256,12 +256,15 @@ pub const GUEST_TESTS: &[GuestTest] = &[
     // module's BTF, which the tc programs' load passes in its fd_array:
     // the confirmed-flow mode runs there, behind kube-proxy's FORWARD rule.
     // `version` still counts what is hooked at FORWARD, which 6.12 can tell
-    // (nfnetlink_hook, staged) and 6.1 cannot.
+    // (nfnetlink_hook, staged) and 6.1 cannot. Flows netfilter translates
+    // (the kernel's DNAT entry, issue 50) are handed over once confirmed,
+    // through 6.1's verifier too.
     GuestTest {
         name: "fast_confirmed",
         tests: InGuest::Only(&[
             "a_forward_rule_decides_new_flows_and_accepted_ones_go_fast",
             "version_counts_what_is_hooked_at_forward",
+            "flows_netfilter_translates_leave_it_once_confirmed",
         ]),
     },
     // The namespace beacon: that a socket-lookup link detaches with its
