@@ -108,13 +108,18 @@ pub fn hand_over_new(ctx: &TcContext, packet: &Packet) {
     scratch.kernel_addr = scratch.forward.nat_addr_be;
     let port_be = scratch.forward.nat_port_be;
     // A SYN alone opens a flow whose tuple may still hold a closed flow's
-    // entry, which it replaces; any other packet follows whatever entry the
-    // kernel has. Not over an established flow of ours that no FIN closes:
-    // the kernel ignores a SYN there, and so does this (a spoofed SYN on a
-    // live tuple ends no flow).
+    // entry, which it replaces. Not over an established flow of ours that
+    // no FIN closes: the kernel ignores a SYN there, and so does this (a
+    // spoofed SYN on a live tuple ends no flow). A TCP flow recovered
+    // mid-flow (no SYN) replaces the kernel's entry too: a flow that was
+    // on the fast path left it behind the flow's sequence numbers, and
+    // netfilter would take this packet as INVALID (then not translate it:
+    // the node itself answered with a RST), where an entry made now
+    // picks the flow up from this packet, as after a `conntrack -D`. A UDP
+    // packet follows whatever entry the kernel has.
     let fresh = packet.proto == PROTO_TCP
-        && packet.flags & (TCP_SYN | TCP_ACK) == TCP_SYN
-        && !established(&scratch.forward_key);
+        && (packet.flags & TCP_SYN == 0
+            || (packet.flags & TCP_ACK == 0 && !established(&scratch.forward_key)));
     maps::count(match ensure(ctx, packet, port_be, fresh) {
         Kernel::Made => stat::KNAT_NEW,
         Kernel::Found => stat::KNAT,

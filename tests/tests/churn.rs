@@ -571,3 +571,57 @@ fn flows_that_idled_out_are_swept_and_never_counted_as_live_flows_evicted() {
     assert!(!has_problem(&status, "evicted"), "{:#}", status["problems"]);
     drop((first, second));
 }
+
+/// A TCP flow netfilter translates (kube-proxy's nat chains: the kernel's
+/// DNAT entry, issue 50), handed to the fast path after a few exchanges,
+/// whose entries are then evicted by more live connections than the table
+/// holds, comes back at its next segment and goes on past the
+/// confirmed-flow question's interval (5.4 s), when it is handed over
+/// again. Its data went by netfilter, whose entry then lagged the flow's
+/// sequence numbers: the recovered segment, sent through netfilter with
+/// that entry, was INVALID to it, left untranslated, and the node itself
+/// answered with a RST. The recovery makes the kernel's entry anew.
+#[test]
+fn a_flow_netfilter_translates_comes_back_after_its_entries_were_evicted() {
+    allow_open_files(2 * TABLE + 1024);
+    let world = small_table_world();
+    world.node.hook_nat();
+    world.node.drop_invalid_at_forward();
+    let _web = serve_web(&world);
+    let mut idle = idle_session(&world);
+    for round in 0..4 {
+        let payload = format!("fast {round}");
+        assert_eq!(
+            idle.request(&payload, PROBE).expect("answered"),
+            echo_reply("web", &payload)
+        );
+    }
+    let before = world.counters();
+    assert!(
+        counter(&before, "fast_forward") >= 3 && counter(&before, "knat_new") == 1,
+        "the flow is netfilter's, on the fast path: {before:#}"
+    );
+    // Held, so that they stay live: each evicts entries of the others, and
+    // the idle flow's among them.
+    let mut held: Vec<TcpSession> = Vec::new();
+    for i in 0..TABLE {
+        let mut session = tcp_connect(&world.node.ext, sock(NODE_IP4, 8080), PROBE)
+            .unwrap_or_else(|e| panic!("held connection {i}: {e}\n{}", world.dump()));
+        if session.request("held", PROBE).is_ok() {
+            held.push(session);
+        }
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(6500);
+    let mut rounds = 0;
+    while rounds < 3 || std::time::Instant::now() < until {
+        assert_still_answers(&world, &mut idle, &format!("round {rounds} after eviction"));
+        rounds += 1;
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let after = world.counters();
+    assert_eq!(
+        counter(&after, "knat_new") - counter(&before, "knat_new"),
+        held.len() as u64 + 1,
+        "the held connections and the recovered one made their kernel entries: {after:#}"
+    );
+}
