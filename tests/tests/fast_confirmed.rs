@@ -360,27 +360,11 @@ fn flows_leave_netfilter(
 ) {
     let (container_s, client_s) = (container.to_string(), client.to_string());
     for (proto, port) in [("tcp", "80"), ("udp", "53")] {
-        // One rule per direction; the later insert is rule 1.
-        let towards = [
-            "-s",
-            &*client_s,
-            "-d",
-            &*container_s,
-            "-p",
-            proto,
-            "--dport",
-            port,
-        ];
-        let back = [
-            "-s",
-            &*container_s,
-            "-d",
-            &*client_s,
-            "-p",
-            proto,
-            "--sport",
-            port,
-        ];
+        // One rule per direction; the later insert is rule 1. No port
+        // match: the flow is the only one of its protocol between the two
+        // ends, and the guests' iptables has no `--dport` (no xt_tcpudp).
+        let towards = ["-s", &*client_s, "-d", &*container_s, "-p", proto];
+        let back = ["-s", &*container_s, "-d", &*client_s, "-p", proto];
         let before = counters(world);
         count_forward(world, client, &towards);
         let exchange = |round: u64| format!("{proto}-{client}-{round}");
