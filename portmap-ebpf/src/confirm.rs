@@ -110,6 +110,29 @@ pub fn confirmed(ctx: &TcContext) -> bool {
     ask_kernel(ctx, now)
 }
 
+/// With `fastPath: true`, where every flow is handed over whatever the
+/// kernel holds: whether the flow [`note`] left in scratch has a question
+/// due (never asked, the last answer older than
+/// [`ct_timeout::VERDICT_UNITS`], or a TCP FIN or RST, which shortens the
+/// kernel entry's life). The question then only keeps the kernel's entry
+/// alive under the flow ([`ask`]).
+#[inline(always)]
+pub fn due() -> bool {
+    maps::scratch().is_some_and(|scratch| {
+        let pending = &scratch.confirm;
+        pending.verdict_at == 0
+            || pending.closing
+            || verdict_now().wrapping_sub(pending.verdict_at) >= ct_timeout::VERDICT_UNITS
+    })
+}
+
+/// Asks the kernel about the flow [`note`] left in scratch now (see
+/// [`ask_kernel`]): whether its entry is there.
+#[inline(always)]
+pub fn ask(ctx: &TcContext) -> bool {
+    ask_kernel(ctx, verdict_now())
+}
+
 /// Asks the kernel's conntrack about the flow [`note`] left in scratch,
 /// gives its kernel entry a new timeout if it is there, and keeps the
 /// answer (and `now`) in our entry. Not inlined, one call site: the lookup

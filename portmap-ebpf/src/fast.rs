@@ -137,6 +137,12 @@ pub fn fast_path_from_containers(ctx: &TcContext) -> Option<bool> {
     Some(maps::iface(ifindex).is_some_and(|i| i.flags & iface_flags::CONTAINER_SIDE != 0))
 }
 
+/// Whether every translated flow takes the fast path (`fastPath: true`).
+#[inline(always)]
+pub fn always() -> bool {
+    mode() == Mode::Always
+}
+
 /// Whether a fast path is on, in either mode (see [`mode`]).
 #[inline(always)]
 pub fn fast_path_on() -> bool {

@@ -63,10 +63,13 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     // new_flow's frame is gone: stacked, the frames do not fit in 512 bytes.
     if new_flow(ctx, packet, opens) {
         // Netfilter's to translate: the kernel's entry, nothing in tc (and
-        // nothing for the fast path, which would skip netfilter).
+        // nothing for the confirmed-flow fast path, which waits for the
+        // flow's answer through netfilter); with `fastPath: true`,
+        // translated here and handed over still.
         if knat::chosen() {
             knat::hand_over_new(ctx, packet);
             count_from_scratch(ctx, Way::In);
+            knat::hand_over_first(ctx, packet);
             return;
         }
         translated_new_flow(ctx);

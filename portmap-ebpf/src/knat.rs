@@ -30,7 +30,10 @@
 //! confirmed (see `confirm`), such a flow is translated in tc and handed
 //! to the fast path as any other ([`hand_over_confirmed`]), its kernel
 //! entry kept alive by the questions and made again when a packet from
-//! the client finds it gone. Everything
+//! the client finds it gone. With `fastPath: true` the entry is made the
+//! same way and the flow handed over from its first packet
+//! ([`hand_over_first`]), past netfilter, so that `conntrack -L` shows it.
+//! Everything
 //! else is translated in tc, as before; a flow keeps the translation it
 //! started with (`ct_kind::NETFILTER` in its entries' kinds, so that the
 //! code walking a tc flow's entries meets no new branch: a netfilter
@@ -173,10 +176,10 @@ pub fn follow_noted(ctx: &mut TcContext, packet: &Packet) {
     ct::note_tcp_change(packet, scratch.found.tcp_state);
     // Decided and translated in two calls, each on top of this frame
     // only: stacked, they took 6.1 past BPF's 512 bytes.
-    if !(fast::fast_path_on()
+    let handed = fast::fast_path_on()
         && hand_over_confirmed(ctx, packet, owner_id)
-        && translate_handed(ctx, packet))
-    {
+        && translate_handed(ctx, packet);
+    if !handed || take_lost() {
         let Some(scratch) = maps::scratch() else {
             return;
         };
@@ -257,11 +260,52 @@ fn hand_over_confirmed(ctx: &TcContext, packet: &Packet, owner_id: u64) -> bool 
         (&packet.dst_be, packet.dport_be),
         packet.flags,
     );
-    if !confirm::confirmed(ctx) {
+    if fast::always() {
+        // `fastPath: true`: every flow from its first packet (see
+        // [`hand_over_first`]); the question only keeps the kernel's entry
+        // alive, and has it made again when it is gone.
+        if confirm::due() && !confirm::ask(ctx) {
+            scratch.knat_lost = true;
+        }
+    } else if !confirm::confirmed(ctx) {
         return false;
     }
     scratch.owner_id = owner_id;
     true
+}
+
+/// Whether [`hand_over_confirmed`] found the flow's kernel entry gone (and
+/// forgets it).
+#[inline(always)]
+fn take_lost() -> bool {
+    maps::scratch().is_some_and(|scratch| core::mem::replace(&mut scratch.knat_lost, false))
+}
+
+/// With `fastPath: true`, the first packet of a flow [`hand_over_new`] made
+/// the kernel's entry for: translated here and handed to the container's
+/// veth (`Offer::Handed`), past netfilter, as every flow of that mode, so
+/// that the entry is there for the operator (`conntrack -L` shows the
+/// host port) and for the flow's answers should our entries be lost
+/// (netfilter then translates them by it). Only where the veth is the
+/// owner's (see [`hand_over_confirmed`]); elsewhere (a container without a
+/// veth) netfilter translates the flow. Not inlined: off every other path.
+#[inline(never)]
+pub fn hand_over_first(ctx: &mut TcContext, packet: &Packet) {
+    if !fast::always() {
+        return;
+    }
+    let Some(scratch) = maps::scratch() else {
+        return;
+    };
+    // Where translate_handed reads the container.
+    scratch.found.nat_addr_be = scratch.forward.nat_addr_be;
+    scratch.found.nat_port_be = scratch.forward.nat_port_be;
+    let owner_id = scratch.owner_id;
+    if maps::peer(packet.family, &scratch.found.nat_addr_be)
+        .is_some_and(|peer| peer.owner_id == owner_id)
+    {
+        let _ = translate_handed(ctx, packet);
+    }
 }
 
 /// Translates a packet [`hand_over_confirmed`] took to the container of

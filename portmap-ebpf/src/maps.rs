@@ -244,6 +244,10 @@ pub struct Scratch {
     /// Set by `existing_flow` for a packet of a flow netfilter translates,
     /// taken by `knat::follow_noted` once existing_flow's frame is gone.
     pub knat_follow: bool,
+    /// Set by `knat::hand_over_confirmed` with `fastPath: true` when the
+    /// question found the flow's kernel entry gone; `knat::follow_noted`
+    /// makes it again.
+    pub knat_lost: bool,
     /// `ct::track_tcp`'s room for an entry on its way to another table.
     pub moved: CtEntry,
     /// The copy of the entry `ct::lookup` found, which it hands back.

@@ -468,3 +468,69 @@ fn closed_flows_netfilter_translates_leave_the_live_table() {
         "no closed flow left among the live ones: {live:#}"
     );
 }
+
+/// With `fastPath: true` every flow from outside skips netfilter from its
+/// first packet, translated in tc, and still gets the kernel's DNAT entry
+/// (issue 50): `conntrack -L` shows the host port of a TCP and a UDP flow,
+/// both families, while a `FORWARD` rule dropping the client stops none
+/// of them.
+#[test]
+fn with_fast_path_flows_skip_netfilter_and_still_show_the_host_port() {
+    let world = World::with(|name, pins, data| {
+        let list = bridge_conflist(name, "ebpf-portmap", Some(pins), data);
+        let mut json = list.json().clone();
+        json["plugins"][1]["fastPath"] = Value::Bool(true);
+        portmap_tests::Conflist::from_json(json).expect("conflist")
+    });
+    world.node.hook_nat();
+    world.node.drop_invalid_at_forward();
+    let served = serve(&world, "web");
+    for family in Family::BOTH {
+        let client = family.client().to_string();
+        world.node.ns.exec(
+            family.tables(),
+            &["-I", "FORWARD", "-s", &client, "-j", "DROP"],
+        );
+    }
+    for family in Family::BOTH {
+        let node = family.node();
+        let pod = served.pod(family);
+        let tcp = tcp_request(
+            &world.node.ext,
+            SocketAddr::new(node, TCP_HOST_PORT),
+            "hello",
+            PATIENCE,
+        );
+        let udp = udp_request(
+            &world.node.ext,
+            SocketAddr::new(node, UDP_HOST_PORT),
+            "hello",
+            PATIENCE,
+        );
+        assert!(
+            tcp.is_ok() && udp.is_ok(),
+            "{family:?}: past the FORWARD drop: TCP {tcp:?}, UDP {udp:?}\n{}",
+            dump(Plugin::Ours, &world)
+        );
+        for (proto, host_port, port) in [
+            ("tcp", TCP_HOST_PORT, TCP_PORT),
+            ("udp", UDP_HOST_PORT, UDP_PORT),
+        ] {
+            let entries = kernel_entries(&world, family, proto, host_port);
+            let original = format!("src={} dst={node} ", family.client());
+            let reply = format!("src={pod} dst={} sport={port} ", family.client());
+            assert!(
+                entries.lines().any(|line| line.contains(&original)
+                    && line.contains(&format!("dport={host_port} "))
+                    && line.contains(&reply)),
+                "{family:?} {proto}: wanted an entry `{original}... dport={host_port}` answered from `{reply}`, got:\n{entries}\n{}",
+                dump(Plugin::Ours, &world)
+            );
+        }
+    }
+    let counters = world.counters();
+    assert!(
+        counter(&counters, "knat_new") >= 4 && counter(&counters, "fast_forward") >= 4,
+        "every flow's first packet made the kernel's entry and was handed over: {counters:#}"
+    );
+}

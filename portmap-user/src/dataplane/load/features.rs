@@ -443,24 +443,27 @@ pub fn fast_path_flags(
 /// translated by the node's netfilter (`knat` in the eBPF crate), with
 /// `fastPath` configured as `setting`, the NAT kfuncs as the load found
 /// them (`nat_kfuncs`), and netfilter's NAT hooked per family as
-/// `nat_hooked` says (`None`: cannot tell). Not with `fastPath: true`,
-/// which hands every flow over past netfilter.
+/// `nat_hooked` says (`None`: cannot tell). With `fastPath: true`, which
+/// hands every flow over past netfilter from its first packet, the same
+/// flag has the programs make the kernel's DNAT entry of each such flow
+/// and still translate it in tc (see knat.rs), so that `conntrack -L`
+/// shows the flow and netfilter can translate its answers should our
+/// entries be lost.
 pub fn kernel_nat(
-    setting: FastPathSetting,
+    _setting: FastPathSetting,
     nat_kfuncs: Option<Kfuncs>,
     nat_hooked: Option<[bool; 2]>,
 ) -> [bool; 2] {
-    match (setting, nat_kfuncs, nat_hooked) {
-        (FastPathSetting::Always, ..) => [false; 2],
-        (_, Some(Kfuncs::Linked), Some(hooked)) => hooked,
+    match (nat_kfuncs, nat_hooked) {
+        (Some(Kfuncs::Linked), Some(hooked)) => hooked,
         _ => [false; 2],
     }
 }
 
 /// Whether [`kernel_nat`] can be anything but "no": whether to ask what
 /// is hooked.
-pub fn needs_nat_probe(setting: FastPathSetting, nat_kfuncs: Option<Kfuncs>) -> bool {
-    setting != FastPathSetting::Always && nat_kfuncs == Some(Kfuncs::Linked)
+pub fn needs_nat_probe(_setting: FastPathSetting, nat_kfuncs: Option<Kfuncs>) -> bool {
+    nat_kfuncs == Some(Kfuncs::Linked)
 }
 
 /// Whether [`fast_path_flags`] needs to know what is hooked at FORWARD.
@@ -575,13 +578,34 @@ impl TranslationReport {
 /// Per family (IPv4, IPv6), whether the node's settings (`flags`) have
 /// new TCP and UDP flows from outside translated by netfilter: the
 /// family's kernel-NAT flag, unless masqAll masquerades every such flow,
-/// in tc, so translated there too (see knat.rs in the eBPF crate).
+/// in tc, so translated there too, or `fastPath: true` hands every flow
+/// over from its first packet, translated in tc (with the kernel's DNAT
+/// entry made beside, see [`kernel_entries`]; knat.rs in the eBPF crate).
 pub fn netfilter_translates(flags: u32) -> [bool; 2] {
+    let tc = flags & node_flags::MASQ_ALL != 0 || fast_path_always(flags);
+    [
+        flags & node_flags::KERNEL_NAT4 != 0 && !tc,
+        flags & node_flags::KERNEL_NAT6 != 0 && !tc,
+    ]
+}
+
+/// Per family, whether new TCP and UDP flows from outside get the
+/// kernel's DNAT entry, whoever translates them: netfilter (see
+/// [`netfilter_translates`]), or tc with `fastPath: true`. Not with
+/// masqAll (masqueraded in tc, no entry).
+pub fn kernel_entries(flags: u32) -> [bool; 2] {
     let masq_all = flags & node_flags::MASQ_ALL != 0;
     [
         flags & node_flags::KERNEL_NAT4 != 0 && !masq_all,
         flags & node_flags::KERNEL_NAT6 != 0 && !masq_all,
     ]
+}
+
+/// Whether `flags` hand every flow over from its first packet
+/// (`fastPath: true`; not the fallback of a kernel without the conntrack
+/// kfuncs, `FAST_UNHOOKED`, which never has the kernel-NAT flags).
+fn fast_path_always(flags: u32) -> bool {
+    flags & node_flags::FAST_PATH != 0 && flags & node_flags::FAST_UNHOOKED == 0
 }
 
 /// What the node's settings (`flags`) and the NAT kfuncs' record
@@ -600,8 +624,21 @@ pub fn translation_report(
         SEEN.to_owned()
     } else if masq_all {
         "masqAll: true masquerades every flow from outside in tc, so tc translates them too (netfilter sees them already translated and masqueraded, with no DNAT), and none is handed over to the fast path".to_owned()
-    } else if flags & node_flags::FAST_PATH != 0 && flags & node_flags::FAST_UNHOOKED == 0 {
-        "fastPath: true hands every flow over past netfilter, so tc translates them (netfilter sees the flow already translated, and no DNAT)".to_owned()
+    } else if fast_path_always(flags) {
+        let entries = kernel_entries(flags);
+        let families: Vec<&str> = [("IPv4", 0), ("IPv6", 1)]
+            .iter()
+            .filter(|(_, at)| entries[*at])
+            .map(|(family, _)| *family)
+            .collect();
+        if families.is_empty() {
+            "fastPath: true hands every flow over past netfilter, so tc translates them (netfilter sees the flow already translated, and no DNAT)".to_owned()
+        } else {
+            format!(
+                "fastPath: true hands every flow over past netfilter from its first packet, so tc translates them; {} TCP and UDP flows from outside still get the kernel's conntrack entry upstream's DNAT would make (conntrack -L shows the host port), which netfilter's NAT uses for answers whose entries of ours were lost",
+                families.join(" and ")
+            )
+        }
     } else {
         match nat_kfuncs {
             Some(Kfuncs::Linked) => {
@@ -845,8 +882,8 @@ mod tests {
         );
         assert_eq!(
             kernel_nat(Always, linked, both),
-            [false; 2],
-            "fastPath: true skips netfilter"
+            [true, true],
+            "fastPath: true makes the kernel's entries too"
         );
         assert_eq!(
             kernel_nat(
@@ -862,7 +899,7 @@ mod tests {
             "cannot tell: tc"
         );
         assert!(needs_nat_probe(Confirmed, linked));
-        assert!(!needs_nat_probe(Always, linked));
+        assert!(needs_nat_probe(Always, linked));
         assert!(!needs_nat_probe(Confirmed, None));
 
         let flags = |nat: [bool; 2]| {
@@ -888,6 +925,21 @@ mod tests {
         assert!(report.why.contains("bpf_ct_set_nat_info"), "{}", report.why);
         let report = translation_report(node_flags::FAST_PATH, linked, both);
         assert!(report.why.contains("fastPath: true"), "{}", report.why);
+        let report = translation_report(flags([true, false]) | node_flags::FAST_PATH, linked, both);
+        assert_eq!(
+            (report.place(0), report.place(1)),
+            ("tc", "tc"),
+            "fastPath: true translates in tc"
+        );
+        assert!(
+            report.why.contains("IPv4 TCP and UDP") && report.why.contains("conntrack -L"),
+            "{}",
+            report.why
+        );
+        assert_eq!(
+            kernel_entries(flags([true, false]) | node_flags::FAST_PATH),
+            [true, false]
+        );
         let report = translation_report(flags([true, true]) | node_flags::MASQ_ALL, linked, both);
         assert_eq!((report.place(0), report.place(1)), ("tc", "tc"));
         assert!(
