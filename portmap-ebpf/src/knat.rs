@@ -359,12 +359,14 @@ fn ensure(ctx: &TcContext, packet: &Packet, port_be: u16, fresh: bool) -> Kernel
     // readable bytes and the options CT_OPTS_LEN writable ones, in a map
     // value; what the lookup finds is released in `expire_or_keep`.
     let found = unsafe { kfunc::skb_ct_lookup(skb, tuple, size, &raw mut scratch.kernel_opts) };
-    if expire_or_keep(found, fresh) {
+    let was = expire_or_keep(found, fresh);
+    if was == Was::Kept {
         return Kernel::Found;
     }
-    if fresh {
+    if was == Was::Expired {
         // A lookup reaps an expired entry (`nf_ct_gc_expired`): the insert
-        // below would otherwise meet it.
+        // below would otherwise meet it. (Nothing to reap where nothing
+        // was found: a new flow's SYN, most of them.)
         reset_opts(&mut scratch.kernel_opts, packet.proto);
         // SAFETY: as above.
         let stale = unsafe { kfunc::skb_ct_lookup(skb, tuple, size, &raw mut scratch.kernel_opts) };
@@ -410,7 +412,7 @@ pub fn answers_inbound(ctx: &TcContext, packet: &Packet) -> bool {
             &raw mut scratch.kernel_opts,
         )
     };
-    expire_or_keep(found, false) && scratch.kernel_opts.dir == IP_CT_DIR_ORIGINAL
+    expire_or_keep(found, false) == Was::Kept && scratch.kernel_opts.dir == IP_CT_DIR_ORIGINAL
 }
 
 /// `enum ip_conntrack_dir`'s `IP_CT_DIR_ORIGINAL`: what the lookup
@@ -430,14 +432,24 @@ fn reset_opts(opts: &mut CtOpts, proto: u8) {
     };
 }
 
+/// What [`expire_or_keep`] did with a lookup's answer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Was {
+    /// Nothing was found.
+    Missing,
+    /// Found and kept.
+    Kept,
+    /// Found and expired.
+    Expired,
+}
+
 /// The lookup's answer (`conn`, or null): released; `expire` first gives
-/// it a timeout of 0 (it is gone at the next lookup). Whether one was
-/// found and kept. Its own function, so that the pointer is tested once
-/// (see `confirm::refresh_and_release`).
+/// it a timeout of 0 (it is gone at the next lookup). Its own function,
+/// so that the pointer is tested once (see `confirm::refresh_and_release`).
 #[inline(never)]
-fn expire_or_keep(conn: *mut core::ffi::c_void, expire: bool) -> bool {
+fn expire_or_keep(conn: *mut core::ffi::c_void, expire: bool) -> Was {
     if conn.is_null() {
-        return false;
+        return Was::Missing;
     }
     // SAFETY: the lookup's reference, released once and not used after.
     unsafe {
@@ -446,7 +458,7 @@ fn expire_or_keep(conn: *mut core::ffi::c_void, expire: bool) -> bool {
         }
         kfunc::ct_release(conn);
     }
-    !expire
+    if expire { Was::Expired } else { Was::Kept }
 }
 
 /// Sets the DNAT of the allocation `new` (null: nothing allocated) and
