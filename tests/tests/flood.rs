@@ -49,6 +49,9 @@ enum Mode {
     /// netfilter translates the flows (the kernel's conntrack entry holds
     /// their DNAT).
     Netfilter,
+    /// `fastPath: true` on a node with kube-proxy's nat chains: tc
+    /// translates every flow, which still gets the kernel's DNAT entry.
+    FastNetfilter,
 }
 
 /// A bridge world whose ebpf-portmap entry has `conntrackSize` [`TABLE`]
@@ -65,14 +68,14 @@ fn flood_world(mode: Mode) -> World {
             Mode::Default | Mode::Netfilter => {
                 plugin.remove("fastPath");
             }
-            Mode::Fast => {
+            Mode::Fast | Mode::FastNetfilter => {
                 plugin.insert("fastPath".into(), Value::Bool(true));
             }
         }
         portmap_tests::Conflist::from_json(json).expect("conflist")
     });
     world.node.drop_invalid_at_forward();
-    if matches!(mode, Mode::Netfilter) {
+    if matches!(mode, Mode::Netfilter | Mode::FastNetfilter) {
         world.node.hook_nat();
     }
     world
@@ -484,4 +487,181 @@ fn idle_flows_netfilter_translates_survive_a_flood_v4() {
 #[test]
 fn idle_flows_netfilter_translates_survive_a_flood_v6() {
     idle_flows_survive_a_flood(Mode::Netfilter, Family::V6);
+}
+
+/// Deletes every entry of ours of every flow (the assured, not yet
+/// assured and closed tables), in one `bpftool batch`, as an eviction or
+/// a lost pin directory loses them. Returns how many.
+fn forget_every_flow(world: &World) -> usize {
+    let mut batch = String::new();
+    let mut deleted = 0;
+    for table in [
+        "conntrack",
+        "conntrack_other",
+        "conntrack_new",
+        "conntrack_closed",
+    ] {
+        let path = world.pins.path().join("v1/maps").join(table);
+        if !path.exists() {
+            continue;
+        }
+        for entry in world.dump_map(table).as_array().expect("entries") {
+            let key: Vec<&str> = entry["key"]
+                .as_array()
+                .expect("key bytes")
+                .iter()
+                .map(|b| b.as_str().expect("a bpftool hex byte"))
+                .collect();
+            batch.push_str(&format!(
+                "map delete pinned {} key hex {}\n",
+                path.display(),
+                key.join(" ").replace("0x", "")
+            ));
+            deleted += 1;
+        }
+    }
+    let mut bpftool = std::process::Command::new("bpftool")
+        .args(["batch", "file", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run bpftool batch");
+    bpftool
+        .stdin
+        .take()
+        .expect("bpftool's stdin")
+        .write_all(batch.as_bytes())
+        .expect("feed bpftool batch");
+    let out = bpftool.wait_with_output().expect("bpftool batch");
+    assert!(
+        out.status.success(),
+        "bpftool batch: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    deleted
+}
+
+/// Issue 53 item 3: an idle TCP connection and UDP session through the
+/// host ports lose every entry of ours, and then the container speaks
+/// first. No packet from the pod's address reaches the client: where the
+/// kernel holds the flow's DNAT entry (netfilter translates, or
+/// `fastPath: true` makes the entry beside), netfilter translates the UDP
+/// answer by it, and a TCP segment it cannot take (an entry that saw
+/// nothing, or not the data the fast path carried) is INVALID, dropped
+/// by kube-proxy's rule, until the client's next segment recovers the
+/// flow and the container's retransmission arrives. Without the kernel's
+/// entry (`fastPath: true` made none before), both left from the pod's
+/// address.
+fn lost_flows_never_answer_from_the_pods_address(mode: Mode, family: Family) {
+    let world = flood_world(mode);
+    let web = world.node.add_container("web");
+    let listener = web
+        .ns
+        .run(|| TcpListener::bind(SocketAddr::new(family.any(), TCP_PORT)))
+        .expect("listen in the container");
+    let udp = UdpServer::start(
+        web.ns
+            .run(|| UdpSocket::bind(SocketAddr::new(family.any(), UDP_PORT)))
+            .expect("a UDP socket in the container"),
+    );
+    let result = world.add(
+        &web,
+        &[
+            PortMapping::tcp(TCP_HOST_PORT, TCP_PORT),
+            PortMapping::udp(UDP_HOST_PORT, UDP_PORT),
+        ],
+    );
+    let pod = result_addresses(&result)
+        .into_iter()
+        .find(|ip| ip.is_ipv4() == family.node().is_ipv4())
+        .unwrap_or_else(|| panic!("the container has an address of {family:?}: {result:#}"));
+    count_pod_source(&world, family, pod);
+    let node = family.node();
+    let mut client_tcp = world
+        .node
+        .ext
+        .run(|| TcpStream::connect_timeout(&SocketAddr::new(node, TCP_HOST_PORT), ARRIVES))
+        .unwrap_or_else(|e| panic!("connect: {e}\n{}", world.dump()));
+    let (mut server_tcp, _) = listener.accept().expect("accept the idle connection");
+    for (ask, answer) in [("hello", "welcome"), ("again", "answer")] {
+        client_tcp.write_all(ask.as_bytes()).expect("send");
+        read_line_within(&mut server_tcp, ask).expect("a request");
+        server_tcp.write_all(answer.as_bytes()).expect("answer");
+        read_line_within(&mut client_tcp, answer).expect("an answer");
+    }
+    let client_udp = world
+        .node
+        .ext
+        .run(|| {
+            let socket = UdpSocket::bind(SocketAddr::new(family.client(), 0))?;
+            socket.connect(SocketAddr::new(node, UDP_HOST_PORT))?;
+            Ok::<_, std::io::Error>(socket)
+        })
+        .expect("the client's UDP socket");
+    let mut peer = None;
+    for round in 0..2 {
+        let ask = format!("hello-{round}");
+        client_udp.send(ask.as_bytes()).expect("send");
+        let (said, from) = udp.hear(ARRIVES).expect("a datagram");
+        assert_eq!(said, ask);
+        let answer = format!("welcome-{round}");
+        udp.socket.send_to(answer.as_bytes(), from).expect("answer");
+        recv_within(&client_udp, &answer).expect("an answer");
+        peer = Some(from);
+    }
+    let peer = peer.expect("the client's UDP address");
+    let deleted = forget_every_flow(&world);
+    assert!(deleted >= 4, "both flows' entries, both ways: {deleted}");
+
+    let mut failures = Vec::new();
+    server_tcp.write_all(b"push").expect("the container pushes");
+    udp.socket
+        .send_to(b"push", peer)
+        .expect("the container pushes");
+    if let Err(e) = recv_within(&client_udp, "push") {
+        failures.push(format!("idle UDP, container first: {e}"));
+    }
+    // The client's segment recovers the flow; the container's
+    // retransmission of its push follows.
+    client_tcp.write_all(b"ping").expect("the client speaks");
+    if let Err(e) = read_line_within(&mut server_tcp, "ping") {
+        failures.push(format!("idle TCP, client after the push: {e}"));
+    }
+    if let Err(e) = read_line_within(&mut client_tcp, "push") {
+        failures.push(format!("idle TCP, the container's push: {e}"));
+    }
+    let to_client = pod_source_packets(&world, family, 1);
+    if to_client != 0 {
+        failures.push(format!(
+            "{to_client} packets from the pod's address {pod} reached the client"
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "{mode:?} {family:?}, after the flows' entries were deleted:\n{}\ncounters: {:#}\n{}",
+        failures.join("\n"),
+        world.counters(),
+        world.dump()
+    );
+}
+
+#[test]
+fn lost_flows_netfilter_translates_never_answer_from_the_pods_address_v4() {
+    lost_flows_never_answer_from_the_pods_address(Mode::Netfilter, Family::V4);
+}
+
+#[test]
+fn lost_flows_netfilter_translates_never_answer_from_the_pods_address_v6() {
+    lost_flows_never_answer_from_the_pods_address(Mode::Netfilter, Family::V6);
+}
+
+#[test]
+fn lost_flows_on_the_fast_path_never_answer_from_the_pods_address_v4() {
+    lost_flows_never_answer_from_the_pods_address(Mode::FastNetfilter, Family::V4);
+}
+
+#[test]
+fn lost_flows_on_the_fast_path_never_answer_from_the_pods_address_v6() {
+    lost_flows_never_answer_from_the_pods_address(Mode::FastNetfilter, Family::V6);
 }
