@@ -131,9 +131,6 @@ pub struct BenchWorld {
     pub pins: Option<PinRoot>,
     /// The floor programs of [`Flavor::PlainFloor`] (the `Plain` world only).
     floor: Mutex<FloorState>,
-    /// The node's kernel-NAT flags as an ADD without `fastPath` left them
-    /// (see [`BenchWorld::set_fast_path`]).
-    kernel_nat: Mutex<u32>,
     _plugins: PluginDirs,
     _servers: Servers,
 }
@@ -250,7 +247,6 @@ impl BenchWorld {
             prev_result,
             pins,
             floor: Mutex::default(),
-            kernel_nat: Mutex::default(),
             _plugins: plugins,
             _servers: servers,
         }
@@ -416,22 +412,15 @@ impl BenchWorld {
                     .expect("a hex byte")
             })
             .collect();
-        use portmap_common::local::node_flags::{FAST_PATH, KERNEL_NAT4, KERNEL_NAT6};
+        use portmap_common::local::node_flags::FAST_PATH;
         let mut flags = u32::from_ne_bytes(bytes[8..12].try_into().expect("4 flag bytes"));
-        // An ADD with `fastPath: true` also has no flow translated by
-        // netfilter (it would skip netfilter): the kernel-NAT bits an ADD
-        // without it set are kept aside while the fast path is on.
-        let mut kernel_nat = self
-            .kernel_nat
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if flags & FAST_PATH == 0 {
-            *kernel_nat = flags & (KERNEL_NAT4 | KERNEL_NAT6);
-        }
+        // The kernel-NAT bits stay as the ADD set them: an ADD with
+        // `fastPath: true` sets them too (its flows get the kernel's DNAT
+        // entry, translated in tc all the same).
         if on {
-            flags = (flags | FAST_PATH) & !(KERNEL_NAT4 | KERNEL_NAT6);
+            flags |= FAST_PATH;
         } else {
-            flags = (flags & !FAST_PATH) | *kernel_nat;
+            flags &= !FAST_PATH;
         }
         bytes[8..12].copy_from_slice(&flags.to_ne_bytes());
         let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
