@@ -21,6 +21,7 @@ use portmap_common::{
 use crate::{
     confirm, events,
     fib::fib_lookup_as_received,
+    knat,
     maps::{self, Offer},
     mark,
     masq::wants_masquerade,
@@ -137,10 +138,15 @@ pub fn fast_path_from_containers(ctx: &TcContext) -> Option<bool> {
     Some(maps::iface(ifindex).is_some_and(|i| i.flags & iface_flags::CONTAINER_SIDE != 0))
 }
 
-/// Whether every translated flow takes the fast path (`fastPath: true`).
+/// Which flows netfilter translates the fast path takes on this node
+/// (see `knat::follow_noted`).
 #[inline(always)]
-pub fn always() -> bool {
-    mode() == Mode::Always
+pub fn knat_hand_over() -> knat::HandOver {
+    match mode() {
+        Mode::Always => knat::HandOver::Always,
+        Mode::Confirmed => knat::HandOver::Confirmed,
+        Mode::Never => knat::HandOver::Never,
+    }
 }
 
 /// Whether a fast path is on, in either mode (see [`mode`]).

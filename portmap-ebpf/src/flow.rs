@@ -43,7 +43,7 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
     if (!opens || packet.proto == portmap_common::PROTO_UDP) && existing_flow(ctx, packet) {
         // After existing_flow's frame is gone: in it, the kfunc calls took
         // 6.1 past BPF's 512-byte stack.
-        knat::follow_noted(ctx, packet);
+        knat::follow_noted(ctx, packet, fast::knat_hand_over());
         ct::track_tcp(packet, true);
         // After existing_flow's frame is gone: in it, any more code took
         // 6.1 past BPF's 512-byte stack.
@@ -69,7 +69,9 @@ pub fn ingress(ctx: &mut TcContext, packet: &Packet) {
         if knat::chosen() {
             knat::hand_over_new(ctx, packet);
             count_from_scratch(ctx, Way::In);
-            knat::hand_over_first(ctx, packet);
+            if fast::knat_hand_over() == knat::HandOver::Always {
+                knat::hand_over_first(ctx, packet);
+            }
             return;
         }
         translated_new_flow(ctx);

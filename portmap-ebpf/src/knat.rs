@@ -47,11 +47,23 @@ use portmap_common::{
 use crate::{
     confirm,
     counters::{self, Way},
-    ct, fast, kfunc,
+    ct, kfunc,
     maps::{self, CtOpts, Offer, Table},
     nat::{self, Side},
     parse::{Packet, TCP_ACK, TCP_SYN},
 };
+
+/// Which flows netfilter translates the fast path takes, as the node's
+/// fast-path mode says (read by `fast`, which the caller asks).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum HandOver {
+    /// None (`fastPath: false`, masqAll, no kfuncs).
+    Never,
+    /// Confirmed ones (the default).
+    Confirmed,
+    /// Every one, from its first packet (`fastPath: true`).
+    Always,
+}
 
 /// `enum nf_nat_manip_type`'s `NF_NAT_MANIP_DST`.
 const NF_NAT_MANIP_DST: u32 = 1;
@@ -157,7 +169,7 @@ pub fn note() {
 /// the packet counted on its mapping. Not inlined: as [`hand_over_new`];
 /// the caller sees no value out of it.
 #[inline(never)]
-pub fn follow_noted(ctx: &mut TcContext, packet: &Packet) {
+pub fn follow_noted(ctx: &mut TcContext, packet: &Packet, how: HandOver) {
     let Some(scratch) = maps::scratch() else {
         return;
     };
@@ -176,10 +188,13 @@ pub fn follow_noted(ctx: &mut TcContext, packet: &Packet) {
     ct::note_tcp_change(packet, scratch.found.tcp_state);
     // Decided and translated in two calls, each on top of this frame
     // only: stacked, they took 6.1 past BPF's 512 bytes.
-    let handed = fast::fast_path_on()
-        && hand_over_confirmed(ctx, packet, owner_id)
+    let handed = how != HandOver::Never
+        && hand_over_confirmed(ctx, packet, owner_id, how == HandOver::Always)
         && translate_handed(ctx, packet);
-    if !handed || take_lost() {
+    // Taken whatever happened after it was set, never left for the next
+    // packet.
+    let lost = take_lost();
+    if !handed || lost {
         let Some(scratch) = maps::scratch() else {
             return;
         };
@@ -242,7 +257,7 @@ fn answers_through_netfilter(packet: &Packet) {
 /// too): on this frame it took 6.1 past BPF's 512-byte stack. Not
 /// inlined: off every other path.
 #[inline(never)]
-fn hand_over_confirmed(ctx: &TcContext, packet: &Packet, owner_id: u64) -> bool {
+fn hand_over_confirmed(ctx: &TcContext, packet: &Packet, owner_id: u64, always: bool) -> bool {
     let Some(scratch) = maps::scratch() else {
         return false;
     };
@@ -260,7 +275,7 @@ fn hand_over_confirmed(ctx: &TcContext, packet: &Packet, owner_id: u64) -> bool 
         (&packet.dst_be, packet.dport_be),
         packet.flags,
     );
-    if fast::always() {
+    if always {
         // `fastPath: true`: every flow from its first packet (see
         // [`hand_over_first`]); the question only keeps the kernel's entry
         // alive, and has it made again when it is gone.
@@ -288,12 +303,10 @@ fn take_lost() -> bool {
 /// host port) and for the flow's answers should our entries be lost
 /// (netfilter then translates them by it). Only where the veth is the
 /// owner's (see [`hand_over_confirmed`]); elsewhere (a container without a
-/// veth) netfilter translates the flow. Not inlined: off every other path.
+/// veth) netfilter translates the flow. The caller asked for the mode
+/// ([`HandOver::Always`]). Not inlined: off every other path.
 #[inline(never)]
 pub fn hand_over_first(ctx: &mut TcContext, packet: &Packet) {
-    if !fast::always() {
-        return;
-    }
     let Some(scratch) = maps::scratch() else {
         return;
     };
