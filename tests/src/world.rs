@@ -312,7 +312,7 @@ impl World {
     }
 
     pub fn dump_map(&self, name: &str) -> Value {
-        let path = self.pins.path().join("v1/maps").join(name);
+        let path = self.map_path(name);
         let out = Command::new("bpftool")
             .args(["--json", "map", "dump", "pinned"])
             .arg(&path)
@@ -329,6 +329,36 @@ impl World {
             list.sort_by_key(std::string::ToString::to_string);
         }
         entries
+    }
+
+    /// The pinned path of map `name` (see [`World::dump_map`]).
+    pub fn map_path(&self, name: &str) -> std::path::PathBuf {
+        self.pins.path().join("v1/maps").join(name)
+    }
+
+    /// Runs `commands` (one bpftool command a line, as `bpftool batch`
+    /// reads them) in one `bpftool batch`, fed on stdin: the pin root is a
+    /// bpffs, where no file can be written.
+    pub fn bpftool_batch(&self, commands: &str) {
+        let mut bpftool = Command::new("bpftool")
+            .args(["batch", "file", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run bpftool batch");
+        bpftool
+            .stdin
+            .take()
+            .expect("bpftool's stdin")
+            .write_all(commands.as_bytes())
+            .expect("feed bpftool batch");
+        let out = bpftool.wait_with_output().expect("bpftool batch");
+        assert!(
+            out.status.success(),
+            "bpftool batch: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     pub fn mapping_count(&self) -> usize {
@@ -689,4 +719,20 @@ pub fn trace_events(out: &Output) -> Vec<Value> {
             serde_json::from_str(&line).unwrap_or_else(|e| panic!("trace line {line:?}: {e}"))
         })
         .collect()
+}
+
+/// The bytes of a `bpftool --json` dump's `key` or `value` (`"0x0a"`
+/// each) as `bpftool ... hex` takes them (`0a 00 ...`).
+pub fn bpftool_hex(bytes: &Value) -> String {
+    bytes
+        .as_array()
+        .expect("bpftool's byte array")
+        .iter()
+        .map(|b| {
+            b.as_str()
+                .expect("a bpftool hex byte")
+                .trim_start_matches("0x")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -14,7 +14,7 @@ use portmap_tests::topology::{EXT_IP4, NODE_IP4};
 use portmap_tests::traffic::{
     TcpSession, echo_reply, tcp_connect, tcp_echo_server, tcp_request, udp_echo_server,
 };
-use portmap_tests::world::{PROBE, World, counter, sock};
+use portmap_tests::world::{PROBE, World, bpftool_hex, counter, sock};
 use serde_json::Value;
 
 /// The smallest table the plugin accepts: churn of a few thousand flows is
@@ -479,49 +479,26 @@ fn hold_connections(world: &World, n: u64) -> Vec<TcpSession> {
 /// after its timeout: its `last_seen_ns` (the entry's last 8 bytes) set to
 /// 0 in place, in one `bpftool batch`. Returns how many were aged.
 fn age_open_flows(world: &World) -> usize {
-    let path = world.pins.path().join("v1/maps/conntrack");
+    let path = world.map_path("conntrack");
     let entries = world.dump_map("conntrack");
-    let hex = |bytes: &[Value]| -> Vec<String> {
-        bytes
-            .iter()
-            .map(|b| b.as_str().expect("a bpftool hex byte").to_owned())
-            .collect()
-    };
     let mut batch = String::new();
     let entries = entries.as_array().expect("entries");
     for entry in entries {
-        let key = hex(entry["key"].as_array().expect("key bytes"));
-        let mut value = hex(entry["value"].as_array().expect("value bytes"));
+        let value = bpftool_hex(&entry["value"]);
+        let mut value: Vec<&str> = value.split(' ').collect();
         let len = value.len();
+        // The last 8 bytes, `last_seen_ns`, to 0.
         for byte in &mut value[len - 8..] {
-            *byte = "0x00".into();
+            *byte = "00";
         }
         batch.push_str(&format!(
             "map update pinned {} key hex {} value hex {}\n",
             path.display(),
-            key.join(" ").replace("0x", ""),
-            value.join(" ").replace("0x", "")
+            bpftool_hex(&entry["key"]),
+            value.join(" ")
         ));
     }
-    let mut bpftool = std::process::Command::new("bpftool")
-        .args(["batch", "file", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run bpftool batch");
-    bpftool
-        .stdin
-        .take()
-        .expect("bpftool's stdin")
-        .write_all(batch.as_bytes())
-        .expect("feed bpftool batch");
-    let out = bpftool.wait_with_output().expect("bpftool batch");
-    assert!(
-        out.status.success(),
-        "bpftool batch: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    world.bpftool_batch(&batch);
     entries.len()
 }
 
