@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use portmap_tests::PortMapping;
 use portmap_tests::cni::result_addresses;
 use portmap_tests::crafted;
-use portmap_tests::topology::Family;
-use portmap_tests::world::{World, counter};
+use portmap_tests::topology::{Container, Family};
+use portmap_tests::world::{World, bpftool_hex, counter};
 use serde_json::Value;
 
 /// `conntrackSize`: the flood sends three times as many flows of each
@@ -274,8 +274,23 @@ fn new_flows_work(world: &World, family: Family, listener: &TcpListener, udp: &U
         .unwrap_or_else(|e| panic!("new UDP flow's answer: {e}\n{}", world.dump()));
 }
 
-fn idle_flows_survive_a_flood(mode: Mode, family: Family) {
-    let world = flood_world(mode);
+/// A container serving TCP on [`TCP_PORT`] and UDP on [`UDP_PORT`]
+/// through the host ports, and a client's idle TCP connection and UDP
+/// session to them, each after one exchange each way; packets from the
+/// pod's address counted in the client (see [`count_pod_source`]).
+struct IdleFlows {
+    _web: Container,
+    listener: TcpListener,
+    udp: UdpServer,
+    pod: IpAddr,
+    client_tcp: TcpStream,
+    server_tcp: TcpStream,
+    client_udp: UdpSocket,
+    /// The client's UDP address, as the container sees it.
+    peer: SocketAddr,
+}
+
+fn idle_flows(world: &World, family: Family) -> IdleFlows {
     let web = world.node.add_container("web");
     let listener = web
         .ns
@@ -297,16 +312,7 @@ fn idle_flows_survive_a_flood(mode: Mode, family: Family) {
         .into_iter()
         .find(|ip| ip.is_ipv4() == family.node().is_ipv4())
         .unwrap_or_else(|| panic!("the container has an address of {family:?}: {result:#}"));
-    // The flood's answers go back to the client's namespace, which drops
-    // them (not its addresses).
-    world.node.ns.ip(&[
-        "route",
-        "add",
-        crafted::spoofed_net(matches!(family, Family::V4)),
-        "via",
-        &family.client().to_string(),
-    ]);
-    count_pod_source(&world, family, pod);
+    count_pod_source(world, family, pod);
     let node = family.node();
 
     // The idle TCP connection: established, one exchange each way.
@@ -321,8 +327,7 @@ fn idle_flows_survive_a_flood(mode: Mode, family: Family) {
     server_tcp.write_all(b"welcome").expect("answer");
     read_line_within(&mut client_tcp, "welcome").expect("the first answer");
 
-    // The idle UDP session: answered, and still talking two seconds after
-    // its first datagram (assured, as nf_conntrack has it).
+    // The idle UDP session, answered.
     let client_udp = world
         .node
         .ext
@@ -337,6 +342,42 @@ fn idle_flows_survive_a_flood(mode: Mode, family: Family) {
     assert_eq!(said, "hello-1");
     udp.socket.send_to(b"welcome-1", peer).expect("answer");
     recv_within(&client_udp, "welcome-1").expect("the first answer");
+    IdleFlows {
+        _web: web,
+        listener,
+        udp,
+        pod,
+        client_tcp,
+        server_tcp,
+        client_udp,
+        peer,
+    }
+}
+
+fn idle_flows_survive_a_flood(mode: Mode, family: Family) {
+    let world = flood_world(mode);
+    let IdleFlows {
+        _web,
+        listener,
+        udp,
+        pod,
+        mut client_tcp,
+        mut server_tcp,
+        client_udp,
+        peer,
+    } = idle_flows(&world, family);
+    // The flood's answers go back to the client's namespace, which drops
+    // them (not its addresses).
+    world.node.ns.ip(&[
+        "route",
+        "add",
+        crafted::spoofed_net(matches!(family, Family::V4)),
+        "via",
+        &family.client().to_string(),
+    ]);
+
+    // The idle UDP session still talking two seconds after its first
+    // datagram (assured, as nf_conntrack has it).
     std::thread::sleep(UDP_STREAM);
     client_udp.send(b"hello-2").expect("send");
     let (said, _) = udp.hear(ARRIVES).expect("the second datagram");
@@ -501,44 +542,20 @@ fn forget_every_flow(world: &World) -> usize {
         "conntrack_new",
         "conntrack_closed",
     ] {
-        let path = world.pins.path().join("v1/maps").join(table);
+        let path = world.map_path(table);
         if !path.exists() {
             continue;
         }
         for entry in world.dump_map(table).as_array().expect("entries") {
-            let key: Vec<&str> = entry["key"]
-                .as_array()
-                .expect("key bytes")
-                .iter()
-                .map(|b| b.as_str().expect("a bpftool hex byte"))
-                .collect();
             batch.push_str(&format!(
                 "map delete pinned {} key hex {}\n",
                 path.display(),
-                key.join(" ").replace("0x", "")
+                bpftool_hex(&entry["key"])
             ));
             deleted += 1;
         }
     }
-    let mut bpftool = std::process::Command::new("bpftool")
-        .args(["batch", "file", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run bpftool batch");
-    bpftool
-        .stdin
-        .take()
-        .expect("bpftool's stdin")
-        .write_all(batch.as_bytes())
-        .expect("feed bpftool batch");
-    let out = bpftool.wait_with_output().expect("bpftool batch");
-    assert!(
-        out.status.success(),
-        "bpftool batch: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    world.bpftool_batch(&batch);
     deleted
 }
 
@@ -555,62 +572,27 @@ fn forget_every_flow(world: &World) -> usize {
 /// address.
 fn lost_flows_never_answer_from_the_pods_address(mode: Mode, family: Family) {
     let world = flood_world(mode);
-    let web = world.node.add_container("web");
-    let listener = web
-        .ns
-        .run(|| TcpListener::bind(SocketAddr::new(family.any(), TCP_PORT)))
-        .expect("listen in the container");
-    let udp = UdpServer::start(
-        web.ns
-            .run(|| UdpSocket::bind(SocketAddr::new(family.any(), UDP_PORT)))
-            .expect("a UDP socket in the container"),
-    );
-    let result = world.add(
-        &web,
-        &[
-            PortMapping::tcp(TCP_HOST_PORT, TCP_PORT),
-            PortMapping::udp(UDP_HOST_PORT, UDP_PORT),
-        ],
-    );
-    let pod = result_addresses(&result)
-        .into_iter()
-        .find(|ip| ip.is_ipv4() == family.node().is_ipv4())
-        .unwrap_or_else(|| panic!("the container has an address of {family:?}: {result:#}"));
-    count_pod_source(&world, family, pod);
-    let node = family.node();
-    let mut client_tcp = world
-        .node
-        .ext
-        .run(|| TcpStream::connect_timeout(&SocketAddr::new(node, TCP_HOST_PORT), ARRIVES))
-        .unwrap_or_else(|e| panic!("connect: {e}\n{}", world.dump()));
-    let (mut server_tcp, _) = listener.accept().expect("accept the idle connection");
-    for (ask, answer) in [("hello", "welcome"), ("again", "answer")] {
-        client_tcp.write_all(ask.as_bytes()).expect("send");
-        read_line_within(&mut server_tcp, ask).expect("a request");
-        server_tcp.write_all(answer.as_bytes()).expect("answer");
-        read_line_within(&mut client_tcp, answer).expect("an answer");
-    }
-    let client_udp = world
-        .node
-        .ext
-        .run(|| {
-            let socket = UdpSocket::bind(SocketAddr::new(family.client(), 0))?;
-            socket.connect(SocketAddr::new(node, UDP_HOST_PORT))?;
-            Ok::<_, std::io::Error>(socket)
-        })
-        .expect("the client's UDP socket");
-    let mut peer = None;
-    for round in 0..2 {
-        let ask = format!("hello-{round}");
-        client_udp.send(ask.as_bytes()).expect("send");
-        let (said, from) = udp.hear(ARRIVES).expect("a datagram");
-        assert_eq!(said, ask);
-        let answer = format!("welcome-{round}");
-        udp.socket.send_to(answer.as_bytes(), from).expect("answer");
-        recv_within(&client_udp, &answer).expect("an answer");
-        peer = Some(from);
-    }
-    let peer = peer.expect("the client's UDP address");
+    let IdleFlows {
+        _web,
+        listener: _,
+        udp,
+        pod,
+        mut client_tcp,
+        mut server_tcp,
+        client_udp,
+        peer,
+    } = idle_flows(&world, family);
+    // One more exchange each way: on the fast path where it takes the
+    // flows.
+    client_tcp.write_all(b"again").expect("send");
+    read_line_within(&mut server_tcp, "again").expect("a request");
+    server_tcp.write_all(b"answer").expect("answer");
+    read_line_within(&mut client_tcp, "answer").expect("an answer");
+    client_udp.send(b"hello-2").expect("send");
+    let (said, _) = udp.hear(ARRIVES).expect("a datagram");
+    assert_eq!(said, "hello-2");
+    udp.socket.send_to(b"welcome-2", peer).expect("answer");
+    recv_within(&client_udp, "welcome-2").expect("an answer");
     let deleted = forget_every_flow(&world);
     assert!(deleted >= 4, "both flows' entries, both ways: {deleted}");
 
