@@ -230,31 +230,7 @@ fn container_ips(result: &Value) -> (IpAddr, IpAddr) {
 /// families.
 #[test]
 fn established_flows_leave_netfilter_after_their_first_packets() {
-    let world = default_world();
-    let web = world.node.add_container("web");
-    let _tcp = tcp_echo_server(&web.ns, 80, "web");
-    let _udp = udp_echo_server(&web.ns, 53, "web");
-    let result = world.add(
-        &web,
-        &[PortMapping::tcp(8080, 80), PortMapping::udp(5353, 53)],
-    );
-    if !runs_confirmed(&world) {
-        return;
-    }
-    world.node.drop_invalid_at_forward();
-    let (web4, web6) = container_ips(&result);
-    for (container, node_ip, client) in [
-        (web4, IpAddr::V4(NODE_IP4), IpAddr::V4(EXT_IP4)),
-        (web6, IpAddr::V6(NODE_IP6), IpAddr::V6(EXT_IP6)),
-    ] {
-        flows_leave_netfilter(
-            &world,
-            (&world.node.ext, client),
-            container,
-            node_ip,
-            Translation::Tc,
-        );
-    }
+    flows_from_outside_leave_netfilter(Translation::Tc);
 }
 
 /// The same on a node where netfilter translates the flows (kube-proxy's
@@ -266,9 +242,20 @@ fn established_flows_leave_netfilter_after_their_first_packets() {
 /// alive by the questions. Both families.
 #[test]
 fn flows_netfilter_translates_leave_it_once_confirmed() {
+    flows_from_outside_leave_netfilter(Translation::Netfilter);
+}
+
+/// A container serving TCP 80 and UDP 53 through host ports 8080 and
+/// 5353, and [`flows_leave_netfilter`] from the external client over both
+/// families, with kube-proxy's FORWARD rule; where `translation` is
+/// netfilter's, with its nat chains too, both made before the ADD (which
+/// reads them).
+fn flows_from_outside_leave_netfilter(translation: Translation) {
     let world = default_world();
-    world.node.hook_nat();
-    world.node.drop_invalid_at_forward();
+    if translation == Translation::Netfilter {
+        world.node.hook_nat();
+        world.node.drop_invalid_at_forward();
+    }
     let web = world.node.add_container("web");
     let _tcp = tcp_echo_server(&web.ns, 80, "web");
     let _udp = udp_echo_server(&web.ns, 53, "web");
@@ -278,6 +265,9 @@ fn flows_netfilter_translates_leave_it_once_confirmed() {
     );
     if !runs_confirmed(&world) {
         return;
+    }
+    if translation == Translation::Tc {
+        world.node.drop_invalid_at_forward();
     }
     let (web4, web6) = container_ips(&result);
     for (container, node_ip, client) in [
@@ -289,7 +279,7 @@ fn flows_netfilter_translates_leave_it_once_confirmed() {
             (&world.node.ext, client),
             container,
             node_ip,
-            Translation::Netfilter,
+            translation,
         );
     }
 }

@@ -106,6 +106,69 @@ fn kernel_entries(world: &World, family: Family, proto: &str, port: u16) -> Stri
     )
 }
 
+/// A flow through a host port as `conntrack -L` should show it: original
+/// `client -> node:hostPort`, reply from `pod:port`.
+#[derive(Clone, Copy)]
+struct HostPortFlow {
+    proto: &'static str,
+    host_port: u16,
+    port: u16,
+}
+
+/// What `conntrack -L` listed for a [`HostPortFlow`].
+struct KernelEntry {
+    /// The first entry whose original is the client to the node's host
+    /// port.
+    line: Option<String>,
+    /// Whether that entry's reply comes from the pod's port.
+    answered_from_pod: bool,
+    wanted: String,
+    entries: String,
+}
+
+impl std::fmt::Display for KernelEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "wanted {}, got:\n{}", self.wanted, self.entries)
+    }
+}
+
+impl HostPortFlow {
+    const BOTH: [HostPortFlow; 2] = [
+        HostPortFlow {
+            proto: "tcp",
+            host_port: TCP_HOST_PORT,
+            port: TCP_PORT,
+        },
+        HostPortFlow {
+            proto: "udp",
+            host_port: UDP_HOST_PORT,
+            port: UDP_PORT,
+        },
+    ];
+
+    /// The kernel's entry of this flow from the external client of
+    /// `family` to the container at `pod`.
+    fn entry(self, world: &World, family: Family, pod: IpAddr) -> KernelEntry {
+        let entries = kernel_entries(world, family, self.proto, self.host_port);
+        let original = format!("src={} dst={} ", family.client(), family.node());
+        let dport = format!("dport={} ", self.host_port);
+        let reply = format!("src={pod} dst={} sport={} ", family.client(), self.port);
+        let line = entries
+            .lines()
+            .find(|line| line.contains(&original) && line.contains(&dport))
+            .map(str::to_owned);
+        KernelEntry {
+            answered_from_pod: line.as_ref().is_some_and(|line| line.contains(&reply)),
+            line,
+            wanted: format!(
+                "a {} entry `{original}... {dport}` answered from `{reply}`",
+                self.proto
+            ),
+            entries,
+        }
+    }
+}
+
 fn dump(plugin: Plugin, world: &World) -> String {
     match plugin {
         Plugin::Ours => format!("counters: {:#}\n{}", world.counters(), world.dump()),
@@ -145,19 +208,15 @@ fn conntrack_shows_the_host_port(plugin: Plugin) {
             "{plugin:?} {family:?}: UDP: {answer:?}\n{}",
             dump(plugin, &world)
         );
-        for (proto, host_port, port) in [
-            ("tcp", TCP_HOST_PORT, TCP_PORT),
-            ("udp", UDP_HOST_PORT, UDP_PORT),
-        ] {
-            let entries = kernel_entries(&world, family, proto, host_port);
-            let original = format!("src={} dst={node} ", family.client());
-            let reply = format!("src={pod} dst={} sport={port} ", family.client());
-            let entry = entries.lines().find(|line| {
-                line.contains(&original) && line.contains(&format!("dport={host_port} "))
-            });
+        for flow in HostPortFlow::BOTH {
+            let found = flow.entry(&world, family, pod);
             assert!(
-                entry.is_some_and(|line| line.contains(&reply) && !line.contains("UNREPLIED")),
-                "{plugin:?} {family:?} {proto}: wanted an entry `{original}... dport={host_port}` replied by `{reply}`, got:\n{entries}\n{}",
+                found.answered_from_pod
+                    && found
+                        .line
+                        .as_ref()
+                        .is_some_and(|line| !line.contains("UNREPLIED")),
+                "{plugin:?} {family:?}: {found}\n{}",
                 dump(plugin, &world)
             );
         }
@@ -512,18 +571,11 @@ fn with_fast_path_flows_skip_netfilter_and_still_show_the_host_port() {
             "{family:?}: past the FORWARD drop: TCP {tcp:?}, UDP {udp:?}\n{}",
             dump(Plugin::Ours, &world)
         );
-        for (proto, host_port, port) in [
-            ("tcp", TCP_HOST_PORT, TCP_PORT),
-            ("udp", UDP_HOST_PORT, UDP_PORT),
-        ] {
-            let entries = kernel_entries(&world, family, proto, host_port);
-            let original = format!("src={} dst={node} ", family.client());
-            let reply = format!("src={pod} dst={} sport={port} ", family.client());
+        for flow in HostPortFlow::BOTH {
+            let found = flow.entry(&world, family, pod);
             assert!(
-                entries.lines().any(|line| line.contains(&original)
-                    && line.contains(&format!("dport={host_port} "))
-                    && line.contains(&reply)),
-                "{family:?} {proto}: wanted an entry `{original}... dport={host_port}` answered from `{reply}`, got:\n{entries}\n{}",
+                found.answered_from_pod,
+                "{family:?}: {found}\n{}",
                 dump(Plugin::Ours, &world)
             );
         }
