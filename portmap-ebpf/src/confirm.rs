@@ -99,8 +99,7 @@ pub fn confirmed(ctx: &TcContext) -> bool {
         return false;
     }
     let now = verdict_now();
-    let fresh =
-        pending.verdict_at != 0 && now.wrapping_sub(pending.verdict_at) < ct_timeout::VERDICT_UNITS;
+    let fresh = fresh_at(pending.verdict_at, now);
     let held = pending.flags & ct_flags::CONFIRMED != 0;
     // A FIN or RST of a flow on the fast path asks again, to shorten the
     // kernel entry's life to the close's.
@@ -120,10 +119,14 @@ pub fn confirmed(ctx: &TcContext) -> bool {
 pub fn due() -> bool {
     maps::scratch().is_some_and(|scratch| {
         let pending = &scratch.confirm;
-        pending.verdict_at == 0
-            || pending.closing
-            || verdict_now().wrapping_sub(pending.verdict_at) >= ct_timeout::VERDICT_UNITS
+        pending.closing || !fresh_at(pending.verdict_at, verdict_now())
     })
+}
+
+/// Whether a verdict asked at `verdict_at` (0: never) still holds at `now`.
+#[inline(always)]
+fn fresh_at(verdict_at: u32, now: u32) -> bool {
+    verdict_at != 0 && now.wrapping_sub(verdict_at) < ct_timeout::VERDICT_UNITS
 }
 
 /// Asks the kernel about the flow [`note`] left in scratch now (see

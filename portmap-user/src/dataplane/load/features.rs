@@ -601,6 +601,17 @@ pub fn kernel_entries(flags: u32) -> [bool; 2] {
     ]
 }
 
+/// The names of the families (IPv4, IPv6) whose entry of `per_family` is
+/// `wanted`.
+fn family_names(per_family: [bool; 2], wanted: bool) -> Vec<&'static str> {
+    ["IPv4", "IPv6"]
+        .into_iter()
+        .zip(per_family)
+        .filter(|&(_, set)| set == wanted)
+        .map(|(family, _)| family)
+        .collect()
+}
+
 /// Whether `flags` hand every flow over from its first packet
 /// (`fastPath: true`; not the fallback of a kernel without the conntrack
 /// kfuncs, `FAST_UNHOOKED`, which never has the kernel-NAT flags).
@@ -626,11 +637,7 @@ pub fn translation_report(
         "masqAll: true masquerades every flow from outside in tc, so tc translates them too (netfilter sees them already translated and masqueraded, with no DNAT), and none is handed over to the fast path".to_owned()
     } else if fast_path_always(flags) {
         let entries = kernel_entries(flags);
-        let families: Vec<&str> = [("IPv4", 0), ("IPv6", 1)]
-            .iter()
-            .filter(|(_, at)| entries[*at])
-            .map(|(family, _)| *family)
-            .collect();
+        let families = family_names(entries, true);
         if families.is_empty() {
             "fastPath: true hands every flow over past netfilter, so tc translates them (netfilter sees the flow already translated, and no DNAT)".to_owned()
         } else {
@@ -642,11 +649,7 @@ pub fn translation_report(
     } else {
         match nat_kfuncs {
             Some(Kfuncs::Linked) => {
-                let missing: Vec<&str> = [("IPv4", 0), ("IPv6", 1)]
-                    .iter()
-                    .filter(|(_, at)| !netfilter[*at])
-                    .map(|(family, _)| *family)
-                    .collect();
+                let missing = family_names(netfilter, false);
                 let hooks = match nat_hooked {
                     Some(_) => "no nat chain or table, or no rule that uses conntrack, of",
                     None => "nf_tables could not be asked about the nat chains of",
